@@ -1,0 +1,210 @@
+/* mloop — the backing store: an image file or a block device. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <linux/fs.h>
+
+#include "align.h"
+#include "backing.h"
+
+static void
+set_error (char *err, size_t errlen, const char *fmt, ...)
+{
+  va_list ap;
+
+  if (err == NULL || errlen == 0)
+    return;
+  va_start (ap, fmt);
+  vsnprintf (err, errlen, fmt, ap);
+  va_end (ap);
+}
+
+int
+mloop_direct_mode_parse (const char *str, enum mloop_direct_mode *mode)
+{
+  if (strcasecmp (str, "auto") == 0)
+    *mode = MLOOP_DIRECT_AUTO;
+  else if (strcasecmp (str, "on") == 0 || strcasecmp (str, "true") == 0 ||
+           strcasecmp (str, "yes") == 0 || strcmp (str, "1") == 0)
+    *mode = MLOOP_DIRECT_ON;
+  else if (strcasecmp (str, "off") == 0 || strcasecmp (str, "false") == 0 ||
+           strcasecmp (str, "no") == 0 || strcmp (str, "0") == 0)
+    *mode = MLOOP_DIRECT_OFF;
+  else
+    return -1;
+  return 0;
+}
+
+/* Reads the size and logical block size of an open descriptor. */
+static int
+probe_geometry (struct mloop_backing *b, const struct stat *st,
+                char *err, size_t errlen)
+{
+  if (b->is_block_device) {
+    uint64_t size;
+    int lbs;
+
+    if (ioctl (b->fd, BLKGETSIZE64, &size) == -1) {
+      set_error (err, errlen, "file=%s: BLKGETSIZE64: %s",
+                 b->path, strerror (errno));
+      return -1;
+    }
+    if (ioctl (b->fd, BLKSSZGET, &lbs) == -1) {
+      set_error (err, errlen, "file=%s: BLKSSZGET: %s",
+                 b->path, strerror (errno));
+      return -1;
+    }
+    b->size = size;
+    b->logical_block_size = (uint32_t) lbs;
+  }
+  else {
+    b->size = (uint64_t) st->st_size;
+    /* A regular file's O_DIRECT alignment is the logical block size of
+     * the device under the filesystem; 512 is the universal minimum and
+     * probe_direct_alignment() raises it when the device needs more.
+     */
+    b->logical_block_size = 512;
+  }
+  if (!mloop_is_power_of_two (b->logical_block_size) ||
+      b->logical_block_size > 65536) {
+    set_error (err, errlen, "file=%s: unusable logical block size %u",
+               b->path, b->logical_block_size);
+    return -1;
+  }
+  return 0;
+}
+
+/* For a regular file, find the smallest power of two ≥ 512 at which an
+ * O_DIRECT read succeeds.  Filesystems on 4K-sector devices refuse 512.
+ * Returns 0 on success, -1 with errno = EINVAL when no alignment up to
+ * 64 KiB works (the filesystem refuses O_DIRECT reads altogether).
+ */
+static int
+probe_direct_alignment (struct mloop_backing *b)
+{
+  uint32_t a;
+  void *buf;
+
+  if (b->size == 0)
+    return 0;
+  buf = mloop_alloc_aligned (65536, 65536);
+  if (buf == NULL)
+    return -1;
+  for (a = 512; a <= 65536; a *= 2) {
+    if (pread (b->fd, buf, a, 0) >= 0) {
+      b->logical_block_size = a;
+      free (buf);
+      return 0;
+    }
+    if (errno != EINVAL)
+      break;
+  }
+  free (buf);
+  return -1;
+}
+
+int
+mloop_backing_open (struct mloop_backing *b, const char *path,
+                    enum mloop_direct_mode mode, bool want_write,
+                    char *err, size_t errlen)
+{
+  struct stat st;
+  int rw_flags;
+
+  memset (b, 0, sizeof *b);
+  b->fd = b->buffered_fd = -1;
+
+  if (stat (path, &st) == -1) {
+    set_error (err, errlen, "file=%s: %s", path, strerror (errno));
+    return -1;
+  }
+  if (S_ISDIR (st.st_mode)) {
+    set_error (err, errlen, "file=%s: is a directory, not an image file "
+               "or block device", path);
+    return -1;
+  }
+  if (!S_ISREG (st.st_mode) && !S_ISBLK (st.st_mode)) {
+    set_error (err, errlen, "file=%s: not a regular file or block device",
+               path);
+    return -1;
+  }
+  b->path = strdup (path);
+  if (b->path == NULL) {
+    set_error (err, errlen, "file=%s: %s", path, strerror (errno));
+    return -1;
+  }
+  b->is_block_device = S_ISBLK (st.st_mode);
+
+  /* Never O_CREAT or O_TRUNC: a mistyped path must not make a file. */
+  rw_flags = O_RDONLY;
+  b->writable = false;
+  if (want_write) {
+    b->buffered_fd = open (path, O_RDWR | O_CLOEXEC);
+    if (b->buffered_fd >= 0) {
+      rw_flags = O_RDWR;
+      b->writable = true;
+    }
+    else if (errno != EACCES && errno != EROFS && errno != EPERM) {
+      set_error (err, errlen, "file=%s: %s", path, strerror (errno));
+      goto fail;
+    }
+  }
+  if (b->buffered_fd == -1) {
+    b->buffered_fd = open (path, O_RDONLY | O_CLOEXEC);
+    if (b->buffered_fd == -1) {
+      set_error (err, errlen, "file=%s: %s", path, strerror (errno));
+      goto fail;
+    }
+  }
+
+  b->fd = b->buffered_fd;
+  if (probe_geometry (b, &st, err, errlen) == -1)
+    goto fail;
+
+  if (mode != MLOOP_DIRECT_OFF) {
+    int dfd = open (path, rw_flags | O_DIRECT | O_CLOEXEC);
+    int saved;
+
+    if (dfd >= 0) {
+      b->fd = dfd;
+      if (b->is_block_device || probe_direct_alignment (b) == 0) {
+        b->direct = true;
+        return 0;
+      }
+      saved = errno;
+      b->fd = b->buffered_fd;
+      close (dfd);
+      errno = saved;
+    }
+    if (mode == MLOOP_DIRECT_ON) {
+      set_error (err, errlen, "direct=on: file=%s does not support O_DIRECT: "
+                 "%s", path, strerror (errno));
+      goto fail;
+    }
+    b->direct_fallback = true;
+  }
+  return 0;
+
+ fail:
+  mloop_backing_close (b);
+  return -1;
+}
+
+void
+mloop_backing_close (struct mloop_backing *b)
+{
+  if (b->fd >= 0 && b->fd != b->buffered_fd)
+    close (b->fd);
+  if (b->buffered_fd >= 0)
+    close (b->buffered_fd);
+  b->fd = b->buffered_fd = -1;
+  free (b->path);
+  b->path = NULL;
+}

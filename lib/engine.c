@@ -1,0 +1,272 @@
+/* mloop — the IO engine: request preparation and completion. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "aio_ring.h"
+#include "align.h"
+#include "engine.h"
+
+void
+mloop_engine_config_init (struct mloop_engine_config *cfg)
+{
+  memset (cfg, 0, sizeof *cfg);
+  cfg->threads = MLOOP_THREADS_DEFAULT;
+  cfg->queue_depth = MLOOP_QUEUE_DEPTH_DEFAULT;
+  cfg->direct = MLOOP_DIRECT_AUTO;
+  cfg->want_write = true;
+}
+
+int
+mloop_engine_open (struct mloop_engine *e,
+                   const struct mloop_engine_config *cfg,
+                   char *err, size_t errlen)
+{
+  memset (e, 0, sizeof *e);
+  if (cfg->threads < 1 || cfg->threads > MLOOP_THREADS_MAX) {
+    snprintf (err, errlen, "threads=%u: must be between 1 and %d",
+              cfg->threads, MLOOP_THREADS_MAX);
+    return -1;
+  }
+  if (cfg->queue_depth < 1 || cfg->queue_depth > MLOOP_QUEUE_DEPTH_MAX) {
+    snprintf (err, errlen, "queue-depth=%u: must be between 1 and %d",
+              cfg->queue_depth, MLOOP_QUEUE_DEPTH_MAX);
+    return -1;
+  }
+  e->threads = cfg->threads;
+  e->queue_depth = cfg->queue_depth;
+  return mloop_backing_open (&e->backing, cfg->path, cfg->direct,
+                             cfg->want_write, err, errlen);
+}
+
+/* Submits one probe iocb on a scratch ring and returns its result. */
+static long
+probe_iocb (struct iocb *iocb)
+{
+  struct mloop_aio_ring ring;
+  struct io_event ev;
+  long res;
+  int r;
+
+  r = mloop_aio_ring_init (&ring, 1);
+  if (r < 0)
+    return r;
+  r = mloop_aio_ring_submit (&ring, &iocb, 1);
+  if (r != 1)
+    res = r < 0 ? r : -EIO;
+  else {
+    r = mloop_aio_ring_reap (&ring, 1, &ev, 1, NULL);
+    res = r == 1 ? (long) ev.res : -EIO;
+  }
+  mloop_aio_ring_destroy (&ring);
+  return res;
+}
+
+/* Asks the kernel whether it takes RWF_DSYNC on AIO writes and
+ * IOCB_CMD_FDSYNC, with harmless requests: a zero-length write and a
+ * flush of an idle file.
+ */
+static void
+probe_kernel_features (struct mloop_engine *e)
+{
+  struct iocb iocb;
+  struct iovec iov = { NULL, 0 };
+
+  if (e->backing.writable) {
+    io_prep_pwritev2 (&iocb, e->backing.fd, &iov, 0, 0, RWF_DSYNC);
+    e->fua_in_aio = probe_iocb (&iocb) >= 0;
+  }
+  io_prep_fdsync (&iocb, e->backing.fd);
+  e->flush_in_aio = probe_iocb (&iocb) >= 0;
+}
+
+static enum mloop_event_result on_event (void *opaque, struct mloop_io *io,
+                                         long res);
+
+int
+mloop_engine_start (struct mloop_engine *e, char *err, size_t errlen)
+{
+  probe_kernel_features (e);
+  e->pool = mloop_worker_pool_start (e->threads, e->queue_depth,
+                                     on_event, e);
+  if (e->pool == NULL) {
+    snprintf (err, errlen, "starting %u AIO workers (queue-depth=%u): %s",
+              e->threads, e->queue_depth, strerror (errno));
+    return -1;
+  }
+  return 0;
+}
+
+void
+mloop_engine_stop (struct mloop_engine *e)
+{
+  mloop_worker_pool_stop (e->pool);
+  e->pool = NULL;
+}
+
+void
+mloop_engine_close (struct mloop_engine *e)
+{
+  mloop_engine_stop (e);
+  mloop_backing_close (&e->backing);
+}
+
+/* Points the iocb at what remains of the transfer after io->done bytes. */
+static void
+prep_remaining (struct mloop_engine *e, struct mloop_io *io)
+{
+  char *data = (char *) (io->bounce ? io->bounce : io->buf) + io->done;
+  size_t left = io->count - io->done;
+  long long offset = (long long) (io->offset + io->done);
+  int rw_flags = 0;
+
+  /* A short transfer can leave the rest unaligned; only the buffered
+   * descriptor accepts that.
+   */
+  if (io->fd == e->backing.fd && e->backing.direct &&
+      !mloop_io_is_direct_safe (data, left, (uint64_t) offset,
+                                e->backing.logical_block_size))
+    io->fd = e->backing.buffered_fd;
+
+  io->iov.iov_base = data;
+  io->iov.iov_len = left;
+  if (io->op == MLOOP_IO_READ)
+    io_prep_preadv2 (&io->iocb, io->fd, &io->iov, 1, offset, 0);
+  else {
+    if ((io->flags & MLOOP_IO_FUA) && e->fua_in_aio)
+      rw_flags = RWF_DSYNC;
+    io_prep_pwritev2 (&io->iocb, io->fd, &io->iov, 1, offset, rw_flags);
+  }
+  io->iocb.data = io;
+}
+
+/* Checks a read or write and decides how it reaches the disk:
+ *   aligned offset, length and buffer  → the O_DIRECT descriptor, zero copy;
+ *   aligned offset and length only     → O_DIRECT through an aligned bounce
+ *                                        buffer (one copy);
+ *   unaligned offset or length         → the buffered descriptor (the kernel
+ *                                        does the read-modify-write under its
+ *                                        page lock, so concurrent writers to
+ *                                        one block cannot lose each other).
+ */
+static int
+prepare_rw (struct mloop_engine *e, struct mloop_io *io)
+{
+  const struct mloop_backing *b = &e->backing;
+  uint32_t lbs = b->logical_block_size;
+  bool is_write = io->op == MLOOP_IO_WRITE;
+
+  if (io->count > MLOOP_MAX_REQUEST)
+    return -EINVAL;
+  if (io->offset > b->size || io->count > b->size - io->offset)
+    return is_write ? -ENOSPC : -EINVAL;
+  if (is_write && !b->writable)
+    return -EPERM;
+
+  io->fd = b->fd;
+  io->bounce = NULL;
+  io->done = 0;
+  if (b->direct && !mloop_io_is_direct_safe (io->buf, io->count, io->offset,
+                                             lbs)) {
+    if (mloop_is_aligned (io->offset, lbs) &&
+        mloop_is_aligned (io->count, lbs)) {
+      io->bounce = mloop_alloc_aligned (io->count, lbs);
+      if (io->bounce == NULL)
+        return -ENOMEM;
+      if (is_write)
+        memcpy (io->bounce, io->buf, io->count);
+    }
+    else
+      io->fd = b->buffered_fd;
+  }
+  prep_remaining (e, io);
+  return 0;
+}
+
+static void
+finish (struct mloop_io *io, int error)
+{
+  if (io->bounce) {
+    if (error == 0 && io->op == MLOOP_IO_READ)
+      memcpy (io->buf, io->bounce, io->count);
+    free (io->bounce);
+    io->bounce = NULL;
+  }
+  io->complete (io, error);
+}
+
+static enum mloop_event_result
+on_event (void *opaque, struct mloop_io *io, long res)
+{
+  struct mloop_engine *e = opaque;
+  int error = 0;
+
+  if (res < 0)
+    error = (int) -res;
+  else if (io->op != MLOOP_IO_FLUSH) {
+    io->done += (size_t) res;
+    if (io->done < io->count) {
+      if (res == 0)
+        /* End of file before the end of the request: the backing file
+         * shrank under us.
+         */
+        error = EIO;
+      else {
+        prep_remaining (e, io);
+        return MLOOP_EVENT_RESUBMIT;
+      }
+    }
+    else if (io->op == MLOOP_IO_WRITE && (io->flags & MLOOP_IO_FUA) &&
+             !e->fua_in_aio) {
+      /* Old kernel: FUA as write then fdatasync, on this worker. */
+      if (fdatasync (io->fd) == -1)
+        error = errno;
+    }
+  }
+  finish (io, error);
+  return MLOOP_EVENT_DONE;
+}
+
+int
+mloop_engine_submit (struct mloop_engine *e, struct mloop_io *io)
+{
+  int r;
+
+  switch (io->op) {
+  case MLOOP_IO_READ:
+  case MLOOP_IO_WRITE:
+    if (io->count == 0) {
+      if (io->op == MLOOP_IO_WRITE && !e->backing.writable)
+        return -EPERM;
+      io->bounce = NULL;
+      finish (io, 0);
+      return 0;
+    }
+    r = prepare_rw (e, io);
+    if (r < 0)
+      return r;
+    break;
+  case MLOOP_IO_FLUSH:
+    io->bounce = NULL;
+    io->fd = e->backing.fd;
+    if (!e->flush_in_aio) {
+      finish (io, fdatasync (io->fd) == -1 ? errno : 0);
+      return 0;
+    }
+    io_prep_fdsync (&io->iocb, io->fd);
+    io->iocb.data = io;
+    break;
+  default:
+    return -EINVAL;
+  }
+
+  r = mloop_worker_pool_submit (e->pool, io);
+  if (r < 0) {
+    free (io->bounce);
+    io->bounce = NULL;
+  }
+  return r;
+}

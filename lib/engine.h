@@ -1,0 +1,79 @@
+/* mloop — the IO engine: a backing store served through AIO workers.
+ *
+ * This is the interface both front ends stand on.  Lifecycle:
+ *
+ *   mloop_engine_open()   at configuration time: opens and probes the
+ *                         backing store (no threads, no AIO contexts, so it
+ *                         is safe before a daemonizing fork);
+ *   mloop_engine_start()  in the process that will serve: starts workers;
+ *   mloop_engine_submit() asynchronous IO, completions via io->complete;
+ *   mloop_engine_stop(), mloop_engine_close().
+ *
+ * The library never prints and never exits: errors come back as negative
+ * errnos, or as a one-line message in a caller-supplied buffer.
+ */
+#ifndef MLOOP_ENGINE_H
+#define MLOOP_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backing.h"
+#include "io.h"
+#include "worker_pool.h"
+
+#define MLOOP_THREADS_DEFAULT      4
+#define MLOOP_THREADS_MAX          64
+#define MLOOP_QUEUE_DEPTH_DEFAULT  128
+#define MLOOP_QUEUE_DEPTH_MAX      4096
+
+/* The largest request the engine accepts (nbdkit's own limit is 64 MiB). */
+#define MLOOP_MAX_REQUEST          (64u * 1024 * 1024)
+
+struct mloop_engine_config {
+  const char *path;
+  unsigned threads;
+  unsigned queue_depth;
+  enum mloop_direct_mode direct;
+  bool want_write;
+};
+
+struct mloop_engine {
+  struct mloop_backing backing;
+  unsigned threads;
+  unsigned queue_depth;
+  /* Kernel features, probed by mloop_engine_start(). */
+  bool fua_in_aio;              /* RWF_DSYNC on AIO writes (Linux ≥ 4.13) */
+  bool flush_in_aio;            /* IOCB_CMD_FDSYNC (Linux ≥ 4.18) */
+  struct mloop_worker_pool *pool;
+};
+
+void mloop_engine_config_init (struct mloop_engine_config *cfg);
+
+int mloop_engine_open (struct mloop_engine *e,
+                       const struct mloop_engine_config *cfg,
+                       char *err, size_t errlen);
+int mloop_engine_start (struct mloop_engine *e, char *err, size_t errlen);
+void mloop_engine_stop (struct mloop_engine *e);
+void mloop_engine_close (struct mloop_engine *e);
+
+/* Submits IO.  Returns 0 when accepted: io->complete will be called
+ * exactly once, possibly before this returns (a zero-length request, or a
+ * flush on a kernel without AIO fdatasync).  Returns a negative errno
+ * when refused up front (out of range: EINVAL for reads, ENOSPC for
+ * writes; EPERM writing a read-only store; EINVAL for a request too big),
+ * in which case complete is never called and nothing was done.
+ */
+int mloop_engine_submit (struct mloop_engine *e, struct mloop_io *io);
+
+/* Synchronous helpers for thread-per-request front ends.  Each returns 0
+ * or a negative errno.
+ */
+int mloop_engine_pread (struct mloop_engine *e, void *buf, size_t count,
+                        uint64_t offset);
+int mloop_engine_pwrite (struct mloop_engine *e, const void *buf,
+                         size_t count, uint64_t offset, unsigned flags);
+int mloop_engine_flush (struct mloop_engine *e);
+
+#endif /* MLOOP_ENGINE_H */

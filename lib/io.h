@@ -1,0 +1,50 @@
+/* mloop — one IO request to the engine, and how it completes.
+ *
+ * A front end (the nbdkit plugin, the native server) fills in the public
+ * fields, submits the request, and later receives exactly one call of
+ * 'complete'.  The request must stay valid until then; the engine owns the
+ * private fields in between.
+ */
+#ifndef MLOOP_IO_H
+#define MLOOP_IO_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+#include <libaio.h>
+
+enum mloop_io_op {
+  MLOOP_IO_READ,
+  MLOOP_IO_WRITE,
+  MLOOP_IO_FLUSH,               /* fdatasync of everything completed so far */
+};
+
+/* Flags for mloop_io.flags. */
+#define MLOOP_IO_FUA  (1u << 0)  /* write: durable before completion */
+
+struct mloop_io;
+typedef void (*mloop_io_complete_fn) (struct mloop_io *io, int error);
+
+struct mloop_io {
+  /* Set by the submitter. */
+  enum mloop_io_op op;
+  unsigned flags;
+  void *buf;
+  size_t count;
+  uint64_t offset;
+  /* Called once, from whichever thread reaped the request: ERROR is 0 on
+   * success or a positive errno (EIO, ENOSPC, ...).  Must not block.
+   */
+  mloop_io_complete_fn complete;
+  void *opaque;
+
+  /* Engine private. */
+  struct iocb iocb;
+  int fd;                       /* descriptor chosen for this request */
+  size_t done;                  /* bytes transferred, for short transfers */
+  void *bounce;                 /* aligned copy of buf, when buf is not */
+  struct iovec iov;
+  int worker;                   /* which worker's ring it was submitted to */
+};
+
+#endif /* MLOOP_IO_H */

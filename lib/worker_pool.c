@@ -1,0 +1,245 @@
+/* mloop — the AIO worker pool.  See worker_pool.h for the thread model. */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <semaphore.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "aio_ring.h"
+#include "worker_pool.h"
+
+/* Completions reaped per io_getevents call. */
+enum { REAP_BATCH = 64 };
+
+struct mloop_worker {
+  struct mloop_worker_pool *pool;
+  struct mloop_aio_ring ring;
+  pthread_t thread;
+  bool thread_started;
+  /* Free submission slots: queue_depth minus requests in flight. */
+  sem_t slots;
+  atomic_uint in_flight;
+  /* Stopping: the stop eventfd is watched by an IOCB_CMD_POLL request on
+   * the worker's own ring, so writing to it wakes io_getevents without a
+   * timeout or a signal.
+   */
+  int stop_fd;
+  struct iocb stop_iocb;
+  atomic_bool stopping;
+};
+
+struct mloop_worker_pool {
+  unsigned n;
+  unsigned queue_depth;
+  mloop_pool_event_fn on_event;
+  void *opaque;
+  atomic_uint next;             /* round-robin cursor */
+  struct mloop_worker *workers;
+};
+
+static void
+release_slot (struct mloop_worker *w)
+{
+  atomic_fetch_sub (&w->in_flight, 1);
+  sem_post (&w->slots);
+}
+
+/* Resubmits a request after a short transfer.  If the kernel refuses it,
+ * the request is finished with that error through the event handler.
+ */
+static void
+resubmit (struct mloop_worker *w, struct mloop_io *io)
+{
+  struct iocb *iocb = &io->iocb;
+  int r;
+
+  for (;;) {
+    r = mloop_aio_ring_submit (&w->ring, &iocb, 1);
+    if (r == 1)
+      return;
+    if (w->pool->on_event (w->pool->opaque, io, r < 0 ? r : -EIO)
+        == MLOOP_EVENT_DONE) {
+      release_slot (w);
+      return;
+    }
+  }
+}
+
+static void *
+worker_main (void *arg)
+{
+  struct mloop_worker *w = arg;
+  struct mloop_worker_pool *pool = w->pool;
+  struct io_event events[REAP_BATCH];
+
+  while (!(atomic_load (&w->stopping) && atomic_load (&w->in_flight) == 0)) {
+    int n = mloop_aio_ring_reap (&w->ring, 1, events, REAP_BATCH, NULL);
+    int i;
+
+    if (n < 0)
+      continue;                 /* only EINTR is expected; retried inside */
+    for (i = 0; i < n; i++) {
+      struct mloop_io *io;
+
+      if (events[i].obj == &w->stop_iocb)
+        continue;               /* 'stopping' is already set */
+      io = events[i].data;
+      switch (pool->on_event (pool->opaque, io, (long) events[i].res)) {
+      case MLOOP_EVENT_DONE:
+        release_slot (w);
+        break;
+      case MLOOP_EVENT_RESUBMIT:
+        resubmit (w, io);
+        break;
+      }
+    }
+  }
+  return NULL;
+}
+
+static int
+worker_init (struct mloop_worker *w, struct mloop_worker_pool *pool)
+{
+  struct iocb *iocb = &w->stop_iocb;
+  int r;
+
+  w->pool = pool;
+  w->stop_fd = -1;
+  atomic_init (&w->in_flight, 0);
+  atomic_init (&w->stopping, false);
+  if (sem_init (&w->slots, 0, pool->queue_depth) == -1)
+    return -errno;
+  /* One extra ring entry for the stop poll. */
+  r = mloop_aio_ring_init (&w->ring, pool->queue_depth + 1);
+  if (r < 0)
+    return r;
+  w->stop_fd = eventfd (0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (w->stop_fd == -1)
+    return -errno;
+  io_prep_poll (iocb, w->stop_fd, POLLIN);
+  r = mloop_aio_ring_submit (&w->ring, &iocb, 1);
+  if (r != 1)
+    return r < 0 ? r : -EIO;    /* needs Linux ≥ 4.18 (IOCB_CMD_POLL) */
+  r = pthread_create (&w->thread, NULL, worker_main, w);
+  if (r != 0)
+    return -r;
+  w->thread_started = true;
+  return 0;
+}
+
+static void
+worker_stop (struct mloop_worker *w)
+{
+  if (w->thread_started) {
+    uint64_t one = 1;
+
+    atomic_store (&w->stopping, true);
+    if (write (w->stop_fd, &one, sizeof one) != sizeof one)
+      abort ();                 /* an eventfd write cannot fail here */
+    pthread_join (w->thread, NULL);
+    w->thread_started = false;
+  }
+  mloop_aio_ring_destroy (&w->ring);
+  if (w->stop_fd >= 0)
+    close (w->stop_fd);
+  w->stop_fd = -1;
+  sem_destroy (&w->slots);
+}
+
+struct mloop_worker_pool *
+mloop_worker_pool_start (unsigned threads, unsigned queue_depth,
+                         mloop_pool_event_fn on_event, void *opaque)
+{
+  struct mloop_worker_pool *pool;
+  unsigned i;
+  int r;
+
+  if (threads == 0 || queue_depth == 0) {
+    errno = EINVAL;
+    return NULL;
+  }
+  pool = calloc (1, sizeof *pool);
+  if (pool == NULL)
+    return NULL;
+  pool->queue_depth = queue_depth;
+  pool->on_event = on_event;
+  pool->opaque = opaque;
+  atomic_init (&pool->next, 0);
+  pool->workers = calloc (threads, sizeof *pool->workers);
+  if (pool->workers == NULL) {
+    free (pool);
+    return NULL;
+  }
+  for (i = 0; i < threads; i++) {
+    pool->n = i + 1;
+    r = worker_init (&pool->workers[i], pool);
+    if (r < 0) {
+      mloop_worker_pool_stop (pool);
+      errno = -r;
+      return NULL;
+    }
+  }
+  return pool;
+}
+
+/* Picks a worker with a free slot, starting from the round-robin cursor
+ * so load spreads evenly; waits on the first one only when all are full.
+ */
+static struct mloop_worker *
+acquire_worker (struct mloop_worker_pool *pool)
+{
+  unsigned start = atomic_fetch_add (&pool->next, 1);
+  unsigned i;
+  struct mloop_worker *w;
+
+  for (i = 0; i < pool->n; i++) {
+    w = &pool->workers[(start + i) % pool->n];
+    if (sem_trywait (&w->slots) == 0)
+      return w;
+  }
+  w = &pool->workers[start % pool->n];
+  while (sem_wait (&w->slots) == -1)
+    ;                           /* EINTR */
+  return w;
+}
+
+int
+mloop_worker_pool_submit (struct mloop_worker_pool *pool, struct mloop_io *io)
+{
+  struct mloop_worker *w = acquire_worker (pool);
+  struct iocb *iocb = &io->iocb;
+  int r;
+
+  io->worker = (int) (w - pool->workers);
+  atomic_fetch_add (&w->in_flight, 1);
+  r = mloop_aio_ring_submit (&w->ring, &iocb, 1);
+  if (r == 1)
+    return 0;
+  release_slot (w);
+  return r < 0 ? r : -EIO;
+}
+
+void
+mloop_worker_pool_stop (struct mloop_worker_pool *pool)
+{
+  unsigned i;
+
+  if (pool == NULL)
+    return;
+  for (i = 0; i < pool->n; i++)
+    worker_stop (&pool->workers[i]);
+  free (pool->workers);
+  free (pool);
+}
+
+unsigned
+mloop_worker_pool_size (const struct mloop_worker_pool *pool)
+{
+  return pool->n;
+}

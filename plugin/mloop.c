@@ -1,0 +1,287 @@
+/* nbdkit-mloop-plugin — serve an image through mloop's AIO engine.
+ *
+ * This file is the nbdkit adapter only: parameters, the callback table,
+ * and translating engine results into nbdkit errors.  All IO lives in the
+ * shared engine (lib/).
+ *
+ * Thread model: NBDKIT_THREAD_MODEL_PARALLEL.  Each nbdkit worker thread
+ * calling pread/pwrite submits its request straight into one of the
+ * engine's AIO contexts and sleeps until that context's reaper thread
+ * completes it.  The engine is started in .after_fork because threads and
+ * AIO contexts do not survive nbdkit's daemonizing fork.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NBDKIT_API_VERSION 2
+#include <nbdkit-plugin.h>
+
+#include "engine.h"
+
+#define THREAD_MODEL NBDKIT_THREAD_MODEL_PARALLEL
+
+/* The preferred block size advertised to clients: a page, the unit the
+ * kernel's page cache and most filesystems work in.
+ */
+#define PREFERRED_BLOCK_SIZE 4096
+
+static char *filename;
+static struct mloop_engine_config config;
+static struct mloop_engine engine;
+static bool engine_open;
+
+static void
+mloop_load (void)
+{
+  mloop_engine_config_init (&config);
+}
+
+static void
+mloop_unload (void)
+{
+  if (engine_open)
+    mloop_engine_close (&engine);
+  engine_open = false;
+  free (filename);
+}
+
+/* Parses an unsigned parameter in [MIN, MAX], naming it in the error. */
+static int
+parse_bounded (const char *key, const char *value, unsigned min,
+               unsigned max, unsigned *out)
+{
+  uint32_t v;
+
+  if (nbdkit_parse_uint32_t (key, value, &v) == -1)
+    return -1;
+  if (v < min || v > max) {
+    nbdkit_error ("%s=%s: must be between %u and %u", key, value, min, max);
+    return -1;
+  }
+  *out = v;
+  return 0;
+}
+
+static int
+mloop_config (const char *key, const char *value)
+{
+  if (strcmp (key, "file") == 0) {
+    /* Resolved now because nbdkit changes directory when it daemonizes. */
+    free (filename);
+    filename = realpath (value, NULL);
+    if (filename == NULL) {
+      nbdkit_error ("file=%s: %m", value);
+      return -1;
+    }
+  }
+  else if (strcmp (key, "threads") == 0)
+    return parse_bounded (key, value, 1, MLOOP_THREADS_MAX, &config.threads);
+  else if (strcmp (key, "queue-depth") == 0)
+    return parse_bounded (key, value, 1, MLOOP_QUEUE_DEPTH_MAX,
+                          &config.queue_depth);
+  else if (strcmp (key, "direct") == 0) {
+    if (mloop_direct_mode_parse (value, &config.direct) == -1) {
+      nbdkit_error ("direct=%s: must be auto, on or off", value);
+      return -1;
+    }
+  }
+  else {
+    nbdkit_error ("unknown parameter '%s' (see nbdkit mloop --help)", key);
+    return -1;
+  }
+  return 0;
+}
+
+static int
+mloop_config_complete (void)
+{
+  if (filename == NULL) {
+    nbdkit_error ("file=: the image file or block device to serve is "
+                  "required");
+    return -1;
+  }
+  return 0;
+}
+
+#define mloop_config_help \
+  "file=<FILENAME>     (required) Image file or block device to serve.\n" \
+  "threads=<N>         AIO workers, 1..64 (default 4).\n" \
+  "queue-depth=<N>     AIO requests in flight per worker (default 128).\n" \
+  "direct=auto|on|off  O_DIRECT: auto falls back to buffered IO with a\n" \
+  "                    warning, on refuses to start (default auto)."
+
+/* Opens the backing store before nbdkit forks, so that a missing or
+ * unusable file makes nbdkit exit at startup.
+ */
+static int
+mloop_get_ready (void)
+{
+  char err[512];
+
+  config.path = filename;
+  config.want_write = true;
+  if (mloop_engine_open (&engine, &config, err, sizeof err) == -1) {
+    nbdkit_error ("%s", err);
+    return -1;
+  }
+  engine_open = true;
+  if (engine.backing.direct_fallback)
+    /* nbdkit has no warning call; stderr is still the terminal here,
+     * before the daemonizing fork.
+     */
+    fprintf (stderr, "nbdkit: mloop: warning: file=%s: O_DIRECT not "
+             "supported here, using buffered IO (direct=on would refuse "
+             "to start)\n", filename);
+  nbdkit_debug ("mloop: %s: size %" PRIu64 ", logical block %u, %s, %s",
+                filename, engine.backing.size,
+                engine.backing.logical_block_size,
+                engine.backing.direct ? "O_DIRECT" : "buffered",
+                engine.backing.writable ? "read-write" : "read-only");
+  return 0;
+}
+
+static int
+mloop_after_fork (void)
+{
+  char err[512];
+
+  if (mloop_engine_start (&engine, err, sizeof err) == -1) {
+    nbdkit_error ("%s", err);
+    return -1;
+  }
+  nbdkit_debug ("mloop: %u workers, queue depth %u, FUA %s, flush %s",
+                engine.threads, engine.queue_depth,
+                engine.fua_in_aio ? "RWF_DSYNC" : "write+fdatasync",
+                engine.flush_in_aio ? "AIO" : "fdatasync");
+  return 0;
+}
+
+/* Stops the workers once every connection is gone (before unload). */
+static void
+mloop_cleanup (void)
+{
+  if (engine_open)
+    mloop_engine_stop (&engine);
+}
+
+/* One engine serves every connection, so there is no per-connection
+ * state; any non-NULL pointer will do as the handle.
+ */
+static void *
+mloop_open (int readonly)
+{
+  return &engine;
+}
+
+static int64_t
+mloop_get_size (void *handle)
+{
+  return (int64_t) engine.backing.size;
+}
+
+static int
+mloop_block_size (void *handle, uint32_t *minimum, uint32_t *preferred,
+                  uint32_t *maximum)
+{
+  *minimum = engine.backing.logical_block_size;
+  *preferred = *minimum > PREFERRED_BLOCK_SIZE ? *minimum
+    : PREFERRED_BLOCK_SIZE;
+  *maximum = MLOOP_MAX_REQUEST;
+  return 0;
+}
+
+static int
+mloop_can_write (void *handle)
+{
+  return engine.backing.writable;
+}
+
+static int
+mloop_can_flush (void *handle)
+{
+  return 1;
+}
+
+static int
+mloop_can_fua (void *handle)
+{
+  return NBDKIT_FUA_NATIVE;
+}
+
+/* Safe because every connection shares one engine and one file: a flush
+ * (fdatasync) on any connection covers writes completed on all of them,
+ * and O_DIRECT writes are visible to every reader once completed.
+ */
+static int
+mloop_can_multi_conn (void *handle)
+{
+  return 1;
+}
+
+/* Turns an engine error into an nbdkit error with one log line. */
+static int
+report (int r, const char *what, uint32_t count, uint64_t offset)
+{
+  if (r == 0)
+    return 0;
+  nbdkit_error ("%s: %" PRIu32 " bytes at offset %" PRIu64 ": %s",
+                what, count, offset, strerror (-r));
+  nbdkit_set_error (-r);
+  return -1;
+}
+
+static int
+mloop_pread (void *handle, void *buf, uint32_t count, uint64_t offset,
+             uint32_t flags)
+{
+  return report (mloop_engine_pread (&engine, buf, count, offset),
+                 "pread", count, offset);
+}
+
+static int
+mloop_pwrite (void *handle, const void *buf, uint32_t count, uint64_t offset,
+              uint32_t flags)
+{
+  unsigned io_flags = (flags & NBDKIT_FLAG_FUA) ? MLOOP_IO_FUA : 0;
+
+  return report (mloop_engine_pwrite (&engine, buf, count, offset, io_flags),
+                 "pwrite", count, offset);
+}
+
+static int
+mloop_flush (void *handle, uint32_t flags)
+{
+  return report (mloop_engine_flush (&engine), "flush", 0, 0);
+}
+
+static struct nbdkit_plugin plugin = {
+  .name              = "mloop",
+  .longname          = "mloop: image files through a kernel AIO worker pool",
+  .version           = PACKAGE_VERSION,
+  .load              = mloop_load,
+  .unload            = mloop_unload,
+  .config            = mloop_config,
+  .config_complete   = mloop_config_complete,
+  .config_help       = mloop_config_help,
+  .magic_config_key  = "file",
+  .get_ready         = mloop_get_ready,
+  .after_fork        = mloop_after_fork,
+  .cleanup           = mloop_cleanup,
+  .open              = mloop_open,
+  .get_size          = mloop_get_size,
+  .block_size        = mloop_block_size,
+  .can_write         = mloop_can_write,
+  .can_flush         = mloop_can_flush,
+  .can_fua           = mloop_can_fua,
+  .can_multi_conn    = mloop_can_multi_conn,
+  .pread             = mloop_pread,
+  .pwrite            = mloop_pwrite,
+  .flush             = mloop_flush,
+  .errno_is_preserved = 0,
+};
+
+NBDKIT_REGISTER_PLUGIN (plugin)
