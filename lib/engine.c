@@ -87,10 +87,12 @@ static enum mloop_event_result on_event (void *opaque, struct mloop_io *io,
                                          long res);
 
 int
-mloop_engine_start (struct mloop_engine *e, char *err, size_t errlen)
+mloop_engine_start (struct mloop_engine *e, enum mloop_pool_mode mode,
+                    char *err, size_t errlen)
 {
   probe_kernel_features (e);
-  e->pool = mloop_worker_pool_start (e->threads, e->queue_depth,
+  e->mode = mode;
+  e->pool = mloop_worker_pool_start (mode, e->threads, e->queue_depth,
                                      on_event, e);
   if (e->pool == NULL) {
     snprintf (err, errlen, "starting %u AIO workers (queue-depth=%u): %s",
@@ -230,8 +232,11 @@ on_event (void *opaque, struct mloop_io *io, long res)
   return MLOOP_EVENT_DONE;
 }
 
-int
-mloop_engine_submit (struct mloop_engine *e, struct mloop_io *io)
+/* Validates IO and prepares its iocb.  Returns 1 when IO needs the
+ * kernel, 0 when it was completed here already, or a negative errno.
+ */
+static int
+prepare (struct mloop_engine *e, struct mloop_io *io)
 {
   int r;
 
@@ -262,11 +267,36 @@ mloop_engine_submit (struct mloop_engine *e, struct mloop_io *io)
   default:
     return -EINVAL;
   }
+  return 1;
+}
 
-  r = mloop_worker_pool_submit (e->pool, io);
-  if (r < 0) {
-    free (io->bounce);
-    io->bounce = NULL;
-  }
+static int
+submit_failed (struct mloop_io *io, int r)
+{
+  free (io->bounce);
+  io->bounce = NULL;
   return r;
+}
+
+int
+mloop_engine_submit (struct mloop_engine *e, struct mloop_io *io)
+{
+  int r = prepare (e, io);
+
+  if (r <= 0)
+    return r;
+  r = mloop_worker_pool_submit (e->pool, io);
+  return r < 0 ? submit_failed (io, r) : 0;
+}
+
+int
+mloop_engine_submit_and_wait (struct mloop_engine *e, struct mloop_io *io,
+                              struct mloop_pool_waiter *waiter)
+{
+  int r = prepare (e, io);
+
+  if (r <= 0)
+    return r;
+  r = mloop_worker_pool_submit_and_wait (e->pool, io, waiter);
+  return r < 0 ? submit_failed (io, r) : 0;
 }

@@ -46,6 +46,7 @@ struct mloop_engine {
   /* Kernel features, probed by mloop_engine_start(). */
   bool fua_in_aio;              /* RWF_DSYNC on AIO writes (Linux ≥ 4.13) */
   bool flush_in_aio;            /* IOCB_CMD_FDSYNC (Linux ≥ 4.18) */
+  enum mloop_pool_mode mode;
   struct mloop_worker_pool *pool;
 };
 
@@ -54,11 +55,15 @@ void mloop_engine_config_init (struct mloop_engine_config *cfg);
 int mloop_engine_open (struct mloop_engine *e,
                        const struct mloop_engine_config *cfg,
                        char *err, size_t errlen);
-int mloop_engine_start (struct mloop_engine *e, char *err, size_t errlen);
+/* MODE: REAPER_THREADS for mloop_engine_submit() callers,
+ * CALLER_REAPS when only the synchronous helpers are used (no handoff).
+ */
+int mloop_engine_start (struct mloop_engine *e, enum mloop_pool_mode mode,
+                        char *err, size_t errlen);
 void mloop_engine_stop (struct mloop_engine *e);
 void mloop_engine_close (struct mloop_engine *e);
 
-/* Submits IO.  Returns 0 when accepted: io->complete will be called
+/* Submits IO (REAPER_THREADS mode only).  Returns 0 when accepted: io->complete will be called
  * exactly once, possibly before this returns (a zero-length request, or a
  * flush on a kernel without AIO fdatasync).  Returns a negative errno
  * when refused up front (out of range: EINVAL for reads, ENOSPC for
@@ -66,6 +71,12 @@ void mloop_engine_close (struct mloop_engine *e);
  * in which case complete is never called and nothing was done.
  */
 int mloop_engine_submit (struct mloop_engine *e, struct mloop_io *io);
+
+/* Like mloop_engine_submit(), then waits until io->complete has called
+ * mloop_pool_waiter_done (WAITER); works in both modes.
+ */
+int mloop_engine_submit_and_wait (struct mloop_engine *e, struct mloop_io *io,
+                                  struct mloop_pool_waiter *waiter);
 
 /* Synchronous helpers for thread-per-request front ends.  Each returns 0
  * or a negative errno.

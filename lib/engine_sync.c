@@ -1,18 +1,17 @@
-/* mloop — synchronous helpers over the asynchronous engine.
+/* mloop — synchronous helpers over the engine.
  *
- * The calling thread submits with io_submit itself and then sleeps on a
- * semaphore until the worker that reaps the completion posts it: one
- * wake-up per request, no queue in between.
+ * The calling thread submits with io_submit itself and then waits: in
+ * CALLER_REAPS mode by reaping the ring itself when no other thread is
+ * (see worker_pool.h), so a request costs one sleep and no handoff.
  */
 #include <errno.h>
-#include <semaphore.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "engine.h"
 
 struct sync_wait {
-  sem_t done;
+  struct mloop_pool_waiter waiter;
   int error;
 };
 
@@ -22,7 +21,7 @@ sync_complete (struct mloop_io *io, int error)
   struct sync_wait *w = io->opaque;
 
   w->error = error;
-  sem_post (&w->done);
+  mloop_pool_waiter_done (&w->waiter);
 }
 
 static int
@@ -31,17 +30,14 @@ run (struct mloop_engine *e, struct mloop_io *io)
   struct sync_wait w;
   int r;
 
-  sem_init (&w.done, 0, 0);
+  mloop_pool_waiter_init (&w.waiter);
   w.error = 0;
   io->complete = sync_complete;
   io->opaque = &w;
-  r = mloop_engine_submit (e, io);
-  if (r == 0) {
-    while (sem_wait (&w.done) == -1 && errno == EINTR)
-      ;
+  r = mloop_engine_submit_and_wait (e, io, &w.waiter);
+  if (r == 0)
     r = -w.error;
-  }
-  sem_destroy (&w.done);
+  mloop_pool_waiter_destroy (&w.waiter);
   return r;
 }
 

@@ -1,4 +1,4 @@
-/* mloop — the AIO worker pool.  See worker_pool.h for the thread model. */
+/* mloop — the AIO worker pool.  See worker_pool.h for the two modes. */
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -20,21 +20,28 @@ enum { REAP_BATCH = 64 };
 struct mloop_worker {
   struct mloop_worker_pool *pool;
   struct mloop_aio_ring ring;
-  pthread_t thread;
-  bool thread_started;
   /* Free submission slots: queue_depth minus requests in flight. */
   sem_t slots;
   atomic_uint in_flight;
-  /* Stopping: the stop eventfd is watched by an IOCB_CMD_POLL request on
-   * the worker's own ring, so writing to it wakes io_getevents without a
-   * timeout or a signal.
+
+  /* REAPER_THREADS mode.  The stop eventfd is watched by an IOCB_CMD_POLL
+   * request on the worker's own ring, so writing to it wakes io_getevents
+   * without a timeout or a signal.
    */
+  pthread_t thread;
+  bool thread_started;
   int stop_fd;
   struct iocb stop_iocb;
   atomic_bool stopping;
+
+  /* CALLER_REAPS mode: who reaps, and who sleeps waiting for a turn. */
+  pthread_mutex_t lock;
+  bool reaping;
+  struct mloop_pool_waiter *followers;
 };
 
 struct mloop_worker_pool {
+  enum mloop_pool_mode mode;
   unsigned n;
   unsigned queue_depth;
   mloop_pool_event_fn on_event;
@@ -42,6 +49,28 @@ struct mloop_worker_pool {
   atomic_uint next;             /* round-robin cursor */
   struct mloop_worker *workers;
 };
+
+void
+mloop_pool_waiter_init (struct mloop_pool_waiter *w)
+{
+  sem_init (&w->wake, 0, 0);
+  atomic_init (&w->done, false);
+  w->queued = false;
+  w->next = NULL;
+}
+
+void
+mloop_pool_waiter_done (struct mloop_pool_waiter *w)
+{
+  atomic_store (&w->done, true);
+  sem_post (&w->wake);
+}
+
+void
+mloop_pool_waiter_destroy (struct mloop_pool_waiter *w)
+{
+  sem_destroy (&w->wake);
+}
 
 static void
 release_slot (struct mloop_worker *w)
@@ -71,54 +100,51 @@ resubmit (struct mloop_worker *w, struct mloop_io *io)
   }
 }
 
+/* Hands N reaped events to the event handler. */
+static void
+dispatch (struct mloop_worker *w, struct io_event *events, int n)
+{
+  struct mloop_worker_pool *pool = w->pool;
+  int i;
+
+  for (i = 0; i < n; i++) {
+    struct mloop_io *io;
+
+    if (events[i].obj == &w->stop_iocb)
+      continue;                 /* 'stopping' is already set */
+    io = events[i].data;
+    switch (pool->on_event (pool->opaque, io, (long) events[i].res)) {
+    case MLOOP_EVENT_DONE:
+      release_slot (w);
+      break;
+    case MLOOP_EVENT_RESUBMIT:
+      resubmit (w, io);
+      break;
+    }
+  }
+}
+
 static void *
-worker_main (void *arg)
+reaper_thread (void *arg)
 {
   struct mloop_worker *w = arg;
-  struct mloop_worker_pool *pool = w->pool;
   struct io_event events[REAP_BATCH];
 
   while (!(atomic_load (&w->stopping) && atomic_load (&w->in_flight) == 0)) {
     int n = mloop_aio_ring_reap (&w->ring, 1, events, REAP_BATCH, NULL);
-    int i;
 
-    if (n < 0)
-      continue;                 /* only EINTR is expected; retried inside */
-    for (i = 0; i < n; i++) {
-      struct mloop_io *io;
-
-      if (events[i].obj == &w->stop_iocb)
-        continue;               /* 'stopping' is already set */
-      io = events[i].data;
-      switch (pool->on_event (pool->opaque, io, (long) events[i].res)) {
-      case MLOOP_EVENT_DONE:
-        release_slot (w);
-        break;
-      case MLOOP_EVENT_RESUBMIT:
-        resubmit (w, io);
-        break;
-      }
-    }
+    if (n > 0)
+      dispatch (w, events, n);
   }
   return NULL;
 }
 
 static int
-worker_init (struct mloop_worker *w, struct mloop_worker_pool *pool)
+start_reaper_thread (struct mloop_worker *w)
 {
   struct iocb *iocb = &w->stop_iocb;
   int r;
 
-  w->pool = pool;
-  w->stop_fd = -1;
-  atomic_init (&w->in_flight, 0);
-  atomic_init (&w->stopping, false);
-  if (sem_init (&w->slots, 0, pool->queue_depth) == -1)
-    return -errno;
-  /* One extra ring entry for the stop poll. */
-  r = mloop_aio_ring_init (&w->ring, pool->queue_depth + 1);
-  if (r < 0)
-    return r;
   w->stop_fd = eventfd (0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (w->stop_fd == -1)
     return -errno;
@@ -126,10 +152,31 @@ worker_init (struct mloop_worker *w, struct mloop_worker_pool *pool)
   r = mloop_aio_ring_submit (&w->ring, &iocb, 1);
   if (r != 1)
     return r < 0 ? r : -EIO;    /* needs Linux ≥ 4.18 (IOCB_CMD_POLL) */
-  r = pthread_create (&w->thread, NULL, worker_main, w);
+  r = pthread_create (&w->thread, NULL, reaper_thread, w);
   if (r != 0)
     return -r;
   w->thread_started = true;
+  return 0;
+}
+
+static int
+worker_init (struct mloop_worker *w, struct mloop_worker_pool *pool)
+{
+  int r;
+
+  w->pool = pool;
+  w->stop_fd = -1;
+  atomic_init (&w->in_flight, 0);
+  atomic_init (&w->stopping, false);
+  pthread_mutex_init (&w->lock, NULL);
+  if (sem_init (&w->slots, 0, pool->queue_depth) == -1)
+    return -errno;
+  /* One extra ring entry for the stop poll. */
+  r = mloop_aio_ring_init (&w->ring, pool->queue_depth + 1);
+  if (r < 0)
+    return r;
+  if (pool->mode == MLOOP_POOL_REAPER_THREADS)
+    return start_reaper_thread (w);
   return 0;
 }
 
@@ -150,11 +197,13 @@ worker_stop (struct mloop_worker *w)
     close (w->stop_fd);
   w->stop_fd = -1;
   sem_destroy (&w->slots);
+  pthread_mutex_destroy (&w->lock);
 }
 
 struct mloop_worker_pool *
-mloop_worker_pool_start (unsigned threads, unsigned queue_depth,
-                         mloop_pool_event_fn on_event, void *opaque)
+mloop_worker_pool_start (enum mloop_pool_mode mode, unsigned threads,
+                         unsigned queue_depth, mloop_pool_event_fn on_event,
+                         void *opaque)
 {
   struct mloop_worker_pool *pool;
   unsigned i;
@@ -167,6 +216,7 @@ mloop_worker_pool_start (unsigned threads, unsigned queue_depth,
   pool = calloc (1, sizeof *pool);
   if (pool == NULL)
     return NULL;
+  pool->mode = mode;
   pool->queue_depth = queue_depth;
   pool->on_event = on_event;
   pool->opaque = opaque;
@@ -209,20 +259,104 @@ acquire_worker (struct mloop_worker_pool *pool)
   return w;
 }
 
-int
-mloop_worker_pool_submit (struct mloop_worker_pool *pool, struct mloop_io *io)
+static int
+submit_to (struct mloop_worker *w, struct mloop_io *io)
 {
-  struct mloop_worker *w = acquire_worker (pool);
   struct iocb *iocb = &io->iocb;
   int r;
 
-  io->worker = (int) (w - pool->workers);
+  io->worker = (int) (w - w->pool->workers);
   atomic_fetch_add (&w->in_flight, 1);
   r = mloop_aio_ring_submit (&w->ring, &iocb, 1);
   if (r == 1)
     return 0;
   release_slot (w);
   return r < 0 ? r : -EIO;
+}
+
+int
+mloop_worker_pool_submit (struct mloop_worker_pool *pool, struct mloop_io *io)
+{
+  if (pool->mode != MLOOP_POOL_REAPER_THREADS)
+    return -EINVAL;             /* nobody would reap it */
+  return submit_to (acquire_worker (pool), io);
+}
+
+static void
+remove_follower (struct mloop_worker *w, struct mloop_pool_waiter *me)
+{
+  struct mloop_pool_waiter **p;
+
+  if (!me->queued)
+    return;
+  for (p = &w->followers; *p; p = &(*p)->next)
+    if (*p == me) {
+      *p = me->next;
+      break;
+    }
+  me->queued = false;
+}
+
+/* The leader/follower loop.  Invariant, under w->lock: while anyone is on
+ * the follower list, either 'reaping' is set or a follower has just been
+ * woken to take the role — so a request can never be left unreaped with
+ * its thread asleep.
+ */
+int
+mloop_worker_pool_submit_and_wait (struct mloop_worker_pool *pool,
+                                   struct mloop_io *io,
+                                   struct mloop_pool_waiter *me)
+{
+  struct mloop_worker *w;
+  struct io_event events[REAP_BATCH];
+  int r;
+
+  if (pool->mode == MLOOP_POOL_REAPER_THREADS) {
+    r = mloop_worker_pool_submit (pool, io);
+    if (r == 0)
+      while (!atomic_load (&me->done))
+        sem_wait (&me->wake);
+    return r;
+  }
+
+  w = acquire_worker (pool);
+  r = submit_to (w, io);
+  if (r < 0)
+    return r;
+
+  pthread_mutex_lock (&w->lock);
+  while (!atomic_load (&me->done)) {
+    if (!w->reaping) {
+      int n;
+
+      w->reaping = true;
+      pthread_mutex_unlock (&w->lock);
+      n = mloop_aio_ring_reap (&w->ring, 1, events, REAP_BATCH, NULL);
+      if (n > 0)
+        dispatch (w, events, n);
+      pthread_mutex_lock (&w->lock);
+      w->reaping = false;
+      continue;
+    }
+    me->queued = true;
+    me->next = w->followers;
+    w->followers = me;
+    pthread_mutex_unlock (&w->lock);
+    while (sem_wait (&me->wake) == -1)
+      ;                         /* EINTR */
+    pthread_mutex_lock (&w->lock);
+    remove_follower (w, me);
+  }
+  /* Leaving: if nobody is reaping, pass the role to a follower. */
+  if (!w->reaping && w->followers) {
+    struct mloop_pool_waiter *next = w->followers;
+
+    w->followers = next->next;
+    next->queued = false;
+    sem_post (&next->wake);
+  }
+  pthread_mutex_unlock (&w->lock);
+  return 0;
 }
 
 void

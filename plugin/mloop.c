@@ -34,6 +34,12 @@ static struct mloop_engine_config config;
 static struct mloop_engine engine;
 static bool engine_open;
 
+/* -D mloop.reaper_threads=1: reap completions on dedicated worker threads
+ * instead of on the waiting nbdkit threads (for comparison; see
+ * docs/design.md).
+ */
+NBDKIT_DLL_PUBLIC int mloop_debug_reaper_threads = 0;
+
 static void
 mloop_load (void)
 {
@@ -149,12 +155,17 @@ mloop_after_fork (void)
 {
   char err[512];
 
-  if (mloop_engine_start (&engine, err, sizeof err) == -1) {
+  enum mloop_pool_mode mode = mloop_debug_reaper_threads
+    ? MLOOP_POOL_REAPER_THREADS : MLOOP_POOL_CALLER_REAPS;
+
+  if (mloop_engine_start (&engine, mode, err, sizeof err) == -1) {
     nbdkit_error ("%s", err);
     return -1;
   }
-  nbdkit_debug ("mloop: %u workers, queue depth %u, FUA %s, flush %s",
-                engine.threads, engine.queue_depth,
+  nbdkit_debug ("mloop: %u workers (%s), queue depth %u, FUA %s, flush %s",
+                engine.threads,
+                mloop_debug_reaper_threads ? "reaper threads" : "callers reap",
+                engine.queue_depth,
                 engine.fua_in_aio ? "RWF_DSYNC" : "write+fdatasync",
                 engine.flush_in_aio ? "AIO" : "fdatasync");
   return 0;
