@@ -170,14 +170,21 @@ prepare_rw (struct mloop_engine *e, struct mloop_io *io)
 
   io->fd = b->fd;
   io->bounce = NULL;
+  io->bounce_allocated = false;
   io->done = 0;
   if (b->direct && !mloop_io_is_direct_safe (io->buf, io->count, io->offset,
                                              lbs)) {
     if (mloop_is_aligned (io->offset, lbs) &&
         mloop_is_aligned (io->count, lbs)) {
-      io->bounce = mloop_alloc_aligned (io->count, lbs);
-      if (io->bounce == NULL)
-        return -ENOMEM;
+      if (io->scratch && io->scratch_size >= io->count &&
+          mloop_is_aligned ((uintptr_t) io->scratch, lbs))
+        io->bounce = io->scratch;
+      else {
+        io->bounce = mloop_alloc_aligned (io->count, lbs);
+        if (io->bounce == NULL)
+          return -ENOMEM;
+        io->bounce_allocated = true;
+      }
       if (is_write)
         memcpy (io->bounce, io->buf, io->count);
     }
@@ -189,14 +196,20 @@ prepare_rw (struct mloop_engine *e, struct mloop_io *io)
 }
 
 static void
+release_bounce (struct mloop_io *io)
+{
+  if (io->bounce_allocated)
+    free (io->bounce);
+  io->bounce = NULL;
+  io->bounce_allocated = false;
+}
+
+static void
 finish (struct mloop_io *io, int error)
 {
-  if (io->bounce) {
-    if (error == 0 && io->op == MLOOP_IO_READ)
-      memcpy (io->buf, io->bounce, io->count);
-    free (io->bounce);
-    io->bounce = NULL;
-  }
+  if (io->bounce && error == 0 && io->op == MLOOP_IO_READ)
+    memcpy (io->buf, io->bounce, io->count);
+  release_bounce (io);
   io->complete (io, error);
 }
 
@@ -247,6 +260,7 @@ prepare (struct mloop_engine *e, struct mloop_io *io)
       if (io->op == MLOOP_IO_WRITE && !e->backing.writable)
         return -EPERM;
       io->bounce = NULL;
+      io->bounce_allocated = false;
       finish (io, 0);
       return 0;
     }
@@ -256,6 +270,7 @@ prepare (struct mloop_engine *e, struct mloop_io *io)
     break;
   case MLOOP_IO_FLUSH:
     io->bounce = NULL;
+    io->bounce_allocated = false;
     io->fd = e->backing.fd;
     if (!e->flush_in_aio) {
       finish (io, fdatasync (io->fd) == -1 ? errno : 0);
@@ -273,8 +288,7 @@ prepare (struct mloop_engine *e, struct mloop_io *io)
 static int
 submit_failed (struct mloop_io *io, int r)
 {
-  free (io->bounce);
-  io->bounce = NULL;
+  release_bounce (io);
   return r;
 }
 

@@ -5,10 +5,75 @@
  * (see worker_pool.h), so a request costs one sleep and no handoff.
  */
 #include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "align.h"
 #include "engine.h"
+
+/* Each calling thread keeps one aligned scratch buffer, grown to the
+ * largest request it has bounced.  nbdkit (1.32) hands plugins buffers
+ * from realloc, aligned to 16 bytes only, so nearly every O_DIRECT
+ * request needs a bounce; reusing the buffer saves an allocation (and
+ * for large requests an mmap/munmap pair) per request.  Safe because a
+ * synchronous caller does nothing else until its request completes.
+ */
+struct scratch {
+  void *buf;
+  size_t size;
+};
+
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+static void
+scratch_free (void *p)
+{
+  struct scratch *s = p;
+
+  free (s->buf);
+  free (s);
+}
+
+static void
+scratch_key_create (void)
+{
+  pthread_key_create (&scratch_key, scratch_free);
+}
+
+/* Points IO at this thread's scratch buffer if IO will need a bounce. */
+static void
+attach_scratch (struct mloop_engine *e, struct mloop_io *io)
+{
+  uint32_t align = mloop_backing_alignment (&e->backing);
+  struct scratch *s;
+
+  if (align == 1 || mloop_is_aligned ((uintptr_t) io->buf, align) ||
+      io->count > MLOOP_MAX_REQUEST)
+    return;
+  pthread_once (&scratch_once, scratch_key_create);
+  s = pthread_getspecific (scratch_key);
+  if (s == NULL) {
+    s = calloc (1, sizeof *s);
+    if (s == NULL || pthread_setspecific (scratch_key, s) != 0) {
+      free (s);
+      return;                   /* the engine allocates instead */
+    }
+  }
+  if (s->size < io->count) {
+    void *bigger = mloop_alloc_aligned (io->count, align);
+
+    if (bigger == NULL)
+      return;
+    free (s->buf);
+    s->buf = bigger;
+    s->size = io->count;
+  }
+  io->scratch = s->buf;
+  io->scratch_size = s->size;
+}
 
 struct sync_wait {
   struct mloop_pool_waiter waiter;
@@ -34,6 +99,7 @@ run (struct mloop_engine *e, struct mloop_io *io)
   w.error = 0;
   io->complete = sync_complete;
   io->opaque = &w;
+  attach_scratch (e, io);
   r = mloop_engine_submit_and_wait (e, io, &w.waiter);
   if (r == 0)
     r = -w.error;

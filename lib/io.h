@@ -8,6 +8,7 @@
 #ifndef MLOOP_IO_H
 #define MLOOP_IO_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/uio.h>
@@ -37,12 +38,19 @@ struct mloop_io {
    */
   mloop_io_complete_fn complete;
   void *opaque;
+  /* Optional: an aligned buffer of scratch_size bytes the engine may use
+   * as the bounce buffer instead of allocating one, when buf is not
+   * aligned for O_DIRECT.  Must stay untouched until completion.
+   */
+  void *scratch;
+  size_t scratch_size;
 
   /* Engine private. */
   struct iocb iocb;
   int fd;                       /* descriptor chosen for this request */
   size_t done;                  /* bytes transferred, for short transfers */
   void *bounce;                 /* aligned copy of buf, when buf is not */
+  bool bounce_allocated;        /* bounce is ours to free (not scratch) */
   struct iovec iov;
   int worker;                   /* which worker's ring it was submitted to */
 };
