@@ -11,6 +11,7 @@ Environment (set by tests/meson.build):
                    error fails the test
 """
 import atexit
+import errno
 import hashlib
 import os
 import shutil
@@ -172,7 +173,9 @@ def expect_error(errno_value, fn, *args):
     try:
         fn(*args)
     except nbd.Error as e:
-        assert e.errno == errno_value, f"expected errno {errno_value}, got {e.errno}: {e}"
+        # libnbd's Python binding gives the errno as its symbolic name.
+        want = errno.errorcode[errno_value]
+        assert e.errno == want, f"expected {want}, got {e.errno}: {e}"
         return e
     raise AssertionError(f"{fn.__name__} succeeded; expected errno {errno_value}")
 

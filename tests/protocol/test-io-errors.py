@@ -1,0 +1,42 @@
+#!/usr/bin/python3
+"""IO errors reach the client as the matching NBD error with one log
+line, and the server goes on serving:
+  - a full filesystem under a sparse image: writes fail with ENOSPC;
+  - the image shrinks under the server: reads of the lost part fail
+    with EIO."""
+import errno
+import os
+import subprocess
+import harness
+
+if os.geteuid() != 0:
+    harness.skip("mounting a small tmpfs needs root")
+
+# A 4 MiB filesystem holding a 64 MiB sparse image.
+mnt = harness.tmpdir()
+if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "mloop-test", mnt]).returncode != 0:
+    harness.skip("cannot mount tmpfs")
+harness.on_exit(lambda: subprocess.run(["umount", "-l", mnt]))
+image = harness.make_image(64 << 20, directory=mnt)
+srv = harness.Server(image)
+h = srv.connect()
+h.pwrite(b"a" * 4096, 0)                       # fits
+harness.expect_error(errno.ENOSPC, h.pwrite, b"b" * (8 << 20), 16 << 20)
+assert h.pread(4096, 0) == b"a" * 4096, "server stopped serving after ENOSPC"
+h.shutdown()
+srv.stop()
+log = srv.log_text()
+assert sum("pwrite" in l and "No space left on device" in l for l in log.splitlines()) == 1, \
+    f"expected one ENOSPC log line:\n{log}"
+
+# The image shrinks while served.
+image = harness.make_image(8 << 20, data=harness.pattern(8 << 20, 5))
+srv = harness.Server(image)
+h = srv.connect()
+os.truncate(image, 1 << 20)
+harness.expect_error(errno.EIO, h.pread, 65536, 4 << 20)
+assert h.pread(4096, 0) == harness.pattern(8 << 20, 5)[:4096], "server stopped serving after EIO"
+h.shutdown()
+srv.stop()
+assert "pread" in srv.log_text() and "Input/output error" in srv.log_text()
+print("ok: ENOSPC on a full filesystem, EIO on a shrunken image, server kept serving")
