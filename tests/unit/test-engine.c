@@ -7,6 +7,7 @@
  *  - start/stop leaves no thread or context behind (run under valgrind).
  */
 #include <assert.h>
+#include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -29,6 +30,22 @@ static unsigned char
 byte_at (uint64_t offset)
 {
   return (unsigned char) (offset * 7 + offset / 4096);
+}
+
+/* Kernel AIO contexts of this process: each maps its ring as "[aio]". */
+static int
+aio_contexts (void)
+{
+  FILE *f = fopen ("/proc/self/maps", "r");
+  char line[512];
+  int n = 0;
+
+  assert (f);
+  while (fgets (line, sizeof line, f))
+    if (strstr (line, "[aio]"))
+      n++;
+  fclose (f);
+  return n;
 }
 
 static void
@@ -135,8 +152,12 @@ count_completion (struct mloop_io *io, int error)
 static void
 test_async (void)
 {
+  int contexts_before = aio_contexts ();
   struct mloop_engine *e = open_engine (MLOOP_POOL_REAPER_THREADS, false, 2);
   enum { N = 200 };
+
+  /* The check at the end of main() can see contexts: two workers, two. */
+  assert (aio_contexts () == contexts_before + 2);
   struct mloop_io *ios = calloc (N, sizeof *ios);
   unsigned char *bufs = malloc ((size_t) N * 4096);
   int i;
@@ -180,15 +201,41 @@ test_refusals (void)
   mloop_engine_close (e);
 }
 
+/* Entries in a /proc/self directory: open descriptors or threads. */
+static int
+count_entries (const char *dir)
+{
+  DIR *d = opendir (dir);
+  struct dirent *ent;
+  int n = 0;
+
+  assert (d);
+  while ((ent = readdir (d)) != NULL)
+    if (ent->d_name[0] != '.')
+      n++;
+  closedir (d);
+  return n;
+}
+
 int
 main (void)
 {
+  int fds, threads;
+  int contexts;
+
   make_file ();
+  fds = count_entries ("/proc/self/fd");
+  threads = count_entries ("/proc/self/task");
+  contexts = aio_contexts ();
   test_concurrent_callers (MLOOP_POOL_CALLER_REAPS, 4);
   test_concurrent_callers (MLOOP_POOL_CALLER_REAPS, 1);
   test_concurrent_callers (MLOOP_POOL_REAPER_THREADS, 4);
   test_async ();
   test_refusals ();
+  /* Every engine was closed: nothing may be left behind. */
+  assert (count_entries ("/proc/self/fd") == fds);
+  assert (count_entries ("/proc/self/task") == threads);
+  assert (aio_contexts () == contexts);
   unlink (path);
   free (expected);
   printf ("ok: engine, both pool modes, %d callers x %d rounds\n",
