@@ -9,6 +9,7 @@
 #include "aio_ring.h"
 #include "align.h"
 #include "engine.h"
+#include "unaligned.h"
 
 void
 mloop_engine_config_init (struct mloop_engine_config *cfg)
@@ -38,8 +39,11 @@ mloop_engine_open (struct mloop_engine *e,
   }
   e->threads = cfg->threads;
   e->queue_depth = cfg->queue_depth;
-  return mloop_backing_open (&e->backing, cfg->path, cfg->direct,
-                             cfg->want_write, err, errlen);
+  if (mloop_backing_open (&e->backing, cfg->path, cfg->direct,
+                          cfg->want_write, err, errlen) == -1)
+    return -1;
+  mloop_range_lock_init (&e->rmw_lock);
+  return 0;
 }
 
 /* Submits one probe iocb on a scratch ring and returns its result. */
@@ -113,6 +117,7 @@ void
 mloop_engine_close (struct mloop_engine *e)
 {
   mloop_engine_stop (e);
+  mloop_range_lock_destroy (&e->rmw_lock);
   mloop_backing_close (&e->backing);
 }
 
@@ -124,14 +129,6 @@ prep_remaining (struct mloop_engine *e, struct mloop_io *io)
   size_t left = io->count - io->done;
   long long offset = (long long) (io->offset + io->done);
   int rw_flags = 0;
-
-  /* A short transfer can leave the rest unaligned; only the buffered
-   * descriptor accepts that.
-   */
-  if (io->fd == e->backing.fd && e->backing.direct &&
-      !mloop_io_is_direct_safe (data, left, (uint64_t) offset,
-                                e->backing.logical_block_size))
-    io->fd = e->backing.buffered_fd;
 
   io->iov.iov_base = data;
   io->iov.iov_len = left;
@@ -145,14 +142,33 @@ prep_remaining (struct mloop_engine *e, struct mloop_io *io)
   io->iocb.data = io;
 }
 
+static void
+release_bounce (struct mloop_io *io)
+{
+  if (io->bounce_allocated)
+    free (io->bounce);
+  io->bounce = NULL;
+  io->bounce_allocated = false;
+}
+
+static void
+finish (struct mloop_io *io, int error)
+{
+  if (io->bounce && error == 0 && io->op == MLOOP_IO_READ)
+    memcpy (io->buf, io->bounce, io->count);
+  release_bounce (io);
+  io->complete (io, error);
+}
+
 /* Checks a read or write and decides how it reaches the disk:
- *   aligned offset, length and buffer  → the O_DIRECT descriptor, zero copy;
- *   aligned offset and length only     → O_DIRECT through an aligned bounce
+ *   aligned offset, length and buffer  → AIO on the O_DIRECT descriptor,
+ *                                        zero copy;
+ *   aligned offset and length only     → AIO through an aligned bounce
  *                                        buffer (one copy);
- *   unaligned offset or length         → the buffered descriptor (the kernel
- *                                        does the read-modify-write under its
- *                                        page lock, so concurrent writers to
- *                                        one block cannot lose each other).
+ *   unaligned offset or length         → read-modify-write, synchronously
+ *                                        (unaligned.c).
+ * Returns 1 when the iocb is ready to submit, 0 when IO was completed
+ * here, or a negative errno.
  */
 static int
 prepare_rw (struct mloop_engine *e, struct mloop_io *io)
@@ -188,29 +204,13 @@ prepare_rw (struct mloop_engine *e, struct mloop_io *io)
       if (is_write)
         memcpy (io->bounce, io->buf, io->count);
     }
-    else
-      io->fd = b->buffered_fd;
+    else {
+      finish (io, -mloop_unaligned_rw (e, io));
+      return 0;
+    }
   }
   prep_remaining (e, io);
-  return 0;
-}
-
-static void
-release_bounce (struct mloop_io *io)
-{
-  if (io->bounce_allocated)
-    free (io->bounce);
-  io->bounce = NULL;
-  io->bounce_allocated = false;
-}
-
-static void
-finish (struct mloop_io *io, int error)
-{
-  if (io->bounce && error == 0 && io->op == MLOOP_IO_READ)
-    memcpy (io->buf, io->bounce, io->count);
-  release_bounce (io);
-  io->complete (io, error);
+  return 1;
 }
 
 static enum mloop_event_result
@@ -224,9 +224,10 @@ on_event (void *opaque, struct mloop_io *io, long res)
   else if (io->op != MLOOP_IO_FLUSH) {
     io->done += (size_t) res;
     if (io->done < io->count) {
-      if (res == 0)
-        /* End of file before the end of the request: the backing file
-         * shrank under us.
+      if (res == 0 ||
+          !mloop_is_aligned (io->done, mloop_backing_alignment (&e->backing)))
+        /* End of file before the end of the request (O_DIRECT stops short
+         * only there): the backing file shrank under us.
          */
         error = EIO;
       else {
@@ -251,8 +252,6 @@ on_event (void *opaque, struct mloop_io *io, long res)
 static int
 prepare (struct mloop_engine *e, struct mloop_io *io)
 {
-  int r;
-
   switch (io->op) {
   case MLOOP_IO_READ:
   case MLOOP_IO_WRITE:
@@ -264,10 +263,7 @@ prepare (struct mloop_engine *e, struct mloop_io *io)
       finish (io, 0);
       return 0;
     }
-    r = prepare_rw (e, io);
-    if (r < 0)
-      return r;
-    break;
+    return prepare_rw (e, io);
   case MLOOP_IO_FLUSH:
     io->bounce = NULL;
     io->bounce_allocated = false;

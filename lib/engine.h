@@ -21,6 +21,7 @@
 
 #include "backing.h"
 #include "io.h"
+#include "range_lock.h"
 #include "worker_pool.h"
 
 #define MLOOP_THREADS_DEFAULT      4
@@ -47,6 +48,8 @@ struct mloop_engine {
   bool fua_in_aio;              /* RWF_DSYNC on AIO writes (Linux ≥ 4.13) */
   bool flush_in_aio;            /* IOCB_CMD_FDSYNC (Linux ≥ 4.18) */
   enum mloop_pool_mode mode;
+  /* Serializes read-modify-write of partial blocks (unaligned.c). */
+  struct mloop_range_lock rmw_lock;
   struct mloop_worker_pool *pool;
 };
 
