@@ -22,10 +22,9 @@ struct mloop_backing {
   char *path;
   /* The descriptor all aligned IO goes through: O_DIRECT when 'direct'. */
   int fd;
-  /* A buffered descriptor on the same file, for the rare request that is
-   * not aligned to the logical block size.  Equal to 'fd' when !direct.
-   * The kernel keeps the two coherent: a direct read or write first writes
-   * back and then invalidates any cached pages in its range.
+  /* A buffered descriptor on the same file.  Equal to 'fd' when !direct.
+   * Used only to write the last block of a file whose size is not a
+   * multiple of the logical block size (see unaligned.c).
    */
   int buffered_fd;
   uint64_t size;
