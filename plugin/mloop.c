@@ -21,6 +21,7 @@
 #include <nbdkit-plugin.h>
 
 #include "engine.h"
+#include "space.h"
 
 #define THREAD_MODEL NBDKIT_THREAD_MODEL_PARALLEL
 
@@ -31,6 +32,7 @@
 
 static char *filename;
 static struct mloop_engine_config config;
+static bool discard = true;             /* discard=on|off */
 static struct mloop_engine engine;
 static bool engine_open;
 
@@ -89,6 +91,13 @@ mloop_config (const char *key, const char *value)
   else if (strcmp (key, "queue-depth") == 0)
     return parse_bounded (key, value, 1, MLOOP_QUEUE_DEPTH_MAX,
                           &config.queue_depth);
+  else if (strcmp (key, "discard") == 0) {
+    int r = nbdkit_parse_bool (value);
+
+    if (r == -1)
+      return -1;                /* nbdkit_parse_bool named the value */
+    discard = r;
+  }
   else if (strcmp (key, "direct") == 0) {
     if (mloop_direct_mode_parse (value, &config.direct) == -1) {
       nbdkit_error ("direct=%s: must be auto, on or off", value);
@@ -118,7 +127,8 @@ mloop_config_complete (void)
   "threads=<N>         AIO workers, 1..64 (default 4).\n" \
   "queue-depth=<N>     AIO requests in flight per worker (default 128).\n" \
   "direct=auto|on|off  O_DIRECT: auto falls back to buffered IO with a\n" \
-  "                    warning, on refuses to start (default auto)."
+  "                    warning, on refuses to start (default auto).\n" \
+  "discard=on|off      Honour TRIM: punch holes / BLKDISCARD (default on)."
 
 /* Opens the backing store before nbdkit forks, so that a missing or
  * unusable file makes nbdkit exit at startup.
@@ -223,6 +233,44 @@ mloop_can_fua (void *handle)
   return NBDKIT_FUA_NATIVE;
 }
 
+static int
+mloop_can_trim (void *handle)
+{
+  return discard && engine.backing.writable;
+}
+
+static int
+mloop_can_zero (void *handle)
+{
+  return 1;                     /* .zero does it natively */
+}
+
+/* Fast zero is honest: the engine refuses with ENOTSUP, changing
+ * nothing, whenever only writing zeroes would do.
+ */
+static int
+mloop_can_fast_zero (void *handle)
+{
+  return 1;
+}
+
+/* Block devices have no holes to report; nbdkit then reports all data. */
+static int
+mloop_can_extents (void *handle)
+{
+  return !engine.backing.is_block_device;
+}
+
+/* NBD_CMD_CACHE is not advertised: mloop reads with O_DIRECT, so a
+ * prefetch into the page cache would warm nothing mloop reads, and
+ * reading ahead into memory of our own would double-cache the image.
+ */
+static int
+mloop_can_cache (void *handle)
+{
+  return NBDKIT_CACHE_NONE;
+}
+
 /* Safe because every connection shares one engine and one file: a flush
  * (fdatasync) on any connection covers writes completed on all of them,
  * and O_DIRECT writes are visible to every reader once completed.
@@ -269,6 +317,55 @@ mloop_flush (void *handle, uint32_t flags)
   return report (mloop_engine_flush (&engine), "flush", 0, 0);
 }
 
+static int
+mloop_trim (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
+{
+  unsigned f = (flags & NBDKIT_FLAG_FUA) ? MLOOP_IO_FUA : 0;
+
+  return report (mloop_engine_trim (&engine, offset, count, f),
+                 "trim", count, offset);
+}
+
+static int
+mloop_zero (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
+{
+  unsigned f = 0;
+  int r;
+
+  if (flags & NBDKIT_FLAG_FUA)
+    f |= MLOOP_IO_FUA;
+  if (!(flags & NBDKIT_FLAG_MAY_TRIM))
+    f |= MLOOP_ZERO_NO_HOLE;
+  if (flags & NBDKIT_FLAG_FAST_ZERO)
+    f |= MLOOP_ZERO_FAST;
+  r = mloop_engine_zero (&engine, offset, count, f);
+  if (r == -ENOTSUP && (flags & NBDKIT_FLAG_FAST_ZERO)) {
+    /* Expected, not an IO error: the client falls back to writing. */
+    nbdkit_set_error (ENOTSUP);
+    return -1;
+  }
+  return report (r, "zero", count, offset);
+}
+
+static int
+add_extent (void *opaque, uint64_t offset, uint64_t length, bool hole)
+{
+  uint32_t type = hole ? NBDKIT_EXTENT_HOLE | NBDKIT_EXTENT_ZERO : 0;
+
+  return nbdkit_add_extent (opaque, offset, length, type) == -1 ? -ENOMEM : 0;
+}
+
+static int
+mloop_extents (void *handle, uint32_t count, uint64_t offset, uint32_t flags,
+               struct nbdkit_extents *extents)
+{
+  bool req_one = flags & NBDKIT_FLAG_REQ_ONE;
+
+  return report (mloop_engine_extents (&engine, offset, count, req_one,
+                                       add_extent, extents),
+                 "extents", count, offset);
+}
+
 static struct nbdkit_plugin plugin = {
   .name              = "mloop",
   .longname          = "mloop: image files through a kernel AIO worker pool",
@@ -292,6 +389,14 @@ static struct nbdkit_plugin plugin = {
   .pread             = mloop_pread,
   .pwrite            = mloop_pwrite,
   .flush             = mloop_flush,
+  .can_trim          = mloop_can_trim,
+  .can_zero          = mloop_can_zero,
+  .can_fast_zero     = mloop_can_fast_zero,
+  .can_extents       = mloop_can_extents,
+  .can_cache         = mloop_can_cache,
+  .trim              = mloop_trim,
+  .zero              = mloop_zero,
+  .extents           = mloop_extents,
   .errno_is_preserved = 0,
 };
 

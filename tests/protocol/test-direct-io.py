@@ -31,9 +31,10 @@ def read_all(params):
         harness.skip("this filesystem refuses O_DIRECT")
     for off in range(0, SIZE, 1 << 20):
         assert h.pread(1 << 20, off) == DATA[off:off + (1 << 20)]
+    cached = cached_bytes(image)     # at once: nothing else may evict it
     h.shutdown()
     srv.stop()
-    return cached_bytes(image)
+    return cached
 
 
 direct = read_all([])

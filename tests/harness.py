@@ -5,6 +5,10 @@ socket, hands out libnbd connections, and removes every process, socket
 and temporary file on exit, whether the test passed, failed or crashed.
 A missing tool makes the test SKIP (exit 77) with its reason.
 
+Run a test by hand from the repository root:
+  MLOOP_PLUGIN=build/plugin/nbdkit-mloop-plugin.so PYTHONPATH=tests \
+      /usr/bin/python3 tests/protocol/test-rw-patterns.py
+
 Environment (set by tests/meson.build):
   MLOOP_PLUGIN     path of the built nbdkit-mloop-plugin.so
   MLOOP_VALGRIND   if set, nbdkit runs under valgrind and any valgrind

@@ -1,0 +1,275 @@
+/* mloop — trim, zero and extents. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+#include <linux/falloc.h>
+#include <linux/fs.h>
+
+#include "align.h"
+#include "engine.h"
+#include "space.h"
+#include "unaligned.h"
+
+/* Zeroes written per syscall on the slow path. */
+#define ZERO_CHUNK (1u << 20)
+
+static int
+check_range (const struct mloop_engine *e, uint64_t offset, uint64_t count,
+             int past_end_error)
+{
+  if (!e->backing.writable)
+    return -EPERM;
+  if (offset > e->backing.size || count > e->backing.size - offset)
+    return -past_end_error;
+  return 0;
+}
+
+static bool
+is_unsupported (int err)
+{
+  return err == EOPNOTSUPP || err == ENOSYS || err == EINVAL;
+}
+
+static int
+do_fallocate (int fd, int mode, uint64_t offset, uint64_t count)
+{
+  int r;
+
+  do
+    r = fallocate (fd, mode, (off_t) offset, (off_t) count);
+  while (r == -1 && errno == EINTR);
+  return r == -1 ? -errno : 0;
+}
+
+static int
+do_range_ioctl (int fd, unsigned long request, uint64_t offset,
+                uint64_t count)
+{
+  uint64_t range[2] = { offset, count };
+
+  return ioctl (fd, request, range) == -1 ? -errno : 0;
+}
+
+/* The slow path: write zeroes over an aligned range. */
+static int
+write_zeroes (struct mloop_engine *e, uint64_t offset, uint64_t count)
+{
+  size_t chunk = count < ZERO_CHUNK ? (size_t) count : ZERO_CHUNK;
+  void *zeroes = mloop_alloc_aligned (chunk, e->backing.logical_block_size);
+  int r = 0;
+
+  if (zeroes == NULL)
+    return -ENOMEM;
+  memset (zeroes, 0, chunk);
+  while (count > 0 && r == 0) {
+    size_t n = count < chunk ? (size_t) count : chunk;
+    ssize_t w = pwrite (e->backing.fd, zeroes, n, (off_t) offset);
+
+    if (w == -1 && errno == EINTR)
+      continue;
+    if (w <= 0)
+      r = w == 0 ? -EIO : -errno;
+    else {
+      offset += (uint64_t) w;
+      count -= (uint64_t) w;
+    }
+  }
+  free (zeroes);
+  return r;
+}
+
+/* Zeroes an aligned range of a regular file. */
+static int
+zero_file_range (struct mloop_engine *e, uint64_t offset, uint64_t count,
+                 unsigned flags)
+{
+  int fd = e->backing.fd;
+  int r;
+
+  /* Without NO_HOLE, punching is the cheapest zero and frees space. */
+  if (!(flags & MLOOP_ZERO_NO_HOLE)) {
+    r = do_fallocate (fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                      offset, count);
+    if (r == 0 || !is_unsupported (-r))
+      return r;
+  }
+  /* Zero range keeps the blocks allocated (as unwritten extents). */
+  r = do_fallocate (fd, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE,
+                    offset, count);
+  if (r == 0 || !is_unsupported (-r))
+    return r;
+  if (flags & MLOOP_ZERO_FAST)
+    return -ENOTSUP;
+  return write_zeroes (e, offset, count);
+}
+
+/* Zeroes an aligned range of a block device. */
+static int
+zero_device_range (struct mloop_engine *e, uint64_t offset, uint64_t count,
+                   unsigned flags)
+{
+  int fd = e->backing.fd;
+
+  if (flags & MLOOP_ZERO_FAST) {
+    /* Punching a block device zeroes without the kernel's fallback to
+     * writing zeroes (BLKDEV_ZERO_NOFALLBACK): EOPNOTSUPP when the device
+     * has no fast way.  Keeping the range allocated has no fast form.
+     */
+    int r;
+
+    if (flags & MLOOP_ZERO_NO_HOLE)
+      return -ENOTSUP;
+    r = do_fallocate (fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                      offset, count);
+    return r < 0 && is_unsupported (-r) ? -ENOTSUP : r;
+  }
+  /* The kernel picks the best way (write-zeroes, then writing zeroes). */
+  return do_range_ioctl (fd, BLKZEROOUT, offset, count);
+}
+
+/* Zeroes the partial blocks at either end of [offset, offset+count) by
+ * read-modify-write, leaving the aligned middle to the caller.
+ */
+static int
+zero_partial_blocks (struct mloop_engine *e, uint64_t offset, uint64_t count,
+                     uint64_t mid_start, uint64_t mid_end)
+{
+  static const char zeroes[65536];
+  const uint64_t end = offset + count;
+  struct mloop_io io;
+  int r = 0;
+
+  memset (&io, 0, sizeof io);
+  io.op = MLOOP_IO_WRITE;
+  io.buf = (void *) zeroes;
+  if (offset < mid_start) {
+    io.offset = offset;
+    io.count = (size_t) ((mid_start < end ? mid_start : end) - offset);
+    r = mloop_unaligned_rw (e, &io);
+  }
+  /* mid_end >= mid_start, so the tail never overlaps the head. */
+  if (r == 0 && mid_end < end) {
+    io.offset = mid_end;
+    io.count = (size_t) (end - mid_end);
+    r = mloop_unaligned_rw (e, &io);
+  }
+  return r;
+}
+
+enum space_op { SPACE_TRIM, SPACE_ZERO };
+
+static int
+space_change (struct mloop_engine *e, enum space_op op, uint64_t offset,
+              uint64_t count, unsigned flags)
+{
+  /* Block device ioctls want logical-block alignment even without
+   * O_DIRECT; files only with it.
+   */
+  const uint32_t align = e->backing.is_block_device
+    ? e->backing.logical_block_size : mloop_backing_alignment (&e->backing);
+  const uint64_t end = offset + count;
+  uint64_t mid_start = mloop_round_up (offset, align);
+  uint64_t mid_end = mloop_round_down (end, align);
+  int r = 0;
+
+  if (count == 0)
+    return 0;
+  if (mid_end < mid_start)      /* within one block */
+    mid_end = mid_start;
+
+  /* The middle first: if a fast zero is refused, nothing has changed. */
+  if (mid_end > mid_start) {
+    uint64_t n = mid_end - mid_start;
+
+    if (e->backing.is_block_device)
+      r = op == SPACE_TRIM
+        ? do_range_ioctl (e->backing.fd, BLKDISCARD, mid_start, n)
+        : zero_device_range (e, mid_start, n, flags);
+    else
+      /* A trim on a file is a zero that may punch: it then reads back as
+       * zeroes, which the plugin promises.
+       */
+      r = zero_file_range (e, mid_start, n,
+                           op == SPACE_TRIM ? 0 : flags);
+  }
+  /* A device discard is advisory: partial blocks are left alone. */
+  if (r == 0 && !(op == SPACE_TRIM && e->backing.is_block_device))
+    r = zero_partial_blocks (e, offset, count, mid_start, mid_end);
+  if (r == 0 && (flags & MLOOP_IO_FUA) && fdatasync (e->backing.fd) == -1)
+    r = -errno;
+  return r;
+}
+
+int
+mloop_engine_trim (struct mloop_engine *e, uint64_t offset, uint64_t count,
+                   unsigned flags)
+{
+  int r = check_range (e, offset, count, EINVAL);
+
+  if (r < 0)
+    return r;
+  return space_change (e, SPACE_TRIM, offset, count, flags & MLOOP_IO_FUA);
+}
+
+int
+mloop_engine_zero (struct mloop_engine *e, uint64_t offset, uint64_t count,
+                   unsigned flags)
+{
+  int r = check_range (e, offset, count, ENOSPC);
+
+  if (r < 0)
+    return r;
+  return space_change (e, SPACE_ZERO, offset, count, flags);
+}
+
+int
+mloop_engine_extents (struct mloop_engine *e, uint64_t offset,
+                      uint64_t count, bool req_one, mloop_extent_fn fn,
+                      void *opaque)
+{
+  const int fd = e->backing.fd;
+  uint64_t end, pos = offset;
+  int r;
+
+  if (offset > e->backing.size || count > e->backing.size - offset)
+    return -EINVAL;
+  end = offset + count;
+  if (e->backing.is_block_device)
+    return count ? fn (opaque, offset, count, false) : 0;
+
+  while (pos < end) {
+    off_t data = lseek (fd, (off_t) pos, SEEK_DATA);
+    off_t hole;
+
+    if (data == -1 && errno == ENXIO)
+      data = (off_t) end;       /* a hole to the end of the file */
+    else if (data == -1)
+      /* The filesystem cannot say: report data, never a false hole. */
+      return fn (opaque, pos, end - pos, false);
+    if ((uint64_t) data > pos) {
+      uint64_t n = ((uint64_t) data < end ? (uint64_t) data : end) - pos;
+
+      if ((r = fn (opaque, pos, n, true)) < 0)
+        return r;
+      pos += n;
+      if (req_one || pos >= end)
+        break;
+    }
+    hole = lseek (fd, (off_t) pos, SEEK_HOLE);
+    if (hole == -1 || (uint64_t) hole <= pos)
+      hole = (off_t) end;
+    {
+      uint64_t n = ((uint64_t) hole < end ? (uint64_t) hole : end) - pos;
+
+      if ((r = fn (opaque, pos, n, false)) < 0)
+        return r;
+      pos += n;
+    }
+    if (req_one)
+      break;
+  }
+  return 0;
+}

@@ -1,0 +1,65 @@
+#!/usr/bin/python3
+"""BLOCK_STATUS matches the file's own SEEK_DATA/SEEK_HOLE map and
+never reports a hole where data is."""
+import os
+import nbd
+import harness
+
+SIZE = 64 << 20
+REGIONS = [(0, 1 << 20), (10 << 20, 3 << 20), (40 << 20, 64 << 10), (SIZE - (1 << 20), 1 << 20)]
+image = harness.make_image(SIZE)
+with open(image, "r+b") as f:
+    for off, n in REGIONS:
+        f.seek(off)
+        f.write(harness.pattern(n, off))
+
+
+def file_map(path):
+    """The file's data extents according to the filesystem."""
+    fd = os.open(path, os.O_RDONLY)
+    out, pos = [], 0
+    try:
+        while pos < SIZE:
+            try:
+                data = os.lseek(fd, pos, os.SEEK_DATA)
+            except OSError:
+                break
+            hole = os.lseek(fd, data, os.SEEK_HOLE)
+            out.append((data, min(hole, SIZE)))
+            pos = hole
+    finally:
+        os.close(fd)
+    return out
+
+
+srv = harness.Server(image)
+h = nbd.NBD()
+h.add_meta_context(nbd.CONTEXT_BASE_ALLOCATION)
+h.connect_uri(srv.uri)
+harness.on_exit(lambda: harness._disconnect(h))
+assert h.can_meta_context(nbd.CONTEXT_BASE_ALLOCATION)
+
+served = []
+pos = 0
+while pos < SIZE:
+    got = []
+
+    def cb(metacontext, offset, entries, err):
+        got.extend(entries)
+    h.block_status(min(SIZE - pos, 32 << 20), pos, cb)
+    for i in range(0, len(got), 2):
+        length, flags = got[i], got[i + 1]
+        if not flags & nbd.STATE_HOLE:
+            if served and served[-1][1] == pos:
+                served[-1] = (served[-1][0], pos + length)
+            else:
+                served.append((pos, pos + length))
+        pos += length
+
+expected = file_map(image)
+assert served == expected, f"served map {served} != file map {expected}"
+for off, n in REGIONS:
+    assert any(a <= off and off + n <= b for a, b in served), f"data at {off} reported as hole"
+h.shutdown()
+srv.stop()
+print(f"ok: {len(served)} data extents, identical to SEEK_DATA/SEEK_HOLE")
