@@ -1,0 +1,39 @@
+#!/usr/bin/python3
+"""nbdinfo shows exactly the flags mloop means to advertise: multi-conn,
+flush, FUA, trim, zero, fast zero, no cache, and the block size
+constraints; and read-only exports say so."""
+import json
+import shutil
+import subprocess
+import harness
+
+if shutil.which("nbdinfo") is None:
+    harness.skip("nbdinfo (libnbd-bin) is not installed")
+
+
+def info(params=(), nbdkit_args=()):
+    image = harness.make_image(16 << 20)
+    srv = harness.Server(image, list(params), list(nbdkit_args))
+    out = subprocess.run(["nbdinfo", "--json", srv.uri], check=True,
+                         capture_output=True, text=True).stdout
+    srv.stop()
+    return json.loads(out)["exports"][0]
+
+
+e = info()
+expected = {
+    "can_multi_conn": True, "can_flush": True, "can_fua": True,
+    "can_trim": True, "can_zero": True, "can_fast_zero": True,
+    "can_cache": False, "is_read_only": False,
+    "block_size_minimum": 512, "block_size_preferred": 4096,
+    "block_size_maximum": 64 << 20, "export-size": 16 << 20,
+}
+for k, v in expected.items():
+    assert e.get(k) == v, f"{k}: nbdinfo says {e.get(k)!r}, expected {v!r}"
+assert "base:allocation" in e.get("contexts", []), "extents not advertised"
+
+e = info(["discard=off"])
+assert e["can_trim"] is False, "discard=off still advertises trim"
+e = info(nbdkit_args=["-r"])
+assert e["is_read_only"] is True and e["can_trim"] is False and e["can_zero"] is False
+print("ok: nbdinfo flags match what the plugin means")
