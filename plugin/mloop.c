@@ -92,11 +92,17 @@ mloop_config (const char *key, const char *value)
     return parse_bounded (key, value, 1, MLOOP_QUEUE_DEPTH_MAX,
                           &config.queue_depth);
   else if (strcmp (key, "discard") == 0) {
-    int r = nbdkit_parse_bool (value);
+    /* Parsed here, not with nbdkit_parse_bool, so the one error line
+     * names the parameter.
+     */
+    enum mloop_direct_mode mode;
 
-    if (r == -1)
-      return -1;                /* nbdkit_parse_bool named the value */
-    discard = r;
+    if (mloop_direct_mode_parse (value, &mode) == -1 ||
+        mode == MLOOP_DIRECT_AUTO) {
+      nbdkit_error ("discard=%s: must be on or off", value);
+      return -1;
+    }
+    discard = mode == MLOOP_DIRECT_ON;
   }
   else if (strcmp (key, "direct") == 0) {
     if (mloop_direct_mode_parse (value, &config.direct) == -1) {

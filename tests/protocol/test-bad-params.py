@@ -21,6 +21,7 @@ cases = [
     ([f"file={image}", "threads=four"], "threads"),
     ([f"file={image}", "queue-depth=0"], "queue-depth=0: must be between 1 and 4096"),
     ([f"file={image}", "direct=maybe"], "direct=maybe: must be auto, on or off"),
+    ([f"file={image}", "discard=maybe"], "discard=maybe: must be on or off"),
     ([f"file={image}", "colour=blue"], "unknown parameter 'colour'"),
 ]
 for params, message in cases:
