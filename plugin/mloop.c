@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
@@ -74,6 +75,25 @@ parse_bounded (const char *key, const char *value, unsigned min,
   return 0;
 }
 
+/* Parses a boolean here rather than with nbdkit_parse_bool, whose error
+ * line would not name the parameter.
+ */
+static int
+parse_on_off (const char *value, bool *out)
+{
+  static const char *const on[] = { "on", "true", "yes", "1" };
+  static const char *const off[] = { "off", "false", "no", "0" };
+  size_t i;
+
+  for (i = 0; i < sizeof on / sizeof on[0]; i++) {
+    if (strcasecmp (value, on[i]) == 0)
+      return *out = true, 0;
+    if (strcasecmp (value, off[i]) == 0)
+      return *out = false, 0;
+  }
+  return -1;
+}
+
 static int
 mloop_config (const char *key, const char *value)
 {
@@ -92,17 +112,10 @@ mloop_config (const char *key, const char *value)
     return parse_bounded (key, value, 1, MLOOP_QUEUE_DEPTH_MAX,
                           &config.queue_depth);
   else if (strcmp (key, "discard") == 0) {
-    /* Parsed here, not with nbdkit_parse_bool, so the one error line
-     * names the parameter.
-     */
-    enum mloop_direct_mode mode;
-
-    if (mloop_direct_mode_parse (value, &mode) == -1 ||
-        mode == MLOOP_DIRECT_AUTO) {
+    if (parse_on_off (value, &discard) == -1) {
       nbdkit_error ("discard=%s: must be on or off", value);
       return -1;
     }
-    discard = mode == MLOOP_DIRECT_ON;
   }
   else if (strcmp (key, "direct") == 0) {
     if (mloop_direct_mode_parse (value, &config.direct) == -1) {
