@@ -19,7 +19,8 @@ srv = harness.Server(image)
 def fio(*args):
     p = subprocess.run(["fio", "--ioengine=nbd", f"--uri={srv.uri}", f"--numjobs={JOBS}",
                         f"--size={PER_JOB}", f"--offset_increment={PER_JOB}",
-                        "--verify=crc32c", "--verify_fatal=1", "--output-format=json", *args],
+                        "--verify=crc32c", "--verify_fatal=1", "--verify_state_save=0",
+                        "--output-format=json", *args],
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, f"fio failed: {p.stderr}\n{p.stdout[-2000:]}"
     jobs = json.loads(p.stdout[p.stdout.find("{"):])["jobs"]

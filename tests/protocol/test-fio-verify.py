@@ -19,7 +19,7 @@ p = subprocess.run([
     "fio", "--name=verify", "--ioengine=nbd", f"--uri={srv.uri}",
     "--rw=randwrite", "--bsrange=4k-1m", "--bs_unaligned=0", "--iodepth=16",
     f"--numjobs={JOBS}", f"--size={PER_JOB}", f"--offset_increment={PER_JOB}",
-    "--verify=crc32c", "--verify_fatal=1", "--do_verify=1",
+    "--verify=crc32c", "--verify_fatal=1", "--do_verify=1", "--verify_state_save=0",
     "--output-format=json"], capture_output=True, text=True, timeout=600)
 srv.stop()
 out = p.stdout[p.stdout.find("{"):]
