@@ -87,8 +87,11 @@ probe_kernel_features (struct mloop_engine *e)
   e->flush_in_aio = probe_iocb (&iocb) >= 0;
 }
 
-static enum mloop_event_result on_event (void *opaque, struct mloop_io *io,
-                                         long res);
+static enum mloop_event_result
+on_event (void *opaque, struct mloop_io *io, long res)
+{
+  return mloop_engine_complete_event (opaque, io, res);
+}
 
 int
 mloop_engine_start (struct mloop_engine *e, enum mloop_pool_mode mode,
@@ -213,10 +216,10 @@ prepare_rw (struct mloop_engine *e, struct mloop_io *io)
   return 1;
 }
 
-static enum mloop_event_result
-on_event (void *opaque, struct mloop_io *io, long res)
+enum mloop_event_result
+mloop_engine_complete_event (struct mloop_engine *e, struct mloop_io *io,
+                             long res)
 {
-  struct mloop_engine *e = opaque;
   int error = 0;
 
   if (res < 0)
@@ -246,11 +249,8 @@ on_event (void *opaque, struct mloop_io *io, long res)
   return MLOOP_EVENT_DONE;
 }
 
-/* Validates IO and prepares its iocb.  Returns 1 when IO needs the
- * kernel, 0 when it was completed here already, or a negative errno.
- */
-static int
-prepare (struct mloop_engine *e, struct mloop_io *io)
+int
+mloop_engine_prepare (struct mloop_engine *e, struct mloop_io *io)
 {
   switch (io->op) {
   case MLOOP_IO_READ:
@@ -291,7 +291,7 @@ submit_failed (struct mloop_io *io, int r)
 int
 mloop_engine_submit (struct mloop_engine *e, struct mloop_io *io)
 {
-  int r = prepare (e, io);
+  int r = mloop_engine_prepare (e, io);
 
   if (r <= 0)
     return r;
@@ -303,7 +303,7 @@ int
 mloop_engine_submit_and_wait (struct mloop_engine *e, struct mloop_io *io,
                               struct mloop_pool_waiter *waiter)
 {
-  int r = prepare (e, io);
+  int r = mloop_engine_prepare (e, io);
 
   if (r <= 0)
     return r;

@@ -75,6 +75,23 @@ void mloop_engine_close (struct mloop_engine *e);
  */
 int mloop_engine_submit (struct mloop_engine *e, struct mloop_io *io);
 
+/* For front ends that own their AIO contexts (an event loop):
+ *
+ * mloop_engine_prepare() validates IO and fills io->iocb.  Returns 1 when
+ * the iocb must be submitted (to the caller's own context), 0 when IO was
+ * completed already (io->complete has run), or a negative errno when IO
+ * was refused up front (complete is not called).
+ *
+ * mloop_engine_complete_event() handles the kernel's result RES for IO
+ * (an io_event's res; its data field is IO).  Returns MLOOP_EVENT_DONE
+ * once io->complete has run, or MLOOP_EVENT_RESUBMIT after a short
+ * transfer, when io->iocb must be submitted again.
+ */
+int mloop_engine_prepare (struct mloop_engine *e, struct mloop_io *io);
+enum mloop_event_result mloop_engine_complete_event (struct mloop_engine *e,
+                                                     struct mloop_io *io,
+                                                     long res);
+
 /* Like mloop_engine_submit(), then waits until io->complete has called
  * mloop_pool_waiter_done (WAITER); works in both modes.
  */
