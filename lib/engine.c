@@ -73,8 +73,8 @@ probe_iocb (struct iocb *iocb)
  * IOCB_CMD_FDSYNC, with harmless requests: a zero-length write and a
  * flush of an idle file.
  */
-static void
-probe_kernel_features (struct mloop_engine *e)
+void
+mloop_engine_probe_features (struct mloop_engine *e)
 {
   struct iocb iocb;
   struct iovec iov = { NULL, 0 };
@@ -97,7 +97,7 @@ int
 mloop_engine_start (struct mloop_engine *e, enum mloop_pool_mode mode,
                     char *err, size_t errlen)
 {
-  probe_kernel_features (e);
+  mloop_engine_probe_features (e);
   e->mode = mode;
   e->pool = mloop_worker_pool_start (mode, e->threads, e->queue_depth,
                                      on_event, e);

@@ -58,6 +58,12 @@ void mloop_engine_config_init (struct mloop_engine_config *cfg);
 int mloop_engine_open (struct mloop_engine *e,
                        const struct mloop_engine_config *cfg,
                        char *err, size_t errlen);
+/* Probes the kernel for RWF_DSYNC on AIO writes and AIO fdatasync
+ * (sets fua_in_aio, flush_in_aio).  mloop_engine_start() does it; a
+ * front end owning its AIO contexts calls it instead.
+ */
+void mloop_engine_probe_features (struct mloop_engine *e);
+
 /* MODE: REAPER_THREADS for mloop_engine_submit() callers,
  * CALLER_REAPS when only the synchronous helpers are used (no handoff).
  */

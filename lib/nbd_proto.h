@@ -1,0 +1,102 @@
+/* mloop — NBD protocol constants (NetworkBlockDevice/nbd doc/proto.md).
+ * Shared by the native server and, later, the client's handshake.
+ * All integers travel big-endian.
+ */
+#ifndef MLOOP_NBD_PROTO_H
+#define MLOOP_NBD_PROTO_H
+
+#include <errno.h>
+#include <stdint.h>
+
+#define NBD_MAGIC               UINT64_C (0x4e42444d41474943)  /* "NBDMAGIC" */
+#define NBD_IHAVEOPT            UINT64_C (0x49484156454F5054)  /* "IHAVEOPT" */
+#define NBD_REP_MAGIC           UINT64_C (0x0003e889045565a9)
+#define NBD_REQUEST_MAGIC       UINT32_C (0x25609513)
+#define NBD_SIMPLE_REPLY_MAGIC  UINT32_C (0x67446698)
+
+/* Handshake flags (server) and client flags. */
+#define NBD_FLAG_FIXED_NEWSTYLE    (1u << 0)
+#define NBD_FLAG_NO_ZEROES         (1u << 1)
+#define NBD_FLAG_C_FIXED_NEWSTYLE  (1u << 0)
+#define NBD_FLAG_C_NO_ZEROES       (1u << 1)
+
+/* Options. */
+#define NBD_OPT_EXPORT_NAME        1
+#define NBD_OPT_ABORT              2
+#define NBD_OPT_LIST               3
+#define NBD_OPT_STARTTLS           5
+#define NBD_OPT_INFO               6
+#define NBD_OPT_GO                 7
+#define NBD_OPT_STRUCTURED_REPLY   8
+
+/* Option replies. */
+#define NBD_REP_ACK                1
+#define NBD_REP_SERVER             2
+#define NBD_REP_INFO               3
+#define NBD_REP_ERR(n)             (UINT32_C (0x80000000) | (n))
+#define NBD_REP_ERR_UNSUP          NBD_REP_ERR (1)
+#define NBD_REP_ERR_POLICY         NBD_REP_ERR (2)
+#define NBD_REP_ERR_INVALID        NBD_REP_ERR (3)
+#define NBD_REP_ERR_UNKNOWN        NBD_REP_ERR (6)
+#define NBD_REP_ERR_TOO_BIG        NBD_REP_ERR (9)
+
+/* Info types. */
+#define NBD_INFO_EXPORT            0
+#define NBD_INFO_NAME              1
+#define NBD_INFO_DESCRIPTION       2
+#define NBD_INFO_BLOCK_SIZE        3
+
+/* Transmission flags. */
+#define NBD_FLAG_HAS_FLAGS         (1u << 0)
+#define NBD_FLAG_READ_ONLY         (1u << 1)
+#define NBD_FLAG_SEND_FLUSH        (1u << 2)
+#define NBD_FLAG_SEND_FUA          (1u << 3)
+#define NBD_FLAG_ROTATIONAL        (1u << 4)
+#define NBD_FLAG_SEND_TRIM         (1u << 5)
+#define NBD_FLAG_SEND_WRITE_ZEROES (1u << 6)
+#define NBD_FLAG_CAN_MULTI_CONN    (1u << 8)
+#define NBD_FLAG_SEND_FAST_ZERO    (1u << 11)
+
+/* Commands and their flags. */
+#define NBD_CMD_READ               0
+#define NBD_CMD_WRITE              1
+#define NBD_CMD_DISC               2
+#define NBD_CMD_FLUSH              3
+#define NBD_CMD_TRIM               4
+#define NBD_CMD_WRITE_ZEROES       6
+
+#define NBD_CMD_FLAG_FUA           (1u << 0)
+#define NBD_CMD_FLAG_NO_HOLE       (1u << 1)
+#define NBD_CMD_FLAG_FAST_ZERO     (1u << 4)
+
+/* Errors on the wire (not the host's errno values). */
+#define NBD_EPERM                  1
+#define NBD_EIO                    5
+#define NBD_ENOMEM                 12
+#define NBD_EINVAL                 22
+#define NBD_ENOSPC                 28
+#define NBD_EOVERFLOW              75
+#define NBD_ENOTSUP                95
+#define NBD_ESHUTDOWN              108
+
+/* Limits the protocol sets. */
+#define NBD_MAX_STRING             4096   /* export names, descriptions */
+
+/* Maps a host errno to its NBD error. */
+static inline uint32_t
+nbd_errno (int err)
+{
+  switch (err) {
+  case 0: return 0;
+  case EPERM: case EROFS: return NBD_EPERM;
+  case ENOMEM: return NBD_ENOMEM;
+  case EINVAL: return NBD_EINVAL;
+  case ENOSPC: case EDQUOT: case EFBIG: return NBD_ENOSPC;
+  case EOVERFLOW: return NBD_EOVERFLOW;
+  case ENOTSUP: return NBD_ENOTSUP;
+  case ESHUTDOWN: return NBD_ESHUTDOWN;
+  default: return NBD_EIO;
+  }
+}
+
+#endif /* MLOOP_NBD_PROTO_H */

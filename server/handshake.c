@@ -1,0 +1,253 @@
+/* mloop-server — the fixed-newstyle NBD handshake. */
+#include <endian.h>
+#include <errno.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/socket.h>
+
+#include "handshake.h"
+#include "nbd_proto.h"
+
+/* The largest option payload read and understood.  INFO/GO carry a name
+ * (≤ 4096) plus a few info requests; anything longer is refused with
+ * NBD_REP_ERR_TOO_BIG after its payload is skipped, up to
+ * OPTION_SKIP_MAX; beyond that the client is disconnected.
+ */
+#define OPTION_MAX       (4 + NBD_MAX_STRING + 2 + 2 * 32)
+#define OPTION_SKIP_MAX  (1u << 20)
+
+static int
+read_full (int fd, void *buf, size_t n)
+{
+  char *p = buf;
+
+  while (n > 0) {
+    ssize_t r = recv (fd, p, n, 0);
+
+    if (r == -1 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      return -1;                /* EOF, timeout or error: give up */
+    p += r;
+    n -= (size_t) r;
+  }
+  return 0;
+}
+
+static int
+write_full (int fd, const void *buf, size_t n)
+{
+  const char *p = buf;
+
+  while (n > 0) {
+    ssize_t r = send (fd, p, n, MSG_NOSIGNAL);
+
+    if (r == -1 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      return -1;
+    p += r;
+    n -= (size_t) r;
+  }
+  return 0;
+}
+
+static int
+skip (int fd, uint32_t n)
+{
+  char buf[4096];
+
+  while (n > 0) {
+    uint32_t chunk = n < sizeof buf ? n : sizeof buf;
+
+    if (read_full (fd, buf, chunk) == -1)
+      return -1;
+    n -= chunk;
+  }
+  return 0;
+}
+
+/* Sends an option reply header followed by LEN bytes of DATA. */
+static int
+reply (int fd, uint32_t option, uint32_t type, const void *data, uint32_t len)
+{
+  struct {
+    uint64_t magic;
+    uint32_t option, type, len;
+  } __attribute__((packed)) h = {
+    htobe64 (NBD_REP_MAGIC), htobe32 (option), htobe32 (type), htobe32 (len)
+  };
+
+  if (write_full (fd, &h, sizeof h) == -1)
+    return -1;
+  return len ? write_full (fd, data, len) : 0;
+}
+
+static int
+reply_info_export (int fd, uint32_t option, const struct export_info *x)
+{
+  struct {
+    uint16_t type;
+    uint64_t size;
+    uint16_t flags;
+  } __attribute__((packed)) info = {
+    htobe16 (NBD_INFO_EXPORT), htobe64 (x->size), htobe16 (x->transmission_flags)
+  };
+
+  return reply (fd, option, NBD_REP_INFO, &info, sizeof info);
+}
+
+static int
+reply_info_block_size (int fd, uint32_t option, const struct export_info *x)
+{
+  struct {
+    uint16_t type;
+    uint32_t min, preferred, max;
+  } __attribute__((packed)) info = {
+    htobe16 (NBD_INFO_BLOCK_SIZE), htobe32 (x->min_block),
+    htobe32 (x->preferred_block), htobe32 (x->max_block)
+  };
+
+  return reply (fd, option, NBD_REP_INFO, &info, sizeof info);
+}
+
+/* NBD_OPT_INFO and NBD_OPT_GO: payload is name length, name, number of
+ * info requests, requests.  Any export name is accepted (mloop serves one
+ * image).  Returns 1 to start transmission (GO), 0 to go on negotiating,
+ * -1 to close.
+ */
+static int
+info_or_go (int fd, uint32_t option, const char *data, uint32_t len,
+            const struct export_info *x)
+{
+  uint32_t name_len;
+  uint16_t nr_info;
+
+  if (len < 4)
+    goto invalid;
+  memcpy (&name_len, data, 4);
+  name_len = be32toh (name_len);
+  if (name_len > NBD_MAX_STRING || len < 4 + name_len + 2)
+    goto invalid;
+  memcpy (&nr_info, data + 4 + name_len, 2);
+  nr_info = be16toh (nr_info);
+  if (len != 4 + name_len + 2 + 2u * nr_info)
+    goto invalid;
+  /* NBD_INFO_BLOCK_SIZE is always sent: mloop prefers aligned requests
+   * (O_DIRECT), and the spec names such servers as its reason to exist.
+   */
+  if (reply_info_export (fd, option, x) == -1 ||
+      reply_info_block_size (fd, option, x) == -1 ||
+      reply (fd, option, NBD_REP_ACK, NULL, 0) == -1)
+    return -1;
+  return option == NBD_OPT_GO ? 1 : 0;
+
+ invalid:
+  return reply (fd, option, NBD_REP_ERR_INVALID, NULL, 0) == -1 ? -1 : 0;
+}
+
+static int
+list_exports (int fd, uint32_t len)
+{
+  uint32_t empty_name = 0;      /* the default export, "" */
+
+  if (len != 0)
+    return reply (fd, NBD_OPT_LIST, NBD_REP_ERR_INVALID, NULL, 0);
+  if (reply (fd, NBD_OPT_LIST, NBD_REP_SERVER, &empty_name, 4) == -1)
+    return -1;
+  return reply (fd, NBD_OPT_LIST, NBD_REP_ACK, NULL, 0);
+}
+
+/* NBD_OPT_EXPORT_NAME: no reply header; size and flags, then (unless
+ * NO_ZEROES was agreed) 124 bytes of zeroes.
+ */
+static int
+export_name (int fd, const struct export_info *x, bool no_zeroes)
+{
+  struct {
+    uint64_t size;
+    uint16_t flags;
+    char zeroes[124];
+  } __attribute__((packed)) r;
+
+  memset (&r, 0, sizeof r);
+  r.size = htobe64 (x->size);
+  r.flags = htobe16 (x->transmission_flags);
+  return write_full (fd, &r, no_zeroes ? 10 : sizeof r);
+}
+
+int
+mloop_handshake (int fd, const struct export_info *x)
+{
+  struct {
+    uint64_t magic, opt_magic;
+    uint16_t flags;
+  } __attribute__((packed)) greeting = {
+    htobe64 (NBD_MAGIC), htobe64 (NBD_IHAVEOPT),
+    htobe16 (NBD_FLAG_FIXED_NEWSTYLE | NBD_FLAG_NO_ZEROES)
+  };
+  uint32_t client_flags;
+  bool no_zeroes;
+  char data[OPTION_MAX];
+
+  if (write_full (fd, &greeting, sizeof greeting) == -1 ||
+      read_full (fd, &client_flags, 4) == -1)
+    return -1;
+  client_flags = be32toh (client_flags);
+  if (client_flags & ~(NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES))
+    return -1;                  /* the spec: unknown client flags → close */
+  no_zeroes = client_flags & NBD_FLAG_C_NO_ZEROES;
+
+  for (;;) {
+    struct {
+      uint64_t magic;
+      uint32_t option, len;
+    } __attribute__((packed)) h;
+    uint32_t option, len;
+    int r;
+
+    if (read_full (fd, &h, sizeof h) == -1 ||
+        be64toh (h.magic) != NBD_IHAVEOPT)
+      return -1;
+    option = be32toh (h.option);
+    len = be32toh (h.len);
+    if (len > OPTION_MAX) {
+      /* Bounded: never allocate or read what a client merely declares. */
+      if (len > OPTION_SKIP_MAX || skip (fd, len) == -1 ||
+          option == NBD_OPT_EXPORT_NAME)
+        return -1;
+      if (reply (fd, option, NBD_REP_ERR_TOO_BIG, NULL, 0) == -1)
+        return -1;
+      continue;
+    }
+    if (read_full (fd, data, len) == -1)
+      return -1;
+
+    switch (option) {
+    case NBD_OPT_EXPORT_NAME:
+      if (len > NBD_MAX_STRING)
+        return -1;
+      return export_name (fd, x, no_zeroes);
+    case NBD_OPT_ABORT:
+      reply (fd, option, NBD_REP_ACK, NULL, 0);
+      return -1;
+    case NBD_OPT_LIST:
+      r = list_exports (fd, len);
+      break;
+    case NBD_OPT_INFO:
+    case NBD_OPT_GO:
+      r = info_or_go (fd, option, data, len, x);
+      if (r == 1)
+        return 0;
+      break;
+    default:
+      /* Structured replies, TLS, meta contexts, anything newer. */
+      r = reply (fd, option, NBD_REP_ERR_UNSUP, NULL, 0);
+      break;
+    }
+    if (r == -1)
+      return -1;
+  }
+}

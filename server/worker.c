@@ -1,0 +1,852 @@
+/* mloop-server — event-loop workers.  See worker.h for the model. */
+#include <endian.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include "aio_ring.h"
+#include "align.h"
+#include "connection.h"
+#include "nbd_proto.h"
+#include "space.h"
+#include "worker.h"
+
+#define EPOLL_BATCH   64
+#define REAP_BATCH    256
+#define SEND_IOVECS   128
+/* Request buffers up to this size are kept for the slot's next request;
+ * larger ones are freed after their reply, bounding idle memory.
+ */
+#define KEEP_BUFFER   (1u << 20)
+
+struct request_header {
+  uint32_t magic;
+  uint16_t flags;
+  uint16_t type;
+  char cookie[8];
+  uint64_t offset;
+  uint32_t length;
+} __attribute__((packed));
+
+struct worker {
+  struct worker_options opts;
+  pthread_t thread;
+  int epfd;
+  int aio_efd;                  /* signalled by the kernel per completion */
+  int inbox_efd;                /* new connections, or stop */
+  struct mloop_aio_ring ring;
+  unsigned in_kernel;           /* requests submitted, not reaped */
+
+  struct iocb **batch;          /* prepared, not yet submitted */
+  unsigned batch_len;
+
+  pthread_mutex_t inbox_lock;   /* guards inbox and stopping */
+  int *inbox;
+  size_t inbox_len, inbox_cap;
+  atomic_bool stopping;
+
+  struct conn *conns;
+  struct conn *dirty;           /* connections with replies to send */
+};
+
+/* epoll data for the worker's own descriptors (connections use their
+ * struct conn pointer).
+ */
+static char aio_tag, inbox_tag;
+
+/* ------------------------------------------------------------ epoll */
+
+static void
+conn_update_events (struct conn *c)
+{
+  struct epoll_event ev = { 0 };
+
+  if (c->broken) {
+    /* Nothing more to read or send: stop hearing about this socket. */
+    epoll_ctl (c->worker->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+    return;
+  }
+  if (!c->reading_paused && !c->closing)
+    ev.events |= EPOLLIN;
+  if (c->want_write)
+    ev.events |= EPOLLOUT;
+  ev.data.ptr = c;
+  epoll_ctl (c->worker->epfd, EPOLL_CTL_MOD, c->fd, &ev);
+}
+
+/* ------------------------------------------------------------ replies */
+
+static void
+mark_dirty (struct conn *c)
+{
+  if (!c->dirty) {
+    c->dirty = true;
+    c->next_dirty = c->worker->dirty;
+    c->worker->dirty = c;
+  }
+}
+
+/* Queues REQ's reply (header, and data for a successful READ). */
+static void
+queue_reply (struct request *req, uint32_t nbd_error)
+{
+  struct conn *c = req->conn;
+
+  req->error = nbd_error;
+  req->reply.magic = htobe32 (NBD_SIMPLE_REPLY_MAGIC);
+  req->reply.error = htobe32 (nbd_error);
+  req->data_len = (req->type == NBD_CMD_READ && nbd_error == 0)
+    ? req->io.count : 0;
+  req->next = NULL;
+  if (c->out_tail)
+    c->out_tail->next = req;
+  else
+    c->out_head = req;
+  c->out_tail = req;
+  mark_dirty (c);
+}
+
+static void
+release_slot (struct conn *c, struct request *req)
+{
+  if (req->cap > KEEP_BUFFER) {
+    free (req->buf);
+    req->buf = NULL;
+    req->cap = 0;
+  }
+  req->next = c->free;
+  c->free = req;
+  c->busy--;
+  if (c->reading_paused) {
+    c->reading_paused = false;
+    conn_update_events (c);
+  }
+}
+
+/* Sends as much of the reply queue as the socket takes, with one
+ * sendmsg per SEND_IOVECS pieces.
+ */
+static void
+conn_flush (struct conn *c)
+{
+  while (c->out_head && !c->broken) {
+    struct iovec iov[SEND_IOVECS];
+    struct msghdr msg = { .msg_iov = iov };
+    struct request *req = c->out_head;
+    size_t skip = c->out_sent;
+    int n = 0;
+    ssize_t sent;
+
+    for (; req && n + 2 <= SEND_IOVECS; req = req->next) {
+      size_t hlen = sizeof req->reply;
+
+      if (skip < hlen) {
+        iov[n].iov_base = (char *) &req->reply + skip;
+        iov[n++].iov_len = hlen - skip;
+        skip = 0;
+      }
+      else
+        skip -= hlen;
+      if (req->data_len > skip) {
+        iov[n].iov_base = (char *) req->buf + skip;
+        iov[n++].iov_len = req->data_len - skip;
+      }
+      skip = 0;
+    }
+    msg.msg_iovlen = (size_t) n;
+    sent = sendmsg (c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (sent == -1 && errno == EINTR)
+      continue;
+    if (sent == -1 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (!c->want_write) {
+        c->want_write = true;
+        conn_update_events (c);
+      }
+      return;
+    }
+    if (sent == -1) {
+      c->broken = c->closing = true;   /* the client went away */
+      break;
+    }
+    /* Retire the replies sent in full. */
+    c->out_sent += (size_t) sent;
+    while (c->out_head) {
+      struct request *head = c->out_head;
+      size_t whole = sizeof head->reply + head->data_len;
+
+      if (c->out_sent < whole)
+        break;
+      c->out_sent -= whole;
+      c->out_head = head->next;
+      if (!c->out_head)
+        c->out_tail = NULL;
+      release_slot (c, head);
+    }
+  }
+  if (c->broken) {
+    /* Nobody to send to: drop the queue. */
+    while (c->out_head) {
+      struct request *head = c->out_head;
+
+      c->out_head = head->next;
+      release_slot (c, head);
+    }
+    c->out_tail = NULL;
+    c->out_sent = 0;
+  }
+  if (c->want_write && !c->out_head) {
+    c->want_write = false;
+    conn_update_events (c);
+  }
+}
+
+/* ------------------------------------------------------------ IO */
+
+static void
+io_complete (struct mloop_io *io, int error)
+{
+  queue_reply ((struct request *) io, nbd_errno (error));
+}
+
+static void
+add_to_batch (struct worker *w, struct request *req)
+{
+  io_set_eventfd (&req->io.iocb, w->aio_efd);
+  w->batch[w->batch_len++] = &req->io.iocb;
+  req->conn->in_kernel++;
+  w->in_kernel++;
+}
+
+static void
+submit_batch (struct worker *w)
+{
+  unsigned done = 0;
+
+  while (done < w->batch_len) {
+    int r = mloop_aio_ring_submit (&w->ring, w->batch + done,
+                                   (int) (w->batch_len - done));
+
+    if (r > 0) {
+      done += (unsigned) r;
+      continue;
+    }
+    /* The kernel refused the next iocb: fail that request alone. */
+    {
+      struct request *req = (struct request *) w->batch[done]->data;
+
+      req->conn->in_kernel--;
+      w->in_kernel--;
+      if (mloop_engine_complete_event (w->opts.engine, &req->io, r)
+          != MLOOP_EVENT_DONE)
+        queue_reply (req, NBD_EIO);
+      done++;
+    }
+  }
+  w->batch_len = 0;
+}
+
+static void
+reap (struct worker *w)
+{
+  struct io_event events[REAP_BATCH];
+  uint64_t count;
+  int n, i;
+
+  /* Reset the eventfd before reaping, so a completion racing with us
+   * signals it again rather than being missed.
+   */
+  if (read (w->aio_efd, &count, sizeof count) == -1 && errno != EAGAIN)
+    return;
+  do {
+    n = mloop_aio_ring_reap (&w->ring, 0, events, REAP_BATCH, NULL);
+    for (i = 0; i < n; i++) {
+      struct request *req = events[i].data;
+
+      req->conn->in_kernel--;
+      w->in_kernel--;
+      if (mloop_engine_complete_event (w->opts.engine, &req->io,
+                                       (long) events[i].res)
+          == MLOOP_EVENT_RESUBMIT)
+        add_to_batch (w, req);
+    }
+  } while (n == REAP_BATCH);
+  if (w->batch_len)
+    submit_batch (w);           /* short-transfer resubmissions */
+}
+
+/* Makes sure REQ has an aligned buffer of at least N bytes. */
+static int
+ensure_buffer (struct request *req, size_t n, uint32_t align)
+{
+  if (req->cap >= n && req->buf)
+    return 0;
+  free (req->buf);
+  req->buf = mloop_alloc_aligned (n, align);
+  req->cap = req->buf ? n : 0;
+  return req->buf ? 0 : -1;
+}
+
+/* Sends READ/WRITE/FLUSH to the engine. */
+static void
+start_io (struct worker *w, struct request *req, enum mloop_io_op op,
+          unsigned flags, uint64_t offset, uint32_t length)
+{
+  struct mloop_io *io = &req->io;
+  int r;
+
+  memset (io, 0, sizeof *io);
+  io->op = op;
+  io->flags = flags;
+  io->buf = req->buf;
+  io->count = length;
+  io->offset = offset;
+  io->complete = io_complete;
+  io->opaque = req;
+  r = mloop_engine_prepare (w->opts.engine, io);
+  if (r == 1)
+    add_to_batch (w, req);
+  else if (r < 0)
+    queue_reply (req, nbd_errno (-r));
+  /* r == 0: completed synchronously, reply already queued. */
+}
+
+/* ------------------------------------------------------------ requests */
+
+static bool
+range_ok (const struct worker *w, uint64_t offset, uint32_t length)
+{
+  uint64_t size = w->opts.engine->backing.size;
+
+  return offset <= size && length <= size - offset;
+}
+
+/* Validates and performs one request whose header (and, for a WRITE, its
+ * payload) has been received.  Every check happens before any IO.
+ */
+static void
+dispatch (struct worker *w, struct request *req, uint64_t offset,
+          uint32_t length)
+{
+  const bool ro = w->opts.read_only;
+  const uint16_t f = req->flags;
+  unsigned io_flags = (f & NBD_CMD_FLAG_FUA) ? MLOOP_IO_FUA : 0;
+  int r;
+
+  if (atomic_load (&w->stopping)) {
+    queue_reply (req, NBD_ESHUTDOWN);
+    return;
+  }
+  switch (req->type) {
+  case NBD_CMD_READ:
+    if (f & ~NBD_CMD_FLAG_FUA)
+      queue_reply (req, NBD_EINVAL);
+    else if (!range_ok (w, offset, length) || length == 0)
+      queue_reply (req, NBD_EINVAL);
+    else
+      start_io (w, req, MLOOP_IO_READ, 0, offset, length);
+    return;
+  case NBD_CMD_WRITE:
+    if (f & ~NBD_CMD_FLAG_FUA)
+      queue_reply (req, NBD_EINVAL);
+    else if (ro)
+      queue_reply (req, NBD_EPERM);
+    else if (!range_ok (w, offset, length))
+      queue_reply (req, NBD_ENOSPC);
+    else if (length == 0)
+      queue_reply (req, 0);
+    else
+      start_io (w, req, MLOOP_IO_WRITE, io_flags, offset, length);
+    return;
+  case NBD_CMD_FLUSH:
+    if (f & ~NBD_CMD_FLAG_FUA)
+      queue_reply (req, NBD_EINVAL);
+    else if (ro)
+      queue_reply (req, 0);     /* nothing to flush */
+    else
+      /* Every write replied to before this flush arrived has completed
+       * (replies are sent from completions), so the fdatasync covers
+       * exactly what NBD requires, without waiting for anything else.
+       */
+      start_io (w, req, MLOOP_IO_FLUSH, 0, 0, 0);
+    return;
+  case NBD_CMD_TRIM:
+    if (f & ~NBD_CMD_FLAG_FUA)
+      r = -EINVAL;
+    else if (ro)
+      r = -EPERM;
+    else if (!w->opts.discard)
+      r = -EINVAL;
+    else
+      r = mloop_engine_trim (w->opts.engine, offset, length, io_flags);
+    queue_reply (req, nbd_errno (-r));
+    return;
+  case NBD_CMD_WRITE_ZEROES:
+    if (f & ~(NBD_CMD_FLAG_FUA | NBD_CMD_FLAG_NO_HOLE |
+              NBD_CMD_FLAG_FAST_ZERO))
+      r = -EINVAL;
+    else if (ro)
+      r = -EPERM;
+    else {
+      if (f & NBD_CMD_FLAG_NO_HOLE)
+        io_flags |= MLOOP_ZERO_NO_HOLE;
+      if (f & NBD_CMD_FLAG_FAST_ZERO)
+        io_flags |= MLOOP_ZERO_FAST;
+      r = mloop_engine_zero (w->opts.engine, offset, length, io_flags);
+    }
+    queue_reply (req, nbd_errno (-r));
+    return;
+  default:
+    queue_reply (req, NBD_EINVAL);
+    return;
+  }
+}
+
+static void
+conn_close_when_idle (struct conn *c)
+{
+  c->closing = true;
+  conn_update_events (c);
+}
+
+/* Parses one request header at c->in + c->in_start.  Returns false when
+ * the connection must stop reading (closing).
+ */
+static bool
+parse_header (struct worker *w, struct conn *c)
+{
+  struct request_header h;
+  struct request *req;
+  uint64_t offset;
+  uint32_t length;
+  uint16_t type;
+
+  memcpy (&h, c->in + c->in_start, sizeof h);
+  c->in_start += sizeof h;
+  if (be32toh (h.magic) != NBD_REQUEST_MAGIC) {
+    c->in_start = c->in_end;    /* garbage: this client is done */
+    conn_close_when_idle (c);
+    return false;
+  }
+  type = be16toh (h.type);
+  offset = be64toh (h.offset);
+  length = be32toh (h.length);
+  if (type == NBD_CMD_DISC) {
+    conn_close_when_idle (c);
+    return false;
+  }
+  if ((type == NBD_CMD_READ || type == NBD_CMD_WRITE) &&
+      length > w->opts.max_request) {
+    if (type == NBD_CMD_WRITE) {
+      /* Its payload is on the wire and we will not buffer it. */
+      conn_close_when_idle (c);
+      return false;
+    }
+    /* An oversized read is refused and the connection goes on. */
+  }
+
+  req = c->free;
+  c->free = req->next;
+  c->busy++;
+  req->conn = c;
+  req->type = type;
+  req->flags = be16toh (h.flags);
+  memcpy (req->reply.cookie, h.cookie, 8);
+  req->data_len = 0;
+
+  if (type == NBD_CMD_READ && length > w->opts.max_request) {
+    queue_reply (req, NBD_EINVAL);
+    return true;
+  }
+  if ((type == NBD_CMD_READ || type == NBD_CMD_WRITE) && length > 0 &&
+      ensure_buffer (req, length,
+                     w->opts.engine->backing.logical_block_size) == -1) {
+    if (type == NBD_CMD_WRITE) {
+      conn_close_when_idle (c);
+      release_slot (c, req);
+      return false;
+    }
+    queue_reply (req, NBD_ENOMEM);
+    return true;
+  }
+  req->io.offset = offset;      /* kept until the payload is in */
+  req->io.count = length;
+  if (type == NBD_CMD_WRITE && length > 0) {
+    c->receiving = req;
+    c->payload_done = 0;
+    return true;
+  }
+  dispatch (w, req, offset, length);
+  return true;
+}
+
+/* Moves payload bytes for the WRITE being received; returns true once it
+ * is complete (and dispatched).
+ */
+static bool
+receive_payload (struct worker *w, struct conn *c)
+{
+  struct request *req = c->receiving;
+  size_t need = req->io.count - c->payload_done;
+  size_t have = c->in_end - c->in_start;
+
+  if (have > 0) {
+    size_t n = have < need ? have : need;
+
+    memcpy ((char *) req->buf + c->payload_done, c->in + c->in_start, n);
+    c->in_start += n;
+    c->payload_done += n;
+    need -= n;
+  }
+  while (need > 0) {
+    /* Straight into the aligned buffer: no copy for large writes. */
+    ssize_t r = recv (c->fd, (char *) req->buf + c->payload_done, need,
+                      MSG_DONTWAIT);
+
+    if (r == -1 && errno == EINTR)
+      continue;
+    if (r == -1 && (errno == EAGAIN || errno == EWOULDBLOCK))
+      return false;
+    if (r <= 0) {
+      c->closing = c->broken = true;
+      c->receiving = NULL;
+      release_slot (c, req);
+      return false;
+    }
+    c->payload_done += (size_t) r;
+    need -= (size_t) r;
+  }
+  c->receiving = NULL;
+  dispatch (w, req, req->io.offset, (uint32_t) req->io.count);
+  return true;
+}
+
+/* Reads and handles every request available on C. */
+static void
+conn_read (struct worker *w, struct conn *c)
+{
+  while (!c->closing) {
+    if (c->receiving) {
+      if (!receive_payload (w, c))
+        return;
+      continue;
+    }
+    if (c->in_end - c->in_start >= sizeof (struct request_header)) {
+      if (!c->free ||
+          w->in_kernel + w->batch_len >= w->opts.ring_depth) {
+        c->reading_paused = true;
+        conn_update_events (c);
+        return;
+      }
+      parse_header (w, c);
+      continue;
+    }
+    /* Need more bytes: compact, then one recv for as much as is there. */
+    memmove (c->in, c->in + c->in_start, c->in_end - c->in_start);
+    c->in_end -= c->in_start;
+    c->in_start = 0;
+    {
+      ssize_t r = recv (c->fd, c->in + c->in_end, CONN_INBUF - c->in_end,
+                        MSG_DONTWAIT);
+
+      if (r == -1 && errno == EINTR)
+        continue;
+      if (r == -1 && (errno == EAGAIN || errno == EWOULDBLOCK))
+        return;
+      if (r <= 0) {             /* EOF or error: no more requests */
+        c->closing = true;
+        if (r == -1)
+          c->broken = true;
+        conn_update_events (c);
+        return;
+      }
+      c->in_end += (size_t) r;
+    }
+  }
+}
+
+/* ------------------------------------------------------------ lifecycle */
+
+static void
+conn_free (struct conn *c)
+{
+  unsigned i;
+
+  epoll_ctl (c->worker->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+  close (c->fd);
+  for (i = 0; i < CONN_SLOTS; i++)
+    free (c->slots[i].buf);
+  free (c->in);
+  free (c);
+}
+
+static void
+adopt (struct worker *w, int fd)
+{
+  struct conn *c = calloc (1, sizeof *c);
+  struct epoll_event ev = { .events = EPOLLIN };
+  unsigned i;
+
+  if (c)
+    c->in = malloc (CONN_INBUF);
+  if (c == NULL || c->in == NULL) {
+    free (c);
+    close (fd);
+    return;
+  }
+  c->fd = fd;
+  c->worker = w;
+  for (i = 0; i < CONN_SLOTS; i++) {
+    c->slots[i].next = c->free;
+    c->free = &c->slots[i];
+  }
+  ev.data.ptr = c;
+  if (epoll_ctl (w->epfd, EPOLL_CTL_ADD, fd, &ev) == -1) {
+    free (c->in);
+    free (c);
+    close (fd);
+    return;
+  }
+  c->next = w->conns;
+  w->conns = c;
+}
+
+static void
+take_inbox (struct worker *w)
+{
+  uint64_t v;
+  size_t i;
+
+  if (read (w->inbox_efd, &v, sizeof v) == -1 && errno != EAGAIN)
+    return;
+  pthread_mutex_lock (&w->inbox_lock);
+  for (i = 0; i < w->inbox_len; i++)
+    adopt (w, w->inbox[i]);
+  w->inbox_len = 0;
+  pthread_mutex_unlock (&w->inbox_lock);
+}
+
+/* On shutdown: answer complete requests already received with ESHUTDOWN
+ * (the client learns they were not done), then read no more.
+ */
+static void
+refuse_buffered (struct worker *w, struct conn *c)
+{
+  while (!c->receiving && c->free &&
+         c->in_end - c->in_start >= sizeof (struct request_header))
+    parse_header (w, c);        /* dispatch() answers ESHUTDOWN */
+  if (c->receiving) {
+    /* A WRITE whose payload never fully arrived: nothing to answer. */
+    release_slot (c, c->receiving);
+    c->receiving = NULL;
+  }
+  c->closing = true;
+  conn_update_events (c);
+}
+
+/* Frees connections that are closing with nothing left in flight. */
+static void
+reap_connections (struct worker *w)
+{
+  struct conn **p = &w->conns;
+
+  while (*p) {
+    struct conn *c = *p;
+
+    if (c->closing && c->in_kernel == 0 && !c->receiving &&
+        (c->broken || !c->out_head)) {
+      *p = c->next;
+      conn_free (c);
+    }
+    else
+      p = &c->next;
+  }
+}
+
+static void *
+worker_main (void *arg)
+{
+  struct worker *w = arg;
+  struct epoll_event evs[EPOLL_BATCH];
+  bool shutdown_seen = false;
+
+  for (;;) {
+    int n, i;
+    bool completions = false;
+
+    n = epoll_wait (w->epfd, evs, EPOLL_BATCH, -1);
+    if (n == -1 && errno != EINTR)
+      break;
+    for (i = 0; i < n; i++) {
+      void *tag = evs[i].data.ptr;
+
+      if (tag == &aio_tag)
+        completions = true;
+      else if (tag == &inbox_tag)
+        take_inbox (w);
+      else {
+        struct conn *c = tag;
+
+        if ((evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) &&
+            !atomic_load (&w->stopping))
+          conn_read (w, c);
+        if ((evs[i].events & (EPOLLHUP | EPOLLERR)) && !c->broken) {
+          /* Peer gone both ways: replies cannot be delivered. */
+          c->broken = c->closing = true;
+          conn_update_events (c);
+          mark_dirty (c);       /* conn_flush drops the queue */
+        }
+        if (evs[i].events & EPOLLOUT)
+          mark_dirty (c);
+      }
+    }
+    if (atomic_load (&w->stopping) && !shutdown_seen) {
+      struct conn *c;
+
+      shutdown_seen = true;
+      for (c = w->conns; c; c = c->next)
+        refuse_buffered (w, c);
+    }
+    /* One io_submit for everything this round read. */
+    if (w->batch_len)
+      submit_batch (w);
+    if (completions) {
+      struct conn *c;
+
+      reap (w);
+      /* Ring room may have freed up for connections paused on it. */
+      for (c = w->conns; c; c = c->next)
+        if (c->reading_paused && c->free && !c->closing) {
+          c->reading_paused = false;
+          conn_update_events (c);
+        }
+    }
+    /* One sendmsg per connection for all its finished replies. */
+    while (w->dirty) {
+      struct conn *c = w->dirty;
+
+      w->dirty = c->next_dirty;
+      c->dirty = false;
+      conn_flush (c);
+    }
+    reap_connections (w);
+    if (shutdown_seen && w->conns == NULL && w->in_kernel == 0)
+      break;
+  }
+  return NULL;
+}
+
+/* ------------------------------------------------------------ public */
+
+static int
+epoll_add_tag (int epfd, int fd, void *tag)
+{
+  struct epoll_event ev = { .events = EPOLLIN, .data.ptr = tag };
+
+  return epoll_ctl (epfd, EPOLL_CTL_ADD, fd, &ev);
+}
+
+struct worker *
+worker_start (const struct worker_options *opts, char *err, size_t errlen)
+{
+  struct worker *w = calloc (1, sizeof *w);
+  int r;
+
+  if (w == NULL) {
+    snprintf (err, errlen, "worker: %s", strerror (errno));
+    return NULL;
+  }
+  w->opts = *opts;
+  w->epfd = w->aio_efd = w->inbox_efd = -1;
+  pthread_mutex_init (&w->inbox_lock, NULL);
+  atomic_init (&w->stopping, false);
+  w->batch = calloc (opts->ring_depth + CONN_SLOTS, sizeof *w->batch);
+  if (w->batch == NULL)
+    goto errno_fail;
+  w->epfd = epoll_create1 (EPOLL_CLOEXEC);
+  w->aio_efd = eventfd (0, EFD_NONBLOCK | EFD_CLOEXEC);
+  w->inbox_efd = eventfd (0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (w->epfd == -1 || w->aio_efd == -1 || w->inbox_efd == -1 ||
+      epoll_add_tag (w->epfd, w->aio_efd, &aio_tag) == -1 ||
+      epoll_add_tag (w->epfd, w->inbox_efd, &inbox_tag) == -1)
+    goto errno_fail;
+  /* Room for a full round of resubmissions beyond the depth limit. */
+  r = mloop_aio_ring_init (&w->ring, opts->ring_depth + CONN_SLOTS);
+  if (r < 0) {
+    errno = -r;
+    goto errno_fail;
+  }
+  r = pthread_create (&w->thread, NULL, worker_main, w);
+  if (r != 0) {
+    errno = r;
+    mloop_aio_ring_destroy (&w->ring);
+    goto errno_fail;
+  }
+  return w;
+
+ errno_fail:
+  snprintf (err, errlen, "starting a worker: %s", strerror (errno));
+  if (w->epfd >= 0) close (w->epfd);
+  if (w->aio_efd >= 0) close (w->aio_efd);
+  if (w->inbox_efd >= 0) close (w->inbox_efd);
+  free (w->batch);
+  free (w);
+  return NULL;
+}
+
+static void
+poke (struct worker *w)
+{
+  uint64_t one = 1;
+
+  if (write (w->inbox_efd, &one, sizeof one) != sizeof one)
+    abort ();                   /* an eventfd write cannot fail here */
+}
+
+void
+worker_add_connection (struct worker *w, int fd)
+{
+  pthread_mutex_lock (&w->inbox_lock);
+  if (w->inbox_len == w->inbox_cap) {
+    size_t cap = w->inbox_cap ? 2 * w->inbox_cap : 16;
+    int *p = realloc (w->inbox, cap * sizeof *p);
+
+    if (p == NULL) {
+      pthread_mutex_unlock (&w->inbox_lock);
+      close (fd);
+      return;
+    }
+    w->inbox = p;
+    w->inbox_cap = cap;
+  }
+  w->inbox[w->inbox_len++] = fd;
+  pthread_mutex_unlock (&w->inbox_lock);
+  poke (w);
+}
+
+void
+worker_stop (struct worker *w)
+{
+  size_t i;
+
+  atomic_store (&w->stopping, true);
+  poke (w);
+  pthread_join (w->thread, NULL);
+  for (i = 0; i < w->inbox_len; i++)
+    close (w->inbox[i]);
+  free (w->inbox);
+  mloop_aio_ring_destroy (&w->ring);
+  close (w->epfd);
+  close (w->aio_efd);
+  close (w->inbox_efd);
+  pthread_mutex_destroy (&w->inbox_lock);
+  free (w->batch);
+  free (w);
+}
