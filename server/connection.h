@@ -57,7 +57,8 @@ struct conn {
   bool closing;                 /* DISC, EOF or protocol error */
   bool broken;                  /* socket dead: drop replies */
   bool dirty;                   /* on the worker's flush list */
-  struct conn *next, *next_dirty;
+  bool on_ready;                /* on the worker's ready list */
+  struct conn *next, *next_dirty, *next_ready;
 };
 
 #endif /* MLOOP_SERVER_CONNECTION_H */

@@ -1,6 +1,7 @@
 /* mloop-server — event-loop workers.  See worker.h for the model. */
 #include <endian.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -55,6 +56,10 @@ struct worker {
 
   struct conn *conns;
   struct conn *dirty;           /* connections with replies to send */
+  /* Connections that may read again and hold unparsed bytes: epoll would
+   * not wake us for data that has already left the socket.
+   */
+  struct conn *ready;
 };
 
 /* epoll data for the worker's own descriptors (connections use their
@@ -114,6 +119,19 @@ queue_reply (struct request *req, uint32_t nbd_error)
   mark_dirty (c);
 }
 
+/* Lets C read again after a pause for lack of a slot or of ring room. */
+static void
+resume_reading (struct conn *c)
+{
+  c->reading_paused = false;
+  conn_update_events (c);
+  if (!c->on_ready && (c->in_end > c->in_start || c->receiving)) {
+    c->on_ready = true;
+    c->next_ready = c->worker->ready;
+    c->worker->ready = c;
+  }
+}
+
 static void
 release_slot (struct conn *c, struct request *req)
 {
@@ -125,10 +143,8 @@ release_slot (struct conn *c, struct request *req)
   req->next = c->free;
   c->free = req;
   c->busy--;
-  if (c->reading_paused) {
-    c->reading_paused = false;
-    conn_update_events (c);
-  }
+  if (c->reading_paused && !c->closing)
+    resume_reading (c);
 }
 
 /* Sends as much of the reply queue as the socket takes, with one
@@ -210,10 +226,41 @@ conn_flush (struct conn *c)
 
 /* ------------------------------------------------------------ IO */
 
+static const char *
+command_name (uint16_t type)
+{
+  switch (type) {
+  case NBD_CMD_READ: return "read";
+  case NBD_CMD_WRITE: return "write";
+  case NBD_CMD_FLUSH: return "flush";
+  case NBD_CMD_TRIM: return "trim";
+  case NBD_CMD_WRITE_ZEROES: return "zero";
+  default: return "command";
+  }
+}
+
+/* One log line per failed IO, naming the request (a refused fast zero
+ * is an expected answer, not an error).
+ */
+static void
+log_io_error (const struct request *req, uint64_t offset, uint64_t length,
+              int error)
+{
+  if (error == ENOTSUP && req->type == NBD_CMD_WRITE_ZEROES)
+    return;
+  fprintf (stderr, "mloop-server: error: %s: %" PRIu64 " bytes at offset %"
+           PRIu64 ": %s\n", command_name (req->type), length, offset,
+           strerror (error));
+}
+
 static void
 io_complete (struct mloop_io *io, int error)
 {
-  queue_reply ((struct request *) io, nbd_errno (error));
+  struct request *req = (struct request *) io;
+
+  if (error)
+    log_io_error (req, io->offset, io->count, error);
+  queue_reply (req, nbd_errno (error));
 }
 
 static void
@@ -386,6 +433,8 @@ dispatch (struct worker *w, struct request *req, uint64_t offset,
       r = -EINVAL;
     else
       r = mloop_engine_trim (w->opts.engine, offset, length, io_flags);
+    if (r < 0 && r != -EINVAL && r != -EPERM)
+      log_io_error (req, offset, length, -r);
     queue_reply (req, nbd_errno (-r));
     return;
   case NBD_CMD_WRITE_ZEROES:
@@ -400,6 +449,8 @@ dispatch (struct worker *w, struct request *req, uint64_t offset,
       if (f & NBD_CMD_FLAG_FAST_ZERO)
         io_flags |= MLOOP_ZERO_FAST;
       r = mloop_engine_zero (w->opts.engine, offset, length, io_flags);
+      if (r < 0 && r != -ENOSPC)
+        log_io_error (req, offset, length, -r);
     }
     queue_reply (req, nbd_errno (-r));
     return;
@@ -661,7 +712,7 @@ reap_connections (struct worker *w)
     struct conn *c = *p;
 
     if (c->closing && c->in_kernel == 0 && !c->receiving &&
-        (c->broken || !c->out_head)) {
+        (c->broken || !c->out_head) && !c->on_ready && !c->dirty) {
       *p = c->next;
       conn_free (c);
     }
@@ -681,9 +732,18 @@ worker_main (void *arg)
     int n, i;
     bool completions = false;
 
-    n = epoll_wait (w->epfd, evs, EPOLL_BATCH, -1);
+    /* Never sleep with work in hand. */
+    n = epoll_wait (w->epfd, evs, EPOLL_BATCH, w->ready || w->dirty ? 0 : -1);
     if (n == -1 && errno != EINTR)
       break;
+    while (w->ready) {
+      struct conn *c = w->ready;
+
+      w->ready = c->next_ready;
+      c->on_ready = false;
+      if (!atomic_load (&w->stopping))
+        conn_read (w, c);
+    }
     for (i = 0; i < n; i++) {
       void *tag = evs[i].data.ptr;
 
@@ -723,10 +783,8 @@ worker_main (void *arg)
       reap (w);
       /* Ring room may have freed up for connections paused on it. */
       for (c = w->conns; c; c = c->next)
-        if (c->reading_paused && c->free && !c->closing) {
-          c->reading_paused = false;
-          conn_update_events (c);
-        }
+        if (c->reading_paused && c->free && !c->closing)
+          resume_reading (c);
     }
     /* One sendmsg per connection for all its finished replies. */
     while (w->dirty) {

@@ -1,7 +1,7 @@
 """Shared fixture for mloop's protocol tests.
 
-Starts a real nbdkit serving the built mloop plugin on a private Unix
-socket, hands out libnbd connections, and removes every process, socket
+Starts the real server under test (nbdkit with the built mloop plugin,
+or the built mloop-server) on a private Unix socket, hands out libnbd connections, and removes every process, socket
 and temporary file on exit, whether the test passed, failed or crashed.
 A missing tool makes the test SKIP (exit 77) with its reason.
 
@@ -10,8 +10,13 @@ Run a test by hand from the repository root:
       /usr/bin/python3 tests/protocol/test-rw-patterns.py
 
 Environment (set by tests/meson.build):
+  MLOOP_SERVER     "plugin" (default): nbdkit with the built plugin;
+                   "native": the built mloop-server.  The same tests run
+                   against both; parameters are written the plugin's way
+                   (threads=4, discard=off, nbdkit -r) and translated.
   MLOOP_PLUGIN     path of the built nbdkit-mloop-plugin.so
-  MLOOP_VALGRIND   if set, nbdkit runs under valgrind and any valgrind
+  MLOOP_SERVER_BIN path of the built mloop-server
+  MLOOP_VALGRIND   if set, the server runs under valgrind and any valgrind
                    error fails the test
 """
 import atexit
@@ -38,12 +43,39 @@ try:
 except ImportError:
     skip("python3-libnbd (module nbd) is not installed")
 
-if shutil.which("nbdkit") is None:
-    skip("nbdkit is not installed")
-
+SERVER_KIND = os.environ.get("MLOOP_SERVER", "plugin")
 PLUGIN = os.environ.get("MLOOP_PLUGIN")
-if not PLUGIN or not os.path.exists(PLUGIN):
-    skip("MLOOP_PLUGIN does not name the built plugin")
+SERVER_BIN = os.environ.get("MLOOP_SERVER_BIN")
+if SERVER_KIND == "plugin":
+    if shutil.which("nbdkit") is None:
+        skip("nbdkit is not installed")
+    if not PLUGIN or not os.path.exists(PLUGIN):
+        skip("MLOOP_PLUGIN does not name the built plugin")
+elif SERVER_KIND == "native":
+    if not SERVER_BIN or not os.path.exists(SERVER_BIN):
+        skip("MLOOP_SERVER_BIN does not name the built mloop-server")
+else:
+    raise SystemExit(f"MLOOP_SERVER={SERVER_KIND}: expected plugin or native")
+
+
+def plugin_only(reason):
+    """Skips a test that exercises nbdkit itself, when testing mloop-server."""
+    if SERVER_KIND != "plugin":
+        skip(f"nbdkit plugin only: {reason}")
+
+
+def _native_args(params, nbdkit_args):
+    """mloop-server options for plugin-style PARAMS and nbdkit ARGS."""
+    out = []
+    for p in params:
+        key, value = p.split("=", 1)
+        out.append(f"--{key}={value}")
+    for a in nbdkit_args:
+        if a in ("-r", "--readonly", "--read-only"):
+            out.append("--read-only")
+        else:
+            raise ValueError(f"no mloop-server equivalent for nbdkit {a}")
+    return out
 
 VALGRIND = bool(os.environ.get("MLOOP_VALGRIND"))
 
@@ -99,20 +131,25 @@ def file_digest(path):
 
 
 class Server:
-    """nbdkit running the mloop plugin in the foreground."""
+    """The server under test (nbdkit + plugin, or mloop-server) in the
+    foreground on a private Unix socket."""
 
     def __init__(self, image, params=(), nbdkit_args=()):
         self.dir = tmpdir()
         self.sock = os.path.join(self.dir, "nbd.sock")
-        self.log = os.path.join(self.dir, "nbdkit.log")
+        self.log = os.path.join(self.dir, "server.log")
         cmd = []
         if VALGRIND:
             cmd += ["valgrind", "--quiet", "--error-exitcode=99",
                     "--leak-check=full", "--errors-for-leak-kinds=definite",
                     "--show-leak-kinds=definite",
                     f"--suppressions={os.path.dirname(__file__)}/valgrind.supp"]
-        cmd += ["nbdkit", "-f", "-U", self.sock, *nbdkit_args,
-                PLUGIN, f"file={image}", *params]
+        if SERVER_KIND == "native":
+            cmd += [SERVER_BIN, "--listen", f"unix:{self.sock}",
+                    *_native_args(params, nbdkit_args), image]
+        else:
+            cmd += ["nbdkit", "-f", "-U", self.sock, *nbdkit_args,
+                    PLUGIN, f"file={image}", *params]
         env = dict(os.environ)
         if VALGRIND:
             env["NBDKIT_VALGRIND"] = "1"  # nbdkit keeps the plugin mapped
@@ -122,9 +159,9 @@ class Server:
         deadline = time.time() + (60 if VALGRIND else 10)
         while not os.path.exists(self.sock):
             if self.proc.poll() is not None:
-                raise RuntimeError(f"nbdkit exited at startup: {self.log_text()}")
+                raise RuntimeError(f"server exited at startup: {self.log_text()}")
             if time.time() > deadline:
-                raise RuntimeError("nbdkit did not create its socket")
+                raise RuntimeError("server did not create its socket")
             time.sleep(0.05)
         self.uri = f"nbd+unix:///?socket={self.sock}"
 
@@ -142,7 +179,7 @@ class Server:
         return h
 
     def stop(self):
-        """Stops nbdkit; fails the test if valgrind found errors.
+        """Stops the server; fails the test if valgrind found errors.
 
         Call it at the end of a test so a valgrind error fails the test;
         the exit-time cleanup calls it too, for tests that fail early.
@@ -156,13 +193,17 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-                raise RuntimeError("nbdkit did not exit on SIGTERM")
+                raise RuntimeError("server did not exit on SIGTERM")
         self.logf.close()
         if os.path.exists(self.sock):
+            if SERVER_KIND == "native":
+                raise AssertionError("mloop-server left its socket behind")
             os.unlink(self.sock)  # nbdkit leaves -U sockets behind
         if VALGRIND and self.proc.returncode == 99:
             print(self.log_text(), file=sys.stderr)
-            raise SystemExit("valgrind reported errors in nbdkit (see above)")
+            raise SystemExit("valgrind reported errors in the server (see above)")
+        if SERVER_KIND == "native" and self.proc.returncode != 0:
+            raise AssertionError(f"mloop-server exited with {self.proc.returncode}")
 
 
 def _disconnect(h):

@@ -3,6 +3,8 @@
 import subprocess
 import harness
 
+harness.plugin_only("nbdkit --help/--version")
+
 out = subprocess.run(["nbdkit", harness.PLUGIN, "--help"],
                      capture_output=True, text=True, check=True).stdout
 for param in ("file=", "threads=", "queue-depth=", "direct="):
