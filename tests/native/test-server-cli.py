@@ -1,0 +1,76 @@
+#!/usr/bin/python3
+"""mloop-server's command line and lifecycle: --help, --version, bad
+options with one clear line, a pid file that appears when listening and
+goes on exit, an existing socket path left alone, a quick start, and on
+SIGTERM in-flight requests finished, the socket removed, exit 0."""
+import os
+import signal
+import subprocess
+import time
+import harness
+
+if harness.SERVER_KIND != "native":
+    harness.skip("mloop-server's own command line")
+BIN = harness.SERVER_BIN
+
+out = subprocess.run([BIN, "--help"], capture_output=True, text=True, check=True).stdout
+for opt in ("--listen", "--threads", "--read-only", "--pid-file", "--direct", "--discard"):
+    assert opt in out, f"--help lacks {opt}"
+out = subprocess.run([BIN, "--version"], capture_output=True, text=True, check=True).stdout
+assert out.startswith("mloop-server "), out
+
+d = harness.tmpdir()
+image = harness.make_image(1 << 20, directory=d)
+sock = os.path.join(d, "s.sock")
+for args, message in [
+    ([image], "--listen"),
+    (["--listen", f"unix:{sock}"], "expected one IMAGE"),
+    (["--listen", f"unix:{sock}", os.path.join(d, "missing.img")], "No such file"),
+    (["--listen", f"unix:{sock}", d], "is a directory"),
+    (["--listen", f"unix:{sock}", "--threads", "0", image], "threads=0"),
+    (["--listen", f"unix:{sock}", "--direct", "maybe", image], "--direct=maybe"),
+    (["--listen", "carrier-pigeon", image], "expected unix:PATH or tcp:HOST:PORT"),
+]:
+    p = subprocess.run([BIN, *args], capture_output=True, text=True, timeout=10)
+    assert p.returncode == 1, f"{args}: exit {p.returncode}"
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], f"{args}: {p.stderr!r}"
+assert not os.path.exists(os.path.join(d, "missing.img"))
+
+# An existing file at the socket path is not replaced.
+with open(sock, "w") as f:
+    f.write("not a socket")
+p = subprocess.run([BIN, "--listen", f"unix:{sock}", image], capture_output=True, text=True, timeout=10)
+assert p.returncode == 1 and "Address already in use" in p.stderr, p.stderr
+assert open(sock).read() == "not a socket"
+os.unlink(sock)
+
+# Pid file, quick start, SIGTERM with requests in flight.
+pidfile = os.path.join(d, "pid")
+start = time.monotonic()
+proc = subprocess.Popen([BIN, "--listen", f"unix:{sock}", "--pid-file", pidfile, image])
+harness.on_exit(lambda: proc.poll() is None and proc.kill())
+while not os.path.exists(pidfile):
+    assert proc.poll() is None, "server died"
+    time.sleep(0.01)
+started = time.monotonic() - start
+assert started < 1.0, f"took {started:.2f} s to listen"
+assert int(open(pidfile).read()) == proc.pid
+import nbd
+h = nbd.NBD()
+h.connect_uri(f"nbd+unix:///?socket={sock}")
+cookies = [h.aio_pwrite(bytes([i]) * 65536, i * 65536) for i in range(16)]
+proc.send_signal(signal.SIGTERM)
+assert proc.wait(timeout=30) == 0, "exit status after SIGTERM"
+done = 0
+for c in cookies:
+    try:
+        while not h.aio_command_completed(c):
+            h.poll(-1)
+        done += 1
+    except nbd.Error as e:
+        assert e.errno in ("ESHUTDOWN", None) or "shut" in str(e).lower() or "disconnect" in str(e).lower() \
+            or "connection" in str(e).lower(), f"unexpected: {e}"
+assert not os.path.exists(sock), "socket left behind"
+assert not os.path.exists(pidfile), "pid file left behind"
+print(f"ok: CLI, pid file, listening in {started * 1000:.0f} ms, SIGTERM clean ({done}/16 writes finished)")
