@@ -684,15 +684,17 @@ take_inbox (struct worker *w)
   pthread_mutex_unlock (&w->inbox_lock);
 }
 
-/* On shutdown: answer complete requests already received with ESHUTDOWN
- * (the client learns they were not done), then read no more.
+/* On shutdown: answer requests already sent to us with ESHUTDOWN, then
+ * read no more.
  */
 static void
 refuse_buffered (struct worker *w, struct conn *c)
 {
-  while (!c->receiving && c->free &&
-         c->in_end - c->in_start >= sizeof (struct request_header))
-    parse_header (w, c);        /* dispatch() answers ESHUTDOWN */
+  /* One pass over what the socket holds now: dispatch() answers every
+   * complete request with ESHUTDOWN (a write's payload is read and
+   * dropped), so a client learns the fate of what it sent.
+   */
+  conn_read (w, c);
   if (c->receiving) {
     /* A WRITE whose payload never fully arrived: nothing to answer. */
     release_slot (c, c->receiving);
