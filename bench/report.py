@@ -3,7 +3,7 @@
 one JSON record per job, and the records of all rounds into the markdown
 report.  Standard library only, so any python3 will do.
 
-    report.py record    --round R --server S --workload W --fio F [--perf P --window N]
+    report.py record    --round R --server S --workload W --fio F [--perf P]
     report.py pagecache --round R --server S --before KB --after KB --bytes B --fio F
     report.py note      --kind K [--server S] [--text T]
     report.py summarize RECORDS.jsonl --markdown OUT.md --rounds-json OUT.json
@@ -96,10 +96,10 @@ def cmd_record(a):
     if a.perf:
         try:
             ev = load_perf(a.perf)
-            # Requests served while perf watched: fio's average rate times
-            # the perf window (fio's own count covers its whole runtime).
-            requests = iops * a.window
-            rec.update(perf_window_s=a.window, requests=requests,
+            # perf watched the server for the whole job, so every request
+            # fio completed was served while it counted.
+            requests = total
+            rec.update(requests=requests,
                        context_switches=ev["context-switches"],
                        task_clock_ms=ev["task-clock"],
                        cs_per_req=ev["context-switches"] / requests,
@@ -225,12 +225,17 @@ def summarize(records):
         return max(peers) if peers else (None, None)
 
     rows.append(ratio_row("**mloop / best peer**", best_peer))
+    rows.append(ratio_row("mloop / qemu-nbd (the other O_DIRECT server)",
+                          lambda w: (cell("qemu-nbd", w, "value"), None)))
     rows.append(ratio_row("**mloop / raw file**",
                           lambda w: (cell("raw", w, "value"), None)))
     rows.append(ratio_row("**mloop / null**",
                           lambda w: (cell("null", w, "value"), None)))
     out.append("## Throughput (median of rounds)\n")
     out.append(table(head, rows) + "\n")
+    out.append("Buffered peers (nbdkit file, nbd-server) acknowledge writes "
+               "from the host page cache, and re-read from it once a "
+               "time-based sequential reader wraps around its GiB.\n")
 
     # Spread, so a reader can tell a real gap from noise.
     rows = []
@@ -261,10 +266,13 @@ def summarize(records):
             row.append(fmt(cell(key, w, "cpu_ms_per_1000"), 1))
         rows.append(row)
     out.append("## Server cost per request (median of rounds)\n")
-    out.append("`perf stat -e context-switches,task-clock -p SERVER` over "
-               "the middle of each job; requests = fio IOPS × perf window. "
-               "Context switches per request; server CPU time (all threads) "
-               "in ms per 1000 requests.\n")
+    out.append("`perf stat -e context-switches,task-clock -p SERVER`, "
+               "attached before fio connects and stopped when it exits (it "
+               "follows the threads and processes the server creates), "
+               "divided by fio's request count: context switches per "
+               "request, and server CPU time (all threads, user + system) "
+               "in ms per 1000 requests. No figures for the raw file: "
+               "there is no server.\n")
     out.append(table(head, rows) + "\n")
 
     # 3. Threads sweep on the 4-reader workload.
@@ -326,7 +334,6 @@ def main():
     r.add_argument("--workload", required=True, choices=list(DIRECTION))
     r.add_argument("--fio", required=True)
     r.add_argument("--perf")
-    r.add_argument("--window", type=float, default=0)
     r.set_defaults(fn=cmd_record)
     c = sub.add_parser("pagecache")
     c.add_argument("--round", type=int, required=True)
