@@ -144,8 +144,14 @@ class Server:
                     "--leak-check=full", "--errors-for-leak-kinds=definite",
                     "--show-leak-kinds=definite",
                     f"--suppressions={os.path.dirname(__file__)}/valgrind.supp"]
+        # The file that says the server is ready: nbdkit's socket appears
+        # once it listens; mloop-server's socket appears at bind(), a
+        # moment before listen(), so wait for its pid file instead.
+        ready = self.sock
         if SERVER_KIND == "native":
+            ready = os.path.join(self.dir, "server.pid")
             cmd += [SERVER_BIN, "--listen", f"unix:{self.sock}",
+                    "--pid-file", ready,
                     *_native_args(params, nbdkit_args), image]
         else:
             cmd += ["nbdkit", "-f", "-U", self.sock, *nbdkit_args,
@@ -157,7 +163,7 @@ class Server:
         self.proc = subprocess.Popen(cmd, stdout=self.logf, stderr=subprocess.STDOUT, env=env)
         on_exit(self.stop)
         deadline = time.time() + (60 if VALGRIND else 10)
-        while not os.path.exists(self.sock):
+        while not os.path.exists(ready):
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited at startup: {self.log_text()}")
             if time.time() > deadline:
