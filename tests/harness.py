@@ -144,17 +144,16 @@ class Server:
                     "--leak-check=full", "--errors-for-leak-kinds=definite",
                     "--show-leak-kinds=definite",
                     f"--suppressions={os.path.dirname(__file__)}/valgrind.supp"]
-        # The file that says the server is ready: nbdkit's socket appears
-        # once it listens; mloop-server's socket appears at bind(), a
-        # moment before listen(), so wait for its pid file instead.
-        ready = self.sock
+        # Ready means listening.  A Unix socket file appears at bind(), a
+        # moment before listen() (under valgrind, a long moment), so wait
+        # for the pid file both servers write once they listen.
+        ready = os.path.join(self.dir, "server.pid")
         if SERVER_KIND == "native":
-            ready = os.path.join(self.dir, "server.pid")
             cmd += [SERVER_BIN, "--listen", f"unix:{self.sock}",
                     "--pid-file", ready,
                     *_native_args(params, nbdkit_args), image]
         else:
-            cmd += ["nbdkit", "-f", "-U", self.sock, *nbdkit_args,
+            cmd += ["nbdkit", "-f", "-U", self.sock, "-P", ready, *nbdkit_args,
                     PLUGIN, f"file={image}", *params]
         env = dict(os.environ)
         if VALGRIND:
