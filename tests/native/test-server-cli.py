@@ -75,3 +75,24 @@ for c in cookies:
 assert not os.path.exists(sock), "socket left behind"
 assert not os.path.exists(pidfile), "pid file left behind"
 print(f"ok: CLI, pid file, listening in {started * 1000:.0f} ms, SIGTERM clean ({done}/16 writes finished)")
+
+# TCP on the loopback address (never anything else).
+import socket
+probe = socket.socket()
+probe.bind(("127.0.0.1", 0))
+port = probe.getsockname()[1]
+probe.close()
+pidfile = os.path.join(d, "tcp.pid")
+proc = subprocess.Popen([BIN, "--listen", f"tcp:127.0.0.1:{port}", "--pid-file", pidfile, image])
+harness.on_exit(lambda: proc.poll() is None and proc.kill())
+while not os.path.exists(pidfile):
+    assert proc.poll() is None, "server died"
+    time.sleep(0.01)
+h = nbd.NBD()
+h.connect_tcp("127.0.0.1", str(port))
+h.pwrite(b"t" * 4096, 0)
+assert h.pread(4096, 0) == b"t" * 4096
+h.shutdown()
+proc.send_signal(signal.SIGTERM)
+assert proc.wait(timeout=30) == 0
+print("ok: tcp:127.0.0.1 listener")
