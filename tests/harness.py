@@ -111,6 +111,18 @@ def tmpdir():
     return d
 
 
+def mount_tmpfs(size, why):
+    """A private tmpfs of SIZE (e.g. "4m"), unmounted at exit; skips the
+    test (saying WHY it wanted one) when not root or mounting fails."""
+    if os.geteuid() != 0:
+        skip(f"{why} needs root to mount a tmpfs")
+    mnt = tmpdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "mloop-test", mnt]).returncode != 0:
+        skip(f"{why}: cannot mount a tmpfs")
+    on_exit(lambda: subprocess.run(["umount", "-l", mnt]))
+    return mnt
+
+
 def make_image(size, data=None, directory=None):
     """A sparse image of SIZE bytes, optionally starting with DATA."""
     d = directory or tmpdir()

@@ -4,16 +4,10 @@ place (tmpfs has no FALLOC_FL_ZERO_RANGE) fails quickly with ENOTSUP and
 changes nothing; the same request without FAST_ZERO writes zeroes."""
 import errno
 import os
-import subprocess
 import nbd
 import harness
 
-if os.geteuid() != 0:
-    harness.skip("mounting a tmpfs needs root")
-mnt = harness.tmpdir()
-if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "mloop-test", mnt]).returncode != 0:
-    harness.skip("cannot mount tmpfs")
-harness.on_exit(lambda: subprocess.run(["umount", "-l", mnt]))
+mnt = harness.mount_tmpfs("64m", "a filesystem without FALLOC_FL_ZERO_RANGE")
 
 SIZE = 8 << 20
 data = harness.pattern(SIZE, 41)

@@ -32,12 +32,7 @@ image = harness.make_image(SIZE, data=DATA)
 os.utime(image, (MTIME, MTIME))
 check_read_only(image, ["-r"])
 
-if os.geteuid() != 0:
-    harness.skip("nbdkit -r checked; a read-only mount needs root")
-mnt = harness.tmpdir()
-if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "mloop-test", mnt]).returncode != 0:
-    harness.skip("cannot mount tmpfs")
-harness.on_exit(lambda: subprocess.run(["umount", "-l", mnt]))
+mnt = harness.mount_tmpfs("16m", "-r checked; a read-only mount")
 image = harness.make_image(SIZE, data=DATA, directory=mnt)
 os.utime(image, (MTIME, MTIME))
 subprocess.run(["mount", "-o", "remount,ro", mnt], check=True)
