@@ -6,12 +6,15 @@ report.  Standard library only, so any python3 will do.
     report.py record    --round R --server S --workload W --fio F [--perf P]
     report.py pagecache --round R --server S --before KB --after KB --bytes B --fio F
     report.py note      --kind K [--server S] [--text T]
+    report.py space     --round R --server S --op OP --result F
     report.py summarize RECORDS.jsonl --markdown OUT.md --rounds-json OUT.json
+                        [--svg OUT.svg]
 
-`record`, `pagecache` and `note` print one JSON line that bench/run
+`record`, `pagecache`, `space` and `note` print one JSON line that bench/run
 appends to a records file; `summarize` prints the report and writes it.
 """
 import argparse
+import html
 import json
 import statistics
 import sys
@@ -20,6 +23,7 @@ import sys
 # "peer" (counts for "best peer") or "limit".  Keys are bench/run's names.
 SERVERS = [
     ("mloop", "mloop threads=4", "mloop"),
+    ("native", "mloop-server threads=4", "mloop"),
     ("mloop-reaper", "mloop (reaper threads)", "variant"),
     ("file", "nbdkit file (buffered)", "peer"),
     ("file-nocache", "nbdkit file cache=none", "peer"),
@@ -42,8 +46,19 @@ WORKLOADS = [
 DIRECTION = {key: d for key, _, _, d in WORKLOADS}
 UNIT = {key: u for key, _, u, _ in WORKLOADS}
 
+# Space workloads: (op, heading).  Servers: the two mloop servers, then peers.
+SPACE_OPS = [("zero", "zero 1 GiB s"), ("trim", "trim 1 GiB s"),
+             ("copy", "nbdcopy sparse 8 GiB s")]
+SPACE_SERVERS = [("mloop", "mloop threads=4 (plugin)", "mloop"),
+                 ("native", "mloop-server threads=4", "mloop"),
+                 ("file", "nbdkit file", "peer"),
+                 ("qemu-nbd", "qemu-nbd cache=none aio=native discard=unmap",
+                  "peer")]
+# Peers that write with O_DIRECT: the randwrite target's reference.
+ODIRECT_PEERS = ["file-nocache", "qemu-nbd"]
+
 SWEEP = [("mloop-t1", 1), ("mloop-t2", 2), ("mloop", 4), ("mloop-t8", 8)]
-PAGECACHE_SERVERS = ["mloop", "file", "file-nocache", "qemu-nbd", "nbd-server"]
+PAGECACHE_SERVERS = ["mloop", "native", "file", "file-nocache", "qemu-nbd", "nbd-server"]
 
 
 def load_fio(path):
@@ -128,6 +143,23 @@ def cmd_pagecache(a):
     print(json.dumps(rec))
 
 
+def cmd_space(a):
+    rec = {"type": "space", "round": a.round, "server": a.server, "op": a.op}
+    try:
+        with open(a.result) as f:
+            res = json.loads(f.read().strip().splitlines()[-1])
+        if "seconds" in res:
+            rec["seconds"] = res["seconds"]
+        else:
+            rec["error"] = res.get("error") or res.get("skipped") or "no result"
+    except (OSError, ValueError, IndexError) as e:
+        rec["error"] = "no result: %s" % e
+    sys.stderr.write("bench:   %s %s: %s\n" % (
+        a.server, a.op, "%.2f s" % rec["seconds"] if "seconds" in rec
+        else rec["error"]))
+    print(json.dumps(rec))
+
+
 def cmd_note(a):
     print(json.dumps({"type": a.kind, "server": a.server, "text": a.text}))
 
@@ -209,10 +241,10 @@ def summarize(records):
         rows.append(row)
 
     # Ratios: best peer per column, and the two limits.
-    def ratio_row(title, pick):
+    def ratio_row(title, pick, subject="mloop"):
         row = [title]
         for w, _, _, _ in WORKLOADS:
-            m = cell("mloop", w, "value")
+            m = cell(subject, w, "value")
             ref, name = pick(w)
             row.append("–" if m is None or not ref else
                        "%.2f%s" % (m / ref, " (%s)" % name if name else ""))
@@ -231,6 +263,12 @@ def summarize(records):
                           lambda w: (cell("raw", w, "value"), None)))
     rows.append(ratio_row("**mloop / null**",
                           lambda w: (cell("null", w, "value"), None)))
+    if "native" in present:
+        rows.append(ratio_row("**mloop-server / best peer**", best_peer,
+                              "native"))
+        rows.append(ratio_row("**mloop-server / null**",
+                              lambda w: (cell("null", w, "value"), None),
+                              "native"))
     out.append("## Throughput (median of rounds)\n")
     out.append(table(head, rows) + "\n")
     out.append("Buffered peers (nbdkit file, nbd-server) acknowledge writes "
@@ -303,6 +341,15 @@ def summarize(records):
     out.append(table(["server", "Cached growth MiB", "% of bytes read",
                       "read MiB/s"], rows) + "\n")
 
+    # 5. The native server against its issue's targets.
+    if "native" in present:
+        out.append(native_targets(cell, best_peer, pcs))
+
+    # 6. Space workloads.
+    space = [r for r in records if r["type"] == "space"]
+    if space:
+        out.append(space_table(space))
+
     errors = [j for j in jobs if "error" in j or "perf_error" in j]
     if errors:
         out.append("Failed jobs (left out of the medians):\n")
@@ -310,7 +357,150 @@ def summarize(records):
             out.append("- round %s %s %s: %s" % (
                 j["round"], j["server"], j["workload"],
                 j.get("error") or "perf: " + j.get("perf_error", "")))
+    for r in space:
+        if "error" in r:
+            out.append("- space round %s %s %s: %s" % (
+                r["round"], r["server"], r["op"], r["error"]))
     return "\n".join(out) + "\n"
+
+
+def verdict(ok):
+    return "–" if ok is None else ("**PASS**" if ok else "**MISS**")
+
+
+def native_targets(cell, best_peer, pcs):
+    """Table of mloop-server's issue targets: figure, target, PASS/MISS."""
+    rows = []
+
+    def ratio(w, ref):
+        v = cell("native", w, "value")
+        return v / ref if v is not None and ref else None
+
+    def add(what, value, target, ok, decimals=2):
+        rows.append([what, fmt(value, decimals), target,
+                     verdict(None if value is None else ok(value))])
+
+    ref, name = best_peer("randread")
+    add("4k randread / best peer (%s)" % name, ratio("randread", ref),
+        "≥ 2.50", lambda v: v >= 2.5)
+    add("4k randread / nbdkit null", ratio("randread", cell("null", "randread",
+                                                              "value")),
+        "≥ 0.90", lambda v: v >= 0.9)
+    ref, name = best_peer("seqread4")
+    add("4 × seq 1 MiB readers / best peer (%s)" % name,
+        ratio("seqread4", ref), "≥ 1.30", lambda v: v >= 1.3)
+    od = [(cell(k, "randwrite", "value"), k) for k in ODIRECT_PEERS]
+    od = [p for p in od if p[0] is not None]
+    ref, name = max(od) if od else (None, None)
+    add("4k randwrite / best O_DIRECT peer (%s)" % name,
+        ratio("randwrite", ref), "≥ 2.00", lambda v: v >= 2.0)
+    add("4k randread context switches / request",
+        cell("native", "randread", "cs_per_req"), "≤ 0.20",
+        lambda v: v <= 0.2)
+    add("4k randread server CPU ms / 1000 requests",
+        cell("native", "randread", "cpu_ms_per_1000"), "≤ 15.0",
+        lambda v: v <= 15.0, 1)
+    mine = [r for r in pcs if r["server"] == "native"]
+    g = median(r["growth_pct"] for r in mine) if mine else None
+    rows.append(["page cache growth, % of bytes read",
+                 "–" if g is None else fmt(g, 1) + " %", "< 5 %",
+                 verdict(None if g is None else g < 5.0)])
+    return ("## mloop-server (native) against its targets (medians)\n\n"
+            + table(["target", "measured", "required", "result"], rows)
+            + "\n")
+
+
+def space_table(space):
+    """Seconds per server × op, and mloop / best peer (peer s / mloop s)."""
+    def secs(server, op):
+        return median(r.get("seconds") for r in space
+                      if r["server"] == server and r["op"] == op)
+
+    present = {r["server"] for r in space}
+    head = ["server"] + [h for _, h in SPACE_OPS]
+    rows = []
+    for key, label, _ in SPACE_SERVERS:
+        if key in present:
+            rows.append([label] + [fmt(secs(key, op), 3) for op, _ in SPACE_OPS])
+
+    def best_peer(op):
+        peers = [(secs(k, op), k) for k, _, kind in SPACE_SERVERS
+                 if kind == "peer" and k in present]
+        peers = [p for p in peers if p[0] is not None]
+        return min(peers) if peers else (None, None)
+
+    for key, title in (("mloop", "**mloop / best peer**"),
+                       ("native", "**mloop-server / best peer**")):
+        if key not in present:
+            continue
+        row = [title]
+        for op, _ in SPACE_OPS:
+            m = secs(key, op)
+            ref, name = best_peer(op)
+            if m is None or ref is None:
+                row.append("–")
+            else:
+                r = ref / m if m > 0 else float("inf")
+                row.append("%.2f (%s) %s" % (r, name, verdict(r >= 1.0)))
+        rows.append(row)
+    return ("## Space: zero / trim 1 GiB of allocated data, nbdcopy of a "
+            "sparse 8 GiB image (seconds, median of rounds)\n\n"
+            "Zero and trim: one fresh 2 GiB image whose first GiB is data, "
+            "per job; WRITE_ZEROES / TRIM of [0, 1 GiB) in 1 GiB requests, "
+            "then FLUSH. Copy: `nbdcopy URI null:` of an 8 GiB image with "
+            "3 × 64 MiB of data. Ratio = best peer's seconds / mloop's "
+            "(≥ 1.00: mloop no slower, PASS).\n\n"
+            + table(head, rows) + "\n")
+
+
+def svg_chart(records, path):
+    """Two bar panels: 4k randread IOPS and server CPU ms per 1000 requests,
+    one bar per server, plain SVG text."""
+    jobs = [r for r in records if r["type"] == "job"
+            and r["workload"] == "randread"]
+
+    def med(key, field):
+        return median(j.get(field) for j in jobs if j["server"] == key)
+
+    bars = [(LABEL[k], med(k, "value"), med(k, "cpu_ms_per_1000"), kind)
+            for k, _, kind in SERVERS if any(j["server"] == k for j in jobs)]
+    colour = {"mloop": "#d62728", "peer": "#1f77b4", "limit": "#7f7f7f",
+              "variant": "#ff9896"}
+    lw, bw, bh, gap, top = 300, 260, 18, 6, 50
+    width = lw + 2 * (bw + 90)
+    height = top + len(bars) * (bh + gap) + 30
+    out = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" '
+           'font-family="sans-serif" font-size="12">' % (width, height),
+           '<rect width="100%" height="100%" fill="white"/>',
+           '<text x="10" y="18" font-size="14" font-weight="bold">4k random '
+           'read QD64: IOPS and server CPU per 1000 requests (median of '
+           'rounds)</text>']
+    for panel, (title, idx, dec) in enumerate(
+            (("IOPS (higher is better)", 1, 0),
+             ("server CPU ms / 1000 req (lower is better)", 2, 1))):
+        x0 = lw + panel * (bw + 90)
+        vmax = max([b[idx] for b in bars if b[idx] is not None] or [1])
+        out.append('<text x="%d" y="40" font-weight="bold">%s</text>'
+                   % (x0, html.escape(title)))
+        for i, b in enumerate(bars):
+            y = top + i * (bh + gap)
+            if panel == 0:
+                out.append('<text x="%d" y="%d" text-anchor="end">%s</text>'
+                           % (lw - 8, y + bh - 5, html.escape(b[0])))
+            v = b[idx]
+            if v is None:
+                out.append('<text x="%d" y="%d" fill="#777">n/a</text>'
+                           % (x0 + 2, y + bh - 5))
+                continue
+            w = max(1.0, bw * v / vmax)
+            out.append('<rect x="%d" y="%d" width="%.1f" height="%d" '
+                       'fill="%s"/>' % (x0, y, w, bh, colour.get(b[3], "#999")))
+            out.append('<text x="%.1f" y="%d">%s</text>'
+                       % (x0 + w + 4, y + bh - 5,
+                          "{:,.{}f}".format(v, dec)))
+    out.append("</svg>")
+    with open(path, "w") as f:
+        f.write("\n".join(out) + "\n")
 
 
 def cmd_summarize(a):
@@ -323,6 +513,8 @@ def cmd_summarize(a):
     with open(a.rounds_json, "w") as f:
         json.dump(records, f, indent=1)
         f.write("\n")
+    if a.svg:
+        svg_chart(records, a.svg)
 
 
 def main():
@@ -343,6 +535,13 @@ def main():
     c.add_argument("--bytes", type=int, required=True)
     c.add_argument("--fio", required=True)
     c.set_defaults(fn=cmd_pagecache)
+    sp = sub.add_parser("space")
+    sp.add_argument("--round", type=int, required=True)
+    sp.add_argument("--server", required=True)
+    sp.add_argument("--op", required=True,
+                    choices=[op for op, _ in SPACE_OPS])
+    sp.add_argument("--result", required=True)
+    sp.set_defaults(fn=cmd_space)
     n = sub.add_parser("note")
     n.add_argument("--kind", required=True)
     n.add_argument("--server")
@@ -352,6 +551,7 @@ def main():
     s.add_argument("records")
     s.add_argument("--markdown", required=True)
     s.add_argument("--rounds-json", required=True)
+    s.add_argument("--svg")
     s.set_defaults(fn=cmd_summarize)
     a = p.parse_args()
     a.fn(a)
