@@ -23,6 +23,7 @@
 #define EPOLL_BATCH   64
 #define REAP_BATCH    256
 #define SEND_IOVECS   128
+#define SEND_BUFFER   (4 << 20)
 /* Request buffers up to this size are kept for the slot's next request;
  * larger ones are freed after their reply, bounding idle memory.
  */
@@ -654,6 +655,11 @@ adopt (struct worker *w, int fd)
   }
   c->fd = fd;
   c->worker = w;
+  /* Room for several 1 MiB read replies in the socket, so one sendmsg
+   * carries them instead of a wake-up per ~200 KiB of the default buffer.
+   * Best effort: the kernel caps it at net.core.wmem_max.
+   */
+  setsockopt (fd, SOL_SOCKET, SO_SNDBUF, &(int) { SEND_BUFFER }, sizeof (int));
   for (i = 0; i < CONN_SLOTS; i++) {
     c->slots[i].next = c->free;
     c->free = &c->slots[i];
