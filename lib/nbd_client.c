@@ -9,47 +9,10 @@
 
 #include "nbd_client.h"
 #include "nbd_proto.h"
+#include "sockio.h"
 
 /* Option replies we read in full; longer ones are skipped. */
 #define REPLY_MAX 4096
-
-static int
-read_full (int fd, void *buf, size_t n)
-{
-  char *p = buf;
-
-  while (n > 0) {
-    ssize_t r = recv (fd, p, n, 0);
-
-    if (r == -1 && errno == EINTR)
-      continue;
-    if (r == 0)
-      errno = ECONNRESET;       /* the server hung up mid-handshake */
-    if (r <= 0)
-      return -1;
-    p += r;
-    n -= (size_t) r;
-  }
-  return 0;
-}
-
-static int
-write_full (int fd, const void *buf, size_t n)
-{
-  const char *p = buf;
-
-  while (n > 0) {
-    ssize_t r = send (fd, p, n, MSG_NOSIGNAL);
-
-    if (r == -1 && errno == EINTR)
-      continue;
-    if (r <= 0)
-      return -1;
-    p += r;
-    n -= (size_t) r;
-  }
-  return 0;
-}
 
 static int
 send_option (int fd, uint32_t option, const void *data, uint32_t len)
@@ -61,9 +24,9 @@ send_option (int fd, uint32_t option, const void *data, uint32_t len)
     htobe64 (NBD_IHAVEOPT), htobe32 (option), htobe32 (len)
   };
 
-  if (write_full (fd, &h, sizeof h) == -1)
+  if (mloop_send_full (fd, &h, sizeof h) == -1)
     return -1;
-  return len ? write_full (fd, data, len) : 0;
+  return len ? mloop_send_full (fd, data, len) : 0;
 }
 
 /* Handles one NBD_REP_INFO payload. */
@@ -123,7 +86,7 @@ go (int fd, const char *name, struct mloop_nbd_export *x, char *err,
     } __attribute__((packed)) r;
     uint32_t type, len;
 
-    if (read_full (fd, &r, sizeof r) == -1)
+    if (mloop_recv_full (fd, &r, sizeof r) == -1)
       goto io_error;
     type = be32toh (r.type);
     len = be32toh (r.len);
@@ -136,7 +99,7 @@ go (int fd, const char *name, struct mloop_nbd_export *x, char *err,
       snprintf (err, errlen, "option reply of %u bytes is too long", len);
       return -1;
     }
-    if (read_full (fd, buf, len) == -1)
+    if (mloop_recv_full (fd, buf, len) == -1)
       goto io_error;
     if (type == NBD_REP_INFO) {
       take_info (buf, len, x);
@@ -172,7 +135,7 @@ export_name (int fd, const char *name, bool no_zeroes,
   unsigned char buf[10 + 124];
 
   if (send_option (fd, NBD_OPT_EXPORT_NAME, name, (uint32_t) strlen (name))
-      == -1 || read_full (fd, buf, no_zeroes ? 10 : sizeof buf) == -1) {
+      == -1 || mloop_recv_full (fd, buf, no_zeroes ? 10 : sizeof buf) == -1) {
     snprintf (err, errlen, "NBD handshake (export name): %s",
               strerror (errno));
     return -1;
@@ -197,7 +160,7 @@ mloop_nbd_client_go (int fd, const char *name, struct mloop_nbd_export *x,
   int r;
 
   memset (x, 0, sizeof *x);
-  if (read_full (fd, &greeting, sizeof greeting) == -1) {
+  if (mloop_recv_full (fd, &greeting, sizeof greeting) == -1) {
     snprintf (err, errlen, "NBD handshake: %s", strerror (errno));
     return -1;
   }
@@ -214,7 +177,7 @@ mloop_nbd_client_go (int fd, const char *name, struct mloop_nbd_export *x,
   if (server_flags & NBD_FLAG_NO_ZEROES)
     client_flags |= NBD_FLAG_C_NO_ZEROES;
   client_flags = htobe32 (client_flags);
-  if (write_full (fd, &client_flags, 4) == -1) {
+  if (mloop_send_full (fd, &client_flags, 4) == -1) {
     snprintf (err, errlen, "NBD handshake: %s", strerror (errno));
     return -1;
   }

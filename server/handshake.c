@@ -9,6 +9,7 @@
 
 #include "handshake.h"
 #include "nbd_proto.h"
+#include "sockio.h"
 
 /* The largest option payload read and understood.  INFO/GO carry a name
  * (≤ 4096) plus a few info requests; anything longer is refused with
@@ -19,42 +20,6 @@
 #define OPTION_SKIP_MAX  (1u << 20)
 
 static int
-read_full (int fd, void *buf, size_t n)
-{
-  char *p = buf;
-
-  while (n > 0) {
-    ssize_t r = recv (fd, p, n, 0);
-
-    if (r == -1 && errno == EINTR)
-      continue;
-    if (r <= 0)
-      return -1;                /* EOF, timeout or error: give up */
-    p += r;
-    n -= (size_t) r;
-  }
-  return 0;
-}
-
-static int
-write_full (int fd, const void *buf, size_t n)
-{
-  const char *p = buf;
-
-  while (n > 0) {
-    ssize_t r = send (fd, p, n, MSG_NOSIGNAL);
-
-    if (r == -1 && errno == EINTR)
-      continue;
-    if (r <= 0)
-      return -1;
-    p += r;
-    n -= (size_t) r;
-  }
-  return 0;
-}
-
-static int
 skip (int fd, uint32_t n)
 {
   char buf[4096];
@@ -62,7 +27,7 @@ skip (int fd, uint32_t n)
   while (n > 0) {
     uint32_t chunk = n < sizeof buf ? n : sizeof buf;
 
-    if (read_full (fd, buf, chunk) == -1)
+    if (mloop_recv_full (fd, buf, chunk) == -1)
       return -1;
     n -= chunk;
   }
@@ -80,9 +45,9 @@ reply (int fd, uint32_t option, uint32_t type, const void *data, uint32_t len)
     htobe64 (NBD_REP_MAGIC), htobe32 (option), htobe32 (type), htobe32 (len)
   };
 
-  if (write_full (fd, &h, sizeof h) == -1)
+  if (mloop_send_full (fd, &h, sizeof h) == -1)
     return -1;
-  return len ? write_full (fd, data, len) : 0;
+  return len ? mloop_send_full (fd, data, len) : 0;
 }
 
 static int
@@ -175,7 +140,7 @@ export_name (int fd, const struct export_info *x, bool no_zeroes)
   memset (&r, 0, sizeof r);
   r.size = htobe64 (x->size);
   r.flags = htobe16 (x->transmission_flags);
-  return write_full (fd, &r, no_zeroes ? 10 : sizeof r);
+  return mloop_send_full (fd, &r, no_zeroes ? 10 : sizeof r);
 }
 
 int
@@ -192,8 +157,8 @@ mloop_handshake (int fd, const struct export_info *x)
   bool no_zeroes;
   char data[OPTION_MAX];
 
-  if (write_full (fd, &greeting, sizeof greeting) == -1 ||
-      read_full (fd, &client_flags, 4) == -1)
+  if (mloop_send_full (fd, &greeting, sizeof greeting) == -1 ||
+      mloop_recv_full (fd, &client_flags, 4) == -1)
     return -1;
   client_flags = be32toh (client_flags);
   if (client_flags & ~(NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES))
@@ -208,7 +173,7 @@ mloop_handshake (int fd, const struct export_info *x)
     uint32_t option, len;
     int r;
 
-    if (read_full (fd, &h, sizeof h) == -1 ||
+    if (mloop_recv_full (fd, &h, sizeof h) == -1 ||
         be64toh (h.magic) != NBD_IHAVEOPT)
       return -1;
     option = be32toh (h.option);
@@ -222,7 +187,7 @@ mloop_handshake (int fd, const struct export_info *x)
         return -1;
       continue;
     }
-    if (read_full (fd, data, len) == -1)
+    if (mloop_recv_full (fd, data, len) == -1)
       return -1;
 
     switch (option) {
