@@ -226,19 +226,27 @@ def summarize(records):
 
     # 1. Throughput, absolute.
     head = ["server"] + ["%s %s" % (h, u) for _, h, u, _ in WORKLOADS]
-    rows = []
-    for key, label, _ in SERVERS:
-        if key not in present:
-            continue
-        row = [label]
-        for w, _, u, _ in WORKLOADS:
-            v = cell(key, w, "value")
-            n = cells_n(key, w)
-            s = fmt(v, u)
-            if v is not None and rounds and n < rounds:
-                s += " (n=%d)" % n      # some rounds failed: say so
-            row.append(s)
-        rows.append(row)
+    def server_rows(text):
+        """One row per server present: its label, then TEXT(key, workload,
+        unit) for every workload column."""
+        return [[label] + [text(key, w, u) for w, _, u, _ in WORKLOADS]
+                for key, label, _ in SERVERS if key in present]
+
+    def median_text(key, w, u):
+        v = cell(key, w, "value")
+        n = cells_n(key, w)
+        s = fmt(v, u)
+        if v is not None and rounds and n < rounds:
+            s += " (n=%d)" % n      # some rounds failed: say so
+        return s
+
+    def range_text(key, w, u):
+        vals = [j["value"] for j in jobs if j["server"] == key
+                and j["workload"] == w and "value" in j]
+        return ("%s–%s" % (fmt(min(vals), u), fmt(max(vals), u))
+                if vals else "–")
+
+    rows = server_rows(median_text)
 
     # Ratios: best peer per column, and the two limits.
     def ratio_row(title, pick, subject="mloop"):
@@ -276,17 +284,7 @@ def summarize(records):
                "time-based sequential reader wraps around its GiB.\n")
 
     # Spread, so a reader can tell a real gap from noise.
-    rows = []
-    for key, label, _ in SERVERS:
-        if key not in present:
-            continue
-        row = [label]
-        for w, _, u, _ in WORKLOADS:
-            vals = [j["value"] for j in jobs if j["server"] == key
-                    and j["workload"] == w and "value" in j]
-            row.append("%s–%s" % (fmt(min(vals), u), fmt(max(vals), u))
-                       if vals else "–")
-        rows.append(row)
+    rows = server_rows(range_text)
     out.append("Range across rounds (min–max):\n")
     out.append(table(head, rows) + "\n")
 
