@@ -23,6 +23,7 @@
 
 #include "engine.h"
 #include "space.h"
+#include "stats.h"
 
 #define THREAD_MODEL NBDKIT_THREAD_MODEL_PARALLEL
 
@@ -34,6 +35,8 @@
 static char *filename;
 static struct mloop_engine_config config;
 static bool discard = true;             /* discard=on|off */
+static char *stats_file;                /* stats=FILE, for mloop status */
+static struct mloop_stats *stats;       /* its counters, or NULL */
 static struct mloop_engine engine;
 static bool engine_open;
 
@@ -55,6 +58,8 @@ mloop_unload (void)
   if (engine_open)
     mloop_engine_close (&engine);
   engine_open = false;
+  mloop_stats_close (stats);
+  free (stats_file);
   free (filename);
 }
 
@@ -117,6 +122,14 @@ mloop_config (const char *key, const char *value)
       return -1;
     }
   }
+  else if (strcmp (key, "stats") == 0) {
+    free (stats_file);
+    stats_file = strdup (value);
+    if (stats_file == NULL) {
+      nbdkit_error ("stats=%s: %m", value);
+      return -1;
+    }
+  }
   else if (strcmp (key, "direct") == 0) {
     if (mloop_direct_mode_parse (value, &config.direct) == -1) {
       nbdkit_error ("direct=%s: must be auto, on or off", value);
@@ -147,7 +160,8 @@ mloop_config_complete (void)
   "queue-depth=<N>     AIO requests in flight per worker (default 128).\n" \
   "direct=auto|on|off  O_DIRECT: auto falls back to buffered IO with a\n" \
   "                    warning, on refuses to start (default auto).\n" \
-  "discard=on|off      Honour TRIM: punch holes / BLKDISCARD (default on)."
+  "discard=on|off      Honour TRIM: punch holes / BLKDISCARD (default on).\n" \
+  "stats=FILE          Keep request counters in FILE (for mloop status)."
 
 /* Opens the backing store before nbdkit forks, so that a missing or
  * unusable file makes nbdkit exit at startup.
@@ -164,6 +178,11 @@ mloop_get_ready (void)
     return -1;
   }
   engine_open = true;
+  /* Shared mapping: it survives nbdkit's daemonizing fork. */
+  if (stats_file && (stats = mloop_stats_create (stats_file)) == NULL) {
+    nbdkit_error ("stats=%s: %m", stats_file);
+    return -1;
+  }
   if (engine.backing.direct_fallback)
     /* nbdkit has no warning call; stderr is still the terminal here,
      * before the daemonizing fork.
@@ -214,7 +233,15 @@ mloop_cleanup (void)
 static void *
 mloop_open (int readonly)
 {
+  MLOOP_STATS_ADD (stats, connections, 1);
+  MLOOP_STATS_ADD (stats, connections_total, 1);
   return &engine;
+}
+
+static void
+mloop_close (void *handle)
+{
+  MLOOP_STATS_SUB (stats, connections, 1);
 }
 
 static int64_t
@@ -300,10 +327,30 @@ mloop_can_multi_conn (void *handle)
   return 1;
 }
 
-/* Turns an engine error into an nbdkit error with one log line. */
-static int
-report (int r, const char *what, uint32_t count, uint64_t offset)
+/* Counts a request as started, for `mloop status`. */
+static void
+begin (void)
 {
+  MLOOP_STATS_ADD (stats, in_flight, 1);
+}
+
+/* Turns an engine error into an nbdkit error with one log line, and
+ * counts the request as answered.
+ */
+static int
+report (int r, enum mloop_stats_command c, const char *what, uint32_t count,
+        uint64_t offset)
+{
+  if (stats) {
+    MLOOP_STATS_ADD (stats, requests[c], 1);
+    MLOOP_STATS_SUB (stats, in_flight, 1);
+    if (r != 0)
+      MLOOP_STATS_ADD (stats, errors, 1);
+    else if (r == 0 && c == MLOOP_STATS_READ)
+      MLOOP_STATS_ADD (stats, bytes_read, count);
+    else if (r == 0 && c == MLOOP_STATS_WRITE)
+      MLOOP_STATS_ADD (stats, bytes_written, count);
+  }
   if (r == 0)
     return 0;
   nbdkit_error ("%s: %" PRIu32 " bytes at offset %" PRIu64 ": %s",
@@ -316,8 +363,9 @@ static int
 mloop_pread (void *handle, void *buf, uint32_t count, uint64_t offset,
              uint32_t flags)
 {
+  begin ();
   return report (mloop_engine_pread (&engine, buf, count, offset),
-                 "pread", count, offset);
+                 MLOOP_STATS_READ, "pread", count, offset);
 }
 
 static int
@@ -326,14 +374,17 @@ mloop_pwrite (void *handle, const void *buf, uint32_t count, uint64_t offset,
 {
   unsigned io_flags = (flags & NBDKIT_FLAG_FUA) ? MLOOP_IO_FUA : 0;
 
+  begin ();
   return report (mloop_engine_pwrite (&engine, buf, count, offset, io_flags),
-                 "pwrite", count, offset);
+                 MLOOP_STATS_WRITE, "pwrite", count, offset);
 }
 
 static int
 mloop_flush (void *handle, uint32_t flags)
 {
-  return report (mloop_engine_flush (&engine), "flush", 0, 0);
+  begin ();
+  return report (mloop_engine_flush (&engine), MLOOP_STATS_FLUSH, "flush",
+                 0, 0);
 }
 
 static int
@@ -341,8 +392,9 @@ mloop_trim (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 {
   unsigned f = (flags & NBDKIT_FLAG_FUA) ? MLOOP_IO_FUA : 0;
 
+  begin ();
   return report (mloop_engine_trim (&engine, offset, count, f),
-                 "trim", count, offset);
+                 MLOOP_STATS_TRIM, "trim", count, offset);
 }
 
 static int
@@ -357,13 +409,15 @@ mloop_zero (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
     f |= MLOOP_ZERO_NO_HOLE;
   if (flags & NBDKIT_FLAG_FAST_ZERO)
     f |= MLOOP_ZERO_FAST;
+  begin ();
   r = mloop_engine_zero (&engine, offset, count, f);
   if (r == -ENOTSUP && (flags & NBDKIT_FLAG_FAST_ZERO)) {
     /* Expected, not an IO error: the client falls back to writing. */
+    report (0, MLOOP_STATS_ZERO, "zero", count, offset);
     nbdkit_set_error (ENOTSUP);
     return -1;
   }
-  return report (r, "zero", count, offset);
+  return report (r, MLOOP_STATS_ZERO, "zero", count, offset);
 }
 
 static int
@@ -380,9 +434,10 @@ mloop_extents (void *handle, uint32_t count, uint64_t offset, uint32_t flags,
 {
   bool req_one = flags & NBDKIT_FLAG_REQ_ONE;
 
+  begin ();
   return report (mloop_engine_extents (&engine, offset, count, req_one,
                                        add_extent, extents),
-                 "extents", count, offset);
+                 MLOOP_STATS_OTHER, "extents", count, offset);
 }
 
 static struct nbdkit_plugin plugin = {
@@ -399,6 +454,7 @@ static struct nbdkit_plugin plugin = {
   .after_fork        = mloop_after_fork,
   .cleanup           = mloop_cleanup,
   .open              = mloop_open,
+  .close             = mloop_close,
   .get_size          = mloop_get_size,
   .block_size        = mloop_block_size,
   .can_write         = mloop_can_write,

@@ -30,6 +30,7 @@
 #include "handshake.h"
 #include "listener.h"
 #include "nbd_proto.h"
+#include "stats.h"
 #include "worker.h"
 
 /* The largest READ/WRITE accepted, advertised as the maximum block size. */
@@ -43,6 +44,7 @@ static gboolean opt_read_only;
 static gchar *opt_direct;
 static gchar *opt_discard;
 static gchar *opt_pid_file;
+static gchar *opt_stats_file;
 static gboolean opt_version;
 
 static GOptionEntry entries[] = {
@@ -60,6 +62,8 @@ static GOptionEntry entries[] = {
     "Honour TRIM: on (default) or off", "on|off" },
   { "pid-file", 'P', 0, G_OPTION_ARG_FILENAME, &opt_pid_file,
     "Write the pid here once listening", "FILE" },
+  { "stats-file", 0, 0, G_OPTION_ARG_FILENAME, &opt_stats_file,
+    "Keep request counters in this file (read by mloop status)", "FILE" },
   { "version", 'V', 0, G_OPTION_ARG_NONE, &opt_version,
     "Print the version and exit", NULL },
   { NULL }
@@ -232,6 +236,9 @@ main (int argc, char *argv[])
     .engine = &engine, .read_only = opt_read_only, .discard = discard,
     .max_request = MAX_REQUEST, .ring_depth = (unsigned) opt_queue_depth,
   };
+  if (opt_stats_file &&
+      (wopts.stats = mloop_stats_create (opt_stats_file)) == NULL)
+    die ("--stats-file %s: %s", opt_stats_file, strerror (errno));
   nr_workers = engine.threads;
   workers = calloc (nr_workers, sizeof *workers);
   for (i = 0; i < nr_workers; i++) {

@@ -100,11 +100,43 @@ mark_dirty (struct conn *c)
   }
 }
 
+static enum mloop_stats_command
+stats_command (uint16_t type)
+{
+  switch (type) {
+  case NBD_CMD_READ: return MLOOP_STATS_READ;
+  case NBD_CMD_WRITE: return MLOOP_STATS_WRITE;
+  case NBD_CMD_FLUSH: return MLOOP_STATS_FLUSH;
+  case NBD_CMD_TRIM: return MLOOP_STATS_TRIM;
+  case NBD_CMD_WRITE_ZEROES: return MLOOP_STATS_ZERO;
+  default: return MLOOP_STATS_OTHER;
+  }
+}
+
+/* Counts a request as answered. */
+static void
+count_reply (struct mloop_stats *st, const struct request *req,
+             uint32_t nbd_error)
+{
+  if (st == NULL)
+    return;
+  MLOOP_STATS_ADD (st, requests[stats_command (req->type)], 1);
+  MLOOP_STATS_SUB (st, in_flight, 1);
+  if (nbd_error)
+    MLOOP_STATS_ADD (st, errors, 1);
+  else if (req->type == NBD_CMD_READ)
+    MLOOP_STATS_ADD (st, bytes_read, req->io.count);
+  else if (req->type == NBD_CMD_WRITE)
+    MLOOP_STATS_ADD (st, bytes_written, req->io.count);
+}
+
 /* Queues REQ's reply (header, and data for a successful READ). */
 static void
 queue_reply (struct request *req, uint32_t nbd_error)
 {
   struct conn *c = req->conn;
+
+  count_reply (c->worker->opts.stats, req, nbd_error);
 
   req->error = nbd_error;
   req->reply.magic = htobe32 (NBD_SIMPLE_REPLY_MAGIC);
@@ -507,6 +539,7 @@ parse_header (struct worker *w, struct conn *c)
   req = c->free;
   c->free = req->next;
   c->busy++;
+  MLOOP_STATS_ADD (w->opts.stats, in_flight, 1);
   req->conn = c;
   req->type = type;
   req->flags = be16toh (h.flags);
@@ -522,6 +555,7 @@ parse_header (struct worker *w, struct conn *c)
                      w->opts.engine->backing.logical_block_size) == -1) {
     if (type == NBD_CMD_WRITE) {
       conn_close_when_idle (c);
+      MLOOP_STATS_SUB (w->opts.stats, in_flight, 1);     /* never answered */
       release_slot (c, req);
       return false;
     }
@@ -569,6 +603,7 @@ receive_payload (struct worker *w, struct conn *c)
     if (r <= 0) {
       c->closing = c->broken = true;
       c->receiving = NULL;
+      MLOOP_STATS_SUB (w->opts.stats, in_flight, 1);     /* never answered */
       release_slot (c, req);
       return false;
     }
@@ -629,7 +664,10 @@ conn_read (struct worker *w, struct conn *c)
 static void
 conn_free (struct conn *c)
 {
+  struct mloop_stats *st = c->worker->opts.stats;
   unsigned i;
+
+  MLOOP_STATS_SUB (st, connections, 1);
 
   epoll_ctl (c->worker->epfd, EPOLL_CTL_DEL, c->fd, NULL);
   close (c->fd);
@@ -673,6 +711,8 @@ adopt (struct worker *w, int fd)
   }
   c->next = w->conns;
   w->conns = c;
+  MLOOP_STATS_ADD (w->opts.stats, connections, 1);
+  MLOOP_STATS_ADD (w->opts.stats, connections_total, 1);
 }
 
 static void

@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "engine.h"
+#include "stats.h"
 
 struct worker;
 
@@ -24,6 +25,7 @@ struct worker_options {
   bool discard;
   uint32_t max_request;         /* largest READ/WRITE accepted */
   unsigned ring_depth;          /* AIO requests in flight per worker */
+  struct mloop_stats *stats;    /* counters for `mloop status`, or NULL */
 };
 
 /* Starts a worker thread.  Returns NULL and a message in ERR on failure. */

@@ -1,0 +1,250 @@
+/* mloop — a losetup-like command for NBD block devices.
+ *
+ * This file parses the command line and prints; everything it does is in
+ * the library (lib/attach.h and friends), which never prints, so tests
+ * can drive the same code.  Commands: attach, detach, list, status.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <glib.h>
+
+#include "attach.h"
+#include "print.h"
+
+static int G_GNUC_PRINTF (1, 2)
+error (const char *fmt, ...)
+{
+  va_list ap;
+
+  fputs ("mloop: ", stderr);
+  va_start (ap, fmt);
+  vfprintf (stderr, fmt, ap);
+  va_end (ap);
+  fputc ('\n', stderr);
+  return EXIT_FAILURE;
+}
+
+/* Parses the options of one command; removes them from argv. */
+static bool
+parse (const char *usage, const char *summary, GOptionEntry *entries,
+       int *argc, char ***argv)
+{
+  g_autoptr (GOptionContext) ctx = g_option_context_new (usage);
+  g_autoptr (GError) gerr = NULL;
+
+  g_option_context_set_summary (ctx, summary);
+  g_option_context_add_main_entries (ctx, entries, NULL);
+  if (!g_option_context_parse (ctx, argc, argv, &gerr)) {
+    error ("%s", gerr->message);
+    return false;
+  }
+  return true;
+}
+
+static int
+cmd_attach (int argc, char **argv)
+{
+  gboolean find = FALSE, read_only = FALSE;
+  gint threads = 0, connections = 0, block_size = 0, timeout = 0;
+  g_autofree char *device = NULL, *server = NULL;
+  GOptionEntry entries[] = {
+    { "find", 'f', 0, G_OPTION_ARG_NONE, &find,
+      "Use the first free /dev/nbdN (the default without --device)", NULL },
+    { "device", 'd', 0, G_OPTION_ARG_STRING, &device,
+      "Use this device", "/dev/nbdN" },
+    { "threads", 't', 0, G_OPTION_ARG_INT, &threads,
+      "Server IO workers (default 4)", "N" },
+    { "connections", 'c', 0, G_OPTION_ARG_INT, &connections,
+      "Connections = hardware queues (default: CPUs, at most 16)", "M" },
+    { "read-only", 'r', 0, G_OPTION_ARG_NONE, &read_only,
+      "Attach read-only", NULL },
+    { "block-size", 'b', 0, G_OPTION_ARG_INT, &block_size,
+      "Logical block size: 512, 1024, 2048 or 4096", "BYTES" },
+    { "timeout", 0, 0, G_OPTION_ARG_INT, &timeout,
+      "Request timeout in seconds (default 30)", "S" },
+    { "server", 's', 0, G_OPTION_ARG_STRING, &server,
+      "native (mloop-server, default) or nbdkit (with the mloop plugin)",
+      "KIND" },
+    { NULL }
+  };
+  struct mloop_attach_request req = { .index = -1 };
+  struct mloop_device_state st;
+  char err[1024];
+
+  if (!parse ("FILE", "Attach FILE as /dev/nbdN and print the device.",
+              entries, &argc, &argv))
+    return EXIT_FAILURE;
+  if (argc != 2)
+    return error ("attach: give exactly one FILE (see mloop attach --help)");
+  if (find && device)
+    return error ("attach: --find and --device exclude each other");
+  if (device && (req.index = mloop_device_index (device)) < 0)
+    return error ("attach: --device %s: not an nbd device name", device);
+  if (threads < 0 || threads > 64)
+    return error ("attach: --threads %d: must be 1..64", threads);
+  if (connections < 0 || connections > MLOOP_MAX_CONNECTIONS)
+    return error ("attach: --connections %d: must be 1..%d", connections,
+                  MLOOP_MAX_CONNECTIONS);
+  if (block_size && block_size != 512 && block_size != 1024 &&
+      block_size != 2048 && block_size != 4096)
+    return error ("attach: --block-size %d: must be 512, 1024, 2048 or 4096",
+                  block_size);
+  if (timeout < 0)
+    return error ("attach: --timeout %d: must be positive", timeout);
+  req.server = MLOOP_SERVER_NATIVE;
+  if (server && mloop_server_kind_parse (server, &req.server) == -1)
+    return error ("attach: --server %s: must be native or nbdkit", server);
+  req.file = argv[1];
+  req.threads = threads;
+  req.connections = connections;
+  req.read_only = read_only;
+  req.block_size = block_size;
+  req.timeout = timeout;
+
+  if (mloop_attach (&req, &st, err, sizeof err) == -1)
+    return error ("attach %s: %s", req.file, err);
+  printf ("/dev/nbd%d\n", st.index);
+  mloop_state_clear (&st);
+  return EXIT_SUCCESS;
+}
+
+static int
+detach_one (struct mloop_device_state *st)
+{
+  char err[1024];
+  int r = EXIT_SUCCESS;
+
+  if (mloop_detach (st, err, sizeof err) == -1)
+    r = error ("detach /dev/nbd%d: %s", st->index, err);
+  mloop_state_clear (st);
+  return r;
+}
+
+static int
+cmd_detach (int argc, char **argv)
+{
+  gboolean all = FALSE;
+  GOptionEntry entries[] = {
+    { "all", 'a', 0, G_OPTION_ARG_NONE, &all,
+      "Detach every device mloop attached", NULL },
+    { NULL }
+  };
+  struct mloop_device_state st, *list;
+  char err[1024];
+  size_t n;
+  int r = EXIT_SUCCESS;
+
+  if (!parse ("DEVICE|FILE...", "Disconnect devices and stop their servers.",
+              entries, &argc, &argv))
+    return EXIT_FAILURE;
+  if (all == (argc > 1))
+    return error ("detach: give DEVICE or FILE arguments, or --all");
+  if (all) {
+    list = mloop_state_list (&n);
+    for (size_t i = 0; i < n; i++)
+      if (detach_one (&list[i]) != EXIT_SUCCESS)
+        r = EXIT_FAILURE;
+    g_free (list);
+    mloop_cleanup_incomplete ();
+    return r;
+  }
+  for (int i = 1; i < argc; i++) {
+    if (mloop_lookup (argv[i], &st, err, sizeof err) == -1)
+      r = error ("detach: %s", err);
+    else if (detach_one (&st) != EXIT_SUCCESS)
+      r = EXIT_FAILURE;
+  }
+  return r;
+}
+
+static int
+cmd_list (int argc, char **argv)
+{
+  gboolean json = FALSE;
+  GOptionEntry entries[] = {
+    { "json", 'J', 0, G_OPTION_ARG_NONE, &json, "Print JSON", NULL },
+    { NULL }
+  };
+  struct mloop_device_state *list;
+  size_t n;
+
+  if (!parse ("", "List attached devices, like losetup --list.", entries,
+              &argc, &argv))
+    return EXIT_FAILURE;
+  if (argc != 1)
+    return error ("list: takes no arguments");
+  list = mloop_state_list (&n);
+  mloop_print_list (stdout, list, n, json);
+  mloop_state_free_list (list, n);
+  return EXIT_SUCCESS;
+}
+
+static int
+cmd_status (int argc, char **argv)
+{
+  gboolean json = FALSE;
+  GOptionEntry entries[] = {
+    { "json", 'J', 0, G_OPTION_ARG_NONE, &json, "Print JSON", NULL },
+    { NULL }
+  };
+  struct mloop_device_state st;
+  struct mloop_device_status status;
+  char err[1024];
+
+  if (!parse ("DEVICE|FILE", "Show a device's connections and counters.",
+              entries, &argc, &argv))
+    return EXIT_FAILURE;
+  if (argc != 2)
+    return error ("status: give one DEVICE or FILE");
+  if (mloop_lookup (argv[1], &st, err, sizeof err) == -1)
+    return error ("status: %s", err);
+  mloop_device_status_read (&st, &status);
+  mloop_print_status (stdout, &st, &status, json);
+  mloop_state_clear (&st);
+  return EXIT_SUCCESS;
+}
+
+static const struct {
+  const char *name;
+  int (*run) (int argc, char **argv);
+  const char *help;
+} commands[] = {
+  { "attach", cmd_attach, "attach FILE as /dev/nbdN" },
+  { "detach", cmd_detach, "detach DEVICE|FILE, or --all" },
+  { "list", cmd_list, "list attached devices" },
+  { "status", cmd_status, "connections and counters of a device" },
+};
+
+static int
+usage (FILE *f, int status)
+{
+  fprintf (f, "Usage: mloop COMMAND [OPTION...]\n\nCommands:\n");
+  for (size_t i = 0; i < G_N_ELEMENTS (commands); i++)
+    fprintf (f, "  %-8s %s\n", commands[i].name, commands[i].help);
+  fprintf (f, "\n'mloop COMMAND --help' describes a command's options.\n");
+  return status;
+}
+
+int
+main (int argc, char **argv)
+{
+  if (argc < 2)
+    return usage (stderr, EXIT_FAILURE);
+  if (strcmp (argv[1], "--help") == 0 || strcmp (argv[1], "-h") == 0)
+    return usage (stdout, EXIT_SUCCESS);
+  if (strcmp (argv[1], "--version") == 0 || strcmp (argv[1], "-V") == 0) {
+    printf ("mloop %s\n", PACKAGE_VERSION);
+    return EXIT_SUCCESS;
+  }
+  for (size_t i = 0; i < G_N_ELEMENTS (commands); i++)
+    if (strcmp (argv[1], commands[i].name) == 0) {
+      /* The command parses its own options; argv[0] names it in --help. */
+      argv[1] = g_strdup_printf ("mloop %s", argv[1]);
+      return commands[i].run (argc - 1, argv + 1);
+    }
+  error ("unknown command '%s'", argv[1]);
+  return usage (stderr, EXIT_FAILURE);
+}

@@ -1,0 +1,411 @@
+/* mloop — attaching an image as /dev/nbdN and detaching it again. */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <glib.h>
+
+#include "attach.h"
+#include "nbd_client.h"
+#include "nbd_netlink.h"
+#include "nbd_proto.h"
+
+/* TCG guests start nbdkit slowly: be patient before calling it failed. */
+#define SERVER_START_TIMEOUT_MS 60000
+#define SERVER_STOP_TIMEOUT_MS 10000
+#define HANDSHAKE_TIMEOUT_S 30
+
+static int __attribute__((format (printf, 3, 4)))
+fail (char *err, size_t errlen, const char *fmt, ...)
+{
+  va_list ap;
+
+  va_start (ap, fmt);
+  vsnprintf (err, errlen, fmt, ap);
+  va_end (ap);
+  return -1;
+}
+
+int
+mloop_device_index (const char *name)
+{
+  char *end;
+  long n;
+
+  if (g_str_has_prefix (name, "/dev/"))
+    name += 5;
+  if (!g_str_has_prefix (name, "nbd") || !g_ascii_isdigit (name[3]))
+    return -1;
+  n = strtol (name + 3, &end, 10);
+  return *end || n > INT_MAX ? -1 : (int) n;
+}
+
+static bool
+device_exists (int index)
+{
+  g_autofree char *path = g_strdup_printf ("/sys/block/nbd%d", index);
+
+  return g_file_test (path, G_FILE_TEST_IS_DIR);
+}
+
+/* Where /dev/nbdINDEX or one of its partitions is mounted, or NULL. */
+static char *
+mount_point (int index)
+{
+  g_autofree char *text = NULL;
+  g_autofree char *dev = g_strdup_printf ("/dev/nbd%d", index);
+  g_auto (GStrv) lines = NULL;
+
+  if (!g_file_get_contents ("/proc/self/mounts", &text, NULL, NULL))
+    return NULL;
+  lines = g_strsplit (text, "\n", -1);
+  for (char **l = lines; *l; l++) {
+    g_auto (GStrv) f = g_strsplit (*l, " ", 3);
+    const char *rest;
+
+    if (!f[0] || !f[1] || !g_str_has_prefix (f[0], dev))
+      continue;
+    /* /dev/nbd1 must not match /dev/nbd12; /dev/nbd1p2 must. */
+    rest = f[0] + strlen (dev);
+    if (*rest == '\0' || (*rest == 'p' && g_ascii_isdigit (rest[1])))
+      return g_strdup (f[1]);
+  }
+  return NULL;
+}
+
+/* Opens the image the way the server will, to name a missing or
+ * unreadable file before any process is started.
+ */
+static int
+check_image (const char *file, bool read_only, struct stat *st,
+             char *err, size_t errlen)
+{
+  int fd = open (file, (read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC);
+
+  if (fd == -1 && !read_only && (errno == EROFS || errno == EACCES))
+    return fail (err, errlen, "%s: %s (use --read-only to attach it "
+                 "read-only)", file, strerror (errno));
+  if (fd == -1)
+    return fail (err, errlen, "%s: %s", file, strerror (errno));
+  if (fstat (fd, st) == -1 || !(S_ISREG (st->st_mode) ||
+                                S_ISBLK (st->st_mode))) {
+    close (fd);
+    return fail (err, errlen, "%s: not a regular file or block device",
+                 file);
+  }
+  close (fd);
+  return 0;
+}
+
+static int
+already_attached (const struct stat *st, char *err, size_t errlen)
+{
+  size_t n;
+  struct mloop_device_state *list = mloop_state_list (&n);
+  int r = 0;
+
+  for (size_t i = 0; i < n && r == 0; i++)
+    if (list[i].file_dev == (uint64_t) st->st_dev &&
+        list[i].file_ino == (uint64_t) st->st_ino)
+      r = fail (err, errlen, "%s is already attached to /dev/nbd%d",
+                list[i].file, list[i].index);
+  mloop_state_free_list (list, n);
+  return r;
+}
+
+static int
+connect_unix (const char *path, char *err, size_t errlen)
+{
+  struct sockaddr_un addr = { .sun_family = AF_UNIX };
+  struct timeval tv = { .tv_sec = HANDSHAKE_TIMEOUT_S };
+  int fd;
+
+  if (strlen (path) >= sizeof addr.sun_path)
+    return fail (err, errlen, "socket path too long: %s", path);
+  strcpy (addr.sun_path, path);
+  fd = socket (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd == -1 || connect (fd, (struct sockaddr *) &addr, sizeof addr) == -1) {
+    fail (err, errlen, "cannot connect to %s: %s", path, strerror (errno));
+    if (fd != -1)
+      close (fd);
+    return -1;
+  }
+  /* A server that hangs mid-handshake must not hang attach. */
+  setsockopt (fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt (fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
+/* Opens and negotiates N connections into FDS; *X is the export as the
+ * first connection saw it.
+ */
+static int
+open_connections (const char *sock, unsigned n, int *fds,
+                  struct mloop_nbd_export *x, char *err, size_t errlen)
+{
+  char why[256];
+
+  for (unsigned i = 0; i < n; i++) {
+    struct mloop_nbd_export xi = { 0 };
+    struct timeval none = { 0 };
+
+    fds[i] = connect_unix (sock, err, errlen);
+    if (fds[i] == -1)
+      return -1;
+    if (mloop_nbd_client_go (fds[i], "", &xi, why, sizeof why) == -1)
+      return fail (err, errlen, "connection %u: %s", i + 1, why);
+    if (i == 0) {
+      *x = xi;
+      if (n > 1 && !(x->flags & NBD_FLAG_CAN_MULTI_CONN))
+        return fail (err, errlen, "the server does not advertise multi-conn: "
+                     "attach it with --connections 1");
+    }
+    else if (xi.size != x->size || xi.flags != x->flags)
+      return fail (err, errlen, "connection %u saw a different export",
+                   i + 1);
+    /* From here the kernel owns the socket and its own timeouts. */
+    setsockopt (fds[i], SOL_SOCKET, SO_RCVTIMEO, &none, sizeof none);
+    setsockopt (fds[i], SOL_SOCKET, SO_SNDTIMEO, &none, sizeof none);
+  }
+  return 0;
+}
+
+static int
+choose_block_size (const struct mloop_attach_request *req,
+                   const struct mloop_nbd_export *x, uint32_t *bs,
+                   char *err, size_t errlen)
+{
+  uint32_t min = x->min_block > 512 ? x->min_block : 512;
+
+  if (req->block_size == 0) {
+    *bs = min;
+    return 0;
+  }
+  if (req->block_size < min)
+    return fail (err, errlen, "--block-size %u is below the image's "
+                 "minimum block size %u", req->block_size, min);
+  *bs = req->block_size;
+  return 0;
+}
+
+static unsigned
+default_connections (void)
+{
+  unsigned n = g_get_num_processors ();
+
+  return n > MLOOP_MAX_CONNECTIONS ? MLOOP_MAX_CONNECTIONS : n;
+}
+
+/* Everything after the device directory exists.  On failure the caller
+ * removes the directory; this stops the server it started.
+ */
+static int
+attach_in (const struct mloop_attach_request *req, const char *file,
+           struct mloop_device_state *s, char *err, size_t errlen)
+{
+  g_autofree char *sock = mloop_state_path (s, "sock");
+  g_autofree char *pid_file = mloop_state_path (s, "server.pid");
+  g_autofree char *log_file = mloop_state_path (s, "server.log");
+  g_autofree char *stats_file = mloop_state_path (s, "stats");
+  struct mloop_server_spec spec = {
+    .kind = req->server, .image = file, .socket_path = sock,
+    .pid_file = pid_file, .log_file = log_file, .stats_file = stats_file,
+    .threads = req->threads,
+    .read_only = req->read_only,
+  };
+  struct mloop_nbd_export x = { 0 };
+  unsigned n = req->connections ? req->connections : default_connections ();
+  int fds[MLOOP_MAX_CONNECTIONS];
+  struct mloop_nbd_device_config dc;
+  char why[512];
+  int r, index = -1;
+
+  if (n > MLOOP_MAX_CONNECTIONS)
+    return fail (err, errlen, "--connections %u: at most %d", n,
+                 MLOOP_MAX_CONNECTIONS);
+  if (mloop_server_start (&spec, SERVER_START_TIMEOUT_MS, &s->server_pid,
+                          err, errlen) == -1)
+    return -1;
+
+  for (unsigned i = 0; i < n; i++)
+    fds[i] = -1;
+  r = open_connections (sock, n, fds, &x, err, errlen);
+  if (r == 0)
+    r = choose_block_size (req, &x, &s->block_size, err, errlen);
+  if (r == 0) {
+    dc = (struct mloop_nbd_device_config) {
+      .index = req->index, .size = x.size, .block_size = s->block_size,
+      .server_flags = x.flags,
+      .timeout = req->timeout ? req->timeout : MLOOP_DEFAULT_TIMEOUT,
+      .backend = file, .fds = fds, .nr_fds = n,
+    };
+    r = mloop_nbd_netlink_connect (&dc, &index, why, sizeof why);
+    if (r < 0)
+      r = fail (err, errlen, "%s", why);
+  }
+  /* The kernel took its own references to the sockets. */
+  for (unsigned i = 0; i < n; i++)
+    if (fds[i] != -1)
+      close (fds[i]);
+
+  if (r == 0) {
+    s->index = index;
+    s->size = x.size;
+    s->read_only = (x.flags & NBD_FLAG_READ_ONLY) != 0;
+    s->connections = n;
+    s->threads = req->threads ? req->threads : 4;
+    r = mloop_state_save (s, err, errlen);
+    if (r < 0)
+      mloop_nbd_netlink_disconnect (index, why, sizeof why);
+  }
+  if (r < 0)
+    mloop_server_stop (s->server_pid, sock, SERVER_STOP_TIMEOUT_MS);
+  return r < 0 ? -1 : 0;
+}
+
+int
+mloop_attach (const struct mloop_attach_request *req,
+              struct mloop_device_state *out, char *err, size_t errlen)
+{
+  g_autofree char *file = NULL;
+  struct stat st;
+  bool busy = false;
+  char why[512];
+  int lock, r;
+
+  memset (out, 0, sizeof *out);
+  out->index = -1;
+  if (geteuid () != 0)
+    return fail (err, errlen, "attach needs root: the kernel's NBD netlink "
+                 "interface needs CAP_SYS_ADMIN");
+  if (check_image (req->file, req->read_only, &st, err, errlen) == -1)
+    return -1;
+  file = realpath (req->file, NULL);
+  if (file == NULL)
+    return fail (err, errlen, "%s: %s", req->file, strerror (errno));
+  if (mloop_nbd_netlink_available (err, errlen) < 0)
+    return -1;
+  if (req->index >= 0) {
+    if (!device_exists (req->index))
+      return fail (err, errlen, "/dev/nbd%d does not exist (the nbd module "
+                   "makes nbds_max devices)", req->index);
+    if (mloop_nbd_netlink_connected (req->index, &busy, why, sizeof why) == 0
+        && busy)
+      return fail (err, errlen, "/dev/nbd%d is busy (already connected)",
+                   req->index);
+  }
+
+  lock = mloop_state_lock (err, errlen);
+  if (lock == -1)
+    return -1;
+  r = already_attached (&st, err, errlen);
+  if (r == 0)
+    r = mloop_state_create (out, err, errlen);
+  if (r == 0) {
+    out->file = g_strdup (file);
+    out->file_dev = st.st_dev;
+    out->file_ino = st.st_ino;
+    out->server = req->server;
+    r = attach_in (req, file, out, err, errlen);
+    if (r < 0) {
+      mloop_state_remove (out->dir);
+      mloop_state_clear (out);
+    }
+  }
+  mloop_state_unlock (lock);
+  return r;
+}
+
+int
+mloop_detach (const struct mloop_device_state *s, char *err, size_t errlen)
+{
+  g_autofree char *mnt = mount_point (s->index);
+  g_autofree char *sock = mloop_state_path (s, "sock");
+  bool connected = false;
+  char why[512];
+  int lock;
+
+  if (mnt)
+    return fail (err, errlen, "/dev/nbd%d is mounted on %s: unmount it "
+                 "first", s->index, mnt);
+  lock = mloop_state_lock (err, errlen);
+  if (lock == -1)
+    return -1;
+  /* Tell the kernel first: it sends NBD_CMD_DISC on every connection
+   * after the requests in flight, so the server sees clean goodbyes.
+   */
+  if (mloop_nbd_netlink_connected (s->index, &connected, why,
+                                   sizeof why) == 0 && connected &&
+      mloop_nbd_netlink_disconnect (s->index, why, sizeof why) < 0) {
+    mloop_state_unlock (lock);
+    return fail (err, errlen, "/dev/nbd%d: %s", s->index, why);
+  }
+  mloop_server_stop (s->server_pid, sock, SERVER_STOP_TIMEOUT_MS);
+  mloop_state_remove (s->dir);
+  mloop_state_unlock (lock);
+  return 0;
+}
+
+int
+mloop_lookup (const char *what, struct mloop_device_state *out,
+              char *err, size_t errlen)
+{
+  int index = mloop_device_index (what);
+  g_autofree char *file = index < 0 ? realpath (what, NULL) : NULL;
+  struct mloop_device_state *list;
+  size_t n;
+  int r = -1;
+
+  if (index < 0 && file == NULL)
+    return fail (err, errlen, "%s: not an nbd device, and %s", what,
+                 strerror (errno));
+  list = mloop_state_list (&n);
+  for (size_t i = 0; i < n; i++) {
+    if (r == -1 && (index >= 0 ? list[i].index == index
+                    : strcmp (list[i].file, file) == 0)) {
+      *out = list[i];
+      memset (&list[i], 0, sizeof list[i]);
+      r = 0;
+    }
+  }
+  mloop_state_free_list (list, n);
+  if (r == -1)
+    fail (err, errlen, "%s is not attached by mloop", what);
+  return r;
+}
+
+int
+mloop_cleanup_incomplete (void)
+{
+  g_auto (GStrv) dirs = NULL;
+  char err[256];
+  int lock, n = 0;
+
+  lock = mloop_state_lock (err, sizeof err);
+  if (lock == -1)
+    return 0;
+  /* Under the lock no attach is in progress: whatever lacks a state
+   * file was abandoned.
+   */
+  dirs = mloop_state_list_incomplete ();
+  for (char **d = dirs; *d; d++, n++) {
+    g_autofree char *pid_file = g_build_filename (*d, "server.pid", NULL);
+    g_autofree char *sock = g_build_filename (*d, "sock", NULL);
+    g_autofree char *text = NULL;
+
+    if (g_file_get_contents (pid_file, &text, NULL, NULL))
+      mloop_server_stop (atoi (text), sock, SERVER_STOP_TIMEOUT_MS);
+    mloop_state_remove (*d);
+  }
+  mloop_state_unlock (lock);
+  return n;
+}

@@ -1,0 +1,55 @@
+/* mloop — attaching an image as /dev/nbdN and detaching it again.
+ *
+ * Attach starts a private server for the image (device_state.h says where
+ * its socket lives), opens several connections, negotiates each one
+ * (nbd_client.h) and hands them to the kernel (nbd_netlink.h), so the
+ * device gets one hardware queue per connection.  Every step undoes the
+ * earlier ones when it fails: no server, socket, directory or device is
+ * left behind.  Never prints; errors are one line in ERR.
+ */
+#ifndef MLOOP_ATTACH_H
+#define MLOOP_ATTACH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "device_state.h"
+
+#define MLOOP_MAX_CONNECTIONS 16
+#define MLOOP_DEFAULT_TIMEOUT 30        /* seconds, like nbd-client */
+
+struct mloop_attach_request {
+  const char *file;
+  int index;                    /* /dev/nbdINDEX, or -1 for the first free */
+  unsigned threads;             /* server IO workers; 0 = its default */
+  unsigned connections;         /* 0 = one per CPU, at most 16 */
+  bool read_only;
+  uint32_t block_size;          /* 0 = the export's minimum, at least 512 */
+  unsigned timeout;             /* request timeout, seconds; 0 = default */
+  enum mloop_server_kind server;
+};
+
+/* Attaches; on success fills *OUT (the caller clears it). */
+int mloop_attach (const struct mloop_attach_request *req,
+                  struct mloop_device_state *out, char *err, size_t errlen);
+
+/* Disconnects the device, stops its server and removes its state.
+ * Refuses while the device is mounted.
+ */
+int mloop_detach (const struct mloop_device_state *s, char *err,
+                  size_t errlen);
+
+/* Finds an attached device by "/dev/nbdN", "nbdN" or its image's path. */
+int mloop_lookup (const char *what, struct mloop_device_state *out,
+                  char *err, size_t errlen);
+
+/* Stops the servers of attaches that died half-way and removes their
+ * directories.  Returns how many it removed.
+ */
+int mloop_cleanup_incomplete (void);
+
+/* Parses "/dev/nbdN" or "nbdN"; -1 when it is neither. */
+int mloop_device_index (const char *name);
+
+#endif /* MLOOP_ATTACH_H */

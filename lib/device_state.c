@@ -1,0 +1,264 @@
+/* mloop — what is attached: one directory per device in the runtime dir. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <glib.h>
+#include <glib/gstdio.h>
+
+#include "device_state.h"
+
+#define GROUP "device"
+
+static int __attribute__((format (printf, 3, 4)))
+fail (char *err, size_t errlen, const char *fmt, ...)
+{
+  va_list ap;
+
+  va_start (ap, fmt);
+  vsnprintf (err, errlen, fmt, ap);
+  va_end (ap);
+  return -1;
+}
+
+const char *
+mloop_runtime_dir (void)
+{
+  const char *env = g_getenv ("MLOOP_RUNTIME_DIR");
+
+  return env && *env ? env : "/run/mloop";
+}
+
+int
+mloop_runtime_dir_create (char *err, size_t errlen)
+{
+  const char *dir = mloop_runtime_dir ();
+  struct stat st;
+
+  if (g_mkdir_with_parents (dir, 0700) == -1)
+    return fail (err, errlen, "cannot create %s: %s", dir, strerror (errno));
+  /* Sockets in here reach the image: nobody else may even look. */
+  if (stat (dir, &st) == -1 || (st.st_mode & 077) != 0)
+    if (chmod (dir, 0700) == -1)
+      return fail (err, errlen, "cannot make %s private: %s", dir,
+                   strerror (errno));
+  return 0;
+}
+
+int
+mloop_state_lock (char *err, size_t errlen)
+{
+  g_autofree char *path = NULL;
+  int fd;
+
+  if (mloop_runtime_dir_create (err, errlen) == -1)
+    return -1;
+  path = g_build_filename (mloop_runtime_dir (), ".lock", NULL);
+  fd = open (path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd == -1 || flock (fd, LOCK_EX) == -1) {
+    fail (err, errlen, "cannot lock %s: %s", path, strerror (errno));
+    if (fd != -1)
+      close (fd);
+    return -1;
+  }
+  return fd;
+}
+
+void
+mloop_state_unlock (int fd)
+{
+  if (fd >= 0)
+    close (fd);                 /* releases the flock */
+}
+
+char *
+mloop_state_path (const struct mloop_device_state *s, const char *name)
+{
+  return g_build_filename (s->dir, name, NULL);
+}
+
+int
+mloop_state_create (struct mloop_device_state *s, char *err, size_t errlen)
+{
+  char *tmpl;
+
+  if (mloop_runtime_dir_create (err, errlen) == -1)
+    return -1;
+  tmpl = g_build_filename (mloop_runtime_dir (), "dev-XXXXXX", NULL);
+  if (g_mkdtemp_full (tmpl, 0700) == NULL) {
+    fail (err, errlen, "cannot create a directory in %s: %s",
+          mloop_runtime_dir (), strerror (errno));
+    g_free (tmpl);
+    return -1;
+  }
+  s->dir = tmpl;
+  return 0;
+}
+
+int
+mloop_state_save (const struct mloop_device_state *s, char *err,
+                  size_t errlen)
+{
+  g_autoptr (GKeyFile) kf = g_key_file_new ();
+  g_autoptr (GError) gerr = NULL;
+  g_autofree char *path = mloop_state_path (s, "state");
+  g_autofree char *data = NULL;
+  gsize len;
+
+  g_key_file_set_integer (kf, GROUP, "index", s->index);
+  g_key_file_set_string (kf, GROUP, "file", s->file);
+  g_key_file_set_uint64 (kf, GROUP, "file_dev", s->file_dev);
+  g_key_file_set_uint64 (kf, GROUP, "file_ino", s->file_ino);
+  g_key_file_set_uint64 (kf, GROUP, "size", s->size);
+  g_key_file_set_uint64 (kf, GROUP, "block_size", s->block_size);
+  g_key_file_set_boolean (kf, GROUP, "read_only", s->read_only);
+  g_key_file_set_uint64 (kf, GROUP, "connections", s->connections);
+  g_key_file_set_uint64 (kf, GROUP, "threads", s->threads);
+  g_key_file_set_string (kf, GROUP, "server",
+                         mloop_server_kind_name (s->server));
+  g_key_file_set_integer (kf, GROUP, "server_pid", s->server_pid);
+  data = g_key_file_to_data (kf, &len, NULL);
+  /* Written to a temporary and renamed: readers see all or nothing. */
+  if (!g_file_set_contents_full (path, data, len,
+                                 G_FILE_SET_CONTENTS_CONSISTENT, 0600,
+                                 &gerr))
+    return fail (err, errlen, "cannot write %s: %s", path, gerr->message);
+  return 0;
+}
+
+int
+mloop_state_load (const char *dir, struct mloop_device_state *s)
+{
+  g_autoptr (GKeyFile) kf = g_key_file_new ();
+  g_autofree char *path = g_build_filename (dir, "state", NULL);
+  g_autofree char *server = NULL;
+
+  memset (s, 0, sizeof *s);
+  if (!g_key_file_load_from_file (kf, path, G_KEY_FILE_NONE, NULL))
+    return -1;
+  s->dir = g_strdup (dir);
+  s->index = g_key_file_get_integer (kf, GROUP, "index", NULL);
+  s->file = g_key_file_get_string (kf, GROUP, "file", NULL);
+  s->file_dev = g_key_file_get_uint64 (kf, GROUP, "file_dev", NULL);
+  s->file_ino = g_key_file_get_uint64 (kf, GROUP, "file_ino", NULL);
+  s->size = g_key_file_get_uint64 (kf, GROUP, "size", NULL);
+  s->block_size = g_key_file_get_uint64 (kf, GROUP, "block_size", NULL);
+  s->read_only = g_key_file_get_boolean (kf, GROUP, "read_only", NULL);
+  s->connections = g_key_file_get_uint64 (kf, GROUP, "connections", NULL);
+  s->threads = g_key_file_get_uint64 (kf, GROUP, "threads", NULL);
+  server = g_key_file_get_string (kf, GROUP, "server", NULL);
+  if (server == NULL || mloop_server_kind_parse (server, &s->server) == -1)
+    s->server = MLOOP_SERVER_NATIVE;
+  s->server_pid = g_key_file_get_integer (kf, GROUP, "server_pid", NULL);
+  if (s->file == NULL) {
+    mloop_state_clear (s);
+    return -1;
+  }
+  return 0;
+}
+
+static int
+by_index (const void *a, const void *b)
+{
+  const struct mloop_device_state *x = a, *y = b;
+
+  return (x->index > y->index) - (x->index < y->index);
+}
+
+/* Calls FN on every dev-* directory of the runtime dir. */
+static void
+for_each_dir (void (*fn) (const char *dir, void *arg), void *arg)
+{
+  g_autoptr (GDir) d = g_dir_open (mloop_runtime_dir (), 0, NULL);
+  const char *name;
+
+  if (d == NULL)
+    return;
+  while ((name = g_dir_read_name (d)) != NULL) {
+    g_autofree char *dir = NULL;
+
+    if (!g_str_has_prefix (name, "dev-"))
+      continue;
+    dir = g_build_filename (mloop_runtime_dir (), name, NULL);
+    fn (dir, arg);
+  }
+}
+
+static void
+collect_complete (const char *dir, void *arg)
+{
+  GArray *list = arg;
+  struct mloop_device_state s;
+
+  if (mloop_state_load (dir, &s) == 0)
+    g_array_append_val (list, s);
+}
+
+struct mloop_device_state *
+mloop_state_list (size_t *n)
+{
+  GArray *list = g_array_new (FALSE, TRUE, sizeof (struct mloop_device_state));
+
+  for_each_dir (collect_complete, list);
+  g_array_sort (list, by_index);
+  *n = list->len;
+  return (struct mloop_device_state *) g_array_free (list, FALSE);
+}
+
+static void
+collect_incomplete (const char *dir, void *arg)
+{
+  g_autofree char *state = g_build_filename (dir, "state", NULL);
+
+  if (!g_file_test (state, G_FILE_TEST_EXISTS))
+    g_ptr_array_add (arg, g_strdup (dir));
+}
+
+char **
+mloop_state_list_incomplete (void)
+{
+  GPtrArray *dirs = g_ptr_array_new ();
+
+  for_each_dir (collect_incomplete, dirs);
+  g_ptr_array_add (dirs, NULL);
+  return (char **) g_ptr_array_free (dirs, FALSE);
+}
+
+void
+mloop_state_remove (const char *dir)
+{
+  g_autoptr (GDir) d = g_dir_open (dir, 0, NULL);
+  const char *name;
+
+  if (d == NULL)
+    return;
+  while ((name = g_dir_read_name (d)) != NULL) {
+    g_autofree char *path = g_build_filename (dir, name, NULL);
+
+    g_unlink (path);
+  }
+  g_rmdir (dir);
+}
+
+void
+mloop_state_clear (struct mloop_device_state *s)
+{
+  g_free (s->dir);
+  g_free (s->file);
+  memset (s, 0, sizeof *s);
+  s->index = -1;
+}
+
+void
+mloop_state_free_list (struct mloop_device_state *list, size_t n)
+{
+  for (size_t i = 0; i < n; i++)
+    mloop_state_clear (&list[i]);
+  g_free (list);
+}

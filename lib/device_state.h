@@ -1,0 +1,68 @@
+/* mloop — what is attached: one directory per device in the runtime dir.
+ *
+ *   /run/mloop/              0700, root only (MLOOP_RUNTIME_DIR overrides)
+ *     .lock                  flock()ed while a device is set up or torn down
+ *     dev-XXXXXX/            one per attach, named before the device is known
+ *       sock                 the server's private Unix socket
+ *       server.pid, server.log
+ *       state                a key file, written once the device is up
+ *
+ * A directory without "state" is an attach in progress, or one that died
+ * half-way; its server pid file lets `mloop detach --all` clean it up.
+ * Never prints.
+ */
+#ifndef MLOOP_DEVICE_STATE_H
+#define MLOOP_DEVICE_STATE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "server_process.h"
+
+struct mloop_device_state {
+  char *dir;                    /* this device's directory */
+  int index;                    /* /dev/nbdINDEX; -1 until connected */
+  char *file;                   /* the image, an absolute path */
+  uint64_t file_dev, file_ino;  /* its identity, to refuse double attach */
+  uint64_t size;
+  uint32_t block_size;
+  bool read_only;
+  unsigned connections, threads;
+  enum mloop_server_kind server;
+  pid_t server_pid;
+};
+
+/* The runtime directory; created 0700 when missing. */
+const char *mloop_runtime_dir (void);
+int mloop_runtime_dir_create (char *err, size_t errlen);
+
+/* Serialises attach/detach between processes.  Returns an fd for
+ * mloop_state_unlock, or -1.
+ */
+int mloop_state_lock (char *err, size_t errlen);
+void mloop_state_unlock (int fd);
+
+/* Paths inside a device directory (g_free them). */
+char *mloop_state_path (const struct mloop_device_state *s, const char *name);
+
+/* Makes a fresh, empty device directory in S->dir. */
+int mloop_state_create (struct mloop_device_state *s, char *err,
+                        size_t errlen);
+/* Writes S->dir/state atomically. */
+int mloop_state_save (const struct mloop_device_state *s, char *err,
+                      size_t errlen);
+/* Reads DIR/state into S (which owns copies); -1 if it has none. */
+int mloop_state_load (const char *dir, struct mloop_device_state *s);
+/* Every device directory with a state file, sorted by device index. */
+struct mloop_device_state *mloop_state_list (size_t *n);
+/* Directories without a state file (attaches that died half-way). */
+char **mloop_state_list_incomplete (void);
+/* Removes a device directory and everything in it. */
+void mloop_state_remove (const char *dir);
+
+void mloop_state_clear (struct mloop_device_state *s);
+void mloop_state_free_list (struct mloop_device_state *list, size_t n);
+
+#endif /* MLOOP_DEVICE_STATE_H */

@@ -1,0 +1,48 @@
+/* mloop — how an attached device is doing, for `mloop status`. */
+#include <string.h>
+
+#include <glib.h>
+
+#include "device_status.h"
+#include "nbd_netlink.h"
+#include "server_process.h"
+
+static unsigned
+count_queues (int index)
+{
+  g_autofree char *path = g_strdup_printf ("/sys/block/nbd%d/mq", index);
+  g_autoptr (GDir) d = g_dir_open (path, 0, NULL);
+  unsigned n = 0;
+
+  while (d && g_dir_read_name (d))
+    n++;
+  return n;
+}
+
+void
+mloop_device_status_read (const struct mloop_device_state *s,
+                          struct mloop_device_status *out)
+{
+  g_autofree char *sock = mloop_state_path (s, "sock");
+  g_autofree char *stats_file = mloop_state_path (s, "stats");
+  const struct mloop_stats *live;
+  char err[256];
+
+  memset (out, 0, sizeof *out);
+  out->server_running = mloop_server_running (s->server_pid, sock);
+  if (mloop_nbd_netlink_connected (s->index, &out->kernel_connected,
+                                   err, sizeof err) < 0)
+    out->kernel_connected = false;
+  out->hardware_queues = count_queues (s->index);
+  live = mloop_stats_open (stats_file);
+  if (live) {
+    uint64_t *dst = (uint64_t *) &out->stats;
+    const uint64_t *src = (const uint64_t *) live;
+
+    /* Counter by counter: the server keeps updating them. */
+    for (size_t i = 0; i < sizeof *live / sizeof (uint64_t); i++)
+      dst[i] = mloop_stats_get (&src[i]);
+    out->have_stats = true;
+    mloop_stats_close (live);
+  }
+}

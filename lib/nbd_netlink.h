@@ -1,0 +1,54 @@
+/* mloop — the kernel NBD client's generic-netlink interface.
+ *
+ * The kernel takes already-negotiated sockets (NBD_CMD_CONNECT) and from
+ * then on speaks only the transmission phase over them.  One call per
+ * netlink command; each opens its own netlink socket, so callers need no
+ * setup.  Needs CAP_SYS_ADMIN.  Never prints; errors come back as one
+ * line in ERR, and the return value is -errno so callers can tell EBUSY
+ * (device in use) from ENOENT (no NBD support) and the rest.
+ */
+#ifndef MLOOP_NBD_NETLINK_H
+#define MLOOP_NBD_NETLINK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct mloop_nbd_device_config {
+  int index;                    /* /dev/nbdINDEX, or -1: the kernel picks */
+  uint64_t size;                /* bytes */
+  uint64_t block_size;          /* logical block size, 512..4096 */
+  uint64_t server_flags;        /* transmission flags from the handshake */
+  uint64_t timeout;             /* seconds before a request is retried */
+  uint64_t dead_conn_timeout;   /* seconds IO waits for a reconnect */
+  const char *backend;          /* shown in /sys/block/nbdN/backend */
+  const int *fds;               /* negotiated sockets */
+  size_t nr_fds;
+};
+
+/* Checks that the kernel has the "nbd" generic-netlink family, loading
+ * the nbd module if it is not there yet.  0, or -ENOENT with a message
+ * that names the fix.
+ */
+int mloop_nbd_netlink_available (char *err, size_t errlen);
+
+/* Hands the sockets to the kernel.  On success returns 0 and the device
+ * index in *INDEX; the kernel holds its own references to the sockets,
+ * so the caller closes its descriptors either way.
+ */
+int mloop_nbd_netlink_connect (const struct mloop_nbd_device_config *c,
+                               int *index, char *err, size_t errlen);
+
+/* Replaces the dead connections of a configured device with FDS. */
+int mloop_nbd_netlink_reconfigure (int index, const int *fds, size_t nr_fds,
+                                   uint64_t dead_conn_timeout,
+                                   char *err, size_t errlen);
+
+/* Tells the server goodbye on every connection and tears the device down. */
+int mloop_nbd_netlink_disconnect (int index, char *err, size_t errlen);
+
+/* Whether /dev/nbdINDEX currently has a configuration (is "connected"). */
+int mloop_nbd_netlink_connected (int index, bool *connected,
+                                 char *err, size_t errlen);
+
+#endif /* MLOOP_NBD_NETLINK_H */

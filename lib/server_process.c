@@ -1,0 +1,251 @@
+/* mloop — starting and stopping the server behind an attached device. */
+#include <errno.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <fcntl.h>
+
+#include <glib.h>
+
+#include "server_process.h"
+
+#define POLL_INTERVAL_US 20000
+
+static int __attribute__((format (printf, 3, 4)))
+fail (char *err, size_t errlen, const char *fmt, ...)
+{
+  va_list ap;
+
+  va_start (ap, fmt);
+  vsnprintf (err, errlen, fmt, ap);
+  va_end (ap);
+  return -1;
+}
+
+const char *
+mloop_server_kind_name (enum mloop_server_kind kind)
+{
+  return kind == MLOOP_SERVER_NBDKIT ? "nbdkit" : "native";
+}
+
+int
+mloop_server_kind_parse (const char *name, enum mloop_server_kind *kind)
+{
+  if (strcmp (name, "native") == 0)
+    *kind = MLOOP_SERVER_NATIVE;
+  else if (strcmp (name, "nbdkit") == 0)
+    *kind = MLOOP_SERVER_NBDKIT;
+  else
+    return -1;
+  return 0;
+}
+
+/* ENV_NAME if set; else BUILD_RELATIVE next to the running program when
+ * it runs from the build tree; else INSTALLED.
+ */
+static char *
+locate (const char *env_name, const char *build_relative,
+        const char *installed)
+{
+  const char *env = g_getenv (env_name);
+  g_autofree char *exe = NULL;
+  g_autofree char *dir = NULL;
+  char *candidate;
+
+  if (env && *env)
+    return g_strdup (env);
+  exe = g_file_read_link ("/proc/self/exe", NULL);
+  if (exe) {
+    dir = g_path_get_dirname (exe);
+    candidate = g_build_filename (dir, "..", build_relative, NULL);
+    if (g_file_test (candidate, G_FILE_TEST_EXISTS))
+      return candidate;
+    g_free (candidate);
+  }
+  return g_strdup (installed);
+}
+
+static GPtrArray *
+server_argv (const struct mloop_server_spec *s)
+{
+  GPtrArray *argv = g_ptr_array_new_with_free_func (g_free);
+
+  if (s->kind == MLOOP_SERVER_NATIVE) {
+    g_ptr_array_add (argv, locate ("MLOOP_SERVER_BIN",
+                                   "server/mloop-server",
+                                   MLOOP_SBINDIR "/mloop-server"));
+    g_ptr_array_add (argv, g_strdup_printf ("--listen=unix:%s",
+                                            s->socket_path));
+    g_ptr_array_add (argv, g_strdup_printf ("--pid-file=%s", s->pid_file));
+    if (s->threads)
+      g_ptr_array_add (argv, g_strdup_printf ("--threads=%u", s->threads));
+    if (s->read_only)
+      g_ptr_array_add (argv, g_strdup ("--read-only"));
+    if (s->stats_file)
+      g_ptr_array_add (argv, g_strdup_printf ("--stats-file=%s",
+                                              s->stats_file));
+    g_ptr_array_add (argv, g_strdup ("--"));
+    g_ptr_array_add (argv, g_strdup (s->image));
+  }
+  else {
+    /* -f: we detach it ourselves, so its pid is the one we started. */
+    g_ptr_array_add (argv, g_strdup ("nbdkit"));
+    g_ptr_array_add (argv, g_strdup ("-f"));
+    g_ptr_array_add (argv, g_strdup ("-U"));
+    g_ptr_array_add (argv, g_strdup (s->socket_path));
+    g_ptr_array_add (argv, g_strdup ("-P"));
+    g_ptr_array_add (argv, g_strdup (s->pid_file));
+    if (s->read_only)
+      g_ptr_array_add (argv, g_strdup ("-r"));
+    g_ptr_array_add (argv, locate ("MLOOP_PLUGIN",
+                                   "plugin/nbdkit-mloop-plugin.so", "mloop"));
+    g_ptr_array_add (argv, g_strdup_printf ("file=%s", s->image));
+    if (s->threads)
+      g_ptr_array_add (argv, g_strdup_printf ("threads=%u", s->threads));
+    if (s->stats_file)
+      g_ptr_array_add (argv, g_strdup_printf ("stats=%s", s->stats_file));
+  }
+  g_ptr_array_add (argv, NULL);
+  return argv;
+}
+
+/* Runs in the child between fork and exec: leave the caller's session so
+ * its terminal's signals (^C, hangup) do not reach the server.
+ */
+static void
+detach_session (gpointer unused)
+{
+  setsid ();
+}
+
+/* The last non-empty line of the server's log, or NULL. */
+static char *
+last_log_line (const char *log_file)
+{
+  g_autofree char *text = NULL;
+  g_auto (GStrv) lines = NULL;
+
+  if (!g_file_get_contents (log_file, &text, NULL, NULL))
+    return NULL;
+  lines = g_strsplit (g_strstrip (text), "\n", -1);
+  for (int i = g_strv_length (lines) - 1; i >= 0; i--)
+    if (*g_strstrip (lines[i]))
+      return g_strdup (lines[i]);
+  return NULL;
+}
+
+static bool
+pid_file_ready (const char *pid_file)
+{
+  struct stat st;
+
+  return stat (pid_file, &st) == 0 && st.st_size > 0;
+}
+
+int
+mloop_server_start (const struct mloop_server_spec *spec,
+                    unsigned timeout_ms, pid_t *pid,
+                    char *err, size_t errlen)
+{
+  g_autoptr (GPtrArray) argv = server_argv (spec);
+  g_autoptr (GError) gerr = NULL;
+  const char *prog = g_ptr_array_index (argv, 0);
+  int log_fd, status;
+  GPid child;
+
+  log_fd = open (spec->log_file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
+                 0600);
+  if (log_fd == -1)
+    return fail (err, errlen, "cannot create %s: %s", spec->log_file,
+                 strerror (errno));
+  if (!g_spawn_async_with_fds (NULL, (char **) argv->pdata, NULL,
+                               G_SPAWN_DO_NOT_REAP_CHILD |
+                               G_SPAWN_SEARCH_PATH,
+                               detach_session, NULL, &child,
+                               -1, log_fd, log_fd, &gerr)) {
+    close (log_fd);
+    return fail (err, errlen, "cannot start the %s server (%s): %s",
+                 mloop_server_kind_name (spec->kind), prog, gerr->message);
+  }
+  close (log_fd);
+
+  for (unsigned waited = 0; ; waited += POLL_INTERVAL_US / 1000) {
+    if (waitpid (child, &status, WNOHANG) == child) {
+      g_autofree char *line = last_log_line (spec->log_file);
+
+      return fail (err, errlen, "the %s server failed to start: %s",
+                   mloop_server_kind_name (spec->kind),
+                   line ? line : "it exited without a message");
+    }
+    if (pid_file_ready (spec->pid_file))
+      break;
+    if (waited >= timeout_ms) {
+      kill (child, SIGKILL);
+      waitpid (child, &status, 0);
+      return fail (err, errlen, "the %s server did not start listening "
+                   "within %u s", mloop_server_kind_name (spec->kind),
+                   timeout_ms / 1000);
+    }
+    g_usleep (POLL_INTERVAL_US);
+  }
+  *pid = child;
+  return 0;
+}
+
+/* Zombies count as gone: they no longer hold the image or the socket. */
+static bool
+process_alive (pid_t pid)
+{
+  g_autofree char *path = g_strdup_printf ("/proc/%d/stat", (int) pid);
+  g_autofree char *stat = NULL;
+  const char *state;
+
+  if (!g_file_get_contents (path, &stat, NULL, NULL))
+    return false;
+  state = strrchr (stat, ')');
+  return state && state[1] == ' ' && state[2] != 'Z' && state[2] != 'X';
+}
+
+bool
+mloop_server_running (pid_t pid, const char *socket_path)
+{
+  g_autofree char *path = g_strdup_printf ("/proc/%d/cmdline", (int) pid);
+  g_autofree char *cmdline = NULL;
+  gsize len;
+
+  if (pid <= 1 || !g_file_get_contents (path, &cmdline, &len, NULL))
+    return false;
+  /* The arguments are NUL-separated; make them one searchable string. */
+  for (gsize i = 0; i < len; i++)
+    if (cmdline[i] == '\0')
+      cmdline[i] = ' ';
+  return strstr (cmdline, socket_path) != NULL && process_alive (pid);
+}
+
+void
+mloop_server_stop (pid_t pid, const char *socket_path, unsigned timeout_ms)
+{
+  int status;
+
+  if (!mloop_server_running (pid, socket_path))
+    return;
+  kill (pid, SIGTERM);
+  for (unsigned waited = 0; ; waited += POLL_INTERVAL_US / 1000) {
+    /* Reaps it if we are its parent; harmless otherwise. */
+    waitpid (pid, &status, WNOHANG);
+    if (!process_alive (pid))
+      return;
+    if (waited >= timeout_ms)
+      break;
+    g_usleep (POLL_INTERVAL_US);
+  }
+  kill (pid, SIGKILL);
+  while (process_alive (pid)) {
+    waitpid (pid, &status, WNOHANG);
+    g_usleep (POLL_INTERVAL_US);
+  }
+}

@@ -1,0 +1,54 @@
+/* mloop — starting and stopping the server behind an attached device.
+ *
+ * The server (native mloop-server, or nbdkit with the mloop plugin) runs
+ * detached from the caller: its own session, stdin from /dev/null, stdout
+ * and stderr into a log file, so it outlives `mloop attach` and a failed
+ * start can be explained with the server's own last words.  Never prints.
+ */
+#ifndef MLOOP_SERVER_PROCESS_H
+#define MLOOP_SERVER_PROCESS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+enum mloop_server_kind {
+  MLOOP_SERVER_NATIVE,
+  MLOOP_SERVER_NBDKIT,
+};
+
+struct mloop_server_spec {
+  enum mloop_server_kind kind;
+  const char *image;
+  const char *socket_path;      /* Unix socket to listen on */
+  const char *pid_file;         /* written by the server once listening */
+  const char *log_file;         /* the server's stdout and stderr */
+  const char *stats_file;       /* request counters (stats.h), or NULL */
+  unsigned threads;             /* IO workers; 0 = the server's default */
+  bool read_only;
+};
+
+const char *mloop_server_kind_name (enum mloop_server_kind kind);
+/* 0 and *KIND for "native" or "nbdkit", else -1. */
+int mloop_server_kind_parse (const char *name, enum mloop_server_kind *kind);
+
+/* Starts the server and waits up to TIMEOUT_MS until it listens (its pid
+ * file appears).  If it exits or times out first, it is killed, ERR says
+ * why (the last line of its log when there is one) and -1 is returned.
+ */
+int mloop_server_start (const struct mloop_server_spec *spec,
+                        unsigned timeout_ms, pid_t *pid,
+                        char *err, size_t errlen);
+
+/* Whether PID is a live process whose command line mentions SOCKET_PATH:
+ * a pid file can outlive its process and the pid be reused.
+ */
+bool mloop_server_running (pid_t pid, const char *socket_path);
+
+/* SIGTERM, then SIGKILL after TIMEOUT_MS; returns once PID is gone.
+ * Does nothing when PID is not the server of SOCKET_PATH.
+ */
+void mloop_server_stop (pid_t pid, const char *socket_path,
+                        unsigned timeout_ms);
+
+#endif /* MLOOP_SERVER_PROCESS_H */
