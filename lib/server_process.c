@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -92,9 +93,16 @@ server_argv (const struct mloop_server_spec *s)
     g_ptr_array_add (argv, g_strdup (s->image));
   }
   else {
-    /* -f: we detach it ourselves, so its pid is the one we started. */
+    /* Not -f: Debian's nbdkit 1.32.5 calls set_exit_with_parent()
+     * unconditionally, so in the foreground it dies with `mloop attach`.
+     * Daemonizing forks, which clears the parent-death signal; its pid
+     * then comes from the pid file, and after the fork its messages go
+     * to syslog (startup errors still reach server.log).
+     */
     g_ptr_array_add (argv, g_strdup ("nbdkit"));
-    g_ptr_array_add (argv, g_strdup ("-f"));
+    /* Debug messages into server.log, for diagnosing a device. */
+    if (g_getenv ("MLOOP_SERVER_VERBOSE"))
+      g_ptr_array_add (argv, g_strdup ("-v"));
     g_ptr_array_add (argv, g_strdup ("-U"));
     g_ptr_array_add (argv, g_strdup (s->socket_path));
     g_ptr_array_add (argv, g_strdup ("-P"));
@@ -138,12 +146,18 @@ last_log_line (const char *log_file)
   return NULL;
 }
 
-static bool
-pid_file_ready (const char *pid_file)
+/* The pid in a complete pid file, or 0. */
+static pid_t
+pid_file_read (const char *pid_file)
 {
-  struct stat st;
+  g_autofree char *text = NULL;
+  char *end;
+  long pid;
 
-  return stat (pid_file, &st) == 0 && st.st_size > 0;
+  if (!g_file_get_contents (pid_file, &text, NULL, NULL))
+    return 0;
+  pid = strtol (text, &end, 10);
+  return pid > 1 && *end == '\n' ? (pid_t) pid : 0;
 }
 
 int
@@ -154,6 +168,7 @@ mloop_server_start (const struct mloop_server_spec *spec,
   g_autoptr (GPtrArray) argv = server_argv (spec);
   g_autoptr (GError) gerr = NULL;
   const char *prog = g_ptr_array_index (argv, 0);
+  bool daemonized = false;
   int log_fd, status;
   GPid child;
 
@@ -174,26 +189,32 @@ mloop_server_start (const struct mloop_server_spec *spec,
   close (log_fd);
 
   for (unsigned waited = 0; ; waited += POLL_INTERVAL_US / 1000) {
-    if (waitpid (child, &status, WNOHANG) == child) {
-      g_autofree char *line = last_log_line (spec->log_file);
+    if (!daemonized && waitpid (child, &status, WNOHANG) == child) {
+      g_autofree char *line = NULL;
 
-      return fail (err, errlen, "the %s server failed to start: %s",
-                   mloop_server_kind_name (spec->kind),
-                   line ? line : "it exited without a message");
+      /* nbdkit's first process exits 0 once its daemon has forked. */
+      daemonized = spec->kind == MLOOP_SERVER_NBDKIT &&
+        WIFEXITED (status) && WEXITSTATUS (status) == 0;
+      if (!daemonized) {
+        line = last_log_line (spec->log_file);
+        return fail (err, errlen, "the %s server failed to start: %s",
+                     mloop_server_kind_name (spec->kind),
+                     line ? line : "it exited without a message");
+      }
     }
-    if (pid_file_ready (spec->pid_file))
-      break;
+    if ((*pid = pid_file_read (spec->pid_file)) != 0)
+      return 0;
     if (waited >= timeout_ms) {
-      kill (child, SIGKILL);
-      waitpid (child, &status, 0);
+      if (!daemonized) {
+        kill (child, SIGKILL);
+        waitpid (child, &status, 0);
+      }
       return fail (err, errlen, "the %s server did not start listening "
                    "within %u s", mloop_server_kind_name (spec->kind),
                    timeout_ms / 1000);
     }
     g_usleep (POLL_INTERVAL_US);
   }
-  *pid = child;
-  return 0;
 }
 
 /* Zombies count as gone: they no longer hold the image or the socket. */
