@@ -48,7 +48,8 @@ static int
 cmd_attach (int argc, char **argv)
 {
   gboolean find = FALSE, read_only = FALSE;
-  gint threads = 0, connections = 0, block_size = 0, timeout = 0;
+  /* -1: not given, so the library's default applies. */
+  gint threads = -1, connections = -1, block_size = 0, timeout = -1;
   g_autofree char *device = NULL, *server = NULL;
   GOptionEntry entries[] = {
     { "find", 'f', 0, G_OPTION_ARG_NONE, &find,
@@ -83,26 +84,27 @@ cmd_attach (int argc, char **argv)
     return error ("attach: --find and --device exclude each other");
   if (device && (req.index = mloop_device_index (device)) < 0)
     return error ("attach: --device %s: not an nbd device name", device);
-  if (threads < 0 || threads > 64)
+  if (threads != -1 && (threads < 1 || threads > 64))
     return error ("attach: --threads %d: must be 1..64", threads);
-  if (connections < 0 || connections > MLOOP_MAX_CONNECTIONS)
+  if (connections != -1 &&
+      (connections < 1 || connections > MLOOP_MAX_CONNECTIONS))
     return error ("attach: --connections %d: must be 1..%d", connections,
                   MLOOP_MAX_CONNECTIONS);
   if (block_size && block_size != 512 && block_size != 1024 &&
       block_size != 2048 && block_size != 4096)
     return error ("attach: --block-size %d: must be 512, 1024, 2048 or 4096",
                   block_size);
-  if (timeout < 0)
+  if (timeout != -1 && timeout < 1)
     return error ("attach: --timeout %d: must be positive", timeout);
   req.server = MLOOP_SERVER_NATIVE;
   if (server && mloop_server_kind_parse (server, &req.server) == -1)
     return error ("attach: --server %s: must be native or nbdkit", server);
   req.file = argv[1];
-  req.threads = threads;
-  req.connections = connections;
+  req.threads = threads == -1 ? 0 : threads;
+  req.connections = connections == -1 ? 0 : connections;
   req.read_only = read_only;
   req.block_size = block_size;
-  req.timeout = timeout;
+  req.timeout = timeout == -1 ? 0 : timeout;
 
   if (mloop_attach (&req, &st, err, sizeof err) == -1)
     return error ("attach %s: %s", req.file, err);
@@ -245,6 +247,5 @@ main (int argc, char **argv)
       argv[1] = g_strdup_printf ("mloop %s", argv[1]);
       return commands[i].run (argc - 1, argv + 1);
     }
-  error ("unknown command '%s'", argv[1]);
-  return usage (stderr, EXIT_FAILURE);
+  return error ("unknown command '%s' (see mloop --help)", argv[1]);
 }

@@ -1,0 +1,124 @@
+#!/usr/bin/python3
+"""mloop's command line on this host, where most failures can be tested
+without a kernel NBD client: every refusal is one line on stderr naming
+the cause, a non-zero exit, and nothing left behind (no runtime directory
+entry, no server process).  The kernel suite (tests/kernel) covers attach
+itself."""
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+MLOOP = os.environ["MLOOP_CLI"]
+failures = []
+
+
+def check(name, ok, detail=""):
+    print(("ok   " if ok else "FAIL ") + name + (f": {detail}" if detail and not ok else ""))
+    if not ok:
+        failures.append(name)
+
+
+def servers():
+    """Pids of mloop-server and nbdkit processes serving under RUNDIR."""
+    found = []
+    for d in glob.glob("/proc/[0-9]*"):
+        try:
+            with open(d + "/cmdline", "rb") as f:
+                if rundir.encode() in f.read():
+                    found.append(int(d[6:]))
+        except OSError:
+            pass
+    return found
+
+
+def mloop(*args, user=None):
+    cmd = [MLOOP, *args]
+    if user:
+        cmd = ["setpriv", f"--reuid={user}", "--regid=65534", "--clear-groups", *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+
+
+def refused(name, args, expect, user=None):
+    """ARGS must fail with one stderr line containing EXPECT, leaving
+    nothing behind."""
+    p = mloop(*args, user=user)
+    lines = p.stderr.strip().splitlines()
+    check(f"{name}: exit non-zero", p.returncode != 0, f"exit {p.returncode}")
+    check(f"{name}: one line naming the cause", len(lines) == 1 and expect in lines[0],
+          repr(p.stderr))
+    check(f"{name}: nothing on stdout", p.stdout == "", repr(p.stdout))
+    left = [e for e in os.listdir(rundir) if e != ".lock"] if os.path.isdir(rundir) else []
+    check(f"{name}: nothing left in the runtime dir", left == [], repr(left))
+    check(f"{name}: no server left running", servers() == [], repr(servers()))
+
+
+work = tempfile.mkdtemp(prefix="mloop-cli-", dir="/var/tmp")
+rundir = os.path.join(work, "run")
+env = dict(os.environ, MLOOP_RUNTIME_DIR=rundir)
+try:
+    image = os.path.join(work, "disk.img")
+    with open(image, "wb") as f:
+        f.truncate(64 << 20)
+    os.chmod(work, 0o755)
+    os.chmod(image, 0o644)
+
+    p = mloop("--help")
+    check("--help", p.returncode == 0 and "attach" in p.stdout and "detach" in p.stdout)
+    p = mloop("--version")
+    check("--version", p.returncode == 0 and p.stdout.startswith("mloop "))
+    p = mloop("attach", "--help")
+    check("attach --help lists its options", p.returncode == 0 and
+          all(o in p.stdout for o in ("--connections", "--threads", "--read-only",
+                                      "--block-size", "--device", "--find",
+                                      "--timeout", "--server")), p.stdout)
+    refused("unknown command", ["frobnicate"], "unknown command 'frobnicate'")
+    p = mloop()
+    check("no command: usage, exit 1", p.returncode == 1 and "Usage" in p.stderr)
+
+    refused("attach without FILE", ["attach"], "exactly one FILE")
+    refused("attach two FILEs", ["attach", image, image], "exactly one FILE")
+    refused("--connections 0", ["attach", "--connections", "0", image], "--connections 0")
+    refused("--threads 0", ["attach", "--threads", "0", image], "--threads 0")
+    refused("--timeout 0", ["attach", "--timeout", "0", image], "--timeout 0")
+    refused("--connections 17", ["attach", "--connections", "17", image], "--connections 17")
+    refused("--threads 65", ["attach", "--threads", "65", image], "--threads 65")
+    refused("--block-size 1000", ["attach", "--block-size", "1000", image], "--block-size 1000")
+    refused("--server foo", ["attach", "--server", "foo", image], "--server foo")
+    refused("--device /dev/sda", ["attach", "--device", "/dev/sda", image], "not an nbd device")
+    refused("--find with --device", ["attach", "--find", "--device", "/dev/nbd0", image],
+            "exclude each other")
+    refused("--connections four", ["attach", "--connections", "four", image], "four")
+    refused("missing image", ["attach", os.path.join(work, "nope.img")],
+            "nope.img: No such file or directory")
+    refused("directory as image", ["attach", work], "Is a directory")
+    refused("not root", ["attach", image], "needs root", user="nobody")
+
+    nbd_here = os.path.exists("/sys/module/nbd") or \
+        subprocess.run(["modprobe", "-q", "nbd"], capture_output=True).returncode == 0
+    if nbd_here:
+        print("skip no-NBD-kernel refusal: this kernel has nbd")
+    else:
+        refused("kernel without NBD", ["attach", image], "'modprobe nbd' failed")
+
+    p = mloop("list")
+    check("list with nothing attached prints nothing", p.returncode == 0 and p.stdout == "",
+          repr(p.stdout))
+    p = mloop("list", "--json")
+    check("list --json with nothing attached is []",
+          p.returncode == 0 and json.loads(p.stdout) == [], repr(p.stdout))
+    refused("detach an unattached device", ["detach", "/dev/nbd7"],
+            "/dev/nbd7 is not attached by mloop")
+    refused("detach an unattached file", ["detach", image], "is not attached by mloop")
+    refused("detach without arguments", ["detach"], "--all")
+    refused("status of an unattached device", ["status", "nbd3"], "not attached by mloop")
+    p = mloop("detach", "--all")
+    check("detach --all with nothing attached succeeds", p.returncode == 0, p.stderr)
+finally:
+    shutil.rmtree(work, ignore_errors=True)
+
+if failures:
+    sys.exit(f"{len(failures)} check(s) failed: {', '.join(failures)}")
