@@ -242,10 +242,16 @@ attach_in (const struct mloop_attach_request *req, const char *file,
   if (r == 0)
     r = choose_block_size (req, &x, &s->block_size, err, errlen);
   if (r == 0) {
+    unsigned timeout = req->timeout ? req->timeout : MLOOP_DEFAULT_TIMEOUT;
+
+    /* The dead-connection timeout makes IO wait, instead of failing at
+     * once, when every connection is gone: time for a restarted server
+     * to be reconnected (NBD_CMD_RECONFIGURE).
+     */
     dc = (struct mloop_nbd_device_config) {
       .index = req->index, .size = x.size, .block_size = s->block_size,
-      .server_flags = x.flags,
-      .timeout = req->timeout ? req->timeout : MLOOP_DEFAULT_TIMEOUT,
+      .server_flags = x.flags, .timeout = timeout,
+      .dead_conn_timeout = timeout,
       .backend = file, .fds = fds, .nr_fds = n,
     };
     r = mloop_nbd_netlink_connect (&dc, &index, why, sizeof why);
