@@ -69,6 +69,8 @@ def _native_args(params, nbdkit_args):
     out = []
     for p in params:
         key, value = p.split("=", 1)
+        # The plugin's stats= is mloop-server's --stats-file (like --pid-file).
+        key = "stats-file" if key == "stats" else key
         out.append(f"--{key}={value}")
     for a in nbdkit_args:
         if a in ("-r", "--readonly", "--read-only"):
