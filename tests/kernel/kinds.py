@@ -1,0 +1,237 @@
+"""The ways the kernel tests attach an image to a block device ("kinds"),
+each with the same small interface, so every test runs unchanged through
+each of them:
+
+  native, nbdkit       `mloop attach --server native|nbdkit` (the CLI)
+  nbd-client-native    stock nbd-client against mloop-server
+  nbd-client-nbdkit    stock nbd-client against nbdkit + the mloop plugin
+  loop                 the kernel loop driver with direct I/O: the reference
+                       for how a block device over a file should behave
+
+A kind has .queues and .block_size (what the attached device must show),
+.unavailable() (a skip reason or None), .attach(cl, image, read_only)
+returning an Attachment whose detach is pushed on the cleanup stack CL, and
+.leftovers(att) listing what a detach left behind.
+"""
+import os
+import re
+import signal
+import shutil
+import subprocess
+
+from kfix import (BLOCK_SIZE, CONNECTIONS, DEVICE_TIMEOUT,
+                  free_nbd, nbd_in_use, processes_mentioning, run, sysfs,
+                  tmpdir, wait_until)
+
+SERVER_BIN = os.environ.get("MLOOP_SERVER_BIN", "")
+PLUGIN = os.environ.get("MLOOP_PLUGIN", "")
+CLI = os.environ.get("MLOOP_CLI", "")
+
+
+class Attachment:
+    """An attached DEVICE; detach() is idempotent so both a test and its
+    cleanup may call it."""
+
+    def __init__(self, device, undo):
+        self.device = device
+        self._undo = undo
+        self.attached = True
+
+    def detach(self):
+        if self.attached:
+            self.attached = False
+            self._undo()
+
+
+def _attach(cl, device, undo):
+    att = Attachment(device, undo)
+    cl.push(att.detach)
+    return att
+
+
+def _nbd_leftovers(dev):
+    problems = []
+    if sysfs(dev, "pid") is not None:
+        problems.append(f"{dev} still has a pid in sysfs")
+    if sysfs(dev, "size") not in ("0", None):
+        problems.append(f"{dev} still has size {sysfs(dev, 'size')}")
+    return problems
+
+
+def _wait_nbd_idle(dev):
+    wait_until(lambda: not nbd_in_use(dev), f"{dev} to disconnect")
+
+
+class MloopCli:
+    """`mloop attach` with one of its servers.  State goes to a private
+    runtime directory (MLOOP_RUNTIME_DIR) so tests can check it is emptied
+    and never touch a real /run/mloop."""
+
+    queues = CONNECTIONS
+    block_size = BLOCK_SIZE
+
+    def __init__(self, server):
+        self.server = server
+        self.name = server
+        self.runtime_dir = None
+
+    def unavailable(self):
+        if not CLI or not os.path.exists(CLI):
+            return "build/client/mloop not built"
+        if self.server == "nbdkit" and shutil.which("nbdkit") is None:
+            return "nbdkit is not installed"
+        return None
+
+    def env(self):
+        if self.runtime_dir is None:
+            self.runtime_dir = os.path.join("/run", f"mloop-ktest-{os.getpid()}")
+            os.makedirs(self.runtime_dir, exist_ok=True)
+        return dict(os.environ, MLOOP_RUNTIME_DIR=self.runtime_dir)
+
+    def cli(self, *args, check=True):
+        return run([CLI, *args], check=check, env=self.env())
+
+    def attach_args(self, image, read_only=False):
+        args = ["attach", image, "--connections", str(CONNECTIONS), "--threads", "4",
+                "--block-size", str(BLOCK_SIZE), "--timeout", str(DEVICE_TIMEOUT),
+                "--server", self.server]
+        return args + (["--read-only"] if read_only else [])
+
+    def attach(self, cl, image, read_only=False, extra=()):
+        p = self.cli(*self.attach_args(image, read_only), *extra)
+        lines = p.stdout.splitlines()
+        assert len(lines) == 1 and re.fullmatch(r"/dev/nbd\d+", lines[0]), \
+            f"mloop attach printed {p.stdout!r}, expected one /dev/nbdN line"
+        dev = lines[0]
+        assert nbd_in_use(dev), f"mloop attach printed {dev}, which is not connected"
+
+        def undo():
+            self.cli("detach", dev)
+            _wait_nbd_idle(dev)
+        return _attach(cl, dev, undo)
+
+    def leftovers(self, att, image):
+        problems = _nbd_leftovers(att.device)
+        for pid, cmdline in processes_mentioning(image):
+            problems.append(f"process {pid} still serves the image: {cmdline}")
+        left = os.listdir(self.runtime_dir) if self.runtime_dir else []
+        if left:
+            problems.append(f"runtime dir still holds {left}")
+        return problems
+
+
+class StockClient:
+    """Debian's nbd-client against a server this kind starts itself."""
+
+    queues = CONNECTIONS
+    block_size = BLOCK_SIZE
+
+    def __init__(self, server):
+        self.server = server
+        self.name = f"nbd-client-{server}"
+
+    def unavailable(self):
+        if shutil.which("nbd-client") is None:
+            return "nbd-client is not installed"
+        if self.server == "native" and not os.path.exists(SERVER_BIN):
+            return "MLOOP_SERVER_BIN does not name the built mloop-server"
+        if self.server == "nbdkit":
+            if shutil.which("nbdkit") is None:
+                return "nbdkit is not installed"
+            if not os.path.exists(PLUGIN):
+                return "MLOOP_PLUGIN does not name the built plugin"
+        return None
+
+    def _start_server(self, cl, image, read_only):
+        d = tmpdir(cl)
+        sock, ready = os.path.join(d, "nbd.sock"), os.path.join(d, "server.pid")
+        if self.server == "native":
+            cmd = [SERVER_BIN, "--listen", f"unix:{sock}", "--pid-file", ready,
+                   "--threads", "4"] + (["--read-only"] if read_only else []) + [image]
+        else:
+            cmd = ["nbdkit", "-f", "-U", sock, "-P", ready] + \
+                  (["-r"] if read_only else []) + [PLUGIN, f"file={image}", "threads=4"]
+        log = open(os.path.join(d, "server.log"), "w")
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+
+        def stop():
+            log.close()
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+                    raise AssertionError(f"{cmd[0]} ignored SIGTERM")
+            if self.server == "nbdkit" and os.path.exists(sock):
+                os.unlink(sock)  # nbdkit may leave its -U socket behind
+        cl.push(stop)
+        # Both servers write the pid file once they listen.
+        wait_until(lambda: os.path.exists(ready) or proc.poll() is not None,
+                   f"{cmd[0]} to listen")
+        assert proc.poll() is None, f"{cmd[0]} exited at startup: " \
+            + open(log.name).read().strip()
+        return proc, sock, stop
+
+    def attach(self, cl, image, read_only=False):
+        proc, sock, stop = self._start_server(cl, image, read_only)
+        dev = free_nbd()
+        # Read-only comes from the server's export flags alone: the test is
+        # that the kernel honours them.
+        run(["nbd-client", "-unix", sock, dev, "-C", str(CONNECTIONS),
+             "-b", str(BLOCK_SIZE), "-N", "", "-t", str(DEVICE_TIMEOUT)])
+        wait_until(lambda: nbd_in_use(dev), f"{dev} to connect")
+        self.sock, self.proc = sock, proc
+
+        def undo():
+            run(["nbd-client", "-d", dev])
+            _wait_nbd_idle(dev)
+            stop()
+        return _attach(cl, dev, undo)
+
+    def leftovers(self, att, image):
+        problems = _nbd_leftovers(att.device)
+        for pid, cmdline in processes_mentioning(image) + processes_mentioning(att.device):
+            problems.append(f"process {pid} left: {cmdline}")
+        if os.path.exists(self.sock):
+            problems.append(f"socket {self.sock} left behind")
+        return problems
+
+
+class Loop:
+    """losetup with direct I/O and 4096-byte sectors, like the nbd kinds."""
+
+    queues = 1  # the loop driver has a single hardware queue
+    block_size = BLOCK_SIZE
+    name = "loop"
+
+    def unavailable(self):
+        if shutil.which("losetup") is None:
+            return "losetup is not installed"
+        return None
+
+    def attach(self, cl, image, read_only=False):
+        p = run(["losetup", "--find", "--show", "--direct-io=on",
+                 "--sector-size", str(BLOCK_SIZE)] + (["--read-only"] if read_only else [])
+                + [image])
+        dev = p.stdout.strip()
+        assert sysfs(dev, "loop/dio") == "1", f"{dev} did not enable direct I/O"
+
+        def undo():
+            run(["losetup", "--detach", dev])
+            wait_until(lambda: sysfs(dev, "loop/backing_file") is None,
+                       f"{dev} to detach")
+        return _attach(cl, dev, undo)
+
+    def leftovers(self, att, image):
+        problems = []
+        if sysfs(att.device, "loop/backing_file") is not None:
+            problems.append(f"{att.device} still has a backing file")
+        if run(["losetup", "--associated", image]).stdout.strip():
+            problems.append(f"a loop device still holds {image}")
+        return problems
+
+
+KINDS = {k.name: k for k in [MloopCli("native"), MloopCli("nbdkit"),
+                             StockClient("native"), StockClient("nbdkit"), Loop()]}

@@ -1,0 +1,90 @@
+"""Runs the kernel tests for one kind (see kinds.py) and prints one TAP
+result line per test, flushed at once; runs as root where the kernel has
+nbd and loop (in the test VM, or natively).
+
+  runner.py KIND [TEST...]
+
+The plan line ("1..N") is left to run-kernel-tests, which also adds results
+for what it sees from outside (a VM that died, the kernel log).  Before each
+test a marker goes to the kernel log (/dev/kmsg), so kernel messages can be
+attributed to the test that caused them.
+"""
+import importlib.util
+import os
+import sys
+import time
+import traceback
+
+import kfix
+import kinds
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# Every kind runs these (a-f of the issue).
+COMMON = ["attach-geometry", "ext4-roundtrip", "fio-verify", "dd-readers",
+          "read-only", "detach-clean"]
+# The mloop command line's own contract, for the CLI kinds.
+CLI_ONLY = []
+
+
+def tests_for(kind):
+    return COMMON + (CLI_ONLY if isinstance(kind, kinds.MloopCli) else [])
+
+
+def load(name):
+    path = os.path.join(HERE, f"test-{name}.py")
+    spec = importlib.util.spec_from_file_location(f"test_{name.replace('-', '_')}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def kmsg(text):
+    try:
+        with open("/dev/kmsg", "w") as f:
+            f.write(f"<4>mloop-ktest: {text}\n")
+    except OSError:
+        pass  # only a help for reading the kernel log
+
+
+def out(line):
+    print(line, flush=True)
+
+
+def connected_nbd():
+    return [f"/dev/{d}" for d in sorted(os.listdir("/sys/block"))
+            if d.startswith("nbd") and kfix.nbd_in_use(f"/dev/{d}")]
+
+
+def main(argv):
+    kind = kinds.KINDS[argv[1]]
+    names = argv[2:] or tests_for(kind)
+    reason = kind.unavailable()
+    failed = 0
+    for n, name in enumerate(names, 1):
+        if reason:
+            out(f"ok {n} - {name} # SKIP {reason}")
+            continue
+        kmsg(f"{kind.name} {name}")
+        start = time.monotonic()
+        busy_before = connected_nbd()
+        try:
+            with kfix.Cleanup() as cl:
+                load(name).run_test(kind, cl)
+            # Cleanup ran: a test must not leave a device connected.
+            left = sorted(set(connected_nbd()) - set(busy_before))
+            assert not left, f"left connected: {left}"
+        except kfix.Skip as e:
+            out(f"ok {n} - {name} # SKIP {e}")
+        except Exception as e:
+            failed += 1
+            out(f"not ok {n} - {name}")
+            for line in traceback.format_exc().splitlines():
+                out(f"# {line}")
+        else:
+            out(f"ok {n} - {name}")
+        out(f"# {name}: {time.monotonic() - start:.1f} s")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,175 @@
+"""Runs a command in a throwaway VM booted from Debian's kernel, for tests
+that need kernel drivers the host lacks (nbd).
+
+The guest is the kernel prepared by tests/vm/prepare-kernel, an initramfs
+from initramfs.py, the host's root shared read-only over 9p (so every host
+binary and the build tree run unchanged once chrooted into it) and a sparse
+scratch disk formatted ext4 here on the host.  qemu runs under TCG: KVM is
+not usable on this project's machines (see docs of the environment).
+
+The guest's command writes to the second serial port, which lands in a file
+that run() relays line by line; kernel messages land in another.  run()
+returns once the VM has powered off or been killed, and always removes its
+temporary files.
+"""
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+
+import initramfs
+
+VM_DIR = os.environ.get("MLOOP_VM_DIR", "/var/cache/mloop-vm")
+QEMU = "qemu-system-x86_64"
+SCRATCH_SIZE = 2 << 30  # sparse; holds the test images
+EXIT_MARK = "MLOOP-VM-EXIT "
+
+
+class VmError(Exception):
+    """The VM cannot be set up; the message is one line."""
+
+
+class NotPrepared(VmError):
+    """No kernel was prepared (tests/vm/prepare-kernel never ran)."""
+
+
+def prepared_kernel():
+    """(tree, version) of the kernel prepare-kernel unpacked last."""
+    try:
+        with open(os.path.join(VM_DIR, "current")) as f:
+            kver = f.read().strip()
+    except FileNotFoundError:
+        raise NotPrepared(f"no kernel prepared in {VM_DIR} (run tests/vm/prepare-kernel)")
+    tree = os.path.join(VM_DIR, kver)
+    if not os.path.exists(os.path.join(tree, ".prepared")):
+        raise NotPrepared(f"kernel {kver} in {VM_DIR} is incomplete (run tests/vm/prepare-kernel)")
+    return tree, kver
+
+
+def check_paths(paths):
+    """The guest mounts tmpfs over /tmp and /run and the scratch disk over
+    /var/tmp: the host files the guest needs must live elsewhere."""
+    for p in paths:
+        real = os.path.realpath(p)
+        for hidden in ("/tmp", "/run", "/var/tmp"):
+            if real == hidden or real.startswith(hidden + "/"):
+                raise VmError(f"{p} is under {hidden}, which the guest mounts over")
+
+
+class Result:
+    def __init__(self):
+        self.exit_status = None  # the guest command's, None if it never said
+        self.timed_out = False
+        self.qemu_status = None
+        self.console = []  # kernel console lines
+
+
+class _Follower:
+    """Yields the complete lines appended to a file since the last call."""
+
+    def __init__(self, path):
+        self.path = path
+        self.pos = 0
+        self.partial = b""
+
+    def lines(self, final=False):
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.pos)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        self.pos += len(data)
+        data = self.partial + data
+        parts = data.split(b"\n")
+        self.partial = parts.pop()
+        if final and self.partial:
+            parts.append(self.partial)
+            self.partial = b""
+        return [p.decode("utf-8", "replace").rstrip("\r") for p in parts]
+
+
+def run(guest_cmd, on_output, on_console, timeout, smp=4, memory_mb=2048):
+    """Boots the VM, runs the shell script GUEST_CMD chrooted into the host
+    root, and calls ON_OUTPUT(line) for each line it prints and
+    ON_CONSOLE(line) for each console line.  Kills the VM after TIMEOUT
+    seconds.  Returns a Result."""
+    if shutil.which(QEMU) is None:
+        raise VmError(f"{QEMU} is not installed (package qemu-system-x86)")
+    busybox = initramfs.find_busybox()
+    if busybox is None:
+        raise VmError("no statically linked busybox (package busybox-static)")
+    tree, kver = prepared_kernel()
+    kernel = os.path.join(tree, "boot", f"vmlinuz-{kver}")
+    check_paths([tree])
+
+    work = tempfile.mkdtemp(prefix="mloop-vm-", dir=os.environ.get("MLOOP_VM_TMPDIR"))
+    proc = None
+    result = Result()
+    try:
+        rd = os.path.join(work, "initramfs.cpio")
+        initramfs.build(rd, busybox, tree, kver, guest_cmd)
+        # Formatted here at host speed rather than by the emulated guest.
+        scratch = os.path.join(work, "scratch.img")
+        with open(scratch, "wb") as f:
+            f.truncate(SCRATCH_SIZE)
+        subprocess.run(["mkfs.ext4", "-q", "-F", "-L", "mloop-scratch", scratch],
+                       check=True, stdout=subprocess.DEVNULL)
+        console_log = os.path.join(work, "console.log")
+        out_log = os.path.join(work, "output.log")
+        cmd = [
+            QEMU, "-accel", "tcg,thread=multi", "-cpu", "max",
+            # One hardware queue per connection needs a vCPU per connection.
+            "-smp", str(smp), "-m", str(memory_mb),
+            "-nodefaults", "-nographic", "-monitor", "none", "-nic", "none",
+            "-no-reboot",
+            "-kernel", kernel, "-initrd", rd,
+            # panic=-1 reboots at once on a panic, which -no-reboot turns
+            # into qemu exiting; loglevel=5 keeps warnings and errors (nbd's
+            # "Unexpected reply", oopses) on the console and boot chatter off.
+            "-append", "console=ttyS0 panic=-1 loglevel=5 rdinit=/init",
+            "-virtfs", "local,path=/,mount_tag=host,security_model=none,"
+                       "readonly=on,multidevs=remap",
+            "-drive", f"file={scratch},format=raw,if=virtio,cache=unsafe",
+            "-chardev", f"file,id=con,path={console_log}", "-serial", "chardev:con",
+            "-chardev", f"file,id=out,path={out_log}", "-serial", "chardev:out",
+        ]
+        qemu_log = open(os.path.join(work, "qemu.log"), "w")
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=qemu_log,
+                                stderr=subprocess.STDOUT)
+        out, con = _Follower(out_log), _Follower(console_log)
+        deadline = time.monotonic() + timeout
+
+        def pump(final=False):
+            for line in con.lines(final):
+                result.console.append(line)
+                on_console(line)
+            for line in out.lines(final):
+                if line.startswith(EXIT_MARK):
+                    result.exit_status = int(line[len(EXIT_MARK):])
+                else:
+                    on_output(line)
+
+        while proc.poll() is None:
+            if time.monotonic() > deadline:
+                result.timed_out = True
+                proc.kill()
+                break
+            pump()
+            time.sleep(0.2)
+        proc.wait()
+        pump(final=True)
+        result.qemu_status = proc.returncode
+        qemu_log.close()
+        if result.exit_status is None and not result.timed_out:
+            with open(os.path.join(work, "qemu.log")) as f:
+                for line in f.read().splitlines():
+                    on_console("qemu: " + line)
+        return result
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(work, ignore_errors=True)
