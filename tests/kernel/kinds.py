@@ -84,9 +84,18 @@ class MloopCli:
 
     def env(self):
         if self.runtime_dir is None:
+            # mloop creates it (0700) on first use.
             self.runtime_dir = os.path.join("/run", f"mloop-ktest-{os.getpid()}")
-            os.makedirs(self.runtime_dir, exist_ok=True)
         return dict(os.environ, MLOOP_RUNTIME_DIR=self.runtime_dir)
+
+    def state_entries(self):
+        """What the runtime dir holds besides .lock, which stays by design
+        (lib/device_state.h: the flock()ed file serialising attach and
+        detach); per-device state must not stay."""
+        try:
+            return sorted(set(os.listdir(self.runtime_dir)) - {".lock"})
+        except (FileNotFoundError, TypeError):
+            return []
 
     def cli(self, *args, check=True):
         return run([CLI, *args], check=check, env=self.env())
@@ -97,8 +106,10 @@ class MloopCli:
                 "--server", self.server]
         return args + (["--read-only"] if read_only else [])
 
-    def attach(self, cl, image, read_only=False, extra=()):
-        p = self.cli(*self.attach_args(image, read_only), *extra)
+    def attach(self, cl, image, read_only=False, args=None):
+        """Attaches IMAGE with the options every test uses, or with ARGS
+        (from attach_args, amended) when given."""
+        p = self.cli(*(args or self.attach_args(image, read_only)))
         lines = p.stdout.splitlines()
         assert len(lines) == 1 and re.fullmatch(r"/dev/nbd\d+", lines[0]), \
             f"mloop attach printed {p.stdout!r}, expected one /dev/nbdN line"
@@ -114,7 +125,7 @@ class MloopCli:
         problems = _nbd_leftovers(att.device)
         for pid, cmdline in processes_mentioning(image):
             problems.append(f"process {pid} still serves the image: {cmdline}")
-        left = os.listdir(self.runtime_dir) if self.runtime_dir else []
+        left = self.state_entries()
         if left:
             problems.append(f"runtime dir still holds {left}")
         return problems

@@ -11,6 +11,7 @@ attributed to the test that caused them.
 """
 import importlib.util
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -23,7 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 COMMON = ["attach-geometry", "ext4-roundtrip", "fio-verify", "dd-readers",
           "read-only", "detach-clean"]
 # The mloop command line's own contract, for the CLI kinds.
-CLI_ONLY = []
+CLI_ONLY = ["cli-block-size", "cli-list-status", "cli-detach-forms", "cli-errors"]
 
 
 def tests_for(kind):
@@ -83,6 +84,8 @@ def main(argv):
         else:
             out(f"ok {n} - {name}")
         out(f"# {name}: {time.monotonic() - start:.1f} s")
+    if getattr(kind, "runtime_dir", None):
+        shutil.rmtree(kind.runtime_dir, ignore_errors=True)  # just .lock by now
     return 1 if failed else 0
 
 
