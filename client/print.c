@@ -81,9 +81,15 @@ mloop_print_status (FILE *f, const struct mloop_device_state *s,
     fputs ("{\"device\": ", f);
     json_device (f, s);
     fprintf (f, ", \"server_running\": %s, \"kernel_connected\": %s"
-             ", \"hardware_queues\": %u",
+             ", \"hardware_queues\": %u, \"supervisor_pid\": %d"
+             ", \"restarts\": %u, \"last_failure\": ",
              st->server_running ? "true" : "false",
-             st->kernel_connected ? "true" : "false", st->hardware_queues);
+             st->kernel_connected ? "true" : "false", st->hardware_queues,
+             (int) s->supervisor_pid, s->restarts);
+    if (s->last_failure)
+      json_string (f, s->last_failure);
+    else
+      fputs ("null", f);
     if (st->have_stats) {
       fprintf (f, ", \"connections_open\": %" PRIu64
                ", \"connections_total\": %" PRIu64 ", \"requests\": {",
@@ -104,6 +110,9 @@ mloop_print_status (FILE *f, const struct mloop_device_state *s,
            st->hardware_queues, s->connections);
   fprintf (f, "  server:  %s, pid %d, %s\n", mloop_server_kind_name (s->server),
            (int) s->server_pid, st->server_running ? "running" : "NOT running");
+  fprintf (f, "  supervisor: pid %d, %u restarts%s%s\n", (int) s->supervisor_pid,
+           s->restarts, s->last_failure ? "; last failure: " : "",
+           s->last_failure ? s->last_failure : "");
   if (!st->have_stats) {
     fprintf (f, "  counters: not available (no stats file)\n");
     return;

@@ -15,14 +15,13 @@
 #include <glib.h>
 
 #include "attach.h"
-#include "nbd_client.h"
+#include "nbd_connect.h"
 #include "nbd_netlink.h"
 #include "nbd_proto.h"
 
 /* TCG guests start nbdkit slowly: be patient before calling it failed. */
 #define SERVER_START_TIMEOUT_MS 60000
 #define SERVER_STOP_TIMEOUT_MS 10000
-#define HANDSHAKE_TIMEOUT_S 30
 
 static int __attribute__((format (printf, 3, 4)))
 fail (char *err, size_t errlen, const char *fmt, ...)
@@ -123,63 +122,6 @@ already_attached (const struct stat *st, char *err, size_t errlen)
 }
 
 static int
-connect_unix (const char *path, char *err, size_t errlen)
-{
-  struct sockaddr_un addr = { .sun_family = AF_UNIX };
-  struct timeval tv = { .tv_sec = HANDSHAKE_TIMEOUT_S };
-  int fd;
-
-  if (strlen (path) >= sizeof addr.sun_path)
-    return fail (err, errlen, "socket path too long: %s", path);
-  strcpy (addr.sun_path, path);
-  fd = socket (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd == -1 || connect (fd, (struct sockaddr *) &addr, sizeof addr) == -1) {
-    fail (err, errlen, "cannot connect to %s: %s", path, strerror (errno));
-    if (fd != -1)
-      close (fd);
-    return -1;
-  }
-  /* A server that hangs mid-handshake must not hang attach. */
-  setsockopt (fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  setsockopt (fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-  return fd;
-}
-
-/* Opens and negotiates N connections into FDS; *X is the export as the
- * first connection saw it.
- */
-static int
-open_connections (const char *sock, unsigned n, int *fds,
-                  struct mloop_nbd_export *x, char *err, size_t errlen)
-{
-  char why[256];
-
-  for (unsigned i = 0; i < n; i++) {
-    struct mloop_nbd_export xi = { 0 };
-    struct timeval none = { 0 };
-
-    fds[i] = connect_unix (sock, err, errlen);
-    if (fds[i] == -1)
-      return -1;
-    if (mloop_nbd_client_go (fds[i], "", &xi, why, sizeof why) == -1)
-      return fail (err, errlen, "connection %u: %s", i + 1, why);
-    if (i == 0) {
-      *x = xi;
-      if (n > 1 && !(x->flags & NBD_FLAG_CAN_MULTI_CONN))
-        return fail (err, errlen, "the server does not advertise multi-conn: "
-                     "attach it with --connections 1");
-    }
-    else if (xi.size != x->size || xi.flags != x->flags)
-      return fail (err, errlen, "connection %u saw a different export",
-                   i + 1);
-    /* From here the kernel owns the socket and its own timeouts. */
-    setsockopt (fds[i], SOL_SOCKET, SO_RCVTIMEO, &none, sizeof none);
-    setsockopt (fds[i], SOL_SOCKET, SO_SNDTIMEO, &none, sizeof none);
-  }
-  return 0;
-}
-
-static int
 choose_block_size (const struct mloop_attach_request *req,
                    const struct mloop_nbd_export *x, uint32_t *bs,
                    char *err, size_t errlen)
@@ -195,6 +137,21 @@ choose_block_size (const struct mloop_attach_request *req,
                  "minimum block size %u", req->block_size, min);
   *bs = req->block_size;
   return 0;
+}
+
+/* Stops the supervisor first, so it does not restart the server, then
+ * the server (the supervisor stops it too; this covers a supervisor that
+ * was killed).
+ */
+static void
+stop_processes (const struct mloop_device_state *s)
+{
+  g_autofree char *sock = mloop_state_path (s, "sock");
+
+  if (s->supervisor_pid > 0)
+    mloop_server_stop (s->supervisor_pid, s->dir, SERVER_STOP_TIMEOUT_MS);
+  if (s->server_pid > 0)
+    mloop_server_stop (s->server_pid, sock, SERVER_STOP_TIMEOUT_MS);
 }
 
 static unsigned
@@ -232,17 +189,18 @@ attach_in (const struct mloop_attach_request *req, const char *file,
   if (n > MLOOP_MAX_CONNECTIONS)
     return fail (err, errlen, "--connections %u: at most %d", n,
                  MLOOP_MAX_CONNECTIONS);
-  if (mloop_server_start (&spec, SERVER_START_TIMEOUT_MS, &s->server_pid,
-                          err, errlen) == -1)
+  if (mloop_supervisor_start (&spec, s->dir, SERVER_START_TIMEOUT_MS,
+                              &s->supervisor_pid, &s->server_pid,
+                              err, errlen) == -1)
     return -1;
 
-  for (unsigned i = 0; i < n; i++)
-    fds[i] = -1;
-  r = open_connections (sock, n, fds, &x, err, errlen);
+  r = mloop_nbd_connect_unix (sock, n, fds, &x, err, errlen);
   if (r == 0)
     r = choose_block_size (req, &x, &s->block_size, err, errlen);
   if (r == 0) {
     unsigned timeout = req->timeout ? req->timeout : MLOOP_DEFAULT_TIMEOUT;
+
+    s->timeout = timeout;
 
     /* The dead-connection timeout makes IO wait, instead of failing at
      * once, when every connection is gone: time for a restarted server
@@ -259,9 +217,7 @@ attach_in (const struct mloop_attach_request *req, const char *file,
       r = fail (err, errlen, "%s", why);
   }
   /* The kernel took its own references to the sockets. */
-  for (unsigned i = 0; i < n; i++)
-    if (fds[i] != -1)
-      close (fds[i]);
+  mloop_nbd_close_all (fds, n);
 
   if (r == 0) {
     s->index = index;
@@ -274,7 +230,7 @@ attach_in (const struct mloop_attach_request *req, const char *file,
       mloop_nbd_netlink_disconnect (index, why, sizeof why);
   }
   if (r < 0)
-    mloop_server_stop (s->server_pid, sock, SERVER_STOP_TIMEOUT_MS);
+    stop_processes (s);
   return r < 0 ? -1 : 0;
 }
 
@@ -335,7 +291,6 @@ int
 mloop_detach (const struct mloop_device_state *s, char *err, size_t errlen)
 {
   g_autofree char *mnt = mount_point (s->index);
-  g_autofree char *sock = mloop_state_path (s, "sock");
   bool connected = false;
   char why[512];
   int lock;
@@ -355,7 +310,7 @@ mloop_detach (const struct mloop_device_state *s, char *err, size_t errlen)
     mloop_state_unlock (lock);
     return fail (err, errlen, "/dev/nbd%d: %s", s->index, why);
   }
-  mloop_server_stop (s->server_pid, sock, SERVER_STOP_TIMEOUT_MS);
+  stop_processes (s);
   mloop_state_remove (s->dir);
   mloop_state_unlock (lock);
   return 0;
@@ -389,6 +344,15 @@ mloop_lookup (const char *what, struct mloop_device_state *out,
   return r;
 }
 
+static pid_t
+read_pid (const char *dir, const char *name)
+{
+  g_autofree char *path = g_build_filename (dir, name, NULL);
+  g_autofree char *text = NULL;
+
+  return g_file_get_contents (path, &text, NULL, NULL) ? atoi (text) : 0;
+}
+
 int
 mloop_cleanup_incomplete (void)
 {
@@ -404,12 +368,11 @@ mloop_cleanup_incomplete (void)
    */
   dirs = mloop_state_list_incomplete ();
   for (char **d = dirs; *d; d++, n++) {
-    g_autofree char *pid_file = g_build_filename (*d, "server.pid", NULL);
-    g_autofree char *sock = g_build_filename (*d, "sock", NULL);
-    g_autofree char *text = NULL;
+    struct mloop_device_state s = { .dir = *d };
 
-    if (g_file_get_contents (pid_file, &text, NULL, NULL))
-      mloop_server_stop (atoi (text), sock, SERVER_STOP_TIMEOUT_MS);
+    s.supervisor_pid = read_pid (*d, "supervisor.pid");
+    s.server_pid = read_pid (*d, "server.pid");
+    stop_processes (&s);
     mloop_state_remove (*d);
   }
   mloop_state_unlock (lock);

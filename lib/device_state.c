@@ -123,6 +123,8 @@ mloop_state_save (const struct mloop_device_state *s, char *err,
   g_key_file_set_string (kf, GROUP, "server",
                          mloop_server_kind_name (s->server));
   g_key_file_set_integer (kf, GROUP, "server_pid", s->server_pid);
+  g_key_file_set_integer (kf, GROUP, "supervisor_pid", s->supervisor_pid);
+  g_key_file_set_uint64 (kf, GROUP, "timeout", s->timeout);
   data = g_key_file_to_data (kf, &len, NULL);
   /* Written to a temporary and renamed: readers see all or nothing. */
   if (!g_file_set_contents_full (path, data, len,
@@ -130,6 +132,50 @@ mloop_state_save (const struct mloop_device_state *s, char *err,
                                  &gerr))
     return fail (err, errlen, "cannot write %s: %s", path, gerr->message);
   return 0;
+}
+
+#define SUPERVISOR_GROUP "supervisor"
+
+int
+mloop_state_save_supervisor (const char *dir, pid_t server_pid,
+                             unsigned restarts, const char *last_failure,
+                             char *err, size_t errlen)
+{
+  g_autoptr (GKeyFile) kf = g_key_file_new ();
+  g_autoptr (GError) gerr = NULL;
+  g_autofree char *path = g_build_filename (dir, "supervisor", NULL);
+  g_autofree char *data = NULL;
+  gsize len;
+
+  g_key_file_set_integer (kf, SUPERVISOR_GROUP, "server_pid", server_pid);
+  g_key_file_set_uint64 (kf, SUPERVISOR_GROUP, "restarts", restarts);
+  if (last_failure)
+    g_key_file_set_string (kf, SUPERVISOR_GROUP, "last_failure",
+                           last_failure);
+  data = g_key_file_to_data (kf, &len, NULL);
+  if (!g_file_set_contents_full (path, data, len,
+                                 G_FILE_SET_CONTENTS_CONSISTENT, 0600,
+                                 &gerr))
+    return fail (err, errlen, "cannot write %s: %s", path, gerr->message);
+  return 0;
+}
+
+static void
+load_supervisor_record (const char *dir, struct mloop_device_state *s)
+{
+  g_autoptr (GKeyFile) kf = g_key_file_new ();
+  g_autofree char *path = g_build_filename (dir, "supervisor", NULL);
+  int pid;
+
+  if (!g_key_file_load_from_file (kf, path, G_KEY_FILE_NONE, NULL))
+    return;
+  pid = g_key_file_get_integer (kf, SUPERVISOR_GROUP, "server_pid", NULL);
+  if (pid > 0)
+    s->server_pid = pid;
+  s->restarts = g_key_file_get_uint64 (kf, SUPERVISOR_GROUP, "restarts",
+                                       NULL);
+  s->last_failure = g_key_file_get_string (kf, SUPERVISOR_GROUP,
+                                           "last_failure", NULL);
 }
 
 int
@@ -156,10 +202,14 @@ mloop_state_load (const char *dir, struct mloop_device_state *s)
   if (server == NULL || mloop_server_kind_parse (server, &s->server) == -1)
     s->server = MLOOP_SERVER_NATIVE;
   s->server_pid = g_key_file_get_integer (kf, GROUP, "server_pid", NULL);
+  s->supervisor_pid = g_key_file_get_integer (kf, GROUP, "supervisor_pid",
+                                              NULL);
+  s->timeout = g_key_file_get_uint64 (kf, GROUP, "timeout", NULL);
   if (s->file == NULL) {
     mloop_state_clear (s);
     return -1;
   }
+  load_supervisor_record (dir, s);
   return 0;
 }
 
@@ -251,6 +301,7 @@ mloop_state_clear (struct mloop_device_state *s)
 {
   g_free (s->dir);
   g_free (s->file);
+  g_free (s->last_failure);
   memset (s, 0, sizeof *s);
   s->index = -1;
 }

@@ -4,8 +4,11 @@
  *     .lock                  flock()ed while a device is set up or torn down
  *     dev-XXXXXX/            one per attach, named before the device is known
  *       sock                 the server's private Unix socket
- *       server.pid, server.log
+ *       server.pid, server.log, stats
+ *       supervisor.log       the supervisor's log (restarts and why)
  *       state                a key file, written once the device is up
+ *       supervisor           a key file the supervisor rewrites on each
+ *                            restart: current server pid, restarts, why
  *
  * A directory without "state" is an attach in progress, or one that died
  * half-way; its server pid file lets `mloop detach --all` clean it up.
@@ -30,8 +33,12 @@ struct mloop_device_state {
   uint32_t block_size;
   bool read_only;
   unsigned connections, threads;
+  unsigned timeout;              /* request and dead-connection timeout, s */
   enum mloop_server_kind server;
-  pid_t server_pid;
+  pid_t server_pid;             /* the current one, after any restart */
+  pid_t supervisor_pid;         /* 0: unsupervised */
+  unsigned restarts;            /* servers restarted by the supervisor */
+  char *last_failure;           /* why the last server died, or NULL */
 };
 
 /* The runtime directory; created 0700 when missing. */
@@ -53,7 +60,14 @@ int mloop_state_create (struct mloop_device_state *s, char *err,
 /* Writes S->dir/state atomically. */
 int mloop_state_save (const struct mloop_device_state *s, char *err,
                       size_t errlen);
-/* Reads DIR/state into S (which owns copies); -1 if it has none. */
+/* Writes DIR/supervisor: the supervisor's own record (server pid,
+ * restarts, last failure), kept apart from "state" so the two writers
+ * never race.
+ */
+int mloop_state_save_supervisor (const char *dir, pid_t server_pid,
+                                 unsigned restarts, const char *last_failure,
+                                 char *err, size_t errlen);
+/* Reads DIR/state (and DIR/supervisor, which overrides server_pid) into S (which owns copies); -1 if it has none. */
 int mloop_state_load (const char *dir, struct mloop_device_state *s);
 /* Every device directory with a state file, sorted by device index. */
 struct mloop_device_state *mloop_state_list (size_t *n);

@@ -263,7 +263,8 @@ mloop_nbd_netlink_connect (const struct mloop_nbd_device_config *c,
 }
 
 int
-mloop_nbd_netlink_reconfigure (int index, const int *fds, size_t nr_fds,
+mloop_nbd_netlink_reconfigure (int index, const char *backend,
+                               const int *fds, size_t nr_fds,
                                uint64_t dead_conn_timeout,
                                char *err, size_t errlen)
 {
@@ -277,6 +278,8 @@ mloop_nbd_netlink_reconfigure (int index, const int *fds, size_t nr_fds,
     return rc;
   msg = channel_message (&ch, NBD_CMD_RECONFIGURE);
   if (msg == NULL || nla_put_u32 (msg, NBD_ATTR_INDEX, index) < 0 ||
+      (backend &&
+       nla_put_string (msg, NBD_ATTR_BACKEND_IDENTIFIER, backend) < 0) ||
       (dead_conn_timeout &&
        nla_put_u64 (msg, NBD_ATTR_DEAD_CONN_TIMEOUT, dead_conn_timeout) < 0) ||
       put_sockets (msg, fds, nr_fds) < 0) {

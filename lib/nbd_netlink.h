@@ -39,8 +39,12 @@ int mloop_nbd_netlink_available (char *err, size_t errlen);
 int mloop_nbd_netlink_connect (const struct mloop_nbd_device_config *c,
                                int *index, char *err, size_t errlen);
 
-/* Replaces the dead connections of a configured device with FDS. */
-int mloop_nbd_netlink_reconfigure (int index, const int *fds, size_t nr_fds,
+/* Replaces the dead connections of a configured device with FDS.
+ * BACKEND must repeat the identifier the device was connected with: the
+ * kernel refuses a reconfigure without it ("must specify backend").
+ */
+int mloop_nbd_netlink_reconfigure (int index, const char *backend,
+                                   const int *fds, size_t nr_fds,
                                    uint64_t dead_conn_timeout,
                                    char *err, size_t errlen);
 

@@ -160,61 +160,116 @@ pid_file_read (const char *pid_file)
   return pid > 1 && *end == '\n' ? (pid_t) pid : 0;
 }
 
+/* Spawns ARGV detached with its output in LOG_FILE and waits up to
+ * TIMEOUT_MS for PID_FILE to name a process.  WHAT names the program in
+ * errors.  When MAY_DAEMONIZE, the spawned process exiting 0 is a
+ * daemon's fork, not a failure.  *CHILD is the spawned pid (0 once it
+ * daemonized), *PID the one in the pid file.
+ */
+static int
+spawn_and_wait (char **argv, const char *log_file, const char *pid_file,
+                bool may_daemonize, const char *what, unsigned timeout_ms,
+                pid_t *child, pid_t *pid, char *err, size_t errlen)
+{
+  g_autoptr (GError) gerr = NULL;
+  bool daemonized = false;
+  int log_fd, status;
+  GPid spawned;
+
+  log_fd = open (log_file, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  if (log_fd == -1)
+    return fail (err, errlen, "cannot create %s: %s", log_file,
+                 strerror (errno));
+  if (!g_spawn_async_with_fds (NULL, argv, NULL,
+                               G_SPAWN_DO_NOT_REAP_CHILD |
+                               G_SPAWN_SEARCH_PATH,
+                               detach_session, NULL, &spawned,
+                               -1, log_fd, log_fd, &gerr)) {
+    close (log_fd);
+    return fail (err, errlen, "cannot start %s (%s): %s", what, argv[0],
+                 gerr->message);
+  }
+  close (log_fd);
+  *child = spawned;
+
+  for (unsigned waited = 0; ; waited += POLL_INTERVAL_US / 1000) {
+    if (!daemonized && waitpid (spawned, &status, WNOHANG) == spawned) {
+      g_autofree char *line = NULL;
+
+      daemonized = may_daemonize && WIFEXITED (status) &&
+        WEXITSTATUS (status) == 0;
+      *child = 0;
+      if (!daemonized) {
+        line = last_log_line (log_file);
+        return fail (err, errlen, "%s failed to start: %s", what,
+                     line ? line : "it exited without a message");
+      }
+    }
+    if ((*pid = pid_file_read (pid_file)) != 0)
+      return 0;
+    if (waited >= timeout_ms) {
+      if (!daemonized) {
+        kill (spawned, SIGKILL);
+        waitpid (spawned, &status, 0);
+      }
+      return fail (err, errlen, "%s did not start listening within %u s",
+                   what, timeout_ms / 1000);
+    }
+    g_usleep (POLL_INTERVAL_US);
+  }
+}
+
 int
 mloop_server_start (const struct mloop_server_spec *spec,
                     unsigned timeout_ms, pid_t *pid,
                     char *err, size_t errlen)
 {
   g_autoptr (GPtrArray) argv = server_argv (spec);
-  g_autoptr (GError) gerr = NULL;
-  const char *prog = g_ptr_array_index (argv, 0);
-  bool daemonized = false;
-  int log_fd, status;
-  GPid child;
+  g_autofree char *what = g_strdup_printf ("the %s server",
+                                           mloop_server_kind_name (spec->kind));
+  pid_t child;
 
-  log_fd = open (spec->log_file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
-                 0600);
-  if (log_fd == -1)
-    return fail (err, errlen, "cannot create %s: %s", spec->log_file,
-                 strerror (errno));
-  if (!g_spawn_async_with_fds (NULL, (char **) argv->pdata, NULL,
-                               G_SPAWN_DO_NOT_REAP_CHILD |
-                               G_SPAWN_SEARCH_PATH,
-                               detach_session, NULL, &child,
-                               -1, log_fd, log_fd, &gerr)) {
-    close (log_fd);
-    return fail (err, errlen, "cannot start the %s server (%s): %s",
-                 mloop_server_kind_name (spec->kind), prog, gerr->message);
-  }
-  close (log_fd);
+  /* Each start's messages follow the last one's in the log. */
+  return spawn_and_wait ((char **) argv->pdata, spec->log_file,
+                         spec->pid_file, spec->kind == MLOOP_SERVER_NBDKIT,
+                         what, timeout_ms, &child, pid, err, errlen);
+}
 
-  for (unsigned waited = 0; ; waited += POLL_INTERVAL_US / 1000) {
-    if (!daemonized && waitpid (child, &status, WNOHANG) == child) {
-      g_autofree char *line = NULL;
+int
+mloop_supervisor_start (const struct mloop_server_spec *spec,
+                        const char *dir, unsigned timeout_ms,
+                        pid_t *supervisor, pid_t *server,
+                        char *err, size_t errlen)
+{
+  g_autoptr (GPtrArray) argv = g_ptr_array_new_with_free_func (g_free);
+  g_autofree char *log_file = g_build_filename (dir, "supervisor.log", NULL);
+  g_autofree char *line = NULL;
+  int r;
 
-      /* nbdkit's first process exits 0 once its daemon has forked. */
-      daemonized = spec->kind == MLOOP_SERVER_NBDKIT &&
-        WIFEXITED (status) && WEXITSTATUS (status) == 0;
-      if (!daemonized) {
-        line = last_log_line (spec->log_file);
-        return fail (err, errlen, "the %s server failed to start: %s",
-                     mloop_server_kind_name (spec->kind),
-                     line ? line : "it exited without a message");
-      }
-    }
-    if ((*pid = pid_file_read (spec->pid_file)) != 0)
-      return 0;
-    if (waited >= timeout_ms) {
-      if (!daemonized) {
-        kill (child, SIGKILL);
-        waitpid (child, &status, 0);
-      }
-      return fail (err, errlen, "the %s server did not start listening "
-                   "within %u s", mloop_server_kind_name (spec->kind),
-                   timeout_ms / 1000);
-    }
-    g_usleep (POLL_INTERVAL_US);
-  }
+  g_ptr_array_add (argv, locate ("MLOOP_SUPERVISOR_BIN",
+                                 "server/mloop-supervisor",
+                                 MLOOP_SBINDIR "/mloop-supervisor"));
+  g_ptr_array_add (argv, g_strdup_printf ("--dir=%s", dir));
+  g_ptr_array_add (argv, g_strdup_printf ("--server=%s",
+                                          mloop_server_kind_name (spec->kind)));
+  if (spec->threads)
+    g_ptr_array_add (argv, g_strdup_printf ("--threads=%u", spec->threads));
+  if (spec->read_only)
+    g_ptr_array_add (argv, g_strdup ("--read-only"));
+  g_ptr_array_add (argv, g_strdup ("--"));
+  g_ptr_array_add (argv, g_strdup (spec->image));
+  g_ptr_array_add (argv, NULL);
+
+  r = spawn_and_wait ((char **) argv->pdata, log_file, spec->pid_file, false,
+                      "the supervisor", timeout_ms, supervisor, server,
+                      err, errlen);
+  /* The supervisor's own last words are the server's error, already
+   * phrased for the user: pass them on without our wrapping.
+   */
+  if (r == -1 && *supervisor == 0 && (line = last_log_line (log_file)) &&
+      g_str_has_prefix (line, "mloop-supervisor: "))
+    fail (err, errlen, "%s", line + strlen ("mloop-supervisor: "));
+  return r;
 }
 
 /* Zombies count as gone: they no longer hold the image or the socket. */

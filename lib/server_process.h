@@ -40,15 +40,25 @@ int mloop_server_start (const struct mloop_server_spec *spec,
                         unsigned timeout_ms, pid_t *pid,
                         char *err, size_t errlen);
 
-/* Whether PID is a live process whose command line mentions SOCKET_PATH:
- * a pid file can outlive its process and the pid be reused.
+/* Starts mloop-supervisor for device directory DIR, which starts the
+ * server of SPEC (its files in DIR) and restarts it when it dies.  Waits,
+ * like mloop_server_start, until the server listens; *SUPERVISOR and
+ * *SERVER are their pids.
  */
-bool mloop_server_running (pid_t pid, const char *socket_path);
+int mloop_supervisor_start (const struct mloop_server_spec *spec,
+                            const char *dir, unsigned timeout_ms,
+                            pid_t *supervisor, pid_t *server,
+                            char *err, size_t errlen);
+
+/* Whether PID is a live process whose command line mentions MARK (its
+ * socket path, or for a supervisor its directory): a pid file can outlive
+ * its process and the pid be reused.
+ */
+bool mloop_server_running (pid_t pid, const char *mark);
 
 /* SIGTERM, then SIGKILL after TIMEOUT_MS; returns once PID is gone.
- * Does nothing when PID is not the server of SOCKET_PATH.
+ * Does nothing when PID's command line does not mention MARK.
  */
-void mloop_server_stop (pid_t pid, const char *socket_path,
-                        unsigned timeout_ms);
+void mloop_server_stop (pid_t pid, const char *mark, unsigned timeout_ms);
 
 #endif /* MLOOP_SERVER_PROCESS_H */
