@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "aio_ring.h"
+#include "memory_pressure.h"
 #include "worker_pool.h"
 
 /* Completions reaped per io_getevents call. */
@@ -129,6 +130,8 @@ reaper_thread (void *arg)
 {
   struct mloop_worker *w = arg;
   struct io_event events[REAP_BATCH];
+
+  mloop_io_flusher_thread ();
 
   while (!(atomic_load (&w->stopping) && atomic_load (&w->in_flight) == 0)) {
     int n = mloop_aio_ring_reap (&w->ring, 1, events, REAP_BATCH, NULL);

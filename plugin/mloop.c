@@ -22,6 +22,7 @@
 #include <nbdkit-plugin.h>
 
 #include "engine.h"
+#include "memory_pressure.h"
 #include "space.h"
 #include "stats.h"
 
@@ -36,6 +37,7 @@ static char *filename;
 static struct mloop_engine_config config;
 static bool discard = true;             /* discard=on|off */
 static char *stats_file;                /* stats=FILE, for mloop status */
+static bool lock_memory;                /* mlock=on|off */
 static struct mloop_stats *stats;       /* its counters, or NULL */
 static struct mloop_engine engine;
 static bool engine_open;
@@ -122,6 +124,12 @@ mloop_config (const char *key, const char *value)
       return -1;
     }
   }
+  else if (strcmp (key, "mlock") == 0) {
+    if (parse_on_off (value, &lock_memory) == -1) {
+      nbdkit_error ("mlock=%s: must be on or off", value);
+      return -1;
+    }
+  }
   else if (strcmp (key, "stats") == 0) {
     free (stats_file);
     stats_file = strdup (value);
@@ -161,7 +169,8 @@ mloop_config_complete (void)
   "direct=auto|on|off  O_DIRECT: auto falls back to buffered IO with a\n" \
   "                    warning, on refuses to start (default auto).\n" \
   "discard=on|off      Honour TRIM: punch holes / BLKDISCARD (default on).\n" \
-  "stats=FILE          Keep request counters in FILE (for mloop status)."
+  "stats=FILE          Keep request counters in FILE (for mloop status).\n" \
+  "mlock=on|off        Lock the server's memory with mlockall (default off)."
 
 /* Opens the backing store before nbdkit forks, so that a missing or
  * unusable file makes nbdkit exit at startup.
@@ -206,6 +215,13 @@ mloop_after_fork (void)
   enum mloop_pool_mode mode = mloop_debug_reaper_threads
     ? MLOOP_POOL_REAPER_THREADS : MLOOP_POOL_CALLER_REAPS;
 
+  /* Here, not in .get_ready: memory locks are not inherited across
+   * nbdkit's daemonizing fork.
+   */
+  if (lock_memory && (errno = -mloop_lock_memory ()) != 0) {
+    nbdkit_error ("mlock=on: mlockall: %m");
+    return -1;
+  }
   if (mloop_engine_start (&engine, mode, err, sizeof err) == -1) {
     nbdkit_error ("%s", err);
     return -1;
@@ -331,6 +347,8 @@ mloop_can_multi_conn (void *handle)
 static void
 begin (void)
 {
+  /* nbdkit's threads do the device's IO: keep them out of reclaim. */
+  mloop_io_flusher_thread ();
   MLOOP_STATS_ADD (stats, in_flight, 1);
 }
 

@@ -29,6 +29,7 @@
 #include "engine.h"
 #include "handshake.h"
 #include "listener.h"
+#include "memory_pressure.h"
 #include "nbd_proto.h"
 #include "stats.h"
 #include "worker.h"
@@ -45,6 +46,7 @@ static gchar *opt_direct;
 static gchar *opt_discard;
 static gchar *opt_pid_file;
 static gchar *opt_stats_file;
+static gboolean opt_mlock;
 static gboolean opt_version;
 
 static GOptionEntry entries[] = {
@@ -64,6 +66,8 @@ static GOptionEntry entries[] = {
     "Write the pid here once listening", "FILE" },
   { "stats-file", 0, 0, G_OPTION_ARG_FILENAME, &opt_stats_file,
     "Keep request counters in this file (read by mloop status)", "FILE" },
+  { "mlock", 0, 0, G_OPTION_ARG_NONE, &opt_mlock,
+    "Lock the server's memory (mlockall): never paged out", NULL },
   { "version", 'V', 0, G_OPTION_ARG_NONE, &opt_version,
     "Print the version and exit", NULL },
   { NULL }
@@ -200,6 +204,13 @@ main (int argc, char *argv[])
     die ("--queue-depth=%d: must be between 1 and %d", opt_queue_depth,
          MLOOP_QUEUE_DEPTH_MAX);
   discard = parse_on_off ("discard", opt_discard);
+  if (opt_mlock && (errno = -mloop_lock_memory ()) != 0)
+    die ("--mlock: mlockall: %s", strerror (errno));
+  /* The workers mark themselves; asking here first tells us once. */
+  if (!mloop_io_flusher_thread ())
+    fprintf (stderr, "mloop-server: warning: PR_SET_IO_FLUSHER not "
+             "permitted (needs CAP_SYS_RESOURCE): serving a local device "
+             "under memory pressure can deadlock\n");
 
   mloop_engine_config_init (&cfg);
   cfg.path = argv[1];

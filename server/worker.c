@@ -18,6 +18,7 @@
 #include "connection.h"
 #include "nbd_proto.h"
 #include "space.h"
+#include "memory_pressure.h"
 #include "worker.h"
 
 #define EPOLL_BATCH   64
@@ -775,6 +776,9 @@ worker_main (void *arg)
   struct worker *w = arg;
   struct epoll_event evs[EPOLL_BATCH];
   bool shutdown_seen = false;
+
+  /* This thread does the device's IO: keep it out of reclaim. */
+  mloop_io_flusher_thread ();
 
   for (;;) {
     int n, i;
