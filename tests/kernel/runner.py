@@ -25,10 +25,12 @@ COMMON = ["attach-geometry", "ext4-roundtrip", "fio-verify", "dd-readers",
           "read-only", "detach-clean"]
 # The mloop command line's own contract, for the CLI kinds.
 CLI_ONLY = ["cli-block-size", "cli-list-status", "cli-detach-forms", "cli-errors"]
+# A device that survives its server (mloop-supervisor), for the CLI kinds.
+SUPERVISED = ["restart-fio", "restart-fsync", "restart-dying"]
 
 
 def tests_for(kind):
-    return COMMON + (CLI_ONLY if isinstance(kind, kinds.MloopCli) else [])
+    return COMMON + (CLI_ONLY + SUPERVISED if isinstance(kind, kinds.MloopCli) else [])
 
 
 def load(name):

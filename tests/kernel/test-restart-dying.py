@@ -1,0 +1,40 @@
+"""A server that cannot come back (its image is gone) makes the device
+fail reads with EIO once the dead-connection timeout passes, instead of
+hanging; mloop status names the failure, and detach still cleans up."""
+import errno
+import mmap
+import os
+import time
+
+from kfix import make_image, wait_until
+from restart import attach, status
+
+TIMEOUT = 5  # request and dead-connection timeout for this device
+
+
+def run_test(kind, cl):
+    image = make_image(cl, fill=1 << 20)
+    att = attach(kind, cl, image, TIMEOUT)
+    s = status(kind, att.device)
+    os.unlink(image)                 # every restart will fail to open it
+    os.kill(s["device"]["server_pid"], 9)
+    wait_until(lambda: status(kind, att.device)["last_failure"] is not None and
+               "No such file" in (status(kind, att.device)["last_failure"] or ""),
+               "the supervisor to report the missing image", timeout=60)
+
+    buf = mmap.mmap(-1, 4096)
+    fd = os.open(att.device, os.O_RDONLY | os.O_DIRECT)
+    start = time.monotonic()
+    try:
+        os.preadv(fd, [buf], 0)
+        raise AssertionError("a read from a device without a server succeeded")
+    except OSError as e:
+        assert e.errno == errno.EIO, f"read failed with {e}, expected EIO"
+    finally:
+        os.close(fd)
+    took = time.monotonic() - start
+    # Dead-connection timeout, plus slack for the emulated guest.
+    assert took < TIMEOUT + 30, f"the read hung {took:.0f} s before failing"
+    att.detach()
+    left = kind.leftovers(att, image)
+    assert not left, "; ".join(left)
