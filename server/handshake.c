@@ -78,10 +78,20 @@ reply_info_block_size (int fd, uint32_t option, const struct export_info *x)
   return reply (fd, option, NBD_REP_INFO, &info, sizeof info);
 }
 
+/* Whether the client's NAME (LEN bytes, not terminated) is ours: any name
+ * is, unless the server was given one (--export-name).
+ */
+static bool
+name_matches (const struct export_info *x, const char *name, uint32_t len)
+{
+  return x->name == NULL ||
+    (strlen (x->name) == len && memcmp (x->name, name, len) == 0);
+}
+
 /* NBD_OPT_INFO and NBD_OPT_GO: payload is name length, name, number of
- * info requests, requests.  Any export name is accepted (mloop serves one
- * image).  Returns 1 to start transmission (GO), 0 to go on negotiating,
- * -1 to close.
+ * info requests, requests.  A name that is not ours gets
+ * NBD_REP_ERR_UNKNOWN.  Returns 1 to start transmission (GO), 0 to go on
+ * negotiating, -1 to close.
  */
 static int
 info_or_go (int fd, uint32_t option, const char *data, uint32_t len,
@@ -100,6 +110,8 @@ info_or_go (int fd, uint32_t option, const char *data, uint32_t len,
   nr_info = be16toh (nr_info);
   if (len != 4 + name_len + 2 + 2u * nr_info)
     goto invalid;
+  if (!name_matches (x, data + 4, name_len))
+    return reply (fd, option, NBD_REP_ERR_UNKNOWN, NULL, 0) == -1 ? -1 : 0;
   /* NBD_INFO_BLOCK_SIZE is always sent: mloop prefers aligned requests
    * (O_DIRECT), and the spec names such servers as its reason to exist.
    */
@@ -113,14 +125,22 @@ info_or_go (int fd, uint32_t option, const char *data, uint32_t len,
   return reply (fd, option, NBD_REP_ERR_INVALID, NULL, 0) == -1 ? -1 : 0;
 }
 
+/* One NBD_REP_SERVER: our name, or "" (the default export) when any name
+ * is served.
+ */
 static int
-list_exports (int fd, uint32_t len)
+list_exports (int fd, uint32_t len, const struct export_info *x)
 {
-  uint32_t empty_name = 0;      /* the default export, "" */
+  char entry[4 + NBD_MAX_STRING];
+  uint32_t name_len = x->name ? strlen (x->name) : 0;
+  uint32_t be_len = htobe32 (name_len);
 
   if (len != 0)
     return reply (fd, NBD_OPT_LIST, NBD_REP_ERR_INVALID, NULL, 0);
-  if (reply (fd, NBD_OPT_LIST, NBD_REP_SERVER, &empty_name, 4) == -1)
+  memcpy (entry, &be_len, 4);
+  if (name_len)
+    memcpy (entry + 4, x->name, name_len);   /* ≤ NBD_MAX_STRING: main.c */
+  if (reply (fd, NBD_OPT_LIST, NBD_REP_SERVER, entry, 4 + name_len) == -1)
     return -1;
   return reply (fd, NBD_OPT_LIST, NBD_REP_ACK, NULL, 0);
 }
@@ -192,14 +212,17 @@ mloop_handshake (int fd, const struct export_info *x)
 
     switch (option) {
     case NBD_OPT_EXPORT_NAME:
-      if (len > NBD_MAX_STRING)
+      /* No error reply exists for this option: a name that is not ours
+       * can only be refused by closing.
+       */
+      if (len > NBD_MAX_STRING || !name_matches (x, data, len))
         return -1;
       return export_name (fd, x, no_zeroes);
     case NBD_OPT_ABORT:
       reply (fd, option, NBD_REP_ACK, NULL, 0);
       return -1;
     case NBD_OPT_LIST:
-      r = list_exports (fd, len);
+      r = list_exports (fd, len, x);
       break;
     case NBD_OPT_INFO:
     case NBD_OPT_GO:

@@ -15,6 +15,7 @@ struct export_info {
   uint64_t size;
   uint16_t transmission_flags;
   uint32_t min_block, preferred_block, max_block;
+  const char *name;             /* the only name served, or NULL: any */
 };
 
 /* Negotiates on FD.  Returns 0 when the client entered transmission

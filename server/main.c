@@ -2,14 +2,18 @@
  *
  * This file parses the command line (glib's GOption), opens the image,
  * listens, and runs the accept loop.  Each accepted connection negotiates
- * on a short-lived thread of its own (handshake.c, blocking with
- * timeouts, so a slow or hostile client holds up nobody) and is then
- * handed to an event-loop worker (worker.c), round robin.
+ * on a short-lived thread of its own (handshake.c, blocking, so a slow or
+ * hostile client holds up nobody) and is then handed to an event-loop
+ * worker (worker.c), round robin.  Until then a connection costs its
+ * socket, that thread with its small stack and a few bytes of bookkeeping,
+ * nothing else: the accept loop drops it at its deadline, and drops the
+ * oldest when too many are negotiating at once (pending.c).
  *
  * Signals: SIGTERM and SIGINT are blocked in every thread and read from a
- * signalfd by the accept loop, which then stops accepting and stops the
- * workers (they answer what they already received, finish what is in
- * flight, and close), removes the socket and the pid file, and exits 0.
+ * signalfd by the accept loop, which then stops accepting, drops the
+ * connections still negotiating, stops the workers (they answer what they
+ * already received, finish what is in flight, and close), removes the
+ * socket and the pid file, and exits 0.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -21,6 +25,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 
@@ -31,16 +38,31 @@
 #include "listener.h"
 #include "memory_pressure.h"
 #include "nbd_proto.h"
+#include "pending.h"
 #include "stats.h"
 #include "worker.h"
 
 /* The largest READ/WRITE accepted, advertised as the maximum block size. */
 #define MAX_REQUEST (32u << 20)
-#define HANDSHAKE_TIMEOUT_S 30
+#define HANDSHAKE_TIMEOUT_MAX (24 * 3600)
+#define MAX_HANDSHAKES_MAX 1000000
+/* A handshake needs a few KiB of stack (handshake.c's largest frame is
+ * one option payload, 4 KiB and a bit).  The default, RLIMIT_STACK
+ * (usually 8 MiB), would make a thousand idle connections reserve 8 GiB
+ * of address space, and all of it locked under --mlock.
+ */
+#define HANDSHAKE_STACK (64 * 1024)
+/* accept() failing for want of descriptors (EMFILE, ENFILE) leaves the
+ * connection queued and the listener readable: pause instead of spinning.
+ */
+#define ACCEPT_BACKOFF_MS 100
 
 static gchar *opt_listen;
 static gint opt_threads = MLOOP_THREADS_DEFAULT;
 static gint opt_queue_depth = 1024;
+static gchar *opt_export_name;
+static gint opt_handshake_timeout = 30;
+static gint opt_max_handshakes = 1024;
 static gboolean opt_read_only;
 static gchar *opt_direct;
 static gchar *opt_discard;
@@ -56,6 +78,14 @@ static GOptionEntry entries[] = {
     "Event-loop workers, 1..64 (default 4)", "N" },
   { "queue-depth", 'q', 0, G_OPTION_ARG_INT, &opt_queue_depth,
     "AIO requests in flight per worker (default 1024)", "N" },
+  { "export-name", 'e', 0, G_OPTION_ARG_STRING, &opt_export_name,
+    "Serve the image under this name only (default: any name)", "NAME" },
+  { "handshake-timeout", 0, 0, G_OPTION_ARG_INT, &opt_handshake_timeout,
+    "Drop a client still negotiating after this long (default 30)",
+    "SECONDS" },
+  { "max-handshakes", 0, 0, G_OPTION_ARG_INT, &opt_max_handshakes,
+    "Connections negotiating at once; beyond, the oldest is dropped "
+    "(default 1024)", "N" },
   { "read-only", 'r', 0, G_OPTION_ARG_NONE, &opt_read_only,
     "Serve read-only", NULL },
   { "direct", 0, 0, G_OPTION_ARG_STRING, &opt_direct,
@@ -93,44 +123,89 @@ die (const char *fmt, ...)
   exit (EXIT_FAILURE);
 }
 
-/* A connection's own thread: negotiate, then hand it to a worker. */
+/* A connection's own thread: negotiate, then hand it to a worker.  The
+ * accept loop may shut the socket down under us (deadline, too many
+ * pending, exit): the handshake then fails, or pending_leave says no.
+ */
 static void *
 handshake_thread (void *arg)
 {
-  int fd = (int) (intptr_t) arg;
-  struct timeval tv = { HANDSHAKE_TIMEOUT_S, 0 };
+  struct pending *p = arg;
+  int fd = pending_fd (p);
   struct worker *w;
+  bool ok;
 
-  setsockopt (fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  setsockopt (fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-  if (mloop_handshake (fd, &export) == -1) {
-    close (fd);
-    return NULL;
+  ok = mloop_handshake (fd, &export) == 0;
+  ok = pending_leave (p) && ok;
+  if (ok) {
+    pthread_mutex_lock (&next_worker_lock);
+    w = workers[next_worker++ % nr_workers];
+    pthread_mutex_unlock (&next_worker_lock);
+    worker_add_connection (w, fd);
   }
-  tv.tv_sec = 0;
-  setsockopt (fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  setsockopt (fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-  pthread_mutex_lock (&next_worker_lock);
-  w = workers[next_worker++ % nr_workers];
-  pthread_mutex_unlock (&next_worker_lock);
-  worker_add_connection (w, fd);
+  else
+    close (fd);
+  pending_end ();             /* last: the workers may stop after this */
   return NULL;
 }
 
+/* Remote clients: replies go out at once (no Nagle delay behind a
+ * previous unacknowledged reply), and a peer that vanished without a FIN
+ * (powered off, cable pulled) is noticed by keepalive instead of holding
+ * its connection forever.
+ */
 static void
-accept_one (int listen_fd)
+tune_tcp (int fd)
 {
-  pthread_attr_t attr;
+  struct sockaddr_storage ss;
+  socklen_t len = sizeof ss;
+  int one = 1;
+
+  if (getsockname (fd, (struct sockaddr *) &ss, &len) == -1 ||
+      (ss.ss_family != AF_INET && ss.ss_family != AF_INET6))
+    return;
+  setsockopt (fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  setsockopt (fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+}
+
+/* Returns false when accept failed for want of descriptors. */
+static bool
+accept_one (int listen_fd, const pthread_attr_t *attr)
+{
+  struct pending *p;
   pthread_t t;
   int fd = accept4 (listen_fd, NULL, NULL, SOCK_CLOEXEC);
 
   if (fd == -1)
-    return;                     /* EAGAIN, ECONNABORTED, EMFILE: go on */
-  pthread_attr_init (&attr);
-  pthread_attr_setdetachstate (&attr, PTHREAD_CREATE_DETACHED);
-  if (pthread_create (&t, &attr, handshake_thread, (void *) (intptr_t) fd))
+    return errno != EMFILE && errno != ENFILE;  /* EAGAIN, ECONNABORTED: go on */
+  tune_tcp (fd);
+  p = pending_begin (fd);
+  if (p == NULL) {
     close (fd);
-  pthread_attr_destroy (&attr);
+    return true;
+  }
+  if (pthread_create (&t, attr, handshake_thread, p)) {
+    pending_abandon (p);
+    close (fd);
+  }
+  return true;
+}
+
+/* Idle connections cost a descriptor each: allow as many as we may.
+ * Quiet unless it fails.
+ */
+static void
+raise_nofile_limit (void)
+{
+  struct rlimit rl;
+
+  if (getrlimit (RLIMIT_NOFILE, &rl) == -1 || rl.rlim_cur == rl.rlim_max)
+    return;
+  rl.rlim_cur = rl.rlim_max;
+  if (setrlimit (RLIMIT_NOFILE, &rl) == -1)
+    fprintf (stderr, "mloop-server: warning: raising the open files limit "
+             "to %llu: %s\n", (unsigned long long) rl.rlim_max,
+             strerror (errno));
 }
 
 static uint16_t
@@ -177,8 +252,9 @@ main (int argc, char *argv[])
   struct mloop_engine_config cfg;
   struct listener listener;
   struct worker_options wopts;
+  pthread_attr_t attr;
   sigset_t sigs;
-  int sfd;
+  int sfd, backoff = 0;
   bool discard;
   char err[512];
   unsigned i;
@@ -203,14 +279,20 @@ main (int argc, char *argv[])
   if (opt_queue_depth < 1 || opt_queue_depth > MLOOP_QUEUE_DEPTH_MAX)
     die ("--queue-depth=%d: must be between 1 and %d", opt_queue_depth,
          MLOOP_QUEUE_DEPTH_MAX);
+  if (opt_handshake_timeout < 1 || opt_handshake_timeout > HANDSHAKE_TIMEOUT_MAX)
+    die ("--handshake-timeout=%d: must be between 1 and %d seconds",
+         opt_handshake_timeout, HANDSHAKE_TIMEOUT_MAX);
+  if (opt_max_handshakes < 1 || opt_max_handshakes > MAX_HANDSHAKES_MAX)
+    die ("--max-handshakes=%d: must be between 1 and %d", opt_max_handshakes,
+         MAX_HANDSHAKES_MAX);
+  if (opt_export_name &&
+      (strlen (opt_export_name) > NBD_MAX_STRING ||
+       !g_utf8_validate (opt_export_name, -1, NULL)))
+    die ("--export-name: must be UTF-8, at most %d bytes", NBD_MAX_STRING);
   discard = parse_on_off ("discard", opt_discard);
+  raise_nofile_limit ();
   if (opt_mlock && (errno = -mloop_lock_memory ()) != 0)
     die ("--mlock: mlockall: %s", strerror (errno));
-  /* The workers mark themselves; asking here first tells us once. */
-  if (!mloop_io_flusher_thread ())
-    fprintf (stderr, "mloop-server: warning: PR_SET_IO_FLUSHER not "
-             "permitted (needs CAP_SYS_RESOURCE): serving a local device "
-             "under memory pressure can deadlock\n");
 
   mloop_engine_config_init (&cfg);
   cfg.path = argv[1];
@@ -232,6 +314,7 @@ main (int argc, char *argv[])
   export.min_block = engine.backing.logical_block_size;
   export.preferred_block = export.min_block > 4096 ? export.min_block : 4096;
   export.max_block = MAX_REQUEST;
+  export.name = opt_export_name;
 
   /* Block the signals before any thread exists, so every thread inherits
    * the mask and only the signalfd sees them.
@@ -259,20 +342,39 @@ main (int argc, char *argv[])
   }
   if (listener_open (&listener, opt_listen, err, sizeof err) == -1)
     die ("%s", err);
+  /* The workers mark themselves; asking here tells us once, and only
+   * now, so that a refusal above stays the one line it should be.
+   */
+  if (!mloop_io_flusher_thread ())
+    fprintf (stderr, "mloop-server: warning: PR_SET_IO_FLUSHER not "
+             "permitted (needs CAP_SYS_RESOURCE): serving a local device "
+             "under memory pressure can deadlock\n");
+  pending_init ((unsigned) opt_handshake_timeout, (unsigned) opt_max_handshakes);
+  pthread_attr_init (&attr);
+  pthread_attr_setdetachstate (&attr, PTHREAD_CREATE_DETACHED);
+  pthread_attr_setstacksize (&attr, HANDSHAKE_STACK);
   write_pid_file ();
 
   for (;;) {
-    struct pollfd p[2] = { { listener.fd, POLLIN, 0 }, { sfd, POLLIN, 0 } };
+    /* While backing off, the listener is left out (fd -1 is ignored). */
+    struct pollfd p[2] = { { backoff ? -1 : listener.fd, POLLIN, 0 },
+                           { sfd, POLLIN, 0 } };
+    int wait = pending_expire ();
 
-    if (poll (p, 2, -1) == -1 && errno != EINTR)
+    if (backoff && (wait == -1 || wait > ACCEPT_BACKOFF_MS))
+      wait = ACCEPT_BACKOFF_MS;
+    backoff = 0;
+    if (poll (p, 2, wait) == -1 && errno != EINTR)
       break;
     if (p[1].revents)
       break;                    /* SIGTERM or SIGINT */
-    if (p[0].revents & POLLIN)
-      accept_one (listener.fd);
+    if ((p[0].revents & POLLIN) && !accept_one (listener.fd, &attr))
+      backoff = 1;
   }
 
   listener_close (&listener);
+  pending_drain ();
+  pthread_attr_destroy (&attr);
   for (i = 0; i < nr_workers; i++)
     worker_stop (workers[i]);
   free (workers);
