@@ -8,11 +8,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <glib.h>
 
 #include "attach.h"
 #include "print.h"
+#include "serve.h"
 
 static int G_GNUC_PRINTF (1, 2)
 error (const char *fmt, ...)
@@ -209,6 +212,69 @@ cmd_status (int argc, char **argv)
   return EXIT_SUCCESS;
 }
 
+static int
+cmd_serve (int argc, char **argv)
+{
+  gboolean read_only = FALSE;
+  gint threads = -1;
+  g_autofree char *listen = NULL, *export_name = NULL, *tls = NULL;
+  g_autofree char *psk = NULL, *certs = NULL, *server = NULL;
+  GOptionEntry entries[] = {
+    { "listen", 'l', 0, G_OPTION_ARG_STRING, &listen,
+      "unix:PATH or tcp:ADDR:PORT (only that address)", "ADDR" },
+    { "read-only", 'r', 0, G_OPTION_ARG_NONE, &read_only,
+      "Serve read-only", NULL },
+    { "export-name", 'e', 0, G_OPTION_ARG_STRING, &export_name,
+      "The export's name (default \"\")", "NAME" },
+    { "threads", 't', 0, G_OPTION_ARG_INT, &threads,
+      "Server IO workers (default 4)", "N" },
+    { "tls", 0, 0, G_OPTION_ARG_STRING, &tls,
+      "off (default), on or require (served by nbdkit)", "MODE" },
+    { "tls-psk", 0, 0, G_OPTION_ARG_FILENAME, &psk,
+      "Pre-shared keys file (nbdkit's format: user:hexkey)", "FILE" },
+    { "tls-certificates", 0, 0, G_OPTION_ARG_FILENAME, &certs,
+      "Directory with ca-cert.pem, server-cert.pem, server-key.pem", "DIR" },
+    { "server", 's', 0, G_OPTION_ARG_STRING, &server,
+      "native (default without TLS) or nbdkit", "KIND" },
+    { NULL }
+  };
+  struct mloop_serve_request req = { 0 };
+  char err[1024];
+  char **cmd;
+
+  if (!parse ("FILE", "Serve FILE over NBD to other machines (foreground).",
+              entries, &argc, &argv))
+    return EXIT_FAILURE;
+  if (argc != 2)
+    return error ("serve: give exactly one FILE (see mloop serve --help)");
+  if (threads != -1 && (threads < 1 || threads > 64))
+    return error ("serve: --threads %d: must be 1..64", threads);
+  if (tls && mloop_tls_mode_parse (tls, &req.tls) == -1)
+    return error ("serve: --tls %s: must be off, on or require", tls);
+  if (server) {
+    req.server_given = true;
+    if (mloop_server_kind_parse (server, &req.server) == -1)
+      return error ("serve: --server %s: must be native or nbdkit", server);
+  }
+  req.file = argv[1];
+  req.listen = listen;
+  req.export_name = export_name;
+  req.read_only = read_only;
+  req.threads = threads == -1 ? 0 : threads;
+  req.tls_psk = psk;
+  req.tls_certificates = certs;
+
+  cmd = mloop_serve_command (&req, err, sizeof err);
+  if (cmd == NULL)
+    return error ("serve %s: %s", req.file, err);
+  /* The socket the server creates is then 0600 (its directory, if we
+   * made it, is 0700).
+   */
+  umask (0177);
+  execvp (cmd[0], cmd);
+  return error ("serve: cannot run %s: %s", cmd[0], strerror (errno));
+}
+
 static const struct {
   const char *name;
   int (*run) (int argc, char **argv);
@@ -218,6 +284,7 @@ static const struct {
   { "detach", cmd_detach, "detach DEVICE|FILE, or --all" },
   { "list", cmd_list, "list attached devices" },
   { "status", cmd_status, "connections and counters of a device" },
+  { "serve", cmd_serve, "serve FILE to other machines (TCP, TLS)" },
 };
 
 static int

@@ -48,8 +48,8 @@ mloop_server_kind_parse (const char *name, enum mloop_server_kind *kind)
 /* ENV_NAME if set; else BUILD_RELATIVE next to the running program when
  * it runs from the build tree; else INSTALLED.
  */
-static char *
-locate (const char *env_name, const char *build_relative,
+char *
+mloop_locate_program (const char *env_name, const char *build_relative,
         const char *installed)
 {
   const char *env = g_getenv (env_name);
@@ -76,7 +76,7 @@ server_argv (const struct mloop_server_spec *s)
   GPtrArray *argv = g_ptr_array_new_with_free_func (g_free);
 
   if (s->kind == MLOOP_SERVER_NATIVE) {
-    g_ptr_array_add (argv, locate ("MLOOP_SERVER_BIN",
+    g_ptr_array_add (argv, mloop_locate_program ("MLOOP_SERVER_BIN",
                                    "server/mloop-server",
                                    MLOOP_SBINDIR "/mloop-server"));
     g_ptr_array_add (argv, g_strdup_printf ("--listen=unix:%s",
@@ -109,7 +109,7 @@ server_argv (const struct mloop_server_spec *s)
     g_ptr_array_add (argv, g_strdup (s->pid_file));
     if (s->read_only)
       g_ptr_array_add (argv, g_strdup ("-r"));
-    g_ptr_array_add (argv, locate ("MLOOP_PLUGIN",
+    g_ptr_array_add (argv, mloop_locate_program ("MLOOP_PLUGIN",
                                    "plugin/nbdkit-mloop-plugin.so", "mloop"));
     g_ptr_array_add (argv, g_strdup_printf ("file=%s", s->image));
     if (s->threads)
@@ -246,7 +246,7 @@ mloop_supervisor_start (const struct mloop_server_spec *spec,
   g_autofree char *line = NULL;
   int r;
 
-  g_ptr_array_add (argv, locate ("MLOOP_SUPERVISOR_BIN",
+  g_ptr_array_add (argv, mloop_locate_program ("MLOOP_SUPERVISOR_BIN",
                                  "server/mloop-supervisor",
                                  MLOOP_SBINDIR "/mloop-supervisor"));
   g_ptr_array_add (argv, g_strdup_printf ("--dir=%s", dir));

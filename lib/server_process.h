@@ -28,6 +28,13 @@ struct mloop_server_spec {
   bool read_only;
 };
 
+/* A program or plugin mloop runs: ENV_NAME's value if set; else
+ * BUILD_RELATIVE next to the running program when it runs from the build
+ * tree; else INSTALLED.  g_free the result.
+ */
+char *mloop_locate_program (const char *env_name, const char *build_relative,
+                            const char *installed);
+
 const char *mloop_server_kind_name (enum mloop_server_kind kind);
 /* 0 and *KIND for "native" or "nbdkit", else -1. */
 int mloop_server_kind_parse (const char *name, enum mloop_server_kind *kind);

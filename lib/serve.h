@@ -1,0 +1,41 @@
+/* mloop — `mloop serve`: an image served to other machines.
+ *
+ * Serving is a long-running foreground process, so this only decides the
+ * command line (the native mloop-server, or nbdkit with the mloop plugin
+ * when TLS or --server nbdkit is asked for) and prepares the socket's
+ * directory; the caller execs it.  Never prints.
+ */
+#ifndef MLOOP_SERVE_H
+#define MLOOP_SERVE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "server_process.h"
+
+enum mloop_tls_mode { MLOOP_TLS_OFF, MLOOP_TLS_ON, MLOOP_TLS_REQUIRE };
+
+struct mloop_serve_request {
+  const char *file;
+  const char *listen;           /* unix:PATH or tcp:ADDR:PORT */
+  const char *export_name;      /* NULL: the default export "" */
+  bool read_only;
+  unsigned threads;             /* 0: the server's default */
+  enum mloop_tls_mode tls;
+  const char *tls_psk;          /* PSK file (nbdkit's format) */
+  const char *tls_certificates; /* directory of PEM files */
+  bool server_given;            /* --server was on the command line */
+  enum mloop_server_kind server;
+};
+
+/* 0 and *MODE for "off", "on" or "require"; -1 otherwise. */
+int mloop_tls_mode_parse (const char *s, enum mloop_tls_mode *mode);
+
+/* Checks REQ, creates a Unix socket's directory (0700) when missing, and
+ * returns the server's argv (NULL-terminated, g_strfreev it), or NULL
+ * with ERR.
+ */
+char **mloop_serve_command (const struct mloop_serve_request *req,
+                            char *err, size_t errlen);
+
+#endif /* MLOOP_SERVE_H */

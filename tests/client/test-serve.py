@@ -1,0 +1,226 @@
+#!/usr/bin/python3
+"""`mloop serve`: an image served to other machines, tested on 127.0.0.1
+and Unix sockets only.  The native server by default, nbdkit with the
+plugin for TLS; a Unix socket is 0600 in a 0700 directory; TCP listens on
+the address given and nowhere else; with --tls require a plaintext client
+is refused, and libnbd clients (nbdinfo, nbdcopy, fio's nbd engine) work
+with a pre-shared key and with certificates."""
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import nbd
+
+MLOOP = os.environ["MLOOP_CLI"]
+failures = []
+procs = []
+
+
+def check(name, ok, detail=""):
+    print(("ok   " if ok else "FAIL ") + name + (f": {detail}" if detail and not ok else ""),
+          flush=True)
+    if not ok:
+        failures.append(name)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve(*args, ready):
+    """Starts `mloop serve ARGS`; READY() says when it listens."""
+    p = subprocess.Popen([MLOOP, "serve", *args], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    procs.append(p)
+    deadline = time.monotonic() + 20
+    while not ready():
+        if p.poll() is not None:
+            raise AssertionError(f"mloop serve exited {p.returncode}: {p.stderr.read()}")
+        if time.monotonic() > deadline:
+            raise AssertionError("mloop serve did not start listening")
+        time.sleep(0.05)
+    return p
+
+
+def stop(p):
+    p.send_signal(signal.SIGTERM)
+    try:
+        p.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+
+
+def tcp_ready(port):
+    def ready():
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return True
+        except OSError:
+            return False
+    return ready
+
+
+def listening_addresses(port):
+    """Local addresses with a TCP socket listening on PORT."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                addr, p = local.split(":")
+                if state == "0A" and int(p, 16) == port:
+                    found.add(addr)
+    return found
+
+
+def roundtrip(uri, image, name):
+    """Writes through URI with libnbd, reads back, compares with the file."""
+    h = nbd.NBD()
+    h.set_uri_allow_local_file(True)   # tls-psk-file=, tls-certificates=
+    h.connect_uri(uri)
+    data = os.urandom(65536)
+    h.pwrite(data, 1 << 20)
+    h.flush()
+    back = h.pread(65536, 1 << 20)
+    h.shutdown()
+    with open(image, "rb") as f:
+        f.seek(1 << 20)
+        on_disk = f.read(65536)
+    check(f"{name}: data written, read back and in the file",
+          back == data and on_disk == data)
+
+
+def make_certificates(d):
+    """A CA and a server certificate for 127.0.0.1, as nbdkit and libnbd
+    expect them (ca-cert.pem, server-cert.pem, server-key.pem)."""
+    def ossl(*a):
+        subprocess.run(["openssl", *a], check=True, capture_output=True, cwd=d)
+    ossl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+         "-subj", "/CN=mloop test CA", "-keyout", "ca-key.pem", "-out", "ca-cert.pem")
+    ossl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
+         "-keyout", "server-key.pem", "-out", "server.csr")
+    with open(os.path.join(d, "ext.cnf"), "w") as f:
+        f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+                "extendedKeyUsage=serverAuth\n")
+    ossl("x509", "-req", "-in", "server.csr", "-CA", "ca-cert.pem", "-CAkey", "ca-key.pem",
+         "-CAcreateserial", "-days", "2", "-extfile", "ext.cnf", "-out", "server-cert.pem")
+    for junk in ("server.csr", "ext.cnf", "ca-cert.srl"):
+        os.unlink(os.path.join(d, junk))
+
+
+work = tempfile.mkdtemp(prefix="mloop-serve-", dir="/var/tmp")
+try:
+    image = os.path.join(work, "disk.img")
+    with open(image, "wb") as f:
+        f.truncate(64 << 20)
+
+    # Unix socket, native server: 0600 socket in a fresh 0700 directory.
+    sock = os.path.join(work, "private", "nbd.sock")
+    p = serve(image, "--listen", f"unix:{sock}", ready=lambda: os.path.exists(sock))
+    check("unix: socket is 0600", os.stat(sock).st_mode & 0o777 == 0o600,
+          oct(os.stat(sock).st_mode))
+    check("unix: its directory was made 0700",
+          os.stat(os.path.dirname(sock)).st_mode & 0o777 == 0o700)
+    roundtrip(f"nbd+unix:///?socket={sock}", image, "unix native")
+    stop(p)
+    check("unix: SIGTERM stops the server and removes the socket",
+          p.returncode == 0 and not os.path.exists(sock), f"exit {p.returncode}")
+
+    # TCP on 127.0.0.1, both servers: listens there and nowhere else.
+    for kind in ("native", "nbdkit"):
+        port = free_port()
+        p = serve(image, "--listen", f"tcp:127.0.0.1:{port}", "--server", kind,
+                  ready=tcp_ready(port))
+        addrs = listening_addresses(port)
+        check(f"tcp {kind}: listens only on 127.0.0.1", addrs == {"0100007F"}, addrs)
+        roundtrip(f"nbd://127.0.0.1:{port}/", image, f"tcp {kind}")
+        stop(p)
+
+    # TLS with a pre-shared key (nbdkit's PSK file format: user:hexkey).
+    psk = os.path.join(work, "keys.psk")
+    with open(psk, "w") as f:
+        f.write("alice:" + os.urandom(32).hex() + "\n")
+    os.chmod(psk, 0o600)
+    port = free_port()
+    p = serve(image, "--listen", f"tcp:127.0.0.1:{port}", "--tls", "require",
+              "--tls-psk", psk, ready=tcp_ready(port))
+    uri = f"nbds://alice@127.0.0.1:{port}/?tls-psk-file={psk}"
+    r = subprocess.run(["nbdinfo", "--size", f"nbd://127.0.0.1:{port}/"],
+                       capture_output=True, text=True)
+    check("tls psk: a plaintext client is refused",
+          r.returncode != 0 and "TLS" in r.stderr, r.stderr)
+    r = subprocess.run(["nbdinfo", "--size", uri], capture_output=True, text=True)
+    check("tls psk: nbdinfo", r.returncode == 0 and r.stdout.strip() == str(64 << 20),
+          r.stderr)
+    roundtrip(uri, image, "tls psk libnbd")
+    copy = os.path.join(work, "copy.img")
+    r = subprocess.run(["nbdcopy", uri, copy], capture_output=True, text=True)
+    check("tls psk: nbdcopy copies the image exactly",
+          r.returncode == 0 and open(copy, "rb").read() == open(image, "rb").read(),
+          r.stderr)
+    stop(p)
+
+    # TLS with certificates.
+    certs = os.path.join(work, "pki")
+    os.mkdir(certs)
+    make_certificates(certs)
+    port = free_port()
+    p = serve(image, "--listen", f"tcp:127.0.0.1:{port}", "--tls", "require",
+              "--tls-certificates", certs, ready=tcp_ready(port))
+    client = os.path.join(work, "client-pki")
+    os.mkdir(client)
+    shutil.copy(os.path.join(certs, "ca-cert.pem"), client)
+    roundtrip(f"nbds://127.0.0.1:{port}/?tls-certificates={client}", image,
+              "tls certificates libnbd")
+    # fio's nbd engine cannot pass tls-certificates= or tls-psk-file= (libnbd
+    # refuses local files in a URI unless the program allows them, and fio
+    # 3.33 does not), so it finds the CA where libnbd looks by default.
+    if shutil.which("fio"):
+        home = os.path.join(work, "home")
+        os.makedirs(os.path.join(home, ".pki", "libnbd"))
+        shutil.copy(os.path.join(certs, "ca-cert.pem"), os.path.join(home, ".pki", "libnbd"))
+        r = subprocess.run(["fio", "--name=tls", "--ioengine=nbd",
+                            f"--uri=nbds://127.0.0.1:{port}/", "--rw=randwrite",
+                            "--bs=4k", "--size=4m", "--iodepth=8", "--verify=crc32c",
+                            "--verify_fatal=1"],
+                           capture_output=True, text=True, cwd=work,
+                           env=dict(os.environ, HOME=home))
+        check("tls certificates: fio nbd engine writes and verifies",
+              r.returncode == 0 and "err= 0" in r.stdout, r.stderr[-500:])
+    r = subprocess.run(["nbdinfo", "--size", f"nbd://127.0.0.1:{port}/"],
+                       capture_output=True, text=True)
+    check("tls certificates: a plaintext client is refused", r.returncode != 0, r.stderr)
+    stop(p)
+
+    # Refusals: one line, non-zero, nothing started.
+    for args, expect in [
+            ([image], "--listen"),
+            ([image, "--listen", "tcp:127.0.0.1"], "expected unix:PATH or tcp:ADDR:PORT"),
+            ([image, "--listen", "unix:/x", "--tls", "require"], "--tls needs"),
+            ([image, "--listen", "unix:/x", "--tls", "maybe"], "--tls maybe"),
+            ([image, "--listen", "unix:/x", "--tls", "require", "--tls-psk", psk,
+              "--server", "native"], "the native server has no TLS"),
+            ([image, "--listen", "unix:/x", "--tls", "on", "--tls-psk",
+              os.path.join(work, "none.psk")], "none.psk"),
+            ([os.path.join(work, "none.img"), "--listen", "unix:/x"], "No such file")]:
+        r = subprocess.run([MLOOP, "serve", *args], capture_output=True, text=True, timeout=30)
+        lines = r.stderr.strip().splitlines()
+        check(f"refused: {' '.join(args[1:]) or 'no --listen'}",
+              r.returncode != 0 and len(lines) == 1 and expect in lines[0], r.stderr)
+finally:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    shutil.rmtree(work, ignore_errors=True)
+
+if failures:
+    sys.exit(f"{len(failures)} check(s) failed: {', '.join(failures)}")
