@@ -78,7 +78,9 @@ cmd_attach (int argc, char **argv)
   struct mloop_device_state st;
   char err[1024];
 
-  if (!parse ("FILE", "Attach FILE as /dev/nbdN and print the device.",
+  if (!parse ("FILE|nbd://HOST[:PORT]/NAME",
+              "Attach FILE, or a remote export, as /dev/nbdN and print the "
+              "device.",
               entries, &argc, &argv))
     return EXIT_FAILURE;
   if (argc != 2)
@@ -100,7 +102,8 @@ cmd_attach (int argc, char **argv)
   if (timeout != -1 && timeout < 1)
     return error ("attach: --timeout %d: must be positive", timeout);
   req.server = MLOOP_SERVER_NATIVE;
-  if (server && mloop_server_kind_parse (server, &req.server) == -1)
+  if (server && (mloop_server_kind_parse (server, &req.server) == -1 ||
+                 req.server == MLOOP_SERVER_REMOTE))
     return error ("attach: --server %s: must be native or nbdkit", server);
   req.file = argv[1];
   req.threads = threads == -1 ? 0 : threads;
@@ -253,7 +256,8 @@ cmd_serve (int argc, char **argv)
     return error ("serve: --tls %s: must be off, on or require", tls);
   if (server) {
     req.server_given = true;
-    if (mloop_server_kind_parse (server, &req.server) == -1)
+    if (mloop_server_kind_parse (server, &req.server) == -1 ||
+        req.server == MLOOP_SERVER_REMOTE)
       return error ("serve: --server %s: must be native or nbdkit", server);
   }
   req.file = argv[1];

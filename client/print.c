@@ -108,6 +108,10 @@ mloop_print_status (FILE *f, const struct mloop_device_state *s,
   fprintf (f, "  kernel:  %s, %u hardware queues, %u connections attached\n",
            st->kernel_connected ? "connected" : "NOT connected",
            st->hardware_queues, s->connections);
+  if (s->server == MLOOP_SERVER_REMOTE) {
+    fprintf (f, "  server:  remote, not supervised\n");
+    return;
+  }
   fprintf (f, "  server:  %s, pid %d, %s\n", mloop_server_kind_name (s->server),
            (int) s->server_pid, st->server_running ? "running" : "NOT running");
   fprintf (f, "  supervisor: pid %d, %u restarts%s%s\n", (int) s->supervisor_pid,

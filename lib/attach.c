@@ -105,16 +105,22 @@ check_image (const char *file, bool read_only, struct stat *st,
   return 0;
 }
 
+/* Whether FILE (with identity ST), or the remote URI FILE when ST is
+ * NULL, is attached already.
+ */
 static int
-already_attached (const struct stat *st, char *err, size_t errlen)
+already_attached (const char *file, const struct stat *st, char *err,
+                  size_t errlen)
 {
   size_t n;
   struct mloop_device_state *list = mloop_state_list (&n);
   int r = 0;
 
   for (size_t i = 0; i < n && r == 0; i++)
-    if (list[i].file_dev == (uint64_t) st->st_dev &&
-        list[i].file_ino == (uint64_t) st->st_ino)
+    if (st ? (list[i].file_dev == (uint64_t) st->st_dev &&
+              list[i].file_ino == (uint64_t) st->st_ino &&
+              list[i].server != MLOOP_SERVER_REMOTE)
+        : strcmp (list[i].file, file) == 0)
       r = fail (err, errlen, "%s is already attached to /dev/nbd%d",
                 list[i].file, list[i].index);
   mloop_state_free_list (list, n);
@@ -162,12 +168,65 @@ default_connections (void)
   return n > MLOOP_MAX_CONNECTIONS ? MLOOP_MAX_CONNECTIONS : n;
 }
 
-/* Everything after the device directory exists.  On failure the caller
- * removes the directory; this stops the server it started.
+/* Hands the N negotiated sockets in FDS (closed here either way) to the
+ * kernel and records the device in S.  BACKEND names the image in sysfs.
  */
 static int
-attach_in (const struct mloop_attach_request *req, const char *file,
-           struct mloop_device_state *s, char *err, size_t errlen)
+connect_kernel (const struct mloop_attach_request *req, int *fds,
+                unsigned n, const struct mloop_nbd_export *x,
+                const char *backend, struct mloop_device_state *s,
+                char *err, size_t errlen)
+{
+  unsigned timeout = req->timeout ? req->timeout : MLOOP_DEFAULT_TIMEOUT;
+  struct mloop_nbd_device_config dc;
+  char why[512];
+  int r, index = -1;
+
+  r = choose_block_size (req, x, &s->block_size, err, errlen);
+  if (r == 0) {
+    /* The dead-connection timeout makes IO wait, instead of failing at
+     * once, when every connection is gone: time for a restarted server
+     * to be reconnected (NBD_CMD_RECONFIGURE).
+     */
+    dc = (struct mloop_nbd_device_config) {
+      .index = req->index, .size = x->size, .block_size = s->block_size,
+      .server_flags = x->flags, .timeout = timeout,
+      .dead_conn_timeout = timeout,
+      .backend = backend, .fds = fds, .nr_fds = n,
+    };
+    r = mloop_nbd_netlink_connect (&dc, &index, why, sizeof why);
+    if (r < 0)
+      r = fail (err, errlen, "%s", why);
+  }
+  /* The kernel took its own references to the sockets. */
+  mloop_nbd_close_all (fds, n);
+  if (r < 0)
+    return -1;
+
+  s->index = index;
+  s->size = x->size;
+  s->read_only = (x->flags & NBD_FLAG_READ_ONLY) != 0;
+  s->connections = n;
+  s->timeout = timeout;
+  if (mloop_state_save (s, err, errlen) == -1) {
+    mloop_nbd_netlink_disconnect (index, why, sizeof why);
+    return -1;
+  }
+  return 0;
+}
+
+static unsigned
+wanted_connections (const struct mloop_attach_request *req)
+{
+  return req->connections ? req->connections : default_connections ();
+}
+
+/* A local image: its supervisor starts its server on a private socket.
+ * On failure stops them; the caller removes the directory.
+ */
+static int
+attach_local (const struct mloop_attach_request *req, const char *file,
+              struct mloop_device_state *s, char *err, size_t errlen)
 {
   g_autofree char *sock = mloop_state_path (s, "sock");
   g_autofree char *pid_file = mloop_state_path (s, "server.pid");
@@ -180,58 +239,44 @@ attach_in (const struct mloop_attach_request *req, const char *file,
     .read_only = req->read_only,
   };
   struct mloop_nbd_export x = { 0 };
-  unsigned n = req->connections ? req->connections : default_connections ();
+  unsigned n = wanted_connections (req);
   int fds[MLOOP_MAX_CONNECTIONS];
-  struct mloop_nbd_device_config dc;
-  char why[512];
-  int r, index = -1;
 
-  if (n > MLOOP_MAX_CONNECTIONS)
-    return fail (err, errlen, "--connections %u: at most %d", n,
-                 MLOOP_MAX_CONNECTIONS);
+  s->threads = req->threads ? req->threads : 4;
   if (mloop_supervisor_start (&spec, s->dir, SERVER_START_TIMEOUT_MS,
                               &s->supervisor_pid, &s->server_pid,
                               err, errlen) == -1)
     return -1;
-
-  r = mloop_nbd_connect_unix (sock, n, fds, &x, err, errlen);
-  if (r == 0)
-    r = choose_block_size (req, &x, &s->block_size, err, errlen);
-  if (r == 0) {
-    unsigned timeout = req->timeout ? req->timeout : MLOOP_DEFAULT_TIMEOUT;
-
-    s->timeout = timeout;
-
-    /* The dead-connection timeout makes IO wait, instead of failing at
-     * once, when every connection is gone: time for a restarted server
-     * to be reconnected (NBD_CMD_RECONFIGURE).
-     */
-    dc = (struct mloop_nbd_device_config) {
-      .index = req->index, .size = x.size, .block_size = s->block_size,
-      .server_flags = x.flags, .timeout = timeout,
-      .dead_conn_timeout = timeout,
-      .backend = file, .fds = fds, .nr_fds = n,
-    };
-    r = mloop_nbd_netlink_connect (&dc, &index, why, sizeof why);
-    if (r < 0)
-      r = fail (err, errlen, "%s", why);
-  }
-  /* The kernel took its own references to the sockets. */
-  mloop_nbd_close_all (fds, n);
-
-  if (r == 0) {
-    s->index = index;
-    s->size = x.size;
-    s->read_only = (x.flags & NBD_FLAG_READ_ONLY) != 0;
-    s->connections = n;
-    s->threads = req->threads ? req->threads : 4;
-    r = mloop_state_save (s, err, errlen);
-    if (r < 0)
-      mloop_nbd_netlink_disconnect (index, why, sizeof why);
-  }
-  if (r < 0)
+  if (mloop_nbd_connect_unix (sock, n, fds, &x, err, errlen) == -1 ||
+      connect_kernel (req, fds, n, &x, file, s, err, errlen) == -1) {
     stop_processes (s);
-  return r < 0 ? -1 : 0;
+    return -1;
+  }
+  return 0;
+}
+
+/* A remote export (nbd://HOST:PORT/NAME): no server of ours, and as many
+ * connections as asked only if the server advertises multi-conn.
+ */
+static int
+attach_remote (const struct mloop_attach_request *req, const char *uri,
+               struct mloop_device_state *s, char *err, size_t errlen)
+{
+  struct mloop_nbd_address a;
+  g_autofree char *buf = mloop_nbd_parse_uri (uri, &a, err, errlen);
+  struct mloop_nbd_export x = { 0 };
+  int fds[MLOOP_MAX_CONNECTIONS];
+  int n;
+
+  if (buf == NULL)
+    return -1;
+  n = mloop_nbd_connect (&a, wanted_connections (req), false, fds, &x,
+                         err, errlen);
+  if (n == -1)
+    return -1;
+  if (req->read_only)
+    x.flags |= NBD_FLAG_READ_ONLY;      /* the kernel then refuses writes */
+  return connect_kernel (req, fds, (unsigned) n, &x, uri, s, err, errlen);
 }
 
 int
@@ -241,6 +286,7 @@ mloop_attach (const struct mloop_attach_request *req,
   g_autofree char *file = NULL;
   struct stat st;
   bool busy = false;
+  bool remote = strstr (req->file, "://") != NULL;
   char why[512];
   int lock, r;
 
@@ -249,11 +295,15 @@ mloop_attach (const struct mloop_attach_request *req,
   if (geteuid () != 0)
     return fail (err, errlen, "attach needs root: the kernel's NBD netlink "
                  "interface needs CAP_SYS_ADMIN");
-  if (check_image (req->file, req->read_only, &st, err, errlen) == -1)
-    return -1;
-  file = realpath (req->file, NULL);
-  if (file == NULL)
-    return fail (err, errlen, "%s: %s", req->file, strerror (errno));
+  if (remote)
+    file = g_strdup (req->file);
+  else {
+    if (check_image (req->file, req->read_only, &st, err, errlen) == -1)
+      return -1;
+    file = realpath (req->file, NULL);
+    if (file == NULL)
+      return fail (err, errlen, "%s: %s", req->file, strerror (errno));
+  }
   if (mloop_nbd_netlink_available (err, errlen) < 0)
     return -1;
   if (req->index >= 0) {
@@ -269,15 +319,21 @@ mloop_attach (const struct mloop_attach_request *req,
   lock = mloop_state_lock (err, errlen);
   if (lock == -1)
     return -1;
-  r = already_attached (&st, err, errlen);
+  r = already_attached (file, remote ? NULL : &st, err, errlen);
   if (r == 0)
     r = mloop_state_create (out, err, errlen);
   if (r == 0) {
     out->file = g_strdup (file);
-    out->file_dev = st.st_dev;
-    out->file_ino = st.st_ino;
-    out->server = req->server;
-    r = attach_in (req, file, out, err, errlen);
+    if (remote) {
+      out->server = MLOOP_SERVER_REMOTE;
+      r = attach_remote (req, file, out, err, errlen);
+    }
+    else {
+      out->file_dev = st.st_dev;
+      out->file_ino = st.st_ino;
+      out->server = req->server;
+      r = attach_local (req, file, out, err, errlen);
+    }
     if (r < 0) {
       mloop_state_remove (out->dir);
       mloop_state_clear (out);
@@ -321,7 +377,8 @@ mloop_lookup (const char *what, struct mloop_device_state *out,
               char *err, size_t errlen)
 {
   int index = mloop_device_index (what);
-  g_autofree char *file = index < 0 ? realpath (what, NULL) : NULL;
+  g_autofree char *file = index >= 0 ? NULL
+    : strstr (what, "://") ? g_strdup (what) : realpath (what, NULL);
   struct mloop_device_state *list;
   size_t n;
   int r = -1;

@@ -6,6 +6,10 @@
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/un.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include "nbd_connect.h"
@@ -24,11 +28,22 @@ fail (char *err, size_t errlen, const char *fmt, ...)
   return -1;
 }
 
+/* Handshake timeouts, so a server that hangs mid-handshake does not hang
+ * us; cleared once negotiated, when the kernel takes the socket over.
+ */
+static void
+set_timeouts (int fd, int seconds)
+{
+  struct timeval tv = { .tv_sec = seconds };
+
+  setsockopt (fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt (fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
 static int
 connect_unix (const char *path, char *err, size_t errlen)
 {
   struct sockaddr_un addr = { .sun_family = AF_UNIX };
-  struct timeval tv = { .tv_sec = HANDSHAKE_TIMEOUT_S };
   int fd;
 
   if (strlen (path) >= sizeof addr.sun_path)
@@ -41,10 +56,98 @@ connect_unix (const char *path, char *err, size_t errlen)
       close (fd);
     return -1;
   }
-  /* A server that hangs mid-handshake must not hang us. */
-  setsockopt (fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  setsockopt (fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
   return fd;
+}
+
+static int
+connect_tcp (const char *host, const char *port, char *err, size_t errlen)
+{
+  struct addrinfo hints = { .ai_socktype = SOCK_STREAM };
+  struct addrinfo *res, *ai;
+  int fd = -1, r, saved = 0;
+
+  r = getaddrinfo (host, port, &hints, &res);
+  if (r != 0)
+    return fail (err, errlen, "%s:%s: %s", host, port, gai_strerror (r));
+  for (ai = res; ai && fd == -1; ai = ai->ai_next) {
+    fd = socket (ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC,
+                 ai->ai_protocol);
+    if (fd != -1 && connect (fd, ai->ai_addr, ai->ai_addrlen) == -1) {
+      saved = errno;
+      close (fd);
+      fd = -1;
+    }
+  }
+  freeaddrinfo (res);
+  if (fd == -1)
+    return fail (err, errlen, "cannot connect to %s:%s: %s", host, port,
+                 strerror (saved ? saved : errno));
+  /* Requests are small and latency-bound: no Nagle delay. */
+  setsockopt (fd, IPPROTO_TCP, TCP_NODELAY, &(int) { 1 }, sizeof (int));
+  return fd;
+}
+
+static int
+connect_address (const struct mloop_nbd_address *a, char *err, size_t errlen)
+{
+  int fd = a->unix_path ? connect_unix (a->unix_path, err, errlen)
+    : connect_tcp (a->host, a->port, err, errlen);
+
+  if (fd != -1)
+    set_timeouts (fd, HANDSHAKE_TIMEOUT_S);
+  return fd;
+}
+
+char *
+mloop_nbd_parse_uri (const char *uri, struct mloop_nbd_address *a,
+                     char *err, size_t errlen)
+{
+  char *buf, *host, *slash, *colon;
+
+  memset (a, 0, sizeof *a);
+  if (strncmp (uri, "nbds://", 7) == 0) {
+    fail (err, errlen, "the kernel's NBD client cannot speak TLS: reach a "
+          "TLS export through a local relay (see docs/remote.md)");
+    return NULL;
+  }
+  if (strncmp (uri, "nbd://", 6) != 0) {
+    fail (err, errlen, "%s: not an nbd:// URI", uri);
+    return NULL;
+  }
+  buf = strdup (uri + 6);
+  if (buf == NULL) {
+    fail (err, errlen, "out of memory");
+    return NULL;
+  }
+  host = buf;
+  slash = strchr (host, '/');
+  a->name = "";
+  if (slash) {
+    *slash = '\0';
+    a->name = slash + 1;
+  }
+  /* [v6addr]:port, host:port, or host alone. */
+  if (host[0] == '[' && (colon = strchr (host, ']')) != NULL) {
+    *colon = '\0';
+    a->host = host + 1;
+    colon = colon[1] == ':' ? colon + 1 : NULL;
+  }
+  else {
+    a->host = host;
+    colon = strrchr (host, ':');
+  }
+  if (colon) {
+    *colon = '\0';
+    a->port = colon + 1;
+  }
+  if (a->port == NULL || *a->port == '\0')
+    a->port = "10809";          /* IANA's port for NBD */
+  if (*a->host == '\0') {
+    fail (err, errlen, "%s: no host", uri);
+    free (buf);
+    return NULL;
+  }
+  return buf;
 }
 
 void
@@ -57,46 +160,59 @@ mloop_nbd_close_all (int *fds, unsigned n)
     }
 }
 
+/* Returns how many connections were opened and negotiated, or -1. */
 static int
-negotiate_all (const char *sock, unsigned n, int *fds,
-               struct mloop_nbd_export *x, char *err, size_t errlen)
+negotiate_all (const struct mloop_nbd_address *a, unsigned n, bool strict,
+               int *fds, struct mloop_nbd_export *x, char *err,
+               size_t errlen)
 {
   char why[256];
 
   for (unsigned i = 0; i < n; i++) {
     struct mloop_nbd_export xi = { 0 };
-    struct timeval none = { 0 };
 
-    fds[i] = connect_unix (sock, err, errlen);
+    fds[i] = connect_address (a, err, errlen);
     if (fds[i] == -1)
       return -1;
-    if (mloop_nbd_client_go (fds[i], "", &xi, why, sizeof why) == -1)
+    if (mloop_nbd_client_go (fds[i], a->name, &xi, why, sizeof why) == -1)
       return fail (err, errlen, "connection %u: %s", i + 1, why);
+    set_timeouts (fds[i], 0);   /* the kernel sets its own */
     if (i == 0) {
       *x = xi;
-      if (n > 1 && !(x->flags & NBD_FLAG_CAN_MULTI_CONN))
-        return fail (err, errlen, "the server does not advertise multi-conn: "
-                     "attach it with --connections 1");
+      if (n > 1 && !(x->flags & NBD_FLAG_CAN_MULTI_CONN)) {
+        if (strict)
+          return fail (err, errlen, "the server does not advertise "
+                       "multi-conn: attach it with --connections 1");
+        return 1;
+      }
     }
     else if (xi.size != x->size || xi.flags != x->flags)
       return fail (err, errlen, "connection %u saw a different export",
                    i + 1);
-    /* From here the kernel owns the socket and its own timeouts. */
-    setsockopt (fds[i], SOL_SOCKET, SO_RCVTIMEO, &none, sizeof none);
-    setsockopt (fds[i], SOL_SOCKET, SO_SNDTIMEO, &none, sizeof none);
   }
-  return 0;
+  return (int) n;
+}
+
+int
+mloop_nbd_connect (const struct mloop_nbd_address *a, unsigned n,
+                   bool strict, int *fds, struct mloop_nbd_export *x,
+                   char *err, size_t errlen)
+{
+  int r;
+
+  for (unsigned i = 0; i < n; i++)
+    fds[i] = -1;
+  r = negotiate_all (a, n, strict, fds, x, err, errlen);
+  if (r == -1)
+    mloop_nbd_close_all (fds, n);
+  return r;
 }
 
 int
 mloop_nbd_connect_unix (const char *socket_path, unsigned n, int *fds,
                         struct mloop_nbd_export *x, char *err, size_t errlen)
 {
-  for (unsigned i = 0; i < n; i++)
-    fds[i] = -1;
-  if (negotiate_all (socket_path, n, fds, x, err, errlen) == -1) {
-    mloop_nbd_close_all (fds, n);
-    return -1;
-  }
-  return 0;
+  struct mloop_nbd_address a = { .unix_path = socket_path, .name = "" };
+
+  return mloop_nbd_connect (&a, n, true, fds, x, err, errlen) == -1 ? -1 : 0;
 }

@@ -5,14 +5,37 @@
 #ifndef MLOOP_NBD_CONNECT_H
 #define MLOOP_NBD_CONNECT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "nbd_client.h"
 
-/* Opens and negotiates N connections to SOCKET_PATH into FDS.  More than
- * one only if the export advertises multi-conn; every connection must see
- * the same export.  *X is the export as the first connection saw it.  On
- * failure returns -1 and closes every descriptor it opened (FDS all -1).
+/* Where an export is: a Unix socket, or a TCP host and port. */
+struct mloop_nbd_address {
+  const char *unix_path;        /* or NULL for TCP */
+  const char *host, *port;
+  const char *name;             /* export name; "" is the default */
+};
+
+/* Parses "nbd://HOST[:PORT][/NAME]" into *A (strings point into the
+ * returned buffer, which the caller g_frees).  NULL with ERR otherwise;
+ * "nbds://" is refused with the reason.
+ */
+char *mloop_nbd_parse_uri (const char *uri, struct mloop_nbd_address *a,
+                           char *err, size_t errlen);
+
+/* Opens and negotiates up to N connections to A into FDS; *X is the
+ * export as the first connection saw it.  If the export does not
+ * advertise multi-conn only one is opened, or, when STRICT, that is an
+ * error.  Every connection must see the same export.  Returns how many
+ * were opened, or -1 with every descriptor closed (FDS all -1).
+ */
+int mloop_nbd_connect (const struct mloop_nbd_address *a, unsigned n,
+                       bool strict, int *fds, struct mloop_nbd_export *x,
+                       char *err, size_t errlen);
+
+/* The local case: N connections to the default export on SOCKET_PATH,
+ * multi-conn required when N > 1.  0 or -1.
  */
 int mloop_nbd_connect_unix (const char *socket_path, unsigned n, int *fds,
                             struct mloop_nbd_export *x, char *err,

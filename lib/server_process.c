@@ -30,7 +30,11 @@ fail (char *err, size_t errlen, const char *fmt, ...)
 const char *
 mloop_server_kind_name (enum mloop_server_kind kind)
 {
-  return kind == MLOOP_SERVER_NBDKIT ? "nbdkit" : "native";
+  switch (kind) {
+  case MLOOP_SERVER_NBDKIT: return "nbdkit";
+  case MLOOP_SERVER_REMOTE: return "remote";
+  default: return "native";
+  }
 }
 
 int
@@ -40,6 +44,8 @@ mloop_server_kind_parse (const char *name, enum mloop_server_kind *kind)
     *kind = MLOOP_SERVER_NATIVE;
   else if (strcmp (name, "nbdkit") == 0)
     *kind = MLOOP_SERVER_NBDKIT;
+  else if (strcmp (name, "remote") == 0)
+    *kind = MLOOP_SERVER_REMOTE;
   else
     return -1;
   return 0;

@@ -15,6 +15,7 @@
 enum mloop_server_kind {
   MLOOP_SERVER_NATIVE,
   MLOOP_SERVER_NBDKIT,
+  MLOOP_SERVER_REMOTE,          /* a device on another machine's export */
 };
 
 struct mloop_server_spec {
@@ -36,7 +37,7 @@ char *mloop_locate_program (const char *env_name, const char *build_relative,
                             const char *installed);
 
 const char *mloop_server_kind_name (enum mloop_server_kind kind);
-/* 0 and *KIND for "native" or "nbdkit", else -1. */
+/* 0 and *KIND for "native", "nbdkit" (or "remote"), else -1. */
 int mloop_server_kind_parse (const char *name, enum mloop_server_kind *kind);
 
 /* Starts the server and waits up to TIMEOUT_MS until it listens (its pid

@@ -27,10 +27,12 @@ COMMON = ["attach-geometry", "ext4-roundtrip", "fio-verify", "dd-readers",
 CLI_ONLY = ["cli-block-size", "cli-list-status", "cli-detach-forms", "cli-errors"]
 # A device that survives its server (mloop-supervisor), for the CLI kinds.
 SUPERVISED = ["restart-fio", "restart-fsync", "restart-dying"]
+# Serving to other machines, through this machine's loopback.
+REMOTE = ["remote-attach"]
 
 
 def tests_for(kind):
-    return COMMON + (CLI_ONLY + SUPERVISED if isinstance(kind, kinds.MloopCli) else [])
+    return COMMON + (CLI_ONLY + SUPERVISED + REMOTE if isinstance(kind, kinds.MloopCli) else [])
 
 
 def load(name):
