@@ -11,12 +11,15 @@ REPLY_MAGIC = 0x67446698
 OPT_EXPORT_NAME, OPT_ABORT, OPT_LIST, OPT_INFO, OPT_GO = 1, 2, 3, 6, 7
 REP_ACK, REP_SERVER, REP_INFO = 1, 2, 3
 REP_ERR_UNSUP, REP_ERR_INVALID, REP_ERR_TOO_BIG = 0x80000001, 0x80000003, 0x80000009
+REP_ERR_UNKNOWN = 0x80000006
 CMD_READ, CMD_WRITE, CMD_DISC, CMD_FLUSH = 0, 1, 2, 3
 
 
 class Wire:
     def __init__(self, path, timeout=10):
-        self.s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        """PATH: a Unix socket's path, or a (host, port) pair for TCP."""
+        family = socket.AF_INET if isinstance(path, tuple) else socket.AF_UNIX
+        self.s = socket.socket(family, socket.SOCK_STREAM)
         self.s.settimeout(timeout)
         self.s.connect(path)
 

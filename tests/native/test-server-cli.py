@@ -14,7 +14,8 @@ if harness.SERVER_KIND != "native":
 BIN = harness.SERVER_BIN
 
 out = subprocess.run([BIN, "--help"], capture_output=True, text=True, check=True).stdout
-for opt in ("--listen", "--threads", "--read-only", "--pid-file", "--direct", "--discard"):
+for opt in ("--listen", "--threads", "--read-only", "--pid-file", "--direct", "--discard",
+            "--export-name", "--handshake-timeout", "--max-handshakes"):
     assert opt in out, f"--help lacks {opt}"
 out = subprocess.run([BIN, "--version"], capture_output=True, text=True, check=True).stdout
 assert out.startswith("mloop-server "), out
@@ -29,6 +30,8 @@ for args, message in [
     (["--listen", f"unix:{sock}", d], "is a directory"),
     (["--listen", f"unix:{sock}", "--threads", "0", image], "threads=0"),
     (["--listen", f"unix:{sock}", "--direct", "maybe", image], "--direct=maybe"),
+    (["--listen", f"unix:{sock}", "--handshake-timeout", "0", image], "--handshake-timeout=0"),
+    (["--listen", f"unix:{sock}", "--max-handshakes", "0", image], "--max-handshakes=0"),
     (["--listen", "carrier-pigeon", image], "expected unix:PATH or tcp:HOST:PORT"),
 ]:
     p = subprocess.run([BIN, *args], capture_output=True, text=True, timeout=10)
