@@ -39,7 +39,8 @@ def raise_own_nofile(want):
 class NetServer:
     """mloop-server IMAGE with ARGS, listening on tcp:127.0.0.1:PORT (or
     on a Unix socket if unix=True).  nofile: the soft open-files limit
-    it starts with (it raises it to the hard limit itself)."""
+    it starts with (it raises it to the hard limit itself), or a (soft,
+    hard) pair."""
 
     def __init__(self, image, args=(), unix=False, nofile=None, valgrind=None,
                  valgrind_args=()):
@@ -79,7 +80,9 @@ class NetServer:
         cmd += [harness.SERVER_BIN, "--pid-file", ready, *args, image]
 
         def limit():
-            if nofile:
+            if isinstance(nofile, tuple):
+                resource.setrlimit(resource.RLIMIT_NOFILE, nofile)
+            elif nofile:
                 hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
                 resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, hard))
 
@@ -129,6 +132,12 @@ class NetServer:
                 if line.startswith(field + ":"):
                     return int(line.split()[1])
         raise KeyError(field)
+
+    def cpu_seconds(self):
+        """User plus system CPU time the server has used."""
+        with open(f"/proc/{self.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def aio_contexts(self):
         """Kernel AIO contexts: each io_setup maps one "[aio]" ring."""
