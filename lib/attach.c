@@ -14,6 +14,7 @@
 
 #include <glib.h>
 
+#include "errmsg.h"
 #include "attach.h"
 #include "nbd_connect.h"
 #include "nbd_netlink.h"
@@ -22,17 +23,6 @@
 /* TCG guests start nbdkit slowly: be patient before calling it failed. */
 #define SERVER_START_TIMEOUT_MS 60000
 #define SERVER_STOP_TIMEOUT_MS 10000
-
-static int __attribute__((format (printf, 3, 4)))
-fail (char *err, size_t errlen, const char *fmt, ...)
-{
-  va_list ap;
-
-  va_start (ap, fmt);
-  vsnprintf (err, errlen, fmt, ap);
-  va_end (ap);
-  return -1;
-}
 
 int
 mloop_device_index (const char *name)
@@ -91,14 +81,14 @@ check_image (const char *file, bool read_only, struct stat *st,
   int fd = open (file, (read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC);
 
   if (fd == -1 && !read_only && (errno == EROFS || errno == EACCES))
-    return fail (err, errlen, "%s: %s (use --read-only to attach it "
+    return mloop_fail (err, errlen, "%s: %s (use --read-only to attach it "
                  "read-only)", file, strerror (errno));
   if (fd == -1)
-    return fail (err, errlen, "%s: %s", file, strerror (errno));
+    return mloop_fail (err, errlen, "%s: %s", file, strerror (errno));
   if (fstat (fd, st) == -1 || !(S_ISREG (st->st_mode) ||
                                 S_ISBLK (st->st_mode))) {
     close (fd);
-    return fail (err, errlen, "%s: not a regular file or block device",
+    return mloop_fail (err, errlen, "%s: not a regular file or block device",
                  file);
   }
   close (fd);
@@ -121,7 +111,7 @@ already_attached (const char *file, const struct stat *st, char *err,
               list[i].file_ino == (uint64_t) st->st_ino &&
               list[i].server != MLOOP_SERVER_REMOTE)
         : strcmp (list[i].file, file) == 0)
-      r = fail (err, errlen, "%s is already attached to /dev/nbd%d",
+      r = mloop_fail (err, errlen, "%s is already attached to /dev/nbd%d",
                 list[i].file, list[i].index);
   mloop_state_free_list (list, n);
   return r;
@@ -139,7 +129,7 @@ choose_block_size (const struct mloop_attach_request *req,
     return 0;
   }
   if (req->block_size < min)
-    return fail (err, errlen, "--block-size %u is below the image's "
+    return mloop_fail (err, errlen, "--block-size %u is below the image's "
                  "minimum block size %u", req->block_size, min);
   *bs = req->block_size;
   return 0;
@@ -196,7 +186,7 @@ connect_kernel (const struct mloop_attach_request *req, int *fds,
     };
     r = mloop_nbd_netlink_connect (&dc, &index, why, sizeof why);
     if (r < 0)
-      r = fail (err, errlen, "%s", why);
+      r = mloop_fail (err, errlen, "%s", why);
   }
   /* The kernel took its own references to the sockets. */
   mloop_nbd_close_all (fds, n);
@@ -293,7 +283,7 @@ mloop_attach (const struct mloop_attach_request *req,
   memset (out, 0, sizeof *out);
   out->index = -1;
   if (geteuid () != 0)
-    return fail (err, errlen, "attach needs root: the kernel's NBD netlink "
+    return mloop_fail (err, errlen, "attach needs root: the kernel's NBD netlink "
                  "interface needs CAP_SYS_ADMIN");
   if (remote)
     file = g_strdup (req->file);
@@ -302,17 +292,17 @@ mloop_attach (const struct mloop_attach_request *req,
       return -1;
     file = realpath (req->file, NULL);
     if (file == NULL)
-      return fail (err, errlen, "%s: %s", req->file, strerror (errno));
+      return mloop_fail (err, errlen, "%s: %s", req->file, strerror (errno));
   }
   if (mloop_nbd_netlink_available (err, errlen) < 0)
     return -1;
   if (req->index >= 0) {
     if (!device_exists (req->index))
-      return fail (err, errlen, "/dev/nbd%d does not exist (the nbd module "
+      return mloop_fail (err, errlen, "/dev/nbd%d does not exist (the nbd module "
                    "makes nbds_max devices)", req->index);
     if (mloop_nbd_netlink_connected (req->index, &busy, why, sizeof why) == 0
         && busy)
-      return fail (err, errlen, "/dev/nbd%d is busy (already connected)",
+      return mloop_fail (err, errlen, "/dev/nbd%d is busy (already connected)",
                    req->index);
   }
 
@@ -352,7 +342,7 @@ mloop_detach (const struct mloop_device_state *s, char *err, size_t errlen)
   int lock;
 
   if (mnt)
-    return fail (err, errlen, "/dev/nbd%d is mounted on %s: unmount it "
+    return mloop_fail (err, errlen, "/dev/nbd%d is mounted on %s: unmount it "
                  "first", s->index, mnt);
   lock = mloop_state_lock (err, errlen);
   if (lock == -1)
@@ -364,7 +354,7 @@ mloop_detach (const struct mloop_device_state *s, char *err, size_t errlen)
                                    sizeof why) == 0 && connected &&
       mloop_nbd_netlink_disconnect (s->index, why, sizeof why) < 0) {
     mloop_state_unlock (lock);
-    return fail (err, errlen, "/dev/nbd%d: %s", s->index, why);
+    return mloop_fail (err, errlen, "/dev/nbd%d: %s", s->index, why);
   }
   stop_processes (s);
   mloop_state_remove (s->dir);
@@ -384,7 +374,7 @@ mloop_lookup (const char *what, struct mloop_device_state *out,
   int r = -1;
 
   if (index < 0 && file == NULL)
-    return fail (err, errlen, "%s: not an nbd device, and %s", what,
+    return mloop_fail (err, errlen, "%s: not an nbd device, and %s", what,
                  strerror (errno));
   list = mloop_state_list (&n);
   for (size_t i = 0; i < n; i++) {
@@ -397,7 +387,7 @@ mloop_lookup (const char *what, struct mloop_device_state *out,
   }
   mloop_state_free_list (list, n);
   if (r == -1)
-    fail (err, errlen, "%s is not attached by mloop", what);
+    mloop_fail (err, errlen, "%s is not attached by mloop", what);
   return r;
 }
 

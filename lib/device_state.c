@@ -12,20 +12,10 @@
 #include <glib.h>
 #include <glib/gstdio.h>
 
+#include "errmsg.h"
 #include "device_state.h"
 
 #define GROUP "device"
-
-static int __attribute__((format (printf, 3, 4)))
-fail (char *err, size_t errlen, const char *fmt, ...)
-{
-  va_list ap;
-
-  va_start (ap, fmt);
-  vsnprintf (err, errlen, fmt, ap);
-  va_end (ap);
-  return -1;
-}
 
 const char *
 mloop_runtime_dir (void)
@@ -42,11 +32,11 @@ mloop_runtime_dir_create (char *err, size_t errlen)
   struct stat st;
 
   if (g_mkdir_with_parents (dir, 0700) == -1)
-    return fail (err, errlen, "cannot create %s: %s", dir, strerror (errno));
+    return mloop_fail (err, errlen, "cannot create %s: %s", dir, strerror (errno));
   /* Sockets in here reach the image: nobody else may even look. */
   if (stat (dir, &st) == -1 || (st.st_mode & 077) != 0)
     if (chmod (dir, 0700) == -1)
-      return fail (err, errlen, "cannot make %s private: %s", dir,
+      return mloop_fail (err, errlen, "cannot make %s private: %s", dir,
                    strerror (errno));
   return 0;
 }
@@ -62,7 +52,7 @@ mloop_state_lock (char *err, size_t errlen)
   path = g_build_filename (mloop_runtime_dir (), ".lock", NULL);
   fd = open (path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (fd == -1 || flock (fd, LOCK_EX) == -1) {
-    fail (err, errlen, "cannot lock %s: %s", path, strerror (errno));
+    mloop_fail (err, errlen, "cannot lock %s: %s", path, strerror (errno));
     if (fd != -1)
       close (fd);
     return -1;
@@ -92,7 +82,7 @@ mloop_state_create (struct mloop_device_state *s, char *err, size_t errlen)
     return -1;
   tmpl = g_build_filename (mloop_runtime_dir (), "dev-XXXXXX", NULL);
   if (g_mkdtemp_full (tmpl, 0700) == NULL) {
-    fail (err, errlen, "cannot create a directory in %s: %s",
+    mloop_fail (err, errlen, "cannot create a directory in %s: %s",
           mloop_runtime_dir (), strerror (errno));
     g_free (tmpl);
     return -1;
@@ -101,15 +91,30 @@ mloop_state_create (struct mloop_device_state *s, char *err, size_t errlen)
   return 0;
 }
 
+/* Writes KF to PATH through a temporary and a rename: readers see all or
+ * nothing.
+ */
+static int
+write_key_file (GKeyFile *kf, const char *path, char *err, size_t errlen)
+{
+  g_autoptr (GError) gerr = NULL;
+  g_autofree char *data = NULL;
+  gsize len;
+
+  data = g_key_file_to_data (kf, &len, NULL);
+  if (!g_file_set_contents_full (path, data, len,
+                                 G_FILE_SET_CONTENTS_CONSISTENT, 0600, &gerr))
+    return mloop_fail (err, errlen, "cannot write %s: %s", path,
+                       gerr->message);
+  return 0;
+}
+
 int
 mloop_state_save (const struct mloop_device_state *s, char *err,
                   size_t errlen)
 {
   g_autoptr (GKeyFile) kf = g_key_file_new ();
-  g_autoptr (GError) gerr = NULL;
   g_autofree char *path = mloop_state_path (s, "state");
-  g_autofree char *data = NULL;
-  gsize len;
 
   g_key_file_set_integer (kf, GROUP, "index", s->index);
   g_key_file_set_string (kf, GROUP, "file", s->file);
@@ -125,13 +130,7 @@ mloop_state_save (const struct mloop_device_state *s, char *err,
   g_key_file_set_integer (kf, GROUP, "server_pid", s->server_pid);
   g_key_file_set_integer (kf, GROUP, "supervisor_pid", s->supervisor_pid);
   g_key_file_set_uint64 (kf, GROUP, "timeout", s->timeout);
-  data = g_key_file_to_data (kf, &len, NULL);
-  /* Written to a temporary and renamed: readers see all or nothing. */
-  if (!g_file_set_contents_full (path, data, len,
-                                 G_FILE_SET_CONTENTS_CONSISTENT, 0600,
-                                 &gerr))
-    return fail (err, errlen, "cannot write %s: %s", path, gerr->message);
-  return 0;
+  return write_key_file (kf, path, err, errlen);
 }
 
 #define SUPERVISOR_GROUP "supervisor"
@@ -142,22 +141,14 @@ mloop_state_save_supervisor (const char *dir, pid_t server_pid,
                              char *err, size_t errlen)
 {
   g_autoptr (GKeyFile) kf = g_key_file_new ();
-  g_autoptr (GError) gerr = NULL;
   g_autofree char *path = g_build_filename (dir, "supervisor", NULL);
-  g_autofree char *data = NULL;
-  gsize len;
 
   g_key_file_set_integer (kf, SUPERVISOR_GROUP, "server_pid", server_pid);
   g_key_file_set_uint64 (kf, SUPERVISOR_GROUP, "restarts", restarts);
   if (last_failure)
     g_key_file_set_string (kf, SUPERVISOR_GROUP, "last_failure",
                            last_failure);
-  data = g_key_file_to_data (kf, &len, NULL);
-  if (!g_file_set_contents_full (path, data, len,
-                                 G_FILE_SET_CONTENTS_CONSISTENT, 0600,
-                                 &gerr))
-    return fail (err, errlen, "cannot write %s: %s", path, gerr->message);
-  return 0;
+  return write_key_file (kf, path, err, errlen);
 }
 
 static void

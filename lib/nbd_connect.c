@@ -12,21 +12,11 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "errmsg.h"
 #include "nbd_connect.h"
 #include "nbd_proto.h"
 
 #define HANDSHAKE_TIMEOUT_S 30
-
-static int __attribute__((format (printf, 3, 4)))
-fail (char *err, size_t errlen, const char *fmt, ...)
-{
-  va_list ap;
-
-  va_start (ap, fmt);
-  vsnprintf (err, errlen, fmt, ap);
-  va_end (ap);
-  return -1;
-}
 
 /* Handshake timeouts, so a server that hangs mid-handshake does not hang
  * us; cleared once negotiated, when the kernel takes the socket over.
@@ -47,11 +37,11 @@ connect_unix (const char *path, char *err, size_t errlen)
   int fd;
 
   if (strlen (path) >= sizeof addr.sun_path)
-    return fail (err, errlen, "socket path too long: %s", path);
+    return mloop_fail (err, errlen, "socket path too long: %s", path);
   strcpy (addr.sun_path, path);
   fd = socket (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd == -1 || connect (fd, (struct sockaddr *) &addr, sizeof addr) == -1) {
-    fail (err, errlen, "cannot connect to %s: %s", path, strerror (errno));
+    mloop_fail (err, errlen, "cannot connect to %s: %s", path, strerror (errno));
     if (fd != -1)
       close (fd);
     return -1;
@@ -68,7 +58,7 @@ connect_tcp (const char *host, const char *port, char *err, size_t errlen)
 
   r = getaddrinfo (host, port, &hints, &res);
   if (r != 0)
-    return fail (err, errlen, "%s:%s: %s", host, port, gai_strerror (r));
+    return mloop_fail (err, errlen, "%s:%s: %s", host, port, gai_strerror (r));
   for (ai = res; ai && fd == -1; ai = ai->ai_next) {
     fd = socket (ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC,
                  ai->ai_protocol);
@@ -80,7 +70,7 @@ connect_tcp (const char *host, const char *port, char *err, size_t errlen)
   }
   freeaddrinfo (res);
   if (fd == -1)
-    return fail (err, errlen, "cannot connect to %s:%s: %s", host, port,
+    return mloop_fail (err, errlen, "cannot connect to %s:%s: %s", host, port,
                  strerror (saved ? saved : errno));
   /* Requests are small and latency-bound: no Nagle delay. */
   setsockopt (fd, IPPROTO_TCP, TCP_NODELAY, &(int) { 1 }, sizeof (int));
@@ -106,17 +96,17 @@ mloop_nbd_parse_uri (const char *uri, struct mloop_nbd_address *a,
 
   memset (a, 0, sizeof *a);
   if (strncmp (uri, "nbds://", 7) == 0) {
-    fail (err, errlen, "the kernel's NBD client cannot speak TLS: reach a "
+    mloop_fail (err, errlen, "the kernel's NBD client cannot speak TLS: reach a "
           "TLS export through a local relay (see docs/remote.md)");
     return NULL;
   }
   if (strncmp (uri, "nbd://", 6) != 0) {
-    fail (err, errlen, "%s: not an nbd:// URI", uri);
+    mloop_fail (err, errlen, "%s: not an nbd:// URI", uri);
     return NULL;
   }
   buf = strdup (uri + 6);
   if (buf == NULL) {
-    fail (err, errlen, "out of memory");
+    mloop_fail (err, errlen, "out of memory");
     return NULL;
   }
   host = buf;
@@ -143,7 +133,7 @@ mloop_nbd_parse_uri (const char *uri, struct mloop_nbd_address *a,
   if (a->port == NULL || *a->port == '\0')
     a->port = "10809";          /* IANA's port for NBD */
   if (*a->host == '\0') {
-    fail (err, errlen, "%s: no host", uri);
+    mloop_fail (err, errlen, "%s: no host", uri);
     free (buf);
     return NULL;
   }
@@ -175,19 +165,19 @@ negotiate_all (const struct mloop_nbd_address *a, unsigned n, bool strict,
     if (fds[i] == -1)
       return -1;
     if (mloop_nbd_client_go (fds[i], a->name, &xi, why, sizeof why) == -1)
-      return fail (err, errlen, "connection %u: %s", i + 1, why);
+      return mloop_fail (err, errlen, "connection %u: %s", i + 1, why);
     set_timeouts (fds[i], 0);   /* the kernel sets its own */
     if (i == 0) {
       *x = xi;
       if (n > 1 && !(x->flags & NBD_FLAG_CAN_MULTI_CONN)) {
         if (strict)
-          return fail (err, errlen, "the server does not advertise "
+          return mloop_fail (err, errlen, "the server does not advertise "
                        "multi-conn: attach it with --connections 1");
         return 1;
       }
     }
     else if (xi.size != x->size || xi.flags != x->flags)
-      return fail (err, errlen, "connection %u saw a different export",
+      return mloop_fail (err, errlen, "connection %u saw a different export",
                    i + 1);
   }
   return (int) n;

@@ -13,19 +13,11 @@
 #include <netlink/genl/genl.h>
 #include <netlink/netlink.h>
 
+#include "errmsg.h"
 #include "nbd_netlink.h"
 
 /* Fills ERR and returns RET (a negative errno). */
-static int __attribute__((format (printf, 4, 5)))
-fail (char *err, size_t errlen, int ret, const char *fmt, ...)
-{
-  va_list ap;
-
-  va_start (ap, fmt);
-  vsnprintf (err, errlen, fmt, ap);
-  va_end (ap);
-  return ret;
-}
+#define fail(err, errlen, ret, ...) (mloop_fail (err, errlen, __VA_ARGS__), (ret))
 
 /* What one request brought back. */
 struct reply {
@@ -164,7 +156,7 @@ channel_transact (struct channel *ch, struct nl_msg *msg, struct reply *r,
   rc = r->error;
  out:
   if (rc < 0)
-    fail (err, errlen, rc, "netlink %s: %s", what, strerror (-rc));
+    mloop_fail (err, errlen, "netlink %s: %s", what, strerror (-rc));
   nl_cb_put (cb);
   nlmsg_free (msg);
   nl_socket_free (ch->sock);
@@ -251,7 +243,7 @@ mloop_nbd_netlink_connect (const struct mloop_nbd_device_config *c,
   }
   rc = channel_transact (&ch, msg, &r, "connect", err, errlen);
   if (rc == -EBUSY)
-    fail (err, errlen, rc, "/dev/nbd%d is busy (already connected)",
+    mloop_fail (err, errlen, "/dev/nbd%d is busy (already connected)",
           c->index);
   if (rc < 0)
     return rc;

@@ -10,18 +10,8 @@
 
 #include <glib.h>
 
+#include "errmsg.h"
 #include "serve.h"
-
-static void * __attribute__((format (printf, 3, 4)))
-fail (char *err, size_t errlen, const char *fmt, ...)
-{
-  va_list ap;
-
-  va_start (ap, fmt);
-  vsnprintf (err, errlen, fmt, ap);
-  va_end (ap);
-  return NULL;
-}
 
 int
 mloop_tls_mode_parse (const char *s, enum mloop_tls_mode *mode)
@@ -71,7 +61,7 @@ prepare_unix_dir (const char *path, char *err, size_t errlen)
   if (g_file_test (dir, G_FILE_TEST_IS_DIR))
     return true;
   if (g_mkdir_with_parents (dir, 0700) == -1) {
-    fail (err, errlen, "cannot create %s: %s", dir, strerror (errno));
+    mloop_fail (err, errlen, "cannot create %s: %s", dir, strerror (errno));
     return false;
   }
   return true;
@@ -85,39 +75,39 @@ check_request (const struct mloop_serve_request *r, bool *use_nbdkit,
 
   fd = open (r->file, (r->read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC);
   if (fd == -1) {
-    fail (err, errlen, "%s: %s", r->file, strerror (errno));
+    mloop_fail (err, errlen, "%s: %s", r->file, strerror (errno));
     return false;
   }
   close (fd);
   if (r->listen == NULL) {
-    fail (err, errlen, "--listen unix:PATH or tcp:ADDR:PORT is required");
+    mloop_fail (err, errlen, "--listen unix:PATH or tcp:ADDR:PORT is required");
     return false;
   }
   if (r->tls != MLOOP_TLS_OFF && r->server_given &&
       r->server == MLOOP_SERVER_NATIVE) {
-    fail (err, errlen, "the native server has no TLS: use --server nbdkit, "
+    mloop_fail (err, errlen, "the native server has no TLS: use --server nbdkit, "
           "or leave --server out");
     return false;
   }
   if (r->tls != MLOOP_TLS_OFF && !r->tls_psk && !r->tls_certificates) {
-    fail (err, errlen, "--tls needs --tls-psk FILE or --tls-certificates DIR");
+    mloop_fail (err, errlen, "--tls needs --tls-psk FILE or --tls-certificates DIR");
     return false;
   }
   if (r->tls_psk && r->tls_certificates) {
-    fail (err, errlen, "--tls-psk and --tls-certificates exclude each other");
+    mloop_fail (err, errlen, "--tls-psk and --tls-certificates exclude each other");
     return false;
   }
   if ((r->tls_psk || r->tls_certificates) && r->tls == MLOOP_TLS_OFF) {
-    fail (err, errlen, "--tls-psk/--tls-certificates need --tls on|require");
+    mloop_fail (err, errlen, "--tls-psk/--tls-certificates need --tls on|require");
     return false;
   }
   if (r->tls_psk && access (r->tls_psk, R_OK) == -1) {
-    fail (err, errlen, "--tls-psk %s: %s", r->tls_psk, strerror (errno));
+    mloop_fail (err, errlen, "--tls-psk %s: %s", r->tls_psk, strerror (errno));
     return false;
   }
   if (r->tls_certificates &&
       !g_file_test (r->tls_certificates, G_FILE_TEST_IS_DIR)) {
-    fail (err, errlen, "--tls-certificates %s: not a directory",
+    mloop_fail (err, errlen, "--tls-certificates %s: not a directory",
           r->tls_certificates);
     return false;
   }
@@ -188,15 +178,19 @@ mloop_serve_command (const struct mloop_serve_request *r, char *err,
   if (!check_request (r, &use_nbdkit, err, errlen))
     return NULL;
   if (g_str_has_prefix (r->listen, "unix:")) {
-    if (r->listen[5] == '\0')
-      return fail (err, errlen, "--listen unix: needs a PATH");
+    if (r->listen[5] == '\0') {
+      mloop_fail (err, errlen, "--listen unix: needs a PATH");
+      return NULL;
+    }
     if (!prepare_unix_dir (r->listen + 5, err, errlen))
       return NULL;
   }
   else if (!g_str_has_prefix (r->listen, "tcp:") ||
-           !split_tcp (r->listen + 4, &host, &port))
-    return fail (err, errlen, "--listen %s: expected unix:PATH or "
-                 "tcp:ADDR:PORT", r->listen);
+           !split_tcp (r->listen + 4, &host, &port)) {
+    mloop_fail (err, errlen, "--listen %s: expected unix:PATH or "
+                "tcp:ADDR:PORT", r->listen);
+    return NULL;
+  }
 
   argv = g_ptr_array_new ();
   if (use_nbdkit)

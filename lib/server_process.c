@@ -12,20 +12,10 @@
 
 #include <glib.h>
 
+#include "errmsg.h"
 #include "server_process.h"
 
 #define POLL_INTERVAL_US 20000
-
-static int __attribute__((format (printf, 3, 4)))
-fail (char *err, size_t errlen, const char *fmt, ...)
-{
-  va_list ap;
-
-  va_start (ap, fmt);
-  vsnprintf (err, errlen, fmt, ap);
-  va_end (ap);
-  return -1;
-}
 
 const char *
 mloop_server_kind_name (enum mloop_server_kind kind)
@@ -184,7 +174,7 @@ spawn_and_wait (char **argv, const char *log_file, const char *pid_file,
 
   log_fd = open (log_file, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
   if (log_fd == -1)
-    return fail (err, errlen, "cannot create %s: %s", log_file,
+    return mloop_fail (err, errlen, "cannot create %s: %s", log_file,
                  strerror (errno));
   if (!g_spawn_async_with_fds (NULL, argv, NULL,
                                G_SPAWN_DO_NOT_REAP_CHILD |
@@ -192,7 +182,7 @@ spawn_and_wait (char **argv, const char *log_file, const char *pid_file,
                                detach_session, NULL, &spawned,
                                -1, log_fd, log_fd, &gerr)) {
     close (log_fd);
-    return fail (err, errlen, "cannot start %s (%s): %s", what, argv[0],
+    return mloop_fail (err, errlen, "cannot start %s (%s): %s", what, argv[0],
                  gerr->message);
   }
   close (log_fd);
@@ -207,7 +197,7 @@ spawn_and_wait (char **argv, const char *log_file, const char *pid_file,
       *child = 0;
       if (!daemonized) {
         line = last_log_line (log_file);
-        return fail (err, errlen, "%s failed to start: %s", what,
+        return mloop_fail (err, errlen, "%s failed to start: %s", what,
                      line ? line : "it exited without a message");
       }
     }
@@ -218,7 +208,7 @@ spawn_and_wait (char **argv, const char *log_file, const char *pid_file,
         kill (spawned, SIGKILL);
         waitpid (spawned, &status, 0);
       }
-      return fail (err, errlen, "%s did not start listening within %u s",
+      return mloop_fail (err, errlen, "%s did not start listening within %u s",
                    what, timeout_ms / 1000);
     }
     g_usleep (POLL_INTERVAL_US);
@@ -274,7 +264,7 @@ mloop_supervisor_start (const struct mloop_server_spec *spec,
    */
   if (r == -1 && *supervisor == 0 && (line = last_log_line (log_file)) &&
       g_str_has_prefix (line, "mloop-supervisor: "))
-    fail (err, errlen, "%s", line + strlen ("mloop-supervisor: "));
+    mloop_fail (err, errlen, "%s", line + strlen ("mloop-supervisor: "));
   return r;
 }
 
