@@ -315,10 +315,14 @@ mloop_worker_pool_submit_and_wait (struct mloop_worker_pool *pool,
   int r;
 
   if (pool->mode == MLOOP_POOL_REAPER_THREADS) {
+    /* The completion is the only post: waiting for it (not for 'done')
+     * means the reaper has finished touching the waiter before the caller
+     * may destroy it.
+     */
     r = mloop_worker_pool_submit (pool, io);
     if (r == 0)
-      while (!atomic_load (&me->done))
-        sem_wait (&me->wake);
+      while (sem_wait (&me->wake) == -1)
+        ;                       /* EINTR */
     return r;
   }
 
@@ -335,9 +339,14 @@ mloop_worker_pool_submit_and_wait (struct mloop_worker_pool *pool,
       w->reaping = true;
       pthread_mutex_unlock (&w->lock);
       n = mloop_aio_ring_reap (&w->ring, 1, events, REAP_BATCH, NULL);
+      pthread_mutex_lock (&w->lock);
+      /* Completions run under the lock.  A waiter reads its 'done' under
+       * the lock too, so it cannot see 'done' and destroy its waiter (a
+       * stack variable) while the completion is still posting to it:
+       * that stray sem_post would land in whatever the stack holds next.
+       */
       if (n > 0)
         dispatch (w, events, n);
-      pthread_mutex_lock (&w->lock);
       w->reaping = false;
       continue;
     }
