@@ -57,6 +57,21 @@ SPACE_SERVERS = [("mloop", "mloop threads=4 (plugin)", "mloop"),
 # Peers that write with O_DIRECT: the randwrite target's reference.
 ODIRECT_PEERS = ["file-nocache", "qemu-nbd"]
 
+# The TCP section: the same servers listening on 127.0.0.1, fio's nbd engine
+# on nbd://127.0.0.1:PORT/.  Same kinds as SERVERS; "mloop / best peer"
+# takes the best of the three peers.  TCP_UNIX pairs each mloop TCP row with
+# its Unix-socket row of the same run, for the TCP / Unix ratio.
+TCP_SERVERS = [
+    ("native-tcp", "mloop-server threads=4", "mloop"),
+    ("mloop-tcp", "mloop plugin threads=4 (nbdkit)", "mloop"),
+    ("file-tcp", "nbdkit file (buffered)", "peer"),
+    ("file-nocache-tcp", "nbdkit file cache=none", "peer"),
+    ("qemu-nbd-tcp", "qemu-nbd cache=none aio=native", "peer"),
+    ("null-tcp", "nbdkit null 4G (limit: no IO)", "limit"),
+]
+TCP_UNIX = [("native-tcp", "native", "mloop-server"),
+            ("mloop-tcp", "mloop", "mloop plugin")]
+
 SWEEP = [("mloop-t1", 1), ("mloop-t2", 2), ("mloop", 4), ("mloop-t8", 8)]
 PAGECACHE_SERVERS = ["mloop", "native", "file", "file-nocache", "qemu-nbd", "nbd-server"]
 
@@ -209,144 +224,157 @@ def summarize(records):
 
     present = {j["server"] for j in jobs}
     rounds = int(meta.get("rounds", 0) or 0)
+    tcp_only = meta.get("only") == "tcp"
     out = []
     out.append("# mloop benchmark\n")
     out.append("%s · %s · %s rounds × %s s per job · medians of the rounds\n"
                % (meta.get("date", "?"), meta.get("machine", "?"),
                   meta.get("rounds", "?"), meta.get("runtime", "?")))
-    out.append("Client: fio %s `--ioengine=nbd` over a Unix socket "
-               "(raw file: `--ioengine=libaio --direct=1`); image %s; "
+    if tcp_only:
+        client = ("over TCP, `nbd://127.0.0.1:PORT/` (TCP section only: "
+                  "BENCH_ONLY=tcp; the two mloop servers also on their Unix "
+                  "sockets, for reference)")
+    else:
+        client = ("over a Unix socket (raw file: `--ioengine=libaio "
+                  "--direct=1`; TCP section: `nbd://127.0.0.1:PORT/`)")
+    out.append("Client: fio %s `--ioengine=nbd` %s; image %s; "
                "page cache dropped before every job. %s; mloop at %s.\n"
-               % (meta.get("fio", "?"), meta.get("image", "?"),
+               % (meta.get("fio", "?"), client, meta.get("image", "?"),
                   meta.get("nbdkit", "?"), meta.get("git", "?")))
     for s in skips:
         out.append("- skipped %s: %s" % (s["server"], s["text"]))
     if skips:
         out.append("")
 
-    # 1. Throughput, absolute.
-    head = ["server"] + ["%s %s" % (h, u) for _, h, u, _ in WORKLOADS]
-    def server_rows(text):
-        """One row per server present: its label, then TEXT(key, workload,
-        unit) for every workload column."""
-        return [[label] + [text(key, w, u) for w, _, u, _ in WORKLOADS]
-                for key, label, _ in SERVERS if key in present]
-
-    def median_text(key, w, u):
-        v = cell(key, w, "value")
-        n = cells_n(key, w)
-        s = fmt(v, u)
-        if v is not None and rounds and n < rounds:
-            s += " (n=%d)" % n      # some rounds failed: say so
-        return s
-
-    def range_text(key, w, u):
-        vals = [j["value"] for j in jobs if j["server"] == key
-                and j["workload"] == w and "value" in j]
-        return ("%s–%s" % (fmt(min(vals), u), fmt(max(vals), u))
-                if vals else "–")
-
-    rows = server_rows(median_text)
-
-    # Ratios: best peer per column, and the two limits.
-    def ratio_row(title, pick, subject="mloop"):
-        row = [title]
-        for w, _, _, _ in WORKLOADS:
-            m = cell(subject, w, "value")
-            ref, name = pick(w)
-            row.append("–" if m is None or not ref else
-                       "%.2f%s" % (m / ref, " (%s)" % name if name else ""))
-        return row
-
-    def best_peer(w):
-        peers = [(cell(k, w, "value"), k) for k, _, kind in SERVERS
-                 if kind == "peer" and k in present]
-        peers = [p for p in peers if p[0] is not None]
-        return max(peers) if peers else (None, None)
-
-    rows.append(ratio_row("**mloop / best peer**", best_peer))
-    rows.append(ratio_row("mloop / qemu-nbd (the other O_DIRECT server)",
-                          lambda w: (cell("qemu-nbd", w, "value"), None)))
-    rows.append(ratio_row("**mloop / raw file**",
-                          lambda w: (cell("raw", w, "value"), None)))
-    rows.append(ratio_row("**mloop / null**",
-                          lambda w: (cell("null", w, "value"), None)))
-    if "native" in present:
-        rows.append(ratio_row("**mloop-server / best peer**", best_peer,
-                              "native"))
-        rows.append(ratio_row("**mloop-server / null**",
-                              lambda w: (cell("null", w, "value"), None),
-                              "native"))
-    out.append("## Throughput (median of rounds)\n")
-    out.append(table(head, rows) + "\n")
-    out.append("Buffered peers (nbdkit file, nbd-server) acknowledge writes "
-               "from the host page cache, and re-read from it once a "
-               "time-based sequential reader wraps around its GiB.\n")
-
-    # Spread, so a reader can tell a real gap from noise.
-    rows = server_rows(range_text)
-    out.append("Range across rounds (min–max):\n")
-    out.append(table(head, rows) + "\n")
-
-    # 2. CPU cost per request.
-    head = ["server"]
-    for _, h, _, _ in WORKLOADS:
-        head += ["%s cs/req" % h, "CPU ms/1k req"]
-    rows = []
-    for key, label, kind in SERVERS:
-        if key not in present or key == "raw":
-            continue
-        row = [label]
-        for w, _, _, _ in WORKLOADS:
-            row.append(fmt(cell(key, w, "cs_per_req"), 2))
-            row.append(fmt(cell(key, w, "cpu_ms_per_1000"), 1))
-        rows.append(row)
-    out.append("## Server cost per request (median of rounds)\n")
-    out.append("`perf stat -e context-switches,task-clock -p SERVER`, "
-               "attached before fio connects and stopped when it exits (it "
-               "follows the threads and processes the server creates), "
-               "divided by fio's request count: context switches per "
-               "request, and server CPU time (all threads, user + system) "
-               "in ms per 1000 requests. No figures for the raw file: "
-               "there is no server.\n")
-    out.append(table(head, rows) + "\n")
-
-    # 3. Threads sweep on the 4-reader workload.
-    rows = []
-    for key, n in SWEEP:
-        if key not in present:
-            continue
-        rows.append([str(n), fmt(cell(key, "seqread4", "value"), "MiB/s"),
-                     fmt(cell(key, "seqread4", "cs_per_req"), 2),
-                     fmt(cell(key, "seqread4", "cpu_ms_per_1000"), 1)])
-    out.append("## mloop threads sweep: 4 × seq 1 MiB readers\n")
-    out.append(table(["threads=", "MiB/s", "cs/req", "CPU ms/1k req"], rows)
-               + "\n")
-
-    # 4. Page cache growth.
-    pcs = [r for r in records if r["type"] == "pagecache"]
-    rows = []
-    for key in PAGECACHE_SERVERS:
-        mine = [r for r in pcs if r["server"] == key]
-        if not mine:
-            continue
-        rows.append([LABEL[key],
-                     fmt(median(r["growth_mib"] for r in mine), 0),
-                     fmt(median(r["growth_pct"] for r in mine), 1) + " %",
-                     fmt(median(r.get("mibs") for r in mine), "MiB/s")])
-    out.append("## Page cache: `Cached:` growth while reading the whole "
-               "4 GiB image once (1 MiB, QD8)\n")
-    out.append(table(["server", "Cached growth MiB", "% of bytes read",
-                      "read MiB/s"], rows) + "\n")
-
-    # 5. The native server against its issue's targets.
-    if "native" in present:
-        out.append(native_targets(cell, best_peer, pcs))
-
-    # 6. Space workloads.
+    # The Unix-socket sections; a TCP-only run (BENCH_ONLY=tcp) has none.
     space = [r for r in records if r["type"] == "space"]
-    if space:
-        out.append(space_table(space))
+    if not tcp_only:
+        # 1. Throughput, absolute.
+        head = ["server"] + ["%s %s" % (h, u) for _, h, u, _ in WORKLOADS]
+        def server_rows(text):
+            """One row per server present: its label, then TEXT(key, workload,
+            unit) for every workload column."""
+            return [[label] + [text(key, w, u) for w, _, u, _ in WORKLOADS]
+                    for key, label, _ in SERVERS if key in present]
+
+        def median_text(key, w, u):
+            v = cell(key, w, "value")
+            n = cells_n(key, w)
+            s = fmt(v, u)
+            if v is not None and rounds and n < rounds:
+                s += " (n=%d)" % n      # some rounds failed: say so
+            return s
+
+        def range_text(key, w, u):
+            vals = [j["value"] for j in jobs if j["server"] == key
+                    and j["workload"] == w and "value" in j]
+            return ("%s–%s" % (fmt(min(vals), u), fmt(max(vals), u))
+                    if vals else "–")
+
+        rows = server_rows(median_text)
+
+        # Ratios: best peer per column, and the two limits.
+        def ratio_row(title, pick, subject="mloop"):
+            row = [title]
+            for w, _, _, _ in WORKLOADS:
+                m = cell(subject, w, "value")
+                ref, name = pick(w)
+                row.append("–" if m is None or not ref else
+                           "%.2f%s" % (m / ref, " (%s)" % name if name else ""))
+            return row
+
+        def best_peer(w):
+            peers = [(cell(k, w, "value"), k) for k, _, kind in SERVERS
+                     if kind == "peer" and k in present]
+            peers = [p for p in peers if p[0] is not None]
+            return max(peers) if peers else (None, None)
+
+        rows.append(ratio_row("**mloop / best peer**", best_peer))
+        rows.append(ratio_row("mloop / qemu-nbd (the other O_DIRECT server)",
+                              lambda w: (cell("qemu-nbd", w, "value"), None)))
+        rows.append(ratio_row("**mloop / raw file**",
+                              lambda w: (cell("raw", w, "value"), None)))
+        rows.append(ratio_row("**mloop / null**",
+                              lambda w: (cell("null", w, "value"), None)))
+        if "native" in present:
+            rows.append(ratio_row("**mloop-server / best peer**", best_peer,
+                                  "native"))
+            rows.append(ratio_row("**mloop-server / null**",
+                                  lambda w: (cell("null", w, "value"), None),
+                                  "native"))
+        out.append("## Throughput (median of rounds)\n")
+        out.append(table(head, rows) + "\n")
+        out.append("Buffered peers (nbdkit file, nbd-server) acknowledge writes "
+                   "from the host page cache, and re-read from it once a "
+                   "time-based sequential reader wraps around its GiB.\n")
+
+        # Spread, so a reader can tell a real gap from noise.
+        rows = server_rows(range_text)
+        out.append("Range across rounds (min–max):\n")
+        out.append(table(head, rows) + "\n")
+
+        # 2. CPU cost per request.
+        head = ["server"]
+        for _, h, _, _ in WORKLOADS:
+            head += ["%s cs/req" % h, "CPU ms/1k req"]
+        rows = []
+        for key, label, kind in SERVERS:
+            if key not in present or key == "raw":
+                continue
+            row = [label]
+            for w, _, _, _ in WORKLOADS:
+                row.append(fmt(cell(key, w, "cs_per_req"), 2))
+                row.append(fmt(cell(key, w, "cpu_ms_per_1000"), 1))
+            rows.append(row)
+        out.append("## Server cost per request (median of rounds)\n")
+        out.append("`perf stat -e context-switches,task-clock -p SERVER`, "
+                   "attached before fio connects and stopped when it exits (it "
+                   "follows the threads and processes the server creates), "
+                   "divided by fio's request count: context switches per "
+                   "request, and server CPU time (all threads, user + system) "
+                   "in ms per 1000 requests. No figures for the raw file: "
+                   "there is no server.\n")
+        out.append(table(head, rows) + "\n")
+
+        # 3. Threads sweep on the 4-reader workload.
+        rows = []
+        for key, n in SWEEP:
+            if key not in present:
+                continue
+            rows.append([str(n), fmt(cell(key, "seqread4", "value"), "MiB/s"),
+                         fmt(cell(key, "seqread4", "cs_per_req"), 2),
+                         fmt(cell(key, "seqread4", "cpu_ms_per_1000"), 1)])
+        out.append("## mloop threads sweep: 4 × seq 1 MiB readers\n")
+        out.append(table(["threads=", "MiB/s", "cs/req", "CPU ms/1k req"], rows)
+                   + "\n")
+
+        # 4. Page cache growth.
+        pcs = [r for r in records if r["type"] == "pagecache"]
+        rows = []
+        for key in PAGECACHE_SERVERS:
+            mine = [r for r in pcs if r["server"] == key]
+            if not mine:
+                continue
+            rows.append([LABEL[key],
+                         fmt(median(r["growth_mib"] for r in mine), 0),
+                         fmt(median(r["growth_pct"] for r in mine), 1) + " %",
+                         fmt(median(r.get("mibs") for r in mine), "MiB/s")])
+        out.append("## Page cache: `Cached:` growth while reading the whole "
+                   "4 GiB image once (1 MiB, QD8)\n")
+        out.append(table(["server", "Cached growth MiB", "% of bytes read",
+                          "read MiB/s"], rows) + "\n")
+
+        # 5. The native server against its issue's targets.
+        if "native" in present:
+            out.append(native_targets(cell, best_peer, pcs))
+
+        # 6. Space workloads.
+        if space:
+            out.append(space_table(space))
+
+    # 7. Serving over TCP on 127.0.0.1.
+    if present & {k for k, _, _ in TCP_SERVERS}:
+        out.append(tcp_section(cell, jobs, present, rounds))
 
     errors = [j for j in jobs if "error" in j or "perf_error" in j]
     if errors:
@@ -359,6 +387,92 @@ def summarize(records):
         if "error" in r:
             out.append("- space round %s %s %s: %s" % (
                 r["round"], r["server"], r["op"], r["error"]))
+    return "\n".join(out) + "\n"
+
+
+def tcp_section(cell, jobs, present, rounds):
+    """Servers on 127.0.0.1 × workloads: medians, ratios, ranges, cost."""
+    def vals(key, w):
+        return [j["value"] for j in jobs if j["server"] == key
+                and j["workload"] == w and "value" in j]
+
+    workloads = [(w, h, u) for w, h, u, _ in WORKLOADS
+                 if any(j["workload"] == w for j in jobs
+                        if j["server"].endswith("-tcp"))]
+    servers = [(k, label + ", TCP", kind) for k, label, kind in TCP_SERVERS
+               if k in present]
+    # The mloop servers' Unix-socket rows of the same run, for reference.
+    refs = [(u, "%s, Unix socket (same run)" % name)
+            for t, u, name in TCP_UNIX if t in present and u in present]
+    head = ["server"] + ["%s %s" % (h, u) for _, h, u in workloads]
+
+    def best_peer(w):
+        peers = [(cell(k, w, "value"), k) for k, _, kind in servers
+                 if kind == "peer"]
+        peers = [p for p in peers if p[0] is not None]
+        return max(peers) if peers else (None, None)
+
+    def ratio(a, b):
+        return "%.2f" % (a / b) if a is not None and b else "–"
+
+    def med(k, w, u):
+        v, n = cell(k, w, "value"), len(vals(k, w))
+        return fmt(v, u) + (" (n=%d)" % n if v is not None and rounds
+                            and n < rounds else "")
+
+    rows = [[label] + [med(k, w, u) for w, _, u in workloads]
+            for k, label, _ in servers]
+    rows += [[label] + [med(k, w, u) for w, _, u in workloads]
+             for k, label in refs]
+    for key, _, name in TCP_UNIX:
+        if key not in present:
+            continue
+        row = ["**%s TCP / best TCP peer**" % name]
+        for w, _, _ in workloads:
+            ref, peer = best_peer(w)
+            r = ratio(cell(key, w, "value"), ref)
+            row.append(r + (" (%s)" % peer if r != "–" else ""))
+        rows.append(row)
+    for key, _, name in TCP_UNIX:
+        if key in present and "null-tcp" in present:
+            rows.append(["%s TCP / null TCP" % name] +
+                        [ratio(cell(key, w, "value"),
+                               cell("null-tcp", w, "value"))
+                         for w, _, _ in workloads])
+    for key, unix, name in TCP_UNIX:
+        if key in present and unix in present:
+            rows.append(["%s TCP / its Unix socket" % name] +
+                        [ratio(cell(key, w, "value"), cell(unix, w, "value"))
+                         for w, _, _ in workloads])
+    out = ["## Serving over TCP on 127.0.0.1 (median of rounds)\n",
+           "Every server listens on 127.0.0.1 only, a free port each; "
+           "fio's nbd engine connects to `nbd://127.0.0.1:PORT/`. Best "
+           "TCP peer: the best of nbdkit file, file cache=none and qemu-nbd "
+           "over TCP in that column.\n",
+           table(head, rows) + "\n"]
+
+    def rng(k, w, u):
+        v = vals(k, w)
+        return "%s–%s" % (fmt(min(v), u), fmt(max(v), u)) if v else "–"
+
+    rows = [[label] + [rng(k, w, u) for w, _, u in workloads]
+            for k, label, _ in servers]
+    rows += [[label] + [rng(k, w, u) for w, _, u in workloads]
+             for k, label in refs]
+    out += ["Range across rounds (min–max):\n", table(head, rows) + "\n"]
+
+    chead = ["server"]
+    for _, h, _ in workloads:
+        chead += ["%s cs/req" % h, "CPU ms/1k req"]
+    rows = []
+    for k, label in [(k, label) for k, label, _ in servers] + refs:
+        row = [label]
+        for w, _, _ in workloads:
+            row.append(fmt(cell(k, w, "cs_per_req"), 2))
+            row.append(fmt(cell(k, w, "cpu_ms_per_1000"), 1))
+        rows.append(row)
+    out += ["Server cost per request over TCP (median of rounds; as in the "
+            "Unix-socket cost table):\n", table(chead, rows) + "\n"]
     return "\n".join(out) + "\n"
 
 
