@@ -76,13 +76,15 @@ def boot_module_files(moddir, kver):
     return files
 
 
-def build(path, busybox, moddir, kver, guest_cmd):
+def build(path, busybox, moddir, kver, guest_cmd, preserve=()):
     """Writes the initramfs to PATH; GUEST_CMD is the shell script the guest
-    runs chrooted into the host root."""
+    runs chrooted into the host root; PRESERVE lists host directories under
+    /tmp, /run or /var/tmp to keep visible over the guest's mounts there."""
     init = os.path.join(os.path.dirname(os.path.abspath(__file__)), "init")
     modules = boot_module_files(moddir, kver)
     conf = (f"KVER='{kver}'\nMODDIR='{moddir}'\n"
-            f"MODULES='{' '.join(LATER_MODULES)}'\n")
+            f"MODULES='{' '.join(LATER_MODULES)}'\n"
+            f"PRESERVE='{' '.join(preserve)}'\n")
     with open(path, "wb") as f:
         a = _Cpio(f)
         for d in ["bin", "dev", "proc", "sys", "etc", "host", "lib", "lib/modules"]:

@@ -48,6 +48,22 @@ def prepared_kernel():
     return tree, kver
 
 
+HIDDEN = ("/tmp", "/run", "/var/tmp")
+
+
+def preserved_dirs(paths):
+    """The top directories under /tmp, /run or /var/tmp holding PATHS (a
+    checkout and build tree there, as a CI job may have): the guest binds
+    them back over its own mounts there."""
+    keep = set()
+    for p in paths:
+        real = os.path.realpath(p)
+        for hidden in HIDDEN:
+            if real.startswith(hidden + "/"):
+                keep.add(os.path.join(hidden, real[len(hidden) + 1:].split("/")[0]))
+    return sorted(keep)
+
+
 def check_paths(paths):
     """The guest mounts tmpfs over /tmp and /run and the scratch disk over
     /var/tmp: the host files the guest needs must live elsewhere."""
@@ -91,7 +107,7 @@ class _Follower:
         return [p.decode("utf-8", "replace").rstrip("\r") for p in parts]
 
 
-def run(guest_cmd, on_output, on_console, timeout, smp=4, memory_mb=2048):
+def run(guest_cmd, on_output, on_console, timeout, smp=4, memory_mb=2048, preserve=()):
     """Boots the VM, runs the shell script GUEST_CMD chrooted into the host
     root, and calls ON_OUTPUT(line) for each line it prints and
     ON_CONSOLE(line) for each console line.  Kills the VM after TIMEOUT
@@ -110,7 +126,7 @@ def run(guest_cmd, on_output, on_console, timeout, smp=4, memory_mb=2048):
     result = Result()
     try:
         rd = os.path.join(work, "initramfs.cpio")
-        initramfs.build(rd, busybox, tree, kver, guest_cmd)
+        initramfs.build(rd, busybox, tree, kver, guest_cmd, preserve)
         # Formatted here at host speed rather than by the emulated guest.
         scratch = os.path.join(work, "scratch.img")
         with open(scratch, "wb") as f:
