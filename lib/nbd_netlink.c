@@ -123,6 +123,35 @@ channel_message (struct channel *ch, uint8_t cmd)
   return msg;
 }
 
+/* Opens a channel and starts a CMD message on it: 0, or -errno with
+ * nothing left open.
+ */
+static int
+channel_start (struct channel *ch, uint8_t cmd, struct nl_msg **msg,
+               const char *what, char *err, size_t errlen)
+{
+  int rc = channel_open (ch, err, errlen);
+
+  if (rc < 0)
+    return rc;
+  *msg = channel_message (ch, cmd);
+  if (*msg == NULL) {
+    nl_socket_free (ch->sock);
+    return fail (err, errlen, -ENOMEM, "netlink %s: no memory", what);
+  }
+  return 0;
+}
+
+/* Gives up on a message whose attributes did not fit. */
+static int
+channel_abandon (struct channel *ch, struct nl_msg *msg, const char *what,
+                 char *err, size_t errlen)
+{
+  nlmsg_free (msg);
+  nl_socket_free (ch->sock);
+  return fail (err, errlen, -ENOMEM, "netlink %s: message too large", what);
+}
+
 /* Sends MSG (consumed), collects the reply and the ACK into R, closes
  * the channel.  Returns 0 or -errno.
  */
@@ -221,12 +250,10 @@ mloop_nbd_netlink_connect (const struct mloop_nbd_device_config *c,
   struct nl_msg *msg;
   int rc;
 
-  rc = channel_open (&ch, err, errlen);
+  rc = channel_start (&ch, NBD_CMD_CONNECT, &msg, "connect", err, errlen);
   if (rc < 0)
     return rc;
-  msg = channel_message (&ch, NBD_CMD_CONNECT);
-  if (msg == NULL ||
-      (c->index >= 0 && nla_put_u32 (msg, NBD_ATTR_INDEX, c->index) < 0) ||
+  if ((c->index >= 0 && nla_put_u32 (msg, NBD_ATTR_INDEX, c->index) < 0) ||
       nla_put_u64 (msg, NBD_ATTR_SIZE_BYTES, c->size) < 0 ||
       nla_put_u64 (msg, NBD_ATTR_BLOCK_SIZE_BYTES, c->block_size) < 0 ||
       nla_put_u64 (msg, NBD_ATTR_SERVER_FLAGS, c->server_flags) < 0 ||
@@ -236,11 +263,8 @@ mloop_nbd_netlink_connect (const struct mloop_nbd_device_config *c,
                     c->dead_conn_timeout) < 0) ||
       (c->backend &&
        nla_put_string (msg, NBD_ATTR_BACKEND_IDENTIFIER, c->backend) < 0) ||
-      put_sockets (msg, c->fds, c->nr_fds) < 0) {
-    nlmsg_free (msg);
-    nl_socket_free (ch.sock);
-    return fail (err, errlen, -ENOMEM, "netlink connect: message too large");
-  }
+      put_sockets (msg, c->fds, c->nr_fds) < 0)
+    return channel_abandon (&ch, msg, "connect", err, errlen);
   rc = channel_transact (&ch, msg, &r, "connect", err, errlen);
   if (rc == -EBUSY)
     mloop_fail (err, errlen, "/dev/nbd%d is busy (already connected)",
@@ -265,20 +289,17 @@ mloop_nbd_netlink_reconfigure (int index, const char *backend,
   struct nl_msg *msg;
   int rc;
 
-  rc = channel_open (&ch, err, errlen);
+  rc = channel_start (&ch, NBD_CMD_RECONFIGURE, &msg, "reconfigure",
+                      err, errlen);
   if (rc < 0)
     return rc;
-  msg = channel_message (&ch, NBD_CMD_RECONFIGURE);
-  if (msg == NULL || nla_put_u32 (msg, NBD_ATTR_INDEX, index) < 0 ||
+  if (nla_put_u32 (msg, NBD_ATTR_INDEX, index) < 0 ||
       (backend &&
        nla_put_string (msg, NBD_ATTR_BACKEND_IDENTIFIER, backend) < 0) ||
       (dead_conn_timeout &&
        nla_put_u64 (msg, NBD_ATTR_DEAD_CONN_TIMEOUT, dead_conn_timeout) < 0) ||
-      put_sockets (msg, fds, nr_fds) < 0) {
-    nlmsg_free (msg);
-    nl_socket_free (ch.sock);
-    return fail (err, errlen, -ENOMEM, "netlink reconfigure: no memory");
-  }
+      put_sockets (msg, fds, nr_fds) < 0)
+    return channel_abandon (&ch, msg, "reconfigure", err, errlen);
   return channel_transact (&ch, msg, &r, "reconfigure", err, errlen);
 }
 
@@ -291,15 +312,11 @@ simple_request (uint8_t cmd, int index, struct reply *r, const char *what,
   struct nl_msg *msg;
   int rc;
 
-  rc = channel_open (&ch, err, errlen);
+  rc = channel_start (&ch, cmd, &msg, what, err, errlen);
   if (rc < 0)
     return rc;
-  msg = channel_message (&ch, cmd);
-  if (msg == NULL || nla_put_u32 (msg, NBD_ATTR_INDEX, index) < 0) {
-    nlmsg_free (msg);
-    nl_socket_free (ch.sock);
-    return fail (err, errlen, -ENOMEM, "netlink %s: no memory", what);
-  }
+  if (nla_put_u32 (msg, NBD_ATTR_INDEX, index) < 0)
+    return channel_abandon (&ch, msg, what, err, errlen);
   return channel_transact (&ch, msg, r, what, err, errlen);
 }
 
