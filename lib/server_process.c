@@ -137,7 +137,10 @@ last_log_line (const char *log_file)
     return NULL;
   lines = g_strsplit (g_strstrip (text), "\n", -1);
   for (int i = g_strv_length (lines) - 1; i >= 0; i--)
-    if (*g_strstrip (lines[i]))
+    /* nbdkit follows some errors with "Use 'nbdkit --help' or read the
+     * nbdkit(1) manual page...": the error is the line before.
+     */
+    if (*g_strstrip (lines[i]) && !g_str_has_prefix (lines[i], "Use '"))
       return g_strdup (lines[i]);
   return NULL;
 }

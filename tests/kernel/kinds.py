@@ -92,9 +92,11 @@ class MloopCli:
         """What the runtime dir holds besides .lock, which stays by design
         (lib/device_state.h: the flock()ed file serialising attach and
         detach); per-device state must not stay."""
+        if self.runtime_dir is None:  # nothing attached yet (os.listdir(None) is ".")
+            return []
         try:
             return sorted(set(os.listdir(self.runtime_dir)) - {".lock"})
-        except (FileNotFoundError, TypeError):
+        except FileNotFoundError:
             return []
 
     def cli(self, *args, check=True):

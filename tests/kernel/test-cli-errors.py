@@ -2,8 +2,10 @@
 a non-zero exit, nothing on stdout, and nothing left behind (no device,
 server or state), and an attached device survives a refused attach."""
 import os
+import subprocess
 
 from kfix import make_image, nbd_in_use, processes_mentioning, tmpdir
+import kinds
 
 
 def refused(kind, *args):
@@ -22,14 +24,42 @@ def refused(kind, *args):
     return lines[0]
 
 
+# What each broken server says, which must reach the user.
+BROKEN_WORDS = {"native": "mloop-test: cannot serve", "nbdkit": "no-such-plugin"}
+
+
+def server_that_fails(kind, cl):
+    """Environment overrides that make this kind's server fail at start."""
+    if kind.server == "native":
+        script = os.path.join(tmpdir(cl), "broken-server")
+        with open(script, "w") as f:
+            f.write("#!/bin/sh\necho 'mloop-test: cannot serve this image' >&2\nexit 1\n")
+        os.chmod(script, 0o755)
+        return {"MLOOP_SERVER_BIN": script}
+    return {"MLOOP_PLUGIN": os.path.join(tmpdir(cl), "no-such-plugin.so")}
+
+
 def run_test(kind, cl):
     state_before = kind.state_entries()
     missing = os.path.join(tmpdir(cl), "no-such.img")
     refused(kind, *kind.attach_args(missing))
     assert not processes_mentioning(missing), "a server was left for a missing image"
-    assert kind.state_entries() == state_before, "a refused attach left state"
+    assert kind.state_entries() == state_before, \
+        f"a refused attach left state: {kind.state_entries()} (before: {state_before})"
 
+    # A server that fails to start: its own error reaches the user.
     image = make_image(cl)
+    broken = server_that_fails(kind, cl)
+    p = subprocess.run([kinds.CLI, *kind.attach_args(image)], capture_output=True,
+                       text=True, timeout=240, env=dict(kind.env(), **broken))
+    lines = p.stderr.splitlines()
+    assert p.returncode != 0 and len(lines) == 1, f"broken server: {p.stderr!r}"
+    assert "failed to start" in lines[0] and BROKEN_WORDS[kind.server] in lines[0], \
+        f"the server's error is not in {lines[0]!r}"
+    assert not processes_mentioning(image), "a broken server's supervisor was left"
+    assert kind.state_entries() == state_before, \
+        f"a failed server start left state: {kind.state_entries()}"
+
     att = kind.attach(cl, image)
     state_attached = kind.state_entries()
     # The same image twice, and a device already in use.
