@@ -144,6 +144,21 @@ def file_digest(path):
     return h.hexdigest()
 
 
+def terminate(proc, timeout=60):
+    """SIGTERMs PROC and waits; kills it after TIMEOUT seconds.  Returns
+    whether it exited on SIGTERM (True if it had already exited)."""
+    if proc.poll() is not None:
+        return True
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+        return True
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return False
+
+
 class Server:
     """The server under test (nbdkit + plugin, or mloop-server) in the
     foreground on a private Unix socket."""
@@ -205,14 +220,8 @@ class Server:
         """
         if self.logf.closed:
             return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-                raise RuntimeError("server did not exit on SIGTERM")
+        if not terminate(self.proc):
+            raise RuntimeError("server did not exit on SIGTERM")
         self.logf.close()
         if os.path.exists(self.sock):
             if SERVER_KIND == "native":

@@ -7,7 +7,6 @@ but the command line is the test's own: --export-name, --handshake-timeout,
 """
 import os
 import resource
-import signal
 import socket
 import subprocess
 import sys
@@ -158,14 +157,8 @@ class NetServer:
 
     def stop(self):
         """SIGTERM; fails the test unless it exits 0 (99: valgrind errors)."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-                raise AssertionError("server did not exit on SIGTERM")
+        if not harness.terminate(self.proc):
+            raise AssertionError("server did not exit on SIGTERM")
         self.logf.close()
         if self.proc.returncode == 99 and self.valgrind:
             print(self.log_text(), file=sys.stderr)
