@@ -170,6 +170,15 @@ def mount(cl, dev, options=None):
     return mnt
 
 
+def reattach_clean(kind, cl, image):
+    """Attaches IMAGE again, fails the test unless fsck -fn finds its ext4
+    clean, and returns where it is mounted read-only."""
+    att = kind.attach(cl, image)
+    fsck = run(["fsck.ext4", "-fn", att.device], check=False)
+    assert fsck.returncode == 0, f"fsck -fn exit {fsck.returncode}: {fsck.stdout}{fsck.stderr}"
+    return mount(cl, att.device, "ro")
+
+
 def _umount(mnt):
     if os.path.ismount(mnt):
         run(["umount", mnt])

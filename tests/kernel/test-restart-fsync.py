@@ -4,7 +4,7 @@ import hashlib
 import os
 import random
 
-from kfix import make_image, mount, run
+from kfix import make_image, mount, reattach_clean, run
 from restart import attach, kill_server
 
 
@@ -33,10 +33,7 @@ def run_test(kind, cl):
     run(["umount", mnt])
     att.detach()
 
-    att = kind.attach(cl, image)
-    fsck = run(["fsck.ext4", "-fn", att.device], check=False)
-    assert fsck.returncode == 0, f"fsck -fn exit {fsck.returncode}: {fsck.stdout}{fsck.stderr}"
-    mnt = mount(cl, att.device, "ro")
+    mnt = reattach_clean(kind, cl, image)
     got = {}
     for name in want:
         with open(os.path.join(mnt, name), "rb") as f:
