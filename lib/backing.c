@@ -100,13 +100,13 @@ probe_direct_alignment (struct mloop_backing *b)
   for (a = 512; a <= 65536; a *= 2) {
     if (pread (b->fd, buf, a, 0) >= 0) {
       b->logical_block_size = a;
-      free (buf);
+      mloop_free_aligned (buf, 65536);
       return 0;
     }
     if (errno != EINVAL)
       break;
   }
-  free (buf);
+  mloop_free_aligned (buf, 65536);
   return -1;
 }
 

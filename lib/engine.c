@@ -149,7 +149,7 @@ static void
 release_bounce (struct mloop_io *io)
 {
   if (io->bounce_allocated)
-    free (io->bounce);
+    mloop_free_aligned (io->bounce, io->count);
   io->bounce = NULL;
   io->bounce_allocated = false;
 }

@@ -86,7 +86,7 @@ write_zeroes (struct mloop_engine *e, uint64_t offset, uint64_t count)
       count -= (uint64_t) w;
     }
   }
-  free (zeroes);
+  mloop_free_aligned (zeroes, chunk);
   return r;
 }
 

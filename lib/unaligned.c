@@ -118,7 +118,7 @@ direct_rw (struct mloop_engine *e, enum mloop_io_op op, char *buf,
   }
   else
     r = write_merged (e, buf, count, offset, rw_flags, block, start, end);
-  free (block);
+  mloop_free_aligned (block, end - start);
   return r;
 }
 
