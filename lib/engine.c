@@ -172,8 +172,8 @@ finish (struct mloop_io *io, int error)
  *                                        (unaligned.c);
  *   any byte in the page-cache tail    → the buffered descriptor for
  *                                        those bytes, synchronously.
- * Returns 1 when the iocb is ready to submit, 0 when IO was completed
- * here, or a negative errno.
+ * Returns MLOOP_PREPARED_AIO when the iocb is ready to submit,
+ * MLOOP_PREPARED_BLOCKING for the synchronous paths, or a negative errno.
  */
 static int
 prepare_rw (struct mloop_engine *e, struct mloop_io *io)
@@ -193,11 +193,9 @@ prepare_rw (struct mloop_engine *e, struct mloop_io *io)
   io->bounce = NULL;
   io->bounce_allocated = false;
   io->done = 0;
-  if (io->offset + io->count > b->buffered_from) {
+  if (io->offset + io->count > b->buffered_from)
     /* Reaches the page-cache tail of an odd-sized file. */
-    finish (io, -mloop_sync_rw (e, io));
-    return 0;
-  }
+    return MLOOP_PREPARED_BLOCKING;
   if (b->direct && !mloop_io_is_direct_safe (io->buf, io->count, io->offset,
                                              lbs)) {
     if (mloop_is_aligned (io->offset, lbs) &&
@@ -214,13 +212,11 @@ prepare_rw (struct mloop_engine *e, struct mloop_io *io)
       if (is_write)
         memcpy (io->bounce, io->buf, io->count);
     }
-    else {
-      finish (io, -mloop_sync_rw (e, io));
-      return 0;
-    }
+    else
+      return MLOOP_PREPARED_BLOCKING;
   }
   prep_remaining (e, io);
-  return 1;
+  return MLOOP_PREPARED_AIO;
 }
 
 enum mloop_event_result
@@ -268,24 +264,36 @@ mloop_engine_prepare (struct mloop_engine *e, struct mloop_io *io)
       io->bounce = NULL;
       io->bounce_allocated = false;
       finish (io, 0);
-      return 0;
+      return MLOOP_PREPARED_DONE;
     }
     return prepare_rw (e, io);
   case MLOOP_IO_FLUSH:
     io->bounce = NULL;
     io->bounce_allocated = false;
     io->fd = e->backing.fd;
-    if (!e->flush_in_aio) {
-      finish (io, fdatasync (io->fd) == -1 ? errno : 0);
-      return 0;
-    }
+    if (!e->flush_in_aio)
+      return MLOOP_PREPARED_BLOCKING;
     io_prep_fdsync (&io->iocb, io->fd);
     io->iocb.data = io;
-    break;
+    return MLOOP_PREPARED_AIO;
   default:
     return -EINVAL;
   }
-  return 1;
+}
+
+int
+mloop_engine_perform_blocking (struct mloop_engine *e, struct mloop_io *io)
+{
+  if (io->op == MLOOP_IO_FLUSH)
+    return fdatasync (io->fd) == -1 ? -errno : 0;
+  return mloop_sync_rw (e, io);
+}
+
+void
+mloop_engine_complete_blocking (struct mloop_engine *e, struct mloop_io *io,
+                                int result)
+{
+  finish (io, -result);
 }
 
 static int
@@ -295,25 +303,36 @@ submit_failed (struct mloop_io *io, int r)
   return r;
 }
 
+/* Runs what mloop_engine_prepare() decided: blocking IO on the calling
+ * thread (these callers may block), AIO through the pool.
+ */
+static int
+submit_prepared (struct mloop_engine *e, struct mloop_io *io, int prepared,
+                 struct mloop_pool_waiter *waiter)
+{
+  int r;
+
+  if (prepared == MLOOP_PREPARED_BLOCKING) {
+    mloop_engine_complete_blocking (e, io,
+                                    mloop_engine_perform_blocking (e, io));
+    return 0;
+  }
+  if (prepared != MLOOP_PREPARED_AIO)
+    return prepared;            /* done already, or refused */
+  r = waiter ? mloop_worker_pool_submit_and_wait (e->pool, io, waiter)
+    : mloop_worker_pool_submit (e->pool, io);
+  return r < 0 ? submit_failed (io, r) : 0;
+}
+
 int
 mloop_engine_submit (struct mloop_engine *e, struct mloop_io *io)
 {
-  int r = mloop_engine_prepare (e, io);
-
-  if (r <= 0)
-    return r;
-  r = mloop_worker_pool_submit (e->pool, io);
-  return r < 0 ? submit_failed (io, r) : 0;
+  return submit_prepared (e, io, mloop_engine_prepare (e, io), NULL);
 }
 
 int
 mloop_engine_submit_and_wait (struct mloop_engine *e, struct mloop_io *io,
                               struct mloop_pool_waiter *waiter)
 {
-  int r = mloop_engine_prepare (e, io);
-
-  if (r <= 0)
-    return r;
-  r = mloop_worker_pool_submit_and_wait (e->pool, io, waiter);
-  return r < 0 ? submit_failed (io, r) : 0;
+  return submit_prepared (e, io, mloop_engine_prepare (e, io), waiter);
 }

@@ -83,17 +83,35 @@ int mloop_engine_submit (struct mloop_engine *e, struct mloop_io *io);
 
 /* For front ends that own their AIO contexts (an event loop):
  *
- * mloop_engine_prepare() validates IO and fills io->iocb.  Returns 1 when
- * the iocb must be submitted (to the caller's own context), 0 when IO was
- * completed already (io->complete has run), or a negative errno when IO
- * was refused up front (complete is not called).
+ * mloop_engine_prepare() validates IO and fills io->iocb.  Returns
+ * MLOOP_PREPARED_AIO when the iocb must be submitted (to the caller's own
+ * context), MLOOP_PREPARED_DONE when IO was completed already
+ * (io->complete has run), MLOOP_PREPARED_BLOCKING when IO has no
+ * asynchronous form (below), or a negative errno when IO was refused up
+ * front (complete is not called).
+ *
+ * Blocking IO (a read-modify-write of an unaligned request, the
+ * page-cache tail of an odd-sized file, fdatasync where AIO has none):
+ * mloop_engine_perform_blocking() does it and returns 0 or a negative
+ * errno, on any thread that may block (an event loop hands it to a
+ * helper); mloop_engine_complete_blocking() then completes IO with that
+ * result, on the thread that owns IO.
  *
  * mloop_engine_complete_event() handles the kernel's result RES for IO
  * (an io_event's res; its data field is IO).  Returns MLOOP_EVENT_DONE
  * once io->complete has run, or MLOOP_EVENT_RESUBMIT after a short
  * transfer, when io->iocb must be submitted again.
  */
+enum {
+  MLOOP_PREPARED_DONE = 0,
+  MLOOP_PREPARED_AIO = 1,
+  MLOOP_PREPARED_BLOCKING = 2,
+};
 int mloop_engine_prepare (struct mloop_engine *e, struct mloop_io *io);
+int mloop_engine_perform_blocking (struct mloop_engine *e,
+                                   struct mloop_io *io);
+void mloop_engine_complete_blocking (struct mloop_engine *e,
+                                     struct mloop_io *io, int result);
 enum mloop_event_result mloop_engine_complete_event (struct mloop_engine *e,
                                                      struct mloop_io *io,
                                                      long res);

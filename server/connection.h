@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "io.h"
+#include "offload.h"
 
 /* Requests a connection may have between receipt and reply: the kernel
  * NBD client's queue depth.
@@ -21,12 +22,16 @@ struct worker;
 
 struct request {
   struct mloop_io io;           /* first: the engine hands back &io */
+  struct offload_job job;       /* when run by a helper (offload.h) */
+  int result;                   /* the helper's result: 0 or -errno */
   struct conn *conn;
   uint16_t type;
   uint16_t flags;
   uint32_t error;               /* NBD error to reply with */
   void *buf;                    /* aligned; kept for reuse if small */
   size_t cap;
+  bool charged;                 /* buf counts in the budget (budget.h);
+                                   else, if buf, in conn->kept */
   size_t data_len;              /* reply payload: READ data */
   struct {
     uint32_t magic;
@@ -43,6 +48,9 @@ struct conn {
   struct request *free;
   unsigned busy;                /* slots not on the free list */
   unsigned in_kernel;           /* AIO submitted, not yet reaped */
+  unsigned in_helpers;          /* offloaded, not yet back */
+  uint64_t held;                /* buffer bytes charged to the budget */
+  uint64_t kept;                /* buffer bytes kept by free slots */
 
   char *in;                     /* received bytes not yet parsed */
   size_t in_start, in_end;
@@ -52,7 +60,9 @@ struct conn {
   struct request *out_head, *out_tail;
   size_t out_sent;              /* bytes of out_head already sent */
 
-  bool reading_paused;          /* no slot or ring room: stop reading */
+  bool reading_paused;          /* no slot, ring room or budget */
+  bool budget_wait;             /* paused until the budget allows ... */
+  uint32_t budget_need;         /* ... this many bytes more */
   bool want_write;              /* EPOLLOUT armed */
   bool closing;                 /* DISC, EOF or protocol error */
   bool broken;                  /* socket dead: drop replies */

@@ -12,7 +12,8 @@
  * Signals: SIGTERM and SIGINT are blocked in every thread and read from a
  * signalfd by the accept loop, which then stops accepting, drops the
  * connections still negotiating, stops the workers (they answer what they
- * already received, finish what is in flight, and close), removes the
+ * already received, finish what is in flight, send the replies their
+ * clients will read within --drain-timeout, and close), removes the
  * socket and the pid file, and exits 0.
  */
 #include <errno.h>
@@ -33,17 +34,25 @@
 
 #include <glib.h>
 
+#include "align.h"
+#include "budget.h"
 #include "engine.h"
 #include "handshake.h"
 #include "listener.h"
 #include "memory_pressure.h"
 #include "nbd_proto.h"
+#include "offload.h"
 #include "pending.h"
 #include "stats.h"
 #include "worker.h"
 
-/* The largest READ/WRITE accepted, advertised as the maximum block size. */
-#define MAX_REQUEST (32u << 20)
+/* The largest READ/WRITE accepted, advertised as the maximum block size:
+ * nbdkit's limit (the buffer budget, not this, bounds what a client can
+ * make the server hold).
+ */
+#define MAX_REQUEST MLOOP_MAX_REQUEST
+#define DRAIN_TIMEOUT_DEFAULT 5
+#define DRAIN_TIMEOUT_MAX 3600
 #define HANDSHAKE_TIMEOUT_MAX (24 * 3600)
 #define MAX_HANDSHAKES_MAX 1000000
 /* A handshake needs a few KiB of stack (handshake.c's largest frame is
@@ -70,6 +79,10 @@ static gchar *opt_pid_file;
 static gchar *opt_stats_file;
 static gboolean opt_mlock;
 static gboolean opt_version;
+static gchar *opt_buffer_limit;
+static gchar *opt_conn_buffer_limit;
+static gint opt_helper_threads = OFFLOAD_THREADS_DEFAULT;
+static gint opt_drain_timeout = DRAIN_TIMEOUT_DEFAULT;
 
 static GOptionEntry entries[] = {
   { "listen", 'l', 0, G_OPTION_ARG_STRING, &opt_listen,
@@ -96,6 +109,16 @@ static GOptionEntry entries[] = {
     "Write the pid here once listening", "FILE" },
   { "stats-file", 0, 0, G_OPTION_ARG_FILENAME, &opt_stats_file,
     "Keep request counters in this file (read by mloop status)", "FILE" },
+  { "buffer-limit", 0, 0, G_OPTION_ARG_STRING, &opt_buffer_limit,
+    "Request buffers the whole server may hold (default 1G)", "SIZE" },
+  { "connection-buffer-limit", 0, 0, G_OPTION_ARG_STRING,
+    &opt_conn_buffer_limit,
+    "Request buffers one connection may hold (default 256M)", "SIZE" },
+  { "helper-threads", 0, 0, G_OPTION_ARG_INT, &opt_helper_threads,
+    "Threads for trim, zero and unaligned IO, 1..64 (default 4)", "N" },
+  { "drain-timeout", 0, 0, G_OPTION_ARG_INT, &opt_drain_timeout,
+    "On SIGTERM, drop replies still unsent after this long (default 5)",
+    "SECONDS" },
   { "mlock", 0, 0, G_OPTION_ARG_NONE, &opt_mlock,
     "Lock the server's memory (mlockall): never paged out", NULL },
   { "version", 'V', 0, G_OPTION_ARG_NONE, &opt_version,
@@ -232,6 +255,32 @@ parse_on_off (const char *name, const char *value)
   die ("--%s=%s: must be on or off", name, value);
 }
 
+/* Parses a size such as 4096, 64K, 256M or 1G (binary units) for
+ * --NAME; at least MIN.
+ */
+static uint64_t
+parse_size (const char *name, const char *value, uint64_t dflt, uint64_t min)
+{
+  uint64_t n, scale = 1;
+  char *end;
+
+  if (value == NULL)
+    return dflt;
+  errno = 0;
+  n = g_ascii_strtoull (value, &end, 10);
+  switch (g_ascii_toupper (*end)) {
+  case 'K': scale = 1ull << 10; end++; break;
+  case 'M': scale = 1ull << 20; end++; break;
+  case 'G': scale = 1ull << 30; end++; break;
+  case 'T': scale = 1ull << 40; end++; break;
+  }
+  if (errno || end == value || *end != '\0' || n > UINT64_MAX / scale ||
+      n * scale < min)
+    die ("--%s=%s: must be a size of at least %" PRIu64 " bytes "
+         "(suffixes K, M, G, T)", name, value, min);
+  return n * scale;
+}
+
 static void
 write_pid_file (void)
 {
@@ -252,6 +301,8 @@ main (int argc, char *argv[])
   struct mloop_engine_config cfg;
   struct listener listener;
   struct worker_options wopts;
+  struct budget budget;
+  struct offload *offload;
   pthread_attr_t attr;
   sigset_t sigs;
   int sfd, backoff = 0;
@@ -289,6 +340,17 @@ main (int argc, char *argv[])
       (strlen (opt_export_name) > NBD_MAX_STRING ||
        !g_utf8_validate (opt_export_name, -1, NULL)))
     die ("--export-name: must be UTF-8, at most %d bytes", NBD_MAX_STRING);
+  if (opt_helper_threads < 1 || opt_helper_threads > OFFLOAD_THREADS_MAX)
+    die ("--helper-threads=%d: must be between 1 and %d", opt_helper_threads,
+         OFFLOAD_THREADS_MAX);
+  if (opt_drain_timeout < 0 || opt_drain_timeout > DRAIN_TIMEOUT_MAX)
+    die ("--drain-timeout=%d: must be between 0 and %d seconds",
+         opt_drain_timeout, DRAIN_TIMEOUT_MAX);
+  budget_init (&budget,
+               parse_size ("buffer-limit", opt_buffer_limit,
+                           BUDGET_SERVER_DEFAULT, MLOOP_KEEP_BUFFER),
+               parse_size ("connection-buffer-limit", opt_conn_buffer_limit,
+                           BUDGET_CONN_DEFAULT, MLOOP_KEEP_BUFFER));
   discard = parse_on_off ("discard", opt_discard);
   raise_nofile_limit ();
   if (opt_mlock && (errno = -mloop_lock_memory ()) != 0)
@@ -327,9 +389,15 @@ main (int argc, char *argv[])
   signal (SIGPIPE, SIG_IGN);
   sfd = signalfd (-1, &sigs, SFD_CLOEXEC);
 
+  offload = offload_start ((unsigned) opt_helper_threads);
+  if (offload == NULL)
+    die ("starting %d helper threads: %s", opt_helper_threads,
+         strerror (errno));
   wopts = (struct worker_options) {
     .engine = &engine, .read_only = opt_read_only, .discard = discard,
     .max_request = MAX_REQUEST, .ring_depth = (unsigned) opt_queue_depth,
+    .budget = &budget, .offload = offload,
+    .drain_timeout = (unsigned) opt_drain_timeout,
   };
   if (opt_stats_file &&
       (wopts.stats = mloop_stats_create (opt_stats_file)) == NULL)
@@ -376,9 +444,13 @@ main (int argc, char *argv[])
   listener_close (&listener);
   pending_drain ();
   pthread_attr_destroy (&attr);
+  /* All at once, so their drain deadlines run together. */
+  for (i = 0; i < nr_workers; i++)
+    worker_begin_stop (workers[i]);
   for (i = 0; i < nr_workers; i++)
     worker_stop (workers[i]);
   free (workers);
+  offload_stop (offload);       /* idle: each worker waited for its jobs */
   if (opt_pid_file)
     unlink (opt_pid_file);
   mloop_engine_close (&engine);

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -26,6 +27,10 @@
 #define REAP_BATCH    256
 #define SEND_IOVECS   128
 #define SEND_BUFFER   (4 << 20)
+/* How often a connection waiting for the server's budget looks again:
+ * other workers free it without telling us, and waiting is rare.
+ */
+#define BUDGET_RETRY_MS 10
 
 struct worker {
   struct worker_options opts;
@@ -35,6 +40,9 @@ struct worker {
   int inbox_efd;                /* new connections, or stop */
   struct mloop_aio_ring ring;
   unsigned in_kernel;           /* requests submitted, not reaped */
+  unsigned in_helpers;          /* requests offloaded, not yet back */
+  unsigned budget_waiters;      /* connections paused on the budget */
+  struct offload_inbox done;    /* offloaded requests coming back */
 
   struct iocb **batch;          /* prepared, not yet submitted */
   unsigned batch_len;
@@ -55,7 +63,7 @@ struct worker {
 /* epoll data for the worker's own descriptors (connections use their
  * struct conn pointer).
  */
-static char aio_tag, inbox_tag;
+static char aio_tag, inbox_tag, done_tag;
 
 /* ------------------------------------------------------------ epoll */
 
@@ -145,6 +153,10 @@ queue_reply (struct request *req, uint32_t nbd_error)
 static void
 resume_reading (struct conn *c)
 {
+  if (c->budget_wait) {
+    c->budget_wait = false;
+    c->worker->budget_waiters--;
+  }
   c->reading_paused = false;
   conn_update_events (c);
   if (!c->on_ready && (c->in_end > c->in_start || c->receiving)) {
@@ -154,17 +166,31 @@ resume_reading (struct conn *c)
   }
 }
 
+/* Gives REQ's buffer back: uncharged, then kept for the slot's next
+ * request if small and the connection keeps little, else freed.
+ */
 static void
-release_slot (struct conn *c, struct request *req)
+release_buffer (struct conn *c, struct request *req)
 {
-  /* Buffers up to MLOOP_KEEP_BUFFER are kept for the slot's next
-   * request; larger ones go back to the kernel, bounding idle memory.
-   */
-  if (req->cap > MLOOP_KEEP_BUFFER) {
+  if (!req->charged)
+    return;                     /* none, or already kept */
+  req->charged = false;
+  c->held -= req->cap;
+  budget_release (c->worker->opts.budget, req->cap);
+  if (req->cap <= MLOOP_KEEP_BUFFER &&
+      c->kept + req->cap <= BUDGET_KEEP_PER_CONN)
+    c->kept += req->cap;
+  else {
     mloop_free_aligned (req->buf, req->cap);
     req->buf = NULL;
     req->cap = 0;
   }
+}
+
+static void
+release_slot (struct conn *c, struct request *req)
+{
+  release_buffer (c, req);
   req->next = c->free;
   c->free = req;
   c->busy--;
@@ -354,16 +380,91 @@ reap (struct worker *w)
     submit_batch (w);           /* short-transfer resubmissions */
 }
 
-/* Makes sure REQ has an aligned buffer of at least N bytes. */
+/* Gives REQ an aligned buffer of at least N bytes, charged to the
+ * budget: the slot's kept buffer if big enough, else a new one.
+ */
 static int
-ensure_buffer (struct request *req, size_t n, uint32_t align)
+ensure_buffer (struct conn *c, struct request *req, size_t n, uint32_t align)
 {
-  if (req->cap >= n && req->buf)
-    return 0;
-  mloop_free_aligned (req->buf, req->cap);
-  req->buf = mloop_alloc_aligned (n, align);
-  req->cap = req->buf ? n : 0;
-  return req->buf ? 0 : -1;
+  if (req->buf && !req->charged)
+    c->kept -= req->cap;        /* leaves the kept pool either way */
+  if (req->cap < n || req->buf == NULL) {
+    mloop_free_aligned (req->buf, req->cap);
+    req->buf = mloop_alloc_aligned (n, align);
+    req->cap = req->buf ? n : 0;
+    if (req->buf == NULL)
+      return -1;
+  }
+  req->charged = true;
+  c->held += req->cap;
+  budget_charge (c->worker->opts.budget, req->cap);
+  return 0;
+}
+
+/* ------------------------------------------------------------ helpers */
+
+/* On a helper thread: the request's blocking work.  Reads only what the
+ * worker set before handing it over, and the engine.
+ */
+static void
+run_blocking (struct offload_job *job)
+{
+  struct request *req = (struct request *)
+    ((char *) job - offsetof (struct request, job));
+  struct mloop_engine *e = req->conn->worker->opts.engine;
+  struct mloop_io *io = &req->io;
+
+  switch (req->type) {
+  case NBD_CMD_TRIM:
+    req->result = mloop_engine_trim (e, io->offset, io->count, io->flags);
+    break;
+  case NBD_CMD_WRITE_ZEROES:
+    req->result = mloop_engine_zero (e, io->offset, io->count, io->flags);
+    break;
+  default:                      /* READ, WRITE or FLUSH the engine
+                                   said must block */
+    req->result = mloop_engine_perform_blocking (e, io);
+    break;
+  }
+}
+
+static void
+offload_request (struct worker *w, struct request *req)
+{
+  req->job.run = run_blocking;
+  req->job.home = &w->done;
+  req->conn->in_helpers++;
+  w->in_helpers++;
+  offload_submit (w->opts.offload, &req->job);
+}
+
+/* Back on the worker: reply to what the helpers finished. */
+static void
+take_done (struct worker *w)
+{
+  struct offload_job *job = offload_inbox_take (&w->done);
+
+  while (job) {
+    struct request *req = (struct request *)
+      ((char *) job - offsetof (struct request, job));
+    struct mloop_io *io = &req->io;
+    int r = req->result;
+
+    job = job->next;
+    req->conn->in_helpers--;
+    w->in_helpers--;
+    switch (req->type) {
+    case NBD_CMD_TRIM:
+    case NBD_CMD_WRITE_ZEROES:
+      if (r < 0 && r != -EINVAL && r != -EPERM && r != -ENOSPC)
+        log_io_error (req, io->offset, io->count, -r);
+      queue_reply (req, nbd_errno (-r));
+      break;
+    default:
+      mloop_engine_complete_blocking (w->opts.engine, io, r);
+      break;
+    }
+  }
 }
 
 /* Sends READ/WRITE/FLUSH to the engine. */
@@ -383,11 +484,13 @@ start_io (struct worker *w, struct request *req, enum mloop_io_op op,
   io->complete = io_complete;
   io->opaque = req;
   r = mloop_engine_prepare (w->opts.engine, io);
-  if (r == 1)
+  if (r == MLOOP_PREPARED_AIO)
     add_to_batch (w, req);
+  else if (r == MLOOP_PREPARED_BLOCKING)
+    offload_request (w, req);
   else if (r < 0)
     queue_reply (req, nbd_errno (-r));
-  /* r == 0: completed synchronously, reply already queued. */
+  /* MLOOP_PREPARED_DONE: completed already, reply queued. */
 }
 
 /* ------------------------------------------------------------ requests */
@@ -419,7 +522,6 @@ dispatch (struct worker *w, struct request *req, uint64_t offset,
   const uint16_t f = req->flags;
   unsigned io_flags = (f & NBD_CMD_FLAG_FUA) ? MLOOP_IO_FUA : 0;
   uint32_t error;
-  int r;
 
   if (atomic_load (&w->stopping)) {
     queue_reply (req, NBD_ESHUTDOWN);
@@ -444,20 +546,18 @@ dispatch (struct worker *w, struct request *req, uint64_t offset,
     start_io (w, req, MLOOP_IO_FLUSH, 0, 0, 0);
     return;
   case NBD_CMD_TRIM:
-    r = mloop_engine_trim (w->opts.engine, offset, length, io_flags);
-    if (r < 0 && r != -EINVAL && r != -EPERM)
-      log_io_error (req, offset, length, -r);
-    queue_reply (req, nbd_errno (-r));
-    return;
   case NBD_CMD_WRITE_ZEROES:
+    /* fallocate and the block ioctls can take seconds: a helper runs
+     * them while this loop serves everyone else.
+     */
     if (f & NBD_CMD_FLAG_NO_HOLE)
       io_flags |= MLOOP_ZERO_NO_HOLE;
     if (f & NBD_CMD_FLAG_FAST_ZERO)
       io_flags |= MLOOP_ZERO_FAST;
-    r = mloop_engine_zero (w->opts.engine, offset, length, io_flags);
-    if (r < 0 && r != -ENOSPC)
-      log_io_error (req, offset, length, -r);
-    queue_reply (req, nbd_errno (-r));
+    req->io.offset = offset;
+    req->io.count = length;
+    req->io.flags = io_flags;
+    offload_request (w, req);
     return;
   default:
     queue_reply (req, NBD_EINVAL);   /* request_check() refused it */
@@ -515,7 +615,7 @@ parse_header (struct worker *w, struct conn *c)
     return true;
   }
   if ((type == NBD_CMD_READ || type == NBD_CMD_WRITE) && length > 0 &&
-      ensure_buffer (req, length,
+      ensure_buffer (c, req, length,
                      w->opts.engine->backing.logical_block_size) == -1) {
     if (type == NBD_CMD_WRITE) {
       conn_close_when_idle (c);
@@ -579,6 +679,57 @@ receive_payload (struct worker *w, struct conn *c)
   return true;
 }
 
+/* Bytes of buffer the request at the head of C's input will need. */
+static uint32_t
+buffer_need (const struct worker *w, const struct conn *c)
+{
+  struct nbd_request h;
+
+  request_decode (c->in + c->in_start, &h);
+  if (h.magic != NBD_REQUEST_MAGIC ||
+      (h.type != NBD_CMD_READ && h.type != NBD_CMD_WRITE) ||
+      h.length > w->opts.max_request)
+    return 0;                   /* refused or closed: no buffer */
+  return h.length;
+}
+
+/* Whether the next request of C fits the budget (budget.h); notes what
+ * it needs for a later look.
+ */
+static bool
+budget_allows_next (struct worker *w, struct conn *c)
+{
+  c->budget_need = buffer_need (w, c);
+  return c->budget_need == 0 ||
+    budget_may_take (w->opts.budget, c->held, c->budget_need);
+}
+
+/* Stops reading C until its replies drain (release_slot resumes it) or
+ * the server's budget has room again (worker_main looks).
+ */
+static void
+pause_for_budget (struct conn *c)
+{
+  c->reading_paused = true;
+  if (!c->budget_wait) {
+    c->budget_wait = true;
+    c->worker->budget_waiters++;
+  }
+  conn_update_events (c);
+}
+
+/* Resumes connections whose budget wait is over. */
+static void
+retry_budget_waiters (struct worker *w)
+{
+  struct conn *c;
+
+  for (c = w->conns; c && w->budget_waiters; c = c->next)
+    if (c->budget_wait && !c->closing &&
+        budget_may_take (w->opts.budget, c->held, c->budget_need))
+      resume_reading (c);
+}
+
 /* Reads and handles every request available on C. */
 static void
 conn_read (struct worker *w, struct conn *c)
@@ -594,6 +745,10 @@ conn_read (struct worker *w, struct conn *c)
           w->in_kernel + w->batch_len >= w->opts.ring_depth) {
         c->reading_paused = true;
         conn_update_events (c);
+        return;
+      }
+      if (!budget_allows_next (w, c)) {
+        pause_for_budget (c);
         return;
       }
       parse_header (w, c);
@@ -635,8 +790,13 @@ conn_free (struct conn *c)
 
   epoll_ctl (c->worker->epfd, EPOLL_CTL_DEL, c->fd, NULL);
   close (c->fd);
-  for (i = 0; i < CONN_SLOTS; i++)
+  for (i = 0; i < CONN_SLOTS; i++) {
+    if (c->slots[i].charged)
+      budget_release (c->worker->opts.budget, c->slots[i].cap);
     mloop_free_aligned (c->slots[i].buf, c->slots[i].cap);
+  }
+  if (c->budget_wait)
+    c->worker->budget_waiters--;
   free (c->in);
   free (c);
 }
@@ -723,7 +883,8 @@ reap_connections (struct worker *w)
   while (*p) {
     struct conn *c = *p;
 
-    if (c->closing && c->in_kernel == 0 && !c->receiving &&
+    if (c->closing && c->in_kernel == 0 && c->in_helpers == 0 &&
+        !c->receiving &&
         (c->broken || !c->out_head) && !c->on_ready && !c->dirty) {
       *p = c->next;
       conn_free (c);
@@ -733,12 +894,68 @@ reap_connections (struct worker *w)
   }
 }
 
+static int64_t
+now_ms (void)
+{
+  struct timespec ts;
+
+  clock_gettime (CLOCK_MONOTONIC, &ts);
+  return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* At the drain deadline: replies still unsent (their client does not
+ * read them) are dropped, so the worker can close and exit.  IO still in
+ * the kernel or with a helper is waited for, since it uses our buffers.
+ */
+static void
+drop_unsent_replies (struct worker *w)
+{
+  unsigned dropped = 0;
+  struct conn *c;
+
+  for (c = w->conns; c; c = c->next) {
+    if (c->out_head || c->in_kernel || c->in_helpers)
+      dropped++;
+    if (!c->broken) {
+      c->broken = c->closing = true;
+      conn_update_events (c);
+      mark_dirty (c);           /* conn_flush drops the queue */
+    }
+  }
+  if (dropped)
+    fprintf (stderr, "mloop-server: drain timeout (%u s): dropping the "
+             "replies of %u connection(s)\n", w->opts.drain_timeout, dropped);
+}
+
+/* How long epoll_wait may sleep, in ms (-1: until something happens). */
+static int
+sleep_budget (const struct worker *w, bool shutdown_seen, bool drained,
+              int64_t deadline)
+{
+  int ms = -1;
+
+  if (w->ready || w->dirty)
+    return 0;                   /* never sleep with work in hand */
+  if (w->budget_waiters)
+    ms = BUDGET_RETRY_MS;
+  if (shutdown_seen && !drained) {
+    int64_t left = deadline - now_ms ();
+
+    if (left < 0)
+      left = 0;
+    if (ms == -1 || left < ms)
+      ms = (int) left;
+  }
+  return ms;
+}
+
 static void *
 worker_main (void *arg)
 {
   struct worker *w = arg;
   struct epoll_event evs[EPOLL_BATCH];
-  bool shutdown_seen = false;
+  bool shutdown_seen = false, drained = false;
+  int64_t deadline = 0;
 
   /* This thread does the device's IO: keep it out of reclaim. */
   mloop_io_flusher_thread ();
@@ -747,10 +964,12 @@ worker_main (void *arg)
     int n, i;
     bool completions = false;
 
-    /* Never sleep with work in hand. */
-    n = epoll_wait (w->epfd, evs, EPOLL_BATCH, w->ready || w->dirty ? 0 : -1);
+    n = epoll_wait (w->epfd, evs, EPOLL_BATCH,
+                    sleep_budget (w, shutdown_seen, drained, deadline));
     if (n == -1 && errno != EINTR)
       break;
+    if (n == -1)
+      n = 0;
     while (w->ready) {
       struct conn *c = w->ready;
 
@@ -766,6 +985,8 @@ worker_main (void *arg)
         completions = true;
       else if (tag == &inbox_tag)
         take_inbox (w);
+      else if (tag == &done_tag)
+        take_done (w);
       else {
         struct conn *c = tag;
 
@@ -786,8 +1007,13 @@ worker_main (void *arg)
       struct conn *c;
 
       shutdown_seen = true;
+      deadline = now_ms () + (int64_t) w->opts.drain_timeout * 1000;
       for (c = w->conns; c; c = c->next)
         refuse_buffered (w, c);
+    }
+    if (shutdown_seen && !drained && now_ms () >= deadline) {
+      drained = true;
+      drop_unsent_replies (w);
     }
     /* One io_submit for everything this round read. */
     if (w->batch_len)
@@ -798,9 +1024,11 @@ worker_main (void *arg)
       reap (w);
       /* Ring room may have freed up for connections paused on it. */
       for (c = w->conns; c; c = c->next)
-        if (c->reading_paused && c->free && !c->closing)
+        if (c->reading_paused && !c->budget_wait && c->free && !c->closing)
           resume_reading (c);
     }
+    if (w->budget_waiters)
+      retry_budget_waiters (w);
     /* One sendmsg per connection for all its finished replies. */
     while (w->dirty) {
       struct conn *c = w->dirty;
@@ -810,7 +1038,8 @@ worker_main (void *arg)
       conn_flush (c);
     }
     reap_connections (w);
-    if (shutdown_seen && w->conns == NULL && w->in_kernel == 0)
+    if (shutdown_seen && w->conns == NULL && w->in_kernel == 0 &&
+        w->in_helpers == 0)
       break;
   }
   return NULL;
@@ -837,7 +1066,7 @@ worker_start (const struct worker_options *opts, char *err, size_t errlen)
     return NULL;
   }
   w->opts = *opts;
-  w->epfd = w->aio_efd = w->inbox_efd = -1;
+  w->epfd = w->aio_efd = w->inbox_efd = w->done.efd = -1;
   pthread_mutex_init (&w->inbox_lock, NULL);
   atomic_init (&w->stopping, false);
   w->batch = calloc (opts->ring_depth + CONN_SLOTS, sizeof *w->batch);
@@ -847,8 +1076,10 @@ worker_start (const struct worker_options *opts, char *err, size_t errlen)
   w->aio_efd = eventfd (0, EFD_NONBLOCK | EFD_CLOEXEC);
   w->inbox_efd = eventfd (0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (w->epfd == -1 || w->aio_efd == -1 || w->inbox_efd == -1 ||
+      offload_inbox_init (&w->done) == -1 ||
       epoll_add_tag (w->epfd, w->aio_efd, &aio_tag) == -1 ||
-      epoll_add_tag (w->epfd, w->inbox_efd, &inbox_tag) == -1)
+      epoll_add_tag (w->epfd, w->inbox_efd, &inbox_tag) == -1 ||
+      epoll_add_tag (w->epfd, w->done.efd, &done_tag) == -1)
     goto errno_fail;
   /* Room for a full round of resubmissions beyond the depth limit. */
   r = mloop_aio_ring_init (&w->ring, opts->ring_depth + CONN_SLOTS);
@@ -869,6 +1100,7 @@ worker_start (const struct worker_options *opts, char *err, size_t errlen)
   if (w->epfd >= 0) close (w->epfd);
   if (w->aio_efd >= 0) close (w->aio_efd);
   if (w->inbox_efd >= 0) close (w->inbox_efd);
+  offload_inbox_destroy (&w->done);
   free (w->batch);
   free (w);
   return NULL;
@@ -905,12 +1137,18 @@ worker_add_connection (struct worker *w, int fd)
 }
 
 void
+worker_begin_stop (struct worker *w)
+{
+  if (!atomic_exchange (&w->stopping, true))
+    poke (w);
+}
+
+void
 worker_stop (struct worker *w)
 {
   size_t i;
 
-  atomic_store (&w->stopping, true);
-  poke (w);
+  worker_begin_stop (w);
   pthread_join (w->thread, NULL);
   for (i = 0; i < w->inbox_len; i++)
     close (w->inbox[i]);
@@ -919,6 +1157,7 @@ worker_stop (struct worker *w)
   close (w->epfd);
   close (w->aio_efd);
   close (w->inbox_efd);
+  offload_inbox_destroy (&w->done);
   pthread_mutex_destroy (&w->inbox_lock);
   free (w->batch);
   free (w);

@@ -14,7 +14,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "budget.h"
 #include "engine.h"
+#include "offload.h"
 #include "stats.h"
 
 struct worker;
@@ -26,6 +28,9 @@ struct worker_options {
   uint32_t max_request;         /* largest READ/WRITE accepted */
   unsigned ring_depth;          /* AIO requests in flight per worker */
   struct mloop_stats *stats;    /* counters for `mloop status`, or NULL */
+  struct budget *budget;        /* request buffers, shared by all workers */
+  struct offload *offload;      /* helpers for blocking commands */
+  unsigned drain_timeout;       /* seconds to finish replies on stop */
 };
 
 /* Starts a worker thread.  Returns NULL and a message in ERR on failure. */
@@ -35,10 +40,15 @@ struct worker *worker_start (const struct worker_options *opts,
 /* Hands a negotiated connection to the worker (any thread). */
 void worker_add_connection (struct worker *w, int fd);
 
-/* Stops reading requests, answers those already received with ESHUTDOWN,
- * finishes the ones in flight, sends their replies, closes every
- * connection and joins the thread.
+/* Tells the worker to stop (returns at once): it stops reading requests,
+ * answers those already received with ESHUTDOWN, finishes the ones in
+ * flight and sends their replies.  Replies still unsent after
+ * drain_timeout seconds (a client that does not read them) are dropped.
+ * Then it closes every connection.
  */
+void worker_begin_stop (struct worker *w);
+
+/* worker_begin_stop(), then waits for the worker and frees it. */
 void worker_stop (struct worker *w);
 
 #endif /* MLOOP_SERVER_WORKER_H */

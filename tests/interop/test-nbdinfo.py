@@ -26,7 +26,7 @@ expected = {
     "can_trim": True, "can_zero": True, "can_fast_zero": True,
     "can_cache": False, "is_read_only": False,
     "block_size_minimum": 512, "block_size_preferred": 4096,
-    "block_size_maximum": (64 << 20) if harness.SERVER_KIND == "plugin" else (32 << 20),
+    "block_size_maximum": 64 << 20,
     "export-size": 16 << 20,
 }
 for k, v in expected.items():
