@@ -26,10 +26,6 @@
 #define REAP_BATCH    256
 #define SEND_IOVECS   128
 #define SEND_BUFFER   (4 << 20)
-/* Request buffers up to this size are kept for the slot's next request;
- * larger ones are freed after their reply, bounding idle memory.
- */
-#define KEEP_BUFFER   (1u << 20)
 
 struct worker {
   struct worker_options opts;
@@ -161,8 +157,11 @@ resume_reading (struct conn *c)
 static void
 release_slot (struct conn *c, struct request *req)
 {
-  if (req->cap > KEEP_BUFFER) {
-    free (req->buf);
+  /* Buffers up to MLOOP_KEEP_BUFFER are kept for the slot's next
+   * request; larger ones go back to the kernel, bounding idle memory.
+   */
+  if (req->cap > MLOOP_KEEP_BUFFER) {
+    mloop_free_aligned (req->buf, req->cap);
     req->buf = NULL;
     req->cap = 0;
   }
@@ -361,7 +360,7 @@ ensure_buffer (struct request *req, size_t n, uint32_t align)
 {
   if (req->cap >= n && req->buf)
     return 0;
-  free (req->buf);
+  mloop_free_aligned (req->buf, req->cap);
   req->buf = mloop_alloc_aligned (n, align);
   req->cap = req->buf ? n : 0;
   return req->buf ? 0 : -1;
@@ -637,7 +636,7 @@ conn_free (struct conn *c)
   epoll_ctl (c->worker->epfd, EPOLL_CTL_DEL, c->fd, NULL);
   close (c->fd);
   for (i = 0; i < CONN_SLOTS; i++)
-    free (c->slots[i].buf);
+    mloop_free_aligned (c->slots[i].buf, c->slots[i].cap);
   free (c->in);
   free (c);
 }
