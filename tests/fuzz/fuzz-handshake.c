@@ -3,10 +3,13 @@
  *
  * Input: one byte choosing the export (bit 0: served under the name
  * "disk" rather than any name; bits 1-2: its size; bit 3: read-only
- * flags), then the bytes a client sends.  A thread plays the client: it
- * sends those bytes, shuts its side down and reads everything the server
- * answers, while mloop_handshake() runs on the other end exactly as in
- * the server, then the answer is checked against the client's bytes.
+ * flags) and the client (bit 4: it hangs up as soon as it has sent its
+ * bytes, reading nothing), then the bytes a client sends.  A thread plays
+ * the client: it sends those bytes, shuts its side down and reads
+ * everything the server answers, while mloop_handshake() runs on the
+ * other end exactly as in the server, then the answer is checked against
+ * the client's bytes.  A client that hung up leaves nothing to check but
+ * that the server gave up cleanly.
  *
  * Besides memory and undefined-behaviour errors, the target asserts the
  * rules of the protocol (docs/fuzzing.md): the greeting first; every
@@ -52,6 +55,7 @@ struct client {
   int fd;
   const uint8_t *in;            /* what the client sends */
   size_t in_len;
+  bool hang_up;                 /* then goes away without reading */
   uint8_t *out;                 /* what the server answered */
   size_t out_len, out_cap;
 };
@@ -88,6 +92,10 @@ client_main (void *arg)
     uint8_t buf[65536];
 
     if (!shut && sent == c->in_len) {
+      if (c->hang_up) {
+        shutdown (c->fd, SHUT_RDWR);    /* the server's sends now fail */
+        break;
+      }
       shutdown (c->fd, SHUT_WR);
       shut = true;
     }
@@ -320,6 +328,7 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
   c.fd = sv[1];
   c.in = data + 1;
   c.in_len = size - 1;
+  c.hang_up = data[0] & 16;
   if (pthread_create (&thread, NULL, client_main, &c) != 0)
     abort ();
   result = mloop_handshake (sv[0], &x);
@@ -327,7 +336,10 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
   pthread_join (thread, NULL);
   close (sv[1]);
 
-  check (c.in, c.in_len, c.out, c.out_len, &x, result);
+  if (c.hang_up)
+    CHECK (result == 0 || result == -1);
+  else
+    check (c.in, c.in_len, c.out, c.out_len, &x, result);
   free (c.out);
   return 0;
 }

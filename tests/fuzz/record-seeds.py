@@ -120,8 +120,9 @@ def main():
             time.sleep(0.05)
         relay = Relay(sock)
         url = f"nbd://127.0.0.1:{relay.port}/"
-        # Export config bytes: handshake 0 = any name, 1 MiB... (see
-        # fuzz-handshake.c); request: discard on, 32 MiB limit, the image size.
+        # The bytes choosing the export (see fuzz-*.c): for the handshake,
+        # any name and 1 MiB; for requests, read-write, discard on, a
+        # 32 MiB limit and the image's size.
         hs_conf = b"\x02"
         rq_conf = b"\x02" + struct.pack(">Q", IMAGE_SIZE)
         clients = {
@@ -187,6 +188,9 @@ h.shutdown()
         "unknown-options": b"\x00" + struct.pack(">I", 3) + opt(5) + opt(8) + opt(9, b"\0" * 8) + opt(0x7fffffff) + go(),
         "list-with-data": named + struct.pack(">I", 3) + opt(3, b"junk") + opt(3) + go(b"disk"),
         "too-big": b"\x00" + struct.pack(">I", 3) + opt(7, b"\0" * 5000) + go(),
+        "export-name-long": named + struct.pack(">I", 3) + opt(1, b"d" * 4100),
+        "export-name-too-big": named + struct.pack(">I", 3) + opt(1, b"d" * 5000),
+        "hang-up": b"\x10" + struct.pack(">I", 3) + go(b"nope") + opt(3) + go(),
         "bad-client-flags": b"\x00" + struct.pack(">I", 4),
         "bad-option-magic": b"\x00" + struct.pack(">I", 3) + b"\0" * 16,
         "go-bad-lengths": b"\x00" + struct.pack(">I", 3) + opt(7, struct.pack(">I", 0xffffffff)) +
