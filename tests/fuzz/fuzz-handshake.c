@@ -19,9 +19,6 @@
  * returning 0 exactly when one did, with nothing sent after it.
  */
 #include <endian.h>
-#include <errno.h>
-#include <poll.h>
-#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -31,6 +28,7 @@
 #include <unistd.h>
 #include <sys/socket.h>
 
+#include "client.h"
 #include "handshake.h"
 #include "nbd_proto.h"
 
@@ -48,84 +46,6 @@
 static const uint64_t sizes[4] = {
   0, 1u << 20, 123456789, UINT64_MAX,
 };
-
-/* ------------------------------------------------------------ client */
-
-struct client {
-  int fd;
-  const uint8_t *in;            /* what the client sends */
-  size_t in_len;
-  bool hang_up;                 /* then goes away without reading */
-  uint8_t *out;                 /* what the server answered */
-  size_t out_len, out_cap;
-};
-
-static void
-append (struct client *c, const uint8_t *p, size_t n)
-{
-  if (c->out_len + n > c->out_cap) {
-    size_t cap = c->out_cap ? 2 * c->out_cap : 4096;
-
-    while (cap < c->out_len + n)
-      cap *= 2;
-    c->out = realloc (c->out, cap);
-    if (c->out == NULL)
-      abort ();
-    c->out_cap = cap;
-  }
-  memcpy (c->out + c->out_len, p, n);
-  c->out_len += n;
-}
-
-/* Sends the input and reads the answers at the same time, so neither side
- * can block the other on a full socket buffer; returns at the server's EOF.
- */
-static void *
-client_main (void *arg)
-{
-  struct client *c = arg;
-  size_t sent = 0;
-  bool shut = false;
-
-  for (;;) {
-    struct pollfd p = { .fd = c->fd, .events = POLLIN };
-    uint8_t buf[65536];
-
-    if (!shut && sent == c->in_len) {
-      if (c->hang_up) {
-        shutdown (c->fd, SHUT_RDWR);    /* the server's sends now fail */
-        break;
-      }
-      shutdown (c->fd, SHUT_WR);
-      shut = true;
-    }
-    if (!shut)
-      p.events |= POLLOUT;
-    if (poll (&p, 1, -1) == -1) {
-      if (errno == EINTR)
-        continue;
-      abort ();
-    }
-    if (p.revents & (POLLIN | POLLHUP | POLLERR)) {
-      ssize_t r = recv (c->fd, buf, sizeof buf, MSG_DONTWAIT);
-
-      if (r > 0)
-        append (c, buf, (size_t) r);
-      else if (r == 0 || (errno != EAGAIN && errno != EINTR))
-        break;                  /* the server closed */
-    }
-    if (!shut && (p.revents & POLLOUT)) {
-      ssize_t r = send (c->fd, c->in + sent, c->in_len - sent,
-                        MSG_DONTWAIT | MSG_NOSIGNAL);
-
-      if (r > 0)
-        sent += (size_t) r;
-      else if (r == -1 && errno != EAGAIN && errno != EINTR)
-        sent = c->in_len;       /* the server stopped reading */
-    }
-  }
-  return NULL;
-}
 
 /* ------------------------------------------------------------ checks */
 
@@ -310,8 +230,7 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
   struct export_info x = {
     .min_block = 512, .preferred_block = 4096, .max_block = 32u << 20,
   };
-  struct client c = { 0 };
-  pthread_t thread;
+  struct fuzz_client c;
   int sv[2], result;
 
   if (size < 1)
@@ -325,16 +244,10 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
 
   if (socketpair (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == -1)
     abort ();
-  c.fd = sv[1];
-  c.in = data + 1;
-  c.in_len = size - 1;
-  c.hang_up = data[0] & 16;
-  if (pthread_create (&thread, NULL, client_main, &c) != 0)
-    abort ();
+  fuzz_client_start (&c, sv[1], data + 1, size - 1, data[0] & 16);
   result = mloop_handshake (sv[0], &x);
   close (sv[0]);                /* the server's side is done either way */
-  pthread_join (thread, NULL);
-  close (sv[1]);
+  fuzz_client_join (&c);
 
   if (c.hang_up)
     CHECK (result == 0 || result == -1);
