@@ -18,6 +18,9 @@ Environment (set by tests/meson.build):
   MLOOP_SERVER_BIN path of the built mloop-server
   MLOOP_VALGRIND   if set, the server runs under valgrind and any valgrind
                    error fails the test
+  MLOOP_ASAN_PRELOAD  set by tests/asan-run (meson test --setup=asan): the
+                   ASan runtime and tests/helpers/asan-first.so, preloaded
+                   into nbdkit (see nbdkit_env)
 """
 import atexit
 import errno
@@ -80,6 +83,28 @@ def _native_args(params, nbdkit_args):
     return out
 
 VALGRIND = bool(os.environ.get("MLOOP_VALGRIND"))
+ASAN_PRELOAD = os.environ.get("MLOOP_ASAN_PRELOAD")
+# The servers under test are built with ASan+UBSan (meson test --setup=asan).
+SANITIZED = bool(ASAN_PRELOAD)
+
+
+def nbdkit_env():
+    """The environment for an nbdkit that loads the built plugin.  Under
+    the asan setup the plugin is built with ASan and nbdkit is not: the
+    runtime must be loaded first, before nbdkit's own libraries, and
+    initialized before their constructors (tests/helpers/asan-first.c)."""
+    env = dict(os.environ)
+    if ASAN_PRELOAD:
+        # The plugin too: nbdkit unloads it at exit, before LeakSanitizer
+        # reports, and a preloaded copy stays mapped so its frames keep
+        # their names.
+        env["LD_PRELOAD"] = ASAN_PRELOAD + (f":{PLUGIN}" if PLUGIN else "")
+        # Allocation stacks of one frame (the caller of malloc), so that
+        # tests/lsan.supp can forgive what nbdkit itself leaks and only
+        # that, as tests/valgrind.supp does; the plugin's leaks are still
+        # reported.
+        env["ASAN_OPTIONS"] = env.get("ASAN_OPTIONS", "") + ":malloc_context_size=2"
+    return env
 
 _cleanups = []
 
@@ -184,7 +209,7 @@ class Server:
         else:
             cmd += ["nbdkit", "-f", "-U", self.sock, "-P", ready, *nbdkit_args,
                     PLUGIN, f"file={image}", *params]
-        env = dict(os.environ)
+        env = nbdkit_env() if SERVER_KIND == "plugin" else dict(os.environ)
         if VALGRIND:
             env["NBDKIT_VALGRIND"] = "1"  # nbdkit keeps the plugin mapped
         self.logf = open(self.log, "w")

@@ -28,7 +28,8 @@ cases = [
 ]
 for params, message in cases:
     p = subprocess.run(["nbdkit", "-f", "-U", sock, harness.PLUGIN, *params],
-                       capture_output=True, text=True, timeout=30)
+                       capture_output=True, text=True, timeout=30,
+                       env=harness.nbdkit_env())
     errors = [l for l in p.stderr.splitlines() if "error" in l]
     assert p.returncode != 0, f"{params}: nbdkit started"
     assert any(message in l for l in errors), \

@@ -5,11 +5,11 @@ import harness
 
 harness.plugin_only("nbdkit --help/--version")
 
-out = subprocess.run(["nbdkit", harness.PLUGIN, "--help"],
+out = subprocess.run(["nbdkit", harness.PLUGIN, "--help"], env=harness.nbdkit_env(),
                      capture_output=True, text=True, check=True).stdout
 for param in ("file=", "threads=", "queue-depth=", "direct="):
     assert param in out, f"--help does not mention {param}"
-out = subprocess.run(["nbdkit", harness.PLUGIN, "--version"],
+out = subprocess.run(["nbdkit", harness.PLUGIN, "--version"], env=harness.nbdkit_env(),
                      capture_output=True, text=True, check=True).stdout
 assert "mloop" in out, f"--version: {out!r}"
 print("ok: --help and --version")

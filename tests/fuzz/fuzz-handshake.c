@@ -1,0 +1,258 @@
+/* libFuzzer target: mloop-server's fixed-newstyle handshake
+ * (server/handshake.c), in process, over a socketpair.
+ *
+ * Input: one byte choosing the export (bit 0: served under the name
+ * "disk" rather than any name; bits 1-2: its size; bit 3: read-only
+ * flags) and the client (bit 4: it hangs up as soon as it has sent its
+ * bytes, reading nothing), then the bytes a client sends.  A thread plays
+ * the client: it sends those bytes, shuts its side down and reads
+ * everything the server answers, while mloop_handshake() runs on the
+ * other end exactly as in the server, then the answer is checked against
+ * the client's bytes.  A client that hung up leaves nothing to check but
+ * that the server gave up cleanly.
+ *
+ * Besides memory and undefined-behaviour errors, the target asserts the
+ * rules of the protocol (docs/fuzzing.md): the greeting first; every
+ * option answered in order, by replies naming that option, ending with
+ * an ACK or an error; export information that is the export's; GO or
+ * EXPORT_NAME succeeding only for the served name, and the handshake
+ * returning 0 exactly when one did, with nothing sent after it.
+ */
+#include <endian.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/socket.h>
+
+#include "client.h"
+#include "handshake.h"
+#include "nbd_proto.h"
+
+#define CHECK(cond)                                                     \
+  do {                                                                  \
+    if (!(cond)) {                                                      \
+      fprintf (stderr, "fuzz-handshake: %s:%d: rule broken: %s\n",      \
+               __FILE__, __LINE__, #cond);                              \
+      abort ();                                                         \
+    }                                                                   \
+  } while (0)
+
+#define NAME "disk"
+
+static const uint64_t sizes[4] = {
+  0, 1u << 20, 123456789, UINT64_MAX,
+};
+
+/* ------------------------------------------------------------ checks */
+
+struct cursor {
+  const uint8_t *p;
+  size_t left;
+};
+
+static bool
+take (struct cursor *c, size_t n, const uint8_t **out)
+{
+  if (c->left < n)
+    return false;
+  *out = c->p;
+  c->p += n;
+  c->left -= n;
+  return true;
+}
+
+static uint64_t
+be (const uint8_t *p, int n)
+{
+  uint64_t v = 0;
+
+  while (n-- > 0)
+    v = (v << 8) | *p++;
+  return v;
+}
+
+/* Whether an INFO/GO payload asks for NAME; false for a malformed one. */
+static bool
+asks_for (const uint8_t *data, uint32_t len, const char *name)
+{
+  uint32_t n;
+
+  if (len < 4)
+    return false;
+  n = (uint32_t) be (data, 4);
+  if (n > len - 4)
+    return false;
+  return name == NULL || (n == strlen (name) && memcmp (data + 4, name, n) == 0);
+}
+
+static void
+check_info (const uint8_t *p, uint32_t len, const struct export_info *x)
+{
+  uint16_t type;
+
+  CHECK (len >= 2);
+  type = (uint16_t) be (p, 2);
+  if (type == NBD_INFO_EXPORT) {
+    CHECK (len == 12);
+    CHECK (be (p + 2, 8) == x->size);
+    CHECK (be (p + 10, 2) == x->transmission_flags);
+  }
+  else if (type == NBD_INFO_BLOCK_SIZE) {
+    uint32_t min = (uint32_t) be (p + 2, 4), pref = (uint32_t) be (p + 6, 4);
+    uint32_t max = (uint32_t) be (p + 10, 4);
+
+    CHECK (len == 14);
+    CHECK (min == x->min_block && pref == x->preferred_block &&
+           max == x->max_block);
+  }
+  else
+    CHECK (type == NBD_INFO_NAME || type == NBD_INFO_DESCRIPTION);
+}
+
+/* Walks the client's bytes and the server's answer together. */
+static void
+check (const uint8_t *in, size_t in_len, const uint8_t *out, size_t out_len,
+       const struct export_info *x, int result)
+{
+  struct cursor cin = { in, in_len }, cout = { out, out_len };
+  const uint8_t *p;
+  uint32_t client_flags;
+
+  CHECK (result == 0 || result == -1);
+  /* The greeting, sent before anything is read. */
+  CHECK (take (&cout, 18, &p));
+  CHECK (be (p, 8) == NBD_MAGIC && be (p + 8, 8) == NBD_IHAVEOPT);
+  CHECK (be (p + 16, 2) & NBD_FLAG_FIXED_NEWSTYLE);
+  if (!take (&cin, 4, &p)) {
+    CHECK (result == -1 && cout.left == 0);
+    return;
+  }
+  client_flags = (uint32_t) be (p, 4);
+  if (client_flags & ~(NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES)) {
+    CHECK (result == -1 && cout.left == 0);   /* unknown flags: close */
+    return;
+  }
+
+  for (;;) {
+    const uint8_t *h, *data;
+    uint32_t option, len;
+    bool complete, acked = false;
+
+    if (cout.left == 0) {
+      /* The server stopped answering: it must have given up. */
+      CHECK (result == -1);
+      return;
+    }
+    /* The server answered: so it had a whole option header to answer. */
+    CHECK (take (&cin, 16, &h));
+    CHECK (be (h, 8) == NBD_IHAVEOPT);
+    option = (uint32_t) be (h + 8, 4);
+    len = (uint32_t) be (h + 12, 4);
+    complete = take (&cin, len, &data);
+
+    if (option == NBD_OPT_EXPORT_NAME) {
+      /* No reply header: size, flags, and the zeroes unless the client
+       * agreed to go without.  Only for our name, and then the end.
+       */
+      size_t n = (client_flags & NBD_FLAG_C_NO_ZEROES) ? 10 : 134;
+
+      CHECK (complete);
+      CHECK (x->name == NULL ||
+             (len == strlen (x->name) && memcmp (data, x->name, len) == 0));
+      CHECK (take (&cout, n, &p));
+      CHECK (be (p, 8) == x->size && be (p + 8, 2) == x->transmission_flags);
+      for (size_t i = 10; i < n; i++)
+        CHECK (p[i] == 0);
+      CHECK (cout.left == 0 && result == 0);
+      return;
+    }
+
+    /* Replies to this option, up to one that ends it. */
+    for (;;) {
+      uint32_t type, rlen;
+
+      CHECK (take (&cout, 20, &p));
+      CHECK (be (p, 8) == NBD_REP_MAGIC);
+      CHECK (be (p + 8, 4) == option);
+      type = (uint32_t) be (p + 12, 4);
+      rlen = (uint32_t) be (p + 16, 4);
+      CHECK (rlen <= 4 + NBD_MAX_STRING);
+      CHECK (take (&cout, rlen, &p));
+      if (type & NBD_REP_ERR (0)) {
+        CHECK (rlen <= NBD_MAX_STRING);        /* an optional message */
+        break;
+      }
+      CHECK (complete);         /* only errors for an option not all read */
+      if (type == NBD_REP_ACK) {
+        CHECK (rlen == 0);
+        acked = true;
+        break;
+      }
+      if (type == NBD_REP_SERVER) {
+        uint32_t n;
+
+        CHECK (option == NBD_OPT_LIST);
+        CHECK (rlen >= 4);
+        n = (uint32_t) be (p, 4);
+        CHECK (n <= rlen - 4);
+        if (x->name)
+          CHECK (n == strlen (x->name) && memcmp (p + 4, x->name, n) == 0);
+        continue;
+      }
+      CHECK (type == NBD_REP_INFO);
+      CHECK (option == NBD_OPT_INFO || option == NBD_OPT_GO);
+      check_info (p, rlen, x);
+    }
+
+    if (acked && (option == NBD_OPT_INFO || option == NBD_OPT_GO))
+      CHECK (asks_for (data, len, x->name));
+    if (acked && option == NBD_OPT_GO) {
+      CHECK (cout.left == 0 && result == 0);  /* transmission begins */
+      return;
+    }
+    if (option == NBD_OPT_ABORT && acked) {
+      CHECK (cout.left == 0 && result == -1);
+      return;
+    }
+    CHECK (option != NBD_OPT_STARTTLS || !acked);    /* no TLS here */
+  }
+}
+
+/* ------------------------------------------------------------ target */
+
+int
+LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
+{
+  struct export_info x = {
+    .min_block = 512, .preferred_block = 4096, .max_block = 32u << 20,
+  };
+  struct fuzz_client c;
+  int sv[2], result;
+
+  if (size < 1)
+    return 0;
+  x.name = (data[0] & 1) ? NAME : NULL;
+  x.size = sizes[(data[0] >> 1) & 3];
+  x.transmission_flags = NBD_FLAG_HAS_FLAGS | NBD_FLAG_SEND_FLUSH |
+    NBD_FLAG_SEND_FUA | NBD_FLAG_CAN_MULTI_CONN |
+    ((data[0] & 8) ? NBD_FLAG_READ_ONLY
+     : NBD_FLAG_SEND_TRIM | NBD_FLAG_SEND_WRITE_ZEROES);
+
+  if (socketpair (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == -1)
+    abort ();
+  fuzz_client_start (&c, sv[1], data + 1, size - 1, data[0] & 16);
+  result = mloop_handshake (sv[0], &x);
+  close (sv[0]);                /* the server's side is done either way */
+  fuzz_client_join (&c);
+
+  if (c.hang_up)
+    CHECK (result == 0 || result == -1);
+  else
+    check (c.in, c.in_len, c.out, c.out_len, &x, result);
+  free (c.out);
+  return 0;
+}

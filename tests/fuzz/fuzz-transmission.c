@@ -1,0 +1,260 @@
+/* libFuzzer target: mloop-server's transmission phase end to end in
+ * process: a worker's event loop (server/worker.c) on a real image
+ * through the IO engine, with a client on a socketpair.
+ *
+ * Input: the format of fuzz-request.c, so the two share a seed corpus:
+ * one byte of export properties (bit 0 read-only, bit 1 discard, bit 2
+ * a max-request limit of 4096 rather than 1 MiB), 8 bytes of size
+ * (ignored: the image is IMAGE_SIZE, an odd size, so the unaligned tail
+ * is in play), then what the client sends.  The client sends it all,
+ * shuts its side down and reads every reply until the worker closes.
+ *
+ * Workers persist across inputs (one per combination of options, all on
+ * one image), each input a new connection.  Besides memory and
+ * undefined-behaviour errors, the target checks the replies against the
+ * requests (docs/fuzzing.md): well-formed, one per request with its
+ * cookie, read data of the asked length, the error the protocol asks for
+ * each refusal, and every request answered unless the connection was
+ * cut mid-payload.
+ */
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/socket.h>
+
+#include "client.h"
+#include "engine.h"
+#include "nbd_proto.h"
+#include "request.h"
+#include "worker.h"
+
+#define CHECK(cond)                                                     \
+  do {                                                                  \
+    if (!(cond)) {                                                      \
+      fprintf (stderr, "fuzz-transmission: %s:%d: rule broken: %s\n",   \
+               __FILE__, __LINE__, #cond);                              \
+      abort ();                                                         \
+    }                                                                   \
+  } while (0)
+
+#define IMAGE_SIZE  ((4u << 20) + 3000)
+#define MAX_EXPECT  4096        /* requests tracked per input */
+
+static struct mloop_engine engine;
+static struct worker *workers[8];       /* by the input's bits 0-2 */
+
+static uint64_t
+get_be (const uint8_t *p, int n)
+{
+  uint64_t v = 0;
+
+  while (n-- > 0)
+    v = (v << 8) | *p++;
+  return v;
+}
+
+static void
+die (const char *what, const char *msg)
+{
+  fprintf (stderr, "fuzz-transmission: %s: %s\n", what, msg);
+  exit (1);
+}
+
+int
+LLVMFuzzerInitialize (int *argc, char ***argv)
+{
+  const char *dir = getenv ("TMPDIR") ? getenv ("TMPDIR") : "/var/tmp";
+  struct mloop_engine_config cfg;
+  char path[4096], err[256];
+  int fd;
+
+  /* A real file on a real filesystem, so O_DIRECT and AIO are exercised;
+   * unlinked once open, so nothing is left behind.
+   */
+  snprintf (path, sizeof path, "%s/mloop-fuzz-XXXXXX", dir);
+  fd = mkstemp (path);
+  if (fd == -1 || ftruncate (fd, IMAGE_SIZE) == -1)
+    die (path, "cannot create the image");
+  close (fd);
+  mloop_engine_config_init (&cfg);
+  cfg.path = path;
+  cfg.threads = 1;
+  if (mloop_engine_open (&engine, &cfg, err, sizeof err) == -1)
+    die ("engine", err);
+  unlink (path);
+  mloop_engine_probe_features (&engine);
+  return 0;
+}
+
+static struct worker *
+worker_for (unsigned bits)
+{
+  if (workers[bits] == NULL) {
+    struct worker_options o = {
+      .engine = &engine,
+      .read_only = bits & 1,
+      .discard = bits & 2,
+      .max_request = (bits & 4) ? 4096 : 1u << 20,
+      .ring_depth = 64,
+    };
+    char err[256];
+
+    workers[bits] = worker_start (&o, err, sizeof err);
+    if (workers[bits] == NULL)
+      die ("worker", err);
+  }
+  return workers[bits];
+}
+
+struct expect {
+  uint16_t type, flags;
+  uint64_t offset;
+  uint32_t length;
+  bool answered;
+};
+
+static bool
+inside (uint64_t offset, uint32_t length)
+{
+  return (unsigned __int128) offset + length <= IMAGE_SIZE;
+}
+
+/* The error the protocol asks for when E must be refused (0 for what
+ * needs no IO), or -1 when it must be performed.
+ */
+static int64_t
+refusal (const struct expect *e, unsigned bits)
+{
+  const bool ro = bits & 1, discard = bits & 2;
+  const uint32_t max = (bits & 4) ? 4096 : 1u << 20;
+  const uint16_t f = e->flags;
+
+  switch (e->type) {
+  case NBD_CMD_READ:
+    if (e->length > max || (f & ~NBD_CMD_FLAG_FUA) ||
+        !inside (e->offset, e->length) || e->length == 0)
+      return NBD_EINVAL;
+    return -1;
+  case NBD_CMD_WRITE:
+    if (f & ~NBD_CMD_FLAG_FUA) return NBD_EINVAL;
+    if (ro) return NBD_EPERM;
+    if (!inside (e->offset, e->length)) return NBD_ENOSPC;
+    return e->length == 0 ? 0 : -1;
+  case NBD_CMD_FLUSH:
+    if (f & ~NBD_CMD_FLAG_FUA) return NBD_EINVAL;
+    return ro ? 0 : -1;
+  case NBD_CMD_TRIM:
+    if (f & ~NBD_CMD_FLAG_FUA) return NBD_EINVAL;
+    if (ro) return NBD_EPERM;
+    if (!discard || !inside (e->offset, e->length)) return NBD_EINVAL;
+    return -1;
+  case NBD_CMD_WRITE_ZEROES:
+    if (f & ~(NBD_CMD_FLAG_FUA | NBD_CMD_FLAG_NO_HOLE |
+              NBD_CMD_FLAG_FAST_ZERO))
+      return NBD_EINVAL;
+    if (ro) return NBD_EPERM;
+    if (!inside (e->offset, e->length)) return NBD_ENOSPC;
+    return -1;
+  default:
+    return NBD_EINVAL;
+  }
+}
+
+int
+LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
+{
+  static struct expect ex[MAX_EXPECT];
+  const unsigned bits = size ? data[0] & 7 : 0;
+  const uint32_t max = (bits & 4) ? 4096 : 1u << 20;
+  size_t pos = 9, n = 0, i, o;
+  bool cut = false;             /* ended mid-payload: replies may be lost */
+  struct fuzz_client c;
+  int sv[2];
+
+  uint8_t *wire;
+
+  if (size < pos)
+    return 0;
+  /* What the worker will have to answer.  Cookies are opaque to the
+   * server: they are made unique (the request's index), so that each
+   * reply names one request, and its data length is known, whatever
+   * order the IO completes in.
+   */
+  wire = malloc (size);
+  if (wire == NULL)
+    abort ();
+  memcpy (wire, data, size);
+  while (size - pos >= NBD_REQUEST_SIZE && n < MAX_EXPECT) {
+    struct nbd_request r;
+
+    for (i = 0; i < 8; i++)
+      wire[pos + 8 + i] = (uint8_t) ((uint64_t) n >> (56 - 8 * i));
+    request_decode (wire + pos, &r);
+    pos += NBD_REQUEST_SIZE;
+    if (r.magic != NBD_REQUEST_MAGIC || r.type == NBD_CMD_DISC ||
+        (r.type == NBD_CMD_WRITE && r.length > max))
+      break;                    /* the worker reads no further */
+    if (r.type == NBD_CMD_WRITE) {
+      if (size - pos < r.length) {
+        cut = true;
+        break;
+      }
+      pos += r.length;
+    }
+    ex[n++] = (struct expect) {
+      .type = r.type, .flags = r.flags, .offset = r.offset,
+      .length = r.length,
+    };
+  }
+  if (n == MAX_EXPECT) {
+    free (wire);
+    return -1;                  /* too long to track: not kept */
+  }
+
+  if (socketpair (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == -1)
+    abort ();
+  fuzz_client_start (&c, sv[1], wire + 9, size - 9, false);
+  worker_add_connection (worker_for (bits), sv[0]);
+  fuzz_client_join (&c);        /* the worker closed the connection */
+
+  for (o = 0; c.out_len - o >= 16; ) {
+    const uint8_t *p = c.out + o;
+    uint32_t error = (uint32_t) get_be (p + 4, 4);
+    uint64_t cookie = get_be (p + 8, 8);
+    struct expect *e;
+    int64_t want;
+
+    CHECK (get_be (p, 4) == NBD_SIMPLE_REPLY_MAGIC);
+    o += 16;
+    CHECK (cookie < n);         /* a reply to a request that was sent */
+    e = &ex[cookie];
+    CHECK (!e->answered);       /* once */
+    e->answered = true;
+    want = refusal (e, bits);
+    if (want >= 0)
+      CHECK (error == (uint32_t) want);
+    else                        /* a healthy image: no IO error at all */
+      CHECK (error == 0 ||
+             (error == NBD_ENOTSUP && e->type == NBD_CMD_WRITE_ZEROES &&
+              (e->flags & NBD_CMD_FLAG_FAST_ZERO)));
+    if (e->type == NBD_CMD_READ && error == 0) {
+      CHECK (c.out_len - o >= e->length);   /* the data, all of it */
+      o += e->length;
+    }
+  }
+  /* Nothing but whole replies, one per request; a client that stopped
+   * mid-payload may lose them (the worker then drops what is queued).
+   */
+  if (!cut) {
+    CHECK (o == c.out_len);
+    for (i = 0; i < n; i++)
+      CHECK (ex[i].answered);
+  }
+  free (c.out);
+  free (wire);
+  return 0;
+}
