@@ -138,6 +138,7 @@ queue_reply (struct request *req, uint32_t nbd_error)
   struct conn *c = req->conn;
 
   count_reply (c->worker->opts.stats, req, nbd_error);
+  TRACE_REQUEST (MLOOP_TRACE_COMPLETE, req, (int) nbd_error);
 
   req->error = nbd_error;
   req->reply.magic = htobe32 (NBD_SIMPLE_REPLY_MAGIC);
@@ -238,6 +239,7 @@ conn_flush (struct conn *c)
       c->out_head = head->next;
       if (!c->out_head)
         c->out_tail = NULL;
+      TRACE_REQUEST (MLOOP_TRACE_REPLY, head, 0);
       release_slot (c, head);
     }
   }
@@ -247,6 +249,7 @@ conn_flush (struct conn *c)
       struct request *head = c->out_head;
 
       c->out_head = head->next;
+      TRACE_REQUEST (MLOOP_TRACE_DROP, head, 0);
       release_slot (c, head);
     }
     c->out_tail = NULL;
@@ -316,6 +319,9 @@ submit_batch (struct worker *w)
                                    (int) (w->batch_len - done));
 
     if (r > 0) {
+      for (int i = 0; i < r; i++)
+        TRACE_REQUEST (MLOOP_TRACE_SUBMIT,
+                       (struct request *) w->batch[done + i]->data, 0);
       done += (unsigned) r;
       continue;
     }
@@ -523,6 +529,8 @@ parse_header (struct worker *w, struct conn *c)
   type = be16toh (h.type);
   offset = be64toh (h.offset);
   length = be32toh (h.length);
+  MLOOP_TRACE (MLOOP_TRACE_RECV, (unsigned) c->fd, h.cookie, 0, type,
+               offset, length, 0);
   if (type == NBD_CMD_DISC) {
     conn_close_when_idle (c);
     return false;
@@ -784,6 +792,7 @@ worker_main (void *arg)
     int n, i;
     bool completions = false;
 
+    mloop_trace_flush ();
     /* Never sleep with work in hand. */
     n = epoll_wait (w->epfd, evs, EPOLL_BATCH, w->ready || w->dirty ? 0 : -1);
     if (n == -1 && errno != EINTR)
