@@ -49,10 +49,23 @@ mloop_io_is_direct_safe (const void *buf, size_t count, uint64_t offset,
     && mloop_is_aligned ((uintptr_t) buf, alignment);
 }
 
+/* Request buffers up to this size are worth keeping for the next
+ * request (a typical request is 4 KiB to 1 MiB); larger ones are given
+ * back to the kernel as soon as their request is done, so a burst of
+ * 64 MiB requests does not leave the server that much bigger for good.
+ */
+#define MLOOP_KEEP_BUFFER (1u << 20)
+
 /* Allocates COUNT bytes aligned to ALIGNMENT (at least the page size,
  * so the buffer suits any block size up to 4096).  Returns NULL with
- * errno set on failure.  Free with free().
+ * errno set on failure.  Free with mloop_free_aligned (P, COUNT).
+ *
+ * Above MLOOP_KEEP_BUFFER the memory is a private mapping of its own,
+ * unmapped when freed: malloc would keep such a block in its heap (glibc
+ * raises its mmap threshold after each large free, up to 32 MiB), which
+ * is how a few large requests used to pin their size in RSS for good.
  */
 void *mloop_alloc_aligned (size_t count, size_t alignment);
+void mloop_free_aligned (void *p, size_t count);
 
 #endif /* MLOOP_ALIGN_H */

@@ -100,14 +100,41 @@ probe_direct_alignment (struct mloop_backing *b)
   for (a = 512; a <= 65536; a *= 2) {
     if (pread (b->fd, buf, a, 0) >= 0) {
       b->logical_block_size = a;
-      free (buf);
+      mloop_free_aligned (buf, 65536);
       return 0;
     }
     if (errno != EINVAL)
       break;
   }
-  free (buf);
+  mloop_free_aligned (buf, 65536);
   return -1;
+}
+
+/* Where the page-cache tail of a file of SIZE bytes may start: the size
+ * rounded down to the largest folio the page cache can build.  Folios
+ * are naturally aligned and at most PMD-sized (MAX_PAGECACHE_ORDER), so
+ * no folio holding a tail byte can hold a byte before this boundary.
+ */
+static uint64_t
+tail_boundary (uint64_t size, uint32_t logical_block_size)
+{
+  uint64_t folio_max = MLOOP_PAGE_CACHE_FOLIO_MAX;
+  long page = sysconf (_SC_PAGESIZE);
+  FILE *f = fopen ("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size", "re");
+
+  if (f) {
+    unsigned long long v;
+
+    if (fscanf (f, "%llu", &v) == 1 && mloop_is_power_of_two (v) &&
+        v > folio_max)
+      folio_max = v;
+    fclose (f);
+  }
+  if (page > 0 && (uint64_t) page > folio_max)
+    folio_max = (uint64_t) page;
+  if (logical_block_size > folio_max)
+    folio_max = logical_block_size;
+  return mloop_round_down (size, folio_max);
 }
 
 int
@@ -167,6 +194,7 @@ mloop_backing_open (struct mloop_backing *b, const char *path,
   b->fd = b->buffered_fd;
   if (probe_geometry (b, &st, err, errlen) == -1)
     goto fail;
+  b->buffered_from = b->size;
 
   if (mode != MLOOP_DIRECT_OFF) {
     int dfd = open (path, rw_flags | O_DIRECT | O_CLOEXEC);
@@ -176,6 +204,8 @@ mloop_backing_open (struct mloop_backing *b, const char *path,
       b->fd = dfd;
       if (b->is_block_device || probe_direct_alignment (b) == 0) {
         b->direct = true;
+        if (b->size % b->logical_block_size)
+          b->buffered_from = tail_boundary (b->size, b->logical_block_size);
         return 0;
       }
       saved = errno;

@@ -12,6 +12,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The largest page-cache folio assumed when the kernel does not publish
+ * its PMD size (transparent_hugepage/hpage_pmd_size): x86-64's 2 MiB.
+ */
+#define MLOOP_PAGE_CACHE_FOLIO_MAX (2u << 20)
+
 enum mloop_direct_mode {
   MLOOP_DIRECT_AUTO,    /* O_DIRECT, falling back to buffered IO */
   MLOOP_DIRECT_ON,      /* O_DIRECT or fail */
@@ -23,11 +28,21 @@ struct mloop_backing {
   /* The descriptor all aligned IO goes through: O_DIRECT when 'direct'. */
   int fd;
   /* A buffered descriptor on the same file.  Equal to 'fd' when !direct.
-   * Used only to write the last block of a file whose size is not a
-   * multiple of the logical block size (see unaligned.c).
+   * Used only for the page-cache tail below.
    */
   int buffered_fd;
   uint64_t size;
+  /* The page-cache tail: bytes from here to 'size' are read and written
+   * through buffered_fd only, never through the O_DIRECT 'fd'.  A file
+   * whose size is not a multiple of the logical block size has a last
+   * block O_DIRECT cannot write without growing the file, and a page
+   * reached both through the page cache and with O_DIRECT makes the
+   * kernel fail later fdatasyncs with EIO.  So the tail starts at a
+   * boundary no page-cache folio crosses (the largest folio size, see
+   * design.md "The tail of an odd-sized image").  Equal to 'size' when
+   * there is no such tail (block devices, aligned sizes, buffered IO).
+   */
+  uint64_t buffered_from;
   /* Logical block size: the O_DIRECT alignment for offsets, lengths and
    * buffer addresses.  512 or 4096 in practice.
    */
@@ -62,6 +77,17 @@ static inline uint32_t
 mloop_backing_alignment (const struct mloop_backing *b)
 {
   return b->direct ? b->logical_block_size : 1;
+}
+
+/* The smallest request size to advertise to clients: the logical block
+ * size, unless the image's size is not a multiple of it.  Then 1: the
+ * NBD spec says the size SHOULD be a multiple of the minimum, and strict
+ * clients (libnbd's default) could not otherwise reach the last bytes.
+ */
+static inline uint32_t
+mloop_backing_min_block_size (const struct mloop_backing *b)
+{
+  return b->size % b->logical_block_size ? 1 : b->logical_block_size;
 }
 
 #endif /* MLOOP_BACKING_H */

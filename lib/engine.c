@@ -149,7 +149,7 @@ static void
 release_bounce (struct mloop_io *io)
 {
   if (io->bounce_allocated)
-    free (io->bounce);
+    mloop_free_aligned (io->bounce, io->count);
   io->bounce = NULL;
   io->bounce_allocated = false;
 }
@@ -169,7 +169,9 @@ finish (struct mloop_io *io, int error)
  *   aligned offset and length only     → AIO through an aligned bounce
  *                                        buffer (one copy);
  *   unaligned offset or length         → read-modify-write, synchronously
- *                                        (unaligned.c).
+ *                                        (unaligned.c);
+ *   any byte in the page-cache tail    → the buffered descriptor for
+ *                                        those bytes, synchronously.
  * Returns 1 when the iocb is ready to submit, 0 when IO was completed
  * here, or a negative errno.
  */
@@ -191,6 +193,11 @@ prepare_rw (struct mloop_engine *e, struct mloop_io *io)
   io->bounce = NULL;
   io->bounce_allocated = false;
   io->done = 0;
+  if (io->offset + io->count > b->buffered_from) {
+    /* Reaches the page-cache tail of an odd-sized file. */
+    finish (io, -mloop_sync_rw (e, io));
+    return 0;
+  }
   if (b->direct && !mloop_io_is_direct_safe (io->buf, io->count, io->offset,
                                              lbs)) {
     if (mloop_is_aligned (io->offset, lbs) &&
@@ -208,7 +215,7 @@ prepare_rw (struct mloop_engine *e, struct mloop_io *io)
         memcpy (io->bounce, io->buf, io->count);
     }
     else {
-      finish (io, -mloop_unaligned_rw (e, io));
+      finish (io, -mloop_sync_rw (e, io));
       return 0;
     }
   }

@@ -13,12 +13,15 @@
 #include "align.h"
 #include "engine.h"
 
-/* Each calling thread keeps one aligned scratch buffer, grown to the
- * largest request it has bounced.  nbdkit (1.32) hands plugins buffers
+/* Each calling thread keeps one aligned scratch buffer for bounces, of
+ * up to MLOOP_KEEP_BUFFER bytes.  nbdkit (1.32) hands plugins buffers
  * from realloc, aligned to 16 bytes only, so nearly every O_DIRECT
- * request needs a bounce; reusing the buffer saves an allocation (and
- * for large requests an mmap/munmap pair) per request.  Safe because a
- * synchronous caller does nothing else until its request completes.
+ * request needs a bounce; reusing the buffer saves an allocation per
+ * typical request.  Larger requests bounce through a buffer of their own
+ * that the engine unmaps when they complete: a scratch buffer grown to
+ * the largest request would keep up to 64 MiB per nbdkit thread for
+ * good.  Safe because a synchronous caller does nothing else until its
+ * request completes.
  */
 struct scratch {
   void *buf;
@@ -33,7 +36,7 @@ scratch_free (void *p)
 {
   struct scratch *s = p;
 
-  free (s->buf);
+  mloop_free_aligned (s->buf, s->size);
   free (s);
 }
 
@@ -51,7 +54,7 @@ attach_scratch (struct mloop_engine *e, struct mloop_io *io)
   struct scratch *s;
 
   if (align == 1 || mloop_is_aligned ((uintptr_t) io->buf, align) ||
-      io->count > MLOOP_MAX_REQUEST)
+      io->count > MLOOP_KEEP_BUFFER)
     return;
   pthread_once (&scratch_once, scratch_key_create);
   s = pthread_getspecific (scratch_key);
@@ -67,7 +70,7 @@ attach_scratch (struct mloop_engine *e, struct mloop_io *io)
 
     if (bigger == NULL)
       return;
-    free (s->buf);
+    mloop_free_aligned (s->buf, s->size);
     s->buf = bigger;
     s->size = io->count;
   }

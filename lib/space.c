@@ -65,8 +65,17 @@ write_zeroes (struct mloop_engine *e, uint64_t offset, uint64_t count)
     return -ENOMEM;
   memset (zeroes, 0, chunk);
   while (count > 0 && r == 0) {
+    const uint64_t tail = e->backing.buffered_from;
     size_t n = count < chunk ? (size_t) count : chunk;
-    ssize_t w = pwrite (e->backing.fd, zeroes, n, (off_t) offset);
+    int fd = e->backing.fd;
+    ssize_t w;
+
+    /* Never a page of the page-cache tail through O_DIRECT. */
+    if (offset >= tail)
+      fd = e->backing.buffered_fd;
+    else if (offset + n > tail)
+      n = (size_t) (tail - offset);
+    w = pwrite (fd, zeroes, n, (off_t) offset);
 
     if (w == -1 && errno == EINTR)
       continue;
@@ -77,7 +86,7 @@ write_zeroes (struct mloop_engine *e, uint64_t offset, uint64_t count)
       count -= (uint64_t) w;
     }
   }
-  free (zeroes);
+  mloop_free_aligned (zeroes, chunk);
   return r;
 }
 
@@ -148,13 +157,13 @@ zero_partial_blocks (struct mloop_engine *e, uint64_t offset, uint64_t count,
   if (offset < mid_start) {
     io.offset = offset;
     io.count = (size_t) ((mid_start < end ? mid_start : end) - offset);
-    r = mloop_unaligned_rw (e, &io);
+    r = mloop_sync_rw (e, &io);
   }
   /* mid_end >= mid_start, so the tail never overlaps the head. */
   if (r == 0 && mid_end < end) {
     io.offset = mid_end;
     io.count = (size_t) (end - mid_end);
-    r = mloop_unaligned_rw (e, &io);
+    r = mloop_sync_rw (e, &io);
   }
   return r;
 }

@@ -1,4 +1,5 @@
-/* mloop — requests not aligned to the logical block size, on O_DIRECT. */
+/* mloop — requests the AIO fast path cannot take.  See unaligned.h. */
+#include <assert.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,60 +59,100 @@ full_pwrite (int fd, const char *buf, size_t count, uint64_t offset,
   return 0;
 }
 
+/* Writes BUF (COUNT bytes at OFFSET, within the O_DIRECT part) into the
+ * aligned range [start, end) that covers it: the partial blocks at either
+ * end are read first, under the range lock, so concurrent writers to
+ * other bytes of those blocks are not lost.
+ */
 static int
-write_merged (struct mloop_engine *e, struct mloop_io *io, char *block,
+write_merged (struct mloop_engine *e, const char *buf, size_t count,
+              uint64_t offset, int rw_flags, char *block,
               uint64_t start, uint64_t end)
 {
   const uint32_t lbs = e->backing.logical_block_size;
   const uint64_t size = e->backing.size;
   const int fd = e->backing.fd;
-  const int rw_flags = (io->flags & MLOOP_IO_FUA) ? RWF_DSYNC : 0;
   struct mloop_range range;
   int r = 0;
 
   mloop_range_lock (&e->rmw_lock, &range, start, end);
   /* Only the partial blocks at either end hold bytes to preserve. */
-  if (io->offset != start)
+  if (offset != start)
     r = full_pread (fd, block, lbs, start, size);
-  if (r == 0 && io->offset + io->count != end &&
-      (end - lbs != start || io->offset == start))
+  if (r == 0 && offset + count != end &&
+      (end - lbs != start || offset == start))
     r = full_pread (fd, block + (end - lbs - start), lbs, end - lbs, size);
   if (r == 0) {
-    memcpy (block + (io->offset - start), io->buf, io->count);
-    if (end <= size)
-      r = full_pwrite (fd, block, end - start, start, rw_flags);
-    else
-      /* The file ends inside the last block: a whole-block O_DIRECT
-       * write would grow it, so that one write goes through the page
-       * cache, stopping at the end of the file.
-       */
-      r = full_pwrite (e->backing.buffered_fd, block, size - start, start,
-                       rw_flags);
+    memcpy (block + (offset - start), buf, count);
+    r = full_pwrite (fd, block, end - start, start, rw_flags);
   }
   mloop_range_unlock (&e->rmw_lock, &range);
   return r;
 }
 
-int
-mloop_unaligned_rw (struct mloop_engine *e, struct mloop_io *io)
+/* COUNT bytes at OFFSET, all before the page-cache tail, on the O_DIRECT
+ * descriptor through an aligned buffer covering them.
+ */
+static int
+direct_rw (struct mloop_engine *e, enum mloop_io_op op, char *buf,
+           size_t count, uint64_t offset, int rw_flags)
 {
   const uint32_t lbs = e->backing.logical_block_size;
-  const uint64_t start = mloop_round_down (io->offset, lbs);
-  const uint64_t end = mloop_round_up (io->offset + io->count, lbs);
+  const uint64_t start = mloop_round_down (offset, lbs);
+  const uint64_t end = mloop_round_up (offset + count, lbs);
   char *block;
   int r;
 
+  /* The tail starts on a block boundary, so the covering range stops
+   * short of it: no whole-block write can reach (or grow) the file's end.
+   */
+  assert (end <= e->backing.buffered_from);
   block = mloop_alloc_aligned (end - start, lbs);
   if (block == NULL)
     return -ENOMEM;
-  if (io->op == MLOOP_IO_READ) {
+  if (op == MLOOP_IO_READ) {
     r = full_pread (e->backing.fd, block, end - start, start,
                     e->backing.size);
     if (r == 0)
-      memcpy (io->buf, block + (io->offset - start), io->count);
+      memcpy (buf, block + (offset - start), count);
   }
   else
-    r = write_merged (e, io, block, start, end);
-  free (block);
+    r = write_merged (e, buf, count, offset, rw_flags, block, start, end);
+  mloop_free_aligned (block, end - start);
+  return r;
+}
+
+/* COUNT bytes at OFFSET, all in the page-cache tail, on the buffered
+ * descriptor: any alignment will do, and the page cache keeps concurrent
+ * writers to different bytes of a page apart.
+ */
+static int
+tail_rw (struct mloop_engine *e, enum mloop_io_op op, char *buf,
+         size_t count, uint64_t offset, int rw_flags)
+{
+  const int fd = e->backing.buffered_fd;
+
+  if (op == MLOOP_IO_READ)
+    return full_pread (fd, buf, count, offset, e->backing.size);
+  return full_pwrite (fd, buf, count, offset, rw_flags);
+}
+
+int
+mloop_sync_rw (struct mloop_engine *e, struct mloop_io *io)
+{
+  const uint64_t tail = e->backing.buffered_from;
+  const uint64_t end = io->offset + io->count;
+  const int rw_flags = (io->flags & MLOOP_IO_FUA) ? RWF_DSYNC : 0;
+  char *buf = io->buf;
+  size_t before_tail = 0;
+  int r = 0;
+
+  if (io->offset < tail)
+    before_tail = (size_t) ((end < tail ? end : tail) - io->offset);
+  if (before_tail > 0)
+    r = direct_rw (e, io->op, buf, before_tail, io->offset, rw_flags);
+  if (r == 0 && before_tail < io->count)
+    r = tail_rw (e, io->op, buf + before_tail, io->count - before_tail,
+                 io->offset + before_tail, rw_flags);
   return r;
 }

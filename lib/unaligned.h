@@ -1,16 +1,18 @@
-/* mloop — requests not aligned to the logical block size, on O_DIRECT.
+/* mloop — requests the AIO fast path cannot take, done synchronously.
  *
- * Served synchronously on the submitting thread (they are rare: clients
- * that honour the advertised minimum block size never send them):
- *   read:  read the covering aligned range into an aligned buffer, copy
- *          out the requested bytes;
- *   write: lock the covering range, read the partial head and tail
- *          blocks, merge the new bytes, write the covering range back.
- * Everything stays on the O_DIRECT descriptor.  A buffered descriptor
- * would be simpler but is unsafe: a buffered partial write and a
- * concurrent direct write to another block of the same page can leave a
- * dirty page holding the other block's old data, to be written back over
- * it later (the kernel's "Page cache invalidation failure on direct I/O").
+ * Two kinds, both rare (clients honouring the advertised minimum block
+ * size send no unaligned request, and only odd-sized images have a tail):
+ *   - unaligned offset or length: on the O_DIRECT descriptor.  A read
+ *     reads the covering aligned range and copies out the bytes asked
+ *     for; a write locks the covering range, reads its partial head and
+ *     tail blocks, merges the new bytes and writes the range back.
+ *   - bytes in the page-cache tail (backing.h, buffered_from): on the
+ *     buffered descriptor, at any alignment.
+ * A request crossing into the tail is split there.  No page of the image
+ * is ever reached through both descriptors: a buffered write and a
+ * concurrent direct write to one page can leave a dirty page the direct
+ * write fails to invalidate, and the kernel then reports EIO to the next
+ * fdatasync ("Page cache invalidation failure on direct I/O").
  */
 #ifndef MLOOP_UNALIGNED_H
 #define MLOOP_UNALIGNED_H
@@ -20,6 +22,6 @@
 struct mloop_engine;
 
 /* Performs IO; returns 0 or a negative errno.  Does not complete IO. */
-int mloop_unaligned_rw (struct mloop_engine *e, struct mloop_io *io);
+int mloop_sync_rw (struct mloop_engine *e, struct mloop_io *io);
 
 #endif /* MLOOP_UNALIGNED_H */

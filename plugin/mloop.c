@@ -307,9 +307,10 @@ static int
 mloop_block_size (void *handle, uint32_t *minimum, uint32_t *preferred,
                   uint32_t *maximum)
 {
-  *minimum = engine.backing.logical_block_size;
-  *preferred = *minimum > PREFERRED_BLOCK_SIZE ? *minimum
-    : PREFERRED_BLOCK_SIZE;
+  const uint32_t lbs = engine.backing.logical_block_size;
+
+  *minimum = mloop_backing_min_block_size (&engine.backing);
+  *preferred = lbs > PREFERRED_BLOCK_SIZE ? lbs : PREFERRED_BLOCK_SIZE;
   *maximum = MLOOP_MAX_REQUEST;
   return 0;
 }

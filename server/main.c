@@ -316,8 +316,9 @@ main (int argc, char *argv[])
 
   export.size = engine.backing.size;
   export.transmission_flags = transmission_flags (discard);
-  export.min_block = engine.backing.logical_block_size;
-  export.preferred_block = export.min_block > 4096 ? export.min_block : 4096;
+  export.min_block = mloop_backing_min_block_size (&engine.backing);
+  export.preferred_block = engine.backing.logical_block_size > 4096
+    ? engine.backing.logical_block_size : 4096;
   export.max_block = MAX_REQUEST;
   export.name = opt_export_name;
 

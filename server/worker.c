@@ -17,6 +17,7 @@
 #include "align.h"
 #include "connection.h"
 #include "nbd_proto.h"
+#include "request.h"
 #include "space.h"
 #include "memory_pressure.h"
 #include "worker.h"
@@ -25,19 +26,6 @@
 #define REAP_BATCH    256
 #define SEND_IOVECS   128
 #define SEND_BUFFER   (4 << 20)
-/* Request buffers up to this size are kept for the slot's next request;
- * larger ones are freed after their reply, bounding idle memory.
- */
-#define KEEP_BUFFER   (1u << 20)
-
-struct request_header {
-  uint32_t magic;
-  uint16_t flags;
-  uint16_t type;
-  char cookie[8];
-  uint64_t offset;
-  uint32_t length;
-} __attribute__((packed));
 
 struct worker {
   struct worker_options opts;
@@ -170,8 +158,11 @@ resume_reading (struct conn *c)
 static void
 release_slot (struct conn *c, struct request *req)
 {
-  if (req->cap > KEEP_BUFFER) {
-    free (req->buf);
+  /* Buffers up to MLOOP_KEEP_BUFFER are kept for the slot's next
+   * request; larger ones go back to the kernel, bounding idle memory.
+   */
+  if (req->cap > MLOOP_KEEP_BUFFER) {
+    mloop_free_aligned (req->buf, req->cap);
     req->buf = NULL;
     req->cap = 0;
   }
@@ -375,7 +366,7 @@ ensure_buffer (struct request *req, size_t n, uint32_t align)
 {
   if (req->cap >= n && req->buf)
     return 0;
-  free (req->buf);
+  mloop_free_aligned (req->buf, req->cap);
   req->buf = mloop_alloc_aligned (n, align);
   req->cap = req->buf ? n : 0;
   return req->buf ? 0 : -1;
@@ -407,12 +398,16 @@ start_io (struct worker *w, struct request *req, enum mloop_io_op op,
 
 /* ------------------------------------------------------------ requests */
 
-static bool
-range_ok (const struct worker *w, uint64_t offset, uint32_t length)
+/* The export's properties request_admit() and request_check() decide by. */
+static struct request_limits
+limits (const struct worker *w)
 {
-  uint64_t size = w->opts.engine->backing.size;
-
-  return offset <= size && length <= size - offset;
+  return (struct request_limits) {
+    .size = w->opts.engine->backing.size,
+    .read_only = w->opts.read_only,
+    .discard = w->opts.discard,
+    .max_request = w->opts.max_request,
+  };
 }
 
 /* Validates and performs one request whose header (and, for a WRITE, its
@@ -422,80 +417,56 @@ static void
 dispatch (struct worker *w, struct request *req, uint64_t offset,
           uint32_t length)
 {
-  const bool ro = w->opts.read_only;
+  const struct request_limits x = limits (w);
+  const struct nbd_request h = {
+    .magic = NBD_REQUEST_MAGIC, .flags = req->flags, .type = req->type,
+    .offset = offset, .length = length,
+  };
   const uint16_t f = req->flags;
   unsigned io_flags = (f & NBD_CMD_FLAG_FUA) ? MLOOP_IO_FUA : 0;
+  uint32_t error;
   int r;
 
   if (atomic_load (&w->stopping)) {
     queue_reply (req, NBD_ESHUTDOWN);
     return;
   }
+  if (request_check (&h, &x, &error) == REQUEST_REPLY) {
+    queue_reply (req, error);
+    return;
+  }
   switch (req->type) {
   case NBD_CMD_READ:
-    if (f & ~NBD_CMD_FLAG_FUA)
-      queue_reply (req, NBD_EINVAL);
-    else if (!range_ok (w, offset, length) || length == 0)
-      queue_reply (req, NBD_EINVAL);
-    else
-      start_io (w, req, MLOOP_IO_READ, 0, offset, length);
+    start_io (w, req, MLOOP_IO_READ, 0, offset, length);
     return;
   case NBD_CMD_WRITE:
-    if (f & ~NBD_CMD_FLAG_FUA)
-      queue_reply (req, NBD_EINVAL);
-    else if (ro)
-      queue_reply (req, NBD_EPERM);
-    else if (!range_ok (w, offset, length))
-      queue_reply (req, NBD_ENOSPC);
-    else if (length == 0)
-      queue_reply (req, 0);
-    else
-      start_io (w, req, MLOOP_IO_WRITE, io_flags, offset, length);
+    start_io (w, req, MLOOP_IO_WRITE, io_flags, offset, length);
     return;
   case NBD_CMD_FLUSH:
-    if (f & ~NBD_CMD_FLAG_FUA)
-      queue_reply (req, NBD_EINVAL);
-    else if (ro)
-      queue_reply (req, 0);     /* nothing to flush */
-    else
-      /* Every write replied to before this flush arrived has completed
-       * (replies are sent from completions), so the fdatasync covers
-       * exactly what NBD requires, without waiting for anything else.
-       */
-      start_io (w, req, MLOOP_IO_FLUSH, 0, 0, 0);
+    /* Every write replied to before this flush arrived has completed
+     * (replies are sent from completions), so the fdatasync covers
+     * exactly what NBD requires, without waiting for anything else.
+     */
+    start_io (w, req, MLOOP_IO_FLUSH, 0, 0, 0);
     return;
   case NBD_CMD_TRIM:
-    if (f & ~NBD_CMD_FLAG_FUA)
-      r = -EINVAL;
-    else if (ro)
-      r = -EPERM;
-    else if (!w->opts.discard)
-      r = -EINVAL;
-    else
-      r = mloop_engine_trim (w->opts.engine, offset, length, io_flags);
+    r = mloop_engine_trim (w->opts.engine, offset, length, io_flags);
     if (r < 0 && r != -EINVAL && r != -EPERM)
       log_io_error (req, offset, length, -r);
     queue_reply (req, nbd_errno (-r));
     return;
   case NBD_CMD_WRITE_ZEROES:
-    if (f & ~(NBD_CMD_FLAG_FUA | NBD_CMD_FLAG_NO_HOLE |
-              NBD_CMD_FLAG_FAST_ZERO))
-      r = -EINVAL;
-    else if (ro)
-      r = -EPERM;
-    else {
-      if (f & NBD_CMD_FLAG_NO_HOLE)
-        io_flags |= MLOOP_ZERO_NO_HOLE;
-      if (f & NBD_CMD_FLAG_FAST_ZERO)
-        io_flags |= MLOOP_ZERO_FAST;
-      r = mloop_engine_zero (w->opts.engine, offset, length, io_flags);
-      if (r < 0 && r != -ENOSPC)
-        log_io_error (req, offset, length, -r);
-    }
+    if (f & NBD_CMD_FLAG_NO_HOLE)
+      io_flags |= MLOOP_ZERO_NO_HOLE;
+    if (f & NBD_CMD_FLAG_FAST_ZERO)
+      io_flags |= MLOOP_ZERO_FAST;
+    r = mloop_engine_zero (w->opts.engine, offset, length, io_flags);
+    if (r < 0 && r != -ENOSPC)
+      log_io_error (req, offset, length, -r);
     queue_reply (req, nbd_errno (-r));
     return;
   default:
-    queue_reply (req, NBD_EINVAL);
+    queue_reply (req, NBD_EINVAL);   /* request_check() refused it */
     return;
   }
 }
@@ -513,37 +484,29 @@ conn_close_when_idle (struct conn *c)
 static bool
 parse_header (struct worker *w, struct conn *c)
 {
-  struct request_header h;
+  const struct request_limits x = limits (w);
+  struct nbd_request h;
   struct request *req;
+  enum request_verdict v;
+  uint32_t error;
   uint64_t offset;
   uint32_t length;
   uint16_t type;
 
-  memcpy (&h, c->in + c->in_start, sizeof h);
-  c->in_start += sizeof h;
-  if (be32toh (h.magic) != NBD_REQUEST_MAGIC) {
-    c->in_start = c->in_end;    /* garbage: this client is done */
+  request_decode (c->in + c->in_start, &h);
+  c->in_start += NBD_REQUEST_SIZE;
+  MLOOP_TRACE (MLOOP_TRACE_RECV, (unsigned) c->fd, h.cookie, 0, h.type,
+               h.offset, h.length, 0);
+  v = request_admit (&h, &x, &error);
+  if (v == REQUEST_CLOSE) {
+    if (h.magic != NBD_REQUEST_MAGIC)
+      c->in_start = c->in_end;  /* garbage: this client is done */
     conn_close_when_idle (c);
     return false;
   }
-  type = be16toh (h.type);
-  offset = be64toh (h.offset);
-  length = be32toh (h.length);
-  MLOOP_TRACE (MLOOP_TRACE_RECV, (unsigned) c->fd, h.cookie, 0, type,
-               offset, length, 0);
-  if (type == NBD_CMD_DISC) {
-    conn_close_when_idle (c);
-    return false;
-  }
-  if ((type == NBD_CMD_READ || type == NBD_CMD_WRITE) &&
-      length > w->opts.max_request) {
-    if (type == NBD_CMD_WRITE) {
-      /* Its payload is on the wire and we will not buffer it. */
-      conn_close_when_idle (c);
-      return false;
-    }
-    /* An oversized read is refused and the connection goes on. */
-  }
+  type = h.type;
+  offset = h.offset;
+  length = h.length;
 
   req = c->free;
   c->free = req->next;
@@ -551,12 +514,12 @@ parse_header (struct worker *w, struct conn *c)
   MLOOP_STATS_ADD (w->opts.stats, in_flight, 1);
   req->conn = c;
   req->type = type;
-  req->flags = be16toh (h.flags);
+  req->flags = h.flags;
   memcpy (req->reply.cookie, h.cookie, 8);
   req->data_len = 0;
 
-  if (type == NBD_CMD_READ && length > w->opts.max_request) {
-    queue_reply (req, NBD_EINVAL);
+  if (v == REQUEST_REPLY) {     /* an oversized read */
+    queue_reply (req, error);
     return true;
   }
   if ((type == NBD_CMD_READ || type == NBD_CMD_WRITE) && length > 0 &&
@@ -634,7 +597,7 @@ conn_read (struct worker *w, struct conn *c)
         return;
       continue;
     }
-    if (c->in_end - c->in_start >= sizeof (struct request_header)) {
+    if (c->in_end - c->in_start >= NBD_REQUEST_SIZE) {
       if (!c->free ||
           w->in_kernel + w->batch_len >= w->opts.ring_depth) {
         c->reading_paused = true;
@@ -681,7 +644,7 @@ conn_free (struct conn *c)
   epoll_ctl (c->worker->epfd, EPOLL_CTL_DEL, c->fd, NULL);
   close (c->fd);
   for (i = 0; i < CONN_SLOTS; i++)
-    free (c->slots[i].buf);
+    mloop_free_aligned (c->slots[i].buf, c->slots[i].cap);
   free (c->in);
   free (c);
 }

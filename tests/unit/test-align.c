@@ -3,6 +3,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "align.h"
 
@@ -37,11 +38,20 @@ main (void)
   assert (!mloop_io_is_direct_safe (p, 4000, 8192, 512));       /* length */
   assert (!mloop_io_is_direct_safe (p, 4096, 8193, 512));       /* offset */
   assert (mloop_io_is_direct_safe (p + 1, 3, 7, 1));            /* buffered */
-  free (p);
+  mloop_free_aligned (p, 10000);
+
+  /* Above the keep size: a mapping of its own, aligned even to more
+   * than a page, every byte usable, unmapped by mloop_free_aligned.
+   */
+  p = mloop_alloc_aligned (MLOOP_KEEP_BUFFER + 1000, 65536);
+  assert (p != NULL);
+  assert (mloop_is_aligned ((uintptr_t) p, 65536));
+  memset (p, 0xa5, MLOOP_KEEP_BUFFER + 1000);
+  mloop_free_aligned (p, MLOOP_KEEP_BUFFER + 1000);
 
   p = mloop_alloc_aligned (0, 4096);    /* zero bytes still gives a pointer */
   assert (p != NULL);
-  free (p);
+  mloop_free_aligned (p, 0);
 
   printf ("ok: alignment helpers\n");
   return 0;
