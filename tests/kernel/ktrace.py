@@ -11,9 +11,11 @@ trace (lib/trace.h, MLOOP_TRACE).
 
 What is traced: events/nbd (send_request, header_sent, payload_sent,
 header_received, payload_received), the block layer's issue, requeue and
-complete (every disk: the servers' own IO to the scratch disk too), and
+complete (every disk: the servers' own IO to the scratch disk too),
 signals generated (a signal to a task sending an nbd request interrupts
-the send).  trace_clock is "mono", so the timestamps are CLOCK_MONOTONIC
+the send), and when nbd's receive work items (one per connection, each
+reading that connection's replies for as long as it lives) are queued and
+start and end running, and on which thread.  trace_clock is "mono", so the timestamps are CLOCK_MONOTONIC
 seconds, the clock of the servers' trace.
 
 The handle the kernel prints is (cookie << 32 | tag); on the wire 6.1
@@ -37,6 +39,19 @@ def _write(name, value):
         f.write(value)
 
 
+def _kernel_symbol(name, module):
+    """The address of a module's function, from /proc/kallsyms, or None."""
+    try:
+        with open("/proc/kallsyms") as f:
+            for line in f:
+                w = line.split()
+                if len(w) >= 4 and w[2] == name and w[3] == f"[{module}]" and int(w[0], 16):
+                    return int(w[0], 16)
+    except OSError:
+        pass
+    return None
+
+
 def start():
     """Turns the tracepoints on; returns a reason string if it cannot."""
     if not os.path.isdir(os.path.join(TRACING, "events", "nbd")):
@@ -47,6 +62,17 @@ def start():
     _write("trace", "")
     for e in EVENTS:
         _write(os.path.join("events", e, "enable"), "1")
+    # nbd's per-connection receive work: queued on its "nbdN-recv"
+    # workqueue, and run by a kworker or by that workqueue's rescuer.
+    recv_work = _kernel_symbol("recv_work", "nbd")
+    wq = os.path.join("events", "workqueue")
+    if os.path.isdir(os.path.join(TRACING, wq)):
+        _write(os.path.join(wq, "workqueue_queue_work", "filter"), 'workqueue ~ "nbd*"')
+        _write(os.path.join(wq, "workqueue_queue_work", "enable"), "1")
+        if recv_work:
+            for e in ("workqueue_execute_start", "workqueue_execute_end"):
+                _write(os.path.join(wq, e, "filter"), f"function == {recv_work:#x}")
+                _write(os.path.join(wq, e, "enable"), "1")
     _write("tracing_on", "1")
     return None
 
@@ -88,7 +114,7 @@ def parse_kernel(path):
             if ev.startswith("nbd_") and h:
                 by_handle[int(h.group("handle"), 16)].append(
                     (ts, ev, m.group("task").strip(), h.group("req")))
-            elif ev in ("block_rq_requeue", "signal_generate"):
+            elif ev in ("block_rq_requeue", "signal_generate") or ev.startswith("workqueue_"):
                 other.append((ts, ev, m.group("task").strip(), m.group("text")))
     return by_handle, other
 
