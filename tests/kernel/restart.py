@@ -19,15 +19,20 @@ def status(kind, dev):
     return json.loads(kind.cli("status", "--json", dev).stdout)
 
 
-def sigkill_server(dev, pid):
-    """SIGKILLs DEV's server PID, first telling the kernel log: the
-    requests it held can only come back through the device's request
-    timeout, so the kernel log check forgives "Connection timed out" for
-    that long after this mark, and only then (run-kernel-tests)."""
+def kill_mark(dev, pid):
+    """Tells the kernel log that DEV's server PID is about to be killed on
+    purpose: the requests it held can only come back through the device's
+    request timeout, so the kernel log check forgives "Connection timed
+    out" for that long after this mark, and only then (run-kernel-tests)."""
     timeout_ms = sysfs(dev, "queue/io_timeout") or "0"
     with open("/dev/kmsg", "w") as f:
         f.write(f"<4>mloop-ktest-kill: {dev} server {pid}, "
                 f"request timeout {int(timeout_ms) // 1000} s\n")
+
+
+def sigkill_server(dev, pid):
+    """SIGKILLs DEV's server PID, marking it in the kernel log first."""
+    kill_mark(dev, pid)
     os.kill(pid, signal.SIGKILL)
 
 
