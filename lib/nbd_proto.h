@@ -64,6 +64,7 @@
 #define NBD_CMD_FLUSH              3
 #define NBD_CMD_TRIM               4
 #define NBD_CMD_WRITE_ZEROES       6
+#define NBD_CMD_BLOCK_STATUS       7
 
 #define NBD_CMD_FLAG_FUA           (1u << 0)
 #define NBD_CMD_FLAG_NO_HOLE       (1u << 1)

@@ -23,8 +23,10 @@
 
 #include "engine.h"
 #include "memory_pressure.h"
+#include "nbd_proto.h"
 #include "space.h"
 #include "stats.h"
+#include "trace.h"
 
 #define THREAD_MODEL NBDKIT_THREAD_MODEL_PARALLEL
 
@@ -37,6 +39,7 @@ static char *filename;
 static struct mloop_engine_config config;
 static bool discard = true;             /* discard=on|off */
 static char *stats_file;                /* stats=FILE, for mloop status */
+static char *trace_file;                /* trace=FILE, else $MLOOP_TRACE */
 static bool lock_memory;                /* mlock=on|off */
 static struct mloop_stats *stats;       /* its counters, or NULL */
 static struct mloop_engine engine;
@@ -62,6 +65,7 @@ mloop_unload (void)
   engine_open = false;
   mloop_stats_close (stats);
   free (stats_file);
+  free (trace_file);
   free (filename);
 }
 
@@ -138,6 +142,14 @@ mloop_config (const char *key, const char *value)
       return -1;
     }
   }
+  else if (strcmp (key, "trace") == 0) {
+    free (trace_file);
+    trace_file = strdup (value);
+    if (trace_file == NULL) {
+      nbdkit_error ("trace=%s: %m", value);
+      return -1;
+    }
+  }
   else if (strcmp (key, "direct") == 0) {
     if (mloop_direct_mode_parse (value, &config.direct) == -1) {
       nbdkit_error ("direct=%s: must be auto, on or off", value);
@@ -170,6 +182,8 @@ mloop_config_complete (void)
   "                    warning, on refuses to start (default auto).\n" \
   "discard=on|off      Honour TRIM: punch holes / BLKDISCARD (default on).\n" \
   "stats=FILE          Keep request counters in FILE (for mloop status).\n" \
+  "trace=FILE          Append a line per request event to FILE\n" \
+  "                    (default: $MLOOP_TRACE, else none).\n" \
   "mlock=on|off        Lock the server's memory with mlockall (default off)."
 
 /* Opens the backing store before nbdkit forks, so that a missing or
@@ -190,6 +204,16 @@ mloop_get_ready (void)
   /* Shared mapping: it survives nbdkit's daemonizing fork. */
   if (stats_file && (stats = mloop_stats_create (stats_file)) == NULL) {
     nbdkit_error ("stats=%s: %m", stats_file);
+    return -1;
+  }
+  /* Opened before the fork, so a relative path means nbdkit's start
+   * directory; every event is written at once (nbdkit's threads block
+   * in the plugin anyway).
+   */
+  if (trace_file == NULL && getenv ("MLOOP_TRACE") && *getenv ("MLOOP_TRACE"))
+    trace_file = strdup (getenv ("MLOOP_TRACE"));
+  if (trace_file && mloop_trace_open (trace_file, true) == -1) {
+    nbdkit_error ("trace=%s: %m", trace_file);
     return -1;
   }
   if (engine.backing.direct_fallback)
@@ -243,21 +267,34 @@ mloop_cleanup (void)
     mloop_engine_stop (&engine);
 }
 
-/* One engine serves every connection, so there is no per-connection
- * state; any non-NULL pointer will do as the handle.
+/* One engine serves every connection; the handle only numbers the
+ * connection, for the trace.
  */
+struct mloop_handle {
+  unsigned id;
+};
+
 static void *
 mloop_open (int readonly)
 {
+  static unsigned next_id;
+  struct mloop_handle *h = malloc (sizeof *h);
+
+  if (h == NULL) {
+    nbdkit_error ("malloc: %m");
+    return NULL;
+  }
+  h->id = __atomic_add_fetch (&next_id, 1, __ATOMIC_RELAXED);
   MLOOP_STATS_ADD (stats, connections, 1);
   MLOOP_STATS_ADD (stats, connections_total, 1);
-  return &engine;
+  return h;
 }
 
 static void
 mloop_close (void *handle)
 {
   MLOOP_STATS_SUB (stats, connections, 1);
+  free (handle);
 }
 
 static int64_t
@@ -344,13 +381,33 @@ mloop_can_multi_conn (void *handle)
   return 1;
 }
 
-/* Counts a request as started, for `mloop status`. */
+/* The request this thread is serving, for the trace: nbdkit calls the
+ * plugin only once it has received a request (and a write's payload), and
+ * sends the reply after the callback returns, so the plugin sees neither
+ * the cookie nor the reply; it numbers requests itself (seq=).
+ */
+static __thread struct {
+  unsigned conn;
+  uint64_t seq;
+  uint16_t cmd;
+} current;
+
+/* Counts a request as started, for `mloop status`, and traces it. */
 static void
-begin (void)
+begin (void *handle, uint16_t cmd, uint32_t count, uint64_t offset)
 {
+  static uint64_t next_seq;
+
   /* nbdkit's threads do the device's IO: keep them out of reclaim. */
   mloop_io_flusher_thread ();
   MLOOP_STATS_ADD (stats, in_flight, 1);
+  if (mloop_trace_enabled) {
+    current.conn = ((struct mloop_handle *) handle)->id;
+    current.seq = __atomic_add_fetch (&next_seq, 1, __ATOMIC_RELAXED);
+    current.cmd = cmd;
+    mloop_trace_record (MLOOP_TRACE_RECV, current.conn, NULL, current.seq,
+                        cmd, offset, count, 0);
+  }
 }
 
 /* Turns an engine error into an nbdkit error with one log line, and
@@ -370,6 +427,8 @@ report (int r, enum mloop_stats_command c, const char *what, uint32_t count,
     else if (r == 0 && c == MLOOP_STATS_WRITE)
       MLOOP_STATS_ADD (stats, bytes_written, count);
   }
+  MLOOP_TRACE (MLOOP_TRACE_RETURN, current.conn, NULL, current.seq,
+               current.cmd, offset, count, -r);
   if (r == 0)
     return 0;
   nbdkit_error ("%s: %" PRIu32 " bytes at offset %" PRIu64 ": %s",
@@ -382,7 +441,7 @@ static int
 mloop_pread (void *handle, void *buf, uint32_t count, uint64_t offset,
              uint32_t flags)
 {
-  begin ();
+  begin (handle, NBD_CMD_READ, count, offset);
   return report (mloop_engine_pread (&engine, buf, count, offset),
                  MLOOP_STATS_READ, "pread", count, offset);
 }
@@ -393,7 +452,7 @@ mloop_pwrite (void *handle, const void *buf, uint32_t count, uint64_t offset,
 {
   unsigned io_flags = (flags & NBDKIT_FLAG_FUA) ? MLOOP_IO_FUA : 0;
 
-  begin ();
+  begin (handle, NBD_CMD_WRITE, count, offset);
   return report (mloop_engine_pwrite (&engine, buf, count, offset, io_flags),
                  MLOOP_STATS_WRITE, "pwrite", count, offset);
 }
@@ -401,7 +460,7 @@ mloop_pwrite (void *handle, const void *buf, uint32_t count, uint64_t offset,
 static int
 mloop_flush (void *handle, uint32_t flags)
 {
-  begin ();
+  begin (handle, NBD_CMD_FLUSH, 0, 0);
   return report (mloop_engine_flush (&engine), MLOOP_STATS_FLUSH, "flush",
                  0, 0);
 }
@@ -411,7 +470,7 @@ mloop_trim (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 {
   unsigned f = (flags & NBDKIT_FLAG_FUA) ? MLOOP_IO_FUA : 0;
 
-  begin ();
+  begin (handle, NBD_CMD_TRIM, count, offset);
   return report (mloop_engine_trim (&engine, offset, count, f),
                  MLOOP_STATS_TRIM, "trim", count, offset);
 }
@@ -428,7 +487,7 @@ mloop_zero (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
     f |= MLOOP_ZERO_NO_HOLE;
   if (flags & NBDKIT_FLAG_FAST_ZERO)
     f |= MLOOP_ZERO_FAST;
-  begin ();
+  begin (handle, NBD_CMD_WRITE_ZEROES, count, offset);
   r = mloop_engine_zero (&engine, offset, count, f);
   if (r == -ENOTSUP && (flags & NBDKIT_FLAG_FAST_ZERO)) {
     /* Expected, not an IO error: the client falls back to writing. */
@@ -453,7 +512,7 @@ mloop_extents (void *handle, uint32_t count, uint64_t offset, uint32_t flags,
 {
   bool req_one = flags & NBDKIT_FLAG_REQ_ONE;
 
-  begin ();
+  begin (handle, NBD_CMD_BLOCK_STATUS, count, offset);
   return report (mloop_engine_extents (&engine, offset, count, req_one,
                                        add_extent, extents),
                  MLOOP_STATS_OTHER, "extents", count, offset);

@@ -10,6 +10,7 @@
 
 #include "io.h"
 #include "offload.h"
+#include "trace.h"
 
 /* Requests a connection may have between receipt and reply: the kernel
  * NBD client's queue depth.
@@ -70,5 +71,12 @@ struct conn {
   bool on_ready;                /* on the worker's ready list */
   struct conn *next, *next_dirty, *next_ready;
 };
+
+/* The per-request trace (lib/trace.h): the connection is named by its
+ * descriptor, the request by its cookie.
+ */
+#define TRACE_REQUEST(event, req, error) \
+  MLOOP_TRACE ((event), (unsigned) (req)->conn->fd, (req)->reply.cookie, 0, \
+               (req)->type, (req)->io.offset, (req)->io.count, (error))
 
 #endif /* MLOOP_SERVER_CONNECTION_H */

@@ -44,6 +44,7 @@
 #include "offload.h"
 #include "pending.h"
 #include "stats.h"
+#include "trace.h"
 #include "worker.h"
 
 /* The largest READ/WRITE accepted, advertised as the maximum block size:
@@ -77,6 +78,7 @@ static gchar *opt_direct;
 static gchar *opt_discard;
 static gchar *opt_pid_file;
 static gchar *opt_stats_file;
+static gchar *opt_trace;
 static gboolean opt_mlock;
 static gboolean opt_version;
 static gchar *opt_buffer_limit;
@@ -119,6 +121,9 @@ static GOptionEntry entries[] = {
   { "drain-timeout", 0, 0, G_OPTION_ARG_INT, &opt_drain_timeout,
     "On SIGTERM, drop replies still unsent after this long (default 5)",
     "SECONDS" },
+  { "trace", 0, 0, G_OPTION_ARG_FILENAME, &opt_trace,
+    "Append a line per request event to this file (default: "
+    "$MLOOP_TRACE, else none)", "FILE" },
   { "mlock", 0, 0, G_OPTION_ARG_NONE, &opt_mlock,
     "Lock the server's memory (mlockall): never paged out", NULL },
   { "version", 'V', 0, G_OPTION_ARG_NONE, &opt_version,
@@ -402,6 +407,10 @@ main (int argc, char *argv[])
   if (opt_stats_file &&
       (wopts.stats = mloop_stats_create (opt_stats_file)) == NULL)
     die ("--stats-file %s: %s", opt_stats_file, strerror (errno));
+  if (opt_trace == NULL && getenv ("MLOOP_TRACE") && *getenv ("MLOOP_TRACE"))
+    opt_trace = g_strdup (getenv ("MLOOP_TRACE"));
+  if (opt_trace && mloop_trace_open (opt_trace, false) == -1)
+    die ("--trace %s: %s", opt_trace, strerror (errno));
   nr_workers = engine.threads;
   workers = calloc (nr_workers, sizeof *workers);
   for (i = 0; i < nr_workers; i++) {

@@ -134,6 +134,7 @@ queue_reply (struct request *req, uint32_t nbd_error)
   struct conn *c = req->conn;
 
   count_reply (c->worker->opts.stats, req, nbd_error);
+  TRACE_REQUEST (MLOOP_TRACE_COMPLETE, req, (int) nbd_error);
 
   req->error = nbd_error;
   req->reply.magic = htobe32 (NBD_SIMPLE_REPLY_MAGIC);
@@ -255,6 +256,7 @@ conn_flush (struct conn *c)
       c->out_head = head->next;
       if (!c->out_head)
         c->out_tail = NULL;
+      TRACE_REQUEST (MLOOP_TRACE_REPLY, head, 0);
       release_slot (c, head);
     }
   }
@@ -264,6 +266,7 @@ conn_flush (struct conn *c)
       struct request *head = c->out_head;
 
       c->out_head = head->next;
+      TRACE_REQUEST (MLOOP_TRACE_DROP, head, 0);
       release_slot (c, head);
     }
     c->out_tail = NULL;
@@ -333,6 +336,9 @@ submit_batch (struct worker *w)
                                    (int) (w->batch_len - done));
 
     if (r > 0) {
+      for (int i = 0; i < r; i++)
+        TRACE_REQUEST (MLOOP_TRACE_SUBMIT,
+                       (struct request *) w->batch[done + i]->data, 0);
       done += (unsigned) r;
       continue;
     }
@@ -589,6 +595,8 @@ parse_header (struct worker *w, struct conn *c)
 
   request_decode (c->in + c->in_start, &h);
   c->in_start += NBD_REQUEST_SIZE;
+  MLOOP_TRACE (MLOOP_TRACE_RECV, (unsigned) c->fd, h.cookie, 0, h.type,
+               h.offset, h.length, 0);
   v = request_admit (&h, &x, &error);
   if (v == REQUEST_CLOSE) {
     if (h.magic != NBD_REQUEST_MAGIC)
@@ -964,6 +972,7 @@ worker_main (void *arg)
     int n, i;
     bool completions = false;
 
+    mloop_trace_flush ();
     n = epoll_wait (w->epfd, evs, EPOLL_BATCH,
                     sleep_budget (w, shutdown_seen, drained, deadline));
     if (n == -1 && errno != EINTR)

@@ -93,8 +93,20 @@ LLVMFuzzerInitialize (int *argc, char ***argv)
 static struct worker *
 worker_for (unsigned bits)
 {
+  static struct budget budget;
+  static struct offload *offload;
+
+  if (offload == NULL) {
+    budget_init (&budget, BUDGET_SERVER_DEFAULT, BUDGET_CONN_DEFAULT);
+    offload = offload_start (2);
+    if (offload == NULL)
+      die ("offload", "cannot start helper threads");
+  }
   if (workers[bits] == NULL) {
     struct worker_options o = {
+      .budget = &budget,
+      .offload = offload,
+      .drain_timeout = 1,
       .engine = &engine,
       .read_only = bits & 1,
       .discard = bits & 2,

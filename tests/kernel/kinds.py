@@ -22,6 +22,7 @@ import subprocess
 from kfix import (BLOCK_SIZE, CONNECTIONS, DEVICE_TIMEOUT,
                   free_nbd, nbd_in_use, processes_mentioning, run, sysfs,
                   tmpdir, wait_until)
+import recvwork
 
 SERVER_BIN = os.environ.get("MLOOP_SERVER_BIN", "")
 PLUGIN = os.environ.get("MLOOP_PLUGIN", "")
@@ -43,9 +44,14 @@ class Attachment:
             self._undo()
 
 
-def _attach(cl, device, undo):
+def _attach(cl, device, undo, connections=None):
+    """Registers DEVICE's detach with CL; with CONNECTIONS (an nbd device)
+    first checks the kernel reads the replies of every connection."""
     att = Attachment(device, undo)
     cl.push(att.detach)
+    if connections:
+        reason = recvwork.starved(device, connections)
+        assert reason is None, reason
     return att
 
 
@@ -121,7 +127,7 @@ class MloopCli:
         def undo():
             self.cli("detach", dev)
             _wait_nbd_idle(dev)
-        return _attach(cl, dev, undo)
+        return _attach(cl, dev, undo, self.queues)
 
     def leftovers(self, att, image):
         problems = _nbd_leftovers(att.device)
@@ -201,7 +207,7 @@ class StockClient:
             run(["nbd-client", "-d", dev])
             _wait_nbd_idle(dev)
             stop()
-        return _attach(cl, dev, undo)
+        return _attach(cl, dev, undo, self.queues)
 
     def leftovers(self, att, image):
         problems = _nbd_leftovers(att.device)

@@ -7,7 +7,7 @@ import os
 import time
 
 from kfix import make_image, wait_until
-from restart import attach, status
+from restart import attach, sigkill_server, status
 
 TIMEOUT = 5  # request and dead-connection timeout for this device
 
@@ -17,7 +17,7 @@ def run_test(kind, cl):
     att = attach(kind, cl, image, TIMEOUT)
     s = status(kind, att.device)
     os.unlink(image)                 # every restart will fail to open it
-    os.kill(s["device"]["server_pid"], 9)
+    sigkill_server(att.device, s["device"]["server_pid"])
     wait_until(lambda: status(kind, att.device)["last_failure"] is not None and
                "No such file" in (status(kind, att.device)["last_failure"] or ""),
                "the supervisor to report the missing image", timeout=60)

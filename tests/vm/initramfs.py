@@ -3,7 +3,10 @@ to reach the host's root over 9p, and the generated configuration.
 
 Written as an uncompressed newc cpio archive by this module itself, so it
 needs neither root (the /dev/console node is only a header) nor cpio.
+Compressed modules (6.12 ships .ko.xz) are stored decompressed: busybox's
+insmod takes plain .ko files.
 """
+import lzma
 import os
 import subprocess
 
@@ -76,15 +79,30 @@ def boot_module_files(moddir, kver):
     return files
 
 
-def build(path, busybox, moddir, kver, guest_cmd, preserve=()):
+def module_name_and_data(path):
+    """(NAME.ko, contents) of the module file PATH, decompressed if it is
+    a .ko.xz."""
+    base = os.path.basename(path)
+    with open(path, "rb") as k:
+        data = k.read()
+    if base.endswith(".ko.xz"):
+        return base[:-len(".xz")], lzma.decompress(data)
+    if not base.endswith(".ko"):
+        raise ValueError(f"{path}: a module compression busybox cannot load")
+    return base, data
+
+
+def build(path, busybox, moddir, kver, guest_cmd, preserve=(), out=False):
     """Writes the initramfs to PATH; GUEST_CMD is the shell script the guest
     runs chrooted into the host root; PRESERVE lists host directories under
-    /tmp, /run or /var/tmp to keep visible over the guest's mounts there."""
+    /tmp, /run or /var/tmp to keep visible over the guest's mounts there;
+    OUT says whether qemu shares an output directory (tag "out")."""
     init = os.path.join(os.path.dirname(os.path.abspath(__file__)), "init")
     modules = boot_module_files(moddir, kver)
     conf = (f"KVER='{kver}'\nMODDIR='{moddir}'\n"
             f"MODULES='{' '.join(LATER_MODULES)}'\n"
-            f"PRESERVE='{' '.join(preserve)}'\n")
+            f"PRESERVE='{' '.join(preserve)}'\n"
+            f"OUT='{1 if out else ''}'\n")
     with open(path, "wb") as f:
         a = _Cpio(f)
         for d in ["bin", "dev", "proc", "sys", "etc", "host", "lib", "lib/modules"]:
@@ -97,9 +115,8 @@ def build(path, busybox, moddir, kver, guest_cmd, preserve=()):
             a.file("init", i.read(), 0o755)
         a.file("etc/vm.conf", conf.encode())
         a.file("etc/guest-cmd", guest_cmd.encode())
-        a.file("etc/modules.order",
-               "".join(os.path.basename(m) + "\n" for m in modules).encode())
-        for m in modules:
-            with open(m, "rb") as k:
-                a.file("lib/modules/" + os.path.basename(m), k.read())
+        unpacked = [module_name_and_data(m) for m in modules]
+        a.file("etc/modules.order", "".join(n + "\n" for n, _ in unpacked).encode())
+        for name, data in unpacked:
+            a.file("lib/modules/" + name, data)
         a.close()

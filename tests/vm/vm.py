@@ -1,16 +1,18 @@
 """Runs a command in a throwaway VM booted from Debian's kernel, for tests
 that need kernel drivers the host lacks (nbd).
 
-The guest is the kernel prepared by tests/vm/prepare-kernel, an initramfs
-from initramfs.py, the host's root shared read-only over 9p (so every host
+The guest is one of the kernels prepared by tests/vm/prepare-kernel (the
+series "6.1" or "6.12": argument, or MLOOP_VM_KERNEL, default 6.1), an
+initramfs from initramfs.py, the host's root shared read-only over 9p (so every host
 binary and the build tree run unchanged once chrooted into it) and a sparse
 scratch disk formatted ext4 here on the host.  qemu runs under TCG: KVM is
 not usable on this project's machines (see docs of the environment).
 
 The guest's command writes to the second serial port, which lands in a file
-that run() relays line by line; kernel messages land in another.  run()
-returns once the VM has powered off or been killed, and always removes its
-temporary files.
+that run() relays line by line; kernel messages land in another.  Given an
+output directory, the guest also sees it writable at /run/mloop-vm-out
+(files left there, such as traces, outlive the VM).  run() returns once the
+VM has powered off or been killed, and always removes its temporary files.
 """
 import os
 import shutil
@@ -35,16 +37,40 @@ class NotPrepared(VmError):
     """No kernel was prepared (tests/vm/prepare-kernel never ran)."""
 
 
-def prepared_kernel():
-    """(tree, version) of the kernel prepare-kernel unpacked last."""
-    try:
-        with open(os.path.join(VM_DIR, "current")) as f:
-            kver = f.read().strip()
-    except FileNotFoundError:
-        raise NotPrepared(f"no kernel prepared in {VM_DIR} (run tests/vm/prepare-kernel)")
+# The kernel series prepare-kernel knows, the first the default.
+SERIES = ("6.1", "6.12")
+# Where the guest finds the output directory (in its chroot, on its own /run).
+GUEST_OUT = "/run/mloop-vm-out"
+
+
+def kernel_series(series=None):
+    """SERIES, else MLOOP_VM_KERNEL, else the default; a VmError for one
+    prepare-kernel does not know."""
+    series = series or os.environ.get("MLOOP_VM_KERNEL") or SERIES[0]
+    if series not in SERIES:
+        raise VmError(f"unknown kernel series {series!r} (one of {', '.join(SERIES)})")
+    return series
+
+
+def prepared_kernel(series=None):
+    """(tree, version) of the kernel of SERIES (see kernel_series) that
+    prepare-kernel unpacked last."""
+    series = kernel_series(series)
+    names = [f"kernel-{series}"] + (["current"] if series == "6.1" else [])
+    for name in names:  # "current": a cache prepared before kernel-6.1 existed
+        try:
+            with open(os.path.join(VM_DIR, name)) as f:
+                kver = f.read().strip()
+            break
+        except FileNotFoundError:
+            continue
+    else:
+        raise NotPrepared(f"no {series} kernel prepared in {VM_DIR} "
+                          f"(run tests/vm/prepare-kernel {series})")
     tree = os.path.join(VM_DIR, kver)
     if not os.path.exists(os.path.join(tree, ".prepared")):
-        raise NotPrepared(f"kernel {kver} in {VM_DIR} is incomplete (run tests/vm/prepare-kernel)")
+        raise NotPrepared(f"kernel {kver} in {VM_DIR} is incomplete "
+                          f"(run tests/vm/prepare-kernel {series})")
     return tree, kver
 
 
@@ -107,17 +133,19 @@ class _Follower:
         return [p.decode("utf-8", "replace").rstrip("\r") for p in parts]
 
 
-def run(guest_cmd, on_output, on_console, timeout, smp=4, memory_mb=2048, preserve=()):
-    """Boots the VM, runs the shell script GUEST_CMD chrooted into the host
-    root, and calls ON_OUTPUT(line) for each line it prints and
-    ON_CONSOLE(line) for each console line.  Kills the VM after TIMEOUT
-    seconds.  Returns a Result."""
+def run(guest_cmd, on_output, on_console, timeout, smp=4, memory_mb=2048, preserve=(),
+        series=None, outdir=None):
+    """Boots the VM with the kernel of SERIES, runs the shell script
+    GUEST_CMD chrooted into the host root, and calls ON_OUTPUT(line) for
+    each line it prints and ON_CONSOLE(line) for each console line.  OUTDIR,
+    if given, is shared writable with the guest at GUEST_OUT.  Kills the VM
+    after TIMEOUT seconds.  Returns a Result."""
     if shutil.which(QEMU) is None:
         raise VmError(f"{QEMU} is not installed (package qemu-system-x86)")
     busybox = initramfs.find_busybox()
     if busybox is None:
         raise VmError("no statically linked busybox (package busybox-static)")
-    tree, kver = prepared_kernel()
+    tree, kver = prepared_kernel(series)
     kernel = os.path.join(tree, "boot", f"vmlinuz-{kver}")
     check_paths([tree])
 
@@ -126,7 +154,8 @@ def run(guest_cmd, on_output, on_console, timeout, smp=4, memory_mb=2048, preser
     result = Result()
     try:
         rd = os.path.join(work, "initramfs.cpio")
-        initramfs.build(rd, busybox, tree, kver, guest_cmd, preserve)
+        initramfs.build(rd, busybox, tree, kver, guest_cmd, preserve,
+                        out=outdir is not None)
         # Formatted here at host speed rather than by the emulated guest.
         scratch = os.path.join(work, "scratch.img")
         with open(scratch, "wb") as f:
@@ -152,6 +181,9 @@ def run(guest_cmd, on_output, on_console, timeout, smp=4, memory_mb=2048, preser
             "-chardev", f"file,id=con,path={console_log}", "-serial", "chardev:con",
             "-chardev", f"file,id=out,path={out_log}", "-serial", "chardev:out",
         ]
+        if outdir is not None:
+            cmd += ["-virtfs", f"local,path={os.path.abspath(outdir)},mount_tag=out,"
+                               "security_model=none,multidevs=remap"]
         qemu_log = open(os.path.join(work, "qemu.log"), "w")
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=qemu_log,
                                 stderr=subprocess.STDOUT)
