@@ -15,8 +15,8 @@ import nbdwire as nw
 
 if harness.SERVER_KIND != "native":
     harness.skip("the buffer budget is mloop-server's")
-if harness.VALGRIND:
-    harness.skip("resident memory under valgrind says nothing about the server")
+if harness.VALGRIND or harness.SANITIZED:
+    harness.skip("resident memory under valgrind or ASan says nothing about the server")
 
 CLIENTS, READS, READ = 100, 40, 32 << 20
 LIMIT = 256 << 20

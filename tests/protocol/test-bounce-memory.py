@@ -17,8 +17,8 @@ import time
 import harness
 import nbd
 
-if harness.VALGRIND:
-    harness.skip("resident memory under valgrind says nothing about the server")
+if harness.VALGRIND or harness.SANITIZED:
+    harness.skip("resident memory under valgrind or ASan says nothing about the server")
 
 CONNECTIONS = 2
 IN_FLIGHT = 8
