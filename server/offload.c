@@ -21,18 +21,26 @@ struct offload {
   pthread_t *tids;
 };
 
+/* Appends JOB to the queue *HEAD..*TAIL (the caller holds its lock). */
+static void
+append (struct offload_job **head, struct offload_job **tail,
+        struct offload_job *job)
+{
+  job->next = NULL;
+  if (*tail)
+    (*tail)->next = job;
+  else
+    *head = job;
+  *tail = job;
+}
+
 static void
 inbox_put (struct offload_inbox *in, struct offload_job *job)
 {
   uint64_t one = 1;
 
-  job->next = NULL;
   pthread_mutex_lock (&in->lock);
-  if (in->tail)
-    in->tail->next = job;
-  else
-    in->head = job;
-  in->tail = job;
+  append (&in->head, &in->tail, job);
   pthread_mutex_unlock (&in->lock);
   if (write (in->efd, &one, sizeof one) != sizeof one)
     abort ();                   /* an eventfd write cannot fail here */
@@ -122,13 +130,8 @@ offload_stop (struct offload *o)
 void
 offload_submit (struct offload *o, struct offload_job *job)
 {
-  job->next = NULL;
   pthread_mutex_lock (&o->lock);
-  if (o->tail)
-    o->tail->next = job;
-  else
-    o->head = job;
-  o->tail = job;
+  append (&o->head, &o->tail, job);
   pthread_cond_signal (&o->wake);
   pthread_mutex_unlock (&o->lock);
 }
