@@ -203,6 +203,11 @@ mloop_handshake (int fd, const struct export_info *x)
       if (len > OPTION_SKIP_MAX || skip (fd, len) == -1 ||
           option == NBD_OPT_EXPORT_NAME)
         return -1;
+      if (option == NBD_OPT_ABORT) {
+        /* The spec: a server ignores ABORT's data, and must ack it. */
+        reply (fd, option, NBD_REP_ACK, NULL, 0);
+        return -1;
+      }
       if (reply (fd, option, NBD_REP_ERR_TOO_BIG, NULL, 0) == -1)
         return -1;
       continue;

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """mloop-server's negotiation, byte by byte: unknown options are refused
 and negotiation goes on, INFO then GO, LIST, export names of 0, 4096 and
-4097 bytes, a declared option length of 0xffffffff, and EOF at every
+4097 bytes, ABORT with and without data, a declared option length of 0xffffffff, and EOF at every
 byte of a recorded handshake — the server keeps serving others."""
 import struct
 import harness
@@ -56,6 +56,19 @@ for n, ok in [(0, True), (4096, True), (4097, False)]:
     assert (last[1] == nw.REP_ACK) == ok, f"name of {n} bytes: reply {last[1]:#x}"
     if ok:
         negotiated(w)
+    w.close()
+
+# ABORT is acknowledged whatever data comes with it (the spec: ignore
+# it), even more than any other option may carry; then the server closes.
+for n in (0, 16, 8000):
+    w = nw.Wire(srv.sock)
+    w.greeting()
+    w.option(nw.OPT_ABORT, b"a" * n)
+    assert w.reply()[1] == nw.REP_ACK, f"ABORT with {n} bytes not acknowledged"
+    try:
+        assert w.s.recv(1) == b"", "server sent more after acking ABORT"
+    except ConnectionResetError:
+        pass
     w.close()
 
 # A declared length of 0xffffffff: never read or allocated; disconnect.
