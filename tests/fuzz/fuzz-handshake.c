@@ -30,16 +30,8 @@
 
 #include "client.h"
 #include "handshake.h"
+#include "check.h"
 #include "nbd_proto.h"
-
-#define CHECK(cond)                                                     \
-  do {                                                                  \
-    if (!(cond)) {                                                      \
-      fprintf (stderr, "fuzz-handshake: %s:%d: rule broken: %s\n",      \
-               __FILE__, __LINE__, #cond);                              \
-      abort ();                                                         \
-    }                                                                   \
-  } while (0)
 
 #define NAME "disk"
 
@@ -65,16 +57,6 @@ take (struct cursor *c, size_t n, const uint8_t **out)
   return true;
 }
 
-static uint64_t
-be (const uint8_t *p, int n)
-{
-  uint64_t v = 0;
-
-  while (n-- > 0)
-    v = (v << 8) | *p++;
-  return v;
-}
-
 /* Whether an INFO/GO payload asks for NAME; false for a malformed one. */
 static bool
 asks_for (const uint8_t *data, uint32_t len, const char *name)
@@ -83,7 +65,7 @@ asks_for (const uint8_t *data, uint32_t len, const char *name)
 
   if (len < 4)
     return false;
-  n = (uint32_t) be (data, 4);
+  n = (uint32_t) get_be (data, 4);
   if (n > len - 4)
     return false;
   return name == NULL || (n == strlen (name) && memcmp (data + 4, name, n) == 0);
@@ -95,15 +77,16 @@ check_info (const uint8_t *p, uint32_t len, const struct export_info *x)
   uint16_t type;
 
   CHECK (len >= 2);
-  type = (uint16_t) be (p, 2);
+  type = (uint16_t) get_be (p, 2);
   if (type == NBD_INFO_EXPORT) {
     CHECK (len == 12);
-    CHECK (be (p + 2, 8) == x->size);
-    CHECK (be (p + 10, 2) == x->transmission_flags);
+    CHECK (get_be (p + 2, 8) == x->size);
+    CHECK (get_be (p + 10, 2) == x->transmission_flags);
   }
   else if (type == NBD_INFO_BLOCK_SIZE) {
-    uint32_t min = (uint32_t) be (p + 2, 4), pref = (uint32_t) be (p + 6, 4);
-    uint32_t max = (uint32_t) be (p + 10, 4);
+    uint32_t min = (uint32_t) get_be (p + 2, 4);
+    uint32_t pref = (uint32_t) get_be (p + 6, 4);
+    uint32_t max = (uint32_t) get_be (p + 10, 4);
 
     CHECK (len == 14);
     CHECK (min == x->min_block && pref == x->preferred_block &&
@@ -125,13 +108,13 @@ check (const uint8_t *in, size_t in_len, const uint8_t *out, size_t out_len,
   CHECK (result == 0 || result == -1);
   /* The greeting, sent before anything is read. */
   CHECK (take (&cout, 18, &p));
-  CHECK (be (p, 8) == NBD_MAGIC && be (p + 8, 8) == NBD_IHAVEOPT);
-  CHECK (be (p + 16, 2) & NBD_FLAG_FIXED_NEWSTYLE);
+  CHECK (get_be (p, 8) == NBD_MAGIC && get_be (p + 8, 8) == NBD_IHAVEOPT);
+  CHECK (get_be (p + 16, 2) & NBD_FLAG_FIXED_NEWSTYLE);
   if (!take (&cin, 4, &p)) {
     CHECK (result == -1 && cout.left == 0);
     return;
   }
-  client_flags = (uint32_t) be (p, 4);
+  client_flags = (uint32_t) get_be (p, 4);
   if (client_flags & ~(NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES)) {
     CHECK (result == -1 && cout.left == 0);   /* unknown flags: close */
     return;
@@ -149,9 +132,9 @@ check (const uint8_t *in, size_t in_len, const uint8_t *out, size_t out_len,
     }
     /* The server answered: so it had a whole option header to answer. */
     CHECK (take (&cin, 16, &h));
-    CHECK (be (h, 8) == NBD_IHAVEOPT);
-    option = (uint32_t) be (h + 8, 4);
-    len = (uint32_t) be (h + 12, 4);
+    CHECK (get_be (h, 8) == NBD_IHAVEOPT);
+    option = (uint32_t) get_be (h + 8, 4);
+    len = (uint32_t) get_be (h + 12, 4);
     complete = take (&cin, len, &data);
 
     if (option == NBD_OPT_EXPORT_NAME) {
@@ -164,7 +147,7 @@ check (const uint8_t *in, size_t in_len, const uint8_t *out, size_t out_len,
       CHECK (x->name == NULL ||
              (len == strlen (x->name) && memcmp (data, x->name, len) == 0));
       CHECK (take (&cout, n, &p));
-      CHECK (be (p, 8) == x->size && be (p + 8, 2) == x->transmission_flags);
+      CHECK (get_be (p, 8) == x->size && get_be (p + 8, 2) == x->transmission_flags);
       for (size_t i = 10; i < n; i++)
         CHECK (p[i] == 0);
       CHECK (cout.left == 0 && result == 0);
@@ -176,10 +159,10 @@ check (const uint8_t *in, size_t in_len, const uint8_t *out, size_t out_len,
       uint32_t type, rlen;
 
       CHECK (take (&cout, 20, &p));
-      CHECK (be (p, 8) == NBD_REP_MAGIC);
-      CHECK (be (p + 8, 4) == option);
-      type = (uint32_t) be (p + 12, 4);
-      rlen = (uint32_t) be (p + 16, 4);
+      CHECK (get_be (p, 8) == NBD_REP_MAGIC);
+      CHECK (get_be (p + 8, 4) == option);
+      type = (uint32_t) get_be (p + 12, 4);
+      rlen = (uint32_t) get_be (p + 16, 4);
       CHECK (rlen <= 4 + NBD_MAX_STRING);
       CHECK (take (&cout, rlen, &p));
       if (type & NBD_REP_ERR (0)) {
@@ -197,7 +180,7 @@ check (const uint8_t *in, size_t in_len, const uint8_t *out, size_t out_len,
 
         CHECK (option == NBD_OPT_LIST);
         CHECK (rlen >= 4);
-        n = (uint32_t) be (p, 4);
+        n = (uint32_t) get_be (p, 4);
         CHECK (n <= rlen - 4);
         if (x->name)
           CHECK (n == strlen (x->name) && memcmp (p + 4, x->name, n) == 0);

@@ -20,31 +20,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "nbd_proto.h"
 #include "request.h"
-
-#define CHECK(cond)                                                     \
-  do {                                                                  \
-    if (!(cond)) {                                                      \
-      fprintf (stderr, "fuzz-request: %s:%d: rule broken: %s\n",        \
-               __FILE__, __LINE__, #cond);                              \
-      abort ();                                                         \
-    }                                                                   \
-  } while (0)
 
 static const uint32_t max_requests[4] = {
   32u << 20, 64u << 20, 4096, UINT32_MAX,
 };
-
-static uint64_t
-get_be (const uint8_t *p, int n)
-{
-  uint64_t v = 0;
-
-  while (n-- > 0)
-    v = (v << 8) | *p++;
-  return v;
-}
 
 /* The flags each command defines (the NBD spec, as far as mloop serves). */
 static bool

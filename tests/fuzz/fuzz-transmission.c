@@ -28,34 +28,16 @@
 
 #include "client.h"
 #include "engine.h"
+#include "check.h"
 #include "nbd_proto.h"
 #include "request.h"
 #include "worker.h"
-
-#define CHECK(cond)                                                     \
-  do {                                                                  \
-    if (!(cond)) {                                                      \
-      fprintf (stderr, "fuzz-transmission: %s:%d: rule broken: %s\n",   \
-               __FILE__, __LINE__, #cond);                              \
-      abort ();                                                         \
-    }                                                                   \
-  } while (0)
 
 #define IMAGE_SIZE  ((4u << 20) + 3000)
 #define MAX_EXPECT  4096        /* requests tracked per input */
 
 static struct mloop_engine engine;
 static struct worker *workers[8];       /* by the input's bits 0-2 */
-
-static uint64_t
-get_be (const uint8_t *p, int n)
-{
-  uint64_t v = 0;
-
-  while (n-- > 0)
-    v = (v << 8) | *p++;
-  return v;
-}
 
 static void
 die (const char *what, const char *msg)
