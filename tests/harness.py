@@ -282,3 +282,15 @@ def pattern(size, seed):
     """Deterministic, position-dependent bytes: misplaced data can't match."""
     import random
     return random.Random(seed).randbytes(size)
+
+
+def nbdcopy_round_trip(srv, src, target):
+    """Copies SRC into SRV's export (the image TARGET) and back out with
+    nbdcopy over 4 connections, stops SRV, and checks that TARGET and the
+    copy out both equal SRC."""
+    back = target + ".back"
+    for args in ([src, srv.uri], [srv.uri, back]):
+        subprocess.run(["nbdcopy", "--connections=4", *args], check=True, timeout=300)
+    srv.stop()
+    for copy in (target, back):
+        subprocess.run(["cmp", src, copy], check=True)
