@@ -44,10 +44,11 @@ NBD_SOCK_ITEM, NBD_SOCK_FD = 1, 1
 NLA_F_NESTED = 1 << 15
 
 
-def receivers(index):
-    """How many of /dev/nbdINDEX's receive works are running now."""
+def _receiver_comms(index):
+    """The command names of the threads now running one of
+    /dev/nbdINDEX's receive works (a kworker's comm carries the work's
+    queue after a "+")."""
     suffix = f"+nbd{index}-recv"
-    n = 0
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
@@ -57,8 +58,12 @@ def receivers(index):
         except OSError:
             continue
         if comm.endswith(suffix):
-            n += 1
-    return n
+            yield comm
+
+
+def receivers(index):
+    """How many of /dev/nbdINDEX's receive works are running now."""
+    return sum(1 for _ in _receiver_comms(index))
 
 
 def starved(dev, connections, timeout=10):
@@ -203,14 +208,5 @@ def warm(need=13, connections=16, rounds=5):
 
 def _rescuer_busy(index):
     """1 if /dev/nbdINDEX's workqueue rescuer is running a work item."""
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/comm") as f:
-                comm = f.read().strip()
-        except OSError:
-            continue
-        if comm.endswith(f"+nbd{index}-recv") and not comm.startswith("kworker/u"):
-            return 1
-    return 0
+    return int(any(not comm.startswith("kworker/u")
+                   for comm in _receiver_comms(index)))
