@@ -1,7 +1,7 @@
 /* mloop — a losetup-like command for NBD block devices.
  *
  * This file parses the command line and prints; everything it does is in
- * the library (lib/attach.h and friends), which never prints, so tests
+ * the library (device/attach.h and friends), which never prints, so tests
  * can drive the same code.  Commands: attach, detach, list, status.
  */
 #include <errno.h>

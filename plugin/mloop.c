@@ -2,13 +2,15 @@
  *
  * This file is the nbdkit adapter only: parameters, the callback table,
  * and translating engine results into nbdkit errors.  All IO lives in the
- * shared engine (lib/).
+ * shared engine (engine/).
  *
- * Thread model: NBDKIT_THREAD_MODEL_PARALLEL.  Each nbdkit worker thread
+ * Thread model: NBDKIT_THREAD_MODEL_PARALLEL.  Each of nbdkit's threads
  * calling pread/pwrite submits its request straight into one of the
- * engine's AIO contexts and sleeps until that context's reaper thread
- * completes it.  The engine is started in .after_fork because threads and
- * AIO contexts do not survive nbdkit's daemonizing fork.
+ * engine's AIO rings (engine/aio_pool.h) and sleeps until it completes:
+ * by default the waiting threads take turns reaping the ring themselves,
+ * so no thread of ours stands between them and the kernel.  The engine
+ * is started in .after_fork because threads and AIO contexts do not
+ * survive nbdkit's daemonizing fork.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -45,7 +47,7 @@ static struct mloop_stats *stats;       /* its counters, or NULL */
 static struct mloop_engine engine;
 static bool engine_open;
 
-/* -D mloop.reaper_threads=1: reap completions on dedicated worker threads
+/* -D mloop.reaper_threads=1: reap completions on a dedicated thread per ring
  * instead of on the waiting nbdkit threads (for comparison; see
  * docs/design.md).
  */
@@ -176,8 +178,8 @@ mloop_config_complete (void)
 
 #define mloop_config_help \
   "file=<FILENAME>     (required) Image file or block device to serve.\n" \
-  "threads=<N>         AIO workers, 1..64 (default 4).\n" \
-  "queue-depth=<N>     AIO requests in flight per worker (default 128).\n" \
+  "threads=<N>         AIO rings (kernel AIO contexts), 1..64 (default 4).\n" \
+  "queue-depth=<N>     AIO requests in flight per ring (default 128).\n" \
   "direct=auto|on|off  O_DIRECT: auto falls back to buffered IO with a\n" \
   "                    warning, on refuses to start (default auto).\n" \
   "discard=on|off      Honour TRIM: punch holes / BLKDISCARD (default on).\n" \
@@ -250,7 +252,7 @@ mloop_after_fork (void)
     nbdkit_error ("%s", err);
     return -1;
   }
-  nbdkit_debug ("mloop: %u workers (%s), queue depth %u, FUA %s, flush %s",
+  nbdkit_debug ("mloop: %u AIO rings (%s), queue depth %u, FUA %s, flush %s",
                 engine.threads,
                 mloop_debug_reaper_threads ? "reaper threads" : "callers reap",
                 engine.queue_depth,
@@ -259,7 +261,7 @@ mloop_after_fork (void)
   return 0;
 }
 
-/* Stops the workers once every connection is gone (before unload). */
+/* Stops the ring pool once every connection is gone (before unload). */
 static void
 mloop_cleanup (void)
 {
@@ -520,7 +522,7 @@ mloop_extents (void *handle, uint32_t count, uint64_t offset, uint32_t flags,
 
 static struct nbdkit_plugin plugin = {
   .name              = "mloop",
-  .longname          = "mloop: image files through a kernel AIO worker pool",
+  .longname          = "mloop: image files through kernel AIO rings",
   .version           = PACKAGE_VERSION,
   .load              = mloop_load,
   .unload            = mloop_unload,

@@ -72,7 +72,7 @@ struct conn {
   struct conn *next, *next_dirty, *next_ready;
 };
 
-/* The per-request trace (lib/trace.h): the connection is named by its
+/* The per-request trace (nbd/trace.h): the connection is named by its
  * descriptor, the request by its cookie.
  */
 #define TRACE_REQUEST(event, req, error) \

@@ -7,7 +7,7 @@
  * is in (may the connection go on, and does the request need a slot and
  * a buffer), and request_check() once a WRITE's payload is in too (reply
  * at once, or do the command's IO).  TRIM and WRITE_ZEROES ranges are
- * checked by the engine (lib/space.c), not here.
+ * checked by the engine (engine/space.c), not here.
  */
 #ifndef MLOOP_SERVER_REQUEST_H
 #define MLOOP_SERVER_REQUEST_H

@@ -1,5 +1,5 @@
 /* Test helper: negotiates with the library's NBD client handshake
- * (lib/nbd_client.c) on a Unix socket, then proves the connection is in
+ * (nbd/nbd_client.c) on a Unix socket, then proves the connection is in
  * transmission by reading the first block, and prints what it learnt as
  * JSON.  Usage: nbd-go SOCKET [EXPORT]
  */

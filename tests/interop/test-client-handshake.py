@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The library's client handshake (lib/nbd_client.c, for `mloop attach`)
+"""The library's client handshake (nbd/nbd_client.c, for `mloop attach`)
 negotiates with the server under test and with qemu-nbd: the size,
 transmission flags and block sizes it learns match what nbdinfo sees,
 and the connection then serves a read."""

@@ -96,7 +96,7 @@ class MloopCli:
 
     def state_entries(self):
         """What the runtime dir holds besides .lock, which stays by design
-        (lib/device_state.h: the flock()ed file serialising attach and
+        (device/device_state.h: the flock()ed file serialising attach and
         detach); per-device state must not stay."""
         if self.runtime_dir is None:  # nothing attached yet (os.listdir(None) is ".")
             return []

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """The kernel's side of a request's story, for the kernel tests: the
 guest's tracepoints, and how to line them up with the servers' per-request
-trace (lib/trace.h, MLOOP_TRACE).
+trace (nbd/trace.h, MLOOP_TRACE).
 
   ktrace.py start               in the guest: turn the tracepoints on
   ktrace.py save DIR            in the guest: write the trace to DIR/kernel.trace
@@ -89,7 +89,7 @@ def save(outdir):
 KLINE = re.compile(r"^\s*(?P<task>.+?)\s+\[(?P<cpu>\d+)\]\s+\S+\s+(?P<ts>\d+\.\d+):"
                    r"\s+(?P<event>\w+):\s+(?P<text>.*)$")
 KHANDLE = re.compile(r"request (?P<req>[0-9a-fx]+), handle 0x(?P<handle>[0-9a-f]+)")
-# See lib/trace.h.
+# See nbd/trace.h.
 SLINE = re.compile(r"^(?P<ts>\d+\.\d+) (?P<pid>\d+)/(?P<tid>\d+) (?P<event>\w+) "
                    r"conn=(?P<conn>\d+) (?:cookie=(?P<cookie>[0-9a-f]{16})|seq=\d+) "
                    r"(?P<cmd>\S+) (?P<off>\d+)\+(?P<len>\d+)")

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The request counters `mloop status` shows (lib/stats.h): the server keeps
+"""The request counters `mloop status` shows (nbd/stats.h): the server keeps
 them in a shared file (plugin stats=FILE, mloop-server --stats-file FILE);
 they count connections, requests per command, bytes and errors exactly,
 and nothing stays in flight."""

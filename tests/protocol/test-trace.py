@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The per-request trace (lib/trace.h; plugin trace=FILE, mloop-server
+"""The per-request trace (nbd/trace.h; plugin trace=FILE, mloop-server
 --trace FILE, or MLOOP_TRACE=FILE for either): one line per event, each
 request's events in order with CLOCK_MONOTONIC times, every request
 accounted for.  mloop-server names requests by the cookie the client

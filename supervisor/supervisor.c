@@ -1,6 +1,6 @@
 /* mloop-supervisor — keeps the server of one attached device alive.
  *
- * `mloop attach` starts one per device (lib/server_process.c); it starts
+ * `mloop attach` starts one per device (device/server_process.c); it starts
  * the device's server and, whenever that server dies, starts a new one
  * with backoff and hands the kernel fresh connections to it
  * (NBD_CMD_RECONFIGURE).  The device is attached with a dead-connection

@@ -99,10 +99,10 @@ mloop_engine_start (struct mloop_engine *e, enum mloop_pool_mode mode,
 {
   mloop_engine_probe_features (e);
   e->mode = mode;
-  e->pool = mloop_worker_pool_start (mode, e->threads, e->queue_depth,
+  e->pool = mloop_aio_pool_start (mode, e->threads, e->queue_depth,
                                      on_event, e);
   if (e->pool == NULL) {
-    snprintf (err, errlen, "starting %u AIO workers (queue-depth=%u): %s",
+    snprintf (err, errlen, "starting %u AIO rings (queue-depth=%u): %s",
               e->threads, e->queue_depth, strerror (errno));
     return -1;
   }
@@ -112,7 +112,7 @@ mloop_engine_start (struct mloop_engine *e, enum mloop_pool_mode mode,
 void
 mloop_engine_stop (struct mloop_engine *e)
 {
-  mloop_worker_pool_stop (e->pool);
+  mloop_aio_pool_stop (e->pool);
   e->pool = NULL;
 }
 
@@ -243,7 +243,7 @@ mloop_engine_complete_event (struct mloop_engine *e, struct mloop_io *io,
     }
     else if (io->op == MLOOP_IO_WRITE && (io->flags & MLOOP_IO_FUA) &&
              !e->fua_in_aio) {
-      /* Old kernel: FUA as write then fdatasync, on this worker. */
+      /* Old kernel: FUA as write then fdatasync, on this thread. */
       if (fdatasync (io->fd) == -1)
         error = errno;
     }
@@ -319,8 +319,8 @@ submit_prepared (struct mloop_engine *e, struct mloop_io *io, int prepared,
   }
   if (prepared != MLOOP_PREPARED_AIO)
     return prepared;            /* done already, or refused */
-  r = waiter ? mloop_worker_pool_submit_and_wait (e->pool, io, waiter)
-    : mloop_worker_pool_submit (e->pool, io);
+  r = waiter ? mloop_aio_pool_submit_and_wait (e->pool, io, waiter)
+    : mloop_aio_pool_submit (e->pool, io);
   return r < 0 ? submit_failed (io, r) : 0;
 }
 

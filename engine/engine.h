@@ -1,11 +1,12 @@
-/* mloop — the IO engine: a backing store served through AIO workers.
+/* mloop — the IO engine: a backing store served through kernel AIO.
  *
  * This is the interface both front ends stand on.  Lifecycle:
  *
  *   mloop_engine_open()   at configuration time: opens and probes the
  *                         backing store (no threads, no AIO contexts, so it
  *                         is safe before a daemonizing fork);
- *   mloop_engine_start()  in the process that will serve: starts workers;
+ *   mloop_engine_start()  in the process that will serve: starts the
+ *                         AIO ring pool (the plugin's; see aio_pool.h);
  *   mloop_engine_submit() asynchronous IO, completions via io->complete;
  *   mloop_engine_stop(), mloop_engine_close().
  *
@@ -22,7 +23,7 @@
 #include "backing.h"
 #include "io.h"
 #include "range_lock.h"
-#include "worker_pool.h"
+#include "aio_pool.h"
 
 #define MLOOP_THREADS_DEFAULT      4
 #define MLOOP_THREADS_MAX          64
@@ -50,7 +51,7 @@ struct mloop_engine {
   enum mloop_pool_mode mode;
   /* Serializes read-modify-write of partial blocks (unaligned.c). */
   struct mloop_range_lock rmw_lock;
-  struct mloop_worker_pool *pool;
+  struct mloop_aio_pool *pool;
 };
 
 void mloop_engine_config_init (struct mloop_engine_config *cfg);

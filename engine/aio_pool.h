@@ -1,16 +1,18 @@
-/* mloop — the AIO worker pool.
+/* mloop — the nbdkit plugin's pool of kernel AIO contexts ("rings").
  *
- * Thread model: N workers, each owning one kernel AIO context and one
- * thread.  Submitters (any thread) call io_submit directly on a worker's
- * context — there is no queue and no handoff on the way in.  The worker
- * thread only reaps: it sleeps in io_getevents, and for each completion
- * calls the pool's event handler, which either finishes the request or
- * asks for it to be resubmitted (a short transfer).  A per-worker
- * semaphore bounds the requests in flight to the queue depth, so
- * io_submit never meets a full ring.
+ * N rings, each one kernel AIO context.  Submitters (any thread) call
+ * io_submit directly on a ring — there is no queue and no handoff on the
+ * way in.  Who reaps a ring's completions depends on the mode below;
+ * for each completion the pool calls its event handler, which either
+ * finishes the request or asks for it to be resubmitted (a short
+ * transfer).  A per-ring semaphore bounds the requests in flight to the
+ * queue depth, so io_submit never meets a full ring.
+ *
+ * (mloop-server does not use this pool: each of its event loops owns one
+ * ring and reaps it itself.)
  */
-#ifndef MLOOP_WORKER_POOL_H
-#define MLOOP_WORKER_POOL_H
+#ifndef MLOOP_AIO_POOL_H
+#define MLOOP_AIO_POOL_H
 
 #include <semaphore.h>
 #include <stdatomic.h>
@@ -18,7 +20,7 @@
 
 #include "io.h"
 
-struct mloop_worker_pool;
+struct mloop_aio_pool;
 
 enum mloop_event_result {
   MLOOP_EVENT_DONE,             /* request completed; slot is free */
@@ -26,7 +28,7 @@ enum mloop_event_result {
 };
 
 /* Handles the completion of IO with the kernel's result RES (bytes or a
- * negative errno).  Runs on a worker thread.
+ * negative errno).  Runs on whichever thread reaps.
  */
 typedef enum mloop_event_result (*mloop_pool_event_fn) (void *opaque,
                                                          struct mloop_io *io,
@@ -34,18 +36,18 @@ typedef enum mloop_event_result (*mloop_pool_event_fn) (void *opaque,
 
 /* How completions are reaped.
  *
- * REAPER_THREADS: each worker has a thread sleeping in io_getevents; any
+ * REAPER_THREADS: each ring has a thread sleeping in io_getevents; any
  * thread may submit with a completion callback and go on (the
  * asynchronous interface).  Costs one wake-up of that thread per batch
  * plus one wake-up of whoever waits for the result.
  *
  * CALLER_REAPS (leader/follower): no threads of the pool's own.  A thread
- * that submits and then waits becomes the reaper of its worker's ring if
+ * that submits and then waits becomes the reaper of its ring if
  * nobody is; otherwise it sleeps until the reaper completes its request
  * or hands it the reaper role.  Every request then costs its thread one
  * sleep, exactly like a synchronous pread: measured 2.09 → ~1.4 context
  * switches per 4k read under nbdkit (docs/design.md).  Only
- * mloop_worker_pool_submit_and_wait() may be used in this mode.
+ * mloop_aio_pool_submit_and_wait() may be used in this mode.
  */
 enum mloop_pool_mode {
   MLOOP_POOL_CALLER_REAPS,
@@ -58,7 +60,7 @@ enum mloop_pool_mode {
 struct mloop_pool_waiter {
   sem_t wake;
   atomic_bool done;
-  bool queued;                          /* on the worker's follower list */
+  bool queued;                          /* on the ring's follower list */
   struct mloop_pool_waiter *next;
 };
 
@@ -66,36 +68,34 @@ void mloop_pool_waiter_init (struct mloop_pool_waiter *w);
 void mloop_pool_waiter_done (struct mloop_pool_waiter *w);
 void mloop_pool_waiter_destroy (struct mloop_pool_waiter *w);
 
-/* Starts THREADS workers with QUEUE_DEPTH requests in flight each.
+/* Starts RINGS rings with QUEUE_DEPTH requests in flight each.
  * Returns NULL with errno set on failure (nothing left running).
  */
-struct mloop_worker_pool *mloop_worker_pool_start (enum mloop_pool_mode mode,
+struct mloop_aio_pool *mloop_aio_pool_start (enum mloop_pool_mode mode,
                                                    unsigned threads,
                                                    unsigned queue_depth,
                                                    mloop_pool_event_fn on_event,
                                                    void *opaque);
 
-/* Submits IO (its iocb already prepared) to one of the workers, waiting
- * for a free slot if every worker is at its queue depth.  Returns 0, or a
+/* Submits IO (its iocb already prepared) to one of the rings, waiting
+ * for a free slot if every ring is at its queue depth.  Returns 0, or a
  * negative errno if the kernel refused it (the event handler is then not
  * called).
  */
-int mloop_worker_pool_submit (struct mloop_worker_pool *pool,
+int mloop_aio_pool_submit (struct mloop_aio_pool *pool,
                               struct mloop_io *io);
 
 /* Submits IO and returns once WAITER has been marked done (by IO's
- * completion callback), reaping the worker's ring meanwhile if no other
+ * completion callback), reaping its ring meanwhile if no other
  * thread is.  Returns 0, or a negative errno if the kernel refused IO.
  */
-int mloop_worker_pool_submit_and_wait (struct mloop_worker_pool *pool,
+int mloop_aio_pool_submit_and_wait (struct mloop_aio_pool *pool,
                                        struct mloop_io *io,
                                        struct mloop_pool_waiter *waiter);
 
-/* Waits for in-flight requests to finish, stops and joins every worker,
+/* Waits for in-flight requests to finish, stops and joins every reaper,
  * and frees the pool.  No submissions may race with this.
  */
-void mloop_worker_pool_stop (struct mloop_worker_pool *pool);
+void mloop_aio_pool_stop (struct mloop_aio_pool *pool);
 
-unsigned mloop_worker_pool_size (const struct mloop_worker_pool *pool);
-
-#endif /* MLOOP_WORKER_POOL_H */
+#endif /* MLOOP_AIO_POOL_H */

@@ -246,7 +246,7 @@ mloop_supervisor_start (const struct mloop_server_spec *spec,
   int r;
 
   g_ptr_array_add (argv, mloop_locate_program ("MLOOP_SUPERVISOR_BIN",
-                                 "server/mloop-supervisor",
+                                 "supervisor/mloop-supervisor",
                                  MLOOP_SBINDIR "/mloop-supervisor"));
   g_ptr_array_add (argv, g_strdup_printf ("--dir=%s", dir));
   g_ptr_array_add (argv, g_strdup_printf ("--server=%s",

@@ -1,4 +1,6 @@
-/* mloop — the AIO worker pool.  See worker_pool.h for the two modes. */
+/* mloop — the plugin's pool of AIO rings.  See aio_pool.h for the two
+ * modes.
+ */
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -13,20 +15,20 @@
 
 #include "aio_ring.h"
 #include "memory_pressure.h"
-#include "worker_pool.h"
+#include "aio_pool.h"
 
 /* Completions reaped per io_getevents call. */
 enum { REAP_BATCH = 64 };
 
-struct mloop_worker {
-  struct mloop_worker_pool *pool;
+struct pool_ring {
+  struct mloop_aio_pool *pool;
   struct mloop_aio_ring ring;
   /* Free submission slots: queue_depth minus requests in flight. */
   sem_t slots;
   atomic_uint in_flight;
 
   /* REAPER_THREADS mode.  The stop eventfd is watched by an IOCB_CMD_POLL
-   * request on the worker's own ring, so writing to it wakes io_getevents
+   * request on the ring itself, so writing to it wakes io_getevents
    * without a timeout or a signal.
    */
   pthread_t thread;
@@ -41,14 +43,14 @@ struct mloop_worker {
   struct mloop_pool_waiter *followers;
 };
 
-struct mloop_worker_pool {
+struct mloop_aio_pool {
   enum mloop_pool_mode mode;
   unsigned n;
   unsigned queue_depth;
   mloop_pool_event_fn on_event;
   void *opaque;
   atomic_uint next;             /* round-robin cursor */
-  struct mloop_worker *workers;
+  struct pool_ring *rings;
 };
 
 void
@@ -74,7 +76,7 @@ mloop_pool_waiter_destroy (struct mloop_pool_waiter *w)
 }
 
 static void
-release_slot (struct mloop_worker *w)
+release_slot (struct pool_ring *w)
 {
   atomic_fetch_sub (&w->in_flight, 1);
   sem_post (&w->slots);
@@ -84,7 +86,7 @@ release_slot (struct mloop_worker *w)
  * the request is finished with that error through the event handler.
  */
 static void
-resubmit (struct mloop_worker *w, struct mloop_io *io)
+resubmit (struct pool_ring *w, struct mloop_io *io)
 {
   struct iocb *iocb = &io->iocb;
   int r;
@@ -103,9 +105,9 @@ resubmit (struct mloop_worker *w, struct mloop_io *io)
 
 /* Hands N reaped events to the event handler. */
 static void
-dispatch (struct mloop_worker *w, struct io_event *events, int n)
+dispatch (struct pool_ring *w, struct io_event *events, int n)
 {
-  struct mloop_worker_pool *pool = w->pool;
+  struct mloop_aio_pool *pool = w->pool;
   int i;
 
   for (i = 0; i < n; i++) {
@@ -128,7 +130,7 @@ dispatch (struct mloop_worker *w, struct io_event *events, int n)
 static void *
 reaper_thread (void *arg)
 {
-  struct mloop_worker *w = arg;
+  struct pool_ring *w = arg;
   struct io_event events[REAP_BATCH];
 
   mloop_io_flusher_thread ();
@@ -143,7 +145,7 @@ reaper_thread (void *arg)
 }
 
 static int
-start_reaper_thread (struct mloop_worker *w)
+start_reaper_thread (struct pool_ring *w)
 {
   struct iocb *iocb = &w->stop_iocb;
   int r;
@@ -163,7 +165,7 @@ start_reaper_thread (struct mloop_worker *w)
 }
 
 static int
-worker_init (struct mloop_worker *w, struct mloop_worker_pool *pool)
+ring_init (struct pool_ring *w, struct mloop_aio_pool *pool)
 {
   int r;
 
@@ -184,7 +186,7 @@ worker_init (struct mloop_worker *w, struct mloop_worker_pool *pool)
 }
 
 static void
-worker_stop (struct mloop_worker *w)
+ring_stop (struct pool_ring *w)
 {
   if (w->thread_started) {
     uint64_t one = 1;
@@ -203,12 +205,12 @@ worker_stop (struct mloop_worker *w)
   pthread_mutex_destroy (&w->lock);
 }
 
-struct mloop_worker_pool *
-mloop_worker_pool_start (enum mloop_pool_mode mode, unsigned threads,
+struct mloop_aio_pool *
+mloop_aio_pool_start (enum mloop_pool_mode mode, unsigned threads,
                          unsigned queue_depth, mloop_pool_event_fn on_event,
                          void *opaque)
 {
-  struct mloop_worker_pool *pool;
+  struct mloop_aio_pool *pool;
   unsigned i;
   int r;
 
@@ -224,16 +226,16 @@ mloop_worker_pool_start (enum mloop_pool_mode mode, unsigned threads,
   pool->on_event = on_event;
   pool->opaque = opaque;
   atomic_init (&pool->next, 0);
-  pool->workers = calloc (threads, sizeof *pool->workers);
-  if (pool->workers == NULL) {
+  pool->rings = calloc (threads, sizeof *pool->rings);
+  if (pool->rings == NULL) {
     free (pool);
     return NULL;
   }
   for (i = 0; i < threads; i++) {
     pool->n = i + 1;
-    r = worker_init (&pool->workers[i], pool);
+    r = ring_init (&pool->rings[i], pool);
     if (r < 0) {
-      mloop_worker_pool_stop (pool);
+      mloop_aio_pool_stop (pool);
       errno = -r;
       return NULL;
     }
@@ -241,34 +243,33 @@ mloop_worker_pool_start (enum mloop_pool_mode mode, unsigned threads,
   return pool;
 }
 
-/* Picks a worker with a free slot, starting from the round-robin cursor
+/* Picks a ring with a free slot, starting from the round-robin cursor
  * so load spreads evenly; waits on the first one only when all are full.
  */
-static struct mloop_worker *
-acquire_worker (struct mloop_worker_pool *pool)
+static struct pool_ring *
+acquire_ring (struct mloop_aio_pool *pool)
 {
   unsigned start = atomic_fetch_add (&pool->next, 1);
   unsigned i;
-  struct mloop_worker *w;
+  struct pool_ring *w;
 
   for (i = 0; i < pool->n; i++) {
-    w = &pool->workers[(start + i) % pool->n];
+    w = &pool->rings[(start + i) % pool->n];
     if (sem_trywait (&w->slots) == 0)
       return w;
   }
-  w = &pool->workers[start % pool->n];
+  w = &pool->rings[start % pool->n];
   while (sem_wait (&w->slots) == -1)
     ;                           /* EINTR */
   return w;
 }
 
 static int
-submit_to (struct mloop_worker *w, struct mloop_io *io)
+submit_to (struct pool_ring *w, struct mloop_io *io)
 {
   struct iocb *iocb = &io->iocb;
   int r;
 
-  io->worker = (int) (w - w->pool->workers);
   atomic_fetch_add (&w->in_flight, 1);
   r = mloop_aio_ring_submit (&w->ring, &iocb, 1);
   if (r == 1)
@@ -278,15 +279,15 @@ submit_to (struct mloop_worker *w, struct mloop_io *io)
 }
 
 int
-mloop_worker_pool_submit (struct mloop_worker_pool *pool, struct mloop_io *io)
+mloop_aio_pool_submit (struct mloop_aio_pool *pool, struct mloop_io *io)
 {
   if (pool->mode != MLOOP_POOL_REAPER_THREADS)
     return -EINVAL;             /* nobody would reap it */
-  return submit_to (acquire_worker (pool), io);
+  return submit_to (acquire_ring (pool), io);
 }
 
 static void
-remove_follower (struct mloop_worker *w, struct mloop_pool_waiter *me)
+remove_follower (struct pool_ring *w, struct mloop_pool_waiter *me)
 {
   struct mloop_pool_waiter **p;
 
@@ -306,11 +307,11 @@ remove_follower (struct mloop_worker *w, struct mloop_pool_waiter *me)
  * its thread asleep.
  */
 int
-mloop_worker_pool_submit_and_wait (struct mloop_worker_pool *pool,
+mloop_aio_pool_submit_and_wait (struct mloop_aio_pool *pool,
                                    struct mloop_io *io,
                                    struct mloop_pool_waiter *me)
 {
-  struct mloop_worker *w;
+  struct pool_ring *w;
   struct io_event events[REAP_BATCH];
   int r;
 
@@ -319,14 +320,14 @@ mloop_worker_pool_submit_and_wait (struct mloop_worker_pool *pool,
      * means the reaper has finished touching the waiter before the caller
      * may destroy it.
      */
-    r = mloop_worker_pool_submit (pool, io);
+    r = mloop_aio_pool_submit (pool, io);
     if (r == 0)
       while (sem_wait (&me->wake) == -1)
         ;                       /* EINTR */
     return r;
   }
 
-  w = acquire_worker (pool);
+  w = acquire_ring (pool);
   r = submit_to (w, io);
   if (r < 0)
     return r;
@@ -372,20 +373,14 @@ mloop_worker_pool_submit_and_wait (struct mloop_worker_pool *pool,
 }
 
 void
-mloop_worker_pool_stop (struct mloop_worker_pool *pool)
+mloop_aio_pool_stop (struct mloop_aio_pool *pool)
 {
   unsigned i;
 
   if (pool == NULL)
     return;
   for (i = 0; i < pool->n; i++)
-    worker_stop (&pool->workers[i]);
-  free (pool->workers);
+    ring_stop (&pool->rings[i]);
+  free (pool->rings);
   free (pool);
-}
-
-unsigned
-mloop_worker_pool_size (const struct mloop_worker_pool *pool)
-{
-  return pool->n;
 }

@@ -52,7 +52,6 @@ struct mloop_io {
   void *bounce;                 /* aligned copy of buf, when buf is not */
   bool bounce_allocated;        /* bounce is ours to free (not scratch) */
   struct iovec iov;
-  int worker;                   /* which worker's ring it was submitted to */
 };
 
 #endif /* MLOOP_IO_H */

@@ -2,7 +2,7 @@
  *
  * The calling thread submits with io_submit itself and then waits: in
  * CALLER_REAPS mode by reaping the ring itself when no other thread is
- * (see worker_pool.h), so a request costs one sleep and no handoff.
+ * (see aio_pool.h), so a request costs one sleep and no handoff.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -139,7 +139,7 @@ mloop_engine_pwrite (struct mloop_engine *e, const void *buf, size_t count,
   return run (e, &io);
 }
 
-/* A flush from a thread-per-request front end needs no worker: by the
+/* A flush from a thread-per-request front end needs no ring: by the
  * time it is called, every write it covers has completed (the front end
  * replied to them), so fdatasync here, on the caller's thread, is exactly
  * the NBD contract and costs no handoff.
