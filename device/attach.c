@@ -13,6 +13,7 @@
 #include "attach.h"
 #include "nbd_connect.h"
 #include "nbd_netlink.h"
+#include "nbd_receivers.h"
 #include "nbd_proto.h"
 
 /* TCG guests start nbdkit slowly: be patient before calling it failed. */
@@ -153,51 +154,137 @@ default_connections (void)
   return n > MLOOP_MAX_CONNECTIONS ? MLOOP_MAX_CONNECTIONS : n;
 }
 
-/* Hands the N negotiated sockets in FDS (closed here either way) to the
- * kernel and records the device in S.  BACKEND names the image in sysfs.
+/* Opens and negotiates the connections to hand to the kernel: fills FDS
+ * and *X, returns how many were opened, or -1 with ERR (FDS all closed).
+ */
+struct opener {
+  int (*open) (const struct opener *o, int *fds,
+               struct mloop_nbd_export *x, char *err, size_t errlen);
+  const char *socket_path;                      /* attach_local's */
+  const struct mloop_nbd_address *address;      /* attach_remote's */
+  unsigned n;
+  bool read_only;
+};
+
+/* How long the kernel may take to start reading every connection, and
+ * how many times a device with a connection left unread is connected
+ * again (see nbd_receivers.h).
+ */
+#define RECEIVERS_TIMEOUT_MS 2000
+#define RECEIVERS_ATTEMPTS   3
+
+/* Hands N negotiated sockets to the kernel as one device.  The kernel
+ * takes its own references: FDS are closed here either way.
  */
 static int
-connect_kernel (const struct mloop_attach_request *req, int *fds,
+hand_to_kernel (const struct mloop_attach_request *req, int *fds,
                 unsigned n, const struct mloop_nbd_export *x,
-                const char *backend, struct mloop_device_state *s,
+                uint32_t block_size, const char *backend, int *index,
                 char *err, size_t errlen)
 {
   unsigned timeout = req->timeout ? req->timeout : MLOOP_DEFAULT_TIMEOUT;
-  struct mloop_nbd_device_config dc;
+  /* The dead-connection timeout makes IO wait, instead of failing at
+   * once, when every connection is gone: time for a restarted server
+   * to be reconnected (NBD_CMD_RECONFIGURE).
+   */
+  struct mloop_nbd_device_config dc = {
+    .index = req->index, .size = x->size, .block_size = block_size,
+    .server_flags = x->flags, .timeout = timeout,
+    .dead_conn_timeout = timeout,
+    .backend = backend, .fds = fds, .nr_fds = n,
+  };
   char why[512];
-  int r, index = -1;
+  int r;
 
-  r = choose_block_size (req, x, &s->block_size, err, errlen);
-  if (r == 0) {
-    /* The dead-connection timeout makes IO wait, instead of failing at
-     * once, when every connection is gone: time for a restarted server
-     * to be reconnected (NBD_CMD_RECONFIGURE).
-     */
-    dc = (struct mloop_nbd_device_config) {
-      .index = req->index, .size = x->size, .block_size = s->block_size,
-      .server_flags = x->flags, .timeout = timeout,
-      .dead_conn_timeout = timeout,
-      .backend = backend, .fds = fds, .nr_fds = n,
-    };
-    r = mloop_nbd_netlink_connect (&dc, &index, why, sizeof why);
-    if (r < 0)
-      r = mloop_fail (err, errlen, "%s", why);
-  }
-  /* The kernel took its own references to the sockets. */
+  r = mloop_nbd_netlink_connect (&dc, index, why, sizeof why);
   mloop_nbd_close_all (fds, n);
-  if (r < 0)
-    return -1;
+  return r < 0 ? mloop_fail (err, errlen, "%s", why) : 0;
+}
+
+/* Waits up to TIMEOUT_MS for the kernel to let go of /dev/nbdINDEX, so
+ * that it can be connected again (a fixed --index would be busy).
+ */
+static void
+wait_disconnected (int index, unsigned timeout_ms)
+{
+  bool connected = true;
+  char why[512];
+
+  for (unsigned waited = 0; waited < timeout_ms; waited += 20) {
+    if (mloop_nbd_netlink_connected (index, &connected, why,
+                                     sizeof why) < 0 || !connected)
+      return;
+    g_usleep (20000);
+  }
+}
+
+/* Connects the device from the sockets O opens and records it in S.
+ * BACKEND names the image in sysfs.  A device one of whose connections
+ * the kernel does not read (Linux 6.1's workqueue rescuer) is
+ * disconnected and connected again with new sockets: by then the worker
+ * pool has the kworkers it lacked.
+ */
+static int
+connect_kernel (const struct mloop_attach_request *req,
+                const struct opener *o, const char *backend,
+                struct mloop_device_state *s, char *err, size_t errlen)
+{
+  struct mloop_nbd_export x = { 0 };
+  int fds[MLOOP_MAX_CONNECTIONS];
+  char why[512];
+  int n, index = -1;
+
+  for (unsigned attempt = 1; ; attempt++) {
+    n = o->open (o, fds, &x, err, errlen);
+    if (n < 0)
+      return -1;
+    if (o->read_only)
+      x.flags |= NBD_FLAG_READ_ONLY;    /* the kernel then refuses writes */
+    if (choose_block_size (req, &x, &s->block_size, err, errlen) == -1) {
+      mloop_nbd_close_all (fds, (unsigned) n);
+      return -1;
+    }
+    if (hand_to_kernel (req, fds, (unsigned) n, &x, s->block_size, backend,
+                        &index, err, errlen) == -1)
+      return -1;
+    if (attempt == RECEIVERS_ATTEMPTS ||
+        mloop_nbd_receivers_all_running (index, (unsigned) n,
+                                         RECEIVERS_TIMEOUT_MS))
+      break;
+    /* Nothing was written yet: start again from nothing. */
+    if (mloop_nbd_netlink_disconnect (index, why, sizeof why) < 0)
+      return mloop_fail (err, errlen, "/dev/nbd%d: %s", index, why);
+    mloop_nbd_receivers_wait_gone (index, RECEIVERS_TIMEOUT_MS);
+    wait_disconnected (index, RECEIVERS_TIMEOUT_MS);
+  }
 
   s->index = index;
-  s->size = x->size;
-  s->read_only = (x->flags & NBD_FLAG_READ_ONLY) != 0;
-  s->connections = n;
-  s->timeout = timeout;
+  s->size = x.size;
+  s->read_only = (x.flags & NBD_FLAG_READ_ONLY) != 0;
+  s->connections = (unsigned) n;
+  s->timeout = req->timeout ? req->timeout : MLOOP_DEFAULT_TIMEOUT;
   if (mloop_state_save (s, err, errlen) == -1) {
     mloop_nbd_netlink_disconnect (index, why, sizeof why);
     return -1;
   }
   return 0;
+}
+
+static int
+open_local (const struct opener *o, int *fds, struct mloop_nbd_export *x,
+            char *err, size_t errlen)
+{
+  if (mloop_nbd_connect_unix (o->socket_path, o->n, fds, x, err,
+                              errlen) == -1)
+    return -1;
+  return (int) o->n;
+}
+
+static int
+open_remote (const struct opener *o, int *fds, struct mloop_nbd_export *x,
+             char *err, size_t errlen)
+{
+  return mloop_nbd_connect (o->address, o->n, false, fds, x, err, errlen);
 }
 
 static unsigned
@@ -223,17 +310,16 @@ attach_local (const struct mloop_attach_request *req, const char *file,
     .threads = req->threads,
     .read_only = req->read_only,
   };
-  struct mloop_nbd_export x = { 0 };
-  unsigned n = wanted_connections (req);
-  int fds[MLOOP_MAX_CONNECTIONS];
+  const struct opener o = {
+    .open = open_local, .socket_path = sock, .n = wanted_connections (req),
+  };
 
   s->threads = req->threads ? req->threads : 4;
   if (mloop_supervisor_start (&spec, s->dir, SERVER_START_TIMEOUT_MS,
                               &s->supervisor_pid, &s->server_pid,
                               err, errlen) == -1)
     return -1;
-  if (mloop_nbd_connect_unix (sock, n, fds, &x, err, errlen) == -1 ||
-      connect_kernel (req, fds, n, &x, file, s, err, errlen) == -1) {
+  if (connect_kernel (req, &o, file, s, err, errlen) == -1) {
     stop_processes (s);
     return -1;
   }
@@ -249,19 +335,14 @@ attach_remote (const struct mloop_attach_request *req, const char *uri,
 {
   struct mloop_nbd_address a;
   g_autofree char *buf = mloop_nbd_parse_uri (uri, &a, err, errlen);
-  struct mloop_nbd_export x = { 0 };
-  int fds[MLOOP_MAX_CONNECTIONS];
-  int n;
+  const struct opener o = {
+    .open = open_remote, .address = &a, .n = wanted_connections (req),
+    .read_only = req->read_only,
+  };
 
   if (buf == NULL)
     return -1;
-  n = mloop_nbd_connect (&a, wanted_connections (req), false, fds, &x,
-                         err, errlen);
-  if (n == -1)
-    return -1;
-  if (req->read_only)
-    x.flags |= NBD_FLAG_READ_ONLY;      /* the kernel then refuses writes */
-  return connect_kernel (req, fds, (unsigned) n, &x, uri, s, err, errlen);
+  return connect_kernel (req, &o, uri, s, err, errlen);
 }
 
 int
