@@ -22,11 +22,6 @@
 
 struct mloop_aio_pool;
 
-enum mloop_event_result {
-  MLOOP_EVENT_DONE,             /* request completed; slot is free */
-  MLOOP_EVENT_RESUBMIT,         /* iocb re-prepared; submit it again */
-};
-
 /* Handles the completion of IO with the kernel's result RES (bytes or a
  * negative errno).  Runs on whichever thread reaps.
  */

@@ -10,6 +10,10 @@
 #include <time.h>
 #include <libaio.h>
 
+/* Requests one context keeps in flight (--queue-depth, queue-depth=). */
+#define MLOOP_QUEUE_DEPTH_DEFAULT  128
+#define MLOOP_QUEUE_DEPTH_MAX      4096
+
 struct mloop_aio_ring {
   io_context_t ctx;
   unsigned depth;

@@ -15,8 +15,6 @@ void
 mloop_engine_config_init (struct mloop_engine_config *cfg)
 {
   memset (cfg, 0, sizeof *cfg);
-  cfg->threads = MLOOP_THREADS_DEFAULT;
-  cfg->queue_depth = MLOOP_QUEUE_DEPTH_DEFAULT;
   cfg->direct = MLOOP_DIRECT_AUTO;
   cfg->want_write = true;
 }
@@ -27,18 +25,6 @@ mloop_engine_open (struct mloop_engine *e,
                    char *err, size_t errlen)
 {
   memset (e, 0, sizeof *e);
-  if (cfg->threads < 1 || cfg->threads > MLOOP_THREADS_MAX) {
-    snprintf (err, errlen, "threads=%u: must be between 1 and %d",
-              cfg->threads, MLOOP_THREADS_MAX);
-    return -1;
-  }
-  if (cfg->queue_depth < 1 || cfg->queue_depth > MLOOP_QUEUE_DEPTH_MAX) {
-    snprintf (err, errlen, "queue-depth=%u: must be between 1 and %d",
-              cfg->queue_depth, MLOOP_QUEUE_DEPTH_MAX);
-    return -1;
-  }
-  e->threads = cfg->threads;
-  e->queue_depth = cfg->queue_depth;
   if (mloop_backing_open (&e->backing, cfg->path, cfg->direct,
                           cfg->want_write, err, errlen) == -1)
     return -1;
@@ -87,39 +73,9 @@ mloop_engine_probe_features (struct mloop_engine *e)
   e->flush_in_aio = probe_iocb (&iocb) >= 0;
 }
 
-static enum mloop_event_result
-on_event (void *opaque, struct mloop_io *io, long res)
-{
-  return mloop_engine_complete_event (opaque, io, res);
-}
-
-int
-mloop_engine_start (struct mloop_engine *e, enum mloop_pool_mode mode,
-                    char *err, size_t errlen)
-{
-  mloop_engine_probe_features (e);
-  e->mode = mode;
-  e->pool = mloop_aio_pool_start (mode, e->threads, e->queue_depth,
-                                     on_event, e);
-  if (e->pool == NULL) {
-    snprintf (err, errlen, "starting %u AIO rings (queue-depth=%u): %s",
-              e->threads, e->queue_depth, strerror (errno));
-    return -1;
-  }
-  return 0;
-}
-
-void
-mloop_engine_stop (struct mloop_engine *e)
-{
-  mloop_aio_pool_stop (e->pool);
-  e->pool = NULL;
-}
-
 void
 mloop_engine_close (struct mloop_engine *e)
 {
-  mloop_engine_stop (e);
   mloop_range_lock_destroy (&e->rmw_lock);
   mloop_backing_close (&e->backing);
 }
@@ -296,43 +252,8 @@ mloop_engine_complete_blocking (struct mloop_engine *e, struct mloop_io *io,
   finish (io, -result);
 }
 
-static int
-submit_failed (struct mloop_io *io, int r)
+void
+mloop_engine_abandon (struct mloop_engine *e, struct mloop_io *io)
 {
   release_bounce (io);
-  return r;
-}
-
-/* Runs what mloop_engine_prepare() decided: blocking IO on the calling
- * thread (these callers may block), AIO through the pool.
- */
-static int
-submit_prepared (struct mloop_engine *e, struct mloop_io *io, int prepared,
-                 struct mloop_pool_waiter *waiter)
-{
-  int r;
-
-  if (prepared == MLOOP_PREPARED_BLOCKING) {
-    mloop_engine_complete_blocking (e, io,
-                                    mloop_engine_perform_blocking (e, io));
-    return 0;
-  }
-  if (prepared != MLOOP_PREPARED_AIO)
-    return prepared;            /* done already, or refused */
-  r = waiter ? mloop_aio_pool_submit_and_wait (e->pool, io, waiter)
-    : mloop_aio_pool_submit (e->pool, io);
-  return r < 0 ? submit_failed (io, r) : 0;
-}
-
-int
-mloop_engine_submit (struct mloop_engine *e, struct mloop_io *io)
-{
-  return submit_prepared (e, io, mloop_engine_prepare (e, io), NULL);
-}
-
-int
-mloop_engine_submit_and_wait (struct mloop_engine *e, struct mloop_io *io,
-                              struct mloop_pool_waiter *waiter)
-{
-  return submit_prepared (e, io, mloop_engine_prepare (e, io), waiter);
 }

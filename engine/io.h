@@ -54,4 +54,10 @@ struct mloop_io {
   struct iovec iov;
 };
 
+/* What the kernel's completion of an IO leaves to do. */
+enum mloop_event_result {
+  MLOOP_EVENT_DONE,             /* request completed; slot is free */
+  MLOOP_EVENT_RESUBMIT,         /* iocb re-prepared; submit it again */
+};
+
 #endif /* MLOOP_IO_H */

@@ -24,6 +24,7 @@
 #include <nbdkit-plugin.h>
 
 #include "engine.h"
+#include "pooled.h"
 #include "memory_pressure.h"
 #include "nbd_proto.h"
 #include "space.h"
@@ -45,6 +46,9 @@ static char *trace_file;                /* trace=FILE, else $MLOOP_TRACE */
 static bool lock_memory;                /* mlock=on|off */
 static struct mloop_stats *stats;       /* its counters, or NULL */
 static struct mloop_engine engine;
+static unsigned rings = MLOOP_RINGS_DEFAULT;   /* threads= */
+static unsigned queue_depth = MLOOP_QUEUE_DEPTH_DEFAULT;
+static struct mloop_pooled pooled;      /* the engine through AIO rings */
 static bool engine_open;
 
 /* -D mloop.reaper_threads=1: reap completions on a dedicated thread per ring
@@ -120,10 +124,10 @@ mloop_config (const char *key, const char *value)
     }
   }
   else if (strcmp (key, "threads") == 0)
-    return parse_bounded (key, value, 1, MLOOP_THREADS_MAX, &config.threads);
+    return parse_bounded (key, value, 1, MLOOP_RINGS_MAX, &rings);
   else if (strcmp (key, "queue-depth") == 0)
     return parse_bounded (key, value, 1, MLOOP_QUEUE_DEPTH_MAX,
-                          &config.queue_depth);
+                          &queue_depth);
   else if (strcmp (key, "discard") == 0) {
     if (parse_on_off (value, &discard) == -1) {
       nbdkit_error ("discard=%s: must be on or off", value);
@@ -248,14 +252,15 @@ mloop_after_fork (void)
     nbdkit_error ("mlock=on: mlockall: %m");
     return -1;
   }
-  if (mloop_engine_start (&engine, mode, err, sizeof err) == -1) {
+  if (mloop_pooled_start (&pooled, &engine, rings, queue_depth, mode,
+                          err, sizeof err) < 0) {
     nbdkit_error ("%s", err);
     return -1;
   }
   nbdkit_debug ("mloop: %u AIO rings (%s), queue depth %u, FUA %s, flush %s",
-                engine.threads,
+                rings,
                 mloop_debug_reaper_threads ? "reaper threads" : "callers reap",
-                engine.queue_depth,
+                queue_depth,
                 engine.fua_in_aio ? "RWF_DSYNC" : "write+fdatasync",
                 engine.flush_in_aio ? "AIO" : "fdatasync");
   return 0;
@@ -265,8 +270,8 @@ mloop_after_fork (void)
 static void
 mloop_cleanup (void)
 {
-  if (engine_open)
-    mloop_engine_stop (&engine);
+  if (pooled.pool)
+    mloop_pooled_stop (&pooled);
 }
 
 /* One engine serves every connection; the handle only numbers the
@@ -444,7 +449,7 @@ mloop_pread (void *handle, void *buf, uint32_t count, uint64_t offset,
              uint32_t flags)
 {
   begin (handle, NBD_CMD_READ, count, offset);
-  return report (mloop_engine_pread (&engine, buf, count, offset),
+  return report (mloop_pooled_pread (&pooled, buf, count, offset),
                  MLOOP_STATS_READ, "pread", count, offset);
 }
 
@@ -455,7 +460,7 @@ mloop_pwrite (void *handle, const void *buf, uint32_t count, uint64_t offset,
   unsigned io_flags = (flags & NBDKIT_FLAG_FUA) ? MLOOP_IO_FUA : 0;
 
   begin (handle, NBD_CMD_WRITE, count, offset);
-  return report (mloop_engine_pwrite (&engine, buf, count, offset, io_flags),
+  return report (mloop_pooled_pwrite (&pooled, buf, count, offset, io_flags),
                  MLOOP_STATS_WRITE, "pwrite", count, offset);
 }
 
@@ -463,7 +468,7 @@ static int
 mloop_flush (void *handle, uint32_t flags)
 {
   begin (handle, NBD_CMD_FLUSH, 0, 0);
-  return report (mloop_engine_flush (&engine), MLOOP_STATS_FLUSH, "flush",
+  return report (mloop_pooled_flush (&pooled), MLOOP_STATS_FLUSH, "flush",
                  0, 0);
 }
 

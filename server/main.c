@@ -36,6 +36,7 @@
 
 #include "align.h"
 #include "budget.h"
+#include "aio_ring.h"
 #include "engine.h"
 #include "handshake.h"
 #include "listener.h"
@@ -66,10 +67,15 @@
  * connection queued and the listener readable: pause instead of spinning.
  */
 #define ACCEPT_BACKOFF_MS 100
+/* Event loops (--threads): each owns its connections and AIO context. */
+#define WORKERS_DEFAULT 4
+#define WORKERS_MAX     64
+/* AIO requests in flight per event loop (--queue-depth). */
+#define WORKER_QUEUE_DEPTH_DEFAULT 1024
 
 static gchar *opt_listen;
-static gint opt_threads = MLOOP_THREADS_DEFAULT;
-static gint opt_queue_depth = 1024;
+static gint opt_threads = WORKERS_DEFAULT;
+static gint opt_queue_depth = WORKER_QUEUE_DEPTH_DEFAULT;
 static gchar *opt_export_name;
 static gint opt_handshake_timeout = 30;
 static gint opt_max_handshakes = 1024;
@@ -332,6 +338,8 @@ main (int argc, char *argv[])
     die ("expected one IMAGE argument (see --help)");
   if (opt_listen == NULL)
     die ("--listen unix:PATH or tcp:HOST:PORT is required");
+  if (opt_threads < 1 || opt_threads > WORKERS_MAX)
+    die ("--threads=%d: must be between 1 and %d", opt_threads, WORKERS_MAX);
   if (opt_queue_depth < 1 || opt_queue_depth > MLOOP_QUEUE_DEPTH_MAX)
     die ("--queue-depth=%d: must be between 1 and %d", opt_queue_depth,
          MLOOP_QUEUE_DEPTH_MAX);
@@ -363,7 +371,6 @@ main (int argc, char *argv[])
 
   mloop_engine_config_init (&cfg);
   cfg.path = argv[1];
-  cfg.threads = opt_threads < 0 ? 0 : (unsigned) opt_threads;
   cfg.want_write = !opt_read_only;
   if (opt_direct && mloop_direct_mode_parse (opt_direct, &cfg.direct) == -1)
     die ("--direct=%s: must be auto, on or off", opt_direct);
@@ -411,7 +418,7 @@ main (int argc, char *argv[])
     opt_trace = g_strdup (getenv ("MLOOP_TRACE"));
   if (opt_trace && mloop_trace_open (opt_trace, false) == -1)
     die ("--trace %s: %s", opt_trace, strerror (errno));
-  nr_workers = engine.threads;
+  nr_workers = (unsigned) opt_threads;
   workers = calloc (nr_workers, sizeof *workers);
   for (i = 0; i < nr_workers; i++) {
     workers[i] = worker_start (&wopts, err, sizeof err);

@@ -64,7 +64,6 @@ LLVMFuzzerInitialize (int *argc, char ***argv)
   close (fd);
   mloop_engine_config_init (&cfg);
   cfg.path = path;
-  cfg.threads = 1;
   if (mloop_engine_open (&engine, &cfg, err, sizeof err) == -1)
     die ("engine", err);
   unlink (path);

@@ -1,4 +1,5 @@
-/* Unit tests for the IO engine and its worker pool, on a real file:
+/* Unit tests for the IO engine driven through its pool of AIO rings
+ * (pooled.h), on a real file:
  *  - both pool modes serve concurrent synchronous callers (16 threads,
  *    mixed aligned, unaligned-buffer and unaligned-offset requests) with
  *    the right data and no deadlock;
@@ -16,7 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine.h"
+#include "pooled.h"
 
 #define FILE_SIZE (8u << 20)
 #define CALLERS 16
@@ -63,28 +64,35 @@ make_file (void)
   close (fd);
 }
 
-static struct mloop_engine *
-open_engine (enum mloop_pool_mode mode, bool writable, unsigned threads)
+static struct mloop_pooled *
+open_engine (enum mloop_pool_mode mode, bool writable, unsigned rings)
 {
   static struct mloop_engine e;
+  static struct mloop_pooled p;
   struct mloop_engine_config cfg;
   char err[256];
 
   mloop_engine_config_init (&cfg);
   cfg.path = path;
-  cfg.threads = threads;
-  cfg.queue_depth = 8;          /* small, so callers wait for slots */
   cfg.want_write = writable;
+  /* A queue depth of 8, small, so callers wait for slots. */
   if (mloop_engine_open (&e, &cfg, err, sizeof err) == -1 ||
-      mloop_engine_start (&e, mode, err, sizeof err) == -1) {
+      mloop_pooled_start (&p, &e, rings, 8, mode, err, sizeof err) < 0) {
     fprintf (stderr, "engine: %s\n", err);
     exit (1);
   }
-  return &e;
+  return &p;
+}
+
+static void
+close_engine (struct mloop_pooled *p)
+{
+  mloop_pooled_stop (p);
+  mloop_engine_close (p->engine);
 }
 
 struct caller {
-  struct mloop_engine *e;
+  struct mloop_pooled *e;
   unsigned id;
 };
 
@@ -112,9 +120,9 @@ caller_main (void *arg)
     case 3: len = 65536; break;                     /* bigger */
     }
     memcpy (p, expected + off, len);
-    assert (mloop_engine_pwrite (c->e, p, len, off, r % 8 == 0 ? MLOOP_IO_FUA : 0) == 0);
+    assert (mloop_pooled_pwrite (c->e, p, len, off, r % 8 == 0 ? MLOOP_IO_FUA : 0) == 0);
     memset (p, 0, len);
-    assert (mloop_engine_pread (c->e, p, len, off) == 0);
+    assert (mloop_pooled_pread (c->e, p, len, off) == 0);
     assert (memcmp (p, expected + off, len) == 0);
   }
   free (buf);
@@ -122,9 +130,9 @@ caller_main (void *arg)
 }
 
 static void
-test_concurrent_callers (enum mloop_pool_mode mode, unsigned threads)
+test_concurrent_callers (enum mloop_pool_mode mode, unsigned rings)
 {
-  struct mloop_engine *e = open_engine (mode, true, threads);
+  struct mloop_pooled *e = open_engine (mode, true, rings);
   pthread_t t[CALLERS];
   struct caller c[CALLERS];
   unsigned i;
@@ -136,8 +144,8 @@ test_concurrent_callers (enum mloop_pool_mode mode, unsigned threads)
   }
   for (i = 0; i < CALLERS; i++)
     pthread_join (t[i], NULL);
-  assert (mloop_engine_flush (e) == 0);
-  mloop_engine_close (e);
+  assert (mloop_pooled_flush (e) == 0);
+  close_engine (e);
 }
 
 static atomic_int completions;
@@ -153,10 +161,10 @@ static void
 test_async (void)
 {
   int contexts_before = aio_contexts ();
-  struct mloop_engine *e = open_engine (MLOOP_POOL_REAPER_THREADS, false, 2);
+  struct mloop_pooled *e = open_engine (MLOOP_POOL_REAPER_THREADS, false, 2);
   enum { N = 200 };
 
-  /* The check at the end of main() can see contexts: two workers, two. */
+  /* The check at the end of main() can see contexts: two rings, two. */
   assert (aio_contexts () == contexts_before + 2);
   struct mloop_io *ios = calloc (N, sizeof *ios);
   unsigned char *bufs = malloc ((size_t) N * 4096);
@@ -170,14 +178,14 @@ test_async (void)
     ios[i].count = 4096;
     ios[i].offset = (uint64_t) i * 4096;
     ios[i].complete = count_completion;
-    assert (mloop_engine_submit (e, &ios[i]) == 0);
+    assert (mloop_pooled_submit (e, &ios[i]) == 0);
   }
   while (atomic_load (&completions) < N)
     usleep (1000);
   for (i = 0; i < N; i++)
     assert (memcmp (bufs + (size_t) i * 4096, expected + (size_t) i * 4096,
                     4096) == 0);
-  mloop_engine_close (e);
+  close_engine (e);
   assert (atomic_load (&completions) == N);
   free (ios);
   free (bufs);
@@ -186,19 +194,19 @@ test_async (void)
 static void
 test_refusals (void)
 {
-  struct mloop_engine *e = open_engine (MLOOP_POOL_CALLER_REAPS, false, 1);
+  struct mloop_pooled *e = open_engine (MLOOP_POOL_CALLER_REAPS, false, 1);
   char buf[4096];
 
-  assert (!e->backing.writable);
-  assert (mloop_engine_pread (e, buf, 4096, FILE_SIZE) == -EINVAL);
-  assert (mloop_engine_pread (e, buf, 4096, UINT64_MAX - 100) == -EINVAL);
-  assert (mloop_engine_pwrite (e, buf, 4096, 0, 0) == -EPERM);
-  assert (mloop_engine_pread (e, buf, 0, 0) == 0);
-  mloop_engine_close (e);
+  assert (!e->engine->backing.writable);
+  assert (mloop_pooled_pread (e, buf, 4096, FILE_SIZE) == -EINVAL);
+  assert (mloop_pooled_pread (e, buf, 4096, UINT64_MAX - 100) == -EINVAL);
+  assert (mloop_pooled_pwrite (e, buf, 4096, 0, 0) == -EPERM);
+  assert (mloop_pooled_pread (e, buf, 0, 0) == 0);
+  close_engine (e);
 
   e = open_engine (MLOOP_POOL_CALLER_REAPS, true, 1);
-  assert (mloop_engine_pwrite (e, buf, 4096, FILE_SIZE - 2048, 0) == -ENOSPC);
-  mloop_engine_close (e);
+  assert (mloop_pooled_pwrite (e, buf, 4096, FILE_SIZE - 2048, 0) == -ENOSPC);
+  close_engine (e);
 }
 
 /* Entries in a /proc/self directory: open descriptors or threads. */

@@ -1,4 +1,4 @@
-/* mloop — synchronous helpers over the engine.
+/* mloop — the engine for thread-per-request front ends.  See pooled.h.
  *
  * The calling thread submits with io_submit itself and then waits: in
  * CALLER_REAPS mode by reaping the ring itself when no other thread is
@@ -6,12 +6,107 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "aio_ring.h"
 #include "align.h"
-#include "engine.h"
+#include "pooled.h"
+
+int
+mloop_pooled_check (unsigned rings, unsigned queue_depth,
+                    char *err, size_t errlen)
+{
+  if (rings < 1 || rings > MLOOP_RINGS_MAX) {
+    snprintf (err, errlen, "threads=%u: must be between 1 and %d",
+              rings, MLOOP_RINGS_MAX);
+    return -EINVAL;
+  }
+  if (queue_depth < 1 || queue_depth > MLOOP_QUEUE_DEPTH_MAX) {
+    snprintf (err, errlen, "queue-depth=%u: must be between 1 and %d",
+              queue_depth, MLOOP_QUEUE_DEPTH_MAX);
+    return -EINVAL;
+  }
+  return 0;
+}
+
+static enum mloop_event_result
+on_event (void *opaque, struct mloop_io *io, long res)
+{
+  return mloop_engine_complete_event (opaque, io, res);
+}
+
+int
+mloop_pooled_start (struct mloop_pooled *p, struct mloop_engine *e,
+                    unsigned rings, unsigned queue_depth,
+                    enum mloop_pool_mode mode, char *err, size_t errlen)
+{
+  int r = mloop_pooled_check (rings, queue_depth, err, errlen);
+
+  if (r < 0)
+    return r;
+  memset (p, 0, sizeof *p);
+  mloop_engine_probe_features (e);
+  p->engine = e;
+  p->rings = rings;
+  p->queue_depth = queue_depth;
+  p->mode = mode;
+  p->pool = mloop_aio_pool_start (mode, rings, queue_depth, on_event, e);
+  if (p->pool == NULL) {
+    r = -errno;
+    snprintf (err, errlen, "starting %u AIO rings (queue-depth=%u): %s",
+              rings, queue_depth, strerror (errno));
+    return r;
+  }
+  return 0;
+}
+
+void
+mloop_pooled_stop (struct mloop_pooled *p)
+{
+  mloop_aio_pool_stop (p->pool);
+  p->pool = NULL;
+}
+
+/* Runs what mloop_engine_prepare() decided: blocking IO on the calling
+ * thread (these callers may block), AIO through the pool.
+ */
+static int
+submit_prepared (struct mloop_pooled *p, struct mloop_io *io, int prepared,
+                 struct mloop_pool_waiter *waiter)
+{
+  struct mloop_engine *e = p->engine;
+  int r;
+
+  if (prepared == MLOOP_PREPARED_BLOCKING) {
+    mloop_engine_complete_blocking (e, io,
+                                    mloop_engine_perform_blocking (e, io));
+    return 0;
+  }
+  if (prepared != MLOOP_PREPARED_AIO)
+    return prepared;            /* done already, or refused */
+  r = waiter ? mloop_aio_pool_submit_and_wait (p->pool, io, waiter)
+    : mloop_aio_pool_submit (p->pool, io);
+  if (r < 0)
+    mloop_engine_abandon (e, io);
+  return r < 0 ? r : 0;
+}
+
+int
+mloop_pooled_submit (struct mloop_pooled *p, struct mloop_io *io)
+{
+  return submit_prepared (p, io, mloop_engine_prepare (p->engine, io), NULL);
+}
+
+int
+mloop_pooled_submit_and_wait (struct mloop_pooled *p, struct mloop_io *io,
+                              struct mloop_pool_waiter *waiter)
+{
+  return submit_prepared (p, io, mloop_engine_prepare (p->engine, io),
+                          waiter);
+}
 
 /* Each calling thread keeps one aligned scratch buffer for bounces, of
  * up to MLOOP_KEEP_BUFFER bytes.  nbdkit (1.32) hands plugins buffers
@@ -93,7 +188,7 @@ sync_complete (struct mloop_io *io, int error)
 }
 
 static int
-run (struct mloop_engine *e, struct mloop_io *io)
+run (struct mloop_pooled *p, struct mloop_io *io)
 {
   struct sync_wait w;
   int r;
@@ -102,8 +197,8 @@ run (struct mloop_engine *e, struct mloop_io *io)
   w.error = 0;
   io->complete = sync_complete;
   io->opaque = &w;
-  attach_scratch (e, io);
-  r = mloop_engine_submit_and_wait (e, io, &w.waiter);
+  attach_scratch (p->engine, io);
+  r = mloop_pooled_submit_and_wait (p, io, &w.waiter);
   if (r == 0)
     r = -w.error;
   mloop_pool_waiter_destroy (&w.waiter);
@@ -111,7 +206,7 @@ run (struct mloop_engine *e, struct mloop_io *io)
 }
 
 int
-mloop_engine_pread (struct mloop_engine *e, void *buf, size_t count,
+mloop_pooled_pread (struct mloop_pooled *p, void *buf, size_t count,
                     uint64_t offset)
 {
   struct mloop_io io;
@@ -121,11 +216,11 @@ mloop_engine_pread (struct mloop_engine *e, void *buf, size_t count,
   io.buf = buf;
   io.count = count;
   io.offset = offset;
-  return run (e, &io);
+  return run (p, &io);
 }
 
 int
-mloop_engine_pwrite (struct mloop_engine *e, const void *buf, size_t count,
+mloop_pooled_pwrite (struct mloop_pooled *p, const void *buf, size_t count,
                      uint64_t offset, unsigned flags)
 {
   struct mloop_io io;
@@ -136,7 +231,7 @@ mloop_engine_pwrite (struct mloop_engine *e, const void *buf, size_t count,
   io.buf = (void *) buf;       /* only read from, for a write */
   io.count = count;
   io.offset = offset;
-  return run (e, &io);
+  return run (p, &io);
 }
 
 /* A flush from a thread-per-request front end needs no ring: by the
@@ -145,9 +240,9 @@ mloop_engine_pwrite (struct mloop_engine *e, const void *buf, size_t count,
  * the NBD contract and costs no handoff.
  */
 int
-mloop_engine_flush (struct mloop_engine *e)
+mloop_pooled_flush (struct mloop_pooled *p)
 {
-  if (fdatasync (e->backing.fd) == -1)
+  if (fdatasync (p->engine->backing.fd) == -1)
     return -errno;
   return 0;
 }
