@@ -63,7 +63,7 @@ mloop_io_is_direct_safe (const void *buf, size_t count, uint64_t offset,
  * Above MLOOP_KEEP_BUFFER the memory is a private mapping of its own,
  * unmapped when freed: malloc would keep such a block in its heap (glibc
  * raises its mmap threshold after each large free, up to 32 MiB), which
- * is how a few large requests used to pin their size in RSS for good.
+ * would let a few large requests pin their size in RSS for good.
  */
 void *mloop_alloc_aligned (size_t count, size_t alignment);
 void mloop_free_aligned (void *p, size_t count);

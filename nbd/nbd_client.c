@@ -1,6 +1,7 @@
 /* mloop — the client side of the NBD handshake. */
 #include <endian.h>
 #include <errno.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
@@ -13,6 +14,19 @@
 
 /* Option replies we read in full; longer ones are skipped. */
 #define REPLY_MAX 4096
+
+/* The server broke the protocol: says how in ERR, errno EPROTO, -1. */
+static int __attribute__((format (printf, 3, 4)))
+protocol_error (char *err, size_t errlen, const char *fmt, ...)
+{
+  va_list ap;
+
+  va_start (ap, fmt);
+  vsnprintf (err, errlen, fmt, ap);
+  va_end (ap);
+  errno = EPROTO;
+  return -1;
+}
 
 static int
 send_option (int fd, uint32_t option, const void *data, uint32_t len)
@@ -70,6 +84,7 @@ go (int fd, const char *name, struct mloop_nbd_export *x, char *err,
   if (name_len > NBD_MAX_STRING) {
     snprintf (err, errlen, "export name longer than %d bytes",
               NBD_MAX_STRING);
+    errno = EINVAL;
     return -1;
   }
   memcpy (buf, &nl, 4);
@@ -92,12 +107,12 @@ go (int fd, const char *name, struct mloop_nbd_export *x, char *err,
     len = be32toh (r.len);
     if (be64toh (r.magic) != NBD_REP_MAGIC ||
         be32toh (r.option) != NBD_OPT_GO) {
-      snprintf (err, errlen, "bad option reply from the server");
-      return -1;
+      return protocol_error (err, errlen,
+                             "bad option reply from the server");
     }
     if (len > REPLY_MAX) {
-      snprintf (err, errlen, "option reply of %u bytes is too long", len);
-      return -1;
+      return protocol_error (err, errlen,
+                             "option reply of %u bytes is too long", len);
     }
     if (mloop_recv_full (fd, buf, len) == -1)
       goto io_error;
@@ -107,19 +122,17 @@ go (int fd, const char *name, struct mloop_nbd_export *x, char *err,
     }
     else if (type == NBD_REP_ACK) {
       if (!have_export) {
-        snprintf (err, errlen, "server sent no export size");
-        return -1;
+        return protocol_error (err, errlen, "server sent no export size");
       }
       return 1;
     }
     else if (type == NBD_REP_ERR_UNSUP)
       return 0;
-    else if (type & 0x80000000u) {
-      snprintf (err, errlen, "server refused export '%s' (NBD error "
-                "reply %#x%s%.*s)", name, type, len ? ": " : "",
-                (int) (len < 200 ? len : 200), (const char *) buf);
-      return -1;
-    }
+    else if (type & 0x80000000u)
+      return protocol_error (err, errlen, "server refused export '%s' (NBD "
+                             "error reply %#x%s%.*s)", name, type,
+                             len ? ": " : "", (int) (len < 200 ? len : 200),
+                             (const char *) buf);
     /* Other reply types are informational: ignore. */
   }
 
@@ -166,13 +179,12 @@ mloop_nbd_client_go (int fd, const char *name, struct mloop_nbd_export *x,
   }
   if (be64toh (greeting.magic) != NBD_MAGIC ||
       be64toh (greeting.opt_magic) != NBD_IHAVEOPT) {
-    snprintf (err, errlen, "not a newstyle NBD server");
-    return -1;
+    return protocol_error (err, errlen, "not a newstyle NBD server");
   }
   server_flags = be16toh (greeting.flags);
   if (!(server_flags & NBD_FLAG_FIXED_NEWSTYLE)) {
-    snprintf (err, errlen, "NBD server does not speak fixed newstyle");
-    return -1;
+    return protocol_error (err, errlen,
+                           "NBD server does not speak fixed newstyle");
   }
   if (server_flags & NBD_FLAG_NO_ZEROES)
     client_flags |= NBD_FLAG_C_NO_ZEROES;

@@ -1,11 +1,11 @@
 /* mloop — the client side of the NBD handshake.
  *
- * `mloop attach` (issue 5) negotiates every connection itself and then
+ * `mloop attach` negotiates every connection itself and then
  * hands the socket to the kernel's NBD client, which speaks only the
  * transmission phase.  This negotiates fixed newstyle with NBD_OPT_GO,
  * asking for NBD_INFO_BLOCK_SIZE, and falls back to NBD_OPT_EXPORT_NAME
  * for servers without GO.  Blocking; the caller sets socket timeouts.
- * Never prints; errors come back as one line in ERR.
+ * Errors: -1 with errno set and one line in ERR (see nbd_proto.h).
  */
 #ifndef MLOOP_NBD_CLIENT_H
 #define MLOOP_NBD_CLIENT_H

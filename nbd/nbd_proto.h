@@ -1,6 +1,12 @@
-/* mloop — NBD protocol constants (NetworkBlockDevice/nbd doc/proto.md).
- * Shared by the native server and, later, the client's handshake.
- * All integers travel big-endian.
+/* mloop — NBD protocol constants (NetworkBlockDevice/nbd doc/proto.md),
+ * for the servers and the client's handshake.  All integers travel
+ * big-endian.
+ *
+ * This folder is the nbd library (libmloop-nbd).  Its one error
+ * convention: a function returns 0 (or a pointer) on success and -1 (or
+ * NULL) with errno set on failure; one that takes an ERR buffer also
+ * leaves a one-line reason there (errno EPROTO when the peer broke the
+ * protocol).  It never prints and never exits.
  */
 #ifndef MLOOP_NBD_PROTO_H
 #define MLOOP_NBD_PROTO_H

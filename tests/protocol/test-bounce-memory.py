@@ -5,8 +5,8 @@ Two connections each send 8 concurrent reads of the largest size the
 server advertises (64 MiB for the plugin).  Once every reply is in, the
 server's resident memory must be back near where it started: bounce and
 request buffers above 1 MiB are given back when their request is done,
-not kept per thread (the plugin once kept each nbdkit thread's largest
-bounce buffer: 2 GiB after this load).  For the plugin, nbdkit's own file
+not kept per thread (keeping each nbdkit thread's largest bounce buffer
+would hold 2 GiB after this load).  For the plugin, nbdkit's own file
 plugin under the same load is the reference for what nbdkit itself keeps.
 """
 import os
