@@ -25,6 +25,9 @@ SERVERS = [
     ("mloop", "mloop threads=4", "mloop"),
     ("native", "mloop-server threads=4", "mloop"),
     ("mloop-reaper", "mloop (reaper threads)", "variant"),
+    # BENCH_BASELINE: the same two servers built from another commit.
+    ("mloop-base", "mloop threads=4, baseline build", "variant"),
+    ("native-base", "mloop-server threads=4, baseline build", "variant"),
     ("file", "nbdkit file (buffered)", "peer"),
     ("file-nocache", "nbdkit file cache=none", "peer"),
     ("qemu-nbd", "qemu-nbd cache=none aio=native", "peer"),
@@ -51,6 +54,10 @@ SPACE_OPS = [("zero", "zero 1 GiB s"), ("trim", "trim 1 GiB s"),
              ("copy", "nbdcopy sparse 8 GiB s")]
 SPACE_SERVERS = [("mloop", "mloop threads=4 (plugin)", "mloop"),
                  ("native", "mloop-server threads=4", "mloop"),
+                 ("mloop-base", "mloop threads=4 (plugin), baseline build",
+                  "variant"),
+                 ("native-base", "mloop-server threads=4, baseline build",
+                  "variant"),
                  ("file", "nbdkit file", "peer"),
                  ("qemu-nbd", "qemu-nbd cache=none aio=native discard=unmap",
                   "peer")]
@@ -302,6 +309,14 @@ def summarize(records):
             rows.append(ratio_row("**mloop-server / null**",
                                   lambda w: (cell("null", w, "value"), None),
                                   "native"))
+        if "mloop-base" in present:
+            rows.append(ratio_row("**mloop / its baseline build**",
+                                  lambda w: (cell("mloop-base", w, "value"),
+                                             None)))
+        if "native-base" in present:
+            rows.append(ratio_row("**mloop-server / its baseline build**",
+                                  lambda w: (cell("native-base", w, "value"),
+                                             None), "native"))
         out.append("## Throughput (median of rounds)\n")
         out.append(table(head, rows) + "\n")
         out.append("Buffered peers (nbdkit file, nbd-server) acknowledge writes "
