@@ -5,7 +5,7 @@
  * reads the replies would make the server hold all of them (40 reads of
  * 32 MiB grew it from 3 MiB to 1 GiB).  So buffers are charged to their
  * connection and to the server, and a connection whose next request does
- * not fit stops being read until replies drain (worker.c), exactly like
+ * not fit stops being read until replies drain (conn.c), exactly like
  * running out of request slots.
  *
  * The rules, in order (budget_may_take):

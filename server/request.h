@@ -3,7 +3,7 @@
  * request gets.  Pure functions: no sockets, no IO, no allocation, so the
  * decisions can be unit-tested and fuzzed (tests/fuzz/fuzz-request.c).
  *
- * worker.c asks twice per request: request_admit() as soon as the header
+ * conn.c asks twice per request: request_admit() as soon as the header
  * is in (may the connection go on, and does the request need a slot and
  * a buffer), and request_check() once a WRITE's payload is in too (reply
  * at once, or do the command's IO).  TRIM and WRITE_ZEROES ranges are

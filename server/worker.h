@@ -1,11 +1,14 @@
 /* mloop-server — event-loop workers.
  *
  * Thread model: each worker is one thread owning an epoll set, its
- * connections, one kernel AIO context and an eventfd the kernel signals
- * on every completion.  A round of the loop reads every request available
- * on every ready socket, submits all the resulting IO with one io_submit,
- * reaps completions without blocking, and sends every finished reply of a
- * connection with one sendmsg.  No request ever changes thread.
+ * connections (conn.h), one kernel AIO context and an eventfd the kernel
+ * signals on every completion (dispatch.h).  A round of the loop reads
+ * every request available on every ready socket, submits all the
+ * resulting IO with one io_submit, reaps completions without blocking,
+ * and sends every finished reply of a connection with one sendmsg.  A
+ * request is received, completed and replied to on its worker's thread;
+ * only work that must block leaves it, for a helper, and comes back
+ * (offload.h).
  */
 #ifndef MLOOP_SERVER_WORKER_H
 #define MLOOP_SERVER_WORKER_H

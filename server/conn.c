@@ -1,0 +1,699 @@
+/* mloop-server — one client connection in transmission phase: its socket
+ * in and out, its slots and buffers.  See conn.h.
+ */
+#include <endian.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include "align.h"
+#include "budget.h"
+#include "conn.h"
+#include "dispatch.h"
+#include "nbd_proto.h"
+#include "request.h"
+
+/* Received bytes a connection buffers for parsing: one recv's worth. */
+#define CONN_INBUF (64 * 1024)
+/* Pieces one sendmsg carries at most; a reply is one or two of them,
+ * its header and any READ data.
+ */
+#define SEND_IOVECS 128
+#define IOVECS_PER_REPLY 2
+/* Room for several 1 MiB read replies in the socket, so one sendmsg
+ * carries them instead of a wake-up per ~200 KiB of the default buffer.
+ * Best effort: the kernel caps it at net.core.wmem_max.
+ */
+#define SEND_BUFFER (4 << 20)
+
+static void
+conn_update_events (struct conn *c)
+{
+  struct epoll_event ev = { 0 };
+
+  if (c->broken) {
+    /* Nothing more to read or send: stop hearing about this socket. */
+    epoll_ctl (c->set->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+    return;
+  }
+  if (!c->reading_paused && !c->closing)
+    ev.events |= EPOLLIN;
+  if (c->want_write)
+    ev.events |= EPOLLOUT;
+  ev.data.ptr = c;
+  epoll_ctl (c->set->epfd, EPOLL_CTL_MOD, c->fd, &ev);
+}
+
+/* ------------------------------------------------------------ replies */
+
+static void
+mark_dirty (struct conn *c)
+{
+  if (!c->dirty) {
+    c->dirty = true;
+    c->next_dirty = c->set->dirty;
+    c->set->dirty = c;
+  }
+}
+
+/* The peer cannot take replies any more: read nothing more, and drop
+ * what is queued at the next flush.
+ */
+static void
+conn_break (struct conn *c)
+{
+  if (!c->broken) {
+    c->broken = c->closing = true;
+    conn_update_events (c);
+    mark_dirty (c);             /* conn_flush drops the queue */
+  }
+}
+
+static enum mloop_stats_command
+stats_command (uint16_t type)
+{
+  switch (type) {
+  case NBD_CMD_READ: return MLOOP_STATS_READ;
+  case NBD_CMD_WRITE: return MLOOP_STATS_WRITE;
+  case NBD_CMD_FLUSH: return MLOOP_STATS_FLUSH;
+  case NBD_CMD_TRIM: return MLOOP_STATS_TRIM;
+  case NBD_CMD_WRITE_ZEROES: return MLOOP_STATS_ZERO;
+  default: return MLOOP_STATS_OTHER;
+  }
+}
+
+/* Counts a request as answered. */
+static void
+count_reply (struct mloop_stats *st, const struct request *req,
+             uint32_t nbd_error)
+{
+  if (st == NULL)
+    return;
+  MLOOP_STATS_ADD (st, requests[stats_command (req->type)], 1);
+  MLOOP_STATS_SUB (st, in_flight, 1);
+  if (nbd_error)
+    MLOOP_STATS_ADD (st, errors, 1);
+  else if (req->type == NBD_CMD_READ)
+    MLOOP_STATS_ADD (st, bytes_read, req->io.count);
+  else if (req->type == NBD_CMD_WRITE)
+    MLOOP_STATS_ADD (st, bytes_written, req->io.count);
+}
+
+void
+conn_queue_reply (struct request *req, uint32_t nbd_error)
+{
+  struct conn *c = req->conn;
+
+  count_reply (c->set->opts->stats, req, nbd_error);
+  TRACE_REQUEST (MLOOP_TRACE_COMPLETE, req, (int) nbd_error);
+
+  req->error = nbd_error;
+  req->reply.magic = htobe32 (NBD_SIMPLE_REPLY_MAGIC);
+  req->reply.error = htobe32 (nbd_error);
+  req->data_len = (req->type == NBD_CMD_READ && nbd_error == 0)
+    ? req->io.count : 0;
+  req->next = NULL;
+  if (c->out_tail)
+    c->out_tail->next = req;
+  else
+    c->out_head = req;
+  c->out_tail = req;
+  mark_dirty (c);
+}
+
+/* Lets C read again after a pause for lack of a slot, ring room or
+ * budget.
+ */
+static void
+resume_reading (struct conn *c)
+{
+  if (c->budget_wait) {
+    c->budget_wait = false;
+    c->set->budget_waiters--;
+  }
+  c->reading_paused = false;
+  conn_update_events (c);
+  if (!c->on_ready && (c->in_end > c->in_start || c->receiving)) {
+    c->on_ready = true;
+    c->next_ready = c->set->ready;
+    c->set->ready = c;
+  }
+}
+
+/* Gives REQ's buffer back: uncharged, then kept for the slot's next
+ * request if small and the connection keeps little, else freed.
+ */
+static void
+release_buffer (struct conn *c, struct request *req)
+{
+  if (!req->charged)
+    return;                     /* none, or already kept */
+  req->charged = false;
+  c->held -= req->cap;
+  budget_release (c->set->opts->budget, req->cap);
+  if (req->cap <= MLOOP_KEEP_BUFFER &&
+      c->kept + req->cap <= BUDGET_KEEP_PER_CONN)
+    c->kept += req->cap;
+  else {
+    mloop_free_aligned (req->buf, req->cap);
+    req->buf = NULL;
+    req->cap = 0;
+  }
+}
+
+static void
+release_slot (struct conn *c, struct request *req)
+{
+  release_buffer (c, req);
+  req->next = c->free;
+  c->free = req;
+  c->busy--;
+  if (c->reading_paused && !c->closing)
+    resume_reading (c);
+}
+
+/* Sends as much of the reply queue as the socket takes, with one
+ * sendmsg per SEND_IOVECS pieces.
+ */
+static void
+conn_flush (struct conn *c)
+{
+  while (c->out_head && !c->broken) {
+    struct iovec iov[SEND_IOVECS];
+    struct msghdr msg = { .msg_iov = iov };
+    struct request *req = c->out_head;
+    size_t skip = c->out_sent;
+    int n = 0;
+    ssize_t sent;
+
+    for (; req && n + IOVECS_PER_REPLY <= SEND_IOVECS; req = req->next) {
+      size_t hlen = sizeof req->reply;
+
+      if (skip < hlen) {
+        iov[n].iov_base = (char *) &req->reply + skip;
+        iov[n++].iov_len = hlen - skip;
+        skip = 0;
+      }
+      else
+        skip -= hlen;
+      if (req->data_len > skip) {
+        iov[n].iov_base = (char *) req->buf + skip;
+        iov[n++].iov_len = req->data_len - skip;
+      }
+      skip = 0;
+    }
+    msg.msg_iovlen = (size_t) n;
+    sent = sendmsg (c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (sent == -1 && errno == EINTR)
+      continue;
+    if (sent == -1 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (!c->want_write) {
+        c->want_write = true;
+        conn_update_events (c);
+      }
+      return;
+    }
+    if (sent == -1) {
+      c->broken = c->closing = true;   /* the client went away */
+      break;
+    }
+    /* Retire the replies sent in full. */
+    c->out_sent += (size_t) sent;
+    while (c->out_head) {
+      struct request *head = c->out_head;
+      size_t whole = sizeof head->reply + head->data_len;
+
+      if (c->out_sent < whole)
+        break;
+      c->out_sent -= whole;
+      c->out_head = head->next;
+      if (!c->out_head)
+        c->out_tail = NULL;
+      TRACE_REQUEST (MLOOP_TRACE_REPLY, head, 0);
+      release_slot (c, head);
+    }
+  }
+  if (c->broken) {
+    /* Nobody to send to: drop the queue. */
+    while (c->out_head) {
+      struct request *head = c->out_head;
+
+      c->out_head = head->next;
+      TRACE_REQUEST (MLOOP_TRACE_DROP, head, 0);
+      release_slot (c, head);
+    }
+    c->out_tail = NULL;
+    c->out_sent = 0;
+  }
+  if (c->want_write && !c->out_head) {
+    c->want_write = false;
+    conn_update_events (c);
+  }
+}
+
+void
+conn_set_flush (struct conn_set *s)
+{
+  while (s->dirty) {
+    struct conn *c = s->dirty;
+
+    s->dirty = c->next_dirty;
+    c->dirty = false;
+    conn_flush (c);
+  }
+}
+
+/* ------------------------------------------------------------ requests */
+
+/* Gives REQ an aligned buffer of at least N bytes, charged to the
+ * budget: the slot's kept buffer if big enough, else a new one.
+ */
+static int
+ensure_buffer (struct conn *c, struct request *req, size_t n, uint32_t align)
+{
+  if (req->buf && !req->charged)
+    c->kept -= req->cap;        /* leaves the kept pool either way */
+  if (req->cap < n || req->buf == NULL) {
+    mloop_free_aligned (req->buf, req->cap);
+    req->buf = mloop_alloc_aligned (n, align);
+    req->cap = req->buf ? n : 0;
+    if (req->buf == NULL)
+      return -1;
+  }
+  req->charged = true;
+  c->held += req->cap;
+  budget_charge (c->set->opts->budget, req->cap);
+  return 0;
+}
+
+/* The export's properties request_admit() and request_check() decide by. */
+static struct request_limits
+limits (const struct worker_options *opts)
+{
+  return (struct request_limits) {
+    .size = opts->engine->backing.size,
+    .read_only = opts->read_only,
+    .discard = opts->discard,
+    .max_request = opts->max_request,
+  };
+}
+
+/* Decides on one request whose header (and, for a WRITE, its payload)
+ * has been received: answered at once, or handed to the engine.  Every
+ * check happens before any IO.
+ */
+static void
+validate_and_dispatch (struct conn *c, struct request *req, uint64_t offset,
+                       uint32_t length)
+{
+  const struct request_limits x = limits (c->set->opts);
+  const struct nbd_request h = {
+    .magic = NBD_REQUEST_MAGIC, .flags = req->flags, .type = req->type,
+    .offset = offset, .length = length,
+  };
+  uint32_t error;
+
+  if (atomic_load (c->set->stopping)) {
+    conn_queue_reply (req, NBD_ESHUTDOWN);
+    return;
+  }
+  if (request_check (&h, &x, &error) == REQUEST_REPLY) {
+    conn_queue_reply (req, error);
+    return;
+  }
+  dispatch_request (c->set->dispatch, req, offset, length);
+}
+
+static void
+conn_close_when_idle (struct conn *c)
+{
+  c->closing = true;
+  conn_update_events (c);
+}
+
+/* Parses one request header at c->in + c->in_start.  Returns false when
+ * the connection must stop reading (closing).
+ */
+static bool
+parse_header (struct conn *c)
+{
+  const struct worker_options *opts = c->set->opts;
+  const struct request_limits x = limits (opts);
+  struct nbd_request h;
+  struct request *req;
+  enum request_verdict v;
+  uint32_t error;
+  uint64_t offset;
+  uint32_t length;
+  uint16_t type;
+
+  request_decode (c->in + c->in_start, &h);
+  c->in_start += NBD_REQUEST_SIZE;
+  MLOOP_TRACE (MLOOP_TRACE_RECV, (unsigned) c->fd, h.cookie, 0, h.type,
+               h.offset, h.length, 0);
+  v = request_admit (&h, &x, &error);
+  if (v == REQUEST_CLOSE) {
+    if (h.magic != NBD_REQUEST_MAGIC)
+      c->in_start = c->in_end;  /* garbage: this client is done */
+    conn_close_when_idle (c);
+    return false;
+  }
+  type = h.type;
+  offset = h.offset;
+  length = h.length;
+
+  req = c->free;
+  c->free = req->next;
+  c->busy++;
+  MLOOP_STATS_ADD (opts->stats, in_flight, 1);
+  req->conn = c;
+  req->type = type;
+  req->flags = h.flags;
+  memcpy (req->reply.cookie, h.cookie, sizeof req->reply.cookie);
+  req->data_len = 0;
+
+  if (v == REQUEST_REPLY) {     /* an oversized read */
+    conn_queue_reply (req, error);
+    return true;
+  }
+  if ((type == NBD_CMD_READ || type == NBD_CMD_WRITE) && length > 0 &&
+      ensure_buffer (c, req, length,
+                     opts->engine->backing.logical_block_size) == -1) {
+    if (type == NBD_CMD_WRITE) {
+      conn_close_when_idle (c);
+      MLOOP_STATS_SUB (opts->stats, in_flight, 1);      /* never answered */
+      release_slot (c, req);
+      return false;
+    }
+    conn_queue_reply (req, NBD_ENOMEM);
+    return true;
+  }
+  req->io.offset = offset;      /* kept until the payload is in */
+  req->io.count = length;
+  if (type == NBD_CMD_WRITE && length > 0) {
+    c->receiving = req;
+    c->payload_done = 0;
+    return true;
+  }
+  validate_and_dispatch (c, req, offset, length);
+  return true;
+}
+
+/* Moves payload bytes for the WRITE being received; returns true once it
+ * is complete (and dispatched).
+ */
+static bool
+receive_payload (struct conn *c)
+{
+  struct request *req = c->receiving;
+  size_t need = req->io.count - c->payload_done;
+  size_t have = c->in_end - c->in_start;
+
+  if (have > 0) {
+    size_t n = have < need ? have : need;
+
+    memcpy ((char *) req->buf + c->payload_done, c->in + c->in_start, n);
+    c->in_start += n;
+    c->payload_done += n;
+    need -= n;
+  }
+  while (need > 0) {
+    /* Straight into the aligned buffer: no copy for large writes. */
+    ssize_t r = recv (c->fd, (char *) req->buf + c->payload_done, need,
+                      MSG_DONTWAIT);
+
+    if (r == -1 && errno == EINTR)
+      continue;
+    if (r == -1 && (errno == EAGAIN || errno == EWOULDBLOCK))
+      return false;
+    if (r <= 0) {
+      c->closing = c->broken = true;
+      c->receiving = NULL;
+      MLOOP_STATS_SUB (c->set->opts->stats, in_flight, 1); /* never answered */
+      release_slot (c, req);
+      return false;
+    }
+    c->payload_done += (size_t) r;
+    need -= (size_t) r;
+  }
+  c->receiving = NULL;
+  validate_and_dispatch (c, req, req->io.offset, (uint32_t) req->io.count);
+  return true;
+}
+
+/* ------------------------------------------------------------ budget */
+
+/* Bytes of buffer the request at the head of C's input will need. */
+static uint32_t
+buffer_need (const struct conn *c)
+{
+  struct nbd_request h;
+
+  request_decode (c->in + c->in_start, &h);
+  if (h.magic != NBD_REQUEST_MAGIC ||
+      (h.type != NBD_CMD_READ && h.type != NBD_CMD_WRITE) ||
+      h.length > c->set->opts->max_request)
+    return 0;                   /* refused or closed: no buffer */
+  return h.length;
+}
+
+/* Whether the next request of C fits the budget (budget.h); notes what
+ * it needs for a later look.
+ */
+static bool
+budget_allows_next (struct conn *c)
+{
+  c->budget_need = buffer_need (c);
+  return c->budget_need == 0 ||
+    budget_may_take (c->set->opts->budget, c->held, c->budget_need);
+}
+
+/* Stops reading C until its replies drain (release_slot resumes it) or
+ * the server's budget has room again (conn_set_retry_budget looks).
+ */
+static void
+pause_for_budget (struct conn *c)
+{
+  c->reading_paused = true;
+  if (!c->budget_wait) {
+    c->budget_wait = true;
+    c->set->budget_waiters++;
+  }
+  conn_update_events (c);
+}
+
+void
+conn_set_retry_budget (struct conn_set *s)
+{
+  struct conn *c;
+
+  for (c = s->all; c && s->budget_waiters; c = c->next)
+    if (c->budget_wait && !c->closing &&
+        budget_may_take (s->opts->budget, c->held, c->budget_need))
+      resume_reading (c);
+}
+
+void
+conn_set_resume_for_ring (struct conn_set *s)
+{
+  struct conn *c;
+
+  for (c = s->all; c; c = c->next)
+    if (c->reading_paused && !c->budget_wait && c->free && !c->closing)
+      resume_reading (c);
+}
+
+/* ------------------------------------------------------------ reading */
+
+/* Reads and handles every request available on C. */
+static void
+conn_read (struct conn *c)
+{
+  while (!c->closing) {
+    if (c->receiving) {
+      if (!receive_payload (c))
+        return;
+      continue;
+    }
+    if (c->in_end - c->in_start >= NBD_REQUEST_SIZE) {
+      if (!c->free || dispatch_ring_full (c->set->dispatch)) {
+        c->reading_paused = true;
+        conn_update_events (c);
+        return;
+      }
+      if (!budget_allows_next (c)) {
+        pause_for_budget (c);
+        return;
+      }
+      parse_header (c);
+      continue;
+    }
+    /* Need more bytes: compact, then one recv for as much as is there. */
+    memmove (c->in, c->in + c->in_start, c->in_end - c->in_start);
+    c->in_end -= c->in_start;
+    c->in_start = 0;
+    {
+      ssize_t r = recv (c->fd, c->in + c->in_end, CONN_INBUF - c->in_end,
+                        MSG_DONTWAIT);
+
+      if (r == -1 && errno == EINTR)
+        continue;
+      if (r == -1 && (errno == EAGAIN || errno == EWOULDBLOCK))
+        return;
+      if (r <= 0) {             /* EOF or error: no more requests */
+        c->closing = true;
+        if (r == -1)
+          c->broken = true;
+        conn_update_events (c);
+        return;
+      }
+      c->in_end += (size_t) r;
+    }
+  }
+}
+
+void
+conn_set_read_ready (struct conn_set *s)
+{
+  while (s->ready) {
+    struct conn *c = s->ready;
+
+    s->ready = c->next_ready;
+    c->on_ready = false;
+    if (!atomic_load (s->stopping))
+      conn_read (c);
+  }
+}
+
+void
+conn_handle_events (struct conn *c, uint32_t events)
+{
+  if ((events & (EPOLLIN | EPOLLHUP | EPOLLERR)) &&
+      !atomic_load (c->set->stopping))
+    conn_read (c);
+  if (events & (EPOLLHUP | EPOLLERR))
+    conn_break (c);             /* peer gone both ways */
+  if (events & EPOLLOUT)
+    mark_dirty (c);
+}
+
+/* ------------------------------------------------------------ lifecycle */
+
+void
+conn_adopt (struct conn_set *s, int fd)
+{
+  struct conn *c = calloc (1, sizeof *c);
+  struct epoll_event ev = { .events = EPOLLIN };
+  unsigned i;
+
+  if (c)
+    c->in = malloc (CONN_INBUF);
+  if (c == NULL || c->in == NULL) {
+    free (c);
+    close (fd);
+    return;
+  }
+  c->fd = fd;
+  c->set = s;
+  setsockopt (fd, SOL_SOCKET, SO_SNDBUF, &(int) { SEND_BUFFER }, sizeof (int));
+  for (i = 0; i < CONN_SLOTS; i++) {
+    c->slots[i].next = c->free;
+    c->free = &c->slots[i];
+  }
+  ev.data.ptr = c;
+  if (epoll_ctl (s->epfd, EPOLL_CTL_ADD, fd, &ev) == -1) {
+    free (c->in);
+    free (c);
+    close (fd);
+    return;
+  }
+  c->next = s->all;
+  s->all = c;
+  MLOOP_STATS_ADD (s->opts->stats, connections, 1);
+  MLOOP_STATS_ADD (s->opts->stats, connections_total, 1);
+}
+
+static void
+conn_free (struct conn *c)
+{
+  struct mloop_stats *st = c->set->opts->stats;
+  unsigned i;
+
+  MLOOP_STATS_SUB (st, connections, 1);
+
+  epoll_ctl (c->set->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+  close (c->fd);
+  for (i = 0; i < CONN_SLOTS; i++) {
+    if (c->slots[i].charged)
+      budget_release (c->set->opts->budget, c->slots[i].cap);
+    mloop_free_aligned (c->slots[i].buf, c->slots[i].cap);
+  }
+  if (c->budget_wait)
+    c->set->budget_waiters--;
+  free (c->in);
+  free (c);
+}
+
+void
+conn_set_refuse_buffered (struct conn_set *s)
+{
+  struct conn *c;
+
+  for (c = s->all; c; c = c->next) {
+    /* One pass over what the socket holds now: validate_and_dispatch()
+     * answers every complete request with ESHUTDOWN (a write's payload
+     * is read and dropped), so a client learns the fate of what it sent.
+     */
+    conn_read (c);
+    if (c->receiving) {
+      /* A WRITE whose payload never fully arrived: nothing to answer. */
+      release_slot (c, c->receiving);
+      c->receiving = NULL;
+    }
+    c->closing = true;
+    conn_update_events (c);
+  }
+}
+
+unsigned
+conn_set_break_all (struct conn_set *s)
+{
+  unsigned losing = 0;
+  struct conn *c;
+
+  for (c = s->all; c; c = c->next) {
+    if (c->out_head || c->in_kernel || c->in_helpers)
+      losing++;
+    conn_break (c);
+  }
+  return losing;
+}
+
+void
+conn_set_free_closed (struct conn_set *s)
+{
+  struct conn **p = &s->all;
+
+  while (*p) {
+    struct conn *c = *p;
+
+    if (c->closing && c->in_kernel == 0 && c->in_helpers == 0 &&
+        !c->receiving &&
+        (c->broken || !c->out_head) && !c->on_ready && !c->dirty) {
+      *p = c->next;
+      conn_free (c);
+    }
+    else
+      p = &c->next;
+  }
+}
+
+bool
+conn_set_has_work (const struct conn_set *s)
+{
+  return s->ready || s->dirty;
+}

@@ -1,0 +1,329 @@
+/* mloop-server — a validated request on its way through the engine: the
+ * AIO batch, the reaping of completions, the helpers for what must block,
+ * and the reply each of them ends in.  See dispatch.h.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/eventfd.h>
+
+#include "conn.h"
+#include "dispatch.h"
+#include "nbd_proto.h"
+#include "space.h"
+
+/* Completions taken per io_getevents. */
+#define REAP_BATCH 256
+
+static const char *
+command_name (uint16_t type)
+{
+  switch (type) {
+  case NBD_CMD_READ: return "read";
+  case NBD_CMD_WRITE: return "write";
+  case NBD_CMD_FLUSH: return "flush";
+  case NBD_CMD_TRIM: return "trim";
+  case NBD_CMD_WRITE_ZEROES: return "zero";
+  default: return "command";
+  }
+}
+
+/* One log line per failed IO, naming the request (a refused fast zero
+ * is an expected answer, not an error).
+ */
+static void
+log_io_error (const struct request *req, uint64_t offset, uint64_t length,
+              int error)
+{
+  if (error == ENOTSUP && req->type == NBD_CMD_WRITE_ZEROES)
+    return;
+  fprintf (stderr, "mloop-server: error: %s: %" PRIu64 " bytes at offset %"
+           PRIu64 ": %s\n", command_name (req->type), length, offset,
+           strerror (error));
+}
+
+/* The engine's completion of READ, WRITE and FLUSH, however they ran. */
+static void
+io_complete (struct mloop_io *io, int error)
+{
+  struct request *req = (struct request *) io;
+
+  if (error)
+    log_io_error (req, io->offset, io->count, error);
+  conn_queue_reply (req, nbd_errno (error));
+}
+
+/* ------------------------------------------------------------ AIO */
+
+static void
+add_to_batch (struct dispatch *d, struct request *req)
+{
+  io_set_eventfd (&req->io.iocb, d->aio_efd);
+  d->batch[d->batch_len++] = &req->io.iocb;
+  req->conn->in_kernel++;
+  d->in_kernel++;
+}
+
+static void
+submit_batch (struct dispatch *d)
+{
+  unsigned done = 0;
+
+  while (done < d->batch_len) {
+    int r = mloop_aio_ring_submit (&d->ring, d->batch + done,
+                                   (int) (d->batch_len - done));
+
+    if (r > 0) {
+      for (int i = 0; i < r; i++)
+        TRACE_REQUEST (MLOOP_TRACE_SUBMIT,
+                       (struct request *) d->batch[done + i]->data, 0);
+      done += (unsigned) r;
+      continue;
+    }
+    /* The kernel refused the next iocb: fail that request alone. */
+    {
+      struct request *req = (struct request *) d->batch[done]->data;
+
+      req->conn->in_kernel--;
+      d->in_kernel--;
+      if (mloop_engine_complete_event (d->engine, &req->io, r)
+          != MLOOP_EVENT_DONE)
+        conn_queue_reply (req, NBD_EIO);
+      done++;
+    }
+  }
+  d->batch_len = 0;
+}
+
+void
+dispatch_submit (struct dispatch *d)
+{
+  if (d->batch_len)
+    submit_batch (d);
+}
+
+bool
+dispatch_ring_full (const struct dispatch *d)
+{
+  return d->in_kernel + d->batch_len >= d->ring_depth;
+}
+
+void
+dispatch_reap (struct dispatch *d)
+{
+  struct io_event events[REAP_BATCH];
+  uint64_t count;
+  int n, i;
+
+  /* Reset the eventfd before reaping, so a completion racing with us
+   * signals it again rather than being missed.
+   */
+  if (read (d->aio_efd, &count, sizeof count) == -1 && errno != EAGAIN)
+    return;
+  do {
+    n = mloop_aio_ring_reap (&d->ring, 0, events, REAP_BATCH, NULL);
+    for (i = 0; i < n; i++) {
+      struct request *req = events[i].data;
+
+      req->conn->in_kernel--;
+      d->in_kernel--;
+      if (mloop_engine_complete_event (d->engine, &req->io,
+                                       (long) events[i].res)
+          == MLOOP_EVENT_RESUBMIT)
+        add_to_batch (d, req);
+    }
+  } while (n == REAP_BATCH);
+  dispatch_submit (d);          /* short-transfer resubmissions */
+}
+
+/* ------------------------------------------------------------ helpers */
+
+static struct request *
+request_of_job (struct offload_job *job)
+{
+  return (struct request *) ((char *) job - offsetof (struct request, job));
+}
+
+/* On a helper thread: the request's blocking work.  Reads only what the
+ * worker set before handing it over, and the engine.
+ */
+static void
+run_blocking (struct offload_job *job)
+{
+  struct request *req = request_of_job (job);
+  struct mloop_engine *e = req->conn->set->dispatch->engine;
+  struct mloop_io *io = &req->io;
+
+  switch (req->type) {
+  case NBD_CMD_TRIM:
+    req->result = mloop_engine_trim (e, io->offset, io->count, io->flags);
+    break;
+  case NBD_CMD_WRITE_ZEROES:
+    req->result = mloop_engine_zero (e, io->offset, io->count, io->flags);
+    break;
+  default:                      /* READ, WRITE or FLUSH the engine
+                                   said must block */
+    req->result = mloop_engine_perform_blocking (e, io);
+    break;
+  }
+}
+
+static void
+offload_request (struct dispatch *d, struct request *req)
+{
+  req->job.run = run_blocking;
+  req->job.home = &d->done;
+  req->conn->in_helpers++;
+  d->in_helpers++;
+  offload_submit (d->offload, &req->job);
+}
+
+void
+dispatch_take_done (struct dispatch *d)
+{
+  struct offload_job *job = offload_inbox_take (&d->done);
+
+  while (job) {
+    struct request *req = request_of_job (job);
+    struct mloop_io *io = &req->io;
+    int r = req->result;
+
+    job = job->next;
+    req->conn->in_helpers--;
+    d->in_helpers--;
+    switch (req->type) {
+    case NBD_CMD_TRIM:
+    case NBD_CMD_WRITE_ZEROES:
+      if (r < 0 && r != -EINVAL && r != -EPERM && r != -ENOSPC)
+        log_io_error (req, io->offset, io->count, -r);
+      conn_queue_reply (req, nbd_errno (-r));
+      break;
+    default:
+      mloop_engine_complete_blocking (d->engine, io, r);
+      break;
+    }
+  }
+}
+
+bool
+dispatch_idle (const struct dispatch *d)
+{
+  return d->in_kernel == 0 && d->in_helpers == 0;
+}
+
+/* ------------------------------------------------------------ requests */
+
+/* Sends READ/WRITE/FLUSH to the engine. */
+static void
+start_io (struct dispatch *d, struct request *req, enum mloop_io_op op,
+          unsigned flags, uint64_t offset, uint32_t length)
+{
+  struct mloop_io *io = &req->io;
+  int r;
+
+  memset (io, 0, sizeof *io);
+  io->op = op;
+  io->flags = flags;
+  io->buf = req->buf;
+  io->count = length;
+  io->offset = offset;
+  io->complete = io_complete;
+  io->opaque = req;
+  r = mloop_engine_prepare (d->engine, io);
+  if (r == MLOOP_PREPARED_AIO)
+    add_to_batch (d, req);
+  else if (r == MLOOP_PREPARED_BLOCKING)
+    offload_request (d, req);
+  else if (r < 0)
+    conn_queue_reply (req, nbd_errno (-r));
+  /* MLOOP_PREPARED_DONE: completed already, reply queued. */
+}
+
+void
+dispatch_request (struct dispatch *d, struct request *req, uint64_t offset,
+                  uint32_t length)
+{
+  const uint16_t f = req->flags;
+  unsigned io_flags = (f & NBD_CMD_FLAG_FUA) ? MLOOP_IO_FUA : 0;
+
+  switch (req->type) {
+  case NBD_CMD_READ:
+    start_io (d, req, MLOOP_IO_READ, 0, offset, length);
+    return;
+  case NBD_CMD_WRITE:
+    start_io (d, req, MLOOP_IO_WRITE, io_flags, offset, length);
+    return;
+  case NBD_CMD_FLUSH:
+    /* Every write replied to before this flush arrived has completed
+     * (replies are sent from completions), so the fdatasync covers
+     * exactly what NBD requires, without waiting for anything else.
+     */
+    start_io (d, req, MLOOP_IO_FLUSH, 0, 0, 0);
+    return;
+  case NBD_CMD_TRIM:
+  case NBD_CMD_WRITE_ZEROES:
+    /* fallocate and the block ioctls can take seconds: a helper runs
+     * them while this loop serves everyone else.
+     */
+    if (f & NBD_CMD_FLAG_NO_HOLE)
+      io_flags |= MLOOP_ZERO_NO_HOLE;
+    if (f & NBD_CMD_FLAG_FAST_ZERO)
+      io_flags |= MLOOP_ZERO_FAST;
+    req->io.offset = offset;
+    req->io.count = length;
+    req->io.flags = io_flags;
+    offload_request (d, req);
+    return;
+  default:
+    conn_queue_reply (req, NBD_EINVAL);   /* request_check() refuses it */
+    return;
+  }
+}
+
+/* ------------------------------------------------------------ setup */
+
+int
+dispatch_init (struct dispatch *d, struct mloop_engine *engine,
+               struct offload *offload, unsigned ring_depth)
+{
+  int r, saved;
+
+  *d = (struct dispatch) {
+    .engine = engine, .offload = offload, .ring_depth = ring_depth,
+    .aio_efd = -1, .done.efd = -1,
+  };
+  /* Room for a full round of resubmissions beyond the depth limit. */
+  d->batch = calloc (ring_depth + CONN_SLOTS, sizeof *d->batch);
+  if (d->batch == NULL)
+    return -1;
+  d->aio_efd = eventfd (0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (d->aio_efd == -1 || offload_inbox_init (&d->done) == -1)
+    goto fail;
+  r = mloop_aio_ring_init (&d->ring, ring_depth + CONN_SLOTS);
+  if (r < 0) {
+    errno = -r;
+    goto fail;
+  }
+  return 0;
+
+ fail:
+  saved = errno;
+  if (d->aio_efd >= 0)
+    close (d->aio_efd);
+  offload_inbox_destroy (&d->done);
+  free (d->batch);
+  errno = saved;
+  return -1;
+}
+
+void
+dispatch_destroy (struct dispatch *d)
+{
+  mloop_aio_ring_destroy (&d->ring);
+  close (d->aio_efd);
+  offload_inbox_destroy (&d->done);
+  free (d->batch);
+}

@@ -1,0 +1,75 @@
+/* mloop-server — taking a validated request to the engine, for one
+ * worker.
+ *
+ * READ, WRITE and FLUSH are prepared by the engine and gathered into a
+ * batch that goes to the worker's own kernel AIO context with one
+ * io_submit per round of its loop; completions are reaped without
+ * blocking when the kernel signals the context's eventfd, so the loop
+ * never waits for the disk.  What has no asynchronous form (TRIM,
+ * WRITE_ZEROES, and whatever the engine says must block) goes to a helper
+ * thread (offload.h) and comes back through the worker's inbox of
+ * finished jobs.  Either way the request ends in conn_queue_reply(), on
+ * the worker's thread.
+ *
+ * The worker owns a struct dispatch and watches its two eventfds; the
+ * connections (conn.c) hand it their requests once request_check() has
+ * passed them.
+ */
+#ifndef MLOOP_SERVER_DISPATCH_H
+#define MLOOP_SERVER_DISPATCH_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "aio_ring.h"
+#include "engine.h"
+#include "offload.h"
+
+struct request;
+
+struct dispatch {
+  struct mloop_engine *engine;
+  struct offload *offload;      /* helpers for blocking commands */
+  unsigned ring_depth;          /* AIO requests in flight before the
+                                   connections pause (--queue-depth) */
+  struct mloop_aio_ring ring;
+  int aio_efd;                  /* signalled by the kernel per completion */
+  struct iocb **batch;          /* prepared, not yet submitted */
+  unsigned batch_len;
+  unsigned in_kernel;           /* requests submitted, not reaped */
+  unsigned in_helpers;          /* requests offloaded, not yet back */
+  struct offload_inbox done;    /* offloaded requests coming back */
+};
+
+/* Opens D's AIO context and eventfds.  Returns -1 with errno set. */
+int dispatch_init (struct dispatch *d, struct mloop_engine *engine,
+                   struct offload *offload, unsigned ring_depth);
+/* Closes what dispatch_init() opened; nothing may be in flight. */
+void dispatch_destroy (struct dispatch *d);
+
+/* Performs REQ, which request_check() has passed: its reply is queued
+ * when the IO is done, which may be before this returns.
+ */
+void dispatch_request (struct dispatch *d, struct request *req,
+                       uint64_t offset, uint32_t length);
+
+/* Whether the AIO context may take no more requests this round. */
+bool dispatch_ring_full (const struct dispatch *d);
+
+/* Submits the round's batch, if any: one io_submit, unless the kernel
+ * refuses an iocb: that request alone then fails.
+ */
+void dispatch_submit (struct dispatch *d);
+
+/* Reaps, without blocking, what the kernel completed (when aio_efd
+ * fires), and resubmits what a short transfer left.
+ */
+void dispatch_reap (struct dispatch *d);
+
+/* Completes what the helpers finished (when done.efd fires). */
+void dispatch_take_done (struct dispatch *d);
+
+/* Whether nothing is in the kernel or with a helper. */
+bool dispatch_idle (const struct dispatch *d);
+
+#endif /* MLOOP_SERVER_DISPATCH_H */
