@@ -224,7 +224,7 @@ cmd_serve (int argc, char **argv)
   g_autofree char *psk = NULL, *certs = NULL, *server = NULL;
   GOptionEntry entries[] = {
     { "listen", 'l', 0, G_OPTION_ARG_STRING, &listen,
-      "unix:PATH or tcp:ADDR:PORT (only that address)", "ADDR" },
+      "unix:PATH or tcp:HOST:PORT (only that address)", "ADDR" },
     { "read-only", 'r', 0, G_OPTION_ARG_NONE, &read_only,
       "Serve read-only", NULL },
     { "export-name", 'e', 0, G_OPTION_ARG_STRING, &export_name,

@@ -334,15 +334,18 @@ attach_remote (const struct mloop_attach_request *req, const char *uri,
                struct mloop_device_state *s, char *err, size_t errlen)
 {
   struct mloop_nbd_address a;
-  g_autofree char *buf = mloop_nbd_parse_uri (uri, &a, err, errlen);
   const struct opener o = {
     .open = open_remote, .address = &a, .n = wanted_connections (req),
     .read_only = req->read_only,
   };
+  int r;
 
-  if (buf == NULL)
+  if (mloop_nbd_address_parse (uri, MLOOP_NBD_ADDRESS_URI, &a,
+                               err, errlen) == -1)
     return -1;
-  return connect_kernel (req, &o, uri, s, err, errlen);
+  r = connect_kernel (req, &o, uri, s, err, errlen);
+  mloop_nbd_address_clear (&a);
+  return r;
 }
 
 int

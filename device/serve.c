@@ -10,6 +10,7 @@
 
 #include <glib.h>
 
+#include "address.h"
 #include "errmsg.h"
 #include "serve.h"
 
@@ -25,29 +26,6 @@ mloop_tls_mode_parse (const char *s, enum mloop_tls_mode *mode)
   else
     return -1;
   return 0;
-}
-
-/* Splits "tcp:ADDR:PORT" (ADDR may be "[v6]") into *HOST and *PORT. */
-static bool
-split_tcp (const char *spec, char **host, char **port)
-{
-  const char *colon = strrchr (spec, ':');
-  const char *end;
-
-  if (colon == NULL || colon == spec || colon[1] == '\0')
-    return false;
-  for (end = colon + 1; *end; end++)
-    if (!g_ascii_isdigit (*end))
-      return false;
-  *host = g_strndup (spec, colon - spec);
-  if ((*host)[0] == '[' && (*host)[strlen (*host) - 1] == ']') {
-    char *bare = g_strndup (*host + 1, strlen (*host) - 2);
-
-    g_free (*host);
-    *host = bare;
-  }
-  *port = g_strdup (colon + 1);
-  return true;
 }
 
 /* The Unix socket's directory: created 0700 when missing, so only root
@@ -80,7 +58,7 @@ check_request (const struct mloop_serve_request *r, bool *use_nbdkit,
   }
   close (fd);
   if (r->listen == NULL) {
-    mloop_fail (err, errlen, "--listen unix:PATH or tcp:ADDR:PORT is required");
+    mloop_fail (err, errlen, "--listen unix:PATH or tcp:HOST:PORT is required");
     return false;
   }
   if (r->tls != MLOOP_TLS_OFF && r->server_given &&
@@ -117,17 +95,17 @@ check_request (const struct mloop_serve_request *r, bool *use_nbdkit,
 }
 
 static void
-nbdkit_command (const struct mloop_serve_request *r, const char *host,
-                const char *port, GPtrArray *argv)
+nbdkit_command (const struct mloop_serve_request *r,
+                const struct mloop_nbd_address *a, GPtrArray *argv)
 {
   g_ptr_array_add (argv, g_strdup ("nbdkit"));
   g_ptr_array_add (argv, g_strdup ("-f"));
-  if (host) {
-    g_ptr_array_add (argv, g_strdup_printf ("--ipaddr=%s", host));
-    g_ptr_array_add (argv, g_strdup_printf ("--port=%s", port));
+  if (a->unix_path)
+    g_ptr_array_add (argv, g_strdup_printf ("--unix=%s", a->unix_path));
+  else {
+    g_ptr_array_add (argv, g_strdup_printf ("--ipaddr=%s", a->host));
+    g_ptr_array_add (argv, g_strdup_printf ("--port=%s", a->port));
   }
-  else
-    g_ptr_array_add (argv, g_strdup_printf ("--unix=%s", r->listen + 5));
   if (r->read_only)
     g_ptr_array_add (argv, g_strdup ("--readonly"));
   if (r->export_name)
@@ -171,32 +149,38 @@ char **
 mloop_serve_command (const struct mloop_serve_request *r, char *err,
                      size_t errlen)
 {
-  g_autofree char *host = NULL, *port = NULL;
+  struct mloop_nbd_address a;
   GPtrArray *argv;
   bool use_nbdkit;
+  char why[256];
 
   if (!check_request (r, &use_nbdkit, err, errlen))
     return NULL;
-  if (g_str_has_prefix (r->listen, "unix:")) {
-    if (r->listen[5] == '\0') {
-      mloop_fail (err, errlen, "--listen unix: needs a PATH");
-      return NULL;
-    }
-    if (!prepare_unix_dir (r->listen + 5, err, errlen))
-      return NULL;
+  if (mloop_nbd_address_parse (r->listen, MLOOP_NBD_ADDRESS_LISTEN, &a,
+                               why, sizeof why) == -1) {
+    mloop_fail (err, errlen, "--listen %s", why);
+    return NULL;
   }
-  else if (!g_str_has_prefix (r->listen, "tcp:") ||
-           !split_tcp (r->listen + 4, &host, &port)) {
-    mloop_fail (err, errlen, "--listen %s: expected unix:PATH or "
-                "tcp:ADDR:PORT", r->listen);
+  /* mloop-server would take tcp::PORT as every address: serve listens
+   * only where it is told.
+   */
+  if (a.host && *a.host == '\0') {
+    mloop_fail (err, errlen, "--listen %s: needs a HOST (0.0.0.0 or [::] "
+                "for every address)", r->listen);
+    mloop_nbd_address_clear (&a);
+    return NULL;
+  }
+  if (a.unix_path && !prepare_unix_dir (a.unix_path, err, errlen)) {
+    mloop_nbd_address_clear (&a);
     return NULL;
   }
 
   argv = g_ptr_array_new ();
   if (use_nbdkit)
-    nbdkit_command (r, host, port, argv);
+    nbdkit_command (r, &a, argv);
   else
     native_command (r, argv);
   g_ptr_array_add (argv, NULL);
+  mloop_nbd_address_clear (&a);
   return (char **) g_ptr_array_free (argv, FALSE);
 }

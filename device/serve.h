@@ -17,7 +17,7 @@ enum mloop_tls_mode { MLOOP_TLS_OFF, MLOOP_TLS_ON, MLOOP_TLS_REQUIRE };
 
 struct mloop_serve_request {
   const char *file;
-  const char *listen;           /* unix:PATH or tcp:ADDR:PORT */
+  const char *listen;           /* unix:PATH or tcp:HOST:PORT */
   const char *export_name;      /* NULL: the default export "" */
   bool read_only;
   unsigned threads;             /* 0: the server's default */
