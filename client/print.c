@@ -29,7 +29,7 @@ json_string (FILE *f, const char *s)
 static void
 json_device (FILE *f, const struct mloop_device_state *s)
 {
-  g_autofree char *sock = mloop_state_path (s, "sock");
+  g_autofree char *sock = mloop_state_path (s, MLOOP_DIR_SOCKET);
 
   fprintf (f, "{\"device\": \"/dev/nbd%d\", \"file\": ", s->index);
   json_string (f, s->file);

@@ -138,7 +138,7 @@ choose_block_size (const struct mloop_attach_request *req,
 static void
 stop_processes (const struct mloop_device_state *s)
 {
-  g_autofree char *sock = mloop_state_path (s, "sock");
+  g_autofree char *sock = mloop_state_path (s, MLOOP_DIR_SOCKET);
 
   if (s->supervisor_pid > 0)
     mloop_server_stop (s->supervisor_pid, s->dir, SERVER_STOP_TIMEOUT_MS);
@@ -300,10 +300,10 @@ static int
 attach_local (const struct mloop_attach_request *req, const char *file,
               struct mloop_device_state *s, char *err, size_t errlen)
 {
-  g_autofree char *sock = mloop_state_path (s, "sock");
-  g_autofree char *pid_file = mloop_state_path (s, "server.pid");
-  g_autofree char *log_file = mloop_state_path (s, "server.log");
-  g_autofree char *stats_file = mloop_state_path (s, "stats");
+  g_autofree char *sock = mloop_state_path (s, MLOOP_DIR_SOCKET);
+  g_autofree char *pid_file = mloop_state_path (s, MLOOP_DIR_SERVER_PID);
+  g_autofree char *log_file = mloop_state_path (s, MLOOP_DIR_SERVER_LOG);
+  g_autofree char *stats_file = mloop_state_path (s, MLOOP_DIR_STATS);
   struct mloop_server_spec spec = {
     .kind = req->server, .image = file, .socket_path = sock,
     .pid_file = pid_file, .log_file = log_file, .stats_file = stats_file,
@@ -496,8 +496,8 @@ mloop_cleanup_incomplete (void)
   for (char **d = dirs; *d; d++, n++) {
     struct mloop_device_state s = { .dir = *d };
 
-    s.supervisor_pid = read_pid (*d, "supervisor.pid");
-    s.server_pid = read_pid (*d, "server.pid");
+    s.supervisor_pid = read_pid (*d, MLOOP_DIR_SUPERVISOR_PID);
+    s.server_pid = read_pid (*d, MLOOP_DIR_SERVER_PID);
     stop_processes (&s);
     mloop_state_remove (*d);
   }

@@ -3,15 +3,10 @@
  *   /run/mloop/              0700, root only (MLOOP_RUNTIME_DIR overrides)
  *     .lock                  flock()ed while a device is set up or torn down
  *     dev-XXXXXX/            one per attach, named before the device is known
- *       sock                 the server's private Unix socket
- *       server.pid, server.log, stats
- *       supervisor.log       the supervisor's log (restarts and why)
- *       state                a key file, written once the device is up
- *       supervisor           a key file the supervisor rewrites on each
- *                            restart: current server pid, restarts, why
+ *       sock, state, ...     the files MLOOP_DIR_* name, below
  *
  * A directory without "state" is an attach in progress, or one that died
- * half-way; its server pid file lets `mloop detach --all` clean it up.
+ * half-way; its pid files let `mloop detach --all` clean it up.
  * Never prints.
  */
 #ifndef MLOOP_DEVICE_STATE_H
@@ -23,6 +18,23 @@
 #include <sys/types.h>
 
 #include "server_process.h"
+
+/* The files in a device directory:
+ *   SOCKET          the server's private Unix socket
+ *   SERVER_PID, SERVER_LOG, STATS   its pid, output, request counters
+ *   SUPERVISOR_PID, SUPERVISOR_LOG  the supervisor's (restarts and why)
+ *   STATE           a key file, written once the device is up
+ *   SUPERVISOR      a key file the supervisor rewrites on each restart:
+ *                   current server pid, restarts, why
+ */
+#define MLOOP_DIR_SOCKET "sock"
+#define MLOOP_DIR_SERVER_PID "server.pid"
+#define MLOOP_DIR_SERVER_LOG "server.log"
+#define MLOOP_DIR_STATS "stats"
+#define MLOOP_DIR_SUPERVISOR_PID "supervisor.pid"
+#define MLOOP_DIR_SUPERVISOR_LOG "supervisor.log"
+#define MLOOP_DIR_STATE "state"
+#define MLOOP_DIR_SUPERVISOR "supervisor"
 
 struct mloop_device_state {
   char *dir;                    /* this device's directory */

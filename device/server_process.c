@@ -12,6 +12,7 @@
 
 #include <glib.h>
 
+#include "device_state.h"
 #include "errmsg.h"
 #include "server_process.h"
 
@@ -241,7 +242,7 @@ mloop_supervisor_start (const struct mloop_server_spec *spec,
                         char *err, size_t errlen)
 {
   g_autoptr (GPtrArray) argv = g_ptr_array_new_with_free_func (g_free);
-  g_autofree char *log_file = g_build_filename (dir, "supervisor.log", NULL);
+  g_autofree char *log_file = g_build_filename (dir, MLOOP_DIR_SUPERVISOR_LOG, NULL);
   g_autofree char *line = NULL;
   int r;
 
