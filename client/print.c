@@ -37,7 +37,7 @@ json_device (FILE *f, const struct mloop_device_state *s)
            ", \"read_only\": %s, \"connections\": %u, \"threads\": %u"
            ", \"server\": \"%s\", \"server_pid\": %d, \"socket\": ",
            s->size, s->block_size, s->read_only ? "true" : "false",
-           s->connections, s->threads, mloop_server_kind_name (s->server),
+           s->connections, s->threads, mloop_state_server_name (s),
            (int) s->server_pid);
   json_string (f, sock);
   fputc ('}', f);
@@ -66,7 +66,7 @@ mloop_print_list (FILE *f, const struct mloop_device_state *list, size_t n,
 
     fprintf (f, "%-12s %14" PRIu64 " %2d %5u %7u %-6s %7d %s\n", dev,
              s->size, s->read_only, s->connections, s->threads,
-             mloop_server_kind_name (s->server), (int) s->server_pid,
+             mloop_state_server_name (s), (int) s->server_pid,
              s->file);
   }
 }
@@ -108,11 +108,11 @@ mloop_print_status (FILE *f, const struct mloop_device_state *s,
   fprintf (f, "  kernel:  %s, %u hardware queues, %u connections attached\n",
            st->kernel_connected ? "connected" : "NOT connected",
            st->hardware_queues, s->connections);
-  if (s->server == MLOOP_SERVER_REMOTE) {
+  if (s->remote) {
     fprintf (f, "  server:  remote, not supervised\n");
     return;
   }
-  fprintf (f, "  server:  %s, pid %d, %s\n", mloop_server_kind_name (s->server),
+  fprintf (f, "  server:  %s, pid %d, %s\n", mloop_state_server_name (s),
            (int) s->server_pid, st->server_running ? "running" : "NOT running");
   fprintf (f, "  supervisor: pid %d, %u restarts%s%s\n", (int) s->supervisor_pid,
            s->restarts, s->last_failure ? "; last failure: " : "",

@@ -105,7 +105,7 @@ already_attached (const char *file, const struct stat *st, char *err,
   for (size_t i = 0; i < n && r == 0; i++)
     if (st ? (list[i].file_dev == (uint64_t) st->st_dev &&
               list[i].file_ino == (uint64_t) st->st_ino &&
-              list[i].server != MLOOP_SERVER_REMOTE)
+              !list[i].remote)
         : strcmp (list[i].file, file) == 0)
       r = mloop_fail (err, errlen, "%s is already attached to /dev/nbd%d",
                 list[i].file, list[i].index);
@@ -305,7 +305,7 @@ attach_local (const struct mloop_attach_request *req, const char *file,
   g_autofree char *log_file = mloop_state_path (s, MLOOP_DIR_SERVER_LOG);
   g_autofree char *stats_file = mloop_state_path (s, MLOOP_DIR_STATS);
   struct mloop_server_spec spec = {
-    .kind = req->server, .image = file, .socket_path = sock,
+    .kind = s->server, .image = file, .socket_path = sock,
     .pid_file = pid_file, .log_file = log_file, .stats_file = stats_file,
     .threads = req->threads,
     .read_only = req->read_only,
@@ -394,13 +394,13 @@ mloop_attach (const struct mloop_attach_request *req,
   if (r == 0) {
     out->file = g_strdup (file);
     if (remote) {
-      out->server = MLOOP_SERVER_REMOTE;
+      out->remote = true;
       r = attach_remote (req, file, out, err, errlen);
     }
     else {
       out->file_dev = st.st_dev;
       out->file_ino = st.st_ino;
-      out->server = req->server;
+      out->server = req->server ? req->server : mloop_server_kind_default ();
       r = attach_local (req, file, out, err, errlen);
     }
     if (r < 0) {

@@ -75,6 +75,17 @@ mloop_state_path (const struct mloop_device_state *s, const char *name)
   return g_build_filename (s->dir, name, NULL);
 }
 
+/* What the state file and `mloop list` say of a device on a remote
+ * export, in place of a server kind.
+ */
+#define REMOTE "remote"
+
+const char *
+mloop_state_server_name (const struct mloop_device_state *s)
+{
+  return s->remote ? REMOTE : s->server->name;
+}
+
 int
 mloop_state_create (struct mloop_device_state *s, char *err, size_t errlen)
 {
@@ -127,8 +138,7 @@ mloop_state_save (const struct mloop_device_state *s, char *err,
   g_key_file_set_boolean (kf, GROUP, "read_only", s->read_only);
   g_key_file_set_uint64 (kf, GROUP, "connections", s->connections);
   g_key_file_set_uint64 (kf, GROUP, "threads", s->threads);
-  g_key_file_set_string (kf, GROUP, "server",
-                         mloop_server_kind_name (s->server));
+  g_key_file_set_string (kf, GROUP, "server", mloop_state_server_name (s));
   g_key_file_set_integer (kf, GROUP, "server_pid", s->server_pid);
   g_key_file_set_integer (kf, GROUP, "supervisor_pid", s->supervisor_pid);
   g_key_file_set_uint64 (kf, GROUP, "timeout", s->timeout);
@@ -192,8 +202,10 @@ mloop_state_load (const char *dir, struct mloop_device_state *s)
   s->connections = g_key_file_get_uint64 (kf, GROUP, "connections", NULL);
   s->threads = g_key_file_get_uint64 (kf, GROUP, "threads", NULL);
   server = g_key_file_get_string (kf, GROUP, "server", NULL);
-  if (server == NULL || mloop_server_kind_parse (server, &s->server) == -1)
-    s->server = MLOOP_SERVER_NATIVE;
+  s->remote = server && strcmp (server, REMOTE) == 0;
+  if (!s->remote && (server == NULL ||
+                     !(s->server = mloop_server_kind_find (server, NULL, 0))))
+    s->server = mloop_server_kind_default ();
   s->server_pid = g_key_file_get_integer (kf, GROUP, "server_pid", NULL);
   s->supervisor_pid = g_key_file_get_integer (kf, GROUP, "supervisor_pid",
                                               NULL);

@@ -46,7 +46,8 @@ struct mloop_device_state {
   bool read_only;
   unsigned connections, threads;
   unsigned timeout;              /* request and dead-connection timeout, s */
-  enum mloop_server_kind server;
+  bool remote;                  /* FILE is an nbd:// URI: no server of ours */
+  const struct mloop_server_kind *server;       /* NULL when remote */
   pid_t server_pid;             /* the current one, after any restart */
   pid_t supervisor_pid;         /* 0: unsupervised */
   unsigned restarts;            /* servers restarted by the supervisor */
@@ -65,6 +66,9 @@ void mloop_state_unlock (int fd);
 
 /* Paths inside a device directory (g_free them). */
 char *mloop_state_path (const struct mloop_device_state *s, const char *name);
+
+/* The server's kind's name, or "remote". */
+const char *mloop_state_server_name (const struct mloop_device_state *s);
 
 /* Makes a fresh, empty device directory in S->dir. */
 int mloop_state_create (struct mloop_device_state *s, char *err,

@@ -11,9 +11,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "server_process.h"
-
-enum mloop_tls_mode { MLOOP_TLS_OFF, MLOOP_TLS_ON, MLOOP_TLS_REQUIRE };
+#include "server_kind.h"
 
 struct mloop_serve_request {
   const char *file;
@@ -24,8 +22,8 @@ struct mloop_serve_request {
   enum mloop_tls_mode tls;
   const char *tls_psk;          /* PSK file (nbdkit's format) */
   const char *tls_certificates; /* directory of PEM files */
-  bool server_given;            /* --server was on the command line */
-  enum mloop_server_kind server;
+  /* NULL: the default server, or one that serves TLS when TLS is on. */
+  const struct mloop_server_kind *server;
 };
 
 /* 0 and *MODE for "off", "on" or "require"; -1 otherwise. */

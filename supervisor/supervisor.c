@@ -227,11 +227,11 @@ main (int argc, char **argv)
     fprintf (stderr, "mloop-supervisor: need --dir DIR and one IMAGE\n");
     return EXIT_FAILURE;
   }
-  sv.spec.kind = MLOOP_SERVER_NATIVE;
-  if (server_kind && mloop_server_kind_parse (server_kind,
-                                              &sv.spec.kind) == -1) {
-    fprintf (stderr, "mloop-supervisor: --server %s: native or nbdkit\n",
-             server_kind);
+  sv.spec.kind = server_kind ? mloop_server_kind_find (server_kind, err,
+                                                       sizeof err)
+    : mloop_server_kind_default ();
+  if (sv.spec.kind == NULL) {
+    fprintf (stderr, "mloop-supervisor: --server %s\n", err);
     return EXIT_FAILURE;
   }
   sv.spec.image = argv[1];
