@@ -101,10 +101,9 @@ cmd_attach (int argc, char **argv)
                   block_size);
   if (timeout != -1 && timeout < 1)
     return error ("attach: --timeout %d: must be positive", timeout);
-  req.server = MLOOP_SERVER_NATIVE;
-  if (server && (mloop_server_kind_parse (server, &req.server) == -1 ||
-                 req.server == MLOOP_SERVER_REMOTE))
-    return error ("attach: --server %s: must be native or nbdkit", server);
+  if (server &&
+      (req.server = mloop_server_kind_find (server, err, sizeof err)) == NULL)
+    return error ("attach: --server %s", err);
   req.file = argv[1];
   req.threads = threads == -1 ? 0 : threads;
   req.connections = connections == -1 ? 0 : connections;
@@ -224,7 +223,7 @@ cmd_serve (int argc, char **argv)
   g_autofree char *psk = NULL, *certs = NULL, *server = NULL;
   GOptionEntry entries[] = {
     { "listen", 'l', 0, G_OPTION_ARG_STRING, &listen,
-      "unix:PATH or tcp:ADDR:PORT (only that address)", "ADDR" },
+      "unix:PATH or tcp:HOST:PORT (only that address)", "ADDR" },
     { "read-only", 'r', 0, G_OPTION_ARG_NONE, &read_only,
       "Serve read-only", NULL },
     { "export-name", 'e', 0, G_OPTION_ARG_STRING, &export_name,
@@ -254,12 +253,9 @@ cmd_serve (int argc, char **argv)
     return error ("serve: --threads %d: must be 1..64", threads);
   if (tls && mloop_tls_mode_parse (tls, &req.tls) == -1)
     return error ("serve: --tls %s: must be off, on or require", tls);
-  if (server) {
-    req.server_given = true;
-    if (mloop_server_kind_parse (server, &req.server) == -1 ||
-        req.server == MLOOP_SERVER_REMOTE)
-      return error ("serve: --server %s: must be native or nbdkit", server);
-  }
+  if (server &&
+      (req.server = mloop_server_kind_find (server, err, sizeof err)) == NULL)
+    return error ("serve: --server %s", err);
   req.file = argv[1];
   req.listen = listen;
   req.export_name = export_name;

@@ -1,46 +1,70 @@
-/* mloop — how `mloop list` and `mloop status` print, as a table or JSON.
- *
- * JSON is written by hand: glib has no JSON writer, the output is a few
- * flat objects, and json-glib would be a dependency for one function.
+/* mloop — how `mloop list` and `mloop status` print, as a table or JSON
+ * (json-glib's).
  */
 #include <inttypes.h>
 #include <stdio.h>
 
 #include <glib.h>
+#include <json-glib/json-glib.h>
 
 #include "print.h"
 
-/* A JSON string literal, escaped per RFC 8259. */
 static void
-json_string (FILE *f, const char *s)
+member_string (JsonBuilder *b, const char *name, const char *value)
 {
-  fputc ('"', f);
-  for (const unsigned char *p = (const unsigned char *) s; *p; p++) {
-    if (*p == '"' || *p == '\\')
-      fprintf (f, "\\%c", *p);
-    else if (*p < 0x20)
-      fprintf (f, "\\u%04x", *p);
-    else
-      fputc (*p, f);
-  }
-  fputc ('"', f);
+  json_builder_set_member_name (b, name);
+  if (value)
+    json_builder_add_string_value (b, value);
+  else
+    json_builder_add_null_value (b);
 }
 
 static void
-json_device (FILE *f, const struct mloop_device_state *s)
+member_int (JsonBuilder *b, const char *name, gint64 value)
 {
-  g_autofree char *sock = mloop_state_path (s, "sock");
+  json_builder_set_member_name (b, name);
+  json_builder_add_int_value (b, value);
+}
 
-  fprintf (f, "{\"device\": \"/dev/nbd%d\", \"file\": ", s->index);
-  json_string (f, s->file);
-  fprintf (f, ", \"size\": %" PRIu64 ", \"block_size\": %" PRIu32
-           ", \"read_only\": %s, \"connections\": %u, \"threads\": %u"
-           ", \"server\": \"%s\", \"server_pid\": %d, \"socket\": ",
-           s->size, s->block_size, s->read_only ? "true" : "false",
-           s->connections, s->threads, mloop_server_kind_name (s->server),
-           (int) s->server_pid);
-  json_string (f, sock);
-  fputc ('}', f);
+static void
+member_bool (JsonBuilder *b, const char *name, bool value)
+{
+  json_builder_set_member_name (b, name);
+  json_builder_add_boolean_value (b, value);
+}
+
+/* A device as `mloop list --json` lists it: one object. */
+static void
+json_device (JsonBuilder *b, const struct mloop_device_state *s)
+{
+  g_autofree char *dev = g_strdup_printf ("/dev/nbd%d", s->index);
+  g_autofree char *sock = mloop_state_path (s, MLOOP_DIR_SOCKET);
+
+  json_builder_begin_object (b);
+  member_string (b, "device", dev);
+  member_string (b, "file", s->file);
+  member_int (b, "size", (gint64) s->size);
+  member_int (b, "block_size", s->block_size);
+  member_bool (b, "read_only", s->read_only);
+  member_int (b, "connections", s->connections);
+  member_int (b, "threads", s->threads);
+  member_string (b, "server", mloop_state_server_name (s));
+  member_int (b, "server_pid", s->server_pid);
+  member_string (b, "socket", sock);
+  json_builder_end_object (b);
+}
+
+/* Prints what B built, on one line. */
+static void
+json_print (FILE *f, JsonBuilder *b)
+{
+  g_autoptr (JsonGenerator) gen = json_generator_new ();
+  g_autoptr (JsonNode) root = json_builder_get_root (b);
+  g_autofree char *text = NULL;
+
+  json_generator_set_root (gen, root);
+  text = json_generator_to_data (gen, NULL);
+  fprintf (f, "%s\n", text);
 }
 
 void
@@ -48,12 +72,13 @@ mloop_print_list (FILE *f, const struct mloop_device_state *list, size_t n,
                   bool json)
 {
   if (json) {
-    fputc ('[', f);
-    for (size_t i = 0; i < n; i++) {
-      fputs (i ? ",\n " : "", f);
-      json_device (f, &list[i]);
-    }
-    fputs ("]\n", f);
+    g_autoptr (JsonBuilder) b = json_builder_new ();
+
+    json_builder_begin_array (b);
+    for (size_t i = 0; i < n; i++)
+      json_device (b, &list[i]);
+    json_builder_end_array (b);
+    json_print (f, b);
     return;
   }
   if (n == 0)
@@ -66,7 +91,7 @@ mloop_print_list (FILE *f, const struct mloop_device_state *list, size_t n,
 
     fprintf (f, "%-12s %14" PRIu64 " %2d %5u %7u %-6s %7d %s\n", dev,
              s->size, s->read_only, s->connections, s->threads,
-             mloop_server_kind_name (s->server), (int) s->server_pid,
+             mloop_state_server_name (s), (int) s->server_pid,
              s->file);
   }
 }
@@ -78,41 +103,44 @@ mloop_print_status (FILE *f, const struct mloop_device_state *s,
   const struct mloop_stats *c = &st->stats;
 
   if (json) {
-    fputs ("{\"device\": ", f);
-    json_device (f, s);
-    fprintf (f, ", \"server_running\": %s, \"kernel_connected\": %s"
-             ", \"hardware_queues\": %u, \"supervisor_pid\": %d"
-             ", \"restarts\": %u, \"last_failure\": ",
-             st->server_running ? "true" : "false",
-             st->kernel_connected ? "true" : "false", st->hardware_queues,
-             (int) s->supervisor_pid, s->restarts);
-    if (s->last_failure)
-      json_string (f, s->last_failure);
-    else
-      fputs ("null", f);
+    g_autoptr (JsonBuilder) b = json_builder_new ();
+
+    json_builder_begin_object (b);
+    json_builder_set_member_name (b, "device");
+    json_device (b, s);
+    member_bool (b, "server_running", st->server_running);
+    member_bool (b, "kernel_connected", st->kernel_connected);
+    member_int (b, "hardware_queues", st->hardware_queues);
+    member_int (b, "supervisor_pid", s->supervisor_pid);
+    member_int (b, "restarts", s->restarts);
+    member_string (b, "last_failure", s->last_failure);
     if (st->have_stats) {
-      fprintf (f, ", \"connections_open\": %" PRIu64
-               ", \"connections_total\": %" PRIu64 ", \"requests\": {",
-               c->connections, c->connections_total);
+      member_int (b, "connections_open", (gint64) c->connections);
+      member_int (b, "connections_total", (gint64) c->connections_total);
+      json_builder_set_member_name (b, "requests");
+      json_builder_begin_object (b);
       for (int i = 0; i < MLOOP_STATS_NR_COMMANDS; i++)
-        fprintf (f, "%s\"%s\": %" PRIu64, i ? ", " : "",
-                 mloop_stats_command_name (i), c->requests[i]);
-      fprintf (f, "}, \"bytes_read\": %" PRIu64 ", \"bytes_written\": %"
-               PRIu64 ", \"errors\": %" PRIu64 ", \"in_flight\": %" PRIu64,
-               c->bytes_read, c->bytes_written, c->errors, c->in_flight);
+        member_int (b, mloop_stats_command_name (i),
+                    (gint64) c->requests[i]);
+      json_builder_end_object (b);
+      member_int (b, "bytes_read", (gint64) c->bytes_read);
+      member_int (b, "bytes_written", (gint64) c->bytes_written);
+      member_int (b, "errors", (gint64) c->errors);
+      member_int (b, "in_flight", (gint64) c->in_flight);
     }
-    fputs ("}\n", f);
+    json_builder_end_object (b);
+    json_print (f, b);
     return;
   }
   fprintf (f, "/dev/nbd%d: %s\n", s->index, s->file);
   fprintf (f, "  kernel:  %s, %u hardware queues, %u connections attached\n",
            st->kernel_connected ? "connected" : "NOT connected",
            st->hardware_queues, s->connections);
-  if (s->server == MLOOP_SERVER_REMOTE) {
+  if (s->remote) {
     fprintf (f, "  server:  remote, not supervised\n");
     return;
   }
-  fprintf (f, "  server:  %s, pid %d, %s\n", mloop_server_kind_name (s->server),
+  fprintf (f, "  server:  %s, pid %d, %s\n", mloop_state_server_name (s),
            (int) s->server_pid, st->server_running ? "running" : "NOT running");
   fprintf (f, "  supervisor: pid %d, %u restarts%s%s\n", (int) s->supervisor_pid,
            s->restarts, s->last_failure ? "; last failure: " : "",

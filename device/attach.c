@@ -105,7 +105,7 @@ already_attached (const char *file, const struct stat *st, char *err,
   for (size_t i = 0; i < n && r == 0; i++)
     if (st ? (list[i].file_dev == (uint64_t) st->st_dev &&
               list[i].file_ino == (uint64_t) st->st_ino &&
-              list[i].server != MLOOP_SERVER_REMOTE)
+              !list[i].remote)
         : strcmp (list[i].file, file) == 0)
       r = mloop_fail (err, errlen, "%s is already attached to /dev/nbd%d",
                 list[i].file, list[i].index);
@@ -138,7 +138,7 @@ choose_block_size (const struct mloop_attach_request *req,
 static void
 stop_processes (const struct mloop_device_state *s)
 {
-  g_autofree char *sock = mloop_state_path (s, "sock");
+  g_autofree char *sock = mloop_state_path (s, MLOOP_DIR_SOCKET);
 
   if (s->supervisor_pid > 0)
     mloop_server_stop (s->supervisor_pid, s->dir, SERVER_STOP_TIMEOUT_MS);
@@ -300,12 +300,12 @@ static int
 attach_local (const struct mloop_attach_request *req, const char *file,
               struct mloop_device_state *s, char *err, size_t errlen)
 {
-  g_autofree char *sock = mloop_state_path (s, "sock");
-  g_autofree char *pid_file = mloop_state_path (s, "server.pid");
-  g_autofree char *log_file = mloop_state_path (s, "server.log");
-  g_autofree char *stats_file = mloop_state_path (s, "stats");
+  g_autofree char *sock = mloop_state_path (s, MLOOP_DIR_SOCKET);
+  g_autofree char *pid_file = mloop_state_path (s, MLOOP_DIR_SERVER_PID);
+  g_autofree char *log_file = mloop_state_path (s, MLOOP_DIR_SERVER_LOG);
+  g_autofree char *stats_file = mloop_state_path (s, MLOOP_DIR_STATS);
   struct mloop_server_spec spec = {
-    .kind = req->server, .image = file, .socket_path = sock,
+    .kind = s->server, .image = file, .socket_path = sock,
     .pid_file = pid_file, .log_file = log_file, .stats_file = stats_file,
     .threads = req->threads,
     .read_only = req->read_only,
@@ -334,15 +334,18 @@ attach_remote (const struct mloop_attach_request *req, const char *uri,
                struct mloop_device_state *s, char *err, size_t errlen)
 {
   struct mloop_nbd_address a;
-  g_autofree char *buf = mloop_nbd_parse_uri (uri, &a, err, errlen);
   const struct opener o = {
     .open = open_remote, .address = &a, .n = wanted_connections (req),
     .read_only = req->read_only,
   };
+  int r;
 
-  if (buf == NULL)
+  if (mloop_nbd_address_parse (uri, MLOOP_NBD_ADDRESS_URI, &a,
+                               err, errlen) == -1)
     return -1;
-  return connect_kernel (req, &o, uri, s, err, errlen);
+  r = connect_kernel (req, &o, uri, s, err, errlen);
+  mloop_nbd_address_clear (&a);
+  return r;
 }
 
 int
@@ -391,13 +394,13 @@ mloop_attach (const struct mloop_attach_request *req,
   if (r == 0) {
     out->file = g_strdup (file);
     if (remote) {
-      out->server = MLOOP_SERVER_REMOTE;
+      out->remote = true;
       r = attach_remote (req, file, out, err, errlen);
     }
     else {
       out->file_dev = st.st_dev;
       out->file_ino = st.st_ino;
-      out->server = req->server;
+      out->server = req->server ? req->server : mloop_server_kind_default ();
       r = attach_local (req, file, out, err, errlen);
     }
     if (r < 0) {
@@ -493,8 +496,8 @@ mloop_cleanup_incomplete (void)
   for (char **d = dirs; *d; d++, n++) {
     struct mloop_device_state s = { .dir = *d };
 
-    s.supervisor_pid = read_pid (*d, "supervisor.pid");
-    s.server_pid = read_pid (*d, "server.pid");
+    s.supervisor_pid = read_pid (*d, MLOOP_DIR_SUPERVISOR_PID);
+    s.server_pid = read_pid (*d, MLOOP_DIR_SERVER_PID);
     stop_processes (&s);
     mloop_state_remove (*d);
   }

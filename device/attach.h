@@ -27,7 +27,7 @@ struct mloop_attach_request {
   bool read_only;
   uint32_t block_size;          /* 0 = the export's minimum, at least 512 */
   unsigned timeout;             /* request timeout, seconds; 0 = default */
-  enum mloop_server_kind server;
+  const struct mloop_server_kind *server;      /* NULL: the default */
 };
 
 /* Attaches; on success fills *OUT (the caller clears it). */

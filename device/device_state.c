@@ -16,6 +16,8 @@
 #include "device_state.h"
 
 #define GROUP "device"
+#define LOCK_FILE ".lock"
+#define DIR_PREFIX "dev-"
 
 const char *
 mloop_runtime_dir (void)
@@ -49,7 +51,7 @@ mloop_state_lock (char *err, size_t errlen)
 
   if (mloop_runtime_dir_create (err, errlen) == -1)
     return -1;
-  path = g_build_filename (mloop_runtime_dir (), ".lock", NULL);
+  path = g_build_filename (mloop_runtime_dir (), LOCK_FILE, NULL);
   fd = open (path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (fd == -1 || flock (fd, LOCK_EX) == -1) {
     mloop_fail (err, errlen, "cannot lock %s: %s", path, strerror (errno));
@@ -73,6 +75,17 @@ mloop_state_path (const struct mloop_device_state *s, const char *name)
   return g_build_filename (s->dir, name, NULL);
 }
 
+/* What the state file and `mloop list` say of a device on a remote
+ * export, in place of a server kind.
+ */
+#define REMOTE "remote"
+
+const char *
+mloop_state_server_name (const struct mloop_device_state *s)
+{
+  return s->remote ? REMOTE : s->server->name;
+}
+
 int
 mloop_state_create (struct mloop_device_state *s, char *err, size_t errlen)
 {
@@ -80,7 +93,7 @@ mloop_state_create (struct mloop_device_state *s, char *err, size_t errlen)
 
   if (mloop_runtime_dir_create (err, errlen) == -1)
     return -1;
-  tmpl = g_build_filename (mloop_runtime_dir (), "dev-XXXXXX", NULL);
+  tmpl = g_build_filename (mloop_runtime_dir (), DIR_PREFIX "XXXXXX", NULL);
   if (g_mkdtemp_full (tmpl, 0700) == NULL) {
     mloop_fail (err, errlen, "cannot create a directory in %s: %s",
           mloop_runtime_dir (), strerror (errno));
@@ -114,7 +127,7 @@ mloop_state_save (const struct mloop_device_state *s, char *err,
                   size_t errlen)
 {
   g_autoptr (GKeyFile) kf = g_key_file_new ();
-  g_autofree char *path = mloop_state_path (s, "state");
+  g_autofree char *path = mloop_state_path (s, MLOOP_DIR_STATE);
 
   g_key_file_set_integer (kf, GROUP, "index", s->index);
   g_key_file_set_string (kf, GROUP, "file", s->file);
@@ -125,8 +138,7 @@ mloop_state_save (const struct mloop_device_state *s, char *err,
   g_key_file_set_boolean (kf, GROUP, "read_only", s->read_only);
   g_key_file_set_uint64 (kf, GROUP, "connections", s->connections);
   g_key_file_set_uint64 (kf, GROUP, "threads", s->threads);
-  g_key_file_set_string (kf, GROUP, "server",
-                         mloop_server_kind_name (s->server));
+  g_key_file_set_string (kf, GROUP, "server", mloop_state_server_name (s));
   g_key_file_set_integer (kf, GROUP, "server_pid", s->server_pid);
   g_key_file_set_integer (kf, GROUP, "supervisor_pid", s->supervisor_pid);
   g_key_file_set_uint64 (kf, GROUP, "timeout", s->timeout);
@@ -141,7 +153,7 @@ mloop_state_save_supervisor (const char *dir, pid_t server_pid,
                              char *err, size_t errlen)
 {
   g_autoptr (GKeyFile) kf = g_key_file_new ();
-  g_autofree char *path = g_build_filename (dir, "supervisor", NULL);
+  g_autofree char *path = g_build_filename (dir, MLOOP_DIR_SUPERVISOR, NULL);
 
   g_key_file_set_integer (kf, SUPERVISOR_GROUP, "server_pid", server_pid);
   g_key_file_set_uint64 (kf, SUPERVISOR_GROUP, "restarts", restarts);
@@ -155,7 +167,7 @@ static void
 load_supervisor_record (const char *dir, struct mloop_device_state *s)
 {
   g_autoptr (GKeyFile) kf = g_key_file_new ();
-  g_autofree char *path = g_build_filename (dir, "supervisor", NULL);
+  g_autofree char *path = g_build_filename (dir, MLOOP_DIR_SUPERVISOR, NULL);
   int pid;
 
   if (!g_key_file_load_from_file (kf, path, G_KEY_FILE_NONE, NULL))
@@ -173,7 +185,7 @@ int
 mloop_state_load (const char *dir, struct mloop_device_state *s)
 {
   g_autoptr (GKeyFile) kf = g_key_file_new ();
-  g_autofree char *path = g_build_filename (dir, "state", NULL);
+  g_autofree char *path = g_build_filename (dir, MLOOP_DIR_STATE, NULL);
   g_autofree char *server = NULL;
 
   memset (s, 0, sizeof *s);
@@ -190,8 +202,10 @@ mloop_state_load (const char *dir, struct mloop_device_state *s)
   s->connections = g_key_file_get_uint64 (kf, GROUP, "connections", NULL);
   s->threads = g_key_file_get_uint64 (kf, GROUP, "threads", NULL);
   server = g_key_file_get_string (kf, GROUP, "server", NULL);
-  if (server == NULL || mloop_server_kind_parse (server, &s->server) == -1)
-    s->server = MLOOP_SERVER_NATIVE;
+  s->remote = server && strcmp (server, REMOTE) == 0;
+  if (!s->remote && (server == NULL ||
+                     !(s->server = mloop_server_kind_find (server, NULL, 0))))
+    s->server = mloop_server_kind_default ();
   s->server_pid = g_key_file_get_integer (kf, GROUP, "server_pid", NULL);
   s->supervisor_pid = g_key_file_get_integer (kf, GROUP, "supervisor_pid",
                                               NULL);
@@ -224,7 +238,7 @@ for_each_dir (void (*fn) (const char *dir, void *arg), void *arg)
   while ((name = g_dir_read_name (d)) != NULL) {
     g_autofree char *dir = NULL;
 
-    if (!g_str_has_prefix (name, "dev-"))
+    if (!g_str_has_prefix (name, DIR_PREFIX))
       continue;
     dir = g_build_filename (mloop_runtime_dir (), name, NULL);
     fn (dir, arg);
@@ -255,7 +269,7 @@ mloop_state_list (size_t *n)
 static void
 collect_incomplete (const char *dir, void *arg)
 {
-  g_autofree char *state = g_build_filename (dir, "state", NULL);
+  g_autofree char *state = g_build_filename (dir, MLOOP_DIR_STATE, NULL);
 
   if (!g_file_test (state, G_FILE_TEST_EXISTS))
     g_ptr_array_add (arg, g_strdup (dir));

@@ -3,15 +3,10 @@
  *   /run/mloop/              0700, root only (MLOOP_RUNTIME_DIR overrides)
  *     .lock                  flock()ed while a device is set up or torn down
  *     dev-XXXXXX/            one per attach, named before the device is known
- *       sock                 the server's private Unix socket
- *       server.pid, server.log, stats
- *       supervisor.log       the supervisor's log (restarts and why)
- *       state                a key file, written once the device is up
- *       supervisor           a key file the supervisor rewrites on each
- *                            restart: current server pid, restarts, why
+ *       sock, state, ...     the files MLOOP_DIR_* name, below
  *
  * A directory without "state" is an attach in progress, or one that died
- * half-way; its server pid file lets `mloop detach --all` clean it up.
+ * half-way; its pid files let `mloop detach --all` clean it up.
  * Never prints.
  */
 #ifndef MLOOP_DEVICE_STATE_H
@@ -24,6 +19,23 @@
 
 #include "server_process.h"
 
+/* The files in a device directory:
+ *   SOCKET          the server's private Unix socket
+ *   SERVER_PID, SERVER_LOG, STATS   its pid, output, request counters
+ *   SUPERVISOR_PID, SUPERVISOR_LOG  the supervisor's (restarts and why)
+ *   STATE           a key file, written once the device is up
+ *   SUPERVISOR      a key file the supervisor rewrites on each restart:
+ *                   current server pid, restarts, why
+ */
+#define MLOOP_DIR_SOCKET "sock"
+#define MLOOP_DIR_SERVER_PID "server.pid"
+#define MLOOP_DIR_SERVER_LOG "server.log"
+#define MLOOP_DIR_STATS "stats"
+#define MLOOP_DIR_SUPERVISOR_PID "supervisor.pid"
+#define MLOOP_DIR_SUPERVISOR_LOG "supervisor.log"
+#define MLOOP_DIR_STATE "state"
+#define MLOOP_DIR_SUPERVISOR "supervisor"
+
 struct mloop_device_state {
   char *dir;                    /* this device's directory */
   int index;                    /* /dev/nbdINDEX; -1 until connected */
@@ -34,7 +46,8 @@ struct mloop_device_state {
   bool read_only;
   unsigned connections, threads;
   unsigned timeout;              /* request and dead-connection timeout, s */
-  enum mloop_server_kind server;
+  bool remote;                  /* FILE is an nbd:// URI: no server of ours */
+  const struct mloop_server_kind *server;       /* NULL when remote */
   pid_t server_pid;             /* the current one, after any restart */
   pid_t supervisor_pid;         /* 0: unsupervised */
   unsigned restarts;            /* servers restarted by the supervisor */
@@ -53,6 +66,9 @@ void mloop_state_unlock (int fd);
 
 /* Paths inside a device directory (g_free them). */
 char *mloop_state_path (const struct mloop_device_state *s, const char *name);
+
+/* The server's kind's name, or "remote". */
+const char *mloop_state_server_name (const struct mloop_device_state *s);
 
 /* Makes a fresh, empty device directory in S->dir. */
 int mloop_state_create (struct mloop_device_state *s, char *err,

@@ -23,8 +23,8 @@ void
 mloop_device_status_read (const struct mloop_device_state *s,
                           struct mloop_device_status *out)
 {
-  g_autofree char *sock = mloop_state_path (s, "sock");
-  g_autofree char *stats_file = mloop_state_path (s, "stats");
+  g_autofree char *sock = mloop_state_path (s, MLOOP_DIR_SOCKET);
+  g_autofree char *stats_file = mloop_state_path (s, MLOOP_DIR_STATS);
   const struct mloop_stats *live;
   char err[256];
 

@@ -1,5 +1,10 @@
-/* mloop — the library's one way to report an error: a one-line message
- * in the caller's buffer, never printed.
+/* mloop — the device library's one way to report an error.
+ *
+ * A function fails by returning -1 (NULL for a pointer) with a one-line
+ * message in (ERR, ERRLEN), its last arguments, written by mloop_fail.
+ * Those whose failure needs no reason (a lookup that finds nothing) take
+ * no ERR.  The library never prints and never exits: its callers (mloop,
+ * the supervisor) decide what the user sees.
  */
 #ifndef MLOOP_ERRMSG_H
 #define MLOOP_ERRMSG_H

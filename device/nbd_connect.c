@@ -88,58 +88,6 @@ connect_address (const struct mloop_nbd_address *a, char *err, size_t errlen)
   return fd;
 }
 
-char *
-mloop_nbd_parse_uri (const char *uri, struct mloop_nbd_address *a,
-                     char *err, size_t errlen)
-{
-  char *buf, *host, *slash, *colon;
-
-  memset (a, 0, sizeof *a);
-  if (strncmp (uri, "nbds://", 7) == 0) {
-    mloop_fail (err, errlen, "the kernel's NBD client cannot speak TLS: reach a "
-          "TLS export through a local relay (see docs/remote.md)");
-    return NULL;
-  }
-  if (strncmp (uri, "nbd://", 6) != 0) {
-    mloop_fail (err, errlen, "%s: not an nbd:// URI", uri);
-    return NULL;
-  }
-  buf = strdup (uri + 6);
-  if (buf == NULL) {
-    mloop_fail (err, errlen, "out of memory");
-    return NULL;
-  }
-  host = buf;
-  slash = strchr (host, '/');
-  a->name = "";
-  if (slash) {
-    *slash = '\0';
-    a->name = slash + 1;
-  }
-  /* [v6addr]:port, host:port, or host alone. */
-  if (host[0] == '[' && (colon = strchr (host, ']')) != NULL) {
-    *colon = '\0';
-    a->host = host + 1;
-    colon = colon[1] == ':' ? colon + 1 : NULL;
-  }
-  else {
-    a->host = host;
-    colon = strrchr (host, ':');
-  }
-  if (colon) {
-    *colon = '\0';
-    a->port = colon + 1;
-  }
-  if (a->port == NULL || *a->port == '\0')
-    a->port = "10809";          /* IANA's port for NBD */
-  if (*a->host == '\0') {
-    mloop_fail (err, errlen, "%s: no host", uri);
-    free (buf);
-    return NULL;
-  }
-  return buf;
-}
-
 void
 mloop_nbd_close_all (int *fds, unsigned n)
 {

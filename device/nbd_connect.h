@@ -8,21 +8,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "address.h"
 #include "nbd_client.h"
-
-/* Where an export is: a Unix socket, or a TCP host and port. */
-struct mloop_nbd_address {
-  const char *unix_path;        /* or NULL for TCP */
-  const char *host, *port;
-  const char *name;             /* export name; "" is the default */
-};
-
-/* Parses "nbd://HOST[:PORT][/NAME]" into *A (strings point into the
- * returned buffer, which the caller g_frees).  NULL with ERR otherwise;
- * "nbds://" is refused with the reason.
- */
-char *mloop_nbd_parse_uri (const char *uri, struct mloop_nbd_address *a,
-                           char *err, size_t errlen);
 
 /* Opens and negotiates up to N connections to A into FDS; *X is the
  * export as the first connection saw it.  If the export does not

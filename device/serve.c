@@ -10,6 +10,7 @@
 
 #include <glib.h>
 
+#include "address.h"
 #include "errmsg.h"
 #include "serve.h"
 
@@ -25,29 +26,6 @@ mloop_tls_mode_parse (const char *s, enum mloop_tls_mode *mode)
   else
     return -1;
   return 0;
-}
-
-/* Splits "tcp:ADDR:PORT" (ADDR may be "[v6]") into *HOST and *PORT. */
-static bool
-split_tcp (const char *spec, char **host, char **port)
-{
-  const char *colon = strrchr (spec, ':');
-  const char *end;
-
-  if (colon == NULL || colon == spec || colon[1] == '\0')
-    return false;
-  for (end = colon + 1; *end; end++)
-    if (!g_ascii_isdigit (*end))
-      return false;
-  *host = g_strndup (spec, colon - spec);
-  if ((*host)[0] == '[' && (*host)[strlen (*host) - 1] == ']') {
-    char *bare = g_strndup (*host + 1, strlen (*host) - 2);
-
-    g_free (*host);
-    *host = bare;
-  }
-  *port = g_strdup (colon + 1);
-  return true;
 }
 
 /* The Unix socket's directory: created 0700 when missing, so only root
@@ -67,136 +45,97 @@ prepare_unix_dir (const char *path, char *err, size_t errlen)
   return true;
 }
 
-static bool
-check_request (const struct mloop_serve_request *r, bool *use_nbdkit,
-               char *err, size_t errlen)
+/* Checks R and chooses the server: the one asked for, else the default,
+ * or one that serves TLS when TLS is asked for.
+ */
+static const struct mloop_server_kind *
+check_request (const struct mloop_serve_request *r, char *err, size_t errlen)
 {
   int fd;
 
   fd = open (r->file, (r->read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC);
   if (fd == -1) {
     mloop_fail (err, errlen, "%s: %s", r->file, strerror (errno));
-    return false;
+    return NULL;
   }
   close (fd);
   if (r->listen == NULL) {
-    mloop_fail (err, errlen, "--listen unix:PATH or tcp:ADDR:PORT is required");
-    return false;
+    mloop_fail (err, errlen, "--listen unix:PATH or tcp:HOST:PORT is required");
+    return NULL;
   }
-  if (r->tls != MLOOP_TLS_OFF && r->server_given &&
-      r->server == MLOOP_SERVER_NATIVE) {
-    mloop_fail (err, errlen, "the native server has no TLS: use --server nbdkit, "
-          "or leave --server out");
-    return false;
+  if (r->tls != MLOOP_TLS_OFF && r->server && !r->server->tls) {
+    mloop_fail (err, errlen, "the %s server has no TLS: use --server %s, "
+                "or leave --server out", r->server->name,
+                mloop_server_kind_tls ()->name);
+    return NULL;
   }
   if (r->tls != MLOOP_TLS_OFF && !r->tls_psk && !r->tls_certificates) {
     mloop_fail (err, errlen, "--tls needs --tls-psk FILE or --tls-certificates DIR");
-    return false;
+    return NULL;
   }
   if (r->tls_psk && r->tls_certificates) {
     mloop_fail (err, errlen, "--tls-psk and --tls-certificates exclude each other");
-    return false;
+    return NULL;
   }
   if ((r->tls_psk || r->tls_certificates) && r->tls == MLOOP_TLS_OFF) {
     mloop_fail (err, errlen, "--tls-psk/--tls-certificates need --tls on|require");
-    return false;
+    return NULL;
   }
   if (r->tls_psk && access (r->tls_psk, R_OK) == -1) {
     mloop_fail (err, errlen, "--tls-psk %s: %s", r->tls_psk, strerror (errno));
-    return false;
+    return NULL;
   }
   if (r->tls_certificates &&
       !g_file_test (r->tls_certificates, G_FILE_TEST_IS_DIR)) {
     mloop_fail (err, errlen, "--tls-certificates %s: not a directory",
           r->tls_certificates);
-    return false;
+    return NULL;
   }
-  *use_nbdkit = r->tls != MLOOP_TLS_OFF ||
-    (r->server_given && r->server == MLOOP_SERVER_NBDKIT);
-  return true;
-}
-
-static void
-nbdkit_command (const struct mloop_serve_request *r, const char *host,
-                const char *port, GPtrArray *argv)
-{
-  g_ptr_array_add (argv, g_strdup ("nbdkit"));
-  g_ptr_array_add (argv, g_strdup ("-f"));
-  if (host) {
-    g_ptr_array_add (argv, g_strdup_printf ("--ipaddr=%s", host));
-    g_ptr_array_add (argv, g_strdup_printf ("--port=%s", port));
-  }
-  else
-    g_ptr_array_add (argv, g_strdup_printf ("--unix=%s", r->listen + 5));
-  if (r->read_only)
-    g_ptr_array_add (argv, g_strdup ("--readonly"));
-  if (r->export_name)
-    g_ptr_array_add (argv, g_strdup_printf ("--exportname=%s",
-                                            r->export_name));
-  if (r->tls != MLOOP_TLS_OFF)
-    g_ptr_array_add (argv, g_strdup_printf ("--tls=%s",
-                     r->tls == MLOOP_TLS_REQUIRE ? "require" : "on"));
-  if (r->tls_psk)
-    g_ptr_array_add (argv, g_strdup_printf ("--tls-psk=%s", r->tls_psk));
-  if (r->tls_certificates)
-    g_ptr_array_add (argv, g_strdup_printf ("--tls-certificates=%s",
-                                            r->tls_certificates));
-  g_ptr_array_add (argv, mloop_locate_program ("MLOOP_PLUGIN",
-                                               "plugin/nbdkit-mloop-plugin.so",
-                                               "mloop"));
-  g_ptr_array_add (argv, g_strdup_printf ("file=%s", r->file));
-  if (r->threads)
-    g_ptr_array_add (argv, g_strdup_printf ("threads=%u", r->threads));
-}
-
-static void
-native_command (const struct mloop_serve_request *r, GPtrArray *argv)
-{
-  g_ptr_array_add (argv, mloop_locate_program ("MLOOP_SERVER_BIN",
-                                               "server/mloop-server",
-                                               MLOOP_SBINDIR "/mloop-server"));
-  g_ptr_array_add (argv, g_strdup_printf ("--listen=%s", r->listen));
-  if (r->read_only)
-    g_ptr_array_add (argv, g_strdup ("--read-only"));
-  if (r->export_name)
-    g_ptr_array_add (argv, g_strdup_printf ("--export-name=%s",
-                                            r->export_name));
-  if (r->threads)
-    g_ptr_array_add (argv, g_strdup_printf ("--threads=%u", r->threads));
-  g_ptr_array_add (argv, g_strdup ("--"));
-  g_ptr_array_add (argv, g_strdup (r->file));
+  if (r->server)
+    return r->server;
+  return r->tls != MLOOP_TLS_OFF ? mloop_server_kind_tls ()
+    : mloop_server_kind_default ();
 }
 
 char **
 mloop_serve_command (const struct mloop_serve_request *r, char *err,
                      size_t errlen)
 {
-  g_autofree char *host = NULL, *port = NULL;
-  GPtrArray *argv;
-  bool use_nbdkit;
+  const struct mloop_server_kind *kind;
+  struct mloop_nbd_address a;
+  struct mloop_server_config c;
+  char why[256];
+  char **argv;
 
-  if (!check_request (r, &use_nbdkit, err, errlen))
+  kind = check_request (r, err, errlen);
+  if (kind == NULL)
     return NULL;
-  if (g_str_has_prefix (r->listen, "unix:")) {
-    if (r->listen[5] == '\0') {
-      mloop_fail (err, errlen, "--listen unix: needs a PATH");
-      return NULL;
-    }
-    if (!prepare_unix_dir (r->listen + 5, err, errlen))
-      return NULL;
-  }
-  else if (!g_str_has_prefix (r->listen, "tcp:") ||
-           !split_tcp (r->listen + 4, &host, &port)) {
-    mloop_fail (err, errlen, "--listen %s: expected unix:PATH or "
-                "tcp:ADDR:PORT", r->listen);
+  if (mloop_nbd_address_parse (r->listen, MLOOP_NBD_ADDRESS_LISTEN, &a,
+                               why, sizeof why) == -1) {
+    mloop_fail (err, errlen, "--listen %s", why);
     return NULL;
   }
+  /* mloop-server would take tcp::PORT as every address: serve listens
+   * only where it is told.
+   */
+  if (a.host && *a.host == '\0') {
+    mloop_fail (err, errlen, "--listen %s: needs a HOST (0.0.0.0 or [::] "
+                "for every address)", r->listen);
+    mloop_nbd_address_clear (&a);
+    return NULL;
+  }
+  if (a.unix_path && !prepare_unix_dir (a.unix_path, err, errlen)) {
+    mloop_nbd_address_clear (&a);
+    return NULL;
+  }
 
-  argv = g_ptr_array_new ();
-  if (use_nbdkit)
-    nbdkit_command (r, host, port, argv);
-  else
-    native_command (r, argv);
-  g_ptr_array_add (argv, NULL);
-  return (char **) g_ptr_array_free (argv, FALSE);
+  c = (struct mloop_server_config) {
+    .image = r->file, .listen = &a, .export_name = r->export_name,
+    .threads = r->threads, .read_only = r->read_only, .foreground = true,
+    .tls = r->tls, .tls_psk = r->tls_psk,
+    .tls_certificates = r->tls_certificates,
+  };
+  argv = mloop_server_command (kind, &c);
+  mloop_nbd_address_clear (&a);
+  return argv;
 }

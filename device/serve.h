@@ -11,21 +11,19 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "server_process.h"
-
-enum mloop_tls_mode { MLOOP_TLS_OFF, MLOOP_TLS_ON, MLOOP_TLS_REQUIRE };
+#include "server_kind.h"
 
 struct mloop_serve_request {
   const char *file;
-  const char *listen;           /* unix:PATH or tcp:ADDR:PORT */
+  const char *listen;           /* unix:PATH or tcp:HOST:PORT */
   const char *export_name;      /* NULL: the default export "" */
   bool read_only;
   unsigned threads;             /* 0: the server's default */
   enum mloop_tls_mode tls;
   const char *tls_psk;          /* PSK file (nbdkit's format) */
   const char *tls_certificates; /* directory of PEM files */
-  bool server_given;            /* --server was on the command line */
-  enum mloop_server_kind server;
+  /* NULL: the default server, or one that serves TLS when TLS is on. */
+  const struct mloop_server_kind *server;
 };
 
 /* 0 and *MODE for "off", "on" or "require"; -1 otherwise. */

@@ -12,34 +12,11 @@
 
 #include <glib.h>
 
+#include "device_state.h"
 #include "errmsg.h"
 #include "server_process.h"
 
 #define POLL_INTERVAL_US 20000
-
-const char *
-mloop_server_kind_name (enum mloop_server_kind kind)
-{
-  switch (kind) {
-  case MLOOP_SERVER_NBDKIT: return "nbdkit";
-  case MLOOP_SERVER_REMOTE: return "remote";
-  default: return "native";
-  }
-}
-
-int
-mloop_server_kind_parse (const char *name, enum mloop_server_kind *kind)
-{
-  if (strcmp (name, "native") == 0)
-    *kind = MLOOP_SERVER_NATIVE;
-  else if (strcmp (name, "nbdkit") == 0)
-    *kind = MLOOP_SERVER_NBDKIT;
-  else if (strcmp (name, "remote") == 0)
-    *kind = MLOOP_SERVER_REMOTE;
-  else
-    return -1;
-  return 0;
-}
 
 /* ENV_NAME if set; else BUILD_RELATIVE next to the running program when
  * it runs from the build tree; else INSTALLED.
@@ -64,57 +41,6 @@ mloop_locate_program (const char *env_name, const char *build_relative,
     g_free (candidate);
   }
   return g_strdup (installed);
-}
-
-static GPtrArray *
-server_argv (const struct mloop_server_spec *s)
-{
-  GPtrArray *argv = g_ptr_array_new_with_free_func (g_free);
-
-  if (s->kind == MLOOP_SERVER_NATIVE) {
-    g_ptr_array_add (argv, mloop_locate_program ("MLOOP_SERVER_BIN",
-                                   "server/mloop-server",
-                                   MLOOP_SBINDIR "/mloop-server"));
-    g_ptr_array_add (argv, g_strdup_printf ("--listen=unix:%s",
-                                            s->socket_path));
-    g_ptr_array_add (argv, g_strdup_printf ("--pid-file=%s", s->pid_file));
-    if (s->threads)
-      g_ptr_array_add (argv, g_strdup_printf ("--threads=%u", s->threads));
-    if (s->read_only)
-      g_ptr_array_add (argv, g_strdup ("--read-only"));
-    if (s->stats_file)
-      g_ptr_array_add (argv, g_strdup_printf ("--stats-file=%s",
-                                              s->stats_file));
-    g_ptr_array_add (argv, g_strdup ("--"));
-    g_ptr_array_add (argv, g_strdup (s->image));
-  }
-  else {
-    /* Not -f: Debian's nbdkit 1.32.5 calls set_exit_with_parent()
-     * unconditionally, so in the foreground it dies with `mloop attach`.
-     * Daemonizing forks, which clears the parent-death signal; its pid
-     * then comes from the pid file, and after the fork its messages go
-     * to syslog (startup errors still reach server.log).
-     */
-    g_ptr_array_add (argv, g_strdup ("nbdkit"));
-    /* Debug messages into server.log, for diagnosing a device. */
-    if (g_getenv ("MLOOP_SERVER_VERBOSE"))
-      g_ptr_array_add (argv, g_strdup ("-v"));
-    g_ptr_array_add (argv, g_strdup ("-U"));
-    g_ptr_array_add (argv, g_strdup (s->socket_path));
-    g_ptr_array_add (argv, g_strdup ("-P"));
-    g_ptr_array_add (argv, g_strdup (s->pid_file));
-    if (s->read_only)
-      g_ptr_array_add (argv, g_strdup ("-r"));
-    g_ptr_array_add (argv, mloop_locate_program ("MLOOP_PLUGIN",
-                                   "plugin/nbdkit-mloop-plugin.so", "mloop"));
-    g_ptr_array_add (argv, g_strdup_printf ("file=%s", s->image));
-    if (s->threads)
-      g_ptr_array_add (argv, g_strdup_printf ("threads=%u", s->threads));
-    if (s->stats_file)
-      g_ptr_array_add (argv, g_strdup_printf ("stats=%s", s->stats_file));
-  }
-  g_ptr_array_add (argv, NULL);
-  return argv;
 }
 
 /* Runs in the child between fork and exec: leave the caller's session so
@@ -223,15 +149,20 @@ mloop_server_start (const struct mloop_server_spec *spec,
                     unsigned timeout_ms, pid_t *pid,
                     char *err, size_t errlen)
 {
-  g_autoptr (GPtrArray) argv = server_argv (spec);
-  g_autofree char *what = g_strdup_printf ("the %s server",
-                                           mloop_server_kind_name (spec->kind));
+  const struct mloop_nbd_address listen = { .unix_path = spec->socket_path };
+  const struct mloop_server_config c = {
+    .image = spec->image, .listen = &listen, .pid_file = spec->pid_file,
+    .stats_file = spec->stats_file, .threads = spec->threads,
+    .read_only = spec->read_only,
+  };
+  g_auto (GStrv) argv = mloop_server_command (spec->kind, &c);
+  g_autofree char *what = g_strdup_printf ("the %s server", spec->kind->name);
   pid_t child;
 
   /* Each start's messages follow the last one's in the log. */
-  return spawn_and_wait ((char **) argv->pdata, spec->log_file,
-                         spec->pid_file, spec->kind == MLOOP_SERVER_NBDKIT,
-                         what, timeout_ms, &child, pid, err, errlen);
+  return spawn_and_wait (argv, spec->log_file, spec->pid_file,
+                         spec->kind->daemonizes, what, timeout_ms, &child,
+                         pid, err, errlen);
 }
 
 int
@@ -241,7 +172,7 @@ mloop_supervisor_start (const struct mloop_server_spec *spec,
                         char *err, size_t errlen)
 {
   g_autoptr (GPtrArray) argv = g_ptr_array_new_with_free_func (g_free);
-  g_autofree char *log_file = g_build_filename (dir, "supervisor.log", NULL);
+  g_autofree char *log_file = g_build_filename (dir, MLOOP_DIR_SUPERVISOR_LOG, NULL);
   g_autofree char *line = NULL;
   int r;
 
@@ -249,8 +180,7 @@ mloop_supervisor_start (const struct mloop_server_spec *spec,
                                  "supervisor/mloop-supervisor",
                                  MLOOP_SBINDIR "/mloop-supervisor"));
   g_ptr_array_add (argv, g_strdup_printf ("--dir=%s", dir));
-  g_ptr_array_add (argv, g_strdup_printf ("--server=%s",
-                                          mloop_server_kind_name (spec->kind)));
+  g_ptr_array_add (argv, g_strdup_printf ("--server=%s", spec->kind->name));
   if (spec->threads)
     g_ptr_array_add (argv, g_strdup_printf ("--threads=%u", spec->threads));
   if (spec->read_only)

@@ -12,14 +12,13 @@
 #include <stddef.h>
 #include <sys/types.h>
 
-enum mloop_server_kind {
-  MLOOP_SERVER_NATIVE,
-  MLOOP_SERVER_NBDKIT,
-  MLOOP_SERVER_REMOTE,          /* a device on another machine's export */
-};
+#include "server_kind.h"
 
+/* The server behind a device: on a private Unix socket, in the
+ * background.
+ */
 struct mloop_server_spec {
-  enum mloop_server_kind kind;
+  const struct mloop_server_kind *kind;
   const char *image;
   const char *socket_path;      /* Unix socket to listen on */
   const char *pid_file;         /* written by the server once listening */
@@ -35,10 +34,6 @@ struct mloop_server_spec {
  */
 char *mloop_locate_program (const char *env_name, const char *build_relative,
                             const char *installed);
-
-const char *mloop_server_kind_name (enum mloop_server_kind kind);
-/* 0 and *KIND for "native", "nbdkit" (or "remote"), else -1. */
-int mloop_server_kind_parse (const char *name, enum mloop_server_kind *kind);
 
 /* Starts the server and waits up to TIMEOUT_MS until it listens (its pid
  * file appears).  If it exits or times out first, it is killed, ERR says

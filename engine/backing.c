@@ -27,16 +27,29 @@ set_error (char *err, size_t errlen, const char *fmt, ...)
 }
 
 int
+mloop_on_off_parse (const char *str, bool *on)
+{
+  static const char *const yes[] = { "on", "true", "yes", "1" };
+  static const char *const no[] = { "off", "false", "no", "0" };
+
+  for (size_t i = 0; i < sizeof yes / sizeof yes[0]; i++) {
+    if (strcasecmp (str, yes[i]) == 0)
+      return *on = true, 0;
+    if (strcasecmp (str, no[i]) == 0)
+      return *on = false, 0;
+  }
+  return -1;
+}
+
+int
 mloop_direct_mode_parse (const char *str, enum mloop_direct_mode *mode)
 {
+  bool on;
+
   if (strcasecmp (str, "auto") == 0)
     *mode = MLOOP_DIRECT_AUTO;
-  else if (strcasecmp (str, "on") == 0 || strcasecmp (str, "true") == 0 ||
-           strcasecmp (str, "yes") == 0 || strcmp (str, "1") == 0)
-    *mode = MLOOP_DIRECT_ON;
-  else if (strcasecmp (str, "off") == 0 || strcasecmp (str, "false") == 0 ||
-           strcasecmp (str, "no") == 0 || strcmp (str, "0") == 0)
-    *mode = MLOOP_DIRECT_OFF;
+  else if (mloop_on_off_parse (str, &on) == 0)
+    *mode = on ? MLOOP_DIRECT_ON : MLOOP_DIRECT_OFF;
   else
     return -1;
   return 0;

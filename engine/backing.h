@@ -54,7 +54,13 @@ struct mloop_backing {
   bool direct_fallback;
 };
 
-/* Parses "auto", "on" or "off" (also the usual boolean spellings).
+/* Parses an on/off setting: "on", "true", "yes" or "1", "off", "false",
+ * "no" or "0", in any case.  Returns 0 and sets *ON, or -1.  Every
+ * front end's on|off options go through it.
+ */
+int mloop_on_off_parse (const char *str, bool *on);
+
+/* Parses "auto" or an on/off setting (mloop_on_off_parse).
  * Returns 0 and sets *MODE, or -1 for anything else.
  */
 int mloop_direct_mode_parse (const char *str, enum mloop_direct_mode *mode);

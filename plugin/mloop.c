@@ -92,25 +92,6 @@ parse_bounded (const char *key, const char *value, unsigned min,
   return 0;
 }
 
-/* Parses a boolean here rather than with nbdkit_parse_bool, whose error
- * line would not name the parameter.
- */
-static int
-parse_on_off (const char *value, bool *out)
-{
-  static const char *const on[] = { "on", "true", "yes", "1" };
-  static const char *const off[] = { "off", "false", "no", "0" };
-  size_t i;
-
-  for (i = 0; i < sizeof on / sizeof on[0]; i++) {
-    if (strcasecmp (value, on[i]) == 0)
-      return *out = true, 0;
-    if (strcasecmp (value, off[i]) == 0)
-      return *out = false, 0;
-  }
-  return -1;
-}
-
 static int
 mloop_config (const char *key, const char *value)
 {
@@ -129,13 +110,14 @@ mloop_config (const char *key, const char *value)
     return parse_bounded (key, value, 1, MLOOP_QUEUE_DEPTH_MAX,
                           &queue_depth);
   else if (strcmp (key, "discard") == 0) {
-    if (parse_on_off (value, &discard) == -1) {
+    /* Not nbdkit_parse_bool: its error would not name the parameter. */
+    if (mloop_on_off_parse (value, &discard) == -1) {
       nbdkit_error ("discard=%s: must be on or off", value);
       return -1;
     }
   }
   else if (strcmp (key, "mlock") == 0) {
-    if (parse_on_off (value, &lock_memory) == -1) {
+    if (mloop_on_off_parse (value, &lock_memory) == -1) {
       nbdkit_error ("mlock=%s: must be on or off", value);
       return -1;
     }

@@ -8,18 +8,16 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 
+#include "address.h"
 #include "listener.h"
 
 static int
-open_unix (struct listener *l, const char *path, char *err, size_t errlen)
+open_unix (struct listener *l, const char *spec, const char *path,
+           char *err, size_t errlen)
 {
   struct sockaddr_un sun = { .sun_family = AF_UNIX };
 
-  if (strlen (path) >= sizeof sun.sun_path) {
-    snprintf (err, errlen, "--listen unix:%s: path too long", path);
-    return -1;
-  }
-  strcpy (sun.sun_path, path);
+  strcpy (sun.sun_path, path);  /* the parser checked its length */
   l->fd = socket (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (l->fd == -1) {
     snprintf (err, errlen, "socket: %s", strerror (errno));
@@ -29,7 +27,7 @@ open_unix (struct listener *l, const char *path, char *err, size_t errlen)
    * file we did not create (it may be another server's live socket).
    */
   if (bind (l->fd, (struct sockaddr *) &sun, sizeof sun) == -1) {
-    snprintf (err, errlen, "--listen unix:%s: %s", path, strerror (errno));
+    snprintf (err, errlen, "--listen %s: %s", spec, strerror (errno));
     close (l->fd);
     return -1;
   }
@@ -37,70 +35,54 @@ open_unix (struct listener *l, const char *path, char *err, size_t errlen)
   return 0;
 }
 
+/* An empty HOST listens on every address. */
 static int
-open_tcp (struct listener *l, const char *hostport, char *err, size_t errlen)
+open_tcp (struct listener *l, const char *spec, const char *host,
+          const char *port, char *err, size_t errlen)
 {
   struct addrinfo hints = { .ai_socktype = SOCK_STREAM,
                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV };
   struct addrinfo *ai = NULL;
-  char *host = strdup (hostport), *port;
   int one = 1, r;
 
-  if (host == NULL) {
-    snprintf (err, errlen, "%s", strerror (errno));
-    return -1;
-  }
-  port = strrchr (host, ':');
-  if (port == NULL || port[1] == '\0') {
-    snprintf (err, errlen, "--listen tcp:%s: expected tcp:HOST:PORT",
-              hostport);
-    free (host);
-    return -1;
-  }
-  *port++ = '\0';
-  /* [::1]:10809 style */
-  if (host[0] == '[' && host[strlen (host) - 1] == ']') {
-    memmove (host, host + 1, strlen (host));
-    host[strlen (host) - 1] = '\0';
-  }
   r = getaddrinfo (*host ? host : NULL, port, &hints, &ai);
   if (r != 0) {
-    snprintf (err, errlen, "--listen tcp:%s: %s", hostport, gai_strerror (r));
-    free (host);
+    snprintf (err, errlen, "--listen %s: %s", spec, gai_strerror (r));
     return -1;
   }
   l->fd = socket (ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (l->fd == -1 ||
       setsockopt (l->fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == -1 ||
       bind (l->fd, ai->ai_addr, ai->ai_addrlen) == -1) {
-    snprintf (err, errlen, "--listen tcp:%s: %s", hostport, strerror (errno));
+    snprintf (err, errlen, "--listen %s: %s", spec, strerror (errno));
     if (l->fd >= 0)
       close (l->fd);
     freeaddrinfo (ai);
-    free (host);
     return -1;
   }
   freeaddrinfo (ai);
-  free (host);
   return 0;
 }
 
 int
 listener_open (struct listener *l, const char *spec, char *err, size_t errlen)
 {
+  struct mloop_nbd_address a;
+  char why[256];
   int r;
 
   l->fd = -1;
   l->unix_path = NULL;
-  if (strncmp (spec, "unix:", 5) == 0)
-    r = open_unix (l, spec + 5, err, errlen);
-  else if (strncmp (spec, "tcp:", 4) == 0)
-    r = open_tcp (l, spec + 4, err, errlen);
-  else {
-    snprintf (err, errlen, "--listen %s: expected unix:PATH or tcp:HOST:PORT",
-              spec);
+  if (mloop_nbd_address_parse (spec, MLOOP_NBD_ADDRESS_LISTEN, &a,
+                               why, sizeof why) == -1) {
+    snprintf (err, errlen, "--listen %s", why);
     return -1;
   }
+  if (a.unix_path)
+    r = open_unix (l, spec, a.unix_path, err, errlen);
+  else
+    r = open_tcp (l, spec, a.host, a.port, err, errlen);
+  mloop_nbd_address_clear (&a);
   if (r == 0 && listen (l->fd, SOMAXCONN) == -1) {
     snprintf (err, errlen, "listen: %s", strerror (errno));
     listener_close (l);

@@ -1,4 +1,6 @@
-/* mloop-server — the listening socket: unix:PATH or tcp:HOST:PORT. */
+/* mloop-server — the listening socket: unix:PATH or tcp:HOST:PORT, as
+ * nbd/address.h parses them.
+ */
 #ifndef MLOOP_SERVER_LISTENER_H
 #define MLOOP_SERVER_LISTENER_H
 

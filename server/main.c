@@ -256,14 +256,15 @@ transmission_flags (bool discard)
   return f;
 }
 
+/* --NAME=VALUE, on when not given. */
 static bool
 parse_on_off (const char *name, const char *value)
 {
-  if (value == NULL || g_ascii_strcasecmp (value, "on") == 0)
-    return true;
-  if (g_ascii_strcasecmp (value, "off") == 0)
-    return false;
-  die ("--%s=%s: must be on or off", name, value);
+  bool on = true;
+
+  if (value && mloop_on_off_parse (value, &on) == -1)
+    die ("--%s=%s: must be on or off", name, value);
+  return on;
 }
 
 /* Parses a size such as 4096, 64K, 256M or 1G (binary units) for

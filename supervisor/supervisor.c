@@ -227,24 +227,24 @@ main (int argc, char **argv)
     fprintf (stderr, "mloop-supervisor: need --dir DIR and one IMAGE\n");
     return EXIT_FAILURE;
   }
-  sv.spec.kind = MLOOP_SERVER_NATIVE;
-  if (server_kind && mloop_server_kind_parse (server_kind,
-                                              &sv.spec.kind) == -1) {
-    fprintf (stderr, "mloop-supervisor: --server %s: native or nbdkit\n",
-             server_kind);
+  sv.spec.kind = server_kind ? mloop_server_kind_find (server_kind, err,
+                                                       sizeof err)
+    : mloop_server_kind_default ();
+  if (sv.spec.kind == NULL) {
+    fprintf (stderr, "mloop-supervisor: --server %s\n", err);
     return EXIT_FAILURE;
   }
   sv.spec.image = argv[1];
   sv.spec.threads = threads > 0 ? (unsigned) threads : 0;
   sv.spec.read_only = read_only;
-  sv.spec.socket_path = g_build_filename (sv.dir, "sock", NULL);
-  sv.spec.pid_file = g_build_filename (sv.dir, "server.pid", NULL);
-  sv.spec.log_file = g_build_filename (sv.dir, "server.log", NULL);
-  sv.spec.stats_file = g_build_filename (sv.dir, "stats", NULL);
+  sv.spec.socket_path = g_build_filename (sv.dir, MLOOP_DIR_SOCKET, NULL);
+  sv.spec.pid_file = g_build_filename (sv.dir, MLOOP_DIR_SERVER_PID, NULL);
+  sv.spec.log_file = g_build_filename (sv.dir, MLOOP_DIR_SERVER_LOG, NULL);
+  sv.spec.stats_file = g_build_filename (sv.dir, MLOOP_DIR_STATS, NULL);
 
   /* Orphans (nbdkit's daemon) become our children, so we can reap them. */
   prctl (PR_SET_CHILD_SUBREAPER, 1);
-  pid_path = g_build_filename (sv.dir, "supervisor.pid", NULL);
+  pid_path = g_build_filename (sv.dir, MLOOP_DIR_SUPERVISOR_PID, NULL);
   snprintf (pid_text, sizeof pid_text, "%d\n", (int) getpid ());
   g_file_set_contents (pid_path, pid_text, -1, NULL);
 

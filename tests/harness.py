@@ -10,8 +10,9 @@ Run a test by hand from the repository root:
       /usr/bin/python3 tests/protocol/test-rw-patterns.py
 
 Environment (set by tests/meson.build):
-  MLOOP_SERVER     "plugin" (default): nbdkit with the built plugin;
-                   "native": the built mloop-server.  The same tests run
+  MLOOP_SERVER     "nbdkit" (default): nbdkit with the built plugin;
+                   "native": the built mloop-server (the names of
+                   `mloop attach --server`).  The same tests run
                    against both; parameters are written the plugin's way
                    (threads=4, discard=off, nbdkit -r) and translated.
   MLOOP_PLUGIN     path of the built nbdkit-mloop-plugin.so
@@ -46,10 +47,10 @@ try:
 except ImportError:
     skip("python3-libnbd (module nbd) is not installed")
 
-SERVER_KIND = os.environ.get("MLOOP_SERVER", "plugin")
+SERVER_KIND = os.environ.get("MLOOP_SERVER", "nbdkit")
 PLUGIN = os.environ.get("MLOOP_PLUGIN")
 SERVER_BIN = os.environ.get("MLOOP_SERVER_BIN")
-if SERVER_KIND == "plugin":
+if SERVER_KIND == "nbdkit":
     if shutil.which("nbdkit") is None:
         skip("nbdkit is not installed")
     if not PLUGIN or not os.path.exists(PLUGIN):
@@ -58,12 +59,12 @@ elif SERVER_KIND == "native":
     if not SERVER_BIN or not os.path.exists(SERVER_BIN):
         skip("MLOOP_SERVER_BIN does not name the built mloop-server")
 else:
-    raise SystemExit(f"MLOOP_SERVER={SERVER_KIND}: expected plugin or native")
+    raise SystemExit(f"MLOOP_SERVER={SERVER_KIND}: expected nbdkit or native")
 
 
-def plugin_only(reason):
+def nbdkit_only(reason):
     """Skips a test that exercises nbdkit itself, when testing mloop-server."""
-    if SERVER_KIND != "plugin":
+    if SERVER_KIND != "nbdkit":
         skip(f"nbdkit plugin only: {reason}")
 
 
@@ -209,7 +210,7 @@ class Server:
         else:
             cmd += ["nbdkit", "-f", "-U", self.sock, "-P", ready, *nbdkit_args,
                     PLUGIN, f"file={image}", *params]
-        env = nbdkit_env() if SERVER_KIND == "plugin" else dict(os.environ)
+        env = nbdkit_env() if SERVER_KIND == "nbdkit" else dict(os.environ)
         if VALGRIND:
             env["NBDKIT_VALGRIND"] = "1"  # nbdkit keeps the plugin mapped
         self.logf = open(self.log, "w")

@@ -203,7 +203,7 @@ try:
     # Refusals: one line, non-zero, nothing started.
     for args, expect in [
             ([image], "--listen"),
-            ([image, "--listen", "tcp:127.0.0.1"], "expected unix:PATH or tcp:ADDR:PORT"),
+            ([image, "--listen", "tcp:127.0.0.1"], "expected unix:PATH or tcp:HOST:PORT"),
             ([image, "--listen", "unix:/x", "--tls", "require"], "--tls needs"),
             ([image, "--listen", "unix:/x", "--tls", "maybe"], "--tls maybe"),
             ([image, "--listen", "unix:/x", "--tls", "require", "--tls-psk", psk,

@@ -31,7 +31,7 @@ expected = {
 }
 for k, v in expected.items():
     assert e.get(k) == v, f"{k}: nbdinfo says {e.get(k)!r}, expected {v!r}"
-if harness.SERVER_KIND == "plugin":
+if harness.SERVER_KIND == "nbdkit":
     assert "base:allocation" in e.get("contexts", []), "extents not advertised"
 else:
     assert not e.get("contexts"), "mloop-server claims meta contexts it cannot serve"

@@ -48,7 +48,7 @@ def data_ranges(m):
 
 
 served = data_ranges(qemu_img("map", "--output=json", "-f", "raw", nbd_uri))
-if harness.SERVER_KIND == "plugin":
+if harness.SERVER_KIND == "nbdkit":
     local = data_ranges(qemu_img("map", "--output=json", "-f", "raw", target))
     assert served == local, f"qemu-img map via mloop {served} != file {local}"
 else:

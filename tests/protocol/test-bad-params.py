@@ -5,7 +5,7 @@ import os
 import subprocess
 import harness
 
-harness.plugin_only("nbdkit's parameter parsing")
+harness.nbdkit_only("nbdkit's parameter parsing")
 
 d = harness.tmpdir()
 image = harness.make_image(1 << 20, data=b"keep me", directory=d)

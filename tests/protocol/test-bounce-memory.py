@@ -77,7 +77,7 @@ print(f"{harness.SERVER_KIND}: {CONNECTIONS}x{IN_FLIGHT} reads of {mib(size)}: "
       f"RSS {mib(before)} before, {mib(after)} after")
 
 reference = 0
-if harness.SERVER_KIND == "plugin" and shutil.which("nbdkit"):
+if harness.SERVER_KIND == "nbdkit" and shutil.which("nbdkit"):
     d = harness.tmpdir()
     sock = os.path.join(d, "file.sock")
     pidfile = os.path.join(d, "file.pid")

@@ -3,7 +3,7 @@
 import subprocess
 import harness
 
-harness.plugin_only("nbdkit --help/--version")
+harness.nbdkit_only("nbdkit --help/--version")
 
 out = subprocess.run(["nbdkit", harness.PLUGIN, "--help"], env=harness.nbdkit_env(),
                      capture_output=True, text=True, check=True).stdout

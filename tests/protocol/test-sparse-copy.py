@@ -7,7 +7,7 @@ import shutil
 import subprocess
 import harness
 
-harness.plugin_only("skipping holes needs BLOCK_STATUS, which mloop-server does not offer")
+harness.nbdkit_only("skipping holes needs BLOCK_STATUS, which mloop-server does not offer")
 
 if shutil.which("nbdcopy") is None:
     harness.skip("nbdcopy (libnbd-bin) is not installed")

@@ -1,0 +1,69 @@
+/* mloop — the servers mloop runs, one row of a table each: mloop-server
+ * ("native", the default) and nbdkit with the mloop plugin ("nbdkit").
+ *
+ * A row holds what differs between them: the name that --server, the
+ * state file and `mloop list` use, whether it serves TLS, whether it
+ * daemonizes, and how its command line is written.  One command line
+ * serves both a device (server_process.h: a private Unix socket, in the
+ * background) and an export (serve.h: where the user says, in the
+ * foreground).  A device on another machine's export runs no server of
+ * ours (mloop_device_state.remote), so it is not a kind.  Never prints.
+ */
+#ifndef MLOOP_SERVER_KIND_H
+#define MLOOP_SERVER_KIND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <glib.h>
+
+#include "address.h"
+
+enum mloop_tls_mode { MLOOP_TLS_OFF, MLOOP_TLS_ON, MLOOP_TLS_REQUIRE };
+
+/* What a server serves, where and how. */
+struct mloop_server_config {
+  const char *image;
+  const struct mloop_nbd_address *listen;  /* a Unix socket, or TCP */
+  const char *pid_file;         /* written once listening, or NULL */
+  const char *stats_file;       /* request counters (stats.h), or NULL */
+  const char *export_name;      /* NULL: the server's default */
+  unsigned threads;             /* IO workers; 0 = the server's default */
+  bool read_only;
+  /* The process started is the server, for as long as it serves.
+   * Otherwise a kind that daemonizes may fork and exit.
+   */
+  bool foreground;
+  enum mloop_tls_mode tls;      /* only for a kind with .tls */
+  const char *tls_psk;          /* PSK file (nbdkit's format), or NULL */
+  const char *tls_certificates; /* directory of PEM files, or NULL */
+};
+
+struct mloop_server_kind {
+  const char *name;
+  bool tls;                     /* can serve TLS */
+  /* Started in the background, the process exits 0 once its daemon
+   * listens: the pid file names the server.
+   */
+  bool daemonizes;
+  /* Appends the program and its arguments serving C to ARGV. */
+  void (*command) (const struct mloop_server_config *c, GPtrArray *argv);
+};
+
+/* The default kind: mloop-server. */
+const struct mloop_server_kind *mloop_server_kind_default (void);
+/* The first kind that serves TLS. */
+const struct mloop_server_kind *mloop_server_kind_tls (void);
+
+/* The kind called NAME; NULL with ERR ("NAME: must be native or
+ * nbdkit") when there is none.
+ */
+const struct mloop_server_kind *mloop_server_kind_find (const char *name,
+                                                        char *err,
+                                                        size_t errlen);
+
+/* KIND's command line for C, NULL-terminated (g_strfreev it). */
+char **mloop_server_command (const struct mloop_server_kind *kind,
+                             const struct mloop_server_config *c);
+
+#endif /* MLOOP_SERVER_KIND_H */
