@@ -170,8 +170,9 @@ struct opener {
  * how many times a device with a connection left unread is connected
  * again (see nbd_receivers.h).
  */
-#define RECEIVERS_TIMEOUT_MS 2000
-#define RECEIVERS_ATTEMPTS   3
+#define RECEIVERS_SETTLE_MS  500
+#define RECEIVERS_TIMEOUT_MS 5000
+#define RECEIVERS_ATTEMPTS   16
 
 /* Hands N negotiated sockets to the kernel as one device.  The kernel
  * takes its own references: FDS are closed here either way.
@@ -249,6 +250,7 @@ connect_kernel (const struct mloop_attach_request *req,
       return -1;
     if (attempt == RECEIVERS_ATTEMPTS ||
         mloop_nbd_receivers_all_running (index, (unsigned) n,
+                                         RECEIVERS_SETTLE_MS,
                                          RECEIVERS_TIMEOUT_MS))
       break;
     /* Nothing was written yet: start again from nothing. */

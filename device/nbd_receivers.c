@@ -53,15 +53,18 @@ sleep_ms (unsigned ms)
 }
 
 bool
-mloop_nbd_receivers_all_running (int index, unsigned n, unsigned timeout_ms)
+mloop_nbd_receivers_all_running (int index, unsigned n, unsigned settle_ms,
+                                 unsigned timeout_ms)
 {
-  unsigned waited = 0, seen;
+  unsigned waited = 0, unchanged = 0, seen, last = 0;
 
   for (;;) {
     seen = mloop_nbd_receivers (index);
     if (seen >= n)
       return true;
-    if (waited >= timeout_ms)
+    unchanged = seen == last ? unchanged + POLL_MS : 0;
+    last = seen;
+    if (waited >= timeout_ms || (seen > 0 && unchanged >= settle_ms))
       return seen == 0;
     sleep_ms (POLL_MS);
     waited += POLL_MS;

@@ -18,12 +18,15 @@
 /* How many of /dev/nbdINDEX's receive works are running now. */
 unsigned mloop_nbd_receivers (int index);
 
-/* Waits up to TIMEOUT_MS for /dev/nbdINDEX to have N receive works
- * running.  True if it does; also true if none is seen at all (a kernel
- * that does not name work items in comm: nothing can be told), so only
- * "some but not all" is reported as starved.
+/* Waits for /dev/nbdINDEX to have N receive works running, giving up
+ * when the count has not changed for SETTLE_MS (kworkers are not coming:
+ * the rescuer holds the rest) or after TIMEOUT_MS.  True if all N run;
+ * also true if none is seen at all (a kernel that does not name work
+ * items in comm: nothing can be told), so only "some but not all" is
+ * reported as starved.
  */
 bool mloop_nbd_receivers_all_running (int index, unsigned n,
+                                      unsigned settle_ms,
                                       unsigned timeout_ms);
 
 /* Waits up to TIMEOUT_MS for every receive work of INDEX to end. */

@@ -92,7 +92,14 @@ if harness.SERVER_KIND == "nbdkit" and shutil.which("nbdkit"):
     reference = max(ra - rb, 0)
     print(f"reference: nbdkit file plugin kept {mib(reference)} under the same load")
 
+# What nbdkit itself may keep: one request buffer per thread that served
+# a read, so at most one per read in flight.  How many of its threads
+# pick up the 16 reads varies from run to run (the reference kept 960 or
+# 1024 MiB), so the bound is that most, not one run's figure; a plugin
+# keeping bounce buffers of its own would be a whole second set above it.
+if harness.SERVER_KIND == "plugin":
+    reference = max(reference, CONNECTIONS * IN_FLIGHT * size)
 kept = after - before
 assert kept <= reference + SLACK, \
-    f"server kept {mib(kept)} after the large reads (reference {mib(reference)}, slack {mib(SLACK)})"
+    f"server kept {mib(kept)} after the large reads (nbdkit's own at most {mib(reference)}, slack {mib(SLACK)})"
 print(f"ok: {mib(kept)} kept after large reads (limit {mib(reference + SLACK)})")
