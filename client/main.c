@@ -72,7 +72,7 @@ cmd_attach (int argc, char **argv)
     { "server", 's', 0, G_OPTION_ARG_STRING, &server,
       "native (mloop-server, default) or nbdkit (with the mloop plugin)",
       "KIND" },
-    { NULL }
+    G_OPTION_ENTRY_NULL
   };
   struct mloop_attach_request req = { .index = -1 };
   struct mloop_device_state st;
@@ -137,7 +137,7 @@ cmd_detach (int argc, char **argv)
   GOptionEntry entries[] = {
     { "all", 'a', 0, G_OPTION_ARG_NONE, &all,
       "Detach every device mloop attached", NULL },
-    { NULL }
+    G_OPTION_ENTRY_NULL
   };
   struct mloop_device_state st, *list;
   char err[1024];
@@ -173,7 +173,7 @@ cmd_list (int argc, char **argv)
   gboolean json = FALSE;
   GOptionEntry entries[] = {
     { "json", 'J', 0, G_OPTION_ARG_NONE, &json, "Print JSON", NULL },
-    { NULL }
+    G_OPTION_ENTRY_NULL
   };
   struct mloop_device_state *list;
   size_t n;
@@ -195,7 +195,7 @@ cmd_status (int argc, char **argv)
   gboolean json = FALSE;
   GOptionEntry entries[] = {
     { "json", 'J', 0, G_OPTION_ARG_NONE, &json, "Print JSON", NULL },
-    { NULL }
+    G_OPTION_ENTRY_NULL
   };
   struct mloop_device_state st;
   struct mloop_device_status status;
@@ -238,7 +238,7 @@ cmd_serve (int argc, char **argv)
       "Directory with ca-cert.pem, server-cert.pem, server-key.pem", "DIR" },
     { "server", 's', 0, G_OPTION_ARG_STRING, &server,
       "native (default without TLS) or nbdkit", "KIND" },
-    { NULL }
+    G_OPTION_ENTRY_NULL
   };
   struct mloop_serve_request req = { 0 };
   char err[1024];

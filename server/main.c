@@ -134,7 +134,7 @@ static GOptionEntry entries[] = {
     "Lock the server's memory (mlockall): never paged out", NULL },
   { "version", 'V', 0, G_OPTION_ARG_NONE, &opt_version,
     "Print the version and exit", NULL },
-  { NULL }
+  G_OPTION_ENTRY_NULL
 };
 
 static struct mloop_engine engine;

@@ -211,7 +211,7 @@ main (int argc, char **argv)
       "Server IO workers", "N" },
     { "read-only", 'r', 0, G_OPTION_ARG_NONE, &read_only,
       "Serve read-only", NULL },
-    { NULL }
+    G_OPTION_ENTRY_NULL
   };
   g_autoptr (GOptionContext) ctx = g_option_context_new ("IMAGE");
   g_autoptr (GError) gerr = NULL;
