@@ -14,16 +14,18 @@
 #include "align.h"
 #include "backing.h"
 
-static void
-set_error (char *err, size_t errlen, const char *fmt, ...)
+/* Writes the reason into ERR (if any) and returns -ERRNUM. */
+static int __attribute__((format (printf, 4, 5)))
+set_error (char *err, size_t errlen, int errnum, const char *fmt, ...)
 {
   va_list ap;
 
-  if (err == NULL || errlen == 0)
-    return;
-  va_start (ap, fmt);
-  vsnprintf (err, errlen, fmt, ap);
-  va_end (ap);
+  if (err && errlen) {
+    va_start (ap, fmt);
+    vsnprintf (err, errlen, fmt, ap);
+    va_end (ap);
+  }
+  return -errnum;
 }
 
 int
@@ -38,7 +40,7 @@ mloop_on_off_parse (const char *str, bool *on)
     if (strcasecmp (str, no[i]) == 0)
       return *on = false, 0;
   }
-  return -1;
+  return -EINVAL;
 }
 
 int
@@ -51,7 +53,7 @@ mloop_direct_mode_parse (const char *str, enum mloop_direct_mode *mode)
   else if (mloop_on_off_parse (str, &on) == 0)
     *mode = on ? MLOOP_DIRECT_ON : MLOOP_DIRECT_OFF;
   else
-    return -1;
+    return -EINVAL;
   return 0;
 }
 
@@ -64,16 +66,12 @@ probe_geometry (struct mloop_backing *b, const struct stat *st,
     uint64_t size;
     int lbs;
 
-    if (ioctl (b->fd, BLKGETSIZE64, &size) == -1) {
-      set_error (err, errlen, "file=%s: BLKGETSIZE64: %s",
-                 b->path, strerror (errno));
-      return -1;
-    }
-    if (ioctl (b->fd, BLKSSZGET, &lbs) == -1) {
-      set_error (err, errlen, "file=%s: BLKSSZGET: %s",
-                 b->path, strerror (errno));
-      return -1;
-    }
+    if (ioctl (b->fd, BLKGETSIZE64, &size) == -1)
+      return set_error (err, errlen, errno, "file=%s: BLKGETSIZE64: %s",
+                        b->path, strerror (errno));
+    if (ioctl (b->fd, BLKSSZGET, &lbs) == -1)
+      return set_error (err, errlen, errno, "file=%s: BLKSSZGET: %s",
+                        b->path, strerror (errno));
     b->size = size;
     b->logical_block_size = (uint32_t) lbs;
   }
@@ -86,11 +84,10 @@ probe_geometry (struct mloop_backing *b, const struct stat *st,
     b->logical_block_size = 512;
   }
   if (!mloop_is_power_of_two (b->logical_block_size) ||
-      b->logical_block_size > 65536) {
-    set_error (err, errlen, "file=%s: unusable logical block size %u",
-               b->path, b->logical_block_size);
-    return -1;
-  }
+      b->logical_block_size > 65536)
+    return set_error (err, errlen, EINVAL,
+                      "file=%s: unusable logical block size %u",
+                      b->path, b->logical_block_size);
   return 0;
 }
 
@@ -156,30 +153,24 @@ mloop_backing_open (struct mloop_backing *b, const char *path,
                     char *err, size_t errlen)
 {
   struct stat st;
-  int rw_flags;
+  int rw_flags, r;
 
   memset (b, 0, sizeof *b);
   b->fd = b->buffered_fd = -1;
 
-  if (stat (path, &st) == -1) {
-    set_error (err, errlen, "file=%s: %s", path, strerror (errno));
-    return -1;
-  }
-  if (S_ISDIR (st.st_mode)) {
-    set_error (err, errlen, "file=%s: is a directory, not an image file "
-               "or block device", path);
-    return -1;
-  }
-  if (!S_ISREG (st.st_mode) && !S_ISBLK (st.st_mode)) {
-    set_error (err, errlen, "file=%s: not a regular file or block device",
-               path);
-    return -1;
-  }
+  if (stat (path, &st) == -1)
+    return set_error (err, errlen, errno, "file=%s: %s", path,
+                      strerror (errno));
+  if (S_ISDIR (st.st_mode))
+    return set_error (err, errlen, EISDIR, "file=%s: is a directory, not "
+                      "an image file or block device", path);
+  if (!S_ISREG (st.st_mode) && !S_ISBLK (st.st_mode))
+    return set_error (err, errlen, EINVAL, "file=%s: not a regular file "
+                      "or block device", path);
   b->path = strdup (path);
-  if (b->path == NULL) {
-    set_error (err, errlen, "file=%s: %s", path, strerror (errno));
-    return -1;
-  }
+  if (b->path == NULL)
+    return set_error (err, errlen, errno, "file=%s: %s", path,
+                      strerror (errno));
   b->is_block_device = S_ISBLK (st.st_mode);
 
   /* Never O_CREAT or O_TRUNC: a mistyped path must not make a file. */
@@ -192,20 +183,23 @@ mloop_backing_open (struct mloop_backing *b, const char *path,
       b->writable = true;
     }
     else if (errno != EACCES && errno != EROFS && errno != EPERM) {
-      set_error (err, errlen, "file=%s: %s", path, strerror (errno));
+      r = set_error (err, errlen, errno, "file=%s: %s", path,
+                     strerror (errno));
       goto fail;
     }
   }
   if (b->buffered_fd == -1) {
     b->buffered_fd = open (path, O_RDONLY | O_CLOEXEC);
     if (b->buffered_fd == -1) {
-      set_error (err, errlen, "file=%s: %s", path, strerror (errno));
+      r = set_error (err, errlen, errno, "file=%s: %s", path,
+                     strerror (errno));
       goto fail;
     }
   }
 
   b->fd = b->buffered_fd;
-  if (probe_geometry (b, &st, err, errlen) == -1)
+  r = probe_geometry (b, &st, err, errlen);
+  if (r < 0)
     goto fail;
   b->buffered_from = b->size;
 
@@ -227,8 +221,8 @@ mloop_backing_open (struct mloop_backing *b, const char *path,
       errno = saved;
     }
     if (mode == MLOOP_DIRECT_ON) {
-      set_error (err, errlen, "direct=on: file=%s does not support O_DIRECT: "
-                 "%s", path, strerror (errno));
+      r = set_error (err, errlen, errno, "direct=on: file=%s does not "
+                     "support O_DIRECT: %s", path, strerror (errno));
       goto fail;
     }
     b->direct_fallback = true;
@@ -237,7 +231,7 @@ mloop_backing_open (struct mloop_backing *b, const char *path,
 
  fail:
   mloop_backing_close (b);
-  return -1;
+  return r;
 }
 
 void

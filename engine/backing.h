@@ -55,19 +55,19 @@ struct mloop_backing {
 };
 
 /* Parses an on/off setting: "on", "true", "yes" or "1", "off", "false",
- * "no" or "0", in any case.  Returns 0 and sets *ON, or -1.  Every
+ * "no" or "0", in any case.  Returns 0 and sets *ON, or -EINVAL.  Every
  * front end's on|off options go through it.
  */
 int mloop_on_off_parse (const char *str, bool *on);
 
 /* Parses "auto" or an on/off setting (mloop_on_off_parse).
- * Returns 0 and sets *MODE, or -1 for anything else.
+ * Returns 0 and sets *MODE, or -EINVAL for anything else.
  */
 int mloop_direct_mode_parse (const char *str, enum mloop_direct_mode *mode);
 
 /* Opens PATH (a regular file or a block device).  Opens read-write when
- * possible and WANT_WRITE is true, else read-only.  On failure returns -1
- * and writes a one-line reason naming the cause into ERR (ERRLEN bytes);
+ * possible and WANT_WRITE is true, else read-only.  On failure returns a
+ * negative errno and writes a one-line reason naming the cause into ERR;
  * nothing is left open.
  */
 int mloop_backing_open (struct mloop_backing *b, const char *path,

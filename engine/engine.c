@@ -24,10 +24,13 @@ mloop_engine_open (struct mloop_engine *e,
                    const struct mloop_engine_config *cfg,
                    char *err, size_t errlen)
 {
+  int r;
+
   memset (e, 0, sizeof *e);
-  if (mloop_backing_open (&e->backing, cfg->path, cfg->direct,
-                          cfg->want_write, err, errlen) == -1)
-    return -1;
+  r = mloop_backing_open (&e->backing, cfg->path, cfg->direct,
+                          cfg->want_write, err, errlen);
+  if (r < 0)
+    return r;
   mloop_range_lock_init (&e->rmw_lock);
   return 0;
 }

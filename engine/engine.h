@@ -14,11 +14,12 @@
  *   mloop_engine_prepare() ... mloop_engine_complete_event()  per request;
  *   mloop_engine_close().
  *
- * Errors, for the whole engine library: functions return 0 (or a count)
- * on success and a negative errno on failure; those that can fail for a
- * reason worth a sentence (opening, starting) also write a one-line
- * message into a caller-supplied buffer.  The library never prints and
- * never exits.
+ * Errors, for the whole engine library (this folder): functions return
+ * 0 (or a count) on success and a negative errno on failure; those that
+ * can fail for a reason worth a sentence (opening, starting) also write a
+ * one-line message into a caller-supplied buffer; only the allocator,
+ * returning a pointer, says NULL with errno set.  The library never
+ * prints and never exits.
  */
 #ifndef MLOOP_ENGINE_H
 #define MLOOP_ENGINE_H

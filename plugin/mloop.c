@@ -111,13 +111,13 @@ mloop_config (const char *key, const char *value)
                           &queue_depth);
   else if (strcmp (key, "discard") == 0) {
     /* Not nbdkit_parse_bool: its error would not name the parameter. */
-    if (mloop_on_off_parse (value, &discard) == -1) {
+    if (mloop_on_off_parse (value, &discard) < 0) {
       nbdkit_error ("discard=%s: must be on or off", value);
       return -1;
     }
   }
   else if (strcmp (key, "mlock") == 0) {
-    if (mloop_on_off_parse (value, &lock_memory) == -1) {
+    if (mloop_on_off_parse (value, &lock_memory) < 0) {
       nbdkit_error ("mlock=%s: must be on or off", value);
       return -1;
     }
@@ -139,7 +139,7 @@ mloop_config (const char *key, const char *value)
     }
   }
   else if (strcmp (key, "direct") == 0) {
-    if (mloop_direct_mode_parse (value, &config.direct) == -1) {
+    if (mloop_direct_mode_parse (value, &config.direct) < 0) {
       nbdkit_error ("direct=%s: must be auto, on or off", value);
       return -1;
     }
@@ -184,7 +184,7 @@ mloop_get_ready (void)
 
   config.path = filename;
   config.want_write = true;
-  if (mloop_engine_open (&engine, &config, err, sizeof err) == -1) {
+  if (mloop_engine_open (&engine, &config, err, sizeof err) < 0) {
     nbdkit_error ("%s", err);
     return -1;
   }

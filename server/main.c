@@ -262,7 +262,7 @@ parse_on_off (const char *name, const char *value)
 {
   bool on = true;
 
-  if (value && mloop_on_off_parse (value, &on) == -1)
+  if (value && mloop_on_off_parse (value, &on) < 0)
     die ("--%s=%s: must be on or off", name, value);
   return on;
 }
@@ -373,9 +373,9 @@ main (int argc, char *argv[])
   mloop_engine_config_init (&cfg);
   cfg.path = argv[1];
   cfg.want_write = !opt_read_only;
-  if (opt_direct && mloop_direct_mode_parse (opt_direct, &cfg.direct) == -1)
+  if (opt_direct && mloop_direct_mode_parse (opt_direct, &cfg.direct) < 0)
     die ("--direct=%s: must be auto, on or off", opt_direct);
-  if (mloop_engine_open (&engine, &cfg, err, sizeof err) == -1)
+  if (mloop_engine_open (&engine, &cfg, err, sizeof err) < 0)
     die ("%s", err);
   if (engine.backing.direct_fallback)
     fprintf (stderr, "mloop-server: warning: %s: O_DIRECT not supported "

@@ -64,7 +64,7 @@ LLVMFuzzerInitialize (int *argc, char ***argv)
   close (fd);
   mloop_engine_config_init (&cfg);
   cfg.path = path;
-  if (mloop_engine_open (&engine, &cfg, err, sizeof err) == -1)
+  if (mloop_engine_open (&engine, &cfg, err, sizeof err) < 0)
     die ("engine", err);
   unlink (path);
   mloop_engine_probe_features (&engine);

@@ -76,7 +76,7 @@ open_engine (enum mloop_pool_mode mode, bool writable, unsigned rings)
   cfg.path = path;
   cfg.want_write = writable;
   /* A queue depth of 8, small, so callers wait for slots. */
-  if (mloop_engine_open (&e, &cfg, err, sizeof err) == -1 ||
+  if (mloop_engine_open (&e, &cfg, err, sizeof err) < 0 ||
       mloop_pooled_start (&p, &e, rings, 8, mode, err, sizeof err) < 0) {
     fprintf (stderr, "engine: %s\n", err);
     exit (1);
