@@ -1,0 +1,56 @@
+/* NBD_OPT_ABORT is acknowledged and ends the handshake: the server sends
+ * the ACK and nothing else, and closes.  The spec has the server ignore
+ * any data the client sent with it, even more than an option may carry.
+ */
+#include <stdio.h>
+
+#include "handshake-client.h"
+#include "nbd_proto.h"
+#include "unit.h"
+
+static const struct export_info disk = {
+  .size = 1u << 20,
+  .transmission_flags = NBD_FLAG_HAS_FLAGS,
+  .min_block = 512, .preferred_block = 4096, .max_block = 32u << 20,
+  .name = "disk",
+};
+
+/* ABORT with LEN bytes of data after a LIST, then a GO the server must
+ * not answer.
+ */
+static void
+abort_with (uint32_t len, const char *what)
+{
+  struct bytes client = { 0 }, answer = { 0 };
+  struct reader r = { .what = what };
+  uint32_t rlen;
+  int result;
+
+  put_be (&client, NBD_FLAG_C_FIXED_NEWSTYLE, 4);
+  put_option (&client, NBD_OPT_LIST, NULL, 0);
+  put_option (&client, NBD_OPT_ABORT, NULL, len);
+  put_go (&client, NBD_OPT_GO, "disk");
+
+  result = run_handshake (&disk, &client, &answer);
+  r.p = answer.data;
+  r.left = answer.len;
+  CHECK (result == -1, "%s: handshake returned %d", what, result);
+  expect_greeting (&r);
+  expect_reply (&r, NBD_OPT_LIST, NBD_REP_SERVER, &rlen);
+  expect_reply (&r, NBD_OPT_LIST, NBD_REP_ACK, &rlen);
+  expect_reply (&r, NBD_OPT_ABORT, NBD_REP_ACK, &rlen);
+  CHECK (rlen == 0, "%s: ACK with %u bytes", what, rlen);
+  expect_end (&r);              /* the GO after it went unanswered */
+  bytes_free (&client);
+  bytes_free (&answer);
+}
+
+int
+main (void)
+{
+  abort_with (0, "ABORT");
+  abort_with (16, "ABORT with data");
+  abort_with (64 * 1024, "ABORT with 64 KiB of data");
+  printf ("ok: ABORT acked and the handshake ends\n");
+  return 0;
+}
