@@ -62,7 +62,7 @@ static void
 install_handlers (void)
 {
   static int installed;
-  const int sigs[] = { SIGABRT, SIGALRM, SIGTERM, SIGINT };
+  const int sigs[] = { SIGABRT, SIGALRM, SIGTERM, SIGINT, SIGSEGV, SIGBUS };
 
   if (installed++)
     return;

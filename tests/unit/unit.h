@@ -4,8 +4,9 @@
  * A test that fails calls unit_fail() (through CHECK), which exits 1;
  * one that cannot run here calls unit_skip(), which exits 77 (meson's
  * skip).  Either way, and on SIGABRT (a failed assert in the code under
- * test), SIGALRM (unit_deadline), SIGTERM and SIGINT (meson's timeout, ^C),
- * the paths given to unit_remove_at_exit() are removed first.
+ * test), SIGSEGV and SIGBUS (a crash there), SIGALRM (unit_deadline),
+ * SIGTERM and SIGINT (meson's timeout, ^C), the paths given to
+ * unit_remove_at_exit() are removed first.
  */
 #ifndef MLOOP_TESTS_UNIT_H
 #define MLOOP_TESTS_UNIT_H
