@@ -20,6 +20,7 @@
 #include "unit.h"
 
 static pid_t children[2];
+static const char *self;        /* argv[0]: /proc/self/exe may be valgrind */
 
 /* A stand-in server: this program, with MARK on its command line.  It
  * exits by itself after a minute, should the test leave it behind.
@@ -31,8 +32,7 @@ start_child (const char *mark)
 
   CHECK (pid >= 0, "fork: %s", strerror (errno));
   if (pid == 0) {
-    execl ("/proc/self/exe", "test-device-cleanup-incomplete", "--sleep",
-           mark, (char *) NULL);
+    execl (self, self, "--sleep", mark, (char *) NULL);
     _exit (127);
   }
   return pid;
@@ -84,6 +84,7 @@ main (int argc, char **argv)
     pause ();
     return 0;
   }
+  self = argv[0];
 
   g_autofree char *run = g_build_filename (unit_tmpdir ("/tmp"), "run", NULL);
   struct mloop_device_state attached = {

@@ -87,19 +87,16 @@ unit_remove_at_exit (const char *path)
   n_paths++;
 }
 
-char *
+const char *
 unit_tmpdir (const char *base)
 {
-  char *dir;
+  char dir[4096];
 
-  if (asprintf (&dir, "%s/mloop-unit-XXXXXX", base) == -1) {
-    perror ("asprintf");
-    exit (1);
-  }
+  snprintf (dir, sizeof dir, "%s/mloop-unit-XXXXXX", base);
   if (mkdtemp (dir) == NULL)
     unit_skip ("cannot make a directory in %s: %s", base, strerror (errno));
   unit_remove_at_exit (dir);
-  return dir;
+  return paths[n_paths - 1];
 }
 
 void

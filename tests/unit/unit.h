@@ -30,8 +30,10 @@ noreturn void unit_skip (const char *fmt, ...)
  */
 void unit_remove_at_exit (const char *path);
 
-/* A new private directory under BASE, removed at exit. */
-char *unit_tmpdir (const char *base);
+/* A new private directory under BASE, removed at exit.  The name is
+ * valid until then.
+ */
+const char *unit_tmpdir (const char *base);
 
 /* Fails the test (SIGALRM) if it still runs SECONDS from now: a lock
  * that never wakes a waiter must fail, not hang until meson's timeout.
