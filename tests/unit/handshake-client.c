@@ -64,7 +64,14 @@ put_go (struct bytes *b, uint32_t option, const char *name)
   put_be (b, 0, 2);             /* no information requests */
 }
 
-int
+const struct export_info plain_disk = {
+  .size = 1u << 20,
+  .transmission_flags = NBD_FLAG_HAS_FLAGS,
+  .min_block = 512, .preferred_block = 4096, .max_block = 32u << 20,
+  .name = "disk",
+};
+
+static int
 run_handshake (const struct export_info *x, const struct bytes *client,
                struct bytes *answer)
 {
@@ -118,7 +125,7 @@ get_be (struct reader *r, int n)
   return v;
 }
 
-void
+static void
 expect_greeting (struct reader *r)
 {
   uint64_t magic = get_be (r, 8), opt_magic = get_be (r, 8);
@@ -130,6 +137,21 @@ expect_greeting (struct reader *r)
          (unsigned long long) opt_magic);
   CHECK (flags == (NBD_FLAG_FIXED_NEWSTYLE | NBD_FLAG_NO_ZEROES),
          "%s: handshake flags %#x", r->what, flags);
+}
+
+struct reader
+handshake (const struct export_info *x, const struct bytes *client,
+           struct bytes *answer, int result, const char *what)
+{
+  struct reader r = { .what = what };
+  int got = run_handshake (x, client, answer);
+
+  CHECK (got == result, "%s: the handshake returned %d, expected %d", what,
+         got, result);
+  r.p = answer->data;
+  r.left = answer->len;
+  expect_greeting (&r);
+  return r;
 }
 
 const uint8_t *
@@ -159,6 +181,18 @@ void
 expect_end (struct reader *r)
 {
   CHECK (r->left == 0, "%s: %zu bytes more than expected", r->what, r->left);
+}
+
+void
+expect_go_accepted (struct reader *r)
+{
+  uint32_t len;
+
+  expect_reply (r, NBD_OPT_GO, NBD_REP_INFO, &len);
+  expect_reply (r, NBD_OPT_GO, NBD_REP_INFO, &len);
+  expect_reply (r, NBD_OPT_GO, NBD_REP_ACK, &len);
+  CHECK (len == 0, "%s: ACK with %u bytes", r->what, len);
+  expect_end (r);
 }
 
 void

@@ -31,12 +31,6 @@ void put_option (struct bytes *b, uint32_t option, const void *data,
 /* NBD_OPT_GO (or INFO) for NAME, asking for no particular information. */
 void put_go (struct bytes *b, uint32_t option, const char *name);
 
-/* Runs mloop_handshake() for export X against the client's bytes CLIENT
- * (client flags first).  Returns its result; *ANSWER gets all it sent.
- */
-int run_handshake (const struct export_info *x, const struct bytes *client,
-                   struct bytes *answer);
-
 /* Reading the answer: every getter fails the test when it runs short. */
 struct reader {
   const uint8_t *p;
@@ -44,9 +38,19 @@ struct reader {
   const char *what;             /* the case, for failure messages */
 };
 
+/* A plain export: 1 MiB, served as "disk". */
+extern const struct export_info plain_disk;
+
+/* Runs mloop_handshake() for export X against the client's bytes CLIENT
+ * (client flags first) and checks that it returned RESULT (0: into
+ * transmission, -1: closed) and that its answer, kept in *ANSWER, starts
+ * with the greeting.  Returns a reader on the rest; WHAT names the case.
+ */
+struct reader handshake (const struct export_info *x,
+                         const struct bytes *client, struct bytes *answer,
+                         int result, const char *what);
+
 uint64_t get_be (struct reader *r, int n);
-/* The greeting: magics and the fixed-newstyle and no-zeroes flags. */
-void expect_greeting (struct reader *r);
 /* The next option reply, which must answer OPTION and be of TYPE; its
  * payload is returned (LEN bytes, *LEN set) and skipped.
  */
@@ -54,6 +58,8 @@ const uint8_t *expect_reply (struct reader *r, uint32_t option,
                              uint32_t type, uint32_t *len);
 /* Nothing more was sent. */
 void expect_end (struct reader *r);
+/* The replies accepting a GO (two INFOs, the ACK), and nothing after. */
+void expect_go_accepted (struct reader *r);
 
 void bytes_free (struct bytes *b);
 

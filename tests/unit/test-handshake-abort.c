@@ -8,13 +8,6 @@
 #include "nbd_proto.h"
 #include "unit.h"
 
-static const struct export_info disk = {
-  .size = 1u << 20,
-  .transmission_flags = NBD_FLAG_HAS_FLAGS,
-  .min_block = 512, .preferred_block = 4096, .max_block = 32u << 20,
-  .name = "disk",
-};
-
 /* ABORT with LEN bytes of data after a LIST, then a GO the server must
  * not answer.
  */
@@ -22,20 +15,15 @@ static void
 abort_with (uint32_t len, const char *what)
 {
   struct bytes client = { 0 }, answer = { 0 };
-  struct reader r = { .what = what };
+  struct reader r;
   uint32_t rlen;
-  int result;
 
   put_be (&client, NBD_FLAG_C_FIXED_NEWSTYLE, 4);
   put_option (&client, NBD_OPT_LIST, NULL, 0);
   put_option (&client, NBD_OPT_ABORT, NULL, len);
   put_go (&client, NBD_OPT_GO, "disk");
 
-  result = run_handshake (&disk, &client, &answer);
-  r.p = answer.data;
-  r.left = answer.len;
-  CHECK (result == -1, "%s: handshake returned %d", what, result);
-  expect_greeting (&r);
+  r = handshake (&plain_disk, &client, &answer, -1, what);
   expect_reply (&r, NBD_OPT_LIST, NBD_REP_SERVER, &rlen);
   expect_reply (&r, NBD_OPT_LIST, NBD_REP_ACK, &rlen);
   expect_reply (&r, NBD_OPT_ABORT, NBD_REP_ACK, &rlen);

@@ -17,20 +17,17 @@ static const struct export_info disk = {
   .name = "disk",
 };
 
-static int
-export_name (uint32_t client_flags, const char *name, uint32_t len,
-             struct bytes *answer)
+/* The client's bytes: EXPORT_NAME for NAME (LEN bytes), then a GO that
+ * must not be read as another option.
+ */
+static void
+export_name (struct bytes *client, uint32_t client_flags, const char *name,
+             uint32_t len)
 {
-  struct bytes client = { 0 };
-  int result;
-
-  put_be (&client, client_flags, 4);
-  put_option (&client, NBD_OPT_EXPORT_NAME, name, len);
-  /* Whatever follows must not be read as another option. */
-  put_go (&client, NBD_OPT_GO, "disk");
-  result = run_handshake (&disk, &client, answer);
-  bytes_free (&client);
-  return result;
+  client->len = 0;
+  put_be (client, client_flags, 4);
+  put_option (client, NBD_OPT_EXPORT_NAME, name, len);
+  put_go (client, NBD_OPT_GO, "disk");
 }
 
 int
@@ -40,29 +37,22 @@ main (void)
   static const struct { const char *name; uint32_t len; } wrong[] = {
     { "", 0 }, { "dis", 3 }, { "disk ", 5 }, { "DISK", 4 }, { "disk", 5 },
   };
-  struct bytes answer = { 0 };
+  struct bytes client = { 0 }, answer = { 0 };
   struct reader r;
-  int result;
 
   for (size_t i = 0; i < sizeof wrong / sizeof wrong[0]; i++) {
-    result = export_name (NBD_FLAG_C_FIXED_NEWSTYLE, wrong[i].name,
-                          wrong[i].len, &answer);
-    r = (struct reader) { answer.data, answer.len, "EXPORT_NAME, wrong name" };
-    CHECK (result == -1, "EXPORT_NAME \"%.*s\" (%u bytes): handshake "
-           "returned %d", (int) wrong[i].len, wrong[i].name, wrong[i].len,
-           result);
-    expect_greeting (&r);
-    expect_end (&r);
+    export_name (&client, NBD_FLAG_C_FIXED_NEWSTYLE, wrong[i].name,
+                 wrong[i].len);
+    r = handshake (&disk, &client, &answer, -1, "EXPORT_NAME, a wrong name");
+    CHECK (r.left == 0, "EXPORT_NAME \"%.*s\" (%u bytes) was answered",
+           (int) wrong[i].len, wrong[i].name, wrong[i].len);
   }
 
   /* The right name, with and without the zeroes. */
   for (int no_zeroes = 0; no_zeroes <= 1; no_zeroes++) {
-    result = export_name (NBD_FLAG_C_FIXED_NEWSTYLE |
-                          (no_zeroes ? NBD_FLAG_C_NO_ZEROES : 0),
-                          "disk", 4, &answer);
-    r = (struct reader) { answer.data, answer.len, "EXPORT_NAME disk" };
-    CHECK (result == 0, "%s: handshake returned %d", r.what, result);
-    expect_greeting (&r);
+    export_name (&client, NBD_FLAG_C_FIXED_NEWSTYLE |
+                 (no_zeroes ? NBD_FLAG_C_NO_ZEROES : 0), "disk", 4);
+    r = handshake (&disk, &client, &answer, 0, "EXPORT_NAME disk");
     CHECK (get_be (&r, 8) == disk.size, "%s: size", r.what);
     CHECK (get_be (&r, 2) == disk.transmission_flags, "%s: flags", r.what);
     if (!no_zeroes)
@@ -71,6 +61,7 @@ main (void)
     expect_end (&r);
   }
 
+  bytes_free (&client);
   bytes_free (&answer);
   printf ("ok: EXPORT_NAME closes for a wrong name, answers the right one\n");
   return 0;

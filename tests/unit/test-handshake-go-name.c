@@ -11,22 +11,22 @@
 #include "nbd_proto.h"
 #include "unit.h"
 
+/* Sizes and flags no default would produce. */
 static const struct export_info disk = {
   .size = UINT64_C (0x123456789a),
   .transmission_flags = NBD_FLAG_HAS_FLAGS | NBD_FLAG_SEND_FLUSH |
     NBD_FLAG_SEND_FUA | NBD_FLAG_SEND_TRIM,
-  .min_block = 512, .preferred_block = 4096, .max_block = 32u << 20,
+  .min_block = 1024, .preferred_block = 8192, .max_block = 16u << 20,
   .name = "disk",
 };
 
-/* The INFO replies and the ACK that accept a GO for X. */
+/* The INFO replies and the ACK that accept a GO for X, and the end. */
 static void
 expect_export (struct reader *r, const struct export_info *x)
 {
-  struct reader info;
+  struct reader info = { .what = r->what };
   uint32_t len;
 
-  info.what = r->what;
   info.p = expect_reply (r, NBD_OPT_GO, NBD_REP_INFO, &len);
   info.left = len;
   CHECK (get_be (&info, 2) == NBD_INFO_EXPORT, "%s: first INFO", r->what);
@@ -45,65 +45,52 @@ expect_export (struct reader *r, const struct export_info *x)
 
   expect_reply (r, NBD_OPT_GO, NBD_REP_ACK, &len);
   CHECK (len == 0, "%s: ACK with %u bytes", r->what, len);
+  expect_end (r);
+}
+
+/* The client's bytes: flags, then a GO for each name in NAMES. */
+static void
+go (struct bytes *client, uint32_t flags, const char *const *names)
+{
+  client->len = 0;
+  put_be (client, flags, 4);
+  for (; *names; names++)
+    put_go (client, NBD_OPT_GO, *names);
 }
 
 int
 main (void)
 {
+  struct export_info any = disk;
   struct bytes client = { 0 }, answer = { 0 };
   struct reader r;
   uint32_t len;
-  int result;
 
   /* The served name: straight into transmission. */
-  put_be (&client, NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES, 4);
-  put_go (&client, NBD_OPT_GO, "disk");
-  result = run_handshake (&disk, &client, &answer);
-  r = (struct reader) { answer.data, answer.len, "GO disk" };
-  CHECK (result == 0, "GO disk: handshake returned %d", result);
-  expect_greeting (&r);
+  go (&client, NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES,
+      (const char *[]) { "disk", NULL });
+  r = handshake (&disk, &client, &answer, 0, "GO disk");
   expect_export (&r, &disk);
-  expect_end (&r);
 
-  /* Another name first: refused, the connection stays; then ours. */
-  client.len = 0;
-  put_be (&client, NBD_FLAG_C_FIXED_NEWSTYLE, 4);
-  put_go (&client, NBD_OPT_GO, "dis");
-  put_go (&client, NBD_OPT_GO, "disk2");
-  put_go (&client, NBD_OPT_GO, "disk");
-  result = run_handshake (&disk, &client, &answer);
-  r = (struct reader) { answer.data, answer.len, "GO dis, disk2, disk" };
-  CHECK (result == 0, "%s: handshake returned %d", r.what, result);
-  expect_greeting (&r);
+  /* Other names first: refused, the connection stays; then ours. */
+  go (&client, NBD_FLAG_C_FIXED_NEWSTYLE,
+      (const char *[]) { "dis", "disk2", "disk", NULL });
+  r = handshake (&disk, &client, &answer, 0, "GO dis, disk2, disk");
   expect_reply (&r, NBD_OPT_GO, NBD_REP_ERR_UNKNOWN, &len);
   expect_reply (&r, NBD_OPT_GO, NBD_REP_ERR_UNKNOWN, &len);
   expect_export (&r, &disk);
-  expect_end (&r);
 
-  /* Only wrong names: the client gives up, and so does the server. */
-  client.len = 0;
-  put_be (&client, NBD_FLAG_C_FIXED_NEWSTYLE, 4);
-  put_go (&client, NBD_OPT_GO, "");
-  result = run_handshake (&disk, &client, &answer);
-  r = (struct reader) { answer.data, answer.len, "GO \"\"" };
-  CHECK (result == -1, "%s: handshake returned %d", r.what, result);
-  expect_greeting (&r);
+  /* Only a wrong name: the client gives up, and so does the server. */
+  go (&client, NBD_FLAG_C_FIXED_NEWSTYLE, (const char *[]) { "", NULL });
+  r = handshake (&disk, &client, &answer, -1, "GO \"\"");
   expect_reply (&r, NBD_OPT_GO, NBD_REP_ERR_UNKNOWN, &len);
   expect_end (&r);
 
   /* A server with no name serves whatever the client asks for. */
-  struct export_info any = disk;
-
   any.name = NULL;
-  client.len = 0;
-  put_be (&client, NBD_FLAG_C_FIXED_NEWSTYLE, 4);
-  put_go (&client, NBD_OPT_GO, "anything");
-  result = run_handshake (&any, &client, &answer);
-  r = (struct reader) { answer.data, answer.len, "GO anything, any name" };
-  CHECK (result == 0, "%s: handshake returned %d", r.what, result);
-  expect_greeting (&r);
+  go (&client, NBD_FLAG_C_FIXED_NEWSTYLE, (const char *[]) { "anything", NULL });
+  r = handshake (&any, &client, &answer, 0, "GO anything, any name");
   expect_export (&r, &any);
-  expect_end (&r);
 
   bytes_free (&client);
   bytes_free (&answer);

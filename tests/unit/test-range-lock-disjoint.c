@@ -10,7 +10,6 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
-#include <time.h>
 
 #include "range_lock.h"
 #include "unit.h"
@@ -33,12 +32,11 @@ holder_main (void *arg)
 {
   const uint64_t *r = arg;
   struct mloop_range range;
-  struct timespec ms = { 0, 1000000 };
 
   mloop_range_lock (&lock, &range, r[0], r[1]);
   atomic_fetch_add (&holding, 1);
   while (atomic_load (&holding) < THREADS)
-    nanosleep (&ms, NULL);
+    unit_sleep_ms (1);
   mloop_range_unlock (&lock, &range);
   return NULL;
 }

@@ -12,8 +12,8 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
+#include "range-waiter.h"
 #include "range_lock.h"
 #include "unit.h"
 
@@ -21,42 +21,6 @@
 #define ROUNDS 20000
 
 static struct mloop_range_lock lock;
-
-struct waiter {
-  uint64_t start, end;
-  atomic_bool holds;
-  struct mloop_range range;
-};
-
-static void *
-waiter_main (void *arg)
-{
-  struct waiter *w = arg;
-
-  mloop_range_lock (&lock, &w->range, w->start, w->end);
-  atomic_store (&w->holds, true);
-  return NULL;
-}
-
-static void
-sleep_ms (unsigned ms)
-{
-  struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
-
-  nanosleep (&ts, NULL);
-}
-
-/* Whether FLAG becomes true within MS milliseconds. */
-static bool
-becomes_true (atomic_bool *flag, unsigned ms)
-{
-  for (unsigned waited = 0; waited < ms; waited++) {
-    if (atomic_load (flag))
-      return true;
-    sleep_ms (1);
-  }
-  return atomic_load (flag);
-}
 
 /* Pairs of ranges [start, end) sharing at least one byte. */
 static const struct {
@@ -107,25 +71,21 @@ main (void)
 
   for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
     struct mloop_range held;
-    struct waiter w = {
-      .start = pairs[i].want_start, .end = pairs[i].want_end,
-    };
-    pthread_t waiter;
+    struct range_waiter w;
 
     mloop_range_lock (&lock, &held, pairs[i].held_start, pairs[i].held_end);
-    CHECK (pthread_create (&waiter, NULL, waiter_main, &w) == 0, "pthread");
+    range_waiter_start (&w, &lock, pairs[i].want_start, pairs[i].want_end);
     /* A correct lock never lets it in: 100 ms to catch one that does. */
-    CHECK (!becomes_true (&w.holds, 100),
+    CHECK (!range_waiter_holds_within (&w, 100),
            "[%llu, %llu) was granted while [%llu, %llu) was held",
            (unsigned long long) w.start, (unsigned long long) w.end,
            (unsigned long long) pairs[i].held_start,
            (unsigned long long) pairs[i].held_end);
     mloop_range_unlock (&lock, &held);
-    CHECK (becomes_true (&w.holds, 10000),
+    CHECK (range_waiter_holds_within (&w, 10000),
            "[%llu, %llu) not granted within 10 s of the unlock",
            (unsigned long long) w.start, (unsigned long long) w.end);
-    pthread_join (waiter, NULL);
-    mloop_range_unlock (&lock, &w.range);
+    range_waiter_finish (&w);
   }
 
   for (uintptr_t i = 0; i < THREADS; i++)

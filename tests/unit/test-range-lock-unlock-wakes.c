@@ -13,9 +13,9 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "range-waiter.h"
 #include "range_lock.h"
 #include "unit.h"
 
@@ -24,35 +24,8 @@
 
 static struct mloop_range_lock lock;
 
-struct waiter {
-  uint64_t start, end;
-  atomic_bool holds;
-  atomic_int tid;
-  struct mloop_range range;
-  pthread_t thread;
-};
-
-static void *
-waiter_main (void *arg)
-{
-  struct waiter *w = arg;
-
-  atomic_store (&w->tid, gettid ());
-  mloop_range_lock (&lock, &w->range, w->start, w->end);
-  atomic_store (&w->holds, true);
-  return NULL;
-}
-
-static void
-sleep_ms (unsigned ms)
-{
-  struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
-
-  nanosleep (&ts, NULL);
-}
-
 static unsigned
-count_holding (struct waiter *w, int n)
+count_holding (struct range_waiter *w, int n)
 {
   unsigned holding = 0;
 
@@ -86,7 +59,7 @@ asleep (pid_t tid)
  * machine too.
  */
 static void
-wait_until_asleep (struct waiter *w, int n)
+wait_until_asleep (struct range_waiter *w, int n)
 {
   for (unsigned waited = 0; waited < 10000; waited++) {
     int sleeping = 0;
@@ -95,7 +68,7 @@ wait_until_asleep (struct waiter *w, int n)
       sleeping += atomic_load (&w[i].tid) != 0 && asleep (atomic_load (&w[i].tid));
     if (sleeping == n)
       return;
-    sleep_ms (1);
+    unit_sleep_ms (1);
   }
   unit_fail (__FILE__, __LINE__, "asleep", "waiters not asleep after 10 s");
 }
@@ -103,7 +76,7 @@ wait_until_asleep (struct waiter *w, int n)
 int
 main (void)
 {
-  struct waiter w[WAITERS + 1] = { 0 };
+  struct range_waiter w[WAITERS + 1];
   struct mloop_range held, other;
   unsigned waited;
 
@@ -111,16 +84,11 @@ main (void)
   mloop_range_lock_init (&lock);
   mloop_range_lock (&lock, &held, 0, WAITERS * BLOCK);
   mloop_range_lock (&lock, &other, 10 * BLOCK, 11 * BLOCK);
-  for (int i = 0; i < WAITERS; i++) {
-    w[i].start = (uint64_t) i * BLOCK;
-    w[i].end = w[i].start + BLOCK;
-  }
+  for (int i = 0; i < WAITERS; i++)
+    range_waiter_start (&w[i], &lock, (uint64_t) i * BLOCK,
+                        (uint64_t) (i + 1) * BLOCK);
   /* The last one also overlaps OTHER, which stays held. */
-  w[WAITERS].start = 2 * BLOCK;
-  w[WAITERS].end = 11 * BLOCK;
-  for (int i = 0; i <= WAITERS; i++)
-    CHECK (pthread_create (&w[i].thread, NULL, waiter_main, &w[i]) == 0,
-           "pthread");
+  range_waiter_start (&w[WAITERS], &lock, 2 * BLOCK, 11 * BLOCK);
   wait_until_asleep (w, WAITERS + 1);
   CHECK (count_holding (w, WAITERS + 1) == 0,
          "a range overlapping a held one was granted");
@@ -129,29 +97,23 @@ main (void)
   for (waited = 0; waited < 10000; waited++) {
     if (count_holding (w, WAITERS) == WAITERS)
       break;
-    sleep_ms (1);
+    unit_sleep_ms (1);
   }
   CHECK (count_holding (w, WAITERS) == WAITERS,
          "one unlock woke %u of %d waiters it freed within 10 s",
          count_holding (w, WAITERS), WAITERS);
-  /* They hold their blocks at once, and the blocks cover the last
-   * waiter's range: it must still wait, for OTHER as well.
+  /* Block 2, now held, and OTHER overlap the last waiter's range: it
+   * must still wait, and go on waiting for OTHER once the blocks go.
    */
-  sleep_ms (100);
-  CHECK (!atomic_load (&w[WAITERS].holds),
+  CHECK (!range_waiter_holds_within (&w[WAITERS], 100),
          "a waiter overlapping a still-held range was granted");
 
-  for (int i = 0; i < WAITERS; i++) {
-    pthread_join (w[i].thread, NULL);
-    mloop_range_unlock (&lock, &w[i].range);
-  }
-  sleep_ms (100);
-  CHECK (!atomic_load (&w[WAITERS].holds),
+  for (int i = 0; i < WAITERS; i++)
+    range_waiter_finish (&w[i]);
+  CHECK (!range_waiter_holds_within (&w[WAITERS], 100),
          "a waiter overlapping a still-held range was granted");
   mloop_range_unlock (&lock, &other);
-  pthread_join (w[WAITERS].thread, NULL);
-  CHECK (atomic_load (&w[WAITERS].holds), "the last waiter never got in");
-  mloop_range_unlock (&lock, &w[WAITERS].range);
+  range_waiter_finish (&w[WAITERS]);
 
   mloop_range_lock_destroy (&lock);
   printf ("ok: one unlock woke all %d waiters it freed\n", WAITERS);

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "unit.h"
@@ -97,6 +98,15 @@ unit_tmpdir (const char *base)
     unit_skip ("cannot make a directory in %s: %s", base, strerror (errno));
   unit_remove_at_exit (dir);
   return paths[n_paths - 1];
+}
+
+void
+unit_sleep_ms (unsigned ms)
+{
+  struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
+
+  while (nanosleep (&ts, &ts) == -1 && errno == EINTR)
+    ;
 }
 
 void

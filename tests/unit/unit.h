@@ -35,6 +35,8 @@ void unit_remove_at_exit (const char *path);
  */
 const char *unit_tmpdir (const char *base);
 
+void unit_sleep_ms (unsigned ms);
+
 /* Fails the test (SIGALRM) if it still runs SECONDS from now: a lock
  * that never wakes a waiter must fail, not hang until meson's timeout.
  */
