@@ -14,6 +14,9 @@ if shutil.which("fio") is None:
 JOBS, PER_JOB = 4, 16 << 20
 image = harness.make_image(JOBS * PER_JOB)
 srv = harness.Server(image)
+# fio's working directory: fio drops files (verify state) there, and
+# ours is the source tree when a test is run by hand.
+work = harness.tmpdir()
 
 
 def fio(*args):
@@ -21,7 +24,7 @@ def fio(*args):
                         f"--size={PER_JOB}", f"--offset_increment={PER_JOB}",
                         "--verify=crc32c", "--verify_fatal=1", "--verify_state_save=0",
                         "--output-format=json", *args],
-                       capture_output=True, text=True, timeout=600)
+                       capture_output=True, text=True, timeout=600, cwd=work)
     assert p.returncode == 0, f"fio failed: {p.stderr}\n{p.stdout[-2000:]}"
     jobs = json.loads(p.stdout[p.stdout.find("{"):])["jobs"]
     for j in jobs:

@@ -97,7 +97,7 @@ if harness.SERVER_KIND == "nbdkit" and shutil.which("nbdkit"):
 # pick up the 16 reads varies from run to run (the reference kept 960 or
 # 1024 MiB), so the bound is that most, not one run's figure; a plugin
 # keeping bounce buffers of its own would be a whole second set above it.
-if harness.SERVER_KIND == "plugin":
+if harness.SERVER_KIND == "nbdkit":
     reference = max(reference, CONNECTIONS * IN_FLIGHT * size)
 kept = after - before
 assert kept <= reference + SLACK, \

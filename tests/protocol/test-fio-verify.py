@@ -20,7 +20,10 @@ p = subprocess.run([
     "--rw=randwrite", "--bsrange=4k-1m", "--bs_unaligned=0", "--iodepth=16",
     f"--numjobs={JOBS}", f"--size={PER_JOB}", f"--offset_increment={PER_JOB}",
     "--verify=crc32c", "--verify_fatal=1", "--do_verify=1", "--verify_state_save=0",
-    "--output-format=json"], capture_output=True, text=True, timeout=600)
+    "--output-format=json"], capture_output=True, text=True, timeout=600,
+    # In a private directory: fio drops files (verify state) in its
+    # working directory, the source tree when a test is run by hand.
+    cwd=harness.tmpdir())
 srv.stop()
 out = p.stdout[p.stdout.find("{"):]
 assert p.returncode == 0, f"fio failed ({p.returncode}): {p.stderr}\n{p.stdout[-2000:]}"
