@@ -30,12 +30,15 @@ CLI_ONLY = ["cli-block-size", "cli-list-status", "cli-detach-forms", "cli-errors
 # A device that survives its server (mloop-supervisor), for the CLI kinds.
 SUPERVISED = ["restart-fio", "restart-fsync", "restart-dying", "restart-hostile-client",
               "io-flusher"]
+# Durability through the kernel: a power cut replayed at every flush (the
+# loop kind is the reference).
+DURABLE = ["power-cut"]
 # Serving to other machines, through this machine's loopback.
 REMOTE = ["remote-attach"]
 
 
 def tests_for(kind):
-    return COMMON + (CLI_ONLY + SUPERVISED + REMOTE if isinstance(kind, kinds.MloopCli) else [])
+    return COMMON + DURABLE + (CLI_ONLY + SUPERVISED + REMOTE if isinstance(kind, kinds.MloopCli) else [])
 
 
 def load(name):
