@@ -257,6 +257,11 @@ dispatch_request (struct dispatch *d, struct request *req, uint64_t offset,
     start_io (d, req, MLOOP_IO_WRITE, io_flags, offset, length);
     return;
   case NBD_CMD_FLUSH:
+    if (d->ack_flush_early) {
+      conn_queue_reply (req, 0);        /* the lie the power-cut test
+                                           must catch */
+      return;
+    }
     /* Every write replied to before this flush arrived has completed
      * (replies are sent from completions), so the fdatasync covers
      * exactly what NBD requires, without waiting for anything else.
@@ -285,6 +290,14 @@ dispatch_request (struct dispatch *d, struct request *req, uint64_t offset,
 
 /* ------------------------------------------------------------ setup */
 
+bool
+mloop_test_ack_flush_early (void)
+{
+  const char *v = getenv ("MLOOP_TEST_ACK_FLUSH_EARLY");
+
+  return v != NULL && strcmp (v, "1") == 0;
+}
+
 int
 dispatch_init (struct dispatch *d, struct mloop_engine *engine,
                struct offload *offload, unsigned ring_depth)
@@ -295,6 +308,12 @@ dispatch_init (struct dispatch *d, struct mloop_engine *engine,
     .engine = engine, .offload = offload, .ring_depth = ring_depth,
     .aio_efd = -1, .done.efd = -1,
   };
+  /* A test-only switch: answer FLUSH at once, without the fdatasync, so
+   * the kernel power-cut test (tests/kernel/test-power-cut.py) can show
+   * it catches a server that acknowledges what is not stable.  Never set
+   * it for real use: an acknowledged flush then promises nothing.
+   */
+  d->ack_flush_early = mloop_test_ack_flush_early ();
   /* Room for a full round of resubmissions beyond the depth limit. */
   d->batch = calloc (ring_depth + CONN_SLOTS, sizeof *d->batch);
   if (d->batch == NULL)

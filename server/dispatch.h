@@ -39,7 +39,14 @@ struct dispatch {
   unsigned in_kernel;           /* requests submitted, not reaped */
   unsigned in_helpers;          /* requests offloaded, not yet back */
   struct offload_inbox done;    /* offloaded requests coming back */
+  bool ack_flush_early;         /* MLOOP_TEST_ACK_FLUSH_EARLY=1: broken on
+                                   purpose, see dispatch_init() */
 };
+
+/* Whether MLOOP_TEST_ACK_FLUSH_EARLY=1 asks for FLUSH to be answered
+ * without being done (a test-only way to break the server on purpose).
+ */
+bool mloop_test_ack_flush_early (void);
 
 /* Opens D's AIO context and eventfds.  Returns -1 with errno set. */
 int dispatch_init (struct dispatch *d, struct mloop_engine *engine,

@@ -34,6 +34,7 @@
 
 #include <glib.h>
 
+#include "dispatch.h"
 #include "align.h"
 #include "budget.h"
 #include "aio_ring.h"
@@ -435,6 +436,9 @@ main (int argc, char *argv[])
     fprintf (stderr, "mloop-server: warning: PR_SET_IO_FLUSHER not "
              "permitted (needs CAP_SYS_RESOURCE): serving a local device "
              "under memory pressure can deadlock\n");
+  if (mloop_test_ack_flush_early ())
+    fprintf (stderr, "mloop-server: warning: MLOOP_TEST_ACK_FLUSH_EARLY=1: "
+             "FLUSH is acknowledged without being done (for tests only)\n");
   pending_init ((unsigned) opt_handshake_timeout, (unsigned) opt_max_handshakes);
   pthread_attr_init (&attr);
   pthread_attr_setdetachstate (&attr, PTHREAD_CREATE_DETACHED);
