@@ -24,7 +24,6 @@ import mmap
 import os
 import random
 import shutil
-import subprocess
 import threading
 
 import kfix
