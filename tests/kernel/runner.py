@@ -30,15 +30,22 @@ CLI_ONLY = ["cli-block-size", "cli-list-status", "cli-detach-forms", "cli-errors
 # A device that survives its server (mloop-supervisor), for the CLI kinds.
 SUPERVISED = ["restart-fio", "restart-fsync", "restart-dying", "restart-hostile-client",
               "io-flusher"]
-# Durability through the kernel: a power cut replayed at every flush (the
-# loop kind is the reference).
-DURABLE = ["power-cut"]
+# Durability through the kernel, on device-mapper targets under the image
+# (dmtarget.py): a power cut replayed at every flush, a failing disk, one
+# that drops writes, a slow one, a full filesystem.  For the CLI kinds and
+# for loop, the reference; the stock client adds nothing here.
+DURABLE = ["power-cut", "power-cut-early-ack", "failing-disk", "dropped-writes",
+           "slow-disk", "out-of-space"]
 # Serving to other machines, through this machine's loopback.
 REMOTE = ["remote-attach"]
 
 
 def tests_for(kind):
-    return COMMON + DURABLE + (CLI_ONLY + SUPERVISED + REMOTE if isinstance(kind, kinds.MloopCli) else [])
+    if isinstance(kind, kinds.MloopCli):
+        return COMMON + CLI_ONLY + SUPERVISED + REMOTE + DURABLE
+    if isinstance(kind, kinds.Loop):
+        return COMMON + DURABLE
+    return COMMON
 
 
 def load(name):

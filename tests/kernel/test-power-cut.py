@@ -23,12 +23,13 @@ import hashlib
 import mmap
 import os
 import random
-import shutil
 import threading
+import time
 
+import dmtarget
 import kfix
 import logwrites
-from kfix import Skip, mount, run, tmpdir
+from kfix import mount, run, tmpdir
 
 DATA_SIZE = 64 << 20
 # Sparse; the log holds every block written plus one header block per
@@ -38,47 +39,6 @@ WRITERS = 3
 OPS_PER_WRITER = 60
 MARK_INTERVAL = 0.5  # seconds between marks
 POINTS = max(1, int(os.environ.get("MLOOP_POWER_CUT_POINTS", "100")))
-
-
-def load_dm_log_writes():
-    """Loads the target, or raises Skip saying why it cannot."""
-    if shutil.which("dmsetup") is None:
-        raise Skip("dmsetup is not installed")
-    have = lambda: "log-writes" in run(["dmsetup", "targets"], check=False).stdout
-    if have():
-        return
-    # In the VM the guest kernel's modules are not under /lib/modules
-    # (the host's are): tests/vm/init says where they are.
-    moddir = os.environ.get("MLOOP_VM_MODDIR")
-    cmd = ["modprobe"] + (["-d", moddir] if moddir else []) + ["dm-log-writes"]
-    p = run(cmd, check=False)
-    if p.returncode != 0 or not have():
-        raise Skip(f"no dm-log-writes target: {(p.stderr or p.stdout).strip()}")
-
-
-def losetup(cl, path):
-    dev = run(["losetup", "--find", "--show", path]).stdout.strip()
-    cl.push(run, ["losetup", "--detach", dev])
-    return dev
-
-
-def dm_log_writes(cl, data_dev, log_dev, name):
-    """Creates the log-writes device NAME; returns its /dev/dm-N."""
-    sectors = int(run(["blockdev", "--getsz", data_dev]).stdout)
-    # No udev in the VM: --noudevsync keeps dmsetup from waiting for it.
-    run(["dmsetup", "create", name, "--noudevsync",
-         "--table", f"0 {sectors} log-writes {data_dev} {log_dev}"])
-    removed = []
-
-    def remove():
-        if not removed:
-            removed.append(True)
-            run(["dmsetup", "remove", "--noudevsync", name])
-    cl.push(remove)
-    blk = run(["dmsetup", "info", "-c", "--noheadings", "-o", "blkdevname", name])
-    dev = f"/dev/{blk.stdout.strip()}"
-    kfix.wait_until(lambda: os.path.exists(dev), f"{dev} to appear")
-    return dev, remove
 
 
 class Record:
@@ -187,18 +147,18 @@ def writer(mnt, w, rec, errors):
         errors.append(f"writer {w}: {e!r}")
 
 
-def mark(dm_name, rec):
+def mark(dm, rec):
     """Logs a mark naming the syncs returned so far: any sync counted in it
     returned before the mark entered the log."""
     with rec.lock:
         seq = rec.seq
-    run(["dmsetup", "message", dm_name, "0", "mark", f"seq{seq}"])
+    dm.message("mark", f"seq{seq}")
 
 
-def marker(dm_name, rec, stop, errors):
+def marker(dm, rec, stop, errors):
     try:
         while not stop.wait(MARK_INTERVAL):
-            mark(dm_name, rec)
+            mark(dm, rec)
     except Exception as e:
         errors.append(f"marker: {e!r}")
 
@@ -237,7 +197,7 @@ def check_point(mnt, seq, ops):
 
 
 def run_test(kind, cl):
-    load_dm_log_writes()
+    dmtarget.load("log-writes")
     d = tmpdir(cl)
     data, log, base = (os.path.join(d, n) for n in ("data.img", "log.img", "base.img"))
     for path, size in ((data, DATA_SIZE), (log, LOG_SIZE)):
@@ -250,14 +210,14 @@ def run_test(kind, cl):
     run(["mkfs.ext4", "-q", "-F", "-b", "4096",
          "-E", "lazy_itable_init=0,lazy_journal_init=0,nodiscard", data])
     run(["cp", "--sparse=always", data, base])
-    data_dev, log_dev = losetup(cl, data), losetup(cl, log)
-    dm_name = f"mloop-ktest-lw-{os.getpid()}"
-    dm_dev, dm_remove = dm_log_writes(cl, data_dev, log_dev, dm_name)
+    data_dev, log_dev = dmtarget.losetup(cl, data), dmtarget.losetup(cl, log)
+    dm = dmtarget.Dm.create(cl, "log-writes", f"0 {dmtarget.sectors(data_dev)} "
+                            f"log-writes {data_dev} {log_dev}")
 
-    att = kind.attach(cl, dm_dev)
+    att = kind.attach(cl, dm.path)
     mnt = mount(cl, att.device)
     rec, errors, stop = Record(), [], threading.Event()
-    mk = threading.Thread(target=marker, args=(dm_name, rec, stop, errors))
+    mk = threading.Thread(target=marker, args=(dm, rec, stop, errors))
     mk.start()
     writers = [threading.Thread(target=writer, args=(mnt, w, rec, errors))
                for w in range(WRITERS)]
@@ -270,13 +230,13 @@ def run_test(kind, cl):
         stop.set()
         mk.join()
     assert not errors, "; ".join(errors)
-    mark(dm_name, rec)
+    mark(dm, rec)
     paths = {os.path.relpath(p, mnt): o for p, o in rec.ops.items()}
     run(["umount", mnt])
     att.detach()
     # Removing the target logs a final mark and brings the super block's
     # entry count up to date (logwrites.py).
-    dm_remove()
+    dm.remove()
 
     with logwrites.Log(log) as lw:
         entries = list(lw.entries())
@@ -291,23 +251,36 @@ def run_test(kind, cl):
         snap = os.path.join(d, "snap.img")
         done, seq, nmarks = -1, -1, 0
         checked = 0
+        spent = {"replay": 0.0, "copy": 0.0, "mount+check": 0.0, "fsck": 0.0}
+        clock = [time.monotonic()]
+
+        def lap(what):
+            now = time.monotonic()
+            spent[what] += now - clock[0]
+            clock[0] = now
         for p in chosen:
+            clock[0] = time.monotonic()
             lw.replay(work, p.index, start=done + 1, entries=entries)
+            lap("replay")
             for e in entries[done + 1:p.index]:
                 if e.mark and e.mark.startswith("seq"):
                     seq, nmarks = int(e.mark[3:]), nmarks + 1
             done = p.index
             run(["cp", "--sparse=always", work, snap])
+            lap("copy")
             # Recovery first, as after a real power cut: the mount replays
             # the journal and clears orphans; then fsck must find nothing.
             with kfix.Cleanup() as pcl:
                 m = mount(pcl, snap, "loop")
                 problems = check_point(m, seq, paths)
+            lap("mount+check")
             fsck = run(["fsck.ext4", "-fn", snap], check=False)
+            lap("fsck")
             assert fsck.returncode == 0, \
                 f"entry {p!r}: fsck -fn exit {fsck.returncode}: {fsck.stdout[-2000:]}"
             assert not problems, f"entry {p!r} (syncs up to {seq}): {problems[:10]}"
             checked += 1
         os.unlink(snap)
     print(f"# power-cut: {len(entries)} log entries, {len(points)} flush/FUA, "
-          f"{checked} checked, {rec.seq} syncs", flush=True)
+          f"{checked} checked, {rec.seq} syncs; seconds spent: "
+          + ", ".join(f"{k} {v:.1f}" for k, v in spent.items()), flush=True)
