@@ -1,0 +1,309 @@
+"""A failing disk: the image is a device-mapper device that, while the
+attached device is busy, returns errors for a few seconds (dm-flakey, every
+request fails) and then recovers (a linear table again).
+
+Client threads write and read 4 KiB blocks with O_DIRECT, each request at
+an offset no other request uses, with a free block between any two (the
+block layer cannot merge them: one client request is one kernel request is
+one server request), recording when each started and ended and its errno.
+Then:
+
+- every request that ended before the fault began, or started after it
+  ended, succeeded; every one that ran wholly inside it failed, and every
+  failure is EIO (requests across a table swap may go either way);
+- the kernel logged "I/O error, dev DEV, sector S" only for failed
+  requests, each at most once; the line is printk_ratelimited (10 per 5 s
+  per boot, for all devices), so a failure may go unlogged, but then the
+  burst must have been used up by logged ones.  The nbd kinds also log
+  "Other side returned error" for each failed reply, unlimited: exactly as
+  many as the client saw failures;
+- mloop kinds: the same server process serves before and after, the
+  supervisor did not restart it, and `mloop status` counts one error per
+  failed request (requests cannot merge, see above);
+- after recovery, every block written successfully reads back as written,
+  and every successful read during the run returned the block's data.  A
+  block whose write failed may hold its old or its new data (the device
+  promises nothing for it); the summary line counts which;
+- fio writes and verifies a region of the recovered device.
+"""
+import errno
+import json
+import mmap
+import os
+import re
+import struct
+import threading
+import time
+import uuid
+
+import dmtarget
+import kinds
+from kfix import run, tmpdir
+
+BLOCK = 4096
+DISK_SIZE = 128 << 20
+# Blocks [0, READ_AREA) are filled before the run and only read in it;
+# writes go to [READ_AREA, FIO_AREA); fio uses the rest after recovery.
+READ_AREA = 16 << 20
+FIO_AREA = DISK_SIZE - (8 << 20)
+THREADS = 4
+PAUSE = 0.05           # seconds each thread waits between its requests
+BEFORE, FAULT, AFTER = 1.0, 2.5, 1.0  # seconds of each phase
+FIO_JOBS, FIO_REGION = 2, 2 << 20
+# printk_ratelimited()'s burst (DEFAULT_RATELIMIT_BURST) for the kernel's
+# "I/O error" line (block/blk-mq.c, blk_print_req_error).
+PRINTK_BURST = 10
+IO_ERROR = re.compile(r"I/O error, dev (\w+), sector (\d+) op 0x[0-9a-f]+:\((\w+)\)")
+OTHER_SIDE = re.compile(r"block (nbd\d+): Other side returned error \((\d+)\)")
+SUPPRESSED = re.compile(r"blk_print_req_error: (\d+) callbacks suppressed")
+
+
+def pattern(offset, gen):
+    """The 4 KiB a block at OFFSET holds after its GEN-th write: names both,
+    so data at the wrong place or from the wrong write cannot match."""
+    return struct.pack("<QQ", offset, gen) * (BLOCK // 16)
+
+
+class Slots:
+    """Hands out offsets no request used before, one free block apart."""
+
+    def __init__(self, start, end):
+        self.next, self.end = start, end
+        self.lock = threading.Lock()
+
+    def take(self):
+        with self.lock:
+            if self.next + BLOCK > self.end:
+                return None
+            off = self.next
+            self.next += 2 * BLOCK
+            return off
+
+
+class Request:
+    __slots__ = ("op", "offset", "start", "end", "err")
+
+    def __init__(self, op, offset, start, end, err):
+        self.op, self.offset, self.start, self.end, self.err = op, offset, start, end, err
+
+    def __repr__(self):
+        return f"{self.op}@{self.offset}[{self.start:.3f}-{self.end:.3f}]{self.err}"
+
+
+def client(dev, t, reads, writes, stop, log, read_bad, problems):
+    """Alternates a write of a new block and a read of a filled one until
+    STOP, appending a Request for each to LOG."""
+    try:
+        buf = mmap.mmap(-1, BLOCK)
+        fd = os.open(dev, os.O_RDWR | os.O_DIRECT)
+        try:
+            n = 0
+            while not stop.is_set():
+                is_write = n % 2 == 0
+                n += 1
+                off = (writes if is_write else reads).take()
+                if off is None:
+                    problems.append(f"thread {t}: out of {'write' if is_write else 'read'} "
+                                    f"slots; make the disk bigger")
+                    return
+                if is_write:
+                    buf.seek(0)
+                    buf.write(pattern(off, 1))
+                err, start = 0, time.monotonic()
+                try:
+                    done = (os.pwrite(fd, buf, off) if is_write
+                            else os.preadv(fd, [buf], off))
+                    if done != BLOCK:
+                        problems.append(f"thread {t}: short {'write' if is_write else 'read'} "
+                                        f"at {off}: {done} bytes")
+                except OSError as e:
+                    err = e.errno
+                end = time.monotonic()
+                log.append(Request("write" if is_write else "read", off, start, end, err))
+                if not is_write and err == 0 and buf[:] != pattern(off, 0):
+                    read_bad.append(off)
+                time.sleep(PAUSE)
+        finally:
+            os.close(fd)
+            buf.close()
+    except Exception as e:
+        problems.append(f"thread {t}: {e!r}")
+
+
+def fill(dev, start, end):
+    """Writes pattern(offset, 0) to every block of [START, END)."""
+    chunk = 1 << 20
+    buf = mmap.mmap(-1, chunk)
+    fd = os.open(dev, os.O_WRONLY | os.O_DIRECT)
+    try:
+        for base in range(start, end, chunk):
+            buf.seek(0)
+            for off in range(base, base + chunk, BLOCK):
+                buf.write(pattern(off, 0))
+            assert os.pwrite(fd, buf, base) == chunk
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+        buf.close()
+
+
+def read_block(fd, buf, off):
+    assert os.preadv(fd, [buf], off) == BLOCK, f"short read at {off}"
+    return buf[:]
+
+
+def kernel_log_since(token):
+    lines = run(["dmesg"]).stdout.splitlines()
+    marks = [i for i, line in enumerate(lines) if token in line]
+    assert marks, "the test's mark is no longer in the kernel log"
+    return lines[marks[-1] + 1:]
+
+
+def status(kind, dev):
+    return json.loads(kind.cli("status", "--json", dev).stdout)
+
+
+def fio_verify(cl, dev):
+    p = run(["fio", "--name=after-fault", f"--filename={dev}", "--ioengine=libaio",
+             "--direct=1", "--rw=randwrite", "--bs=4k", "--iodepth=16",
+             f"--numjobs={FIO_JOBS}", f"--size={FIO_REGION}", f"--offset={FIO_AREA}",
+             f"--offset_increment={FIO_REGION}", "--verify=crc32c", "--verify_fatal=1",
+             "--verify_state_save=0", "--output-format=json"], check=False, cwd=tmpdir(cl))
+    assert p.returncode == 0, f"fio exit {p.returncode}: {p.stderr.strip()[-2000:]}"
+    assert "verify" not in p.stderr, f"fio reported: {p.stderr.strip()[-2000:]}"
+    for j in json.loads(p.stdout[p.stdout.index("{"):])["jobs"]:
+        assert j["error"] == 0, f"fio job {j['jobname']} error {j['error']}"
+        assert j["write"]["io_bytes"] == FIO_REGION and j["read"]["io_bytes"] == FIO_REGION, \
+            f"fio wrote {j['write']['io_bytes']} and verified {j['read']['io_bytes']} bytes"
+
+
+def run_test(kind, cl):
+    dmtarget.load("flakey")
+    disk = dmtarget.scratch_disk(cl, DISK_SIZE)
+    dm = dmtarget.Dm.create(cl, "flakey", dmtarget.linear(disk))
+    att = kind.attach(cl, dm.path)
+    dev = att.device
+    devname = os.path.basename(dev)
+    cli = isinstance(kind, kinds.MloopCli)
+    fill(dev, 0, READ_AREA)
+    if cli:
+        before = status(kind, dev)
+        assert before["server_running"] and before["restarts"] == 0, \
+            f"before the fault: {before}"
+
+    # Not "mloop-ktest: ", which run-kernel-tests reads as a test's start.
+    token = f"mloop-failing-disk-{uuid.uuid4().hex}"
+    with open("/dev/kmsg", "w") as f:
+        f.write(f"<6>{token}: {dev}\n")
+
+    reads, writes = Slots(0, READ_AREA), Slots(READ_AREA, FIO_AREA)
+    logs = [[] for _ in range(THREADS)]
+    read_bad, problems, stop = [], [], threading.Event()
+    threads = [threading.Thread(target=client,
+                                args=(dev, t, reads, writes, stop, logs[t], read_bad, problems))
+               for t in range(THREADS)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(BEFORE)
+        swap1 = time.monotonic()
+        dm.swap(dmtarget.flakey(disk))
+        fault = time.monotonic()
+        time.sleep(FAULT)
+        swap2 = time.monotonic()
+        dm.swap(dmtarget.linear(disk))
+        recovered = time.monotonic()
+        time.sleep(AFTER)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not problems, "; ".join(problems)
+    reqs = sorted((r for log in logs for r in log), key=lambda r: r.start)
+
+    # What the client saw, against when the table was swapped.
+    early = [r for r in reqs if r.end < swap1]
+    inside = [r for r in reqs if r.start > fault and r.end < swap2]
+    late = [r for r in reqs if r.start > recovered]
+    failed = [r for r in reqs if r.err]
+    assert early and inside and late, \
+        f"requests before/in/after the fault: {len(early)}/{len(inside)}/{len(late)}"
+    bad = [r for r in early + late if r.err]
+    assert not bad, f"requests outside the fault failed: {bad[:10]}"
+    bad = [r for r in inside if not r.err]
+    assert not bad, f"requests inside the fault succeeded: {bad[:10]}"
+    bad = [r for r in failed if r.err != errno.EIO]
+    assert not bad, f"failed with another errno than EIO: {bad[:10]}"
+    assert not read_bad, f"reads returned wrong data at {read_bad[:10]}"
+
+    # What the kernel logged.
+    klog = kernel_log_since(token)
+    failed_at = {(r.op.upper(), r.offset // 512) for r in failed}
+    logged = [(m.group(3), int(m.group(2))) for m in map(IO_ERROR.search, klog)
+              if m and m.group(1) == devname]
+    strangers = [line for line in klog
+                 if IO_ERROR.search(line) and IO_ERROR.search(line).group(1) != devname]
+    assert not strangers, f"I/O errors logged for other devices: {strangers[:5]}"
+    assert len(set(logged)) == len(logged), f"a request logged twice: {logged}"
+    wrong = sorted(set(logged) - failed_at)
+    assert not wrong, f"I/O error logged for requests that succeeded: {wrong[:10]}"
+    suppressed = sum(int(m.group(1)) for m in map(SUPPRESSED.search, klog) if m)
+    if len(logged) < len(failed):
+        # Rate limited: the window that starts with the first failure
+        # prints PRINTK_BURST lines at least (earlier IO errors were long
+        # before: everything before the fault succeeded).
+        assert len(logged) >= PRINTK_BURST, \
+            f"{len(failed)} requests failed, only {len(logged)} logged: {logged}"
+    other_side = [m for m in map(OTHER_SIDE.search, klog) if m and m.group(1) == devname]
+    if not isinstance(kind, kinds.Loop):
+        assert len(other_side) == len(failed), \
+            f"nbd logged {len(other_side)} error replies, the client saw {len(failed)} failures"
+        assert all(m.group(2) == str(errno.EIO) for m in other_side), \
+            f"error replies other than EIO: {[m.group(0) for m in other_side][:5]}"
+
+    # The server went on, and counted.
+    counted = "n/a"
+    if cli:
+        after = status(kind, dev)
+        assert after["device"]["server_pid"] == before["device"]["server_pid"], \
+            f"server pid {before['device']['server_pid']} became {after['device']['server_pid']}"
+        assert after["restarts"] == 0, \
+            f"the supervisor restarted the server: {after['restarts']}, {after['last_failure']}"
+        assert after["server_running"] and after["kernel_connected"], f"after: {after}"
+        # One error per failed client request: the requests cannot merge
+        # (a free block between any two) and nothing else is sent to the
+        # device meanwhile (no flush: O_DIRECT without O_SYNC).
+        counted = after["errors"] - before["errors"]
+        assert counted == len(failed), \
+            f"mloop status counts {counted} errors, the client saw {len(failed)} failures"
+
+    # Every block written successfully holds what was written; reads work.
+    fd = os.open(dev, os.O_RDONLY | os.O_DIRECT)
+    buf = mmap.mmap(-1, BLOCK)
+    failed_writes = {"old": 0, "new": 0, "other": 0}
+    try:
+        for r in reqs:
+            if r.op != "write":
+                continue
+            data = read_block(fd, buf, r.offset)
+            if not r.err:
+                assert data == pattern(r.offset, 1), \
+                    f"block at {r.offset} written successfully reads back different"
+            else:
+                which = ("new" if data == pattern(r.offset, 1)
+                         else "old" if data == bytes(BLOCK) else "other")
+                failed_writes[which] += 1
+    finally:
+        os.close(fd)
+        buf.close()
+    fio_verify(cl, dev)
+
+    nw = sum(r.op == "write" for r in failed)
+    print(f"# failing-disk: {kind.name}: {len(reqs)} requests, {len(failed)} failed with EIO "
+          f"({nw} writes, {len(failed) - nw} reads; {len(inside)} wholly inside the "
+          f"{swap2 - fault:.1f} s fault); kernel logged {len(logged)} I/O error lines"
+          f"{f' ({suppressed} suppressed)' if suppressed else ''}, "
+          f"{len(other_side)} nbd error replies; mloop status errors {counted}; "
+          f"failed writes hold old/new/other data: {failed_writes['old']}/"
+          f"{failed_writes['new']}/{failed_writes['other']}; swaps took "
+          f"{fault - swap1:.2f} s and {recovered - swap2:.2f} s", flush=True)
