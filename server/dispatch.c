@@ -309,7 +309,7 @@ dispatch_init (struct dispatch *d, struct mloop_engine *engine,
     .aio_efd = -1, .done.efd = -1,
   };
   /* A test-only switch: answer FLUSH at once, without the fdatasync, so
-   * the kernel power-cut test (tests/kernel/test-power-cut.py) can show
+   * the kernel power-cut test (tests/kernel/test-power-cut-early-ack.py) shows
    * it catches a server that acknowledges what is not stable.  Never set
    * it for real use: an acknowledged flush then promises nothing.
    */
