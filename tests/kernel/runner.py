@@ -2,7 +2,7 @@
 result line per test, flushed at once; runs as root where the kernel has
 nbd and loop (in the test VM, or natively).
 
-  runner.py KIND [TEST...]
+  runner.py KIND [GROUP | TEST...]   (GROUP: main, the default, or durable)
 
 The plan line ("1..N") is left to run-kernel-tests, which also adds results
 for what it sees from outside (a VM that died, the kernel log).  Before each
@@ -40,12 +40,16 @@ DURABLE = ["power-cut", "power-cut-early-ack", "failing-disk", "dropped-writes",
 REMOTE = ["remote-attach"]
 
 
-def tests_for(kind):
-    if isinstance(kind, kinds.MloopCli):
-        return COMMON + CLI_ONLY + SUPERVISED + REMOTE + DURABLE
-    if isinstance(kind, kinds.Loop):
-        return COMMON + DURABLE
-    return COMMON
+# The durability tests take a VM of their own (they alone take as long as
+# the rest together): run-kernel-tests KIND SERIES durable.
+GROUPS = ["main", "durable"]
+
+
+def tests_for(kind, group="main"):
+    cli, loop = isinstance(kind, kinds.MloopCli), isinstance(kind, kinds.Loop)
+    if group == "durable":
+        return DURABLE if cli or loop else []
+    return COMMON + (CLI_ONLY + SUPERVISED + REMOTE if cli else [])
 
 
 def load(name):
@@ -75,7 +79,10 @@ def connected_nbd():
 
 def main(argv):
     kind = kinds.KINDS[argv[1]]
-    names = argv[2:] or tests_for(kind)
+    if len(argv) == 3 and argv[2] in GROUPS:
+        names = tests_for(kind, argv[2])
+    else:
+        names = argv[2:] or tests_for(kind)
     reason = kind.unavailable()
     failed = 0
     for n, name in enumerate(names, 1):
