@@ -124,7 +124,7 @@ class Syslog:
     def __init__(self, cl):
         self.lines = []
         self.sock = None
-        if os.path.exists(self.PATH):
+        if os.path.lexists(self.PATH):
             return  # a real one: the messages are in the system's log
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.bind(self.PATH)
