@@ -202,6 +202,28 @@ hand_to_kernel (const struct mloop_attach_request *req, int *fds,
   return r < 0 ? mloop_fail (err, errlen, "%s", why) : 0;
 }
 
+/* Sets /dev/nbdINDEX's queue depth (requests in flight per hardware
+ * queue, i.e. per connection) to DEPTH.  The kernel times a request from
+ * when it is sent; a request the server has not started on would be
+ * timed while it waits behind the others, so a slow disk would look like
+ * a dead connection.  Requests beyond the depth wait in the block layer,
+ * untimed.  Set on every attach: the depth outlives the connection.
+ */
+static int
+set_queue_depth (int index, unsigned depth, char *err, size_t errlen)
+{
+  g_autofree char *path = g_strdup_printf ("/sys/block/nbd%d/queue/nr_requests",
+                                           index);
+  g_autofree char *text = g_strdup_printf ("%u\n", depth);
+  g_autoptr (GError) e = NULL;
+
+  if (!g_file_set_contents_full (path, text, -1, G_FILE_SET_CONTENTS_NONE, 0644,
+                                 &e))
+    return mloop_fail (err, errlen, "setting the queue depth to %u: %s", depth,
+                       e->message);
+  return 0;
+}
+
 /* Waits up to TIMEOUT_MS for the kernel to let go of /dev/nbdINDEX, so
  * that it can be connected again (a fixed --index would be busy).
  */
@@ -260,6 +282,11 @@ connect_kernel (const struct mloop_attach_request *req,
     wait_disconnected (index, RECEIVERS_TIMEOUT_MS);
   }
 
+  if (set_queue_depth (index, s->server ? s->server->requests_at_once
+                       : MLOOP_NBD_QUEUE_DEPTH, err, errlen) == -1) {
+    mloop_nbd_netlink_disconnect (index, why, sizeof why);
+    return -1;
+  }
   s->index = index;
   s->size = x.size;
   s->read_only = (x.flags & NBD_FLAG_READ_ONLY) != 0;

@@ -18,6 +18,10 @@
 
 #define MLOOP_MAX_CONNECTIONS 16
 #define MLOOP_DEFAULT_TIMEOUT 30        /* seconds, like nbd-client */
+/* The kernel client's requests in flight per connection
+ * (drivers/block/nbd.c, tag_set.queue_depth): a remote device's depth.
+ */
+#define MLOOP_NBD_QUEUE_DEPTH 128
 
 struct mloop_attach_request {
   const char *file;

@@ -90,11 +90,19 @@ nbdkit_command (const struct mloop_server_config *c, GPtrArray *argv)
     add (argv, g_strdup_printf ("stats=%s", c->stats_file));
 }
 
+/* mloop-server reads up to its CONN_SLOTS (server/conn.h) requests of a
+ * connection and submits them all; nbdkit works on as many as its
+ * --threads (16 by default), one per thread, and leaves the rest unread.
+ */
+#define NATIVE_REQUESTS_AT_ONCE 128
+#define NBDKIT_REQUESTS_AT_ONCE 16
+
 /* The default first. */
 static const struct mloop_server_kind kinds[] = {
-  { .name = "native", .command = native_command },
+  { .name = "native", .command = native_command,
+    .requests_at_once = NATIVE_REQUESTS_AT_ONCE },
   { .name = "nbdkit", .command = nbdkit_command, .tls = true,
-    .daemonizes = true },
+    .daemonizes = true, .requests_at_once = NBDKIT_REQUESTS_AT_ONCE },
 };
 
 const struct mloop_server_kind *

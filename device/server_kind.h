@@ -46,6 +46,12 @@ struct mloop_server_kind {
    * listens: the pid file names the server.
    */
   bool daemonizes;
+  /* How many requests of one connection it works on at once.  A device
+   * it serves gets this queue depth, so no request sits unseen in the
+   * server while the kernel's request timeout runs (docs/design.md,
+   * "Timeouts").
+   */
+  unsigned requests_at_once;
   /* Appends the program and its arguments serving C to ARGV. */
   void (*command) (const struct mloop_server_config *c, GPtrArray *argv);
 };
