@@ -13,6 +13,7 @@ A kind has .queues and .block_size (what the attached device must show),
 returning an Attachment whose detach is pushed on the cleanup stack CL, and
 .leftovers(att) listing what a detach left behind.
 """
+import json
 import os
 import re
 import signal
@@ -107,6 +108,22 @@ class MloopCli:
 
     def cli(self, *args, check=True):
         return run([CLI, *args], check=check, env=self.env())
+
+    def status(self, dev):
+        """`mloop status --json DEV`, parsed."""
+        return json.loads(self.cli("status", "--json", dev).stdout)
+
+    def assert_same_server(self, dev, before, after):
+        """Fails unless AFTER (a status()) shows the server of BEFORE still
+        serving DEV: the same pid, running, not restarted by the
+        supervisor, every connection open."""
+        pid, now = before["device"]["server_pid"], after["device"]["server_pid"]
+        assert now == pid and after["server_running"], \
+            f"{dev}: server pid {pid} became {now} (running: {after['server_running']})"
+        assert after["restarts"] == before["restarts"], \
+            f"{dev}: the supervisor restarted the server: {after.get('last_failure')}"
+        assert after.get("connections_open") == self.queues, \
+            f"{dev}: {after.get('connections_open')} of {self.queues} connections open"
 
     def attach_args(self, image, read_only=False):
         args = ["attach", image, "--connections", str(CONNECTIONS), "--threads", "4",

@@ -16,7 +16,6 @@ seen writes fail.  Then, with the filesystem still full:
 The filler is deleted: the offsets that failed, and new ones, take writes
 again and read back as written, and the image file holds them all after
 the detach."""
-import json
 import mmap
 import os
 import random
@@ -100,10 +99,6 @@ def check_reads(d, stored, when):
         f"wrong, first at offsets {bad[:8]}"
 
 
-def status(kind, dev):
-    return json.loads(kind.cli("status", "--json", dev).stdout)
-
-
 def server_log(st):
     """The lines of the device's server.log (in its runtime directory)."""
     path = os.path.join(os.path.dirname(st["device"]["socket"]), "server.log")
@@ -172,7 +167,7 @@ def run_test(kind, cl):
     syslog = Syslog(cl) if kind.name == "nbdkit" else None
     att = kind.attach(cl, image)
     dev = att.device
-    before = status(kind, dev) if cli else None
+    before = kind.status(dev) if cli else None
 
     offsets = list(range(0, IMAGE_SIZE, CHUNK))
     random.Random(5).shuffle(offsets)
@@ -208,15 +203,8 @@ def run_test(kind, cl):
     check_reads(d, stored, "filesystem full, after overwrites and fsync")
 
     if cli:
-        full = status(kind, dev)
-        pid = before["device"]["server_pid"]
-        assert full["device"]["server_pid"] == pid and full["server_running"], \
-            f"{dev}: server pid {pid} became {full['device']['server_pid']} " \
-            f"(running: {full['server_running']})"
-        assert full["restarts"] == before["restarts"], \
-            f"{dev}: the supervisor restarted the server: {full.get('last_failure')}"
-        assert full.get("connections_open") == kind.queues, \
-            f"{dev}: {full.get('connections_open')} of {kind.queues} connections open"
+        full = kind.status(dev)
+        kind.assert_same_server(dev, before, full)
         assert full.get("errors", 0) > 0, f"{dev}: mloop status counts no errors"
         # mloop-server logs to server.log; nbdkit, once daemonized, to syslog.
         where, log = ("server.log", server_log(full)) if syslog is None \
@@ -242,9 +230,8 @@ def run_test(kind, cl):
     os.fsync(d.fd)
     check_reads(d, stored, "after freeing space")
     if cli:
-        after = status(kind, dev)
-        assert after["device"]["server_pid"] == pid and after["restarts"] == before["restarts"], \
-            f"{dev}: the server changed after space was freed"
+        after = kind.status(dev)
+        kind.assert_same_server(dev, before, after)
         assert after.get("errors") == full.get("errors"), \
             f"{dev}: errors went from {full.get('errors')} to {after.get('errors')} " \
             f"with space free"

@@ -59,10 +59,6 @@ def default_attach_args(kind, image):
     return args[:i] + args[i + 2:]
 
 
-def status(kind, dev):
-    return json.loads(kind.cli("status", "--json", dev).stdout)
-
-
 def job_file(dev, jobs, cpus):
     return f"""[global]
 filename={dev}
@@ -115,7 +111,7 @@ def run_test(kind, cl):
         got = sysfs(dev, "queue/nr_requests")
         assert got == str(depth), \
             f"{dev}: queue depth {got}, not the {depth} requests {kind.server} works on at once"
-        before = status(kind, dev)
+        before = kind.status(dev)
         assert before["server_running"], f"{dev}: server not running after attach"
         assert before.get("connections_open") == kind.queues, \
             f"{dev}: {before.get('connections_open')} connections open after attach"
@@ -154,18 +150,11 @@ def run_test(kind, cl):
         f"less than the disk's delay of {DELAY_MS} ms: is dm-delay under the image?"
 
     if cli:
-        after = status(kind, dev)
-        pid = before["device"]["server_pid"]
-        assert after["device"]["server_pid"] == pid and after["server_running"], \
-            f"{dev}: server pid {pid} became {after['device']['server_pid']} " \
-            f"(running: {after['server_running']})"
-        assert after["restarts"] == before["restarts"], \
-            f"{dev}: the supervisor restarted the server: {after.get('last_failure')}"
+        after = kind.status(dev)
         # A request timeout marks its connection dead (the kernel shuts the
         # socket down): the server would see it close, and a reconnect
         # would be a new one.
-        assert after.get("connections_open") == kind.queues, \
-            f"{dev}: {after.get('connections_open')} of {kind.queues} connections open"
+        kind.assert_same_server(dev, before, after)
         assert after.get("connections_total") == before.get("connections_total"), \
             f"{dev}: {after.get('connections_total')} connections since start, " \
             f"{before.get('connections_total')} before fio"
