@@ -62,6 +62,23 @@ mloop_state_lock (char *err, size_t errlen)
   return fd;
 }
 
+int
+mloop_state_trylock (void)
+{
+  g_autofree char *path = g_build_filename (mloop_runtime_dir (), LOCK_FILE,
+                                            NULL);
+  int fd = open (path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+
+  if (fd != -1 && flock (fd, LOCK_EX | LOCK_NB) == -1) {
+    int saved = errno;
+
+    close (fd);
+    errno = saved;
+    fd = -1;
+  }
+  return fd;
+}
+
 void
 mloop_state_unlock (int fd)
 {

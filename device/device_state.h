@@ -62,6 +62,10 @@ int mloop_runtime_dir_create (char *err, size_t errlen);
  * mloop_state_unlock, or -1.
  */
 int mloop_state_lock (char *err, size_t errlen);
+/* The same lock, unless another process holds it: then -1 with errno
+ * EWOULDBLOCK (or another errno when the lock file cannot be used).
+ */
+int mloop_state_trylock (void);
 void mloop_state_unlock (int fd);
 
 /* Paths inside a device directory (g_free them). */
