@@ -72,10 +72,13 @@ say (const char *fmt, ...)
 static void
 record (void)
 {
+  struct mloop_supervisor_record r = {
+    .server_pid = sv.server, .restarts = sv.restarts,
+    .last_failure = sv.last_failure,
+  };
   char err[512];
 
-  if (mloop_state_save_supervisor (sv.dir, sv.server, sv.restarts,
-                                   sv.last_failure, err, sizeof err) == -1)
+  if (mloop_state_save_supervisor (sv.dir, &r, err, sizeof err) == -1)
     say ("%s", err);
 }
 
