@@ -114,6 +114,8 @@ mloop_print_status (FILE *f, const struct mloop_device_state *s,
     member_int (b, "supervisor_pid", s->supervisor_pid);
     member_int (b, "restarts", s->restarts);
     member_string (b, "last_failure", s->last_failure);
+    member_int (b, "reconnects", s->reconnects);
+    member_string (b, "last_reconnect", s->last_reconnect);
     if (st->have_stats) {
       member_int (b, "connections_open", (gint64) c->connections);
       member_int (b, "connections_total", (gint64) c->connections_total);
@@ -145,6 +147,9 @@ mloop_print_status (FILE *f, const struct mloop_device_state *s,
   fprintf (f, "  supervisor: pid %d, %u restarts%s%s\n", (int) s->supervisor_pid,
            s->restarts, s->last_failure ? "; last failure: " : "",
            s->last_failure ? s->last_failure : "");
+  fprintf (f, "  reconnects: %u%s%s\n", s->reconnects,
+           s->last_reconnect ? "; last: " : "",
+           s->last_reconnect ? s->last_reconnect : "");
   if (!st->have_stats) {
     fprintf (f, "  counters: not available (no stats file)\n");
     return;

@@ -62,6 +62,23 @@ mloop_state_lock (char *err, size_t errlen)
   return fd;
 }
 
+int
+mloop_state_trylock (void)
+{
+  g_autofree char *path = g_build_filename (mloop_runtime_dir (), LOCK_FILE,
+                                            NULL);
+  int fd = open (path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+
+  if (fd != -1 && flock (fd, LOCK_EX | LOCK_NB) == -1) {
+    int saved = errno;
+
+    close (fd);
+    errno = saved;
+    fd = -1;
+  }
+  return fd;
+}
+
 void
 mloop_state_unlock (int fd)
 {
@@ -148,18 +165,22 @@ mloop_state_save (const struct mloop_device_state *s, char *err,
 #define SUPERVISOR_GROUP "supervisor"
 
 int
-mloop_state_save_supervisor (const char *dir, pid_t server_pid,
-                             unsigned restarts, const char *last_failure,
+mloop_state_save_supervisor (const char *dir,
+                             const struct mloop_supervisor_record *r,
                              char *err, size_t errlen)
 {
   g_autoptr (GKeyFile) kf = g_key_file_new ();
   g_autofree char *path = g_build_filename (dir, MLOOP_DIR_SUPERVISOR, NULL);
 
-  g_key_file_set_integer (kf, SUPERVISOR_GROUP, "server_pid", server_pid);
-  g_key_file_set_uint64 (kf, SUPERVISOR_GROUP, "restarts", restarts);
-  if (last_failure)
+  g_key_file_set_integer (kf, SUPERVISOR_GROUP, "server_pid", r->server_pid);
+  g_key_file_set_uint64 (kf, SUPERVISOR_GROUP, "restarts", r->restarts);
+  if (r->last_failure)
     g_key_file_set_string (kf, SUPERVISOR_GROUP, "last_failure",
-                           last_failure);
+                           r->last_failure);
+  g_key_file_set_uint64 (kf, SUPERVISOR_GROUP, "reconnects", r->reconnects);
+  if (r->last_reconnect)
+    g_key_file_set_string (kf, SUPERVISOR_GROUP, "last_reconnect",
+                           r->last_reconnect);
   return write_key_file (kf, path, err, errlen);
 }
 
@@ -179,6 +200,10 @@ load_supervisor_record (const char *dir, struct mloop_device_state *s)
                                        NULL);
   s->last_failure = g_key_file_get_string (kf, SUPERVISOR_GROUP,
                                            "last_failure", NULL);
+  s->reconnects = g_key_file_get_uint64 (kf, SUPERVISOR_GROUP, "reconnects",
+                                         NULL);
+  s->last_reconnect = g_key_file_get_string (kf, SUPERVISOR_GROUP,
+                                             "last_reconnect", NULL);
 }
 
 int
@@ -307,6 +332,7 @@ mloop_state_clear (struct mloop_device_state *s)
   g_free (s->dir);
   g_free (s->file);
   g_free (s->last_failure);
+  g_free (s->last_reconnect);
   memset (s, 0, sizeof *s);
   s->index = -1;
 }

@@ -24,8 +24,9 @@
  *   SERVER_PID, SERVER_LOG, STATS   its pid, output, request counters
  *   SUPERVISOR_PID, SUPERVISOR_LOG  the supervisor's (restarts and why)
  *   STATE           a key file, written once the device is up
- *   SUPERVISOR      a key file the supervisor rewrites on each restart:
- *                   current server pid, restarts, why
+ *   SUPERVISOR      a key file the supervisor rewrites on each restart
+ *                   and reconnect: current server pid, restarts, why,
+ *                   reconnects, why
  */
 #define MLOOP_DIR_SOCKET "sock"
 #define MLOOP_DIR_SERVER_PID "server.pid"
@@ -52,6 +53,19 @@ struct mloop_device_state {
   pid_t supervisor_pid;         /* 0: unsupervised */
   unsigned restarts;            /* servers restarted by the supervisor */
   char *last_failure;           /* why the last server died, or NULL */
+  unsigned reconnects;          /* connections the kernel dropped while
+                                   the server lived, replaced by the
+                                   supervisor */
+  char *last_reconnect;         /* why the last one was dropped, or NULL */
+};
+
+/* What the supervisor records (DIR/supervisor). */
+struct mloop_supervisor_record {
+  pid_t server_pid;             /* 0 between a server and its successor */
+  unsigned restarts;
+  const char *last_failure;     /* NULL: none */
+  unsigned reconnects;
+  const char *last_reconnect;   /* NULL: none */
 };
 
 /* The runtime directory; created 0700 when missing. */
@@ -62,6 +76,10 @@ int mloop_runtime_dir_create (char *err, size_t errlen);
  * mloop_state_unlock, or -1.
  */
 int mloop_state_lock (char *err, size_t errlen);
+/* The same lock, unless another process holds it: then -1 with errno
+ * EWOULDBLOCK (or another errno when the lock file cannot be used).
+ */
+int mloop_state_trylock (void);
 void mloop_state_unlock (int fd);
 
 /* Paths inside a device directory (g_free them). */
@@ -76,12 +94,11 @@ int mloop_state_create (struct mloop_device_state *s, char *err,
 /* Writes S->dir/state atomically. */
 int mloop_state_save (const struct mloop_device_state *s, char *err,
                       size_t errlen);
-/* Writes DIR/supervisor: the supervisor's own record (server pid,
- * restarts, last failure), kept apart from "state" so the two writers
- * never race.
+/* Writes DIR/supervisor: the supervisor's own record, kept apart from
+ * "state" so the two writers never race.
  */
-int mloop_state_save_supervisor (const char *dir, pid_t server_pid,
-                                 unsigned restarts, const char *last_failure,
+int mloop_state_save_supervisor (const char *dir,
+                                 const struct mloop_supervisor_record *r,
                                  char *err, size_t errlen);
 /* Reads DIR/state (and DIR/supervisor, which overrides server_pid) into S (which owns copies); -1 if it has none. */
 int mloop_state_load (const char *dir, struct mloop_device_state *s);

@@ -5,6 +5,8 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -301,6 +303,37 @@ mloop_nbd_netlink_reconfigure (int index, const char *backend,
       put_sockets (msg, fds, nr_fds) < 0)
     return channel_abandon (&ch, msg, "reconfigure", err, errlen);
   return channel_transact (&ch, msg, &r, "reconfigure", err, errlen);
+}
+
+/* A socket's send timeout, or -1. */
+static int
+send_timeout (int fd, struct timeval *tv)
+{
+  socklen_t len = sizeof *tv;
+
+  return getsockopt (fd, SOL_SOCKET, SO_SNDTIMEO, tv, &len);
+}
+
+int
+mloop_nbd_netlink_replace_dead (int index, const char *backend, int fd,
+                                uint64_t dead_conn_timeout,
+                                char *err, size_t errlen)
+{
+  struct timeval tv = { 0 };
+  int rc;
+
+  if (setsockopt (fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) == -1)
+    return fail (err, errlen, -errno, "socket send timeout: %s",
+                 strerror (errno));
+  rc = mloop_nbd_netlink_reconfigure (index, backend, &fd, 1,
+                                      dead_conn_timeout, err, errlen);
+  if (rc < 0)
+    return rc;
+  if (send_timeout (fd, &tv) == -1)
+    return fail (err, errlen, -errno, "socket send timeout: %s",
+                 strerror (errno));
+  /* Taken: nbd_reconnect_socket set sk_sndtimeo = the request timeout. */
+  return tv.tv_sec != 0 || tv.tv_usec != 0;
 }
 
 /* A request that carries nothing but the device index. */

@@ -48,6 +48,21 @@ int mloop_nbd_netlink_reconfigure (int index, const char *backend,
                                    uint64_t dead_conn_timeout,
                                    char *err, size_t errlen);
 
+/* Offers the negotiated socket FD for one dead connection of a device
+ * (a reconfigure with that socket alone).  The kernel puts it into the
+ * first slot it has marked dead (drivers/block/nbd.c,
+ * nbd_reconnect_socket); when it has none it drops the socket and still
+ * answers success, so its answer cannot tell.  What does: the kernel sets
+ * the send timeout of a socket it takes to the device's request timeout,
+ * and FD's is cleared here first.  Returns 1 if the kernel took FD, 0 if
+ * it had no dead slot, or -errno.  (A device without a request timeout
+ * would always look full; mloop sets one on every device.)  The caller
+ * still closes FD.
+ */
+int mloop_nbd_netlink_replace_dead (int index, const char *backend, int fd,
+                                    uint64_t dead_conn_timeout,
+                                    char *err, size_t errlen);
+
 /* Tells the server goodbye on every connection and tears the device down. */
 int mloop_nbd_netlink_disconnect (int index, char *err, size_t errlen);
 

@@ -8,16 +8,29 @@
  * failing it; requests that were in flight on the dead connections are
  * requeued by the kernel when their request timeout expires.
  *
+ * It also heals connections the kernel dropped while the server lives:
+ * when a request outlives the request timeout (a slow disk under the
+ * image), the kernel shuts that connection down and marks its slot dead,
+ * and after a few such timeouts every slot would be dead and all IO would
+ * fail.  The kernel announces each dead slot (NBD_CMD_LINK_DEAD,
+ * nbd_events.h); the supervisor answers with one new negotiated
+ * connection per announcement, each a reconfigure of its own, which the
+ * kernel puts in a dead slot.  A server that died is the restart's
+ * business instead, which hands the kernel a whole new set.
+ *
  * It is a child subreaper, so a daemonizing nbdkit's daemon becomes its
  * child and its exit status can be reaped.  A glib main loop waits on the
- * server's pidfd, the restart timer and SIGTERM/SIGINT.  It logs to
- * stderr (the device directory's supervisor.log) and records restarts in
- * the directory's "supervisor" file for `mloop status`.
+ * server's pidfd, the kernel's announcements, the restart and reconnect
+ * timers and SIGTERM/SIGINT.  It logs to stderr (the device directory's
+ * supervisor.log) and records restarts and reconnects in the directory's
+ * "supervisor" file for `mloop status`.
  *
  *   mloop-supervisor --dir DIR --server native|nbdkit [--threads N]
  *                    [--read-only] IMAGE
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,7 +46,9 @@
 
 #include "device_state.h"
 #include "nbd_connect.h"
+#include "nbd_events.h"
 #include "nbd_netlink.h"
+#include "nbd_receivers.h"
 #include "server_process.h"
 
 #define START_TIMEOUT_MS 60000
@@ -42,6 +57,18 @@
 #define BACKOFF_MAX_MS 8000
 /* A server that lived this long earns a quick restart again. */
 #define HEALTHY_US (30 * G_USEC_PER_SEC)
+/* Reconnecting a connection the kernel dropped: wait this long after an
+ * announcement, so a burst is answered at once and a server's death
+ * (which makes the kernel announce every connection) is seen first.
+ */
+#define HEAL_DELAY_MS 100
+#define HEAL_RETRY_MIN_MS 1000
+#define HEAL_RETRY_MAX_MS 8000
+/* After reconnecting: how long to look for the new receive works. */
+#define RECEIVERS_SETTLE_MS 500
+#define RECEIVERS_TIMEOUT_MS 2000
+/* Kernel log lines older than this are not about the drop at hand. */
+#define KMSG_WINDOW_US (120 * G_USEC_PER_SEC)
 
 static struct {
   struct mloop_server_spec spec;
@@ -52,8 +79,23 @@ static struct {
   unsigned restarts;
   char *last_failure;
   unsigned backoff_ms;
+  /* From a server's death until its successor serves the device. */
+  gboolean restarting;
+  /* Connections the kernel dropped while the server lived. */
+  struct mloop_nbd_events *events;
+  int index;                    /* the device's, once its state exists */
+  unsigned dead;                /* announced, not yet reconnected */
+  gboolean dead_lost;           /* announcements were lost: fill them all */
+  guint heal_source;
+  unsigned heal_retry_ms;
+  unsigned reconnects;
+  char *last_reconnect;
+  int kmsg;                     /* /dev/kmsg, read for the kernel's reason */
+  const char *kernel_reason;    /* the last reason it gave, and when */
+  gint64 kernel_reason_at;
   GMainLoop *loop;
-} sv = { .pidfd = -1, .backoff_ms = BACKOFF_MIN_MS };
+} sv = { .pidfd = -1, .backoff_ms = BACKOFF_MIN_MS, .index = -1,
+         .heal_retry_ms = HEAL_RETRY_MIN_MS, .kmsg = -1 };
 
 static void G_GNUC_PRINTF (1, 2)
 say (const char *fmt, ...)
@@ -72,10 +114,14 @@ say (const char *fmt, ...)
 static void
 record (void)
 {
+  struct mloop_supervisor_record r = {
+    .server_pid = sv.server, .restarts = sv.restarts,
+    .last_failure = sv.last_failure, .reconnects = sv.reconnects,
+    .last_reconnect = sv.last_reconnect,
+  };
   char err[512];
 
-  if (mloop_state_save_supervisor (sv.dir, sv.server, sv.restarts,
-                                   sv.last_failure, err, sizeof err) == -1)
+  if (mloop_state_save_supervisor (sv.dir, &r, err, sizeof err) == -1)
     say ("%s", err);
 }
 
@@ -141,8 +187,18 @@ restart (gpointer unused)
   char err[512];
 
   if (start_server (err, sizeof err) == 0 &&
-      reconnect_device (err, sizeof err) == 0)
+      reconnect_device (err, sizeof err) == 0) {
+    /* The new set filled every dead slot: what was announced is done. */
+    sv.restarting = FALSE;
+    sv.dead = 0;
+    sv.dead_lost = FALSE;
+    sv.heal_retry_ms = HEAL_RETRY_MIN_MS;
+    if (sv.heal_source != 0) {
+      g_source_remove (sv.heal_source);
+      sv.heal_source = 0;
+    }
     return G_SOURCE_REMOVE;
+  }
   say ("restart failed: %s", err);
   g_free (sv.last_failure);
   sv.last_failure = g_strdup (err);
@@ -181,12 +237,293 @@ on_server_exit (gint fd, GIOCondition c, gpointer unused)
   if (g_get_monotonic_time () - sv.started_at > HEALTHY_US)
     sv.backoff_ms = BACKOFF_MIN_MS;
   sv.server = 0;
+  sv.restarting = TRUE;
   sv.restarts++;
   say ("%s; restart %u in %u ms", sv.last_failure, sv.restarts,
        sv.backoff_ms);
   record ();
   g_timeout_add (sv.backoff_ms, restart, NULL);
   return G_SOURCE_REMOVE;
+}
+
+/* --- Connections the kernel dropped while the server lives ------------ */
+
+/* The device's index, once `mloop attach` has written its state. */
+static int
+device_index (void)
+{
+  struct mloop_device_state st;
+
+  if (sv.index < 0 && mloop_state_load (sv.dir, &st) == 0) {
+    sv.index = st.index;
+    mloop_state_clear (&st);
+  }
+  return sv.index;
+}
+
+/* Whether the server serves, with no restart under way: its pidfd is not
+ * readable yet (a death the main loop has not seen is still a death).
+ */
+static bool
+server_serving (void)
+{
+  struct pollfd p = { .fd = sv.pidfd, .events = POLLIN };
+
+  return sv.server > 0 && sv.pidfd != -1 && !sv.restarting &&
+    poll (&p, 1, 0) == 0;
+}
+
+/* Starts reading the kernel log from its end, for kernel_reason. */
+static void
+kmsg_open (void)
+{
+  sv.kmsg = open ("/dev/kmsg", O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (sv.kmsg != -1)
+    lseek (sv.kmsg, 0, SEEK_END);
+}
+
+/* Why the kernel dropped a connection of /dev/nbdINDEX, from the lines
+ * its nbd client logged since the last look (drivers/block/nbd.c): a
+ * request outlived the request timeout ("Connection timed out,
+ * retrying"), a send failed ("Send control failed", "Send data failed",
+ * "Request send failed"), or a receive did ("Receive control failed",
+ * which also follows a timeout, whose shutdown ends the receive).  The
+ * most telling wins; *LINE gets the kernel's words.  The kernel
+ * rate-limits these lines (10 per 5 s), so when it said nothing new the
+ * reason it gave within the last STICKY_US stands.  NULL when it said
+ * none of these or the log is closed.
+ */
+static const char *
+kernel_reason (int index, gint64 sticky_us, char **line)
+{
+  static const struct { const char *says, *reason; } causes[] = {
+    { "Connection timed out", "request timeout" },
+    { "Send control failed", "send failed" },
+    { "Send data failed", "send failed" },
+    { "Request send failed", "send failed" },
+    { "Receive control failed", "receive failed" },
+  };
+  char rec[8192], dev[32];
+  size_t best = G_N_ELEMENTS (causes);
+  gint64 oldest = g_get_monotonic_time () - KMSG_WINDOW_US;
+  ssize_t n;
+
+  *line = NULL;
+  snprintf (dev, sizeof dev, "nbd%d: ", index);
+  /* One record per read: "PRIO,SEQ,USEC,FLAGS;TEXT\n" and continuation
+   * lines; EPIPE says records were overwritten, and reading goes on.
+   */
+  while (sv.kmsg != -1 &&
+         ((n = read (sv.kmsg, rec, sizeof rec - 1)) > 0 ||
+          (n == -1 && (errno == EPIPE || errno == EINTR)))) {
+    char *text, *at;
+    unsigned long long usec;
+
+    if (n <= 0)
+      continue;
+    rec[n] = '\0';
+    text = strchr (rec, ';');
+    if (text == NULL || sscanf (rec, "%*u,%*u,%llu", &usec) != 1 ||
+        (gint64) usec < oldest)
+      continue;
+    text[strcspn (text, "\n")] = '\0';
+    at = strstr (text, dev);
+    if (at == NULL)
+      continue;
+    at += strlen (dev);
+    for (size_t i = 0; i < G_N_ELEMENTS (causes); i++)
+      if (g_str_has_prefix (at, causes[i].says)) {
+        if (i <= best) {        /* the latest of the most telling */
+          best = i;
+          g_free (*line);
+          *line = g_strdup (at);
+        }
+        break;
+      }
+  }
+  if (best < G_N_ELEMENTS (causes)) {
+    sv.kernel_reason = causes[best].reason;
+    sv.kernel_reason_at = g_get_monotonic_time ();
+  }
+  else if (sv.kernel_reason == NULL ||
+           g_get_monotonic_time () - sv.kernel_reason_at > sticky_us)
+    return NULL;
+  return sv.kernel_reason;
+}
+
+/* One new connection, offered for a dead slot of the device in ST:
+ * 1 if the kernel took it, 0 if it had no dead slot, -1 with ERR.
+ */
+static int
+replace_one (const struct mloop_device_state *st, char *err, size_t errlen)
+{
+  struct mloop_nbd_export x;
+  int fd, r;
+
+  if (mloop_nbd_connect_unix (sv.spec.socket_path, 1, &fd, &x,
+                              err, errlen) == -1)
+    return -1;
+  if (x.size != st->size) {
+    close (fd);
+    snprintf (err, errlen, "the server's export has %llu bytes, the "
+              "device %llu", (unsigned long long) x.size,
+              (unsigned long long) st->size);
+    return -1;
+  }
+  r = mloop_nbd_netlink_replace_dead (st->index, st->file, fd, st->timeout,
+                                      err, errlen);
+  close (fd);
+  return r < 0 ? -1 : r;
+}
+
+/* Every slot has a reader again?  On Linux 6.1 a receive work can wait
+ * for a kworker (docs/design.md, "A request held for the whole
+ * timeout"); a connection nobody reads times out and is dropped again,
+ * so this is said, not acted on.
+ */
+static void
+check_receivers (const struct mloop_device_state *st, unsigned n)
+{
+  if (!mloop_nbd_receivers_all_running (st->index, n, RECEIVERS_SETTLE_MS,
+                                        RECEIVERS_TIMEOUT_MS))
+    say ("/dev/nbd%d: %u of %u connections have a receive work running "
+         "after the reconnect; requests on the others will time out and "
+         "the kernel will drop them again", st->index,
+         mloop_nbd_receivers (st->index), n);
+}
+
+static gboolean heal (gpointer unused);
+
+static void
+schedule_heal (unsigned ms)
+{
+  if (sv.heal_source == 0)
+    sv.heal_source = g_timeout_add (ms, heal, NULL);
+}
+
+/* Answers the announcements: as many new connections as slots were
+ * announced dead (all of them when announcements were lost), one
+ * reconfigure each, until the kernel has no dead slot left.
+ */
+static gboolean
+heal (gpointer unused)
+{
+  struct mloop_device_state st;
+  g_autofree char *said = NULL;
+  const char *reason;
+  unsigned n, want, done = 0;
+  char err[512];
+  int r = 1, lock;
+
+  sv.heal_source = 0;
+  /* A server that died: the restart hands the kernel a whole new set. */
+  if (!server_serving ()) {
+    sv.dead = 0;
+    sv.dead_lost = FALSE;
+    return G_SOURCE_REMOVE;
+  }
+  /* An attach or detach is under way (of this device or another): after
+   * it.  A detach must not find its device given a new connection after
+   * its disconnect (the kernel would take it into a slot the disconnect
+   * killed, and clear its "disconnected" mark).
+   */
+  lock = mloop_state_trylock ();
+  if (lock == -1 && errno == EWOULDBLOCK) {
+    schedule_heal (HEAL_DELAY_MS);
+    return G_SOURCE_REMOVE;
+  }
+  /* No state yet: `mloop attach` is still connecting the device. */
+  if (mloop_state_load (sv.dir, &st) == -1) {
+    mloop_state_unlock (lock);
+    sv.dead = 0;
+    sv.dead_lost = FALSE;
+    return G_SOURCE_REMOVE;
+  }
+  n = st.connections > 0 ? st.connections : 1;
+  want = sv.dead_lost ? n : MIN (sv.dead, n);
+  /* A request timeout's storm lasts about two timeouts. */
+  reason = kernel_reason (st.index, 2 * (gint64) st.timeout * G_USEC_PER_SEC,
+                          &said);
+  while (done < want && (r = replace_one (&st, err, sizeof err)) == 1) {
+    done++;
+    sv.reconnects++;
+    g_free (sv.last_reconnect);
+    sv.last_reconnect = g_strdup_printf ("connection dropped by the kernel "
+                                         "(%s)", reason ? reason :
+                                         "cause not in the kernel log");
+    say ("/dev/nbd%d: %s%s%s%s while server pid %d serves; reconnect %u "
+         "gave the kernel a new connection in its place", st.index,
+         sv.last_reconnect, said ? " [kernel: \"" : "", said ? said : "",
+         said ? "\"]" : "", (int) sv.server, sv.reconnects);
+  }
+  if (r == 0)
+    /* NBD_CMD_RECONFIGURE answered 0 without taking the socket. */
+    say ("/dev/nbd%d: the kernel has no dead connection left (it took %u "
+         "of %u; the next reconfigure was answered 0 and its socket "
+         "dropped)", st.index, done, want);
+  if (r == -1) {
+    say ("/dev/nbd%d: reconnecting a dropped connection failed: %s; "
+         "again in %u ms", st.index, err, sv.heal_retry_ms);
+    sv.dead = want - done;
+    schedule_heal (sv.heal_retry_ms);
+    sv.heal_retry_ms = MIN (sv.heal_retry_ms * 2, HEAL_RETRY_MAX_MS);
+  } else {
+    sv.dead = 0;
+    sv.dead_lost = FALSE;
+    sv.heal_retry_ms = HEAL_RETRY_MIN_MS;
+  }
+  mloop_state_unlock (lock);
+  if (done > 0) {
+    record ();
+    check_receivers (&st, n);
+  }
+  mloop_state_clear (&st);
+  return G_SOURCE_REMOVE;
+}
+
+static gboolean on_nbd_event (gint fd, GIOCondition c, gpointer unused);
+
+/* Subscribes to the kernel's announcements.  Without them the device
+ * still survives its server, but not a slow disk: said, not fatal.
+ */
+static void
+listen_events (void)
+{
+  char err[512];
+
+  sv.events = mloop_nbd_events_open (err, sizeof err);
+  if (sv.events == NULL) {
+    say ("%s; connections the kernel drops will not be reconnected", err);
+    return;
+  }
+  g_unix_fd_add (mloop_nbd_events_fd (sv.events), G_IO_IN, on_nbd_event,
+                 NULL);
+}
+
+static gboolean
+on_nbd_event (gint fd, GIOCondition c, gpointer unused)
+{
+  char err[512];
+  bool lost = false;
+  gboolean keep = G_SOURCE_CONTINUE;
+
+  if (mloop_nbd_events_read (sv.events, device_index (), &sv.dead, &lost,
+                             err, sizeof err) == -1) {
+    say ("%s; listening again", err);
+    mloop_nbd_events_close (sv.events);
+    listen_events ();
+    lost = true;
+    keep = G_SOURCE_REMOVE;
+  }
+  if (lost && device_index () >= 0) {
+    say ("/dev/nbd%d: some of the kernel's announcements of dropped "
+         "connections were lost; offering connections until it has no "
+         "dead one", device_index ());
+    sv.dead_lost = TRUE;
+  }
+  if (sv.dead > 0 || sv.dead_lost)
+    schedule_heal (HEAL_DELAY_MS);
+  return keep;
 }
 
 static gboolean
@@ -251,6 +588,9 @@ main (int argc, char **argv)
   sv.loop = g_main_loop_new (NULL, FALSE);
   g_unix_signal_add (SIGTERM, on_stop_signal, NULL);
   g_unix_signal_add (SIGINT, on_stop_signal, NULL);
+  /* Before the device exists, so no announcement about it is missed. */
+  kmsg_open ();
+  listen_events ();
   /* The first start's failure is attach's failure: say it and leave. */
   if (start_server (err, sizeof err) == -1) {
     fprintf (stderr, "mloop-supervisor: %s\n", err);
@@ -266,5 +606,8 @@ main (int argc, char **argv)
   if (sv.server > 0)
     waitpid (sv.server, NULL, WNOHANG);
   g_unlink (pid_path);
+  mloop_nbd_events_close (sv.events);
+  if (sv.kmsg != -1)
+    close (sv.kmsg);
   return EXIT_SUCCESS;
 }

@@ -32,10 +32,11 @@ SUPERVISED = ["restart-fio", "restart-fsync", "restart-dying", "restart-hostile-
               "io-flusher"]
 # Durability through the kernel, on device-mapper targets under the image
 # (dmtarget.py): a power cut replayed at every flush, a failing disk, one
-# that drops writes, a slow one, a full filesystem.  For the CLI kinds and
-# for loop, the reference; the stock client adds nothing here.
+# that drops writes, a slow one, one that stalls past the request timeout
+# (CLI kinds only: the supervisor reconnects), a full filesystem.  For the
+# CLI kinds and for loop, the reference; the stock client adds nothing here.
 DURABLE = ["power-cut", "power-cut-early-ack", "failing-disk", "dropped-writes",
-           "slow-disk", "out-of-space"]
+           "slow-disk", "stall-reconnect", "out-of-space"]
 # Serving to other machines, through this machine's loopback.
 REMOTE = ["remote-attach"]
 

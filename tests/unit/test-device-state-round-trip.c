@@ -83,9 +83,12 @@ main (void)
   CHECK (got.server_pid == s.server_pid, "server pid %d", (int) got.server_pid);
   CHECK (got.supervisor_pid == s.supervisor_pid, "supervisor pid %d",
          (int) got.supervisor_pid);
-  /* No supervisor record yet: nothing restarted, no failure. */
+  /* No supervisor record yet: nothing restarted or reconnected. */
   CHECK (got.restarts == 0 && got.last_failure == NULL,
          "restarts %u, last failure %s", got.restarts, got.last_failure);
+  CHECK (got.reconnects == 0 && got.last_reconnect == NULL,
+         "reconnects %u, last reconnect %s", got.reconnects,
+         got.last_reconnect);
   mloop_state_clear (&got);
 
   /* Saving again replaces the file whole. */
