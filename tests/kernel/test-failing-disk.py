@@ -27,20 +27,19 @@ Then:
 - fio writes and verifies a region of the recovered device.
 """
 import errno
-import json
 import mmap
 import os
 import re
-import struct
 import threading
 import time
 import uuid
 
+import blockio
 import dmtarget
 import kinds
-from kfix import run, tmpdir
+from blockio import BLOCK, fill, pattern
+from kfix import run
 
-BLOCK = 4096
 DISK_SIZE = 128 << 20
 # Blocks [0, READ_AREA) are filled before the run and only read in it;
 # writes go to [READ_AREA, FIO_AREA); fio uses the rest after recovery.
@@ -58,12 +57,6 @@ OTHER_SIDE = re.compile(r"block (nbd\d+): Other side returned error \((\d+)\)")
 SUPPRESSED = re.compile(r"blk_print_req_error: (\d+) callbacks suppressed")
 STAMP = re.compile(r"^\[\s*(\d+\.\d+)\]")
 PRINTK_INTERVAL = 5.0  # seconds, DEFAULT_RATELIMIT_INTERVAL
-
-
-def pattern(offset, gen):
-    """The 4 KiB a block at OFFSET holds after its GEN-th write: names both,
-    so data at the wrong place or from the wrong write cannot match."""
-    return struct.pack("<QQ", offset, gen) * (BLOCK // 16)
 
 
 class Slots:
@@ -132,53 +125,14 @@ def client(dev, t, reads, writes, stop, log, read_bad, problems):
         problems.append(f"thread {t}: {e!r}")
 
 
-def fill(dev, start, end):
-    """Writes pattern(offset, 0) to every block of [START, END)."""
-    chunk = 1 << 20
-    buf = mmap.mmap(-1, chunk)
-    fd = os.open(dev, os.O_WRONLY | os.O_DIRECT)
-    try:
-        for base in range(start, end, chunk):
-            buf.seek(0)
-            for off in range(base, base + chunk, BLOCK):
-                buf.write(pattern(off, 0))
-            assert os.pwrite(fd, buf, base) == chunk
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-        buf.close()
-
-
 def read_block(fd, buf, off):
     assert os.preadv(fd, [buf], off) == BLOCK, f"short read at {off}"
     return buf[:]
 
 
-def kernel_log(token):
-    """The kernel log before and after the line holding TOKEN."""
-    lines = run(["dmesg"]).stdout.splitlines()
-    marks = [i for i, line in enumerate(lines) if token in line]
-    assert marks, "the test's mark is no longer in the kernel log"
-    return lines[:marks[-1]], lines[marks[-1] + 1:]
-
-
 def stamp(line):
     m = STAMP.search(line)
     return float(m.group(1)) if m else None
-
-
-def fio_verify(cl, dev):
-    p = run(["fio", "--name=after-fault", f"--filename={dev}", "--ioengine=libaio",
-             "--direct=1", "--rw=randwrite", "--bs=4k", "--iodepth=16",
-             f"--numjobs={FIO_JOBS}", f"--size={FIO_REGION}", f"--offset={FIO_AREA}",
-             f"--offset_increment={FIO_REGION}", "--verify=crc32c", "--verify_fatal=1",
-             "--verify_state_save=0", "--output-format=json"], check=False, cwd=tmpdir(cl))
-    assert p.returncode == 0, f"fio exit {p.returncode}: {p.stderr.strip()[-2000:]}"
-    assert "verify" not in p.stderr, f"fio reported: {p.stderr.strip()[-2000:]}"
-    for j in json.loads(p.stdout[p.stdout.index("{"):])["jobs"]:
-        assert j["error"] == 0, f"fio job {j['jobname']} error {j['error']}"
-        assert j["write"]["io_bytes"] == FIO_REGION and j["read"]["io_bytes"] == FIO_REGION, \
-            f"fio wrote {j['write']['io_bytes']} and verified {j['read']['io_bytes']} bytes"
 
 
 def run_test(kind, cl):
@@ -241,7 +195,7 @@ def run_test(kind, cl):
     assert not read_bad, f"reads returned wrong data at {read_bad[:10]}"
 
     # What the kernel logged.
-    earlier, klog = kernel_log(token)
+    earlier, klog = blockio.kernel_log_around(token)
     failed_at = {(r.op.upper(), r.offset // 512) for r in failed}
     logged = [(m.group(3), int(m.group(2))) for m in map(IO_ERROR.search, klog)
               if m and m.group(1) == devname]
@@ -312,7 +266,7 @@ def run_test(kind, cl):
     finally:
         os.close(fd)
         buf.close()
-    fio_verify(cl, dev)
+    blockio.fio_verify(cl, dev, "after-fault", FIO_AREA, FIO_REGION, FIO_JOBS)
 
     nw = sum(r.op == "write" for r in failed)
     print(f"# failing-disk: {kind.name}: {len(reqs)} requests, {len(failed)} failed with EIO "

@@ -43,16 +43,16 @@ import json
 import mmap
 import os
 import re
-import struct
 import threading
 import time
 import uuid
 
+import blockio
 import dmtarget
 import kinds
-from kfix import Skip, run, tmpdir, wait_until
+from blockio import BLOCK, fill, pattern
+from kfix import Skip, run, wait_until
 
-BLOCK = 4096
 DISK_SIZE = 64 << 20
 READ_AREA = 8 << 20        # filled before the run, only read in it
 FIO_AREA = DISK_SIZE - (8 << 20)   # writes go between; fio after it
@@ -65,11 +65,6 @@ FIO_JOBS, FIO_REGION = 2, 2 << 20
 HEALED_WITHIN = 60         # seconds after the stall for all connections
 
 
-def pattern(offset, gen):
-    """The 4 KiB a block at OFFSET holds after its GEN-th write."""
-    return struct.pack("<QQ", offset, gen) * (BLOCK // 16)
-
-
 def offer_helper():
     """tests/helpers/nbd-offer of the build the CLI comes from."""
     path = os.environ.get("MLOOP_NBD_OFFER")
@@ -80,30 +75,10 @@ def offer_helper():
     return path if os.path.exists(path) else None
 
 
-def status(kind, dev):
-    return json.loads(kind.cli("status", "--json", dev).stdout)
-
-
 def attach_args(kind, image):
     args = kind.attach_args(image)
     args[args.index("--timeout") + 1] = str(TIMEOUT_S)
     return args
-
-
-def fill(dev, start, end):
-    chunk = 1 << 20
-    buf = mmap.mmap(-1, chunk)
-    fd = os.open(dev, os.O_WRONLY | os.O_DIRECT)
-    try:
-        for base in range(start, end, chunk):
-            buf.seek(0)
-            for off in range(base, base + chunk, BLOCK):
-                buf.write(pattern(off, 0))
-            assert os.pwrite(fd, buf, base) == chunk
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-        buf.close()
 
 
 class Offsets:
@@ -154,27 +129,6 @@ def client(dev, reads, writes, stop, log, problems):
         problems.append(repr(e))
 
 
-def kernel_log_since(token):
-    lines = run(["dmesg"]).stdout.splitlines()
-    marks = [i for i, line in enumerate(lines) if token in line]
-    assert marks, "the test's mark is no longer in the kernel log"
-    return lines[marks[-1] + 1:]
-
-
-def fio_verify(cl, dev):
-    p = run(["fio", "--name=after-stall", f"--filename={dev}", "--ioengine=libaio",
-             "--direct=1", "--rw=randwrite", "--bs=4k", "--iodepth=16",
-             f"--numjobs={FIO_JOBS}", f"--size={FIO_REGION}", f"--offset={FIO_AREA}",
-             f"--offset_increment={FIO_REGION}", "--verify=crc32c", "--verify_fatal=1",
-             "--verify_state_save=0", "--output-format=json"], check=False, cwd=tmpdir(cl))
-    assert p.returncode == 0, f"fio exit {p.returncode}: {p.stderr.strip()[-2000:]}"
-    assert "verify" not in p.stderr, f"fio reported: {p.stderr.strip()[-2000:]}"
-    for j in json.loads(p.stdout[p.stdout.index("{"):])["jobs"]:
-        assert j["error"] == 0, f"fio job {j['jobname']} error {j['error']}"
-        assert j["write"]["io_bytes"] == FIO_REGION and j["read"]["io_bytes"] == FIO_REGION, \
-            f"fio wrote {j['write']['io_bytes']} and verified {j['read']['io_bytes']} bytes"
-
-
 def run_test(kind, cl):
     if not isinstance(kind, kinds.MloopCli):
         raise Skip("the supervisor's reconnect is mloop attach's")
@@ -184,7 +138,7 @@ def run_test(kind, cl):
     dev = att.device
     devname = os.path.basename(dev)
     fill(dev, 0, READ_AREA)
-    before = status(kind, dev)
+    before = kind.status(dev)
     assert before["server_running"] and before["restarts"] == 0 \
         and before["reconnects"] == 0, f"before the stall: {before}"
     assert before.get("connections_open") == kind.queues, \
@@ -227,17 +181,17 @@ def run_test(kind, cl):
     late = [r for r in reqs if r[2] > recovered]
     assert late, "no request started after the disk recovered"
 
-    klog = kernel_log_since(token)
+    klog = blockio.kernel_log_around(token)[1]
     timeouts = [line for line in klog if f"{devname}: Connection timed out" in line]
     assert timeouts, f"the kernel logged no request timeout for {dev}"
 
     def healed():
-        s = status(kind, dev)
+        s = kind.status(dev)
         return (s["server_running"] and s["kernel_connected"]
                 and s.get("connections_open") == kind.queues
                 and s["reconnects"] + s["restarts"] > 0)
     wait_until(healed, f"{dev} to have {kind.queues} connections again", HEALED_WITHIN)
-    after = status(kind, dev)
+    after = kind.status(dev)
     restarted = after["restarts"] > 0
     if kind.server == "native" or not restarted:
         assert not restarted, \
@@ -278,17 +232,17 @@ def run_test(kind, cl):
     helper = offer_helper()
     offer = "not run (no tests/helpers/nbd-offer)"
     if helper:
-        total = status(kind, dev).get("connections_total")
+        total = kind.status(dev).get("connections_total")
         p = run([helper, after["device"]["socket"], devname[3:], after["device"]["file"]])
         got = json.loads(p.stdout)
         assert got["reconfigure"] == 0 and got["send_timeout"] == 0, \
             f"a connection offered to the whole {dev}: {got} (expected the kernel " \
             f"to answer 0 and leave the socket alone)"
-        wait_until(lambda: (status(kind, dev).get("connections_open") == kind.queues
-                            and status(kind, dev).get("connections_total") == total + 1),
+        wait_until(lambda: (kind.status(dev).get("connections_open") == kind.queues
+                            and kind.status(dev).get("connections_total") == total + 1),
                    "the offered connection to be dropped", 30)
         offer = f"answered {got['reconfigure']}, socket not taken"
-    fio_verify(cl, dev)
+    blockio.fio_verify(cl, dev, "after-stall", FIO_AREA, FIO_REGION, FIO_JOBS)
 
     print(f"# stall-reconnect {kind.name}: {len(reqs)} requests, none failed, slowest "
           f"{slowest:.1f} s; {len(timeouts)} timeouts logged; reconnects "
