@@ -1,6 +1,7 @@
 /* mloop — the backing store: an image file or a block device. */
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,6 +55,33 @@ mloop_direct_mode_parse (const char *str, enum mloop_direct_mode *mode)
     *mode = on ? MLOOP_DIRECT_ON : MLOOP_DIRECT_OFF;
   else
     return -EINVAL;
+  return 0;
+}
+
+int
+mloop_size_parse (const char *str, uint64_t *out)
+{
+  uint64_t n = 0, scale = 1;
+  const char *p = str;
+
+  if (*p < '0' || *p > '9')
+    return -EINVAL;
+  for (; *p >= '0' && *p <= '9'; p++) {
+    if (n > (UINT64_MAX - (uint64_t) (*p - '0')) / 10)
+      return -ERANGE;
+    n = n * 10 + (uint64_t) (*p - '0');
+  }
+  switch (*p) {
+  case 'k': case 'K': scale = 1ull << 10; p++; break;
+  case 'm': case 'M': scale = 1ull << 20; p++; break;
+  case 'g': case 'G': scale = 1ull << 30; p++; break;
+  case 't': case 'T': scale = 1ull << 40; p++; break;
+  }
+  if (*p != '\0')
+    return -EINVAL;
+  if (n > UINT64_MAX / scale)
+    return -ERANGE;
+  *out = n * scale;
   return 0;
 }
 
@@ -147,9 +175,56 @@ tail_boundary (uint64_t size, uint32_t logical_block_size)
   return mloop_round_down (size, folio_max);
 }
 
+/* Narrows B, open on the whole file, to W.  The page-cache tail was
+ * decided on the whole file: it moves with the window's start and is
+ * cut off by its end.
+ */
+static int
+apply_window (struct mloop_backing *b, const struct mloop_window *w,
+              char *err, size_t errlen)
+{
+  const uint64_t file_size = b->size;
+  const uint32_t align = mloop_backing_window_alignment (b);
+  const char *why = b->direct ? "O_DIRECT alignment" : "logical block size";
+  uint64_t size;
+
+  if (w == NULL || (w->offset == 0 && w->sizelimit == 0))
+    return 0;
+  if (w->offset > 0 && w->offset >= file_size)
+    return set_error (err, errlen, EINVAL, "offset %" PRIu64 " is not "
+                      "inside the image (%s is %" PRIu64 " bytes)",
+                      w->offset, b->path, file_size);
+  if (!mloop_is_aligned (w->offset, align))
+    return set_error (err, errlen, EINVAL, "offset %" PRIu64 " is not a "
+                      "multiple of the image's %u-byte %s", w->offset,
+                      align, why);
+  size = file_size - w->offset;
+  if (w->sizelimit && w->sizelimit < size) {
+    /* A window ending inside the file ends on a block boundary, like the
+     * loop driver's, which counts whole sectors: its last block is then
+     * whole, so no write of it has to touch a byte outside the window.
+     */
+    size = mloop_round_down (w->sizelimit, align);
+    if (size == 0)
+      return set_error (err, errlen, EINVAL, "sizelimit %" PRIu64 " is "
+                        "below the image's %u-byte %s", w->sizelimit,
+                        align, why);
+  }
+  b->offset = w->offset;
+  b->size = size;
+  if (b->buffered_from <= w->offset)
+    b->buffered_from = 0;
+  else if (b->buffered_from - w->offset < size)
+    b->buffered_from -= w->offset;
+  else
+    b->buffered_from = size;
+  return 0;
+}
+
 int
 mloop_backing_open (struct mloop_backing *b, const char *path,
                     enum mloop_direct_mode mode, bool want_write,
+                    const struct mloop_window *window,
                     char *err, size_t errlen)
 {
   struct stat st;
@@ -213,7 +288,7 @@ mloop_backing_open (struct mloop_backing *b, const char *path,
         b->direct = true;
         if (b->size % b->logical_block_size)
           b->buffered_from = tail_boundary (b->size, b->logical_block_size);
-        return 0;
+        goto window;
       }
       saved = errno;
       b->fd = b->buffered_fd;
@@ -227,6 +302,11 @@ mloop_backing_open (struct mloop_backing *b, const char *path,
     }
     b->direct_fallback = true;
   }
+
+ window:
+  r = apply_window (b, window, err, errlen);
+  if (r < 0)
+    goto fail;
   return 0;
 
  fail:

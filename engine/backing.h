@@ -1,9 +1,14 @@
 /* mloop — the backing store: an image file or a block device.
  *
- * Opening decides everything later IO depends on: the size, the logical
- * block size (the O_DIRECT alignment), whether O_DIRECT is in use, and
- * whether the store is writable.  Nothing here ever creates, truncates or
- * otherwise modifies the file.
+ * Opening decides everything later IO depends on: the window served (the
+ * whole file, or the part --offset and --sizelimit name), its size, the
+ * logical block size (the O_DIRECT alignment), whether O_DIRECT is in
+ * use, and whether the store is writable.  Nothing here ever creates,
+ * truncates or otherwise modifies the file.
+ *
+ * Coordinates: every offset the engine takes or reports is relative to
+ * the window; mloop_backing_file_offset() turns one into a file offset,
+ * and only the system calls see those.
  */
 #ifndef MLOOP_BACKING_H
 #define MLOOP_BACKING_H
@@ -31,6 +36,11 @@ struct mloop_backing {
    * Used only for the page-cache tail below.
    */
   int buffered_fd;
+  /* The window: the file's bytes [offset, offset + size) are served, as
+   * bytes [0, size).  offset is 0 and size the file's size unless a
+   * front end asked for less (losetup's --offset and --sizelimit).
+   */
+  uint64_t offset;
   uint64_t size;
   /* The page-cache tail: bytes from here to 'size' are read and written
    * through buffered_fd only, never through the O_DIRECT 'fd'.  A file
@@ -41,6 +51,10 @@ struct mloop_backing {
    * boundary no page-cache folio crosses (the largest folio size, see
    * design.md "The tail of an odd-sized image").  Equal to 'size' when
    * there is no such tail (block devices, aligned sizes, buffered IO).
+   * Decided on the whole file, in file coordinates, and then expressed
+   * relative to the window (0 when the window starts in the tail), so
+   * that every server of any window of one file agrees on which pages
+   * are the page cache's.
    */
   uint64_t buffered_from;
   /* Logical block size: the O_DIRECT alignment for offsets, lengths and
@@ -65,13 +79,33 @@ int mloop_on_off_parse (const char *str, bool *on);
  */
 int mloop_direct_mode_parse (const char *str, enum mloop_direct_mode *mode);
 
-/* Opens PATH (a regular file or a block device).  Opens read-write when
- * possible and WANT_WRITE is true, else read-only.  On failure returns a
- * negative errno and writes a one-line reason naming the cause into ERR;
- * nothing is left open.
+/* Parses a size in bytes: digits with an optional K, M, G or T suffix
+ * (binary units, either case).  Returns 0 and sets *OUT, or -EINVAL
+ * (not a size) or -ERANGE (over 2^64 - 1).  Every front end's size
+ * options go through it.
+ */
+int mloop_size_parse (const char *str, uint64_t *out);
+
+/* The part of the file to serve: from OFFSET, at most SIZELIMIT bytes
+ * (0: to the end of the file).
+ */
+struct mloop_window {
+  uint64_t offset;
+  uint64_t sizelimit;
+};
+
+/* Opens PATH (a regular file or a block device) and serves WINDOW of it
+ * (NULL: all of it).  Opens read-write when possible and WANT_WRITE is
+ * true, else read-only.  On failure returns a negative errno and writes
+ * a one-line reason naming the cause into ERR; nothing is left open.
+ * A window must start inside the file, and with O_DIRECT at a multiple
+ * of the logical block size (EINVAL otherwise); a size limit that ends
+ * inside the file is rounded down to that alignment (see design.md,
+ * "Serving a window of the image").
  */
 int mloop_backing_open (struct mloop_backing *b, const char *path,
                         enum mloop_direct_mode mode, bool want_write,
+                        const struct mloop_window *window,
                         char *err, size_t errlen);
 
 void mloop_backing_close (struct mloop_backing *b);
@@ -83,6 +117,24 @@ static inline uint32_t
 mloop_backing_alignment (const struct mloop_backing *b)
 {
   return b->direct ? b->logical_block_size : 1;
+}
+
+/* The file offset of window offset OFFSET. */
+static inline uint64_t
+mloop_backing_file_offset (const struct mloop_backing *b, uint64_t offset)
+{
+  return b->offset + offset;
+}
+
+/* The alignment the window's start and end must keep: with O_DIRECT,
+ * and for a block device's discard and zeroing ioctls, the logical block
+ * size; a window of a regular file served through the page cache may
+ * start and end on any byte.
+ */
+static inline uint32_t
+mloop_backing_window_alignment (const struct mloop_backing *b)
+{
+  return b->direct || b->is_block_device ? b->logical_block_size : 1;
 }
 
 /* The smallest request size to advertise to clients: the logical block

@@ -28,7 +28,7 @@ mloop_engine_open (struct mloop_engine *e,
 
   memset (e, 0, sizeof *e);
   r = mloop_backing_open (&e->backing, cfg->path, cfg->direct,
-                          cfg->want_write, err, errlen);
+                          cfg->want_write, &cfg->window, err, errlen);
   if (r < 0)
     return r;
   mloop_range_lock_init (&e->rmw_lock);
@@ -89,7 +89,8 @@ prep_remaining (struct mloop_engine *e, struct mloop_io *io)
 {
   char *data = (char *) (io->bounce ? io->bounce : io->buf) + io->done;
   size_t left = io->count - io->done;
-  long long offset = (long long) (io->offset + io->done);
+  long long offset = (long long)
+    mloop_backing_file_offset (&e->backing, io->offset + io->done);
   int rw_flags = 0;
 
   io->iov.iov_base = data;

@@ -39,6 +39,7 @@ struct mloop_engine_config {
   const char *path;
   enum mloop_direct_mode direct;
   bool want_write;
+  struct mloop_window window;   /* all zero: the whole file */
 };
 
 struct mloop_engine {

@@ -1,4 +1,9 @@
-/* mloop — trim, zero and extents. */
+/* mloop — trim, zero and extents.
+ *
+ * Offsets are the window's (backing.h) up to the system calls, which get
+ * file offsets from file_pos(): the checks against the size and the
+ * page-cache tail, and the extents reported, are all in the window.
+ */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -25,6 +30,13 @@ check_range (const struct mloop_engine *e, uint64_t offset, uint64_t count,
   if (offset > e->backing.size || count > e->backing.size - offset)
     return -past_end_error;
   return 0;
+}
+
+/* The file offset of window offset OFFSET. */
+static uint64_t
+file_pos (const struct mloop_engine *e, uint64_t offset)
+{
+  return mloop_backing_file_offset (&e->backing, offset);
 }
 
 static bool
@@ -75,7 +87,7 @@ write_zeroes (struct mloop_engine *e, uint64_t offset, uint64_t count)
       fd = e->backing.buffered_fd;
     else if (offset + n > tail)
       n = (size_t) (tail - offset);
-    w = pwrite (fd, zeroes, n, (off_t) offset);
+    w = pwrite (fd, zeroes, n, (off_t) file_pos (e, offset));
 
     if (w == -1 && errno == EINTR)
       continue;
@@ -101,13 +113,13 @@ zero_file_range (struct mloop_engine *e, uint64_t offset, uint64_t count,
   /* Without NO_HOLE, punching is the cheapest zero and frees space. */
   if (!(flags & MLOOP_ZERO_NO_HOLE)) {
     r = do_fallocate (fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                      offset, count);
+                      file_pos (e, offset), count);
     if (r == 0 || !is_unsupported (-r))
       return r;
   }
   /* Zero range keeps the blocks allocated (as unwritten extents). */
   r = do_fallocate (fd, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE,
-                    offset, count);
+                    file_pos (e, offset), count);
   if (r == 0 || !is_unsupported (-r))
     return r;
   if (flags & MLOOP_ZERO_FAST)
@@ -132,11 +144,11 @@ zero_device_range (struct mloop_engine *e, uint64_t offset, uint64_t count,
     if (flags & MLOOP_ZERO_NO_HOLE)
       return -ENOTSUP;
     r = do_fallocate (fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                      offset, count);
+                      file_pos (e, offset), count);
     return r < 0 && is_unsupported (-r) ? -ENOTSUP : r;
   }
   /* The kernel picks the best way (write-zeroes, then writing zeroes). */
-  return do_range_ioctl (fd, BLKZEROOUT, offset, count);
+  return do_range_ioctl (fd, BLKZEROOUT, file_pos (e, offset), count);
 }
 
 /* Zeroes the partial blocks at either end of [offset, offset+count) by
@@ -195,7 +207,8 @@ space_change (struct mloop_engine *e, enum space_op op, uint64_t offset,
 
     if (e->backing.is_block_device)
       r = op == SPACE_TRIM
-        ? do_range_ioctl (e->backing.fd, BLKDISCARD, mid_start, n)
+        ? do_range_ioctl (e->backing.fd, BLKDISCARD,
+                          file_pos (e, mid_start), n)
         : zero_device_range (e, mid_start, n, flags);
     else
       /* A trim on a file is a zero that may punch: it then reads back as
@@ -240,6 +253,7 @@ mloop_engine_extents (struct mloop_engine *e, uint64_t offset,
                       void *opaque)
 {
   const int fd = e->backing.fd;
+  const uint64_t base = e->backing.offset;
   uint64_t end, pos = offset;
   int r;
 
@@ -249,17 +263,23 @@ mloop_engine_extents (struct mloop_engine *e, uint64_t offset,
   if (e->backing.is_block_device)
     return count ? fn (opaque, offset, count, false) : 0;
 
+  /* lseek speaks file offsets; everything past the window's end is
+   * clipped to it, so an extent never reaches beyond the window.
+   */
   while (pos < end) {
-    off_t data = lseek (fd, (off_t) pos, SEEK_DATA);
+    off_t data = lseek (fd, (off_t) (base + pos), SEEK_DATA);
     off_t hole;
+    uint64_t at;
 
     if (data == -1 && errno == ENXIO)
-      data = (off_t) end;       /* a hole to the end of the file */
+      at = end;                 /* a hole to the end of the file */
     else if (data == -1)
       /* The filesystem cannot say: report data, never a false hole. */
       return fn (opaque, pos, end - pos, false);
-    if ((uint64_t) data > pos) {
-      uint64_t n = ((uint64_t) data < end ? (uint64_t) data : end) - pos;
+    else
+      at = (uint64_t) data - base;
+    if (at > pos) {
+      uint64_t n = (at < end ? at : end) - pos;
 
       if ((r = fn (opaque, pos, n, true)) < 0)
         return r;
@@ -267,11 +287,11 @@ mloop_engine_extents (struct mloop_engine *e, uint64_t offset,
       if (req_one || pos >= end)
         break;
     }
-    hole = lseek (fd, (off_t) pos, SEEK_HOLE);
-    if (hole == -1 || (uint64_t) hole <= pos)
-      hole = (off_t) end;
+    hole = lseek (fd, (off_t) (base + pos), SEEK_HOLE);
+    at = hole == -1 || (uint64_t) hole <= base + pos
+      ? end : (uint64_t) hole - base;
     {
-      uint64_t n = ((uint64_t) hole < end ? (uint64_t) hole : end) - pos;
+      uint64_t n = (at < end ? at : end) - pos;
 
       if ((r = fn (opaque, pos, n, false)) < 0)
         return r;

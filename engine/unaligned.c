@@ -10,16 +10,21 @@
 #include "engine.h"
 #include "unaligned.h"
 
-/* Reads [offset, offset+count) of aligned blocks.  O_DIRECT reads stop
- * short at end of file; the bytes past SIZE (the served size, which need
- * not be a multiple of the block size) read as zeroes.  Stopping short
- * before SIZE means the file shrank under us: EIO.
+/* Reads [offset, offset+count) of aligned blocks (window coordinates,
+ * like everything here but the system calls).  O_DIRECT reads stop
+ * short at end of file; the bytes past the window's end (which need not
+ * be a multiple of the block size when it is the file's end) read as
+ * zeroes.  Stopping short before it means the file shrank under us: EIO.
  */
 static int
-full_pread (int fd, char *buf, size_t count, uint64_t offset, uint64_t size)
+full_pread (const struct mloop_backing *b, int fd, char *buf, size_t count,
+            uint64_t offset)
 {
+  const uint64_t size = b->size;
+
   while (count > 0) {
-    ssize_t r = pread (fd, buf, count, (off_t) offset);
+    ssize_t r = pread (fd, buf, count,
+                       (off_t) mloop_backing_file_offset (b, offset));
 
     if (r == -1 && errno == EINTR)
       continue;
@@ -39,12 +44,14 @@ full_pread (int fd, char *buf, size_t count, uint64_t offset, uint64_t size)
 }
 
 static int
-full_pwrite (int fd, const char *buf, size_t count, uint64_t offset,
-             int rw_flags)
+full_pwrite (const struct mloop_backing *b, int fd, const char *buf,
+             size_t count, uint64_t offset, int rw_flags)
 {
   while (count > 0) {
     struct iovec iov = { (void *) buf, count };
-    ssize_t r = pwritev2 (fd, &iov, 1, (off_t) offset, rw_flags);
+    ssize_t r = pwritev2 (fd, &iov, 1,
+                          (off_t) mloop_backing_file_offset (b, offset),
+                          rw_flags);
 
     if (r == -1 && errno == EINTR)
       continue;
@@ -69,22 +76,22 @@ write_merged (struct mloop_engine *e, const char *buf, size_t count,
               uint64_t offset, int rw_flags, char *block,
               uint64_t start, uint64_t end)
 {
-  const uint32_t lbs = e->backing.logical_block_size;
-  const uint64_t size = e->backing.size;
-  const int fd = e->backing.fd;
+  const struct mloop_backing *b = &e->backing;
+  const uint32_t lbs = b->logical_block_size;
+  const int fd = b->fd;
   struct mloop_range range;
   int r = 0;
 
   mloop_range_lock (&e->rmw_lock, &range, start, end);
   /* Only the partial blocks at either end hold bytes to preserve. */
   if (offset != start)
-    r = full_pread (fd, block, lbs, start, size);
+    r = full_pread (b, fd, block, lbs, start);
   if (r == 0 && offset + count != end &&
       (end - lbs != start || offset == start))
-    r = full_pread (fd, block + (end - lbs - start), lbs, end - lbs, size);
+    r = full_pread (b, fd, block + (end - lbs - start), lbs, end - lbs);
   if (r == 0) {
     memcpy (block + (offset - start), buf, count);
-    r = full_pwrite (fd, block, end - start, start, rw_flags);
+    r = full_pwrite (b, fd, block, end - start, start, rw_flags);
   }
   mloop_range_unlock (&e->rmw_lock, &range);
   return r;
@@ -111,8 +118,7 @@ direct_rw (struct mloop_engine *e, enum mloop_io_op op, char *buf,
   if (block == NULL)
     return -ENOMEM;
   if (op == MLOOP_IO_READ) {
-    r = full_pread (e->backing.fd, block, end - start, start,
-                    e->backing.size);
+    r = full_pread (&e->backing, e->backing.fd, block, end - start, start);
     if (r == 0)
       memcpy (buf, block + (offset - start), count);
   }
@@ -133,8 +139,8 @@ tail_rw (struct mloop_engine *e, enum mloop_io_op op, char *buf,
   const int fd = e->backing.buffered_fd;
 
   if (op == MLOOP_IO_READ)
-    return full_pread (fd, buf, count, offset, e->backing.size);
-  return full_pwrite (fd, buf, count, offset, rw_flags);
+    return full_pread (&e->backing, fd, buf, count, offset);
+  return full_pwrite (&e->backing, fd, buf, count, offset, rw_flags);
 }
 
 int

@@ -138,6 +138,19 @@ mloop_config (const char *key, const char *value)
       return -1;
     }
   }
+  else if (strcmp (key, "offset") == 0 || strcmp (key, "sizelimit") == 0) {
+    /* Sizes like losetup's --offset and --sizelimit (suffixes K, M, G,
+     * T), parsed as mloop-server parses them.
+     */
+    uint64_t *to = key[0] == 'o' ? &config.window.offset
+      : &config.window.sizelimit;
+
+    if (mloop_size_parse (value, to) < 0) {
+      nbdkit_error ("%s=%s: must be a size in bytes (suffixes K, M, G, T)",
+                    key, value);
+      return -1;
+    }
+  }
   else if (strcmp (key, "direct") == 0) {
     if (mloop_direct_mode_parse (value, &config.direct) < 0) {
       nbdkit_error ("direct=%s: must be auto, on or off", value);
@@ -169,6 +182,8 @@ mloop_config_complete (void)
   "direct=auto|on|off  O_DIRECT: auto falls back to buffered IO with a\n" \
   "                    warning, on refuses to start (default auto).\n" \
   "discard=on|off      Honour TRIM: punch holes / BLKDISCARD (default on).\n" \
+  "offset=<SIZE>       Serve the image from this byte on (default 0).\n" \
+  "sizelimit=<SIZE>    Serve at most this many bytes (default: to the end).\n" \
   "stats=FILE          Keep request counters in FILE (for mloop status).\n" \
   "trace=FILE          Append a line per request event to FILE\n" \
   "                    (default: $MLOOP_TRACE, else none).\n" \
@@ -211,8 +226,9 @@ mloop_get_ready (void)
     fprintf (stderr, "nbdkit: mloop: warning: file=%s: O_DIRECT not "
              "supported here, using buffered IO (direct=on would refuse "
              "to start)\n", filename);
-  nbdkit_debug ("mloop: %s: size %" PRIu64 ", logical block %u, %s, %s",
-                filename, engine.backing.size,
+  nbdkit_debug ("mloop: %s: size %" PRIu64 " at offset %" PRIu64 ", "
+                "logical block %u, %s, %s",
+                filename, engine.backing.size, engine.backing.offset,
                 engine.backing.logical_block_size,
                 engine.backing.direct ? "O_DIRECT" : "buffered",
                 engine.backing.writable ? "read-write" : "read-only");

@@ -89,6 +89,8 @@ static gchar *opt_trace;
 static gboolean opt_mlock;
 static gboolean opt_version;
 static gchar *opt_buffer_limit;
+static gchar *opt_offset;
+static gchar *opt_sizelimit;
 static gchar *opt_conn_buffer_limit;
 static gint opt_helper_threads = OFFLOAD_THREADS_DEFAULT;
 static gint opt_drain_timeout = DRAIN_TIMEOUT_DEFAULT;
@@ -114,6 +116,10 @@ static GOptionEntry entries[] = {
     "O_DIRECT: auto (default), on or off", "MODE" },
   { "discard", 0, 0, G_OPTION_ARG_STRING, &opt_discard,
     "Honour TRIM: on (default) or off", "on|off" },
+  { "offset", 'o', 0, G_OPTION_ARG_STRING, &opt_offset,
+    "Serve the image from this byte on (like losetup --offset)", "SIZE" },
+  { "sizelimit", 0, 0, G_OPTION_ARG_STRING, &opt_sizelimit,
+    "Serve at most this many bytes (like losetup --sizelimit)", "SIZE" },
   { "pid-file", 'P', 0, G_OPTION_ARG_FILENAME, &opt_pid_file,
     "Write the pid here once listening", "FILE" },
   { "stats-file", 0, 0, G_OPTION_ARG_FILENAME, &opt_stats_file,
@@ -274,24 +280,14 @@ parse_on_off (const char *name, const char *value)
 static uint64_t
 parse_size (const char *name, const char *value, uint64_t dflt, uint64_t min)
 {
-  uint64_t n, scale = 1;
-  char *end;
+  uint64_t n;
 
   if (value == NULL)
     return dflt;
-  errno = 0;
-  n = g_ascii_strtoull (value, &end, 10);
-  switch (g_ascii_toupper (*end)) {
-  case 'K': scale = 1ull << 10; end++; break;
-  case 'M': scale = 1ull << 20; end++; break;
-  case 'G': scale = 1ull << 30; end++; break;
-  case 'T': scale = 1ull << 40; end++; break;
-  }
-  if (errno || end == value || *end != '\0' || n > UINT64_MAX / scale ||
-      n * scale < min)
+  if (mloop_size_parse (value, &n) < 0 || n < min)
     die ("--%s=%s: must be a size of at least %" PRIu64 " bytes "
          "(suffixes K, M, G, T)", name, value, min);
-  return n * scale;
+  return n;
 }
 
 static void
@@ -376,6 +372,8 @@ main (int argc, char *argv[])
   cfg.want_write = !opt_read_only;
   if (opt_direct && mloop_direct_mode_parse (opt_direct, &cfg.direct) < 0)
     die ("--direct=%s: must be auto, on or off", opt_direct);
+  cfg.window.offset = parse_size ("offset", opt_offset, 0, 0);
+  cfg.window.sizelimit = parse_size ("sizelimit", opt_sizelimit, 0, 0);
   if (mloop_engine_open (&engine, &cfg, err, sizeof err) < 0)
     die ("%s", err);
   if (engine.backing.direct_fallback)
