@@ -14,6 +14,7 @@
 #include <glib.h>
 
 #include "attach.h"
+#include "parse.h"
 #include "print.h"
 #include "serve.h"
 
@@ -28,6 +29,27 @@ error (const char *fmt, ...)
   va_end (ap);
   fputc ('\n', stderr);
   return EXIT_FAILURE;
+}
+
+/* Parses the window options of COMMAND (losetup's --offset and
+ * --sizelimit, sizes with K, M, G, T suffixes) into *OFFSET and
+ * *SIZELIMIT.  Returns false after saying what is wrong.
+ */
+static bool
+parse_window (const char *command, const char *offset, const char *sizelimit,
+              uint64_t *offset_out, uint64_t *sizelimit_out)
+{
+  if (offset && mloop_size_parse (offset, offset_out) < 0) {
+    error ("%s: --offset %s: must be a size in bytes (suffixes K, M, G, T)",
+           command, offset);
+    return false;
+  }
+  if (sizelimit && mloop_size_parse (sizelimit, sizelimit_out) < 0) {
+    error ("%s: --sizelimit %s: must be a size in bytes (suffixes K, M, G, "
+           "T)", command, sizelimit);
+    return false;
+  }
+  return true;
 }
 
 /* Parses the options of one command; removes them from argv. */
@@ -54,6 +76,7 @@ cmd_attach (int argc, char **argv)
   /* -1: not given, so the library's default applies. */
   gint threads = -1, connections = -1, block_size = 0, timeout = -1;
   g_autofree char *device = NULL, *server = NULL;
+  g_autofree char *offset = NULL, *sizelimit = NULL;
   GOptionEntry entries[] = {
     { "find", 'f', 0, G_OPTION_ARG_NONE, &find,
       "Use the first free /dev/nbdN (the default without --device)", NULL },
@@ -69,6 +92,10 @@ cmd_attach (int argc, char **argv)
       "Logical block size: 512, 1024, 2048 or 4096", "BYTES" },
     { "timeout", 0, 0, G_OPTION_ARG_INT, &timeout,
       "Request timeout in seconds (default 30)", "S" },
+    { "offset", 'o', 0, G_OPTION_ARG_STRING, &offset,
+      "Start this many bytes into FILE (like losetup)", "SIZE" },
+    { "sizelimit", 0, 0, G_OPTION_ARG_STRING, &sizelimit,
+      "Attach at most this many bytes of FILE (like losetup)", "SIZE" },
     { "server", 's', 0, G_OPTION_ARG_STRING, &server,
       "native (mloop-server, default) or nbdkit (with the mloop plugin)",
       "KIND" },
@@ -104,6 +131,12 @@ cmd_attach (int argc, char **argv)
   if (server &&
       (req.server = mloop_server_kind_find (server, err, sizeof err)) == NULL)
     return error ("attach: --server %s", err);
+  if (!parse_window ("attach", offset, sizelimit, &req.offset,
+                     &req.sizelimit))
+    return EXIT_FAILURE;
+  if ((req.offset || req.sizelimit) && strstr (argv[1], "://"))
+    return error ("attach: --offset and --sizelimit need a local FILE, not "
+                  "a remote export");
   req.file = argv[1];
   req.threads = threads == -1 ? 0 : threads;
   req.connections = connections == -1 ? 0 : connections;
@@ -221,6 +254,7 @@ cmd_serve (int argc, char **argv)
   gint threads = -1;
   g_autofree char *listen = NULL, *export_name = NULL, *tls = NULL;
   g_autofree char *psk = NULL, *certs = NULL, *server = NULL;
+  g_autofree char *offset = NULL, *sizelimit = NULL;
   GOptionEntry entries[] = {
     { "listen", 'l', 0, G_OPTION_ARG_STRING, &listen,
       "unix:PATH or tcp:HOST:PORT (only that address)", "ADDR" },
@@ -238,6 +272,10 @@ cmd_serve (int argc, char **argv)
       "Directory with ca-cert.pem, server-cert.pem, server-key.pem", "DIR" },
     { "server", 's', 0, G_OPTION_ARG_STRING, &server,
       "native (default without TLS) or nbdkit", "KIND" },
+    { "offset", 'o', 0, G_OPTION_ARG_STRING, &offset,
+      "Start this many bytes into FILE (like losetup)", "SIZE" },
+    { "sizelimit", 0, 0, G_OPTION_ARG_STRING, &sizelimit,
+      "Serve at most this many bytes of FILE (like losetup)", "SIZE" },
     G_OPTION_ENTRY_NULL
   };
   struct mloop_serve_request req = { 0 };
@@ -256,6 +294,8 @@ cmd_serve (int argc, char **argv)
   if (server &&
       (req.server = mloop_server_kind_find (server, err, sizeof err)) == NULL)
     return error ("serve: --server %s", err);
+  if (!parse_window ("serve", offset, sizelimit, &req.offset, &req.sizelimit))
+    return EXIT_FAILURE;
   req.file = argv[1];
   req.listen = listen;
   req.export_name = export_name;

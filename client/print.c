@@ -44,6 +44,8 @@ json_device (JsonBuilder *b, const struct mloop_device_state *s)
   member_string (b, "device", dev);
   member_string (b, "file", s->file);
   member_int (b, "size", (gint64) s->size);
+  member_int (b, "offset", (gint64) s->offset);
+  member_int (b, "sizelimit", (gint64) s->sizelimit);
   member_int (b, "block_size", s->block_size);
   member_bool (b, "read_only", s->read_only);
   member_int (b, "connections", s->connections);
@@ -83,14 +85,16 @@ mloop_print_list (FILE *f, const struct mloop_device_state *list, size_t n,
   }
   if (n == 0)
     return;                     /* like losetup --list: silence */
-  fprintf (f, "%-12s %14s %2s %5s %7s %-6s %7s %s\n", "DEVICE", "SIZE",
-           "RO", "CONNS", "THREADS", "SERVER", "PID", "BACK-FILE");
+  fprintf (f, "%-12s %14s %14s %14s %2s %5s %7s %-6s %7s %s\n", "DEVICE",
+           "SIZE", "OFFSET", "SIZELIMIT", "RO", "CONNS", "THREADS", "SERVER",
+           "PID", "BACK-FILE");
   for (size_t i = 0; i < n; i++) {
     const struct mloop_device_state *s = &list[i];
     g_autofree char *dev = g_strdup_printf ("/dev/nbd%d", s->index);
 
-    fprintf (f, "%-12s %14" PRIu64 " %2d %5u %7u %-6s %7d %s\n", dev,
-             s->size, s->read_only, s->connections, s->threads,
+    fprintf (f, "%-12s %14" PRIu64 " %14" PRIu64 " %14" PRIu64
+             " %2d %5u %7u %-6s %7d %s\n", dev, s->size, s->offset,
+             s->sizelimit, s->read_only, s->connections, s->threads,
              mloop_state_server_name (s), (int) s->server_pid,
              s->file);
   }
@@ -135,6 +139,9 @@ mloop_print_status (FILE *f, const struct mloop_device_state *s,
     return;
   }
   fprintf (f, "/dev/nbd%d: %s\n", s->index, s->file);
+  if (s->offset || s->sizelimit)
+    fprintf (f, "  window:  offset %" PRIu64 ", sizelimit %" PRIu64
+             ", %" PRIu64 " bytes\n", s->offset, s->sizelimit, s->size);
   fprintf (f, "  kernel:  %s, %u hardware queues, %u connections attached\n",
            st->kernel_connected ? "connected" : "NOT connected",
            st->hardware_queues, s->connections);

@@ -91,24 +91,56 @@ check_image (const char *file, bool read_only, struct stat *st,
   return 0;
 }
 
+/* Whether the window REQ asks for overlaps device S's, both of one file
+ * of ST's size.  The new window is taken at its largest (a size limit
+ * the server rounds down only shrinks it).
+ */
+static bool
+windows_overlap (const struct mloop_attach_request *req,
+                 const struct stat *st, const struct mloop_device_state *s)
+{
+  uint64_t file_size = st->st_size > 0 ? (uint64_t) st->st_size : 0;
+  uint64_t end = req->offset < file_size ? file_size : req->offset + 1;
+
+  if (req->sizelimit && req->sizelimit < end - req->offset)
+    end = req->offset + req->sizelimit;
+  /* A block device's st_size is 0: its windows end at the limit, or
+   * never.
+   */
+  if (S_ISBLK (st->st_mode))
+    end = req->sizelimit ? req->offset + req->sizelimit : UINT64_MAX;
+  return req->offset < s->offset + s->size && s->offset < end;
+}
+
 /* Whether FILE (with identity ST), or the remote URI FILE when ST is
- * NULL, is attached already.
+ * NULL, is attached already: for a local file, whether a window of it
+ * overlapping REQ's is.
  */
 static int
-already_attached (const char *file, const struct stat *st, char *err,
-                  size_t errlen)
+already_attached (const struct mloop_attach_request *req, const char *file,
+                  const struct stat *st, char *err, size_t errlen)
 {
   size_t n;
   struct mloop_device_state *list = mloop_state_list (&n);
   int r = 0;
 
-  for (size_t i = 0; i < n && r == 0; i++)
-    if (st ? (list[i].file_dev == (uint64_t) st->st_dev &&
-              list[i].file_ino == (uint64_t) st->st_ino &&
-              !list[i].remote)
-        : strcmp (list[i].file, file) == 0)
-      r = mloop_fail (err, errlen, "%s is already attached to /dev/nbd%d",
-                list[i].file, list[i].index);
+  for (size_t i = 0; i < n && r == 0; i++) {
+    const struct mloop_device_state *s = &list[i];
+
+    if (st ? (s->file_dev == (uint64_t) st->st_dev &&
+              s->file_ino == (uint64_t) st->st_ino && !s->remote &&
+              windows_overlap (req, st, s))
+        : strcmp (s->file, file) == 0) {
+      if (s->offset || s->sizelimit || req->offset || req->sizelimit)
+        r = mloop_fail (err, errlen, "%s is already attached to /dev/nbd%d "
+                        "at offset %" G_GUINT64_FORMAT ", size %"
+                        G_GUINT64_FORMAT ": windows of one file must not "
+                        "overlap", s->file, s->index, s->offset, s->size);
+      else
+        r = mloop_fail (err, errlen, "%s is already attached to /dev/nbd%d",
+                        s->file, s->index);
+    }
+  }
   mloop_state_free_list (list, n);
   return r;
 }
@@ -334,7 +366,8 @@ attach_local (const struct mloop_attach_request *req, const char *file,
   g_autofree char *log_file = mloop_state_path (s, MLOOP_DIR_SERVER_LOG);
   g_autofree char *stats_file = mloop_state_path (s, MLOOP_DIR_STATS);
   struct mloop_server_spec spec = {
-    .kind = s->server, .image = file, .socket_path = sock,
+    .kind = s->server, .image = file, .offset = req->offset,
+    .sizelimit = req->sizelimit, .socket_path = sock,
     .pid_file = pid_file, .log_file = log_file, .stats_file = stats_file,
     .threads = req->threads,
     .read_only = req->read_only,
@@ -417,7 +450,7 @@ mloop_attach (const struct mloop_attach_request *req,
   lock = mloop_state_lock (err, errlen);
   if (lock == -1)
     return -1;
-  r = already_attached (file, remote ? NULL : &st, err, errlen);
+  r = already_attached (req, file, remote ? NULL : &st, err, errlen);
   if (r == 0)
     r = mloop_state_create (out, err, errlen);
   if (r == 0) {
@@ -429,6 +462,8 @@ mloop_attach (const struct mloop_attach_request *req,
     else {
       out->file_dev = st.st_dev;
       out->file_ino = st.st_ino;
+      out->offset = req->offset;
+      out->sizelimit = req->sizelimit;
       out->server = req->server ? req->server : mloop_server_kind_default ();
       r = attach_local (req, file, out, err, errlen);
     }

@@ -25,6 +25,11 @@
 
 struct mloop_attach_request {
   const char *file;
+  /* The window of FILE to attach (losetup's --offset, --sizelimit):
+   * from byte OFFSET, at most SIZELIMIT bytes (0: to the end).  Windows
+   * of one file that do not overlap may be attached at once.
+   */
+  uint64_t offset, sizelimit;
   int index;                    /* /dev/nbdINDEX, or -1 for the first free */
   unsigned threads;             /* server IO workers; 0 = its default */
   unsigned connections;         /* 0 = one per CPU, at most 16 */

@@ -150,6 +150,8 @@ mloop_state_save (const struct mloop_device_state *s, char *err,
   g_key_file_set_string (kf, GROUP, "file", s->file);
   g_key_file_set_uint64 (kf, GROUP, "file_dev", s->file_dev);
   g_key_file_set_uint64 (kf, GROUP, "file_ino", s->file_ino);
+  g_key_file_set_uint64 (kf, GROUP, "offset", s->offset);
+  g_key_file_set_uint64 (kf, GROUP, "sizelimit", s->sizelimit);
   g_key_file_set_uint64 (kf, GROUP, "size", s->size);
   g_key_file_set_uint64 (kf, GROUP, "block_size", s->block_size);
   g_key_file_set_boolean (kf, GROUP, "read_only", s->read_only);
@@ -221,6 +223,8 @@ mloop_state_load (const char *dir, struct mloop_device_state *s)
   s->file = g_key_file_get_string (kf, GROUP, "file", NULL);
   s->file_dev = g_key_file_get_uint64 (kf, GROUP, "file_dev", NULL);
   s->file_ino = g_key_file_get_uint64 (kf, GROUP, "file_ino", NULL);
+  s->offset = g_key_file_get_uint64 (kf, GROUP, "offset", NULL);
+  s->sizelimit = g_key_file_get_uint64 (kf, GROUP, "sizelimit", NULL);
   s->size = g_key_file_get_uint64 (kf, GROUP, "size", NULL);
   s->block_size = g_key_file_get_uint64 (kf, GROUP, "block_size", NULL);
   s->read_only = g_key_file_get_boolean (kf, GROUP, "read_only", NULL);

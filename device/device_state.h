@@ -42,6 +42,11 @@ struct mloop_device_state {
   int index;                    /* /dev/nbdINDEX; -1 until connected */
   char *file;                   /* the image, an absolute path */
   uint64_t file_dev, file_ino;  /* its identity, to refuse double attach */
+  /* The window of FILE served (losetup's OFFSET and SIZELIMIT): from
+   * byte OFFSET; SIZELIMIT as asked, 0 for none.  SIZE is what the
+   * device got: the window's size.
+   */
+  uint64_t offset, sizelimit;
   uint64_t size;
   uint32_t block_size;
   bool read_only;

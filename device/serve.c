@@ -130,7 +130,8 @@ mloop_serve_command (const struct mloop_serve_request *r, char *err,
   }
 
   c = (struct mloop_server_config) {
-    .image = r->file, .listen = &a, .export_name = r->export_name,
+    .image = r->file, .offset = r->offset, .sizelimit = r->sizelimit,
+    .listen = &a, .export_name = r->export_name,
     .threads = r->threads, .read_only = r->read_only, .foreground = true,
     .tls = r->tls, .tls_psk = r->tls_psk,
     .tls_certificates = r->tls_certificates,

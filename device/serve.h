@@ -10,11 +10,13 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "server_kind.h"
 
 struct mloop_serve_request {
   const char *file;
+  uint64_t offset, sizelimit;   /* the window served (server_kind.h) */
   const char *listen;           /* unix:PATH or tcp:HOST:PORT */
   const char *export_name;      /* NULL: the default export "" */
   bool read_only;

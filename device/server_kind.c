@@ -1,4 +1,5 @@
 /* mloop — the servers mloop runs, one row of a table each. */
+#include <inttypes.h>
 #include <string.h>
 
 #include <glib.h>
@@ -37,6 +38,10 @@ native_command (const struct mloop_server_config *c, GPtrArray *argv)
     add (argv, g_strdup_printf ("--export-name=%s", c->export_name));
   if (c->stats_file)
     add (argv, g_strdup_printf ("--stats-file=%s", c->stats_file));
+  if (c->offset)
+    add (argv, g_strdup_printf ("--offset=%" PRIu64, c->offset));
+  if (c->sizelimit)
+    add (argv, g_strdup_printf ("--sizelimit=%" PRIu64, c->sizelimit));
   add (argv, g_strdup ("--"));
   add (argv, g_strdup (c->image));
 }
@@ -88,6 +93,10 @@ nbdkit_command (const struct mloop_server_config *c, GPtrArray *argv)
     add (argv, g_strdup_printf ("threads=%u", c->threads));
   if (c->stats_file)
     add (argv, g_strdup_printf ("stats=%s", c->stats_file));
+  if (c->offset)
+    add (argv, g_strdup_printf ("offset=%" PRIu64, c->offset));
+  if (c->sizelimit)
+    add (argv, g_strdup_printf ("sizelimit=%" PRIu64, c->sizelimit));
 }
 
 /* mloop-server reads up to its CONN_SLOTS (server/conn.h) requests of a

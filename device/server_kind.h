@@ -14,6 +14,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include <glib.h>
 
@@ -24,6 +25,10 @@ enum mloop_tls_mode { MLOOP_TLS_OFF, MLOOP_TLS_ON, MLOOP_TLS_REQUIRE };
 /* What a server serves, where and how. */
 struct mloop_server_config {
   const char *image;
+  /* The window of IMAGE served, like losetup's: from byte OFFSET, at
+   * most SIZELIMIT bytes (0: to the end).
+   */
+  uint64_t offset, sizelimit;
   const struct mloop_nbd_address *listen;  /* a Unix socket, or TCP */
   const char *pid_file;         /* written once listening, or NULL */
   const char *stats_file;       /* request counters (stats.h), or NULL */

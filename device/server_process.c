@@ -151,7 +151,9 @@ mloop_server_start (const struct mloop_server_spec *spec,
 {
   const struct mloop_nbd_address listen = { .unix_path = spec->socket_path };
   const struct mloop_server_config c = {
-    .image = spec->image, .listen = &listen, .pid_file = spec->pid_file,
+    .image = spec->image, .offset = spec->offset,
+    .sizelimit = spec->sizelimit, .listen = &listen,
+    .pid_file = spec->pid_file,
     .stats_file = spec->stats_file, .threads = spec->threads,
     .read_only = spec->read_only,
   };
@@ -185,6 +187,13 @@ mloop_supervisor_start (const struct mloop_server_spec *spec,
     g_ptr_array_add (argv, g_strdup_printf ("--threads=%u", spec->threads));
   if (spec->read_only)
     g_ptr_array_add (argv, g_strdup ("--read-only"));
+  /* Every restart serves the same window. */
+  if (spec->offset)
+    g_ptr_array_add (argv, g_strdup_printf ("--offset=%" G_GUINT64_FORMAT,
+                                            spec->offset));
+  if (spec->sizelimit)
+    g_ptr_array_add (argv, g_strdup_printf ("--sizelimit=%" G_GUINT64_FORMAT,
+                                            spec->sizelimit));
   g_ptr_array_add (argv, g_strdup ("--"));
   g_ptr_array_add (argv, g_strdup (spec->image));
   g_ptr_array_add (argv, NULL);

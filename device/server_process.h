@@ -10,6 +10,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 #include "server_kind.h"
@@ -20,6 +21,7 @@
 struct mloop_server_spec {
   const struct mloop_server_kind *kind;
   const char *image;
+  uint64_t offset, sizelimit;   /* the window served (server_kind.h) */
   const char *socket_path;      /* Unix socket to listen on */
   const char *pid_file;         /* written by the server once listening */
   const char *log_file;         /* the server's stdout and stderr */

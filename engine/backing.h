@@ -17,6 +17,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "parse.h"
+
 /* The largest page-cache folio assumed when the kernel does not publish
  * its PMD size (transparent_hugepage/hpage_pmd_size): x86-64's 2 MiB.
  */
@@ -78,13 +80,6 @@ int mloop_on_off_parse (const char *str, bool *on);
  * Returns 0 and sets *MODE, or -EINVAL for anything else.
  */
 int mloop_direct_mode_parse (const char *str, enum mloop_direct_mode *mode);
-
-/* Parses a size in bytes: digits with an optional K, M, G or T suffix
- * (binary units, either case).  Returns 0 and sets *OUT, or -EINVAL
- * (not a size) or -ERANGE (over 2^64 - 1).  Every front end's size
- * options go through it.
- */
-int mloop_size_parse (const char *str, uint64_t *out);
 
 /* The part of the file to serve: from OFFSET, at most SIZELIMIT bytes
  * (0: to the end of the file).

@@ -539,6 +539,7 @@ main (int argc, char **argv)
   g_autofree char *server_kind = NULL;
   gint threads = 0;
   gboolean read_only = FALSE;
+  gint64 offset = 0, sizelimit = 0;
   GOptionEntry entries[] = {
     { "dir", 'd', 0, G_OPTION_ARG_FILENAME, &sv.dir,
       "The device's directory (required)", "DIR" },
@@ -548,6 +549,10 @@ main (int argc, char **argv)
       "Server IO workers", "N" },
     { "read-only", 'r', 0, G_OPTION_ARG_NONE, &read_only,
       "Serve read-only", NULL },
+    { "offset", 'o', 0, G_OPTION_ARG_INT64, &offset,
+      "Serve the image from this byte on", "BYTES" },
+    { "sizelimit", 0, 0, G_OPTION_ARG_INT64, &sizelimit,
+      "Serve at most this many bytes", "BYTES" },
     G_OPTION_ENTRY_NULL
   };
   g_autoptr (GOptionContext) ctx = g_option_context_new ("IMAGE");
@@ -558,6 +563,11 @@ main (int argc, char **argv)
   g_option_context_add_main_entries (ctx, entries, NULL);
   if (!g_option_context_parse (ctx, &argc, &argv, &gerr)) {
     fprintf (stderr, "mloop-supervisor: %s\n", gerr->message);
+    return EXIT_FAILURE;
+  }
+  if (offset < 0 || sizelimit < 0) {
+    fprintf (stderr, "mloop-supervisor: --offset and --sizelimit must not "
+             "be negative\n");
     return EXIT_FAILURE;
   }
   if (argc != 2 || sv.dir == NULL) {
@@ -574,6 +584,8 @@ main (int argc, char **argv)
   sv.spec.image = argv[1];
   sv.spec.threads = threads > 0 ? (unsigned) threads : 0;
   sv.spec.read_only = read_only;
+  sv.spec.offset = (uint64_t) offset;
+  sv.spec.sizelimit = (uint64_t) sizelimit;
   sv.spec.socket_path = g_build_filename (sv.dir, MLOOP_DIR_SOCKET, NULL);
   sv.spec.pid_file = g_build_filename (sv.dir, MLOOP_DIR_SERVER_PID, NULL);
   sv.spec.log_file = g_build_filename (sv.dir, MLOOP_DIR_SERVER_LOG, NULL);
