@@ -35,6 +35,7 @@ main (void)
     .index = 7,
     .file = "/var/lib/images/disk with spaces.img",
     .file_dev = UINT64_C (0x10302), .file_ino = UINT64_C (1) << 40,
+    .offset = (UINT64_C (3) << 40) + 4096, .sizelimit = UINT64_C (1) << 41,
     .size = (UINT64_C (5) << 40) + 123,
     .block_size = 4096,
     .read_only = true,
@@ -72,6 +73,9 @@ main (void)
          "file identity %llx:%llu", (unsigned long long) got.file_dev,
          (unsigned long long) got.file_ino);
   CHECK (got.size == s.size, "size %llu", (unsigned long long) got.size);
+  CHECK (got.offset == s.offset && got.sizelimit == s.sizelimit,
+         "window %llu+%llu", (unsigned long long) got.offset,
+         (unsigned long long) got.sizelimit);
   CHECK (got.block_size == s.block_size, "block size %u", got.block_size);
   CHECK (got.read_only == s.read_only, "read_only %d", got.read_only);
   CHECK (got.connections == s.connections, "connections %u", got.connections);
