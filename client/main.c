@@ -14,6 +14,7 @@
 #include <glib.h>
 
 #include "attach.h"
+#include "block_queue.h"
 #include "print.h"
 #include "serve.h"
 
@@ -50,7 +51,9 @@ parse (const char *usage, const char *summary, GOptionEntry *entries,
 static int
 cmd_attach (int argc, char **argv)
 {
-  gboolean find = FALSE, read_only = FALSE;
+  gboolean find = FALSE, read_only = FALSE, partscan = FALSE;
+  gboolean no_partscan = FALSE;
+  g_auto (GStrv) queue_options = NULL;
   /* -1: not given, so the library's default applies. */
   gint threads = -1, connections = -1, block_size = 0, timeout = -1;
   g_autofree char *device = NULL, *server = NULL;
@@ -69,6 +72,12 @@ cmd_attach (int argc, char **argv)
       "Logical block size: 512, 1024, 2048 or 4096", "BYTES" },
     { "timeout", 0, 0, G_OPTION_ARG_INT, &timeout,
       "Request timeout in seconds (default 30)", "S" },
+    { "partscan", 'P', 0, G_OPTION_ARG_NONE, &partscan,
+      "Read the partition table (the default)", NULL },
+    { "no-partscan", 0, 0, G_OPTION_ARG_NONE, &no_partscan,
+      "Do not make /dev/nbdNpK devices for the image's partitions", NULL },
+    { "queue-option", 'Q', 0, G_OPTION_ARG_STRING_ARRAY, &queue_options,
+      "Set a file of /sys/block/nbdN/queue (repeatable)", "NAME=VALUE" },
     { "server", 's', 0, G_OPTION_ARG_STRING, &server,
       "native (mloop-server, default) or nbdkit (with the mloop plugin)",
       "KIND" },
@@ -109,6 +118,12 @@ cmd_attach (int argc, char **argv)
   req.connections = connections == -1 ? 0 : connections;
   req.read_only = read_only;
   req.block_size = block_size;
+  if (partscan && no_partscan)
+    return error ("attach: --partscan and --no-partscan exclude each other");
+  req.no_partscan = no_partscan;
+  if (mloop_queue_options_check (queue_options, err, sizeof err) == -1)
+    return error ("attach: %s", err);
+  req.queue_options = queue_options;
   req.timeout = timeout == -1 ? 0 : timeout;
 
   if (mloop_attach (&req, &st, err, sizeof err) == -1)

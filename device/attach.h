@@ -32,6 +32,9 @@ struct mloop_attach_request {
   uint32_t block_size;          /* 0 = the export's minimum, at least 512 */
   unsigned timeout;             /* request timeout, seconds; 0 = default */
   const struct mloop_server_kind *server;      /* NULL: the default */
+  bool no_partscan;             /* leave the partition table unread */
+  /* "NAME=VALUE" queue settings (block_queue.h), NULL-terminated or NULL */
+  char *const *queue_options;
 };
 
 /* Attaches; on success fills *OUT (the caller clears it). */
