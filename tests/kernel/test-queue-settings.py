@@ -6,7 +6,7 @@ it, leaving nothing behind.  The logical block size follows the image's
 backing: 512 on a 512-byte-sector disk, 4096 on a 4096-byte one."""
 import os
 
-from kfix import make_image, run, sysfs, tmpdir
+from kfix import make_image, processes_mentioning, run, sysfs, tmpdir
 
 DEPTH = {"native": 128, "nbdkit": 16}
 
@@ -17,11 +17,14 @@ def without_block_size(args):
 
 
 def check_refused(kind, image, option, want):
+    before = kind.state_entries()
     p = kind.cli(*kind.attach_args(image), "--queue-option", option, check=False)
     assert p.returncode != 0, f"--queue-option {option} was accepted"
     assert want in p.stderr and p.stderr.count("\n") == 1, \
         f"--queue-option {option}: {p.stderr!r} does not say {want!r} in one line"
-    assert not kind.state_entries(), f"refused attach left {kind.state_entries()}"
+    left = sorted(set(kind.state_entries()) - set(before))
+    assert not left, f"refused attach left {left}"
+    assert not processes_mentioning(image), f"refused attach left {processes_mentioning(image)}"
 
 
 def four_k_backing(cl):
@@ -57,7 +60,7 @@ def run_test(kind, cl):
         f"an image on a 512-byte-sector disk got block size {got['logical_block_size']}"
 
     check_refused(kind, make_image(cl, seed=2), "no_such_setting=1", "no_such_setting")
-    check_refused(kind, make_image(cl, seed=3), "max_sectors_kb=0", "max_sectors_kb")
+    check_refused(kind, make_image(cl, seed=3), "scheduler=no-such-scheduler", "scheduler")
     check_refused(kind, make_image(cl, seed=4), "read_ahead_kb", "NAME=VALUE")
 
     mnt = four_k_backing(cl)
