@@ -11,6 +11,7 @@
 
 #include "errmsg.h"
 #include "attach.h"
+#include "autoclear.h"
 #include "block_queue.h"
 #include "nbd_connect.h"
 #include "nbd_netlink.h"
@@ -308,7 +309,8 @@ connect_kernel (const struct mloop_attach_request *req,
   s->connections = (unsigned) n;
   s->timeout = req->timeout ? req->timeout : MLOOP_DEFAULT_TIMEOUT;
   s->partscan = !req->no_partscan;
-  if (mloop_state_save (s, err, errlen) == -1) {
+  if (mloop_state_save (s, err, errlen) == -1 ||
+      (req->autoclear && mloop_autoclear_enable (s, err, errlen) == -1)) {
     mloop_nbd_netlink_disconnect (index, why, sizeof why);
     return -1;
   }

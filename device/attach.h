@@ -33,6 +33,7 @@ struct mloop_attach_request {
   unsigned timeout;             /* request timeout, seconds; 0 = default */
   const struct mloop_server_kind *server;      /* NULL: the default */
   bool no_partscan;             /* leave the partition table unread */
+  bool autoclear;               /* detach on last close (autoclear.h) */
   /* "NAME=VALUE" queue settings (block_queue.h), NULL-terminated or NULL */
   char *const *queue_options;
 };

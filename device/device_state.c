@@ -160,6 +160,7 @@ mloop_state_save (const struct mloop_device_state *s, char *err,
   g_key_file_set_integer (kf, GROUP, "supervisor_pid", s->supervisor_pid);
   g_key_file_set_uint64 (kf, GROUP, "timeout", s->timeout);
   g_key_file_set_boolean (kf, GROUP, "partscan", s->partscan);
+  g_key_file_set_boolean (kf, GROUP, "autoclear", s->autoclear);
   return write_key_file (kf, path, err, errlen);
 }
 
@@ -237,6 +238,7 @@ mloop_state_load (const char *dir, struct mloop_device_state *s)
                                               NULL);
   s->timeout = g_key_file_get_uint64 (kf, GROUP, "timeout", NULL);
   s->partscan = g_key_file_get_boolean (kf, GROUP, "partscan", NULL);
+  s->autoclear = g_key_file_get_boolean (kf, GROUP, "autoclear", NULL);
   if (s->file == NULL) {
     mloop_state_clear (s);
     return -1;
