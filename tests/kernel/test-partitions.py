@@ -41,6 +41,7 @@ def run_test(kind, cl):
     if max_part == "0":
         from kfix import Skip
         raise Skip("the nbd module was loaded with max_part=0: no partitions")
+    print(f"# partitions: the nbd module's max_part is {max_part}", flush=True)
     image = make_partitioned(cl)
     # The table is written for 512-byte sectors: the device must have them
     # (the image's backing has them, so that is the default).
