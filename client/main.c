@@ -2,7 +2,8 @@
  *
  * This file parses the command line and prints; everything it does is in
  * the library (device/attach.h and friends), which never prints, so tests
- * can drive the same code.  Commands: attach, detach, list, status.
+ * can drive the same code.  Commands: attach, detach, list, status,
+ * serve; mount and umount are in mount_cmd.c.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -15,6 +16,8 @@
 
 #include "attach.h"
 #include "parse.h"
+#include "block_queue.h"
+#include "mount_cmd.h"
 #include "print.h"
 #include "serve.h"
 
@@ -72,7 +75,9 @@ parse (const char *usage, const char *summary, GOptionEntry *entries,
 static int
 cmd_attach (int argc, char **argv)
 {
-  gboolean find = FALSE, read_only = FALSE;
+  gboolean find = FALSE, read_only = FALSE, partscan = FALSE;
+  gboolean no_partscan = FALSE, autoclear = FALSE;
+  g_auto (GStrv) queue_options = NULL;
   /* -1: not given, so the library's default applies. */
   gint threads = -1, connections = -1, block_size = 0, timeout = -1;
   g_autofree char *device = NULL, *server = NULL;
@@ -96,6 +101,14 @@ cmd_attach (int argc, char **argv)
       "Start this many bytes into FILE (like losetup)", "SIZE" },
     { "sizelimit", 0, 0, G_OPTION_ARG_STRING, &sizelimit,
       "Attach at most this many bytes of FILE (like losetup)", "SIZE" },
+    { "partscan", 'P', 0, G_OPTION_ARG_NONE, &partscan,
+      "Read the partition table (the default)", NULL },
+    { "no-partscan", 0, 0, G_OPTION_ARG_NONE, &no_partscan,
+      "Do not make /dev/nbdNpK devices for the image's partitions", NULL },
+    { "autoclear", 0, 0, G_OPTION_ARG_NONE, &autoclear,
+      "Detach when the last user closes the device", NULL },
+    { "queue-option", 'Q', 0, G_OPTION_ARG_STRING_ARRAY, &queue_options,
+      "Set a file of /sys/block/nbdN/queue (repeatable)", "NAME=VALUE" },
     { "server", 's', 0, G_OPTION_ARG_STRING, &server,
       "native (mloop-server, default) or nbdkit (with the mloop plugin)",
       "KIND" },
@@ -142,6 +155,13 @@ cmd_attach (int argc, char **argv)
   req.connections = connections == -1 ? 0 : connections;
   req.read_only = read_only;
   req.block_size = block_size;
+  if (partscan && no_partscan)
+    return error ("attach: --partscan and --no-partscan exclude each other");
+  req.no_partscan = no_partscan;
+  req.autoclear = autoclear;
+  if (mloop_queue_options_check (queue_options, err, sizeof err) == -1)
+    return error ("attach: %s", err);
+  req.queue_options = queue_options;
   req.timeout = timeout == -1 ? 0 : timeout;
 
   if (mloop_attach (&req, &st, err, sizeof err) == -1)
@@ -325,6 +345,8 @@ static const struct {
   { "list", cmd_list, "list attached devices" },
   { "status", cmd_status, "connections and counters of a device" },
   { "serve", cmd_serve, "serve FILE to other machines (TCP, TLS)" },
+  { "mount", mloop_cmd_mount, "attach FILE and mount it (autoclear)" },
+  { "umount", mloop_cmd_umount, "unmount DIR and detach its device" },
 };
 
 static int
@@ -340,6 +362,10 @@ usage (FILE *f, int status)
 int
 main (int argc, char **argv)
 {
+  g_autofree char *name = g_path_get_basename (argv[0]);
+
+  if (strcmp (name, "mount.mloop") == 0)
+    return mloop_cmd_mount (argc, argv);
   if (argc < 2)
     return usage (stderr, EXIT_FAILURE);
   if (strcmp (argv[1], "--help") == 0 || strcmp (argv[1], "-h") == 0)

@@ -48,6 +48,8 @@ json_device (JsonBuilder *b, const struct mloop_device_state *s)
   member_int (b, "sizelimit", (gint64) s->sizelimit);
   member_int (b, "block_size", s->block_size);
   member_bool (b, "read_only", s->read_only);
+  member_bool (b, "autoclear", s->autoclear);
+  member_bool (b, "partscan", s->partscan);
   member_int (b, "connections", s->connections);
   member_int (b, "threads", s->threads);
   member_string (b, "server", mloop_state_server_name (s));

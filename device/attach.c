@@ -11,10 +11,13 @@
 
 #include "errmsg.h"
 #include "attach.h"
+#include "autoclear.h"
+#include "block_queue.h"
 #include "nbd_connect.h"
 #include "nbd_netlink.h"
 #include "nbd_receivers.h"
 #include "nbd_proto.h"
+#include "partitions.h"
 
 /* TCG guests start nbdkit slowly: be patient before calling it failed. */
 #define SERVER_START_TIMEOUT_MS 60000
@@ -234,26 +237,40 @@ hand_to_kernel (const struct mloop_attach_request *req, int *fds,
   return r < 0 ? mloop_fail (err, errlen, "%s", why) : 0;
 }
 
-/* Sets /dev/nbdINDEX's queue depth (requests in flight per hardware
- * queue, i.e. per connection) to DEPTH.  The kernel times a request from
- * when it is sent; a request the server has not started on would be
- * timed while it waits behind the others, so a slow disk would look like
- * a dead connection.  Requests beyond the depth wait in the block layer,
- * untimed.  Set on every attach: the depth outlives the connection.
+/* The requests in flight per hardware queue (per connection).  The
+ * kernel times a request from when it is sent; a request the server has
+ * not started on would be timed while it waits behind the others, so a
+ * slow disk would look like a dead connection.  Requests beyond the
+ * depth wait in the block layer, untimed.
+ */
+static unsigned
+queue_depth (const struct mloop_device_state *s)
+{
+  return s->server ? s->server->requests_at_once : MLOOP_NBD_QUEUE_DEPTH;
+}
+
+/* What the device needs once connected: its queue settings, then its
+ * partitions read (or dropped, --no-partscan).  Set on every attach: the
+ * settings outlive the connection.
  */
 static int
-set_queue_depth (int index, unsigned depth, char *err, size_t errlen)
+prepare_device (const struct mloop_attach_request *req,
+                const struct mloop_device_state *s, int index,
+                const struct mloop_nbd_export *x, char *err, size_t errlen)
 {
-  g_autofree char *path = g_strdup_printf ("/sys/block/nbd%d/queue/nr_requests",
-                                           index);
-  g_autofree char *text = g_strdup_printf ("%u\n", depth);
-  g_autoptr (GError) e = NULL;
+  const struct mloop_queue_plan plan = {
+    .depth = queue_depth (s), .server_max_request = x->max_block,
+    .options = req->queue_options,
+  };
 
-  if (!g_file_set_contents_full (path, text, -1, G_FILE_SET_CONTENTS_NONE, 0644,
-                                 &e))
-    return mloop_fail (err, errlen, "setting the queue depth to %u: %s", depth,
-                       e->message);
-  return 0;
+  if (mloop_queue_configure (index, &plan, err, errlen) == -1 ||
+      mloop_partitions_scan (index, err, errlen) == -1)
+    return -1;
+  /* The kernel would read the table on the first open anyway (the size
+   * it was given marks it for reading), so --no-partscan reads it, which
+   * clears the mark, and drops what it found.
+   */
+  return req->no_partscan ? mloop_partitions_drop (index, err, errlen) : 0;
 }
 
 /* Waits up to TIMEOUT_MS for the kernel to let go of /dev/nbdINDEX, so
@@ -314,8 +331,7 @@ connect_kernel (const struct mloop_attach_request *req,
     wait_disconnected (index, RECEIVERS_TIMEOUT_MS);
   }
 
-  if (set_queue_depth (index, s->server ? s->server->requests_at_once
-                       : MLOOP_NBD_QUEUE_DEPTH, err, errlen) == -1) {
+  if (prepare_device (req, s, index, &x, err, errlen) == -1) {
     mloop_nbd_netlink_disconnect (index, why, sizeof why);
     return -1;
   }
@@ -324,7 +340,9 @@ connect_kernel (const struct mloop_attach_request *req,
   s->read_only = (x.flags & NBD_FLAG_READ_ONLY) != 0;
   s->connections = (unsigned) n;
   s->timeout = req->timeout ? req->timeout : MLOOP_DEFAULT_TIMEOUT;
-  if (mloop_state_save (s, err, errlen) == -1) {
+  s->partscan = !req->no_partscan;
+  if (mloop_state_save (s, err, errlen) == -1 ||
+      (req->autoclear && mloop_autoclear_enable (s, err, errlen) == -1)) {
     mloop_nbd_netlink_disconnect (index, why, sizeof why);
     return -1;
   }
@@ -490,6 +508,12 @@ mloop_detach (const struct mloop_device_state *s, char *err, size_t errlen)
   lock = mloop_state_lock (err, errlen);
   if (lock == -1)
     return -1;
+  /* The kernel keeps a disconnected device's partitions (its size
+   * becomes 0, its table stays): drop them while they can be read.
+   * Best effort: a partition still open by someone keeps its node, as
+   * with a loop device.
+   */
+  mloop_partitions_drop (s->index, why, sizeof why);
   /* Tell the kernel first: it sends NBD_CMD_DISC on every connection
    * after the requests in flight, so the server sees clean goodbyes.
    */

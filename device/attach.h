@@ -37,6 +37,10 @@ struct mloop_attach_request {
   uint32_t block_size;          /* 0 = the export's minimum, at least 512 */
   unsigned timeout;             /* request timeout, seconds; 0 = default */
   const struct mloop_server_kind *server;      /* NULL: the default */
+  bool no_partscan;             /* leave the partition table unread */
+  bool autoclear;               /* detach on last close (autoclear.h) */
+  /* "NAME=VALUE" queue settings (block_queue.h), NULL-terminated or NULL */
+  char *const *queue_options;
 };
 
 /* Attaches; on success fills *OUT (the caller clears it). */

@@ -161,6 +161,8 @@ mloop_state_save (const struct mloop_device_state *s, char *err,
   g_key_file_set_integer (kf, GROUP, "server_pid", s->server_pid);
   g_key_file_set_integer (kf, GROUP, "supervisor_pid", s->supervisor_pid);
   g_key_file_set_uint64 (kf, GROUP, "timeout", s->timeout);
+  g_key_file_set_boolean (kf, GROUP, "partscan", s->partscan);
+  g_key_file_set_boolean (kf, GROUP, "autoclear", s->autoclear);
   return write_key_file (kf, path, err, errlen);
 }
 
@@ -239,6 +241,8 @@ mloop_state_load (const char *dir, struct mloop_device_state *s)
   s->supervisor_pid = g_key_file_get_integer (kf, GROUP, "supervisor_pid",
                                               NULL);
   s->timeout = g_key_file_get_uint64 (kf, GROUP, "timeout", NULL);
+  s->partscan = g_key_file_get_boolean (kf, GROUP, "partscan", NULL);
+  s->autoclear = g_key_file_get_boolean (kf, GROUP, "autoclear", NULL);
   if (s->file == NULL) {
     mloop_state_clear (s);
     return -1;

@@ -50,6 +50,8 @@ struct mloop_device_state {
   uint64_t size;
   uint32_t block_size;
   bool read_only;
+  bool partscan;                /* partitions read (not --no-partscan) */
+  bool autoclear;               /* detached on last close (autoclear.h) */
   unsigned connections, threads;
   unsigned timeout;              /* request and dead-connection timeout, s */
   bool remote;                  /* FILE is an nbd:// URI: no server of ours */

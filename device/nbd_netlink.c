@@ -18,6 +18,13 @@
 #include "errmsg.h"
 #include "nbd_netlink.h"
 
+/* From <linux/nbd.h>, which is not included: its protocol constants
+ * would clash with nbd/nbd_proto.h's.
+ */
+#ifndef NBD_CFLAG_DISCONNECT_ON_CLOSE
+#define NBD_CFLAG_DISCONNECT_ON_CLOSE (1 << 1)
+#endif
+
 /* Fills ERR and returns RET (a negative errno). */
 #define fail(err, errlen, ret, ...) (mloop_fail (err, errlen, __VA_ARGS__), (ret))
 
@@ -373,4 +380,26 @@ mloop_nbd_netlink_connected (int index, bool *connected,
   if (rc == 0)
     *connected = r.connected;
   return rc;
+}
+
+int
+mloop_nbd_netlink_disconnect_on_close (int index, const char *backend,
+                                       char *err, size_t errlen)
+{
+  struct channel ch;
+  struct reply r = { .index = -1 };
+  struct nl_msg *msg;
+  int rc;
+
+  rc = channel_start (&ch, NBD_CMD_RECONFIGURE, &msg, "reconfigure",
+                      err, errlen);
+  if (rc < 0)
+    return rc;
+  if (nla_put_u32 (msg, NBD_ATTR_INDEX, index) < 0 ||
+      (backend &&
+       nla_put_string (msg, NBD_ATTR_BACKEND_IDENTIFIER, backend) < 0) ||
+      nla_put_u64 (msg, NBD_ATTR_CLIENT_FLAGS,
+                   NBD_CFLAG_DISCONNECT_ON_CLOSE) < 0)
+    return channel_abandon (&ch, msg, "reconfigure", err, errlen);
+  return channel_transact (&ch, msg, &r, "reconfigure", err, errlen);
 }

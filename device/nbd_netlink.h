@@ -63,6 +63,14 @@ int mloop_nbd_netlink_replace_dead (int index, const char *backend, int fd,
                                     uint64_t dead_conn_timeout,
                                     char *err, size_t errlen);
 
+/* Makes the kernel disconnect /dev/nbdINDEX when its last opener closes
+ * it (NBD_CFLAG_DISCONNECT_ON_CLOSE): mloop's autoclear.  Set once the
+ * device is ready, since attach's own opens (reading the partition
+ * table) would otherwise end it.  BACKEND as for reconfigure.
+ */
+int mloop_nbd_netlink_disconnect_on_close (int index, const char *backend,
+                                           char *err, size_t errlen);
+
 /* Tells the server goodbye on every connection and tears the device down. */
 int mloop_nbd_netlink_disconnect (int index, char *err, size_t errlen);
 

@@ -49,6 +49,7 @@
 #include "nbd_events.h"
 #include "nbd_netlink.h"
 #include "nbd_receivers.h"
+#include "release_watch.h"
 #include "server_process.h"
 
 #define START_TIMEOUT_MS 60000
@@ -94,7 +95,8 @@ static struct {
   const char *kernel_reason;    /* the last reason it gave, and when */
   gint64 kernel_reason_at;
   GMainLoop *loop;
-} sv = { .pidfd = -1, .backoff_ms = BACKOFF_MIN_MS, .index = -1,
+  int released_lock;            /* autoclear: the kernel let the device go */
+} sv = { .released_lock = -1, .pidfd = -1, .backoff_ms = BACKOFF_MIN_MS, .index = -1,
          .heal_retry_ms = HEAL_RETRY_MIN_MS, .kmsg = -1 };
 
 static void G_GNUC_PRINTF (1, 2)
@@ -526,6 +528,17 @@ on_nbd_event (gint fd, GIOCondition c, gpointer unused)
   return keep;
 }
 
+/* An autoclear device's last user closed it and the kernel disconnected
+ * it: stop, and remove the device's directory (under LOCK) on the way out.
+ */
+static void
+on_released (int lock)
+{
+  say ("/dev/nbd%d was closed by its last user: autoclear", device_index ());
+  sv.released_lock = lock;
+  g_main_loop_quit (sv.loop);
+}
+
 static gboolean
 on_stop_signal (gpointer unused)
 {
@@ -610,6 +623,7 @@ main (int argc, char **argv)
     return EXIT_FAILURE;
   }
   say ("server pid %d started for %s", (int) sv.server, sv.spec.image);
+  mloop_release_watch (sv.dir, on_released);
   g_main_loop_run (sv.loop);
 
   say ("stopping server pid %d", (int) sv.server);
@@ -621,5 +635,9 @@ main (int argc, char **argv)
   mloop_nbd_events_close (sv.events);
   if (sv.kmsg != -1)
     close (sv.kmsg);
+  if (sv.released_lock != -1) {
+    mloop_state_remove (sv.dir);
+    mloop_state_unlock (sv.released_lock);
+  }
   return EXIT_SUCCESS;
 }
