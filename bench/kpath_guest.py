@@ -170,6 +170,7 @@ def one_job(kind, image, size, rnd, job, a, profiling=False):
     _, bs, figure = JOBS[job]
     rec = {"type": "profile" if profiling else "job", "round": rnd,
            "kind": kind.name, "job": job}
+    start = time.monotonic()
     with kfix.Cleanup() as cl:
         if not isinstance(kind, kinds.Loop):
             recvwork.warm()  # as the kernel tests do: see recvwork.py
@@ -194,6 +195,7 @@ def one_job(kind, image, size, rnd, job, a, profiling=False):
         rec["wrapped"] = d["io_bytes"] / 4 > size // 4
     if prof:
         rec.update(prof.report())
+    rec["cell_s"] = time.monotonic() - start  # attach to detach: for run-time estimates
     emit(rec)
     say(f"round {rnd} {kind.name} {job}: {rec['value']:.0f} "
         f"{'IOPS' if figure == 'iops' else 'MiB/s'}, "
