@@ -54,7 +54,7 @@ def series_section(series, recs, note):
     rounds = len({r["round"] for r in jobs})
     out = [f"## Kernel {meta.get('kernel', series)}\n",
            f"{meta.get('cpus', '?')} vCPUs, {meta.get('mem_mib', '?')} MiB, {note}; "
-           f"{rounds} rounds, medians; {meta.get('fio', 'fio ?')}; "
+           f"{rounds} round{'s' if rounds != 1 else ''}, medians; {meta.get('fio', 'fio ?')}; "
            f"perf in the guest: {meta.get('perf', '?')}.\n"]
     head = ["device"]
     for _, h, u in JOBS:
