@@ -1,9 +1,14 @@
 """Where the guest's CPU goes during a bench/kernel-path job.
 
 Always: the busy time of all CPUs from /proc/stat (user + nice + system +
-irq + softirq; not idle, iowait or steal) over fio's whole run, divided by
-the requests fio made, counted from the device's own statistics (bytes
-moved ÷ fio's block size, so the ramp is counted on both sides).
+irq + softirq; not idle, iowait or steal) divided by the requests fio
+made, counted from the device's own statistics (bytes moved ÷ fio's block
+size).  A sampler reads both every SAMPLE_S seconds while fio runs, and
+the figure is taken over the steady part of the job only: from the ramp's
+end (the device's first IO plus the ramp) to the end of fio's runtime.
+fio's start-up and drain cost the same CPU whatever the kind, and would
+weigh more on the slow kinds' fewer requests.  The whole run's figure is
+kept beside it.
 
 With --profile, one job also records, between its start and end: every
 process's and kernel thread's CPU time (/proc/PID/stat: the server, its
@@ -13,6 +18,7 @@ kind, and, where perf works in the guest, a system-wide cpu-clock sample.
 import os
 import signal
 import subprocess
+import threading
 import time
 
 HZ = os.sysconf("SC_CLK_TCK")
@@ -35,12 +41,15 @@ def _dev_sectors(dev):
     return v[2], v[6]
 
 
+SAMPLE_S = 0.25
+
+
 def snapshot(dev):
     return {"t": time.monotonic(), "cpu": _cpu_line(), "sectors": _dev_sectors(dev)}
 
 
 def delta(a, b, bs):
-    """The figures of one job from snapshots A and B, requests of BS bytes."""
+    """The figures between snapshots A and B, requests of BS bytes."""
     d = [y - x for x, y in zip(a["cpu"], b["cpu"])]
     fields = {f"cpu_{k}_s": d[i] / HZ for k, i in BUSY.items()}
     busy = sum(fields.values())
@@ -50,6 +59,44 @@ def delta(a, b, bs):
     return dict(fields, cpu_busy_s=busy, wall_s=wall, requests=requests,
                 busy_cpus=busy / wall if wall else None,
                 cpu_s_per_1k=busy / requests * 1000 if requests else None)
+
+
+class Sampler(threading.Thread):
+    """Snapshots of DEV every SAMPLE_S seconds until stop()."""
+
+    def __init__(self, dev):
+        super().__init__(daemon=True)
+        self.dev = dev
+        self.samples = [snapshot(dev)]
+        self.done = threading.Event()
+
+    def run(self):
+        while not self.done.wait(SAMPLE_S):
+            self.samples.append(snapshot(self.dev))
+
+    def stop(self):
+        self.done.set()
+        self.join()
+        self.samples.append(snapshot(self.dev))
+
+
+def job_figures(samples, bs, ramp, runtime):
+    """The whole run's figures, and the steady window's as the main ones
+    (see the module's comment); the whole run's alone when the window
+    holds too few samples (a job that barely moved)."""
+    whole = delta(samples[0], samples[-1], bs)
+    first = samples[0]["sectors"]
+    moving = [s for s in samples if s["sectors"] != first]
+    out = {f"whole_{k}": v for k, v in whole.items()}
+    if moving:
+        t0 = moving[0]["t"] - SAMPLE_S  # IO began within the sample before
+        begin = [s for s in samples if s["t"] >= t0 + ramp]
+        end = [s for s in samples if s["t"] <= t0 + ramp + runtime]
+        if begin and end and end[-1]["t"] - begin[0]["t"] >= min(1.0, runtime / 2):
+            out.update(delta(begin[0], end[-1], bs), window="steady")
+            return out
+    out.update(whole, window="whole")
+    return out
 
 
 def mem_total_mib():

@@ -146,20 +146,24 @@ def make_image(path, size):
 
 
 def fio_job(dev, job, size, runtime, ramp):
-    """Runs JOB on DEV; returns (fio's JSON, the CPU and device counts
-    over fio's whole run, ramp included)."""
+    """Runs JOB on DEV; returns (fio's JSON, the CPU and device counts:
+    kpath_cpu.job_figures)."""
     args, bs, _ = JOBS[job]
     quarter = size // 4
     args = [a.format(quarter=quarter) for a in args]
     cmd = ["fio", f"--name={job}", f"--filename={dev}", "--ioengine=libaio",
            "--direct=1", "--time_based", f"--runtime={runtime}",
            f"--ramp_time={ramp}", "--output-format=json"] + args
-    before = kpath_cpu.snapshot(dev)
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=runtime + ramp + 300)
-    after = kpath_cpu.snapshot(dev)
+    sampler = kpath_cpu.Sampler(dev)
+    sampler.start()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=runtime + ramp + 300)
+    finally:
+        sampler.stop()
     if p.returncode != 0:
         raise AssertionError(f"fio exit {p.returncode}: {p.stderr.strip()[-500:]}")
-    return json.loads(p.stdout[p.stdout.index("{"):]), kpath_cpu.delta(before, after, bs)
+    return (json.loads(p.stdout[p.stdout.index("{"):]),
+            kpath_cpu.job_figures(sampler.samples, bs, ramp, runtime))
 
 
 def one_job(kind, image, size, rnd, job, a, profiling=False):

@@ -98,6 +98,11 @@ def series_section(series, recs, note):
     out += ["Busy guest CPUs during the job (of the vCPUs; fio included):\n",
             table(["device"] + [h for _, h, _ in JOBS], busy), ""]
 
+    whole = sorted({(r["kind"], r["job"], r["round"]) for r in jobs
+                    if r.get("window") == "whole"})
+    if whole:
+        out.append("- CPU over the whole run (too short a steady window): " +
+                   ", ".join(f"{k} {j} round {n}" for k, j, n in whole))
     wrapped = sorted({(r["kind"], r["round"]) for r in jobs if r.get("wrapped")})
     if wrapped:
         out.append("- the 4 readers read past their quarter of the image (a buffered "
@@ -121,7 +126,8 @@ def profile_section(r):
     out = [f"### Where the guest CPU went: {r['kind']}, {r['job']} (profiled job, "
            f"not in the medians)\n",
            f"{fmt(r['value'])} {'MiB/s' if r['job'] == 'seqread4' else 'IOPS'}, "
-           f"{fmt(r['cpu_s_per_1k'], 3)} guest CPU s/1k req; /proc/stat over the job: "
+           f"{fmt(r['cpu_s_per_1k'], 3)} guest CPU s/1k req; /proc/stat over the "
+           f"{r.get('window', 'whole')} window: "
            + ", ".join(f"{k[4:-2]} {r[k]:.2f} s" for k in
                        ("cpu_user_s", "cpu_nice_s", "cpu_system_s", "cpu_irq_s",
                         "cpu_softirq_s")) + f" in {r['wall_s']:.1f} s.\n",
@@ -142,9 +148,11 @@ def summarize(records, args_text, note):
     out = ["# mloop kernel-path benchmark\n", f"`{args_text}`\n"]
     for series in sorted({r["series"] for r in records}, key=lambda s: [int(x) for x in s.split(".")]):
         out.append(series_section(series, [r for r in records if r["series"] == series], note))
-    out += ["Guest CPU s/1k req: the guest's busy time over the whole fio run (user + nice "
-            "+ system + irq + softirq, all vCPUs, fio itself included) per 1000 fio requests "
-            "(4 KiB or 1 MiB). Under TCG every byte a guest CPU copies is expensive and "
+    out += ["Guest CPU s/1k req: the guest's busy time (user + nice + system + irq + "
+            "softirq, all vCPUs, fio itself included) per 1000 fio requests (4 KiB or "
+            "1 MiB), both taken over the job's steady part, from the ramp's end to the end "
+            "of fio's runtime (sampled every 0.25 s; the records also keep the whole run's "
+            "as whole_cpu_s_per_1k). Under TCG every byte a guest CPU copies is expensive and "
             "the virtio disk's DMA is not, so a kind that copies in the guest pays twice: "
             "in its rate and in this column.", ""]
     return "\n".join(out)
