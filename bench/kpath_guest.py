@@ -171,7 +171,7 @@ def one_job(kind, image, size, rnd, job, a, profiling=False):
     PROFILING: a job of its own (round 0) that also records where the
     guest's CPU went; its figures stay out of the medians (the recording
     costs CPU itself)."""
-    _, bs, figure = JOBS[job]
+    figure = JOBS[job][2]
     rec = {"type": "profile" if profiling else "job", "round": rnd,
            "kind": kind.name, "job": job}
     start = time.monotonic()
