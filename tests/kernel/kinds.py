@@ -178,15 +178,20 @@ class StockClient:
                 return "MLOOP_PLUGIN does not name the built plugin"
         return None
 
+    def server_cmd(self, sock, ready, image, read_only):
+        """The server's command line: listening on SOCK, writing its pid
+        to READY once it listens.  bench/kernel-path overrides it to run
+        nbdkit's own file plugin."""
+        if self.server == "native":
+            return [SERVER_BIN, "--listen", f"unix:{sock}", "--pid-file", ready,
+                    "--threads", "4"] + (["--read-only"] if read_only else []) + [image]
+        return ["nbdkit", "-f", "-U", sock, "-P", ready] + \
+            (["-r"] if read_only else []) + [PLUGIN, f"file={image}", "threads=4"]
+
     def _start_server(self, cl, image, read_only):
         d = tmpdir(cl)
         sock, ready = os.path.join(d, "nbd.sock"), os.path.join(d, "server.pid")
-        if self.server == "native":
-            cmd = [SERVER_BIN, "--listen", f"unix:{sock}", "--pid-file", ready,
-                   "--threads", "4"] + (["--read-only"] if read_only else []) + [image]
-        else:
-            cmd = ["nbdkit", "-f", "-U", sock, "-P", ready] + \
-                  (["-r"] if read_only else []) + [PLUGIN, f"file={image}", "threads=4"]
+        cmd = self.server_cmd(sock, ready, image, read_only)
         log = open(os.path.join(d, "server.log"), "w")
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
 
@@ -200,7 +205,7 @@ class StockClient:
                     proc.kill()
                     proc.wait()
                     raise AssertionError(f"{cmd[0]} ignored SIGTERM")
-            if self.server == "nbdkit" and os.path.exists(sock):
+            if cmd[0] == "nbdkit" and os.path.exists(sock):
                 os.unlink(sock)  # nbdkit may leave its -U socket behind
         cl.push(stop)
         # Both servers write the pid file once they listen.
@@ -236,11 +241,14 @@ class StockClient:
 
 
 class Loop:
-    """losetup with direct I/O and 4096-byte sectors, like the nbd kinds."""
+    """losetup with direct I/O and 4096-byte sectors, like the nbd kinds.
+    A subclass with direct_io False is losetup's default, buffered mode
+    (bench/kernel-path compares both)."""
 
     queues = 1  # the loop driver has a single hardware queue
     block_size = BLOCK_SIZE
     name = "loop"
+    direct_io = True
 
     def unavailable(self):
         if shutil.which("losetup") is None:
@@ -248,11 +256,13 @@ class Loop:
         return None
 
     def attach(self, cl, image, read_only=False):
-        p = run(["losetup", "--find", "--show", "--direct-io=on",
-                 "--sector-size", str(BLOCK_SIZE)] + (["--read-only"] if read_only else [])
+        p = run(["losetup", "--find", "--show"]
+                + (["--direct-io=on"] if self.direct_io else [])
+                + ["--sector-size", str(BLOCK_SIZE)] + (["--read-only"] if read_only else [])
                 + [image])
         dev = p.stdout.strip()
-        assert sysfs(dev, "loop/dio") == "1", f"{dev} did not enable direct I/O"
+        want = "1" if self.direct_io else "0"
+        assert sysfs(dev, "loop/dio") == want, f"{dev}: loop/dio is not {want}"
 
         def undo():
             run(["losetup", "--detach", dev])

@@ -134,12 +134,14 @@ class _Follower:
 
 
 def run(guest_cmd, on_output, on_console, timeout, smp=4, memory_mb=2048, preserve=(),
-        series=None, outdir=None):
+        series=None, outdir=None, scratch_size=SCRATCH_SIZE):
     """Boots the VM with the kernel of SERIES, runs the shell script
     GUEST_CMD chrooted into the host root, and calls ON_OUTPUT(line) for
     each line it prints and ON_CONSOLE(line) for each console line.  OUTDIR,
     if given, is shared writable with the guest at GUEST_OUT.  Kills the VM
-    after TIMEOUT seconds.  Returns a Result."""
+    after TIMEOUT seconds.  SCRATCH_SIZE is the (sparse) scratch disk's
+    size, for images larger than the tests' (bench/kernel-path).  Returns
+    a Result."""
     if shutil.which(QEMU) is None:
         raise VmError(f"{QEMU} is not installed (package qemu-system-x86)")
     busybox = initramfs.find_busybox()
@@ -159,7 +161,7 @@ def run(guest_cmd, on_output, on_console, timeout, smp=4, memory_mb=2048, preser
         # Formatted here at host speed rather than by the emulated guest.
         scratch = os.path.join(work, "scratch.img")
         with open(scratch, "wb") as f:
-            f.truncate(SCRATCH_SIZE)
+            f.truncate(scratch_size)
         subprocess.run(["mkfs.ext4", "-q", "-F", "-L", "mloop-scratch", scratch],
                        check=True, stdout=subprocess.DEVNULL)
         console_log = os.path.join(work, "console.log")
