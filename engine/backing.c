@@ -234,6 +234,43 @@ mloop_backing_open (struct mloop_backing *b, const char *path,
   return r;
 }
 
+int
+mloop_backing_reprobe_size (struct mloop_backing *b, char *err,
+                            size_t errlen)
+{
+  uint64_t size, old_size = b->size, old_from = b->buffered_from, from;
+
+  if (b->is_block_device) {
+    if (ioctl (b->fd, BLKGETSIZE64, &size) == -1)
+      return set_error (err, errlen, errno, "file=%s: BLKGETSIZE64: %s",
+                        b->path, strerror (errno));
+  }
+  else {
+    struct stat st;
+
+    if (fstat (b->buffered_fd, &st) == -1)
+      return set_error (err, errlen, errno, "file=%s: fstat: %s", b->path,
+                        strerror (errno));
+    size = (uint64_t) st.st_size;
+  }
+  from = size;
+  if (b->direct && size % b->logical_block_size)
+    from = tail_boundary (size, b->logical_block_size);
+  /* A tail that existed keeps covering what it covered: its pages may
+   * still be in the page cache.
+   */
+  if (old_from < old_size && old_from < from)
+    from = old_from;
+  /* The tail first when it grows down, so that no request sees the new
+   * size with the old tail.  A request already past its check keeps the
+   * path it chose; with an odd size, growing within one folio of the old
+   * end is the one case where that can mix the two paths on a page.
+   */
+  __atomic_store_n (&b->buffered_from, from, __ATOMIC_RELEASE);
+  __atomic_store_n (&b->size, size, __ATOMIC_RELEASE);
+  return 0;
+}
+
 void
 mloop_backing_close (struct mloop_backing *b)
 {

@@ -70,7 +70,7 @@ write_merged (struct mloop_engine *e, const char *buf, size_t count,
               uint64_t start, uint64_t end)
 {
   const uint32_t lbs = e->backing.logical_block_size;
-  const uint64_t size = e->backing.size;
+  const uint64_t size = mloop_backing_size (&e->backing);
   const int fd = e->backing.fd;
   struct mloop_range range;
   int r = 0;
@@ -95,7 +95,7 @@ write_merged (struct mloop_engine *e, const char *buf, size_t count,
  */
 static int
 direct_rw (struct mloop_engine *e, enum mloop_io_op op, char *buf,
-           size_t count, uint64_t offset, int rw_flags)
+           size_t count, uint64_t offset, int rw_flags, uint64_t tail)
 {
   const uint32_t lbs = e->backing.logical_block_size;
   const uint64_t start = mloop_round_down (offset, lbs);
@@ -105,14 +105,16 @@ direct_rw (struct mloop_engine *e, enum mloop_io_op op, char *buf,
 
   /* The tail starts on a block boundary, so the covering range stops
    * short of it: no whole-block write can reach (or grow) the file's end.
+   * TAIL is where the tail started when the request was split: a resize
+   * may have moved it down since (backing.h).
    */
-  assert (end <= e->backing.buffered_from);
+  assert (end <= tail);
   block = mloop_alloc_aligned (end - start, lbs);
   if (block == NULL)
     return -ENOMEM;
   if (op == MLOOP_IO_READ) {
     r = full_pread (e->backing.fd, block, end - start, start,
-                    e->backing.size);
+                    mloop_backing_size (&e->backing));
     if (r == 0)
       memcpy (buf, block + (offset - start), count);
   }
@@ -133,14 +135,15 @@ tail_rw (struct mloop_engine *e, enum mloop_io_op op, char *buf,
   const int fd = e->backing.buffered_fd;
 
   if (op == MLOOP_IO_READ)
-    return full_pread (fd, buf, count, offset, e->backing.size);
+    return full_pread (fd, buf, count, offset,
+                       mloop_backing_size (&e->backing));
   return full_pwrite (fd, buf, count, offset, rw_flags);
 }
 
 int
 mloop_sync_rw (struct mloop_engine *e, struct mloop_io *io)
 {
-  const uint64_t tail = e->backing.buffered_from;
+  const uint64_t tail = mloop_backing_buffered_from (&e->backing);
   const uint64_t end = io->offset + io->count;
   const int rw_flags = (io->flags & MLOOP_IO_FUA) ? RWF_DSYNC : 0;
   char *buf = io->buf;
@@ -150,7 +153,7 @@ mloop_sync_rw (struct mloop_engine *e, struct mloop_io *io)
   if (io->offset < tail)
     before_tail = (size_t) ((end < tail ? end : tail) - io->offset);
   if (before_tail > 0)
-    r = direct_rw (e, io->op, buf, before_tail, io->offset, rw_flags);
+    r = direct_rw (e, io->op, buf, before_tail, io->offset, rw_flags, tail);
   if (r == 0 && before_tail < io->count)
     r = tail_rw (e, io->op, buf + before_tail, io->count - before_tail,
                  io->offset + before_tail, rw_flags);

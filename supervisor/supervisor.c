@@ -18,6 +18,16 @@
  * kernel puts in a dead slot.  A server that died is the restart's
  * business instead, which hands the kernel a whole new set.
  *
+ * SIGUSR1 asks for a planned restart: `mloop resize` of a device served
+ * by nbdkit, which keeps the export size each connection negotiated.
+ * The supervisor stops the server with SIGTERM (nbdkit answers the
+ * requests it is working on, then exits), starts the next one at once
+ * and hands the kernel new connections, which negotiate the new size.
+ * Requests the kernel had sent that nbdkit never read wait for the
+ * request timeout and are then requeued, as after any restart: a planned
+ * restart is the path every death already takes, just without the
+ * backoff, and it is not counted as a failure.
+ *
  * It is a child subreaper, so a daemonizing nbdkit's daemon becomes its
  * child and its exit status can be reaped.  A glib main loop waits on the
  * server's pidfd, the kernel's announcements, the restart and reconnect
@@ -81,6 +91,8 @@ static struct {
   unsigned backoff_ms;
   /* From a server's death until its successor serves the device. */
   gboolean restarting;
+  /* The server was stopped for a planned restart (SIGUSR1). */
+  gboolean planned;
   /* Connections the kernel dropped while the server lived. */
   struct mloop_nbd_events *events;
   int index;                    /* the device's, once its state exists */
@@ -231,6 +243,15 @@ on_server_exit (gint fd, GIOCondition c, gpointer unused)
     status = 0;
   close (sv.pidfd);
   sv.pidfd = -1;
+  if (sv.planned) {
+    say ("server pid %d stopped for a planned restart (the image was "
+         "resized); starting the next one", (int) sv.server);
+    sv.planned = FALSE;
+    sv.server = 0;
+    sv.restarting = TRUE;
+    g_timeout_add (0, restart, NULL);
+    return G_SOURCE_REMOVE;
+  }
   g_free (sv.last_failure);
   sv.last_failure = g_strdup_printf ("server pid %d %s", (int) sv.server,
                                      describe_exit (status));
@@ -526,6 +547,20 @@ on_nbd_event (gint fd, GIOCondition c, gpointer unused)
   return keep;
 }
 
+/* SIGUSR1: a planned restart.  Ignored while a restart is under way:
+ * the server it starts reads the image as it is now.
+ */
+static gboolean
+on_restart_signal (gpointer unused)
+{
+  if (server_serving () && !sv.planned) {
+    say ("restart of server pid %d asked for (SIGUSR1)", (int) sv.server);
+    sv.planned = TRUE;
+    kill (sv.server, SIGTERM);
+  }
+  return G_SOURCE_CONTINUE;
+}
+
 static gboolean
 on_stop_signal (gpointer unused)
 {
@@ -588,6 +623,7 @@ main (int argc, char **argv)
   sv.loop = g_main_loop_new (NULL, FALSE);
   g_unix_signal_add (SIGTERM, on_stop_signal, NULL);
   g_unix_signal_add (SIGINT, on_stop_signal, NULL);
+  g_unix_signal_add (SIGUSR1, on_restart_signal, NULL);
   /* Before the device exists, so no announcement about it is missed. */
   kmsg_open ();
   listen_events ();
