@@ -20,13 +20,15 @@
  *
  * SIGUSR1 asks for a planned restart: `mloop resize` of a device served
  * by nbdkit, which keeps the export size each connection negotiated.
- * The supervisor stops the server with SIGTERM (nbdkit answers the
- * requests it is working on, then exits), starts the next one at once
- * and hands the kernel new connections, which negotiate the new size.
- * Requests the kernel had sent that nbdkit never read wait for the
- * request timeout and are then requeued, as after any restart: a planned
- * restart is the path every death already takes, just without the
- * backoff, and it is not counted as a failure.
+ * The supervisor kills the server with SIGKILL, starts the next one at
+ * once and hands the kernel new connections, which negotiate the new
+ * size.  Not SIGTERM: a stopping nbdkit answers the requests it has read
+ * but not started with ESHUTDOWN, which the kernel fails as IO errors
+ * (measured: ext4 aborted its journal).  Killed, it answers nothing more;
+ * the kernel requeues what was in flight when the request timeout
+ * expires, as after any death, and a write sent again is only written
+ * again.  So a planned restart is the path every death already takes,
+ * just without the backoff, and it is not counted as a failure.
  *
  * It is a child subreaper, so a daemonizing nbdkit's daemon becomes its
  * child and its exit status can be reaped.  A glib main loop waits on the
@@ -556,7 +558,7 @@ on_restart_signal (gpointer unused)
   if (server_serving () && !sv.planned) {
     say ("restart of server pid %d asked for (SIGUSR1)", (int) sv.server);
     sv.planned = TRUE;
-    kill (sv.server, SIGTERM);
+    kill (sv.server, SIGKILL);
   }
   return G_SOURCE_CONTINUE;
 }
