@@ -180,3 +180,8 @@ def run_test(kind, cl):
     assert fsck.returncode == 0, f"fsck -fn exit {fsck.returncode}: {fsck.stdout}{fsck.stderr}"
     mnt = mount(cl, dev, "ro")
     check_files(mnt, want)
+    st = kind.status(dev)
+    assert st["restarts"] == 0 and st["server_running"], \
+        f"resizing counted {st['restarts']} restarts ({st.get('last_failure')})"
+    assert st.get("connections_open") == kind.queues, \
+        f"{st.get('connections_open')} of {kind.queues} connections open"
