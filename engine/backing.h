@@ -94,9 +94,9 @@ mloop_backing_buffered_from (const struct mloop_backing *b)
 /* Reads the size of the open store again (the file grew or shrank, the
  * block device was resized) and publishes it to IO threads running
  * concurrently: requests checked after it returns are checked against
- * the new size.  The page-cache tail only ever moves down, so a range
- * once read through the page cache is never afterwards read with
- * O_DIRECT.  0, or a negative errno with a one-line reason in ERR (the
+ * the new size.  A page-cache tail, once there, only ever moves down,
+ * so a range once served through the page cache is never afterwards
+ * served with O_DIRECT.  0, or a negative errno with a one-line reason in ERR (the
  * old size then stays).
  */
 int mloop_backing_reprobe_size (struct mloop_backing *b, char *err,
