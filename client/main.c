@@ -2,8 +2,8 @@
  *
  * This file parses the command line and prints; everything it does is in
  * the library (device/attach.h and friends), which never prints, so tests
- * can drive the same code.  Commands: attach, detach, list, status,
- * serve; mount and umount are in mount_cmd.c.
+ * can drive the same code.  Commands: attach, detach, resize, list,
+ * status, serve; mount and umount are in mount_cmd.c.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -19,6 +19,7 @@
 #include "block_queue.h"
 #include "mount_cmd.h"
 #include "print.h"
+#include "resize.h"
 #include "serve.h"
 
 static int G_GNUC_PRINTF (1, 2)
@@ -221,6 +222,38 @@ cmd_detach (int argc, char **argv)
 }
 
 static int
+cmd_resize (int argc, char **argv)
+{
+  g_autofree char *size_text = NULL;
+  GOptionEntry entries[] = {
+    { "size", 0, 0, G_OPTION_ARG_STRING, &size_text,
+      "Grow (or shrink) the image file to N bytes first "
+      "(suffixes K, M, G, T)", "N" },
+    G_OPTION_ENTRY_NULL
+  };
+  struct mloop_device_state st;
+  uint64_t size = 0;
+  char err[1024];
+  int r = EXIT_SUCCESS;
+
+  if (!parse ("DEVICE|FILE", "Give a device its image's new size (or "
+              "resize the image with --size) while it runs, like "
+              "losetup -c.", entries, &argc, &argv))
+    return EXIT_FAILURE;
+  if (argc != 2)
+    return error ("resize: give one DEVICE or FILE");
+  if (size_text && mloop_size_parse (size_text, &size) < 0)
+    return error ("resize: --size %s: not a size (bytes, or with a K, M, G "
+                  "or T suffix)", size_text);
+  if (mloop_lookup (argv[1], &st, err, sizeof err) == -1)
+    return error ("resize: %s", err);
+  if (mloop_resize (&st, size_text != NULL, size, err, sizeof err) == -1)
+    r = error ("resize /dev/nbd%d: %s", st.index, err);
+  mloop_state_clear (&st);
+  return r;
+}
+
+static int
 cmd_list (int argc, char **argv)
 {
   gboolean json = FALSE;
@@ -342,6 +375,7 @@ static const struct {
 } commands[] = {
   { "attach", cmd_attach, "attach FILE as /dev/nbdN" },
   { "detach", cmd_detach, "detach DEVICE|FILE, or --all" },
+  { "resize", cmd_resize, "give DEVICE|FILE its image's new size" },
   { "list", cmd_list, "list attached devices" },
   { "status", cmd_status, "connections and counters of a device" },
   { "serve", cmd_serve, "serve FILE to other machines (TCP, TLS)" },

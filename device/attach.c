@@ -45,9 +45,8 @@ device_exists (int index)
   return g_file_test (path, G_FILE_TEST_IS_DIR);
 }
 
-/* Where /dev/nbdINDEX or one of its partitions is mounted, or NULL. */
-static char *
-mount_point (int index)
+char *
+mloop_device_mount_point (int index)
 {
   g_autofree char *text = NULL;
   g_autofree char *dev = g_strdup_printf ("/dev/nbd%d", index);
@@ -497,7 +496,7 @@ mloop_attach (const struct mloop_attach_request *req,
 int
 mloop_detach (const struct mloop_device_state *s, char *err, size_t errlen)
 {
-  g_autofree char *mnt = mount_point (s->index);
+  g_autofree char *mnt = mloop_device_mount_point (s->index);
   bool connected = false;
   char why[512];
   int lock;

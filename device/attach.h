@@ -62,6 +62,11 @@ int mloop_lookup (const char *what, struct mloop_device_state *out,
  */
 int mloop_cleanup_incomplete (void);
 
+/* Where /dev/nbdINDEX or one of its partitions is mounted (g_free it),
+ * or NULL.
+ */
+char *mloop_device_mount_point (int index);
+
 /* Parses "/dev/nbdN" or "nbdN"; -1 when it is neither. */
 int mloop_device_index (const char *name);
 

@@ -312,6 +312,26 @@ mloop_nbd_netlink_reconfigure (int index, const char *backend,
   return channel_transact (&ch, msg, &r, "reconfigure", err, errlen);
 }
 
+int
+mloop_nbd_netlink_set_size (int index, const char *backend, uint64_t size,
+                            char *err, size_t errlen)
+{
+  struct channel ch;
+  struct reply r = { .index = -1 };
+  struct nl_msg *msg;
+  int rc;
+
+  rc = channel_start (&ch, NBD_CMD_RECONFIGURE, &msg, "resize", err, errlen);
+  if (rc < 0)
+    return rc;
+  if (nla_put_u32 (msg, NBD_ATTR_INDEX, index) < 0 ||
+      (backend &&
+       nla_put_string (msg, NBD_ATTR_BACKEND_IDENTIFIER, backend) < 0) ||
+      nla_put_u64 (msg, NBD_ATTR_SIZE_BYTES, size) < 0)
+    return channel_abandon (&ch, msg, "resize", err, errlen);
+  return channel_transact (&ch, msg, &r, "resize", err, errlen);
+}
+
 /* A socket's send timeout, or -1. */
 static int
 send_timeout (int fd, struct timeval *tv)

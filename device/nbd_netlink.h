@@ -48,6 +48,19 @@ int mloop_nbd_netlink_reconfigure (int index, const char *backend,
                                    uint64_t dead_conn_timeout,
                                    char *err, size_t errlen);
 
+/* Changes the size of a connected device to SIZE bytes while it runs
+ * (NBD_CMD_RECONFIGURE with NBD_ATTR_SIZE_BYTES; Linux 6.1:
+ * nbd_genl_reconfigure → nbd_genl_size_set → nbd_set_size).  The kernel
+ * sets the new capacity at once and tells udev (KOBJ_CHANGE); requests
+ * already queued are not drained, so the server must serve the larger of
+ * the old and new size meanwhile.  It also marks the disk for a partition
+ * scan on its next open (max_part > 0).  BACKEND as for reconfigure.  The
+ * ioctl (NBD_SET_SIZE) would not do: the kernel refuses ioctls on a
+ * device connected over netlink.
+ */
+int mloop_nbd_netlink_set_size (int index, const char *backend,
+                                uint64_t size, char *err, size_t errlen);
+
 /* Offers the negotiated socket FD for one dead connection of a device
  * (a reconfigure with that socket alone).  The kernel puts it into the
  * first slot it has marked dead (drivers/block/nbd.c,

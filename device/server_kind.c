@@ -109,7 +109,7 @@ nbdkit_command (const struct mloop_server_config *c, GPtrArray *argv)
 /* The default first. */
 static const struct mloop_server_kind kinds[] = {
   { .name = "native", .command = native_command,
-    .requests_at_once = NATIVE_REQUESTS_AT_ONCE },
+    .requests_at_once = NATIVE_REQUESTS_AT_ONCE, .resizes_on_sighup = true },
   { .name = "nbdkit", .command = nbdkit_command, .tls = true,
     .daemonizes = true, .requests_at_once = NBDKIT_REQUESTS_AT_ONCE },
 };

@@ -57,6 +57,12 @@ struct mloop_server_kind {
    * "Timeouts").
    */
   unsigned requests_at_once;
+  /* Re-reads the image's size on SIGHUP and serves it to every request
+   * from then on (mloop-server).  nbdkit keeps the size each connection
+   * negotiated, so after a resize its supervisor restarts it instead
+   * (resize.h).
+   */
+  bool resizes_on_sighup;
   /* Appends the program and its arguments serving C to ARGV. */
   void (*command) (const struct mloop_server_config *c, GPtrArray *argv);
 };

@@ -175,49 +175,67 @@ tail_boundary (uint64_t size, uint32_t logical_block_size)
   return mloop_round_down (size, folio_max);
 }
 
-/* Narrows B, open on the whole file, to W.  The page-cache tail was
- * decided on the whole file: it moves with the window's start and is
- * cut off by its end.
+/* The window of a file of FILE_SIZE bytes whose page-cache tail starts
+ * at FILE_FROM (file coordinates): its size and its tail's start,
+ * relative to the window, in *SIZE and *FROM.  The tail was decided on
+ * the whole file: it moves with the window's start and is cut off by its
+ * end.  Fails, naming the cause, if B's window cannot be served.
  */
 static int
-apply_window (struct mloop_backing *b, const struct mloop_window *w,
-              char *err, size_t errlen)
+window_geometry (const struct mloop_backing *b, uint64_t file_size,
+                 uint64_t file_from, uint64_t *size, uint64_t *from,
+                 char *err, size_t errlen)
 {
-  const uint64_t file_size = b->size;
   const uint32_t align = mloop_backing_window_alignment (b);
   const char *why = b->direct ? "O_DIRECT alignment" : "logical block size";
-  uint64_t size;
 
-  if (w == NULL || (w->offset == 0 && w->sizelimit == 0))
-    return 0;
-  if (w->offset > 0 && w->offset >= file_size)
+  if (b->offset > 0 && b->offset >= file_size)
     return set_error (err, errlen, EINVAL, "offset %" PRIu64 " is not "
                       "inside the image (%s is %" PRIu64 " bytes)",
-                      w->offset, b->path, file_size);
-  if (!mloop_is_aligned (w->offset, align))
+                      b->offset, b->path, file_size);
+  if (!mloop_is_aligned (b->offset, align))
     return set_error (err, errlen, EINVAL, "offset %" PRIu64 " is not a "
-                      "multiple of the image's %u-byte %s", w->offset,
+                      "multiple of the image's %u-byte %s", b->offset,
                       align, why);
-  size = file_size - w->offset;
-  if (w->sizelimit && w->sizelimit < size) {
+  *size = file_size - b->offset;
+  if (b->sizelimit && b->sizelimit < *size) {
     /* A window ending inside the file ends on a block boundary, like the
      * loop driver's, which counts whole sectors: its last block is then
      * whole, so no write of it has to touch a byte outside the window.
      */
-    size = mloop_round_down (w->sizelimit, align);
-    if (size == 0)
+    *size = mloop_round_down (b->sizelimit, align);
+    if (*size == 0)
       return set_error (err, errlen, EINVAL, "sizelimit %" PRIu64 " is "
-                        "below the image's %u-byte %s", w->sizelimit,
+                        "below the image's %u-byte %s", b->sizelimit,
                         align, why);
   }
-  b->offset = w->offset;
-  b->size = size;
-  if (b->buffered_from <= w->offset)
-    b->buffered_from = 0;
-  else if (b->buffered_from - w->offset < size)
-    b->buffered_from -= w->offset;
+  if (file_from <= b->offset)
+    *from = 0;
+  else if (file_from - b->offset < *size)
+    *from = file_from - b->offset;
   else
-    b->buffered_from = size;
+    *from = *size;
+  return 0;
+}
+
+/* Narrows B, open on the whole file, to W. */
+static int
+apply_window (struct mloop_backing *b, const struct mloop_window *w,
+              char *err, size_t errlen)
+{
+  uint64_t size, from;
+  int r;
+
+  if (w == NULL || (w->offset == 0 && w->sizelimit == 0))
+    return 0;
+  b->offset = w->offset;
+  b->sizelimit = w->sizelimit;
+  r = window_geometry (b, b->size, b->buffered_from, &size, &from, err,
+                       errlen);
+  if (r < 0)
+    return r;
+  b->size = size;
+  b->buffered_from = from;
   return 0;
 }
 
@@ -312,6 +330,48 @@ mloop_backing_open (struct mloop_backing *b, const char *path,
  fail:
   mloop_backing_close (b);
   return r;
+}
+
+int
+mloop_backing_reprobe_size (struct mloop_backing *b, char *err,
+                            size_t errlen)
+{
+  uint64_t file_size, file_from, size, from;
+  uint64_t old_size = b->size, old_from = b->buffered_from;
+  int r;
+
+  if (b->is_block_device) {
+    if (ioctl (b->fd, BLKGETSIZE64, &file_size) == -1)
+      return set_error (err, errlen, errno, "file=%s: BLKGETSIZE64: %s",
+                        b->path, strerror (errno));
+  }
+  else {
+    struct stat st;
+
+    if (fstat (b->buffered_fd, &st) == -1)
+      return set_error (err, errlen, errno, "file=%s: fstat: %s", b->path,
+                        strerror (errno));
+    file_size = (uint64_t) st.st_size;
+  }
+  file_from = file_size;
+  if (b->direct && file_size % b->logical_block_size)
+    file_from = tail_boundary (file_size, b->logical_block_size);
+  r = window_geometry (b, file_size, file_from, &size, &from, err, errlen);
+  if (r < 0)
+    return r;
+  /* A tail that existed keeps covering what it covered: its pages may
+   * still be in the page cache.
+   */
+  if (old_from < old_size && old_from < from)
+    from = old_from;
+  /* The tail first when it grows down, so that no request sees the new
+   * size with the old tail.  A request already past its check keeps the
+   * path it chose; with an odd size, growing within one folio of the old
+   * end is the one case where that can mix the two paths on a page.
+   */
+  __atomic_store_n (&b->buffered_from, from, __ATOMIC_RELEASE);
+  __atomic_store_n (&b->size, size, __ATOMIC_RELEASE);
+  return 0;
 }
 
 void

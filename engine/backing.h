@@ -44,6 +44,7 @@ struct mloop_backing {
    */
   uint64_t offset;
   uint64_t size;
+  uint64_t sizelimit;           /* the window's limit; 0: none */
   /* The page-cache tail: bytes from here to 'size' are read and written
    * through buffered_fd only, never through the O_DIRECT 'fd'.  A file
    * whose size is not a multiple of the logical block size has a last
@@ -105,6 +106,32 @@ int mloop_backing_open (struct mloop_backing *b, const char *path,
 
 void mloop_backing_close (struct mloop_backing *b);
 
+/* The size and the start of the page-cache tail, as IO threads read
+ * them: mloop_backing_reprobe_size may change both while they run.
+ */
+static inline uint64_t
+mloop_backing_size (const struct mloop_backing *b)
+{
+  return __atomic_load_n (&b->size, __ATOMIC_ACQUIRE);
+}
+
+static inline uint64_t
+mloop_backing_buffered_from (const struct mloop_backing *b)
+{
+  return __atomic_load_n (&b->buffered_from, __ATOMIC_ACQUIRE);
+}
+
+/* Reads the size of the open store again (the file grew or shrank, the
+ * block device was resized) and publishes it to IO threads running
+ * concurrently: requests checked after it returns are checked against
+ * the new size.  A page-cache tail, once there, only ever moves down,
+ * so a range once served through the page cache is never afterwards
+ * served with O_DIRECT.  0, or a negative errno with a one-line reason in ERR (the
+ * old size then stays).
+ */
+int mloop_backing_reprobe_size (struct mloop_backing *b, char *err,
+                                size_t errlen);
+
 /* The alignment requests must meet to go through 'fd': the logical block
  * size with O_DIRECT, 1 without.
  */
@@ -140,7 +167,8 @@ mloop_backing_window_alignment (const struct mloop_backing *b)
 static inline uint32_t
 mloop_backing_min_block_size (const struct mloop_backing *b)
 {
-  return b->size % b->logical_block_size ? 1 : b->logical_block_size;
+  return mloop_backing_size (b) % b->logical_block_size ? 1
+    : b->logical_block_size;
 }
 
 #endif /* MLOOP_BACKING_H */

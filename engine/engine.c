@@ -141,10 +141,11 @@ prepare_rw (struct mloop_engine *e, struct mloop_io *io)
   const struct mloop_backing *b = &e->backing;
   uint32_t lbs = b->logical_block_size;
   bool is_write = io->op == MLOOP_IO_WRITE;
+  const uint64_t size = mloop_backing_size (b);
 
   if (io->count > MLOOP_MAX_REQUEST)
     return -EINVAL;
-  if (io->offset > b->size || io->count > b->size - io->offset)
+  if (io->offset > size || io->count > size - io->offset)
     return is_write ? -ENOSPC : -EINVAL;
   if (is_write && !b->writable)
     return -EPERM;
@@ -153,7 +154,7 @@ prepare_rw (struct mloop_engine *e, struct mloop_io *io)
   io->bounce = NULL;
   io->bounce_allocated = false;
   io->done = 0;
-  if (io->offset + io->count > b->buffered_from)
+  if (io->offset + io->count > mloop_backing_buffered_from (b))
     /* Reaches the page-cache tail of an odd-sized file. */
     return MLOOP_PREPARED_BLOCKING;
   if (b->direct && !mloop_io_is_direct_safe (io->buf, io->count, io->offset,

@@ -25,9 +25,11 @@ static int
 check_range (const struct mloop_engine *e, uint64_t offset, uint64_t count,
              int past_end_error)
 {
+  const uint64_t size = mloop_backing_size (&e->backing);
+
   if (!e->backing.writable)
     return -EPERM;
-  if (offset > e->backing.size || count > e->backing.size - offset)
+  if (offset > size || count > size - offset)
     return -past_end_error;
   return 0;
 }
@@ -77,7 +79,7 @@ write_zeroes (struct mloop_engine *e, uint64_t offset, uint64_t count)
     return -ENOMEM;
   memset (zeroes, 0, chunk);
   while (count > 0 && r == 0) {
-    const uint64_t tail = e->backing.buffered_from;
+    const uint64_t tail = mloop_backing_buffered_from (&e->backing);
     size_t n = count < chunk ? (size_t) count : chunk;
     int fd = e->backing.fd;
     ssize_t w;
@@ -254,10 +256,11 @@ mloop_engine_extents (struct mloop_engine *e, uint64_t offset,
 {
   const int fd = e->backing.fd;
   const uint64_t base = e->backing.offset;
+  const uint64_t size = mloop_backing_size (&e->backing);
   uint64_t end, pos = offset;
   int r;
 
-  if (offset > e->backing.size || count > e->backing.size - offset)
+  if (offset > size || count > size - offset)
     return -EINVAL;
   end = offset + count;
   if (e->backing.is_block_device)

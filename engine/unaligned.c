@@ -20,7 +20,7 @@ static int
 full_pread (const struct mloop_backing *b, int fd, char *buf, size_t count,
             uint64_t offset)
 {
-  const uint64_t size = b->size;
+  const uint64_t size = mloop_backing_size (b);
 
   while (count > 0) {
     ssize_t r = pread (fd, buf, count,
@@ -102,7 +102,7 @@ write_merged (struct mloop_engine *e, const char *buf, size_t count,
  */
 static int
 direct_rw (struct mloop_engine *e, enum mloop_io_op op, char *buf,
-           size_t count, uint64_t offset, int rw_flags)
+           size_t count, uint64_t offset, int rw_flags, uint64_t tail)
 {
   const uint32_t lbs = e->backing.logical_block_size;
   const uint64_t start = mloop_round_down (offset, lbs);
@@ -112,8 +112,10 @@ direct_rw (struct mloop_engine *e, enum mloop_io_op op, char *buf,
 
   /* The tail starts on a block boundary, so the covering range stops
    * short of it: no whole-block write can reach (or grow) the file's end.
+   * TAIL is where the tail started when the request was split: a resize
+   * may have moved it down since (backing.h).
    */
-  assert (end <= e->backing.buffered_from);
+  assert (end <= tail);
   block = mloop_alloc_aligned (end - start, lbs);
   if (block == NULL)
     return -ENOMEM;
@@ -146,7 +148,7 @@ tail_rw (struct mloop_engine *e, enum mloop_io_op op, char *buf,
 int
 mloop_sync_rw (struct mloop_engine *e, struct mloop_io *io)
 {
-  const uint64_t tail = e->backing.buffered_from;
+  const uint64_t tail = mloop_backing_buffered_from (&e->backing);
   const uint64_t end = io->offset + io->count;
   const int rw_flags = (io->flags & MLOOP_IO_FUA) ? RWF_DSYNC : 0;
   char *buf = io->buf;
@@ -156,7 +158,7 @@ mloop_sync_rw (struct mloop_engine *e, struct mloop_io *io)
   if (io->offset < tail)
     before_tail = (size_t) ((end < tail ? end : tail) - io->offset);
   if (before_tail > 0)
-    r = direct_rw (e, io->op, buf, before_tail, io->offset, rw_flags);
+    r = direct_rw (e, io->op, buf, before_tail, io->offset, rw_flags, tail);
   if (r == 0 && before_tail < io->count)
     r = tail_rw (e, io->op, buf + before_tail, io->count - before_tail,
                  io->offset + before_tail, rw_flags);

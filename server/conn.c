@@ -295,7 +295,7 @@ static struct request_limits
 limits (const struct worker_options *opts)
 {
   return (struct request_limits) {
-    .size = opts->engine->backing.size,
+    .size = mloop_backing_size (&opts->engine->backing),
     .read_only = opts->read_only,
     .discard = opts->discard,
     .max_request = opts->max_request,

@@ -9,8 +9,12 @@
  * nothing else: the accept loop drops it at its deadline, and drops the
  * oldest when too many are negotiating at once (pending.c).
  *
- * Signals: SIGTERM and SIGINT are blocked in every thread and read from a
- * signalfd by the accept loop, which then stops accepting, drops the
+ * Signals: SIGTERM, SIGINT and SIGHUP are blocked in every thread and
+ * read from a signalfd by the accept loop.  SIGHUP re-reads the image's
+ * size (it grew or shrank: `mloop resize`): new handshakes announce it
+ * and every request checked afterwards is checked against it; existing
+ * connections go on (NBD has no way to tell a client, and the kernel
+ * client only checks its own size).  SIGTERM and SIGINT stop accepting, drops the
  * connections still negotiating, stops the workers (they answer what they
  * already received, finish what is in flight, send the replies their
  * clients will read within --drain-timeout, and close), removes the
@@ -174,9 +178,13 @@ handshake_thread (void *arg)
   struct pending *p = arg;
   int fd = pending_fd (p);
   struct worker *w;
+  /* The size as of this handshake: a SIGHUP may change it meanwhile. */
+  struct export_info x = export;
   bool ok;
 
-  ok = mloop_handshake (fd, &export) == 0;
+  x.size = mloop_backing_size (&engine.backing);
+  x.min_block = mloop_backing_min_block_size (&engine.backing);
+  ok = mloop_handshake (fd, &x) == 0;
   ok = pending_leave (p) && ok;
   if (ok) {
     pthread_mutex_lock (&next_worker_lock);
@@ -188,6 +196,30 @@ handshake_thread (void *arg)
     close (fd);
   pending_end ();             /* last: the workers may stop after this */
   return NULL;
+}
+
+/* Reads one signal: SIGHUP re-reads the image's size and returns true;
+ * SIGTERM and SIGINT return false (stop).
+ */
+static bool
+on_signal (int sfd)
+{
+  struct signalfd_siginfo si;
+  char err[512];
+  int r;
+
+  if (read (sfd, &si, sizeof si) != (ssize_t) sizeof si)
+    return errno == EINTR || errno == EAGAIN;
+  if (si.ssi_signo != SIGHUP)
+    return false;
+  r = mloop_backing_reprobe_size (&engine.backing, err, sizeof err);
+  if (r < 0)
+    fprintf (stderr, "mloop-server: SIGHUP: %s; still serving %" PRIu64
+             " bytes\n", err, mloop_backing_size (&engine.backing));
+  else
+    fprintf (stderr, "mloop-server: SIGHUP: serving %" PRIu64 " bytes\n",
+             mloop_backing_size (&engine.backing));
+  return true;
 }
 
 /* Remote clients: replies go out at once (no Nagle delay behind a
@@ -397,6 +429,7 @@ main (int argc, char *argv[])
   sigemptyset (&sigs);
   sigaddset (&sigs, SIGTERM);
   sigaddset (&sigs, SIGINT);
+  sigaddset (&sigs, SIGHUP);
   pthread_sigmask (SIG_BLOCK, &sigs, NULL);
   signal (SIGPIPE, SIG_IGN);
   sfd = signalfd (-1, &sigs, SFD_CLOEXEC);
@@ -454,7 +487,7 @@ main (int argc, char *argv[])
     backoff = 0;
     if (poll (p, 2, wait) == -1 && errno != EINTR)
       break;
-    if (p[1].revents)
+    if (p[1].revents && !on_signal (sfd))
       break;                    /* SIGTERM or SIGINT */
     if ((p[0].revents & POLLIN) && !accept_one (listener.fd, &attr))
       backoff = 1;

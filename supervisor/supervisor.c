@@ -18,6 +18,21 @@
  * kernel puts in a dead slot.  A server that died is the restart's
  * business instead, which hands the kernel a whole new set.
  *
+ * SIGUSR1 asks for a planned restart: `mloop resize` of a device served
+ * by nbdkit, which keeps the export size each connection negotiated.
+ * The next server is started first, on a socket of its own, and only
+ * once it listens is the old one killed, its socket replaced by the new
+ * one (rename) and the kernel handed new connections, which negotiate
+ * the new size.  So the kernel is without a live connection only for the
+ * moment the handover takes, never for a server's start (nbdkit in a TCG
+ * guest can take longer to start than the dead-connection timeout).  The
+ * old server gets SIGKILL, not SIGTERM: a stopping nbdkit answers the
+ * requests it has read but not started with ESHUTDOWN, which the kernel
+ * fails as IO errors (measured: ext4 aborted its journal).  Killed, it
+ * answers nothing more; the kernel requeues what was in flight when the
+ * request timeout expires, as after any death, and a write sent again is
+ * only written again.  It is not counted as a failure.
+ *
  * It is a child subreaper, so a daemonizing nbdkit's daemon becomes its
  * child and its exit status can be reaped.  A glib main loop waits on the
  * server's pidfd, the kernel's announcements, the restart and reconnect
@@ -82,6 +97,7 @@ static struct {
   unsigned backoff_ms;
   /* From a server's death until its successor serves the device. */
   gboolean restarting;
+  guint pidfd_source;           /* watches pidfd for on_server_exit */
   /* Connections the kernel dropped while the server lived. */
   struct mloop_nbd_events *events;
   int index;                    /* the device's, once its state exists */
@@ -129,6 +145,21 @@ record (void)
 
 static gboolean on_server_exit (gint fd, GIOCondition c, gpointer unused);
 
+/* Watches sv.server: its pidfd wakes on_server_exit.  0, or -1 with ERR. */
+static int
+watch_server (char *err, size_t errlen)
+{
+  sv.pidfd = (int) syscall (SYS_pidfd_open, sv.server, 0);
+  if (sv.pidfd == -1) {
+    snprintf (err, errlen, "pidfd_open: %s", strerror (errno));
+    return -1;
+  }
+  sv.pidfd_source = g_unix_fd_add (sv.pidfd, G_IO_IN, on_server_exit, NULL);
+  sv.started_at = g_get_monotonic_time ();
+  record ();
+  return 0;
+}
+
 /* Starts a server and watches it.  0, or -1 with ERR. */
 static int
 start_server (char *err, size_t errlen)
@@ -141,15 +172,10 @@ start_server (char *err, size_t errlen)
   if (mloop_server_start (&sv.spec, START_TIMEOUT_MS, &sv.server,
                           err, errlen) == -1)
     return -1;
-  sv.pidfd = (int) syscall (SYS_pidfd_open, sv.server, 0);
-  if (sv.pidfd == -1) {
-    snprintf (err, errlen, "pidfd_open: %s", strerror (errno));
+  if (watch_server (err, errlen) == -1) {
     mloop_server_stop (sv.server, sv.spec.socket_path, STOP_TIMEOUT_MS);
     return -1;
   }
-  g_unix_fd_add (sv.pidfd, G_IO_IN, on_server_exit, NULL);
-  sv.started_at = g_get_monotonic_time ();
-  record ();
   return 0;
 }
 
@@ -233,6 +259,7 @@ on_server_exit (gint fd, GIOCondition c, gpointer unused)
     status = 0;
   close (sv.pidfd);
   sv.pidfd = -1;
+  sv.pidfd_source = 0;
   g_free (sv.last_failure);
   sv.last_failure = g_strdup_printf ("server pid %d %s", (int) sv.server,
                                      describe_exit (status));
@@ -539,6 +566,89 @@ on_released (int lock)
   g_main_loop_quit (sv.loop);
 }
 
+/* Kills the old server and waits until it is gone: it is our child, or
+ * was adopted (nbdkit's daemon), so its pidfd says when.
+ */
+static void
+kill_old_server (pid_t pid, int pidfd)
+{
+  struct pollfd p = { .fd = pidfd, .events = POLLIN };
+
+  kill (pid, SIGKILL);
+  poll (&p, 1, STOP_TIMEOUT_MS);
+  waitpid (pid, NULL, WNOHANG);
+  close (pidfd);
+}
+
+/* A planned restart (SIGUSR1, see the top): the next server first, on
+ * SOCKET.next, then the handover.  The next server's command line names
+ * SOCKET.next, which contains SOCKET, so mloop_server_running still
+ * knows it by the device's socket path.  If the next server does not
+ * start, the old one serves on and `mloop resize` says so.
+ */
+static void
+replace_server (void)
+{
+  g_autofree char *sock = g_strconcat (sv.spec.socket_path, ".next", NULL);
+  g_autofree char *pid_file = g_strconcat (sv.spec.pid_file, ".next", NULL);
+  struct mloop_server_spec next = sv.spec;
+  pid_t old = sv.server, pid;
+  char err[512];
+
+  next.socket_path = sock;
+  next.pid_file = pid_file;
+  g_unlink (sock);
+  g_unlink (pid_file);
+  if (mloop_server_start (&next, START_TIMEOUT_MS, &pid, err,
+                          sizeof err) == -1) {
+    say ("planned restart: the next server did not start: %s; server pid "
+         "%d serves on", err, (int) old);
+    return;
+  }
+  g_source_remove (sv.pidfd_source);
+  kill_old_server (old, sv.pidfd);
+  sv.server = pid;
+  if (watch_server (err, sizeof err) == -1) {
+    say ("planned restart: %s", err);
+    mloop_server_stop (pid, sock, STOP_TIMEOUT_MS);
+    sv.server = 0;
+    sv.restarting = TRUE;
+    g_timeout_add (sv.backoff_ms, restart, NULL);
+    return;
+  }
+  /* From here a failure kills the new server: its death starts the
+   * ordinary restart, which begins from scratch.
+   */
+  if (rename (sock, sv.spec.socket_path) == -1 ||
+      rename (pid_file, sv.spec.pid_file) == -1) {
+    say ("planned restart: renaming %s: %s", sock, strerror (errno));
+    kill (pid, SIGKILL);
+    return;
+  }
+  /* The kernel takes new sockets only into slots it has marked dead,
+   * which it does as each old connection's receive work fails.
+   */
+  if (device_index () >= 0)
+    mloop_nbd_receivers_wait_gone (device_index (), RECEIVERS_TIMEOUT_MS);
+  if (reconnect_device (err, sizeof err) == -1) {
+    say ("planned restart: reconnecting the device failed: %s", err);
+    kill (pid, SIGKILL);
+    return;
+  }
+  say ("server pid %d replaced server pid %d (planned restart: the image "
+       "was resized)", (int) pid, (int) old);
+}
+
+static gboolean
+on_restart_signal (gpointer unused)
+{
+  if (server_serving ()) {
+    say ("restart of server pid %d asked for (SIGUSR1)", (int) sv.server);
+    replace_server ();
+  }
+  return G_SOURCE_CONTINUE;
+}
+
 static gboolean
 on_stop_signal (gpointer unused)
 {
@@ -613,6 +723,7 @@ main (int argc, char **argv)
   sv.loop = g_main_loop_new (NULL, FALSE);
   g_unix_signal_add (SIGTERM, on_stop_signal, NULL);
   g_unix_signal_add (SIGINT, on_stop_signal, NULL);
+  g_unix_signal_add (SIGUSR1, on_restart_signal, NULL);
   /* Before the device exists, so no announcement about it is missed. */
   kmsg_open ();
   listen_events ();

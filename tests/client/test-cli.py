@@ -115,6 +115,10 @@ try:
     refused("detach an unattached file", ["detach", image], "is not attached by mloop")
     refused("detach without arguments", ["detach"], "--all")
     refused("status of an unattached device", ["status", "nbd3"], "not attached by mloop")
+    refused("resize of an unattached device", ["resize", "nbd3"], "not attached by mloop")
+    refused("resize without a device", ["resize"], "give one DEVICE or FILE")
+    refused("resize to a size that is none", ["resize", "--size", "12Q", "nbd3"],
+            "--size 12Q: not a size")
     p = mloop("detach", "--all")
     check("detach --all with nothing attached succeeds", p.returncode == 0, p.stderr)
 finally:

@@ -1,0 +1,44 @@
+/* mloop — changing the size of an attached device while it runs
+ * (`mloop resize`, like `losetup -c`).
+ *
+ * Both the kernel and the server must learn the new size, in an order
+ * that never lets the kernel send a request the server would refuse:
+ * growing, the server first, then the kernel; shrinking, the kernel
+ * first, then the server.  The kernel takes the size live
+ * (nbd_netlink.h, mloop_nbd_netlink_set_size).  mloop-server re-reads
+ * its image's size on SIGHUP; nbdkit cannot change the size of a
+ * negotiated connection, so its supervisor restarts it (supervisor.c,
+ * SIGUSR1) and the kernel is handed new connections.  Either way the
+ * resize waits until a fresh handshake on the device's socket announces
+ * the new size.  Never prints.
+ */
+#ifndef MLOOP_RESIZE_H
+#define MLOOP_RESIZE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "device_state.h"
+
+/* Resizes the device in S (as mloop_lookup found it) to NEW_SIZE when
+ * HAVE_SIZE: the image file is grown (or, when nothing is stored past
+ * NEW_SIZE, truncated) to it first.  Without HAVE_SIZE the device takes
+ * the image's current size.  Refuses remote devices, --size on a block
+ * device, a size that is not a multiple of the device's block size,
+ * shrinking a mounted device, shrinking below a partition or below data
+ * in the file (ERR names the first byte in use).  On success S->size is
+ * the new size, also in the device's state file.
+ */
+int mloop_resize (struct mloop_device_state *s, bool have_size,
+                  uint64_t new_size, char *err, size_t errlen);
+
+/* Opens /dev/nbdINDEX read-only and closes it again.  A resize marks the
+ * disk for a partition scan on its next open (Linux: nbd_set_size sets
+ * GD_NEED_PART_SCAN when max_part > 0); this is that open, so the
+ * partitions are re-read now.
+ */
+int mloop_device_open_for_partition_scan (int index, char *err,
+                                          size_t errlen);
+
+#endif /* MLOOP_RESIZE_H */
