@@ -22,18 +22,8 @@
 #include "resize.h"
 #include "serve.h"
 
-static int G_GNUC_PRINTF (1, 2)
-error (const char *fmt, ...)
-{
-  va_list ap;
-
-  fputs ("mloop: ", stderr);
-  va_start (ap, fmt);
-  vfprintf (stderr, fmt, ap);
-  va_end (ap);
-  fputc ('\n', stderr);
-  return EXIT_FAILURE;
-}
+/* Every message of the command goes through mloop_print_error. */
+#define error mloop_print_error
 
 /* Parses the window options of COMMAND (losetup's --offset and
  * --sizelimit, sizes with K, M, G, T suffixes) into *OFFSET and

@@ -5,20 +5,10 @@
 #include <glib.h>
 
 #include "mount.h"
+#include "print.h"
 #include "mount_cmd.h"
 
-static int G_GNUC_PRINTF (1, 2)
-fail (const char *fmt, ...)
-{
-  va_list ap;
-
-  fputs ("mloop: ", stderr);
-  va_start (ap, fmt);
-  vfprintf (stderr, fmt, ap);
-  va_end (ap);
-  fputc ('\n', stderr);
-  return EXIT_FAILURE;
-}
+#define fail mloop_print_error
 
 int
 mloop_cmd_mount (int argc, char **argv)

@@ -2,6 +2,8 @@
  * (json-glib's).
  */
 #include <inttypes.h>
+#include <stdarg.h>
+#include <stdlib.h>
 #include <stdio.h>
 
 #include <glib.h>
@@ -172,4 +174,17 @@ mloop_print_status (FILE *f, const struct mloop_device_state *s,
            c->bytes_read, c->bytes_written);
   fprintf (f, "  errors:  %" PRIu64 "\n  in flight: %" PRIu64 "\n",
            c->errors, c->in_flight);
+}
+
+int
+mloop_print_error (const char *fmt, ...)
+{
+  va_list ap;
+
+  fputs ("mloop: ", stderr);
+  va_start (ap, fmt);
+  vfprintf (stderr, fmt, ap);
+  va_end (ap);
+  fputc ('\n', stderr);
+  return EXIT_FAILURE;
 }

@@ -287,49 +287,75 @@ mloop_nbd_netlink_connect (const struct mloop_nbd_device_config *c,
   return 0;
 }
 
+/* What one NBD_CMD_RECONFIGURE changes; zero fields change nothing. */
+struct change {
+  const int *fds;               /* sockets for dead connections */
+  size_t nr_fds;
+  uint64_t dead_conn_timeout;
+  uint64_t size;                /* bytes */
+  bool disconnect_on_close;
+};
+
+/* Sends one reconfigure of /dev/nbdINDEX.  BACKEND must repeat the
+ * device's identifier (the kernel refuses a reconfigure without it).
+ * WHAT names the request in errors.
+ */
+static int
+reconfigure (int index, const char *backend, const struct change *c,
+             const char *what, char *err, size_t errlen)
+{
+  struct channel ch;
+  struct reply r = { .index = -1 };
+  struct nl_msg *msg;
+  int rc;
+
+  rc = channel_start (&ch, NBD_CMD_RECONFIGURE, &msg, what, err, errlen);
+  if (rc < 0)
+    return rc;
+  if (nla_put_u32 (msg, NBD_ATTR_INDEX, index) < 0 ||
+      (backend &&
+       nla_put_string (msg, NBD_ATTR_BACKEND_IDENTIFIER, backend) < 0) ||
+      (c->dead_conn_timeout &&
+       nla_put_u64 (msg, NBD_ATTR_DEAD_CONN_TIMEOUT,
+                    c->dead_conn_timeout) < 0) ||
+      (c->size && nla_put_u64 (msg, NBD_ATTR_SIZE_BYTES, c->size) < 0) ||
+      (c->disconnect_on_close &&
+       nla_put_u64 (msg, NBD_ATTR_CLIENT_FLAGS,
+                    NBD_CFLAG_DISCONNECT_ON_CLOSE) < 0) ||
+      (c->nr_fds && put_sockets (msg, c->fds, c->nr_fds) < 0))
+    return channel_abandon (&ch, msg, what, err, errlen);
+  return channel_transact (&ch, msg, &r, what, err, errlen);
+}
+
 int
 mloop_nbd_netlink_reconfigure (int index, const char *backend,
                                const int *fds, size_t nr_fds,
                                uint64_t dead_conn_timeout,
                                char *err, size_t errlen)
 {
-  struct channel ch;
-  struct reply r = { .index = -1 };
-  struct nl_msg *msg;
-  int rc;
+  const struct change c = {
+    .fds = fds, .nr_fds = nr_fds, .dead_conn_timeout = dead_conn_timeout,
+  };
 
-  rc = channel_start (&ch, NBD_CMD_RECONFIGURE, &msg, "reconfigure",
-                      err, errlen);
-  if (rc < 0)
-    return rc;
-  if (nla_put_u32 (msg, NBD_ATTR_INDEX, index) < 0 ||
-      (backend &&
-       nla_put_string (msg, NBD_ATTR_BACKEND_IDENTIFIER, backend) < 0) ||
-      (dead_conn_timeout &&
-       nla_put_u64 (msg, NBD_ATTR_DEAD_CONN_TIMEOUT, dead_conn_timeout) < 0) ||
-      put_sockets (msg, fds, nr_fds) < 0)
-    return channel_abandon (&ch, msg, "reconfigure", err, errlen);
-  return channel_transact (&ch, msg, &r, "reconfigure", err, errlen);
+  return reconfigure (index, backend, &c, "reconfigure", err, errlen);
 }
 
 int
 mloop_nbd_netlink_set_size (int index, const char *backend, uint64_t size,
                             char *err, size_t errlen)
 {
-  struct channel ch;
-  struct reply r = { .index = -1 };
-  struct nl_msg *msg;
-  int rc;
+  const struct change c = { .size = size };
 
-  rc = channel_start (&ch, NBD_CMD_RECONFIGURE, &msg, "resize", err, errlen);
-  if (rc < 0)
-    return rc;
-  if (nla_put_u32 (msg, NBD_ATTR_INDEX, index) < 0 ||
-      (backend &&
-       nla_put_string (msg, NBD_ATTR_BACKEND_IDENTIFIER, backend) < 0) ||
-      nla_put_u64 (msg, NBD_ATTR_SIZE_BYTES, size) < 0)
-    return channel_abandon (&ch, msg, "resize", err, errlen);
-  return channel_transact (&ch, msg, &r, "resize", err, errlen);
+  return reconfigure (index, backend, &c, "resize", err, errlen);
+}
+
+int
+mloop_nbd_netlink_disconnect_on_close (int index, const char *backend,
+                                       char *err, size_t errlen)
+{
+  const struct change c = { .disconnect_on_close = true };
+
+  return reconfigure (index, backend, &c, "autoclear", err, errlen);
 }
 
 /* A socket's send timeout, or -1. */
@@ -400,26 +426,4 @@ mloop_nbd_netlink_connected (int index, bool *connected,
   if (rc == 0)
     *connected = r.connected;
   return rc;
-}
-
-int
-mloop_nbd_netlink_disconnect_on_close (int index, const char *backend,
-                                       char *err, size_t errlen)
-{
-  struct channel ch;
-  struct reply r = { .index = -1 };
-  struct nl_msg *msg;
-  int rc;
-
-  rc = channel_start (&ch, NBD_CMD_RECONFIGURE, &msg, "reconfigure",
-                      err, errlen);
-  if (rc < 0)
-    return rc;
-  if (nla_put_u32 (msg, NBD_ATTR_INDEX, index) < 0 ||
-      (backend &&
-       nla_put_string (msg, NBD_ATTR_BACKEND_IDENTIFIER, backend) < 0) ||
-      nla_put_u64 (msg, NBD_ATTR_CLIENT_FLAGS,
-                   NBD_CFLAG_DISCONNECT_ON_CLOSE) < 0)
-    return channel_abandon (&ch, msg, "reconfigure", err, errlen);
-  return channel_transact (&ch, msg, &r, "reconfigure", err, errlen);
 }
