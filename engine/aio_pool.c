@@ -244,6 +244,15 @@ mloop_aio_pool_start (enum mloop_pool_mode mode, unsigned threads,
   for (i = 0; i < threads; i++) {
     pool->n = i + 1;
     r = ring_init (&pool->rings[i], pool);
+    if (r == -EAGAIN && i > 0) {
+      /* Short of fs.aio-max-nr even for the floor: the rings there are
+       * serve (their semaphores make the callers take turns).
+       */
+      ring_stop (&pool->rings[i]);
+      pool->n = i;
+      pool->limited = true;
+      break;
+    }
     if (r < 0) {
       mloop_aio_pool_stop (pool);
       errno = -r;

@@ -63,8 +63,9 @@ void mloop_pool_waiter_init (struct mloop_pool_waiter *w);
 void mloop_pool_waiter_done (struct mloop_pool_waiter *w);
 void mloop_pool_waiter_destroy (struct mloop_pool_waiter *w);
 
-/* Starts RINGS rings with QUEUE_DEPTH requests in flight each (fewer,
- * down to MLOOP_AIO_RING_FLOOR, if fs.aio-max-nr is short).
+/* Starts RINGS rings with QUEUE_DEPTH requests in flight each.  Short
+ * of fs.aio-max-nr, smaller rings (down to MLOOP_AIO_RING_FLOOR), then
+ * fewer (at least one).
  * Returns NULL with errno set on failure (nothing left running).
  */
 struct mloop_aio_pool *mloop_aio_pool_start (enum mloop_pool_mode mode,
@@ -90,7 +91,7 @@ int mloop_aio_pool_submit_and_wait (struct mloop_aio_pool *pool,
                                        struct mloop_pool_waiter *waiter);
 
 /* Whether the system-wide AIO limit (fs.aio-max-nr) made some ring
- * smaller than the queue depth asked for.
+ * smaller, or the pool have fewer rings, than asked for.
  */
 bool mloop_aio_pool_limited (const struct mloop_aio_pool *pool);
 
