@@ -100,8 +100,11 @@ mloop_aio_limit_message (char *buf, size_t len, unsigned want)
 {
   long max = read_fs_sysctl ("aio-max-nr");
   long nr = read_fs_sysctl ("aio-nr");
-  /* A suggestion: twice the limit leaves room for as many again. */
-  long raise = max > 0 ? 2 * max : 131072;
+  /* A suggestion: twice the limit, or what is in use and asked for,
+   * in steps of the default (65536).
+   */
+  long need = 2 * max > nr + (long) want ? 2 * max : nr + (long) want;
+  long raise = (need + 65535) / 65536 * 65536;
 
   if (test_max)
     snprintf (buf, len, "kernel AIO events exhausted: %u more do not fit "
@@ -109,7 +112,7 @@ mloop_aio_limit_message (char *buf, size_t len, unsigned want)
               "fs.aio-max-nr)", want, test_max);
   else
     snprintf (buf, len, "kernel AIO events exhausted: %u more do not fit "
-              "fs.aio-max-nr=%ld (fs.aio-nr=%ld in use system-wide); "
+              "fs.aio-max-nr=%ld (fs.aio-nr=%ld already reserved); "
               "raise it with `sysctl fs.aio-max-nr=%ld`", want, max, nr,
               raise);
 }

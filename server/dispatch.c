@@ -174,8 +174,8 @@ submit_batch (struct dispatch *d)
   if (d->ring.ctx == 0)
     open_ring (d);
   room = d->ring.ctx ? d->ring.depth - d->ring_in_flight : 0;
-  while (done < d->batch_len && done < room) {
-    unsigned n = (d->batch_len < room ? d->batch_len : room) - done;
+  while (done < d->batch_len && room > 0) {
+    unsigned n = d->batch_len - done < room ? d->batch_len - done : room;
     int r = mloop_aio_ring_submit (&d->ring, d->batch + done, (int) n);
 
     if (r > 0) {
@@ -183,6 +183,7 @@ submit_batch (struct dispatch *d)
         TRACE_REQUEST (MLOOP_TRACE_SUBMIT,
                        (struct request *) d->batch[done + i]->data, 0);
       done += (unsigned) r;
+      room -= (unsigned) r;
       d->ring_in_flight += (unsigned) r;
       continue;
     }
@@ -196,7 +197,6 @@ submit_batch (struct dispatch *d)
           != MLOOP_EVENT_DONE)
         conn_queue_reply (req, NBD_EIO);
       done++;
-      room--;
     }
   }
   /* No context, or one smaller than what was admitted (the limit cut it
