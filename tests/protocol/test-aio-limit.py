@@ -1,6 +1,8 @@
 #!/usr/bin/python3
-"""Short of kernel AIO events, the server still serves every request
-correctly: a small queue depth only limits how much is in flight, a
+"""mloop-server's AIO contexts wait for the first request and grow with
+the load (none for a connection that sends nothing, one small context
+for one request, deeper ones for 128 at once).  Short of kernel AIO
+events, the server still serves every request correctly: a small queue depth only limits how much is in flight, a
 system at fs.aio-max-nr gets smaller AIO contexts (or, for mloop-server,
 the helper threads) and one line in the log saying which limit and how
 to raise it, and a system with no room at all refuses to start, in that
@@ -62,8 +64,42 @@ def limit_lines(srv):
             if "kernel AIO events exhausted" in l]
 
 
+def aio_maps(srv):
+    """The sizes in KiB of the server's AIO rings: io_setup maps one
+    "[aio]" area per context, larger for a deeper one."""
+    sizes = []
+    with open(f"/proc/{srv.proc.pid}/maps") as f:
+        for line in f:
+            if "/[aio]" in line:
+                lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+                sizes.append((hi - lo) // 1024)
+    return sorted(sizes)
+
+
 image = harness.make_image(SIZE)
 figures = []
+
+# 0. mloop-server: no context until a request comes, then a small one,
+#    and a deeper one under 128 requests at once (the old one destroyed
+#    once drained).
+if harness.SERVER_KIND == "native" and not harness.VALGRIND:
+    srv = serve(["threads=1"])
+    h = srv.connect()
+    idle = aio_maps(srv)
+    assert idle == [], f"AIO rings before any request: {idle} KiB"
+    h.pread(4096, 0)
+    first = aio_maps(srv)
+    assert len(first) == 1, f"after one read: AIO rings {first} KiB"
+    h2 = srv.connect()
+    hammer([h, h2], 4)
+    grown = aio_maps(srv)
+    assert len(grown) == 1 and grown[0] > first[0], \
+        f"after 128 requests at once: AIO rings {grown} KiB (first {first} KiB)"
+    for x in (h, h2):
+        x.shutdown()
+    srv.stop()
+    figures.append(f"AIO rings: none idle, {first} KiB after one read, "
+                   f"{grown} KiB under 128 requests at once")
 
 # 1. A queue depth of 8 and one worker (or ring): 64 requests in flight
 #    from each of two connections wait their turn, none fails.
