@@ -25,6 +25,7 @@ struct pool_ring {
   struct mloop_aio_ring ring;
   /* Free submission slots: queue_depth minus requests in flight. */
   sem_t slots;
+  bool sem_ready;
   atomic_uint in_flight;
 
   /* REAPER_THREADS mode.  The stop eventfd is watched by an IOCB_CMD_POLL
@@ -47,6 +48,7 @@ struct mloop_aio_pool {
   enum mloop_pool_mode mode;
   unsigned n;
   unsigned queue_depth;
+  bool limited;                 /* fs.aio-max-nr made a ring smaller */
   mloop_pool_event_fn on_event;
   void *opaque;
   atomic_uint next;             /* round-robin cursor */
@@ -167,6 +169,7 @@ start_reaper_thread (struct pool_ring *w)
 static int
 ring_init (struct pool_ring *w, struct mloop_aio_pool *pool)
 {
+  bool limited;
   int r;
 
   w->pool = pool;
@@ -174,12 +177,18 @@ ring_init (struct pool_ring *w, struct mloop_aio_pool *pool)
   atomic_init (&w->in_flight, 0);
   atomic_init (&w->stopping, false);
   pthread_mutex_init (&w->lock, NULL);
-  if (sem_init (&w->slots, 0, pool->queue_depth) == -1)
-    return -errno;
-  /* One extra ring entry for the stop poll. */
-  r = mloop_aio_ring_init (&w->ring, pool->queue_depth + 1);
+  /* One extra ring entry for the stop poll.  Short of fs.aio-max-nr, a
+   * smaller ring: its semaphore then lets fewer requests in.
+   */
+  r = mloop_aio_ring_init_fit (&w->ring, pool->queue_depth + 1,
+                               MLOOP_AIO_RING_FLOOR, &limited);
+  if (limited)
+    pool->limited = true;
   if (r < 0)
     return r;
+  if (sem_init (&w->slots, 0, (unsigned) r - 1) == -1)
+    return -errno;
+  w->sem_ready = true;
   if (pool->mode == MLOOP_POOL_REAPER_THREADS)
     return start_reaper_thread (w);
   return 0;
@@ -201,7 +210,8 @@ ring_stop (struct pool_ring *w)
   if (w->stop_fd >= 0)
     close (w->stop_fd);
   w->stop_fd = -1;
-  sem_destroy (&w->slots);
+  if (w->sem_ready)
+    sem_destroy (&w->slots);
   pthread_mutex_destroy (&w->lock);
 }
 
@@ -234,6 +244,15 @@ mloop_aio_pool_start (enum mloop_pool_mode mode, unsigned threads,
   for (i = 0; i < threads; i++) {
     pool->n = i + 1;
     r = ring_init (&pool->rings[i], pool);
+    if (r == -EAGAIN && i > 0) {
+      /* Short of fs.aio-max-nr even for the floor: the rings there are
+       * serve (their semaphores make the callers take turns).
+       */
+      ring_stop (&pool->rings[i]);
+      pool->n = i;
+      pool->limited = true;
+      break;
+    }
     if (r < 0) {
       mloop_aio_pool_stop (pool);
       errno = -r;
@@ -370,6 +389,12 @@ mloop_aio_pool_submit_and_wait (struct mloop_aio_pool *pool,
   }
   pthread_mutex_unlock (&w->lock);
   return 0;
+}
+
+bool
+mloop_aio_pool_limited (const struct mloop_aio_pool *pool)
+{
+  return pool->limited;
 }
 
 void

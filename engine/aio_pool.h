@@ -63,7 +63,9 @@ void mloop_pool_waiter_init (struct mloop_pool_waiter *w);
 void mloop_pool_waiter_done (struct mloop_pool_waiter *w);
 void mloop_pool_waiter_destroy (struct mloop_pool_waiter *w);
 
-/* Starts RINGS rings with QUEUE_DEPTH requests in flight each.
+/* Starts RINGS rings with QUEUE_DEPTH requests in flight each.  Short
+ * of fs.aio-max-nr, smaller rings (down to MLOOP_AIO_RING_FLOOR), then
+ * fewer (at least one).
  * Returns NULL with errno set on failure (nothing left running).
  */
 struct mloop_aio_pool *mloop_aio_pool_start (enum mloop_pool_mode mode,
@@ -87,6 +89,11 @@ int mloop_aio_pool_submit (struct mloop_aio_pool *pool,
 int mloop_aio_pool_submit_and_wait (struct mloop_aio_pool *pool,
                                        struct mloop_io *io,
                                        struct mloop_pool_waiter *waiter);
+
+/* Whether the system-wide AIO limit (fs.aio-max-nr) made some ring
+ * smaller, or the pool have fewer rings, than asked for.
+ */
+bool mloop_aio_pool_limited (const struct mloop_aio_pool *pool);
 
 /* Waits for in-flight requests to finish, stops and joins every reaper,
  * and frees the pool.  No submissions may race with this.

@@ -1,5 +1,9 @@
 /* mloop — one Linux kernel AIO context. */
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -11,15 +15,129 @@
  */
 enum { SUBMIT_EAGAIN_RETRIES = 100 };
 
+/* Events held by this process's contexts: the kernel charges each
+ * io_setup(nr) to fs.aio-nr by nr.
+ */
+static atomic_uint reserved;
+
+/* MLOOP_TEST_AIO_MAX=N: a test-only switch that makes io_setup fail with
+ * EAGAIN, as fs.aio-max-nr would, once this process would hold more than
+ * N events.  Lets the host-side tests meet the limit without lowering a
+ * sysctl that every other process on the machine shares.
+ */
+static unsigned test_max;
+static pthread_once_t test_max_once = PTHREAD_ONCE_INIT;
+
+static void
+read_test_max (void)
+{
+  const char *v = getenv ("MLOOP_TEST_AIO_MAX");
+
+  if (v && *v)
+    test_max = (unsigned) strtoul (v, NULL, 10);
+}
+
 int
 mloop_aio_ring_init (struct mloop_aio_ring *ring, unsigned depth)
 {
   int r;
 
   memset (ring, 0, sizeof *ring);
-  ring->depth = depth;
+  pthread_once (&test_max_once, read_test_max);
+  if (test_max && atomic_load (&reserved) + depth > test_max)
+    return -EAGAIN;
   r = io_setup ((int) depth, &ring->ctx);
-  return r < 0 ? r : 0;
+  if (r < 0) {
+    ring->ctx = 0;
+    return r;
+  }
+  ring->depth = depth;
+  atomic_fetch_add (&reserved, depth);
+  return 0;
+}
+
+int
+mloop_aio_ring_init_fit (struct mloop_aio_ring *ring, unsigned want,
+                         unsigned floor, bool *limited)
+{
+  unsigned depth = want;
+  int r;
+
+  *limited = false;
+  if (floor > want)
+    floor = want;
+  for (;;) {
+    r = mloop_aio_ring_init (ring, depth);
+    if (r != -EAGAIN)
+      return r < 0 ? r : (int) depth;
+    *limited = true;
+    if (depth == floor)
+      return r;
+    depth = depth / 2 > floor ? depth / 2 : floor;
+  }
+}
+
+/* A number from /proc/sys/fs, or -1. */
+static long
+read_fs_sysctl (const char *name)
+{
+  char path[64];
+  long v = -1;
+  FILE *f;
+
+  snprintf (path, sizeof path, "/proc/sys/fs/%s", name);
+  f = fopen (path, "re");
+  if (f) {
+    if (fscanf (f, "%ld", &v) != 1)
+      v = -1;
+    fclose (f);
+  }
+  return v;
+}
+
+void
+mloop_aio_limit_message (char *buf, size_t len, unsigned want)
+{
+  long max = read_fs_sysctl ("aio-max-nr");
+  long nr = read_fs_sysctl ("aio-nr");
+  /* A suggestion: twice the limit, or what is in use and asked for,
+   * in steps of the default (65536).
+   */
+  long need = 2 * max > nr + (long) want ? 2 * max : nr + (long) want;
+  long raise = (need + 65535) / 65536 * 65536;
+
+  if (test_max)
+    snprintf (buf, len, "kernel AIO events exhausted: %u more do not fit "
+              "MLOOP_TEST_AIO_MAX=%u (a test switch standing in for "
+              "fs.aio-max-nr)", want, test_max);
+  else
+    snprintf (buf, len, "kernel AIO events exhausted: %u more do not fit "
+              "fs.aio-max-nr=%ld (fs.aio-nr=%ld already reserved); "
+              "raise it with `sysctl fs.aio-max-nr=%ld`", want, max, nr,
+              raise);
+}
+
+int
+mloop_aio_check_room (char *err, size_t errlen)
+{
+  struct mloop_aio_ring ring;
+  int r = mloop_aio_ring_init (&ring, MLOOP_AIO_RING_FLOOR);
+
+  if (r == 0) {
+    mloop_aio_ring_destroy (&ring);
+    return 0;
+  }
+  if (r == -EAGAIN)
+    mloop_aio_limit_message (err, errlen, MLOOP_AIO_RING_FLOOR);
+  else
+    snprintf (err, errlen, "io_setup: %s", strerror (-r));
+  return -1;
+}
+
+unsigned
+mloop_aio_reserved (void)
+{
+  return atomic_load (&reserved);
 }
 
 void
@@ -27,6 +145,7 @@ mloop_aio_ring_destroy (struct mloop_aio_ring *ring)
 {
   if (ring->ctx) {
     io_destroy (ring->ctx);
+    atomic_fetch_sub (&reserved, ring->depth);
     ring->ctx = 0;
   }
 }

@@ -7,11 +7,18 @@
 #ifndef MLOOP_AIO_RING_H
 #define MLOOP_AIO_RING_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <time.h>
 #include <libaio.h>
 
-/* Requests one context keeps in flight (--queue-depth, queue-depth=). */
-#define MLOOP_QUEUE_DEPTH_DEFAULT  128
+/* Requests one of the plugin's contexts keeps in flight (queue-depth=).
+ * nbdkit works on one request per thread, 16 threads per connection by
+ * default: four contexts of 32 hold every request of a device with up to
+ * eight connections, and 256 such devices reserve half of the default
+ * fs.aio-max-nr (65536).
+ */
+#define MLOOP_QUEUE_DEPTH_DEFAULT  32
 #define MLOOP_QUEUE_DEPTH_MAX      4096
 
 struct mloop_aio_ring {
@@ -19,8 +26,38 @@ struct mloop_aio_ring {
   unsigned depth;
 };
 
-/* Returns 0, or a negative errno. */
+/* The smallest context mloop_aio_ring_init_fit() settles for. */
+#define MLOOP_AIO_RING_FLOOR 8
+
+/* Returns 0, or a negative errno: EAGAIN when the system-wide limit
+ * fs.aio-max-nr has no room for DEPTH more events (fs.aio-nr counts
+ * what every process has reserved).
+ */
 int mloop_aio_ring_init (struct mloop_aio_ring *ring, unsigned depth);
+
+/* Like mloop_aio_ring_init() for up to WANT requests, but when the
+ * system-wide limit refuses, halves the depth down to FLOOR before
+ * giving up: a smaller context limits how much IO is in flight, it
+ * does not fail any.  Returns the depth obtained (ring->depth), or a
+ * negative errno.  *LIMITED tells whether the limit cut it short.
+ */
+int mloop_aio_ring_init_fit (struct mloop_aio_ring *ring, unsigned want,
+                             unsigned floor, bool *limited);
+
+/* One line saying that fs.aio-max-nr stopped a context of WANT events,
+ * with fs.aio-nr and the sysctl that raises it.
+ */
+void mloop_aio_limit_message (char *buf, size_t len, unsigned want);
+
+/* Whether a context of the floor's depth can be opened now: 0, or -1
+ * with a one-line reason in ERR (for EAGAIN, mloop_aio_limit_message()).
+ * What a server checks before it starts, so that a system at its limit
+ * refuses the attach, in so many words, instead of the first IO.
+ */
+int mloop_aio_check_room (char *err, size_t errlen);
+
+/* Events this process holds in AIO contexts now (each io_setup's nr). */
+unsigned mloop_aio_reserved (void);
 void mloop_aio_ring_destroy (struct mloop_aio_ring *ring);
 
 /* Submits all N iocbs.  Retries after EINTR, after a partial submission,

@@ -250,6 +250,27 @@ mloop_engine_perform_blocking (struct mloop_engine *e, struct mloop_io *io)
   return mloop_sync_rw (e, io);
 }
 
+long
+mloop_engine_perform_event (struct mloop_engine *e, struct mloop_io *io)
+{
+  /* prep_remaining() left io->iov and the offset of what remains. */
+  off_t offset = (off_t) (io->offset + io->done);
+  int rw_flags = 0;
+  ssize_t n;
+
+  if (io->op == MLOOP_IO_FLUSH)
+    return fdatasync (io->fd) == -1 ? -errno : 0;
+  if (io->op == MLOOP_IO_WRITE && (io->flags & MLOOP_IO_FUA) &&
+      e->fua_in_aio)
+    rw_flags = RWF_DSYNC;
+  do
+    n = io->op == MLOOP_IO_READ
+      ? preadv2 (io->fd, &io->iov, 1, offset, 0)
+      : pwritev2 (io->fd, &io->iov, 1, offset, rw_flags);
+  while (n == -1 && errno == EINTR);
+  return n == -1 ? -errno : (long) n;
+}
+
 void
 mloop_engine_complete_blocking (struct mloop_engine *e, struct mloop_io *io,
                                 int result)

@@ -86,6 +86,12 @@ void mloop_engine_close (struct mloop_engine *e);
  * (an io_event's res; its data field is IO).  Returns MLOOP_EVENT_DONE
  * once io->complete has run, or MLOOP_EVENT_RESUBMIT after a short
  * transfer, when io->iocb must be submitted again.
+ *
+ * mloop_engine_perform_event() does what the kernel would do with the
+ * iocb of IO prepared for AIO, synchronously on the calling thread (one
+ * that may block), and returns that RES: for a front end with no room
+ * in an AIO context (fs.aio-max-nr reached), whose result then goes to
+ * mloop_engine_complete_event() as if reaped.
  */
 enum {
   MLOOP_PREPARED_DONE = 0,
@@ -97,6 +103,7 @@ int mloop_engine_perform_blocking (struct mloop_engine *e,
                                    struct mloop_io *io);
 void mloop_engine_complete_blocking (struct mloop_engine *e,
                                      struct mloop_io *io, int result);
+long mloop_engine_perform_event (struct mloop_engine *e, struct mloop_io *io);
 /* Gives back what mloop_engine_prepare() took for IO (a bounce buffer)
  * when IO prepared for AIO could not be submitted; complete is not called.
  */

@@ -56,8 +56,11 @@ mloop_pooled_start (struct mloop_pooled *p, struct mloop_engine *e,
   p->pool = mloop_aio_pool_start (mode, rings, queue_depth, on_event, e);
   if (p->pool == NULL) {
     r = -errno;
-    snprintf (err, errlen, "starting %u AIO rings (queue-depth=%u): %s",
-              rings, queue_depth, strerror (errno));
+    if (r == -EAGAIN)
+      mloop_aio_limit_message (err, errlen, MLOOP_AIO_RING_FLOOR);
+    else
+      snprintf (err, errlen, "starting %u AIO rings (queue-depth=%u): %s",
+                rings, queue_depth, strerror (errno));
     return r;
   }
   return 0;

@@ -178,7 +178,7 @@ mloop_config_complete (void)
 #define mloop_config_help \
   "file=<FILENAME>     (required) Image file or block device to serve.\n" \
   "threads=<N>         AIO rings (kernel AIO contexts), 1..64 (default 4).\n" \
-  "queue-depth=<N>     AIO requests in flight per ring (default 128).\n" \
+  "queue-depth=<N>     AIO requests in flight per ring (default 32).\n" \
   "direct=auto|on|off  O_DIRECT: auto falls back to buffered IO with a\n" \
   "                    warning, on refuses to start (default auto).\n" \
   "discard=on|off      Honour TRIM: punch holes / BLKDISCARD (default on).\n" \
@@ -204,6 +204,13 @@ mloop_get_ready (void)
     return -1;
   }
   engine_open = true;
+  /* The rings are opened after the fork: a system at fs.aio-max-nr is
+   * refused here, while our messages still reach the caller.
+   */
+  if (mloop_aio_check_room (err, sizeof err) < 0) {
+    nbdkit_error ("%s", err);
+    return -1;
+  }
   /* Shared mapping: it survives nbdkit's daemonizing fork. */
   if (stats_file && (stats = mloop_stats_create (stats_file)) == NULL) {
     nbdkit_error ("stats=%s: %m", stats_file);
@@ -254,6 +261,10 @@ mloop_after_fork (void)
                           err, sizeof err) < 0) {
     nbdkit_error ("%s", err);
     return -1;
+  }
+  if (mloop_aio_pool_limited (pooled.pool)) {
+    mloop_aio_limit_message (err, sizeof err, rings * (queue_depth + 1));
+    nbdkit_error ("%s; serving with smaller AIO rings", err);
   }
   nbdkit_debug ("mloop: %u AIO rings (%s), queue depth %u, FUA %s, flush %s",
                 rings,

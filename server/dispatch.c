@@ -4,6 +4,8 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <stdatomic.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,6 +60,101 @@ io_complete (struct mloop_io *io, int error)
 
 /* ------------------------------------------------------------ AIO */
 
+/* After the limit refused a context, how long before asking again. */
+#define RING_RETRY_MS 1000
+
+static int64_t
+now_ms (void)
+{
+  struct timespec ts;
+
+  clock_gettime (CLOCK_MONOTONIC, &ts);
+  return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Says once per process that the system-wide AIO limit (or another
+ * io_setup failure) held a worker back: the server goes on serving, with
+ * smaller contexts or through the helpers.
+ */
+static void
+log_ring_shortage (int error, unsigned want)
+{
+  static atomic_bool logged;
+  char why[256];
+
+  if (atomic_exchange (&logged, true))
+    return;
+  if (error == EAGAIN)
+    mloop_aio_limit_message (why, sizeof why, want);
+  else
+    snprintf (why, sizeof why, "io_setup(%u): %s", want, strerror (error));
+  fprintf (stderr, "mloop-server: warning: %s; serving with smaller AIO "
+           "contexts meanwhile\n", why);
+}
+
+/* The first request: opens the context, as deep as D->depth if the
+ * limit allows, else as deep as it does (at least the floor).
+ */
+static void
+open_ring (struct dispatch *d)
+{
+  bool limited;
+  int r;
+
+  if (d->retry_ms && now_ms () < d->retry_ms)
+    return;
+  r = mloop_aio_ring_init_fit (&d->ring, d->depth, MLOOP_AIO_RING_FLOOR,
+                               &limited);
+  if (limited || r < 0)
+    log_ring_shortage (r < 0 ? -r : EAGAIN, d->depth);
+  if (r > 0) {
+    d->depth = (unsigned) r;
+    d->retry_ms = 0;
+  }
+  else
+    d->retry_ms = now_ms () + RING_RETRY_MS;
+}
+
+/* A full context: replaces it with one twice as deep, up to
+ * --queue-depth.  What the old one holds is reaped from it until it is
+ * empty (only then may it grow again).  Without the room, stays as it
+ * is and asks again later.
+ */
+static bool
+grow_ring (struct dispatch *d)
+{
+  struct mloop_aio_ring bigger;
+  unsigned want;
+  int r;
+
+  if (d->depth >= d->ring_depth || d->old.ctx)
+    return false;
+  want = d->depth * 2 < d->ring_depth ? d->depth * 2 : d->ring_depth;
+  if (d->ring.ctx == 0) {
+    d->depth = want;            /* not opened yet: open it deeper */
+    return true;
+  }
+  if (d->retry_ms && now_ms () < d->retry_ms)
+    return false;
+  r = mloop_aio_ring_init (&bigger, want);
+  if (r < 0) {
+    log_ring_shortage (-r, want);
+    d->retry_ms = now_ms () + RING_RETRY_MS;
+    return false;
+  }
+  d->retry_ms = 0;
+  if (d->ring_in_flight) {
+    d->old = d->ring;
+    d->old_in_flight = d->ring_in_flight;
+  }
+  else
+    mloop_aio_ring_destroy (&d->ring);
+  d->ring = bigger;
+  d->ring_in_flight = 0;
+  d->depth = want;
+  return true;
+}
+
 static void
 add_to_batch (struct dispatch *d, struct request *req)
 {
@@ -67,20 +164,27 @@ add_to_batch (struct dispatch *d, struct request *req)
   d->in_kernel++;
 }
 
+static void perform_on_helper (struct dispatch *d, struct request *req);
+
 static void
 submit_batch (struct dispatch *d)
 {
-  unsigned done = 0;
+  unsigned done = 0, room;
 
-  while (done < d->batch_len) {
-    int r = mloop_aio_ring_submit (&d->ring, d->batch + done,
-                                   (int) (d->batch_len - done));
+  if (d->ring.ctx == 0)
+    open_ring (d);
+  room = d->ring.ctx ? d->ring.depth - d->ring_in_flight : 0;
+  while (done < d->batch_len && room > 0) {
+    unsigned n = d->batch_len - done < room ? d->batch_len - done : room;
+    int r = mloop_aio_ring_submit (&d->ring, d->batch + done, (int) n);
 
     if (r > 0) {
       for (int i = 0; i < r; i++)
         TRACE_REQUEST (MLOOP_TRACE_SUBMIT,
                        (struct request *) d->batch[done + i]->data, 0);
       done += (unsigned) r;
+      room -= (unsigned) r;
+      d->ring_in_flight += (unsigned) r;
       continue;
     }
     /* The kernel refused the next iocb: fail that request alone. */
@@ -95,6 +199,11 @@ submit_batch (struct dispatch *d)
       done++;
     }
   }
+  /* No context, or one smaller than what was admitted (the limit cut it
+   * short): the rest is done by the helpers, a little slower.
+   */
+  for (; done < d->batch_len; done++)
+    perform_on_helper (d, (struct request *) d->batch[done]->data);
   d->batch_len = 0;
 }
 
@@ -106,28 +215,26 @@ dispatch_submit (struct dispatch *d)
 }
 
 bool
-dispatch_ring_full (const struct dispatch *d)
+dispatch_ring_full (struct dispatch *d)
 {
-  return d->in_kernel + d->batch_len >= d->ring_depth;
+  /* in_kernel counts the batch too. */
+  return d->in_kernel >= d->depth && !grow_ring (d);
 }
 
-void
-dispatch_reap (struct dispatch *d)
+/* Reaps what RING completed; *IN_FLIGHT counts what it holds. */
+static void
+reap_ring (struct dispatch *d, struct mloop_aio_ring *ring,
+           unsigned *in_flight)
 {
   struct io_event events[REAP_BATCH];
-  uint64_t count;
   int n, i;
 
-  /* Reset the eventfd before reaping, so a completion racing with us
-   * signals it again rather than being missed.
-   */
-  if (read (d->aio_efd, &count, sizeof count) == -1 && errno != EAGAIN)
-    return;
   do {
-    n = mloop_aio_ring_reap (&d->ring, 0, events, REAP_BATCH, NULL);
+    n = mloop_aio_ring_reap (ring, 0, events, REAP_BATCH, NULL);
     for (i = 0; i < n; i++) {
       struct request *req = events[i].data;
 
+      (*in_flight)--;
       req->conn->in_kernel--;
       d->in_kernel--;
       if (mloop_engine_complete_event (d->engine, &req->io,
@@ -136,6 +243,25 @@ dispatch_reap (struct dispatch *d)
         add_to_batch (d, req);
     }
   } while (n == REAP_BATCH);
+}
+
+void
+dispatch_reap (struct dispatch *d)
+{
+  uint64_t count;
+
+  /* Reset the eventfd before reaping, so a completion racing with us
+   * signals it again rather than being missed.  Both contexts signal it.
+   */
+  if (read (d->aio_efd, &count, sizeof count) == -1 && errno != EAGAIN)
+    return;
+  if (d->old.ctx) {
+    reap_ring (d, &d->old, &d->old_in_flight);
+    if (d->old_in_flight == 0)
+      mloop_aio_ring_destroy (&d->old);
+  }
+  if (d->ring.ctx)
+    reap_ring (d, &d->ring, &d->ring_in_flight);
   dispatch_submit (d);          /* short-transfer resubmissions */
 }
 
@@ -171,14 +297,35 @@ run_blocking (struct offload_job *job)
   }
 }
 
+/* On a helper thread: what the kernel would have done with the iocb of
+ * a request no AIO context had room for.
+ */
 static void
-offload_request (struct dispatch *d, struct request *req)
+run_event (struct offload_job *job)
 {
-  req->job.run = run_blocking;
+  struct request *req = request_of_job (job);
+
+  req->result = (int) mloop_engine_perform_event (req->conn->set->dispatch
+                                                  ->engine, &req->io);
+}
+
+static void
+offload_request (struct dispatch *d, struct request *req,
+                 void (*run) (struct offload_job *))
+{
+  req->job.run = run;
   req->job.home = &d->done;
   req->conn->in_helpers++;
   d->in_helpers++;
   offload_submit (d->offload, &req->job);
+}
+
+static void
+perform_on_helper (struct dispatch *d, struct request *req)
+{
+  req->conn->in_kernel--;
+  d->in_kernel--;
+  offload_request (d, req, run_event);
 }
 
 void
@@ -194,6 +341,13 @@ dispatch_take_done (struct dispatch *d)
     job = job->next;
     req->conn->in_helpers--;
     d->in_helpers--;
+    if (req->job.run == run_event) {
+      /* As if reaped: a short transfer goes round again. */
+      if (mloop_engine_complete_event (d->engine, io, r)
+          == MLOOP_EVENT_RESUBMIT)
+        add_to_batch (d, req);
+      continue;
+    }
     switch (req->type) {
     case NBD_CMD_TRIM:
     case NBD_CMD_WRITE_ZEROES:
@@ -236,7 +390,7 @@ start_io (struct dispatch *d, struct request *req, enum mloop_io_op op,
   if (r == MLOOP_PREPARED_AIO)
     add_to_batch (d, req);
   else if (r == MLOOP_PREPARED_BLOCKING)
-    offload_request (d, req);
+    offload_request (d, req, run_blocking);
   else if (r < 0)
     conn_queue_reply (req, nbd_errno (-r));
   /* MLOOP_PREPARED_DONE: completed already, reply queued. */
@@ -280,7 +434,7 @@ dispatch_request (struct dispatch *d, struct request *req, uint64_t offset,
     req->io.offset = offset;
     req->io.count = length;
     req->io.flags = io_flags;
-    offload_request (d, req);
+    offload_request (d, req, run_blocking);
     return;
   default:
     conn_queue_reply (req, NBD_EINVAL);   /* request_check() refuses it */
@@ -302,10 +456,12 @@ int
 dispatch_init (struct dispatch *d, struct mloop_engine *engine,
                struct offload *offload, unsigned ring_depth)
 {
-  int r, saved;
+  int saved;
 
   *d = (struct dispatch) {
     .engine = engine, .offload = offload, .ring_depth = ring_depth,
+    .depth = ring_depth < DISPATCH_RING_FIRST ? ring_depth
+      : DISPATCH_RING_FIRST,
     .aio_efd = -1, .done.efd = -1,
   };
   /* A test-only switch: answer FLUSH at once, without the fdatasync, so
@@ -321,11 +477,9 @@ dispatch_init (struct dispatch *d, struct mloop_engine *engine,
   d->aio_efd = eventfd (0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (d->aio_efd == -1 || offload_inbox_init (&d->done) == -1)
     goto fail;
-  r = mloop_aio_ring_init (&d->ring, ring_depth + CONN_SLOTS);
-  if (r < 0) {
-    errno = -r;
-    goto fail;
-  }
+  /* The AIO context waits for the first request (open_ring): a worker
+   * no connection reaches, of a device nobody uses, reserves nothing.
+   */
   return 0;
 
  fail:
@@ -341,6 +495,7 @@ dispatch_init (struct dispatch *d, struct mloop_engine *engine,
 void
 dispatch_destroy (struct dispatch *d)
 {
+  mloop_aio_ring_destroy (&d->old);
   mloop_aio_ring_destroy (&d->ring);
   close (d->aio_efd);
   offload_inbox_destroy (&d->done);

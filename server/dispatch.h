@@ -27,12 +27,29 @@
 
 struct request;
 
+/* The AIO context a worker opens when its first request arrives, and
+ * the smallest it settles for when fs.aio-max-nr is short.  It doubles,
+ * up to --queue-depth, each time its requests fill it: an idle device
+ * reserves nothing, a lightly used one little (docs/design.md, "What a
+ * device reserves").
+ */
+#define DISPATCH_RING_FIRST 32
+
 struct dispatch {
   struct mloop_engine *engine;
   struct offload *offload;      /* helpers for blocking commands */
-  unsigned ring_depth;          /* AIO requests in flight before the
-                                   connections pause (--queue-depth) */
-  struct mloop_aio_ring ring;
+  unsigned ring_depth;          /* the most AIO requests in flight
+                                   (--queue-depth): the ring grows to it */
+  unsigned depth;               /* requests in flight allowed now: the
+                                   ring's depth, or the one it will open
+                                   with */
+  struct mloop_aio_ring ring;   /* ctx 0 until the first request */
+  unsigned ring_in_flight;      /* submitted to ring, not reaped */
+  struct mloop_aio_ring old;    /* the ring before it grew, until what
+                                   it holds is reaped */
+  unsigned old_in_flight;
+  int64_t retry_ms;             /* the limit refused a ring: not again
+                                   before this (CLOCK_MONOTONIC) */
   int aio_efd;                  /* signalled by the kernel per completion */
   struct iocb **batch;          /* prepared, not yet submitted */
   unsigned batch_len;
@@ -48,7 +65,9 @@ struct dispatch {
  */
 bool mloop_test_ack_flush_early (void);
 
-/* Opens D's AIO context and eventfds.  Returns -1 with errno set. */
+/* Sets D up and opens its eventfds; its AIO context waits for the first
+ * request.  Returns -1 with errno set.
+ */
 int dispatch_init (struct dispatch *d, struct mloop_engine *engine,
                    struct offload *offload, unsigned ring_depth);
 /* Closes what dispatch_init() opened; nothing may be in flight. */
@@ -60,8 +79,10 @@ void dispatch_destroy (struct dispatch *d);
 void dispatch_request (struct dispatch *d, struct request *req,
                        uint64_t offset, uint32_t length);
 
-/* Whether the AIO context may take no more requests this round. */
-bool dispatch_ring_full (const struct dispatch *d);
+/* Whether the AIO context may take no more requests this round.  A full
+ * context first tries to grow.
+ */
+bool dispatch_ring_full (struct dispatch *d);
 
 /* Submits the round's batch, if any: one io_submit, unless the kernel
  * refuses an iocb: that request alone then fails.

@@ -105,7 +105,8 @@ static GOptionEntry entries[] = {
   { "threads", 't', 0, G_OPTION_ARG_INT, &opt_threads,
     "Event-loop workers, 1..64 (default 4)", "N" },
   { "queue-depth", 'q', 0, G_OPTION_ARG_INT, &opt_queue_depth,
-    "AIO requests in flight per worker (default 1024)", "N" },
+    "Most AIO requests in flight per worker; its context starts small and "
+    "grows to this (default 1024)", "N" },
   { "export-name", 'e', 0, G_OPTION_ARG_STRING, &opt_export_name,
     "Serve the image under this name only (default: any name)", "NAME" },
   { "handshake-timeout", 0, 0, G_OPTION_ARG_INT, &opt_handshake_timeout,
@@ -413,6 +414,12 @@ main (int argc, char *argv[])
              "here, using buffered IO\n", argv[1]);
   if (!engine.backing.writable)
     opt_read_only = TRUE;       /* e.g. a file on a read-only mount */
+  /* The workers open their AIO contexts when their first request comes;
+   * a system with no room even for the smallest one (fs.aio-max-nr) is
+   * refused here, in one line that `mloop attach` passes on.
+   */
+  if (mloop_aio_check_room (err, sizeof err) == -1)
+    die ("%s", err);
   mloop_engine_probe_features (&engine);
 
   export.size = engine.backing.size;
