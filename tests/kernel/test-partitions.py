@@ -1,8 +1,9 @@
 """A partitioned image shows its partitions: /dev/nbdNp1 and p2 exist as
 soon as mloop attach returns (no udev in the VM, no partprobe), read the
 image's bytes at the partitions' offsets, follow a re-read of a changed
-table, and are gone after detach; with --no-partscan there are none, even
-after the device has been opened."""
+table, are there again after a resize, and are gone after detach; with
+--no-partscan there are none, even after the device has been opened or
+resized."""
 import os
 
 from kfix import IMAGE_SIZE, make_image, run, sysfs
@@ -12,6 +13,7 @@ MIB = 1 << 20
 # 65 MiB (to 1 MiB before the end, where the backup GPT goes).
 TABLE = "label: gpt\nstart=2048, size=131072, name=one\nstart=133120, size=262144, name=two\n"
 P2_OFFSET = 133120 * 512
+MBR_TABLE = "label: dos\nstart=2048, size=65536\nstart=67584, size=65536\n"
 MARK = b"mloop partition two\n" * 200
 
 
@@ -77,3 +79,27 @@ def run_test(kind, cl):
     assert partitions(att.device) == [], \
         f"--no-partscan: {att.device} has {partitions(att.device)}"
     assert int(sysfs(att.device, "size")) * 512 == IMAGE_SIZE
+    att.detach()
+
+    # After a resize (which marks the table for reading again) the
+    # partitions are there, and with --no-partscan still none.  An MBR
+    # label: a grown GPT disk's backup header is no longer at its end,
+    # which the kernel logs as a warning.
+    grown = IMAGE_SIZE + (64 << 20)
+    image = make_image(cl, seed=2)
+    run(["sfdisk", "--quiet", image], input=MBR_TABLE)
+    att = kind.attach(cl, image, args=without_block_size(kind.attach_args(image))
+                      + ["--no-partscan"])
+    kind.cli("resize", att.device, "--size", str(grown))
+    assert partitions(att.device) == [], \
+        f"--no-partscan: after a resize {att.device} has {partitions(att.device)}"
+    att.detach()
+    att = kind.attach(cl, image, args=without_block_size(kind.attach_args(image)))
+    name = os.path.basename(att.device)
+    assert partitions(att.device) == [f"{name}p1", f"{name}p2"], \
+        f"MBR: {att.device} has {partitions(att.device)} after attach"
+    kind.cli("resize", att.device, "--size", str(grown + (64 << 20)))
+    assert int(sysfs(att.device, "size")) * 512 == grown + (64 << 20)
+    assert partitions(att.device) == [f"{name}p1", f"{name}p2"], \
+        f"after a resize {att.device} has {partitions(att.device)}"
+    assert os.path.exists(f"{att.device}p2"), f"{att.device}p2 has no node after a resize"
