@@ -12,6 +12,7 @@
 #include <unistd.h>
 #include <sys/eventfd.h>
 
+#include "clock.h"
 #include "conn.h"
 #include "dispatch.h"
 #include "nbd_proto.h"
@@ -63,15 +64,6 @@ io_complete (struct mloop_io *io, int error)
 /* After the limit refused a context, how long before asking again. */
 #define RING_RETRY_MS 1000
 
-static int64_t
-now_ms (void)
-{
-  struct timespec ts;
-
-  clock_gettime (CLOCK_MONOTONIC, &ts);
-  return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* Says once per process that the system-wide AIO limit (or another
  * io_setup failure) held a worker back: the server goes on serving, with
  * smaller contexts or through the helpers.
@@ -101,7 +93,7 @@ open_ring (struct dispatch *d)
   bool limited;
   int r;
 
-  if (d->retry_ms && now_ms () < d->retry_ms)
+  if (d->retry_ms && server_now_ms () < d->retry_ms)
     return;
   r = mloop_aio_ring_init_fit (&d->ring, d->depth, MLOOP_AIO_RING_FLOOR,
                                &limited);
@@ -112,7 +104,7 @@ open_ring (struct dispatch *d)
     d->retry_ms = 0;
   }
   else
-    d->retry_ms = now_ms () + RING_RETRY_MS;
+    d->retry_ms = server_now_ms () + RING_RETRY_MS;
 }
 
 /* A full context: replaces it with one twice as deep, up to
@@ -134,12 +126,12 @@ grow_ring (struct dispatch *d)
     d->depth = want;            /* not opened yet: open it deeper */
     return true;
   }
-  if (d->retry_ms && now_ms () < d->retry_ms)
+  if (d->retry_ms && server_now_ms () < d->retry_ms)
     return false;
   r = mloop_aio_ring_init (&bigger, want);
   if (r < 0) {
     log_ring_shortage (-r, want);
-    d->retry_ms = now_ms () + RING_RETRY_MS;
+    d->retry_ms = server_now_ms () + RING_RETRY_MS;
     return false;
   }
   d->retry_ms = 0;

@@ -6,6 +6,7 @@
 #include <time.h>
 #include <sys/socket.h>
 
+#include "clock.h"
 #include "pending.h"
 
 #define LOG_INTERVAL_MS 10000
@@ -34,15 +35,6 @@ static unsigned running;        /* handshake threads started, not ended */
 static bool stopping;
 static uint64_t last_log_ms;
 static unsigned dropped_since_log;
-
-static uint64_t
-now_ms (void)
-{
-  struct timespec ts;
-
-  clock_gettime (CLOCK_MONOTONIC, &ts);
-  return (uint64_t) ts.tv_sec * 1000 + (uint64_t) ts.tv_nsec / 1000000;
-}
 
 static void
 unlink_entry (struct pending *p)
@@ -91,7 +83,7 @@ struct pending *
 pending_begin (int fd)
 {
   struct pending *p = calloc (1, sizeof *p);
-  uint64_t now = now_ms ();
+  uint64_t now = (uint64_t) server_now_ms ();
 
   if (p == NULL)
     return NULL;
@@ -166,7 +158,7 @@ pending_end (void)
 int
 pending_expire (void)
 {
-  uint64_t now = now_ms ();
+  uint64_t now = (uint64_t) server_now_ms ();
   int wait = -1;
 
   pthread_mutex_lock (&lock);

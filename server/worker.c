@@ -16,6 +16,7 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 
+#include "clock.h"
 #include "conn.h"
 #include "dispatch.h"
 #include "memory_pressure.h"
@@ -67,15 +68,6 @@ take_inbox (struct worker *w)
   pthread_mutex_unlock (&w->inbox_lock);
 }
 
-static int64_t
-now_ms (void)
-{
-  struct timespec ts;
-
-  clock_gettime (CLOCK_MONOTONIC, &ts);
-  return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* At the drain deadline: replies still unsent (their client does not
  * read them) are dropped, so the worker can close and exit.  IO still in
  * the kernel or with a helper is waited for, since it uses our buffers.
@@ -102,7 +94,7 @@ epoll_timeout_ms (const struct worker *w, bool shutdown_seen, bool drained,
   if (w->conns.budget_waiters)
     ms = BUDGET_RETRY_MS;
   if (shutdown_seen && !drained) {
-    int64_t left = deadline - now_ms ();
+    int64_t left = deadline - server_now_ms ();
 
     if (left < 0)
       left = 0;
@@ -149,10 +141,10 @@ worker_main (void *arg)
     }
     if (atomic_load (&w->stopping) && !shutdown_seen) {
       shutdown_seen = true;
-      deadline = now_ms () + (int64_t) w->opts.drain_timeout * 1000;
+      deadline = server_now_ms () + (int64_t) w->opts.drain_timeout * 1000;
       conn_set_refuse_buffered (&w->conns);
     }
-    if (shutdown_seen && !drained && now_ms () >= deadline) {
+    if (shutdown_seen && !drained && server_now_ms () >= deadline) {
       drained = true;
       drop_unsent_replies (w);
     }
