@@ -185,6 +185,10 @@ mloop_state_save_supervisor (const char *dir,
   if (r->last_reconnect)
     g_key_file_set_string (kf, SUPERVISOR_GROUP, "last_reconnect",
                            r->last_reconnect);
+  g_key_file_set_uint64 (kf, SUPERVISOR_GROUP, "handovers", r->handovers);
+  if (r->handover_error)
+    g_key_file_set_string (kf, SUPERVISOR_GROUP, "handover_error",
+                           r->handover_error);
   return write_key_file (kf, path, err, errlen);
 }
 
@@ -208,6 +212,10 @@ load_supervisor_record (const char *dir, struct mloop_device_state *s)
                                          NULL);
   s->last_reconnect = g_key_file_get_string (kf, SUPERVISOR_GROUP,
                                              "last_reconnect", NULL);
+  s->handovers = g_key_file_get_uint64 (kf, SUPERVISOR_GROUP, "handovers",
+                                        NULL);
+  s->handover_error = g_key_file_get_string (kf, SUPERVISOR_GROUP,
+                                             "handover_error", NULL);
 }
 
 int
@@ -341,6 +349,7 @@ mloop_state_clear (struct mloop_device_state *s)
   g_free (s->file);
   g_free (s->last_failure);
   g_free (s->last_reconnect);
+  g_free (s->handover_error);
   memset (s, 0, sizeof *s);
   s->index = -1;
 }

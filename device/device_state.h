@@ -26,7 +26,8 @@
  *   STATE           a key file, written once the device is up
  *   SUPERVISOR      a key file the supervisor rewrites on each restart
  *                   and reconnect: current server pid, restarts, why,
- *                   reconnects, why
+ *                   reconnects, why, planned restarts (handovers) done
+ *                   and why the last failed
  */
 #define MLOOP_DIR_SOCKET "sock"
 #define MLOOP_DIR_SERVER_PID "server.pid"
@@ -64,6 +65,8 @@ struct mloop_device_state {
                                    the server lived, replaced by the
                                    supervisor */
   char *last_reconnect;         /* why the last one was dropped, or NULL */
+  unsigned handovers;           /* planned restarts finished (SIGUSR1) */
+  char *handover_error;         /* why the last one failed, or NULL */
 };
 
 /* What the supervisor records (DIR/supervisor). */
@@ -73,6 +76,8 @@ struct mloop_supervisor_record {
   const char *last_failure;     /* NULL: none */
   unsigned reconnects;
   const char *last_reconnect;   /* NULL: none */
+  unsigned handovers;
+  const char *handover_error;   /* NULL: the last handover succeeded */
 };
 
 /* The runtime directory; created 0700 when missing. */

@@ -124,6 +124,65 @@ served_size (const char *sock, uint64_t *size, char *err, size_t errlen)
   return 0;
 }
 
+/* The number of planned restarts the device's supervisor has finished,
+ * and why the last failed (NULL if it did not; the caller frees it).
+ */
+static unsigned
+handovers (const struct mloop_device_state *s, char **error)
+{
+  struct mloop_device_state now;
+  unsigned n;
+
+  *error = NULL;
+  if (mloop_state_load (s->dir, &now) == -1)
+    return 0;
+  n = now.handovers;
+  *error = g_steal_pointer (&now.handover_error);
+  mloop_state_clear (&now);
+  return n;
+}
+
+/* nbdkit 1.32 keeps the size each connection negotiated: only new
+ * connections, to a new server, see the new size.  The supervisor
+ * starts one and hands the kernel connections to it (SIGUSR1); this
+ * waits until it says the handover is over.  Only then may the kernel
+ * be told the new size: since Linux 6.9 that freezes the queue under
+ * the lock the supervisor's reconnect takes, so told earlier, the kernel
+ * would wait for requests that wait for the reconnect, until they fail.
+ */
+static int
+restart_server (const struct mloop_device_state *s, char *err, size_t errlen)
+{
+  g_autofree char *error = NULL;
+  unsigned before;
+
+  if (s->supervisor_pid <= 0 ||
+      !mloop_server_running (s->supervisor_pid, s->dir))
+    return mloop_fail (err, errlen, "the %s server is restarted to take a "
+                       "new size, but the device has no running supervisor",
+                       mloop_state_server_name (s));
+  before = handovers (s, &error);
+  if (kill (s->supervisor_pid, SIGUSR1) == -1)
+    return mloop_fail (err, errlen, "SIGUSR1 to the supervisor (pid %d): %s",
+                       (int) s->supervisor_pid, strerror (errno));
+  for (unsigned waited = 0; waited < SERVER_TIMEOUT_MS;
+       waited += SERVER_POLL_MS) {
+    g_usleep (SERVER_POLL_MS * 1000);
+    g_clear_pointer (&error, g_free);
+    if (handovers (s, &error) == before)
+      continue;
+    if (error)
+      return mloop_fail (err, errlen, "restarting the %s server failed: %s "
+                         "(see %s)", mloop_state_server_name (s), error,
+                         MLOOP_DIR_SUPERVISOR_LOG);
+    return 0;
+  }
+  return mloop_fail (err, errlen, "the supervisor (pid %d) did not restart "
+                     "the %s server within %u s (see %s)",
+                     (int) s->supervisor_pid, mloop_state_server_name (s),
+                     SERVER_TIMEOUT_MS / 1000, MLOOP_DIR_SUPERVISOR_LOG);
+}
+
 /* Asks the server to serve the image's size as it is now: mloop-server
  * re-reads it on SIGHUP; for nbdkit the supervisor restarts the server.
  */
@@ -140,18 +199,7 @@ ask_server (const struct mloop_device_state *s, const char *sock,
                          (int) s->server_pid, strerror (errno));
     return 0;
   }
-  /* nbdkit 1.32 keeps the size each connection negotiated: only new
-   * connections, to a new server, see the new size.
-   */
-  if (s->supervisor_pid <= 0 ||
-      !mloop_server_running (s->supervisor_pid, s->dir))
-    return mloop_fail (err, errlen, "the %s server is restarted to take a "
-                       "new size, but the device has no running supervisor",
-                       mloop_state_server_name (s));
-  if (kill (s->supervisor_pid, SIGUSR1) == -1)
-    return mloop_fail (err, errlen, "SIGUSR1 to the supervisor (pid %d): %s",
-                       (int) s->supervisor_pid, strerror (errno));
-  return 0;
+  return restart_server (s, err, errlen);
 }
 
 /* Makes the server serve SIZE bytes and waits until a new handshake
@@ -224,19 +272,6 @@ check_request (const struct mloop_device_state *s, bool have_size,
     return mloop_fail (err, errlen, "/dev/nbd%d is a remote export (%s): its "
                        "size is its server's; detach and attach it again "
                        "after that server changed it", s->index, s->file);
-  /* nbdkit 1.32.5 serves each connection the size it negotiated, so
-   * only a restarted nbdkit can serve a new one.  Under IO that restart
-   * outlasted the kernel's dead-connection timeout on 6.12 in CI (all
-   * four connections dead, then EIO and an aborted ext4 journal), so it
-   * is refused until the handover is bounded; the planned-restart code
-   * (supervisor SIGUSR1) stays for that work.
-   */
-  if (s->server && !s->server->resizes_on_sighup)
-    return mloop_fail (err, errlen, "/dev/nbd%d is served by %s, which "
-                       "cannot change a served size without a restart that "
-                       "may fail IO in flight; detach it and attach it "
-                       "again, or attach with --server native",
-                       s->index, mloop_state_server_name (s));
   if (s->offset || s->sizelimit)
     return mloop_fail (err, errlen, "/dev/nbd%d serves a window of %s "
                        "(--offset/--sizelimit): resizing one is not "

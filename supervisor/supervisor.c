@@ -107,6 +107,8 @@ static struct {
   unsigned heal_retry_ms;
   unsigned reconnects;
   char *last_reconnect;
+  unsigned handovers;           /* planned restarts finished */
+  char *handover_error;         /* why the last one failed, or NULL */
   int kmsg;                     /* /dev/kmsg, read for the kernel's reason */
   const char *kernel_reason;    /* the last reason it gave, and when */
   gint64 kernel_reason_at;
@@ -135,7 +137,8 @@ record (void)
   struct mloop_supervisor_record r = {
     .server_pid = sv.server, .restarts = sv.restarts,
     .last_failure = sv.last_failure, .reconnects = sv.reconnects,
-    .last_reconnect = sv.last_reconnect,
+    .last_reconnect = sv.last_reconnect, .handovers = sv.handovers,
+    .handover_error = sv.handover_error,
   };
   char err[512];
 
@@ -485,7 +488,11 @@ heal (gpointer unused)
          sv.last_reconnect, said ? " [kernel: \"" : "", said ? said : "",
          said ? "\"]" : "", (int) sv.server, sv.reconnects);
   }
-  if (r == 0)
+  if (r == 0 && done == 0)
+    /* A restart (planned or not) replaced them before this ran. */
+    say ("/dev/nbd%d: the %u connection(s) the kernel announced dead had "
+         "been replaced already", st.index, want);
+  else if (r == 0)
     /* NBD_CMD_RECONFIGURE answered 0 without taking the socket. */
     say ("/dev/nbd%d: the kernel has no dead connection left (it took %u "
          "of %u; the next reconfigure was answered 0 and its socket "
@@ -580,6 +587,21 @@ kill_old_server (pid_t pid, int pidfd)
   close (pidfd);
 }
 
+/* A planned restart is over: `mloop resize` waits for this record (the
+ * count, and why it failed if it did) before it tells the kernel the new
+ * size, because on Linux 6.9 and later that freezes the device's queue
+ * under the lock a reconnect needs: sent while the kernel waits for the
+ * new connections, it would hold them off until the requests failed.
+ */
+static void
+handover_done (const char *error)
+{
+  sv.handovers++;
+  g_free (sv.handover_error);
+  sv.handover_error = error ? g_strdup (error) : NULL;
+  record ();
+}
+
 /* A planned restart (SIGUSR1, see the top): the next server first, on
  * SOCKET.next, then the handover.  The next server's command line names
  * SOCKET.next, which contains SOCKET, so mloop_server_running still
@@ -596,6 +618,7 @@ replace_server (void)
    * be counted closed (mloop status: 5 of 4 connections open).
    */
   g_autofree char *stats = g_strconcat (sv.spec.stats_file, ".next", NULL);
+  g_autofree char *failed = NULL;
   struct mloop_server_spec next = sv.spec;
   pid_t old = sv.server, pid;
   char err[512];
@@ -608,20 +631,20 @@ replace_server (void)
   g_unlink (stats);
   if (mloop_server_start (&next, START_TIMEOUT_MS, &pid, err,
                           sizeof err) == -1) {
-    say ("planned restart: the next server did not start: %s; server pid "
-         "%d serves on", err, (int) old);
-    return;
+    failed = g_strdup_printf ("the next server did not start: %s; server "
+                              "pid %d serves on", err, (int) old);
+    goto out;
   }
   g_source_remove (sv.pidfd_source);
   kill_old_server (old, sv.pidfd);
   sv.server = pid;
   if (watch_server (err, sizeof err) == -1) {
-    say ("planned restart: %s", err);
+    failed = g_strdup (err);
     mloop_server_stop (pid, sock, STOP_TIMEOUT_MS);
     sv.server = 0;
     sv.restarting = TRUE;
     g_timeout_add (sv.backoff_ms, restart, NULL);
-    return;
+    goto out;
   }
   /* From here a failure kills the new server: its death starts the
    * ordinary restart, which begins from scratch.
@@ -629,9 +652,9 @@ replace_server (void)
   if (rename (sock, sv.spec.socket_path) == -1 ||
       rename (pid_file, sv.spec.pid_file) == -1 ||
       rename (stats, sv.spec.stats_file) == -1) {
-    say ("planned restart: renaming %s: %s", sock, strerror (errno));
+    failed = g_strdup_printf ("renaming %s: %s", sock, strerror (errno));
     kill (pid, SIGKILL);
-    return;
+    goto out;
   }
   /* The kernel takes new sockets only into slots it has marked dead,
    * which it does as each old connection's receive work fails.
@@ -639,12 +662,16 @@ replace_server (void)
   if (device_index () >= 0)
     mloop_nbd_receivers_wait_gone (device_index (), RECEIVERS_TIMEOUT_MS);
   if (reconnect_device (err, sizeof err) == -1) {
-    say ("planned restart: reconnecting the device failed: %s", err);
+    failed = g_strdup_printf ("reconnecting the device failed: %s", err);
     kill (pid, SIGKILL);
-    return;
+    goto out;
   }
   say ("server pid %d replaced server pid %d (planned restart: the image "
        "was resized)", (int) pid, (int) old);
+out:
+  if (failed)
+    say ("planned restart: %s", failed);
+  handover_done (failed);
 }
 
 static gboolean
@@ -654,6 +681,9 @@ on_restart_signal (gpointer unused)
     say ("restart of server pid %d asked for (SIGUSR1)", (int) sv.server);
     replace_server ();
   }
+  else
+    handover_done ("the server is being restarted after a failure; "
+                   "try again when `mloop status` shows it running");
   return G_SOURCE_CONTINUE;
 }
 

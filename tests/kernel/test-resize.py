@@ -108,6 +108,18 @@ def finish_fio(fio):
             f"fio wrote {j['write']['io_bytes']} and verified {j['read']['io_bytes']} bytes"
 
 
+def show_supervisor_log(ddir):
+    """What the supervisor did (planned restarts and reconnects, with
+    their times), as TAP diagnostics: read when a resize fails."""
+    try:
+        with open(os.path.join(ddir, "supervisor.log")) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return
+    for line in lines[-15:]:
+        print(f"# supervisor.log: {line}", flush=True)
+
+
 def refused(p, *words):
     msg = p.stderr.strip()
     assert p.returncode != 0, f"mloop resize succeeded: {p.stdout!r}"
@@ -119,13 +131,8 @@ def refused(p, *words):
 def run_test(kind, cl):
     image = make_image(cl, size=START)
     dev = attach(kind, cl, image, TIMEOUT).device
-    if kind.server == "nbdkit":
-        # Refused: its restart under IO failed requests (device/resize.c).
-        refused(kind.cli("resize", "--size", "128M", dev, check=False),
-                "nbdkit", "--server native")
-        assert os.path.getsize(image) == START and device_size(dev) == START, \
-            "a refused resize changed a size"
-        return
+    ddir = os.path.dirname(kind.status(dev)["device"]["socket"])
+    cl.push(lambda: show_supervisor_log(ddir))
     run(["mkfs.ext4", "-q", "-F", dev])
     mnt = mount(cl, dev)
     want = write_files(mnt, "before", 8, MIB, 3)
