@@ -594,7 +594,7 @@ conn_adopt (struct conn_set *s, int fd)
     c->in = malloc (CONN_INBUF);
   if (c == NULL || c->in == NULL) {
     free (c);
-    close (fd);
+    worker_close_client (s->opts, fd);
     return;
   }
   c->fd = fd;
@@ -608,7 +608,7 @@ conn_adopt (struct conn_set *s, int fd)
   if (epoll_ctl (s->epfd, EPOLL_CTL_ADD, fd, &ev) == -1) {
     free (c->in);
     free (c);
-    close (fd);
+    worker_close_client (s->opts, fd);
     return;
   }
   c->next = s->all;
@@ -626,7 +626,7 @@ conn_free (struct conn *c)
   MLOOP_STATS_SUB (st, connections, 1);
 
   epoll_ctl (c->set->epfd, EPOLL_CTL_DEL, c->fd, NULL);
-  close (c->fd);
+  worker_close_client (c->set->opts, c->fd);
   for (i = 0; i < CONN_SLOTS; i++) {
     if (c->slots[i].charged)
       budget_release (c->set->opts->budget, c->slots[i].cap);

@@ -39,6 +39,7 @@
 
 #include <glib.h>
 
+#include "admission.h"
 #include "dispatch.h"
 #include "align.h"
 #include "budget.h"
@@ -73,6 +74,20 @@
  * connection queued and the listener readable: pause instead of spinning.
  */
 #define ACCEPT_BACKOFF_MS 100
+#define MAX_CONNECTIONS_MAX 1000000
+/* TCP keepalive (--keepalive IDLE:INTERVAL:COUNT): a client gone without
+ * a FIN (powered off, cable pulled, a partition) is dropped after
+ * IDLE + INTERVAL * COUNT seconds, 60 by default: long enough to ride
+ * out a short network hiccup, short enough that a dead peer's
+ * connection (its buffers, its place under the caps) is given back
+ * within a minute, and that a client reconnecting after a partition
+ * finds the server has let the old connection go.  The same bound is
+ * the TCP user timeout, so data left unacknowledged that long ends the
+ * connection too.  Linux's defaults (2 hours idle) suit neither.
+ */
+#define KEEPALIVE_DEFAULT "30:10:3"
+#define KEEPALIVE_MAX_S 32767   /* TCP_KEEPIDLE and TCP_KEEPINTVL's limit */
+#define KEEPALIVE_COUNT_MAX 127
 /* Event loops (--threads): each owns its connections and AIO context. */
 #define WORKERS_DEFAULT 4
 #define WORKERS_MAX     64
@@ -99,6 +114,13 @@ static gchar *opt_sizelimit;
 static gchar *opt_conn_buffer_limit;
 static gint opt_helper_threads = OFFLOAD_THREADS_DEFAULT;
 static gint opt_drain_timeout = DRAIN_TIMEOUT_DEFAULT;
+static gint opt_max_connections;
+static gint opt_max_per_client;
+static gchar *opt_keepalive;
+static struct {
+  bool on;
+  int idle, interval, count;
+} keepalive;
 
 static GOptionEntry entries[] = {
   { "listen", 'l', 0, G_OPTION_ARG_STRING, &opt_listen,
@@ -116,6 +138,16 @@ static GOptionEntry entries[] = {
   { "max-handshakes", 0, 0, G_OPTION_ARG_INT, &opt_max_handshakes,
     "Connections negotiating at once; beyond, the oldest is dropped "
     "(default 1024)", "N" },
+  { "max-connections", 0, 0, G_OPTION_ARG_INT, &opt_max_connections,
+    "Connections open at once (negotiating or served); beyond, new ones "
+    "are closed at once (default 0: no cap)", "N" },
+  { "max-connections-per-client", 0, 0, G_OPTION_ARG_INT,
+    &opt_max_per_client,
+    "Connections open at once from one TCP client address (default 0: "
+    "no cap)", "N" },
+  { "keepalive", 0, 0, G_OPTION_ARG_STRING, &opt_keepalive,
+    "TCP keepalive IDLE:INTERVAL:COUNT in seconds, or off (default "
+    KEEPALIVE_DEFAULT ")", "SPEC" },
   { "read-only", 'r', 0, G_OPTION_ARG_NONE, &opt_read_only,
     "Serve read-only", NULL },
   { "direct", 0, 0, G_OPTION_ARG_STRING, &opt_direct,
@@ -195,7 +227,7 @@ handshake_thread (void *arg)
     worker_add_connection (w, fd);
   }
   else
-    close (fd);
+    admission_close (fd);
   pending_end ();             /* last: the workers may stop after this */
   return NULL;
 }
@@ -235,12 +267,43 @@ tune_tcp (int fd)
   struct sockaddr_storage ss;
   socklen_t len = sizeof ss;
   int one = 1;
+  unsigned user_timeout_ms;
 
   if (getsockname (fd, (struct sockaddr *) &ss, &len) == -1 ||
       (ss.ss_family != AF_INET && ss.ss_family != AF_INET6))
     return;
   setsockopt (fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  if (!keepalive.on)
+    return;
+  user_timeout_ms = (unsigned) (keepalive.idle +
+                                keepalive.interval * keepalive.count) * 1000;
   setsockopt (fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+  setsockopt (fd, IPPROTO_TCP, TCP_KEEPIDLE, &keepalive.idle, sizeof (int));
+  setsockopt (fd, IPPROTO_TCP, TCP_KEEPINTVL, &keepalive.interval,
+              sizeof (int));
+  setsockopt (fd, IPPROTO_TCP, TCP_KEEPCNT, &keepalive.count, sizeof (int));
+  setsockopt (fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms,
+              sizeof user_timeout_ms);
+}
+
+/* --keepalive off, or IDLE:INTERVAL:COUNT. */
+static void
+parse_keepalive (const char *spec)
+{
+  char extra;
+
+  if (strcmp (spec, "off") == 0) {
+    keepalive.on = false;
+    return;
+  }
+  if (sscanf (spec, "%d:%d:%d%c", &keepalive.idle, &keepalive.interval,
+              &keepalive.count, &extra) != 3 ||
+      keepalive.idle < 1 || keepalive.idle > KEEPALIVE_MAX_S ||
+      keepalive.interval < 1 || keepalive.interval > KEEPALIVE_MAX_S ||
+      keepalive.count < 1 || keepalive.count > KEEPALIVE_COUNT_MAX)
+    die ("--keepalive=%s: must be off or IDLE:INTERVAL:COUNT (seconds "
+         "1..%d, count 1..%d)", spec, KEEPALIVE_MAX_S, KEEPALIVE_COUNT_MAX);
+  keepalive.on = true;
 }
 
 /* Returns false when accept failed for want of descriptors. */
@@ -253,15 +316,19 @@ accept_one (int listen_fd, const pthread_attr_t *attr)
 
   if (fd == -1)
     return errno != EMFILE && errno != ENFILE;  /* EAGAIN, ECONNABORTED: go on */
+  if (!admission_admit (fd)) {
+    close (fd);
+    return true;
+  }
   tune_tcp (fd);
   p = pending_begin (fd);
   if (p == NULL) {
-    close (fd);
+    admission_close (fd);
     return true;
   }
   if (pthread_create (&t, attr, handshake_thread, p)) {
     pending_abandon (p);
-    close (fd);
+    admission_close (fd);
   }
   return true;
 }
@@ -413,6 +480,15 @@ main (int argc, char *argv[])
   if (opt_drain_timeout < 0 || opt_drain_timeout > DRAIN_TIMEOUT_MAX)
     die ("--drain-timeout=%d: must be between 0 and %d seconds",
          opt_drain_timeout, DRAIN_TIMEOUT_MAX);
+  if (opt_max_connections < 0 || opt_max_connections > MAX_CONNECTIONS_MAX)
+    die ("--max-connections=%d: must be between 0 (no cap) and %d",
+         opt_max_connections, MAX_CONNECTIONS_MAX);
+  if (opt_max_per_client < 0 || opt_max_per_client > MAX_CONNECTIONS_MAX)
+    die ("--max-connections-per-client=%d: must be between 0 (no cap) and "
+         "%d", opt_max_per_client, MAX_CONNECTIONS_MAX);
+  parse_keepalive (opt_keepalive ? opt_keepalive : KEEPALIVE_DEFAULT);
+  admission_init ((unsigned) opt_max_connections,
+                  (unsigned) opt_max_per_client);
   budget_init (&budget,
                parse_size ("buffer-limit", opt_buffer_limit,
                            BUDGET_SERVER_DEFAULT, MLOOP_KEEP_BUFFER),
@@ -473,6 +549,7 @@ main (int argc, char *argv[])
     .max_request = MAX_REQUEST, .ring_depth = (unsigned) opt_queue_depth,
     .budget = &budget, .offload = offload,
     .drain_timeout = (unsigned) opt_drain_timeout,
+    .close_client = admission_close,
   };
   if (opt_stats_file &&
       (wopts.stats = mloop_stats_create (opt_stats_file)) == NULL)

@@ -234,6 +234,15 @@ poke (struct worker *w)
 }
 
 void
+worker_close_client (const struct worker_options *opts, int fd)
+{
+  if (opts->close_client)
+    opts->close_client (fd);
+  else
+    close (fd);
+}
+
+void
 worker_add_connection (struct worker *w, int fd)
 {
   pthread_mutex_lock (&w->inbox_lock);
@@ -243,7 +252,7 @@ worker_add_connection (struct worker *w, int fd)
 
     if (p == NULL) {
       pthread_mutex_unlock (&w->inbox_lock);
-      close (fd);
+      worker_close_client (&w->opts, fd);
       return;
     }
     w->inbox = p;

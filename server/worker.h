@@ -34,7 +34,14 @@ struct worker_options {
   struct budget *budget;        /* request buffers, shared by all workers */
   struct offload *offload;      /* helpers for blocking commands */
   unsigned drain_timeout;       /* seconds to finish replies on stop */
+  /* Closes a client's socket: the server's counts it out of its caps
+   * (admission.h).  NULL: close(2).
+   */
+  void (*close_client) (int fd);
 };
+
+/* Closes client socket FD as OPTS says. */
+void worker_close_client (const struct worker_options *opts, int fd);
 
 /* Starts a worker thread.  Returns NULL and a message in ERR on failure. */
 struct worker *worker_start (const struct worker_options *opts,

@@ -1,0 +1,175 @@
+/* mloop-server — which clients are let in (see admission.h). */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <glib.h>
+
+#include "admission.h"
+
+/* The refusal log remembers at most this many addresses; past it, those
+ * not refused within the interval are forgotten (a scan of addresses
+ * must not grow the table without bound).
+ */
+#define LOG_TABLE_PRUNE_AT 4096
+
+struct refusals {
+  gint64 logged_us;             /* when the last line for it was written */
+  unsigned unlogged;            /* refused since, without a line */
+};
+
+static struct {
+  pthread_mutex_t lock;
+  unsigned max_total, max_per_client;
+  unsigned total;
+  GHashTable *per_client;       /* address → open connections */
+  GHashTable *client_of;        /* fd → its address, when counted there */
+  GHashTable *refused;          /* address → struct refusals */
+} adm = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+void
+admission_init (unsigned max_connections, unsigned max_per_client)
+{
+  adm.max_total = max_connections;
+  adm.max_per_client = max_per_client;
+  adm.per_client = g_hash_table_new_full (g_str_hash, g_str_equal, g_free,
+                                          NULL);
+  adm.client_of = g_hash_table_new (g_direct_hash, g_direct_equal);
+  adm.refused = g_hash_table_new_full (g_str_hash, g_str_equal, g_free,
+                                       g_free);
+}
+
+/* FD's peer as text ("192.0.2.1", "2001:db8::1"; an IPv4 client of an
+ * IPv6 socket as IPv4), or NULL for a Unix socket's client.
+ */
+static char *
+peer_address (int fd)
+{
+  struct sockaddr_storage ss;
+  socklen_t len = sizeof ss;
+  char text[INET6_ADDRSTRLEN];
+
+  if (getpeername (fd, (struct sockaddr *) &ss, &len) == -1)
+    return NULL;
+  if (ss.ss_family == AF_INET) {
+    struct sockaddr_in *in = (struct sockaddr_in *) &ss;
+
+    return g_strdup (inet_ntop (AF_INET, &in->sin_addr, text, sizeof text));
+  }
+  if (ss.ss_family == AF_INET6) {
+    struct sockaddr_in6 *in6 = (struct sockaddr_in6 *) &ss;
+
+    if (IN6_IS_ADDR_V4MAPPED (&in6->sin6_addr))
+      return g_strdup (inet_ntop (AF_INET, &in6->sin6_addr.s6_addr[12],
+                                  text, sizeof text));
+    return g_strdup (inet_ntop (AF_INET6, &in6->sin6_addr, text,
+                                sizeof text));
+  }
+  return NULL;
+}
+
+static gboolean
+logged_long_ago (gpointer key, gpointer value, gpointer now_us)
+{
+  const struct refusals *r = value;
+
+  return *(gint64 *) now_us - r->logged_us >
+    ADMISSION_LOG_INTERVAL_S * G_USEC_PER_SEC;
+}
+
+/* Logs a refusal of a client at ADDRESS (NULL: a Unix socket's), at most
+ * once per interval per address.  Called under the lock.
+ */
+static void
+log_refusal (const char *address, unsigned open, const char *option,
+             unsigned cap)
+{
+  const char *key = address ? address : "";
+  gint64 now = g_get_monotonic_time ();
+  struct refusals *r = g_hash_table_lookup (adm.refused, key);
+
+  if (r && now - r->logged_us < ADMISSION_LOG_INTERVAL_S * G_USEC_PER_SEC) {
+    r->unlogged++;
+    return;
+  }
+  if (r == NULL) {
+    if (g_hash_table_size (adm.refused) >= LOG_TABLE_PRUNE_AT)
+      g_hash_table_foreach_remove (adm.refused, logged_long_ago, &now);
+    r = g_new0 (struct refusals, 1);
+    g_hash_table_insert (adm.refused, g_strdup (key), r);
+  }
+  fprintf (stderr, "mloop-server: refused a connection from %s: %u open, "
+           "%s %u (%u more refused since the last such line; logged at "
+           "most every %d s)\n", address ? address : "a Unix socket client",
+           open, option, cap, r->unlogged, ADMISSION_LOG_INTERVAL_S);
+  r->logged_us = now;
+  r->unlogged = 0;
+}
+
+bool
+admission_admit (int fd)
+{
+  char *address = adm.max_per_client ? peer_address (fd) : NULL;
+  unsigned from_it = 0;
+  bool ok = true;
+
+  pthread_mutex_lock (&adm.lock);
+  if (address)
+    from_it = GPOINTER_TO_UINT (g_hash_table_lookup (adm.per_client,
+                                                     address));
+  if (adm.max_total && adm.total >= adm.max_total) {
+    if (address == NULL)
+      address = peer_address (fd);      /* for the log line */
+    log_refusal (address, adm.total, "--max-connections", adm.max_total);
+    ok = false;
+  }
+  else if (address && from_it >= adm.max_per_client) {
+    log_refusal (address, from_it, "--max-connections-per-client",
+                 adm.max_per_client);
+    ok = false;
+  }
+  if (ok) {
+    adm.total++;
+    if (address) {
+      g_hash_table_replace (adm.per_client, g_strdup (address),
+                            GUINT_TO_POINTER (from_it + 1));
+      /* Its own copy, freed by admission_close. */
+      g_hash_table_insert (adm.client_of, GINT_TO_POINTER (fd),
+                           g_strdup (address));
+    }
+  }
+  pthread_mutex_unlock (&adm.lock);
+  g_free (address);
+  return ok;
+}
+
+void
+admission_close (int fd)
+{
+  char *address;
+
+  pthread_mutex_lock (&adm.lock);
+  adm.total--;
+  address = g_hash_table_lookup (adm.client_of, GINT_TO_POINTER (fd));
+  if (address) {
+    unsigned n = GPOINTER_TO_UINT (g_hash_table_lookup (adm.per_client,
+                                                        address));
+
+    g_hash_table_remove (adm.client_of, GINT_TO_POINTER (fd));
+    if (n <= 1)
+      g_hash_table_remove (adm.per_client, address);
+    else
+      g_hash_table_replace (adm.per_client, g_strdup (address),
+                            GUINT_TO_POINTER (n - 1));
+    g_free (address);
+  }
+  /* Closed under the lock: FD's number cannot be reused by the next
+   * accept before its entry is gone.
+   */
+  close (fd);
+  pthread_mutex_unlock (&adm.lock);
+}
