@@ -294,7 +294,7 @@ static int
 cmd_serve (int argc, char **argv)
 {
   gboolean read_only = FALSE;
-  gint threads = -1;
+  gint threads = -1, max_connections = 0, max_per_client = 0;
   g_autofree char *listen = NULL, *export_name = NULL, *tls = NULL;
   g_autofree char *psk = NULL, *certs = NULL, *server = NULL;
   g_autofree char *offset = NULL, *sizelimit = NULL;
@@ -319,6 +319,12 @@ cmd_serve (int argc, char **argv)
       "Start this many bytes into FILE (like losetup)", "SIZE" },
     { "sizelimit", 0, 0, G_OPTION_ARG_STRING, &sizelimit,
       "Serve at most this many bytes of FILE (like losetup)", "SIZE" },
+    { "max-connections", 0, 0, G_OPTION_ARG_INT, &max_connections,
+      "Connections open at once; beyond, new ones are closed (default 0: "
+      "no cap)", "N" },
+    { "max-connections-per-client", 0, 0, G_OPTION_ARG_INT, &max_per_client,
+      "Connections open at once from one client address (native server; "
+      "default 0: no cap)", "N" },
     G_OPTION_ENTRY_NULL
   };
   struct mloop_serve_request req = { 0 };
@@ -334,6 +340,10 @@ cmd_serve (int argc, char **argv)
     return error ("serve: --threads %d: must be 1..64", threads);
   if (tls && mloop_tls_mode_parse (tls, &req.tls) == -1)
     return error ("serve: --tls %s: must be off, on or require", tls);
+  if (max_connections < 0 || max_per_client < 0)
+    return error ("serve: --max-connections%s %d: must be 0 (no cap) or more",
+                  max_connections < 0 ? "" : "-per-client",
+                  max_connections < 0 ? max_connections : max_per_client);
   if (server &&
       (req.server = mloop_server_kind_find (server, err, sizeof err)) == NULL)
     return error ("serve: --server %s", err);
@@ -344,6 +354,8 @@ cmd_serve (int argc, char **argv)
   req.export_name = export_name;
   req.read_only = read_only;
   req.threads = threads == -1 ? 0 : threads;
+  req.max_connections = (unsigned) max_connections;
+  req.max_per_client = (unsigned) max_per_client;
   req.tls_psk = psk;
   req.tls_certificates = certs;
 

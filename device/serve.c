@@ -51,6 +51,7 @@ prepare_unix_dir (const char *path, char *err, size_t errlen)
 static const struct mloop_server_kind *
 check_request (const struct mloop_serve_request *r, char *err, size_t errlen)
 {
+  const struct mloop_server_kind *kind;
   int fd;
 
   fd = open (r->file, (r->read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC);
@@ -91,10 +92,16 @@ check_request (const struct mloop_serve_request *r, char *err, size_t errlen)
           r->tls_certificates);
     return NULL;
   }
-  if (r->server)
-    return r->server;
-  return r->tls != MLOOP_TLS_OFF ? mloop_server_kind_tls ()
+  kind = r->server ? r->server
+    : r->tls != MLOOP_TLS_OFF ? mloop_server_kind_tls ()
     : mloop_server_kind_default ();
+  if (r->max_per_client && !kind->per_client_cap) {
+    mloop_fail (err, errlen, "--max-connections-per-client: the %s server "
+                "has no per-client cap (--max-connections is served)",
+                kind->name);
+    return NULL;
+  }
+  return kind;
 }
 
 char **
@@ -133,6 +140,8 @@ mloop_serve_command (const struct mloop_serve_request *r, char *err,
     .image = r->file, .offset = r->offset, .sizelimit = r->sizelimit,
     .listen = &a, .export_name = r->export_name,
     .threads = r->threads, .read_only = r->read_only, .foreground = true,
+    .max_connections = r->max_connections,
+    .max_per_client = r->max_per_client,
     .tls = r->tls, .tls_psk = r->tls_psk,
     .tls_certificates = r->tls_certificates,
   };

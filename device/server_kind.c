@@ -38,6 +38,11 @@ native_command (const struct mloop_server_config *c, GPtrArray *argv)
     add (argv, g_strdup_printf ("--export-name=%s", c->export_name));
   if (c->stats_file)
     add (argv, g_strdup_printf ("--stats-file=%s", c->stats_file));
+  if (c->max_connections)
+    add (argv, g_strdup_printf ("--max-connections=%u", c->max_connections));
+  if (c->max_per_client)
+    add (argv, g_strdup_printf ("--max-connections-per-client=%u",
+                                c->max_per_client));
   if (c->offset)
     add (argv, g_strdup_printf ("--offset=%" PRIu64, c->offset));
   if (c->sizelimit)
@@ -86,9 +91,16 @@ nbdkit_command (const struct mloop_server_config *c, GPtrArray *argv)
   if (c->tls_certificates)
     add (argv, g_strdup_printf ("--tls-certificates=%s",
                                 c->tls_certificates));
+  /* nbdkit's limit filter closes connections past its limit, as
+   * mloop-server's --max-connections does; it has no per-client cap.
+   */
+  if (c->max_connections)
+    add (argv, g_strdup ("--filter=limit"));
   add (argv, mloop_locate_program ("MLOOP_PLUGIN",
                                    "plugin/nbdkit-mloop-plugin.so", "mloop"));
   add (argv, g_strdup_printf ("file=%s", c->image));
+  if (c->max_connections)
+    add (argv, g_strdup_printf ("limit=%u", c->max_connections));
   if (c->threads)
     add (argv, g_strdup_printf ("threads=%u", c->threads));
   if (c->stats_file)
@@ -109,7 +121,8 @@ nbdkit_command (const struct mloop_server_config *c, GPtrArray *argv)
 /* The default first. */
 static const struct mloop_server_kind kinds[] = {
   { .name = "native", .command = native_command,
-    .requests_at_once = NATIVE_REQUESTS_AT_ONCE, .resizes_on_sighup = true },
+    .requests_at_once = NATIVE_REQUESTS_AT_ONCE, .resizes_on_sighup = true,
+    .per_client_cap = true },
   { .name = "nbdkit", .command = nbdkit_command, .tls = true,
     .daemonizes = true, .requests_at_once = NBDKIT_REQUESTS_AT_ONCE },
 };

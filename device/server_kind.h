@@ -34,6 +34,10 @@ struct mloop_server_config {
   const char *stats_file;       /* request counters (stats.h), or NULL */
   const char *export_name;      /* NULL: the server's default */
   unsigned threads;             /* IO workers; 0 = the server's default */
+  /* Connections open at once, in all and per client address; 0: no cap
+   * (per client: only for a kind with .per_client_cap).
+   */
+  unsigned max_connections, max_per_client;
   bool read_only;
   /* The process started is the server, for as long as it serves.
    * Otherwise a kind that daemonizes may fork and exit.
@@ -47,6 +51,7 @@ struct mloop_server_config {
 struct mloop_server_kind {
   const char *name;
   bool tls;                     /* can serve TLS */
+  bool per_client_cap;          /* can cap connections per client address */
   /* Started in the background, the process exits 0 once its daemon
    * listens: the pid file names the server.
    */

@@ -81,6 +81,20 @@ def listening_addresses(port):
     return found
 
 
+def connect_when_admitted(uri, timeout=10):
+    """A libnbd handle on URI, once the server lets it in (the readiness
+    probe's connection may still count for a moment), or None."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        h = nbd.NBD()
+        try:
+            h.connect_uri(uri)
+            return h
+        except nbd.Error:
+            time.sleep(0.1)
+    return None
+
+
 def roundtrip(uri, image, name):
     """Writes through URI with libnbd, reads back, compares with the file."""
     h = nbd.NBD()
@@ -142,6 +156,25 @@ try:
         addrs = listening_addresses(port)
         check(f"tcp {kind}: listens only on 127.0.0.1", addrs == {"0100007F"}, addrs)
         roundtrip(f"nbd://127.0.0.1:{port}/", image, f"tcp {kind}")
+        stop(p)
+
+    # --max-connections, both servers (nbdkit: its limit filter).
+    for kind in ("native", "nbdkit"):
+        port = free_port()
+        p = serve(image, "--listen", f"tcp:127.0.0.1:{port}", "--server", kind,
+                  "--max-connections", "1", ready=tcp_ready(port))
+        first = connect_when_admitted(f"nbd://127.0.0.1:{port}/")
+        second = nbd.NBD()
+        try:
+            second.connect_uri(f"nbd://127.0.0.1:{port}/")
+            refused = False
+            second.shutdown()
+        except nbd.Error:
+            refused = True
+        check(f"--max-connections 1, {kind}: a second client is refused",
+              first is not None and refused)
+        if first:
+            first.shutdown()
         stop(p)
 
     # TLS with a pre-shared key (nbdkit's PSK file format: user:hexkey).
@@ -210,7 +243,11 @@ try:
               "--server", "native"], "the native server has no TLS"),
             ([image, "--listen", "unix:/x", "--tls", "on", "--tls-psk",
               os.path.join(work, "none.psk")], "none.psk"),
-            ([os.path.join(work, "none.img"), "--listen", "unix:/x"], "No such file")]:
+            ([os.path.join(work, "none.img"), "--listen", "unix:/x"], "No such file"),
+            ([image, "--listen", "unix:/x", "--max-connections-per-client", "2",
+              "--server", "nbdkit"], "the nbdkit server has no per-client cap"),
+            ([image, "--listen", "unix:/x", "--max-connections", "-1"],
+             "--max-connections -1")]:
         r = subprocess.run([MLOOP, "serve", *args], capture_output=True, text=True, timeout=30)
         lines = r.stderr.strip().splitlines()
         check(f"refused: {' '.join(args[1:]) or 'no --listen'}",
