@@ -19,6 +19,7 @@
 #define NBD_REP_MAGIC           UINT64_C (0x0003e889045565a9)
 #define NBD_REQUEST_MAGIC       UINT32_C (0x25609513)
 #define NBD_SIMPLE_REPLY_MAGIC  UINT32_C (0x67446698)
+#define NBD_STRUCTURED_REPLY_MAGIC UINT32_C (0x668e33ef)
 
 /* Handshake flags (server) and client flags. */
 #define NBD_FLAG_FIXED_NEWSTYLE    (1u << 0)
@@ -34,11 +35,14 @@
 #define NBD_OPT_INFO               6
 #define NBD_OPT_GO                 7
 #define NBD_OPT_STRUCTURED_REPLY   8
+#define NBD_OPT_LIST_META_CONTEXT  9
+#define NBD_OPT_SET_META_CONTEXT   10
 
 /* Option replies. */
 #define NBD_REP_ACK                1
 #define NBD_REP_SERVER             2
 #define NBD_REP_INFO               3
+#define NBD_REP_META_CONTEXT       4
 #define NBD_REP_ERR(n)             (UINT32_C (0x80000000) | (n))
 #define NBD_REP_ERR_UNSUP          NBD_REP_ERR (1)
 #define NBD_REP_ERR_POLICY         NBD_REP_ERR (2)
@@ -74,7 +78,22 @@
 
 #define NBD_CMD_FLAG_FUA           (1u << 0)
 #define NBD_CMD_FLAG_NO_HOLE       (1u << 1)
+#define NBD_CMD_FLAG_REQ_ONE       (1u << 3)
 #define NBD_CMD_FLAG_FAST_ZERO     (1u << 4)
+
+/* Structured reply chunks: flags and types. */
+#define NBD_REPLY_FLAG_DONE        (1u << 0)
+#define NBD_REPLY_TYPE_NONE        0
+#define NBD_REPLY_TYPE_OFFSET_DATA 1
+#define NBD_REPLY_TYPE_OFFSET_HOLE 2
+#define NBD_REPLY_TYPE_BLOCK_STATUS 5
+#define NBD_REPLY_TYPE_ERROR       ((1u << 15) | 1)
+#define NBD_REPLY_TYPE_ERROR_OFFSET ((1u << 15) | 2)
+
+/* The one metadata context mloop knows, and its flags. */
+#define NBD_CONTEXT_BASE_ALLOCATION "base:allocation"
+#define NBD_STATE_HOLE             (1u << 0)
+#define NBD_STATE_ZERO             (1u << 1)
 
 /* Errors on the wire (not the host's errno values). */
 #define NBD_EPERM                  1

@@ -103,6 +103,58 @@ count_reply (struct mloop_stats *st, const struct request *req,
     MLOOP_STATS_ADD (st, bytes_written, req->io.count);
 }
 
+/* The header of a simple reply: magic, error, cookie. */
+#define SIMPLE_REPLY_SIZE 16
+/* The header of a structured reply chunk: magic, flags, type, cookie,
+ * length; its fixed fields follow.
+ */
+#define CHUNK_HEADER_SIZE 20
+
+/* Makes REQ's reply the one chunk of a structured reply, of TYPE, with
+ * FIXED bytes of req->reply.fixed (set by the caller) and DATA_LEN bytes
+ * of req->buf.
+ */
+static void
+set_chunk (struct request *req, uint16_t type, uint8_t fixed, size_t data_len)
+{
+  req->reply.magic = htobe32 (NBD_STRUCTURED_REPLY_MAGIC);
+  req->reply.flags = htobe16 (NBD_REPLY_FLAG_DONE);
+  req->reply.type = htobe16 (type);
+  req->reply.length = htobe32 ((uint32_t) (fixed + data_len));
+  req->reply_len = CHUNK_HEADER_SIZE + fixed;
+  req->data_len = data_len;
+}
+
+/* With structured replies: READ data as one NBD_REPLY_TYPE_OFFSET_DATA
+ * chunk, extents as one NBD_REPLY_TYPE_BLOCK_STATUS chunk (one context),
+ * any error as NBD_REPLY_TYPE_ERROR without a message (the spec forbids
+ * a simple reply to a READ, even for an error).  Each chunk is the whole
+ * reply, so it carries DONE: nothing is sent before the result is known.
+ */
+static void
+structured_reply (struct request *req, uint32_t nbd_error)
+{
+  if (nbd_error) {
+    uint32_t be_error = htobe32 (nbd_error);
+
+    memcpy (req->reply.fixed, &be_error, 4);
+    memset (req->reply.fixed + 4, 0, 2);        /* message length */
+    set_chunk (req, NBD_REPLY_TYPE_ERROR, 6, 0);
+  }
+  else if (req->type == NBD_CMD_READ) {
+    uint64_t be_offset = htobe64 (req->io.offset);
+
+    memcpy (req->reply.fixed, &be_offset, 8);
+    set_chunk (req, NBD_REPLY_TYPE_OFFSET_DATA, 8, req->io.count);
+  }
+  else {
+    uint32_t be_id = htobe32 (SESSION_BASE_ALLOCATION_ID);
+
+    memcpy (req->reply.fixed, &be_id, 4);
+    set_chunk (req, NBD_REPLY_TYPE_BLOCK_STATUS, 4, req->data_len);
+  }
+}
+
 void
 conn_queue_reply (struct request *req, uint32_t nbd_error)
 {
@@ -112,10 +164,18 @@ conn_queue_reply (struct request *req, uint32_t nbd_error)
   TRACE_REQUEST (MLOOP_TRACE_COMPLETE, req, (int) nbd_error);
 
   req->error = nbd_error;
-  req->reply.magic = htobe32 (NBD_SIMPLE_REPLY_MAGIC);
-  req->reply.error = htobe32 (nbd_error);
-  req->data_len = (req->type == NBD_CMD_READ && nbd_error == 0)
-    ? req->io.count : 0;
+  if (c->session.structured_replies &&
+      (nbd_error || req->type == NBD_CMD_READ ||
+       req->type == NBD_CMD_BLOCK_STATUS))
+    structured_reply (req, nbd_error);
+  else {
+    /* As before structured replies: what the kernel client reads. */
+    req->reply.magic = htobe32 (NBD_SIMPLE_REPLY_MAGIC);
+    req->reply.error = htobe32 (nbd_error);
+    req->reply_len = SIMPLE_REPLY_SIZE;
+    req->data_len = (req->type == NBD_CMD_READ && nbd_error == 0)
+      ? req->io.count : 0;
+  }
   req->next = NULL;
   if (c->out_tail)
     c->out_tail->next = req;
@@ -191,7 +251,7 @@ conn_flush (struct conn *c)
     ssize_t sent;
 
     for (; req && n + IOVECS_PER_REPLY <= SEND_IOVECS; req = req->next) {
-      size_t hlen = sizeof req->reply;
+      size_t hlen = req->reply_len;
 
       if (skip < hlen) {
         iov[n].iov_base = (char *) &req->reply + skip;
@@ -225,7 +285,7 @@ conn_flush (struct conn *c)
     c->out_sent += (size_t) sent;
     while (c->out_head) {
       struct request *head = c->out_head;
-      size_t whole = sizeof head->reply + head->data_len;
+      size_t whole = head->reply_len + head->data_len;
 
       if (c->out_sent < whole)
         break;
@@ -290,15 +350,20 @@ ensure_buffer (struct conn *c, struct request *req, size_t n, uint32_t align)
   return 0;
 }
 
-/* The export's properties request_admit() and request_check() decide by. */
+/* The export's properties, and what C negotiated, that request_admit()
+ * and request_check() decide by.
+ */
 static struct request_limits
-limits (const struct worker_options *opts)
+limits (const struct conn *c)
 {
+  const struct worker_options *opts = c->set->opts;
+
   return (struct request_limits) {
     .size = mloop_backing_size (&opts->engine->backing),
     .read_only = opts->read_only,
     .discard = opts->discard,
     .max_request = opts->max_request,
+    .block_status = c->session.base_allocation,
   };
 }
 
@@ -310,7 +375,7 @@ static void
 validate_and_dispatch (struct conn *c, struct request *req, uint64_t offset,
                        uint32_t length)
 {
-  const struct request_limits x = limits (c->set->opts);
+  const struct request_limits x = limits (c);
   const struct nbd_request h = {
     .magic = NBD_REQUEST_MAGIC, .flags = req->flags, .type = req->type,
     .offset = offset, .length = length,
@@ -342,13 +407,13 @@ static bool
 parse_header (struct conn *c)
 {
   const struct worker_options *opts = c->set->opts;
-  const struct request_limits x = limits (opts);
+  const struct request_limits x = limits (c);
   struct nbd_request h;
   struct request *req;
   enum request_verdict v;
   uint32_t error;
   uint64_t offset;
-  uint32_t length;
+  uint32_t length, length_needed = 0;
   uint16_t type;
 
   request_decode (c->in + c->in_start, &h);
@@ -380,8 +445,12 @@ parse_header (struct conn *c)
     conn_queue_reply (req, error);
     return true;
   }
-  if ((type == NBD_CMD_READ || type == NBD_CMD_WRITE) && length > 0 &&
-      ensure_buffer (c, req, length,
+  if (type == NBD_CMD_BLOCK_STATUS && c->session.base_allocation)
+    length_needed = CONN_EXTENTS_BUFFER;        /* the descriptors */
+  else if (type == NBD_CMD_READ || type == NBD_CMD_WRITE)
+    length_needed = length;
+  if (length_needed > 0 &&
+      ensure_buffer (c, req, length_needed,
                      opts->engine->backing.logical_block_size) == -1) {
     if (type == NBD_CMD_WRITE) {
       conn_close_when_idle (c);
@@ -454,8 +523,11 @@ buffer_need (const struct conn *c)
   struct nbd_request h;
 
   request_decode (c->in + c->in_start, &h);
-  if (h.magic != NBD_REQUEST_MAGIC ||
-      (h.type != NBD_CMD_READ && h.type != NBD_CMD_WRITE) ||
+  if (h.magic != NBD_REQUEST_MAGIC)
+    return 0;
+  if (h.type == NBD_CMD_BLOCK_STATUS)
+    return c->session.base_allocation ? CONN_EXTENTS_BUFFER : 0;
+  if ((h.type != NBD_CMD_READ && h.type != NBD_CMD_WRITE) ||
       h.length > c->set->opts->max_request)
     return 0;                   /* refused or closed: no buffer */
   return h.length;
@@ -584,7 +656,7 @@ conn_handle_events (struct conn *c, uint32_t events)
 /* ------------------------------------------------------------ lifecycle */
 
 void
-conn_adopt (struct conn_set *s, int fd)
+conn_adopt (struct conn_set *s, int fd, const struct session *session)
 {
   struct conn *c = calloc (1, sizeof *c);
   struct epoll_event ev = { .events = EPOLLIN };
@@ -599,6 +671,7 @@ conn_adopt (struct conn_set *s, int fd)
   }
   c->fd = fd;
   c->set = s;
+  c->session = *session;
   setsockopt (fd, SOL_SOCKET, SO_SNDBUF, &(int) { SEND_BUFFER }, sizeof (int));
   for (i = 0; i < CONN_SLOTS; i++) {
     c->slots[i].next = c->free;

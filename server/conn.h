@@ -25,6 +25,7 @@
 
 #include "io.h"
 #include "offload.h"
+#include "session.h"
 #include "trace.h"
 #include "worker.h"
 
@@ -48,14 +49,35 @@ struct request {
   size_t cap;
   bool charged;                 /* buf counts in the budget (budget.h);
                                    else, if buf, in conn->kept */
-  size_t data_len;              /* reply payload: READ data */
+  size_t data_len;              /* reply payload from buf: READ data,
+                                   BLOCK_STATUS descriptors */
+  /* The reply's header: a simple reply (16 bytes), or a structured
+   * reply chunk with its fixed fields (conn_queue_reply decides).  The
+   * cookie is at the same place in both.
+   */
   struct {
     uint32_t magic;
-    uint32_t error;
+    union {
+      uint32_t error;           /* simple */
+      struct {
+        uint16_t flags, type;   /* chunk */
+      } __attribute__((packed));
+    };
     char cookie[8];             /* opaque, echoed as received */
+    uint32_t length;            /* chunk: payload length */
+    char fixed[8];              /* chunk: READ's offset, an error and
+                                   its message length, a context id */
   } __attribute__((packed)) reply;
+  uint8_t reply_len;            /* bytes of reply to send */
   struct request *next;
 };
+
+/* Descriptors one BLOCK_STATUS reply carries at most: the spec lets a
+ * server answer less than asked (clients ask again from where it
+ * ended), and a fixed size keeps the buffer small and reusable.
+ */
+#define CONN_EXTENTS_MAX 2048
+#define CONN_EXTENTS_BUFFER (CONN_EXTENTS_MAX * 8)
 
 /* The connections of one worker, and what they share.  The worker owns
  * it and calls the conn_set functions; conn.c keeps the lists.
@@ -78,6 +100,7 @@ struct conn_set {
 struct conn {
   int fd;
   struct conn_set *set;
+  struct session session;       /* what the handshake agreed on */
   struct request slots[CONN_SLOTS];
   struct request *free;
   unsigned busy;                /* slots not on the free list */
@@ -113,16 +136,18 @@ struct conn {
   MLOOP_TRACE ((event), (unsigned) (req)->conn->fd, (req)->reply.cookie, 0, \
                (req)->type, (req)->io.offset, (req)->io.count, (error))
 
-/* Takes FD, a negotiated socket, into S and watches it for requests; on
- * failure closes FD.
+/* Takes FD, a socket that negotiated SESSION, into S and watches it for
+ * requests; on failure closes FD.
  */
-void conn_adopt (struct conn_set *s, int fd);
+void conn_adopt (struct conn_set *s, int fd, const struct session *session);
 
 /* Handles the epoll EVENTS reported for C's socket. */
 void conn_handle_events (struct conn *c, uint32_t events);
 
-/* Queues REQ's reply (its header, and the data of a successful READ); it
- * goes out at the next conn_set_flush().
+/* Queues REQ's reply (its header, and the data of a successful READ or
+ * BLOCK_STATUS); it goes out at the next conn_set_flush().  Without
+ * structured replies, a simple reply; with them, one chunk flagged DONE
+ * for a READ, a BLOCK_STATUS or any error, a simple reply for the rest.
  */
 void conn_queue_reply (struct request *req, uint32_t nbd_error);
 

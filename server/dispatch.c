@@ -2,6 +2,7 @@
  * AIO batch, the reaping of completions, the helpers for what must block,
  * and the reply each of them ends in.  See dispatch.h.
  */
+#include <endian.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdatomic.h>
@@ -30,6 +31,7 @@ command_name (uint16_t type)
   case NBD_CMD_FLUSH: return "flush";
   case NBD_CMD_TRIM: return "trim";
   case NBD_CMD_WRITE_ZEROES: return "zero";
+  case NBD_CMD_BLOCK_STATUS: return "block status";
   default: return "command";
   }
 }
@@ -265,6 +267,71 @@ request_of_job (struct offload_job *job)
   return (struct request *) ((char *) job - offsetof (struct request, job));
 }
 
+/* BLOCK_STATUS descriptors being written into a request's buffer. */
+struct extents {
+  unsigned char *out;           /* CONN_EXTENTS_MAX descriptors */
+  unsigned n;
+  bool full;
+};
+
+/* The engine's extent callback: one descriptor per extent (length,
+ * base:allocation flags), merged with the one before when the state is
+ * the same; stops the walk when the buffer is full, which the spec
+ * allows (the client asks again from where the reply ended).
+ */
+static int
+add_descriptor (void *opaque, uint64_t offset, uint64_t length, bool hole)
+{
+  struct extents *x = opaque;
+  const uint32_t flags = hole ? NBD_STATE_HOLE | NBD_STATE_ZERO : 0;
+  uint32_t be[2];
+
+  (void) offset;                /* consecutive: the walk's own order */
+  if (x->n > 0) {
+    unsigned char *last = x->out + 8 * (x->n - 1);
+    uint32_t last_len, last_flags;
+
+    memcpy (&last_len, last, 4);
+    memcpy (&last_flags, last + 4, 4);
+    last_len = be32toh (last_len);
+    if (be32toh (last_flags) == flags && length <= UINT32_MAX - last_len) {
+      be[0] = htobe32 (last_len + (uint32_t) length);
+      memcpy (last, be, 4);
+      return 0;
+    }
+  }
+  if (x->n == CONN_EXTENTS_MAX) {
+    x->full = true;
+    return -ENOBUFS;
+  }
+  /* The walk never goes past the request, whose length is 32 bits. */
+  be[0] = htobe32 ((uint32_t) length);
+  be[1] = htobe32 (flags);
+  memcpy (x->out + 8 * x->n++, be, 8);
+  return 0;
+}
+
+/* On a helper thread: the extents of a BLOCK_STATUS, through the
+ * engine's SEEK_DATA/SEEK_HOLE walk (the one nbdkit's plugin uses), into
+ * req->buf; sets req->data_len.
+ */
+static int
+block_status (struct mloop_engine *e, struct request *req)
+{
+  struct extents x = { .out = req->buf };
+  struct mloop_io *io = &req->io;
+  int r = mloop_engine_extents (e, io->offset, io->count,
+                                io->flags & NBD_CMD_FLAG_REQ_ONE,
+                                add_descriptor, &x);
+
+  if (x.full)
+    r = 0;                      /* a shorter answer, not an error */
+  if (r == 0 && x.n == 0)
+    r = -EIO;                   /* the spec wants at least one */
+  req->data_len = r == 0 ? 8 * (size_t) x.n : 0;
+  return r;
+}
+
 /* On a helper thread: the request's blocking work.  Reads only what the
  * worker set before handing it over, and the engine.
  */
@@ -281,6 +348,9 @@ run_blocking (struct offload_job *job)
     break;
   case NBD_CMD_WRITE_ZEROES:
     req->result = mloop_engine_zero (e, io->offset, io->count, io->flags);
+    break;
+  case NBD_CMD_BLOCK_STATUS:
+    req->result = block_status (e, req);
     break;
   default:                      /* READ, WRITE or FLUSH the engine
                                    said must block */
@@ -343,6 +413,7 @@ dispatch_take_done (struct dispatch *d)
     switch (req->type) {
     case NBD_CMD_TRIM:
     case NBD_CMD_WRITE_ZEROES:
+    case NBD_CMD_BLOCK_STATUS:
       if (r < 0 && r != -EINVAL && r != -EPERM && r != -ENOSPC)
         log_io_error (req, io->offset, io->count, -r);
       conn_queue_reply (req, nbd_errno (-r));
@@ -426,6 +497,13 @@ dispatch_request (struct dispatch *d, struct request *req, uint64_t offset,
     req->io.offset = offset;
     req->io.count = length;
     req->io.flags = io_flags;
+    offload_request (d, req, run_blocking);
+    return;
+  case NBD_CMD_BLOCK_STATUS:
+    /* lseek(SEEK_DATA) may read metadata from disk: a helper's work. */
+    req->io.offset = offset;
+    req->io.count = length;
+    req->io.flags = f & NBD_CMD_FLAG_REQ_ONE;
     offload_request (d, req, run_blocking);
     return;
   default:

@@ -11,12 +11,26 @@
 #include "nbd_proto.h"
 #include "sockio.h"
 
-/* The largest option payload read and understood.  INFO/GO carry a name
- * (≤ 4096) plus a few info requests; anything longer is refused with
- * NBD_REP_ERR_TOO_BIG after its payload is skipped, up to
- * OPTION_SKIP_MAX; beyond that the client is disconnected.
+/* What the options so far have agreed on that the transmission phase
+ * depends on.  The export name of the last SET_META_CONTEXT is kept:
+ * its selection holds only if GO then names the same export (the spec
+ * ties the two; with any name served, they could differ).
  */
-#define OPTION_MAX       (4 + NBD_MAX_STRING + 2 + 2 * 32)
+struct negotiation {
+  bool structured_replies;
+  bool base_allocation;         /* selected by the last SET */
+  uint32_t meta_name_len;
+  char meta_name[NBD_MAX_STRING];
+};
+
+/* The largest option payload read and understood.  INFO/GO carry a name
+ * (≤ 4096) plus a few info requests, the meta context options a name plus
+ * queries (base:allocation is 15 bytes; 1 KiB leaves room for those of
+ * other servers' namespaces that clients such as qemu add); anything
+ * longer is refused with NBD_REP_ERR_TOO_BIG after its payload is
+ * skipped, up to OPTION_SKIP_MAX; beyond that the client is disconnected.
+ */
+#define OPTION_MAX       (4 + NBD_MAX_STRING + 4 + 1024)
 #define OPTION_SKIP_MAX  (1u << 20)
 
 static int
@@ -88,14 +102,27 @@ name_matches (const struct export_info *x, const char *name, uint32_t len)
     (strlen (x->name) == len && memcmp (x->name, name, len) == 0);
 }
 
+/* The session that transmission on export NAME (LEN bytes) gets from
+ * what was negotiated.
+ */
+static void
+enter (const struct negotiation *n, const char *name, uint32_t len,
+       struct session *out)
+{
+  out->structured_replies = n->structured_replies;
+  out->base_allocation = n->structured_replies && n->base_allocation &&
+    n->meta_name_len == len && memcmp (n->meta_name, name, len) == 0;
+}
+
 /* NBD_OPT_INFO and NBD_OPT_GO: payload is name length, name, number of
  * info requests, requests.  A name that is not ours gets
- * NBD_REP_ERR_UNKNOWN.  Returns 1 to start transmission (GO), 0 to go on
- * negotiating, -1 to close.
+ * NBD_REP_ERR_UNKNOWN.  Returns 1 to start transmission (GO, *OUT then
+ * set), 0 to go on negotiating, -1 to close.
  */
 static int
 info_or_go (int fd, uint32_t option, const char *data, uint32_t len,
-            const struct export_info *x)
+            const struct export_info *x, const struct negotiation *n,
+            struct session *out)
 {
   uint32_t name_len;
   uint16_t nr_info;
@@ -119,7 +146,10 @@ info_or_go (int fd, uint32_t option, const char *data, uint32_t len,
       reply_info_block_size (fd, option, x) == -1 ||
       reply (fd, option, NBD_REP_ACK, NULL, 0) == -1)
     return -1;
-  return option == NBD_OPT_GO ? 1 : 0;
+  if (option != NBD_OPT_GO)
+    return 0;
+  enter (n, data + 4, name_len, out);
+  return 1;
 
  invalid:
   return reply (fd, option, NBD_REP_ERR_INVALID, NULL, 0) == -1 ? -1 : 0;
@@ -145,6 +175,103 @@ list_exports (int fd, uint32_t len, const struct export_info *x)
   return reply (fd, NBD_OPT_LIST, NBD_REP_ACK, NULL, 0);
 }
 
+/* Whether the query Q (LEN bytes) of a meta context option names
+ * base:allocation: exactly, or for LIST also the namespace wildcard
+ * "base:" (which SET must ignore).  Anything else is a query mloop has
+ * no context for, which the spec says to ignore.
+ */
+static bool
+query_matches (const char *q, uint32_t len, bool list)
+{
+  const size_t n = strlen (NBD_CONTEXT_BASE_ALLOCATION);
+
+  if (len == n && memcmp (q, NBD_CONTEXT_BASE_ALLOCATION, n) == 0)
+    return true;
+  return list && len == 5 && memcmp (q, "base:", 5) == 0;
+}
+
+/* Parses a meta context option's payload: name length, name, number of
+ * queries, then each query as length and string, to the last byte.
+ * Returns false when it is malformed; else sets the name and whether the
+ * client asked for all contexts (no queries) or base:allocation.
+ */
+static bool
+parse_meta (const char *data, uint32_t len, bool list, const char **name,
+            uint32_t *name_len, bool *all, bool *match)
+{
+  uint32_t pos, nr, i, v;
+
+  if (len < 4)
+    return false;
+  memcpy (&v, data, 4);
+  v = be32toh (v);
+  if (v > NBD_MAX_STRING || len - 4 < v || len - 4 - v < 4)
+    return false;
+  *name = data + 4;
+  *name_len = v;
+  pos = 4 + v;
+  memcpy (&nr, data + pos, 4);
+  nr = be32toh (nr);
+  pos += 4;
+  *all = nr == 0;
+  *match = false;
+  /* Each query takes at least 4 bytes: the loop ends within LEN. */
+  for (i = 0; i < nr; i++) {
+    if (len - pos < 4)
+      return false;
+    memcpy (&v, data + pos, 4);
+    v = be32toh (v);
+    pos += 4;
+    if (v > len - pos)
+      return false;
+    if (query_matches (data + pos, v, list))
+      *match = true;
+    pos += v;
+  }
+  return pos == len;
+}
+
+/* NBD_OPT_LIST_META_CONTEXT and NBD_OPT_SET_META_CONTEXT, for the one
+ * context mloop has, base:allocation.  Both need structured replies
+ * first (the spec: SET SHOULD, LIST MAY be refused without; refusing
+ * both keeps the rule simple).  SET replaces the selection even when it
+ * fails.  LIST replies with id 0 (reserved), SET with the id
+ * BLOCK_STATUS chunks will carry.
+ */
+static int
+meta_context (int fd, uint32_t option, const char *data, uint32_t len,
+              const struct export_info *x, struct negotiation *n)
+{
+  const bool list = option == NBD_OPT_LIST_META_CONTEXT;
+  const char *name;
+  uint32_t name_len;
+  bool all, match;
+
+  if (!list)
+    n->base_allocation = false;
+  if (!n->structured_replies ||
+      !parse_meta (data, len, list, &name, &name_len, &all, &match))
+    return reply (fd, option, NBD_REP_ERR_INVALID, NULL, 0);
+  if (!name_matches (x, name, name_len))
+    return reply (fd, option, NBD_REP_ERR_UNKNOWN, NULL, 0);
+  if (list ? all || match : match) {
+    const size_t clen = strlen (NBD_CONTEXT_BASE_ALLOCATION);
+    char entry[4 + sizeof NBD_CONTEXT_BASE_ALLOCATION];
+    uint32_t id = htobe32 (list ? 0 : SESSION_BASE_ALLOCATION_ID);
+
+    memcpy (entry, &id, 4);
+    memcpy (entry + 4, NBD_CONTEXT_BASE_ALLOCATION, clen);
+    if (reply (fd, option, NBD_REP_META_CONTEXT, entry, 4 + clen) == -1)
+      return -1;
+    if (!list) {
+      n->base_allocation = true;
+      n->meta_name_len = name_len;
+      memcpy (n->meta_name, name, name_len);
+    }
+  }
+  return reply (fd, option, NBD_REP_ACK, NULL, 0);
+}
+
 /* NBD_OPT_EXPORT_NAME: no reply header; size and flags, then (unless
  * NO_ZEROES was agreed) 124 bytes of zeroes.
  */
@@ -164,7 +291,7 @@ export_name (int fd, const struct export_info *x, bool no_zeroes)
 }
 
 int
-mloop_handshake (int fd, const struct export_info *x)
+mloop_handshake (int fd, const struct export_info *x, struct session *out)
 {
   struct {
     uint64_t magic, opt_magic;
@@ -176,6 +303,9 @@ mloop_handshake (int fd, const struct export_info *x)
   uint32_t client_flags;
   bool no_zeroes;
   char data[OPTION_MAX];
+  struct negotiation n = { .structured_replies = false };
+
+  *out = (struct session) { .structured_replies = false };
 
   if (mloop_send_full (fd, &greeting, sizeof greeting) == -1 ||
       mloop_recv_full (fd, &client_flags, 4) == -1)
@@ -222,6 +352,7 @@ mloop_handshake (int fd, const struct export_info *x)
        */
       if (len > NBD_MAX_STRING || !name_matches (x, data, len))
         return -1;
+      enter (&n, data, len, out);
       return export_name (fd, x, no_zeroes);
     case NBD_OPT_ABORT:
       reply (fd, option, NBD_REP_ACK, NULL, 0);
@@ -231,12 +362,25 @@ mloop_handshake (int fd, const struct export_info *x)
       break;
     case NBD_OPT_INFO:
     case NBD_OPT_GO:
-      r = info_or_go (fd, option, data, len, x);
+      r = info_or_go (fd, option, data, len, x, &n, out);
       if (r == 1)
         return 0;
       break;
+    case NBD_OPT_STRUCTURED_REPLY:
+      /* No payload allowed.  Asking twice is harmless: ACK again. */
+      if (len != 0)
+        r = reply (fd, option, NBD_REP_ERR_INVALID, NULL, 0);
+      else {
+        n.structured_replies = true;
+        r = reply (fd, option, NBD_REP_ACK, NULL, 0);
+      }
+      break;
+    case NBD_OPT_LIST_META_CONTEXT:
+    case NBD_OPT_SET_META_CONTEXT:
+      r = meta_context (fd, option, data, len, x, &n);
+      break;
     default:
-      /* Structured replies, TLS, meta contexts, anything newer. */
+      /* TLS, extended headers, anything newer. */
       r = reply (fd, option, NBD_REP_ERR_UNSUP, NULL, 0);
       break;
     }

@@ -11,6 +11,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "session.h"
+
 struct export_info {
   uint64_t size;
   uint16_t transmission_flags;
@@ -18,10 +20,13 @@ struct export_info {
   const char *name;             /* the only name served, or NULL: any */
 };
 
-/* Negotiates on FD.  Returns 0 when the client entered transmission
- * (NBD_OPT_GO or NBD_OPT_EXPORT_NAME), -1 when the connection must be
- * closed (abort, EOF, protocol violation, or an option too large).
+/* Negotiates on FD: structured replies and the base:allocation meta
+ * context besides the export itself.  Returns 0 when the client entered
+ * transmission (NBD_OPT_GO or NBD_OPT_EXPORT_NAME), with what it agreed
+ * on in *SESSION; -1 when the connection must be closed (abort, EOF,
+ * protocol violation, or an option too large).
  */
-int mloop_handshake (int fd, const struct export_info *export);
+int mloop_handshake (int fd, const struct export_info *export,
+                     struct session *session);
 
 #endif /* MLOOP_SERVER_HANDSHAKE_H */

@@ -65,7 +65,8 @@
 #define HANDSHAKE_TIMEOUT_MAX (24 * 3600)
 #define MAX_HANDSHAKES_MAX 1000000
 /* A handshake needs a few KiB of stack (handshake.c's largest frame is
- * one option payload, 4 KiB and a bit).  The default, RLIMIT_STACK
+ * one option payload and the export name of a meta context selection,
+ * under 10 KiB).  The default, RLIMIT_STACK
  * (usually 8 MiB), would make a thousand idle connections reserve 8 GiB
  * of address space, and all of it locked under --mlock.
  */
@@ -214,17 +215,18 @@ handshake_thread (void *arg)
   struct worker *w;
   /* The size as of this handshake: a SIGHUP may change it meanwhile. */
   struct export_info x = export;
+  struct session session;
   bool ok;
 
   x.size = mloop_backing_size (&engine.backing);
   x.min_block = mloop_backing_min_block_size (&engine.backing);
-  ok = mloop_handshake (fd, &x) == 0;
+  ok = mloop_handshake (fd, &x, &session) == 0;
   ok = pending_leave (p) && ok;
   if (ok) {
     pthread_mutex_lock (&next_worker_lock);
     w = workers[next_worker++ % nr_workers];
     pthread_mutex_unlock (&next_worker_lock);
-    worker_add_connection (w, fd);
+    worker_add_connection (w, fd, &session);
   }
   else
     admission_close (fd);

@@ -107,6 +107,14 @@ request_check (const struct nbd_request *r, const struct request_limits *x,
     if (x->read_only)
       return reply (error, NBD_EPERM);
     return REQUEST_PROCEED;     /* the engine checks the range */
+  case NBD_CMD_BLOCK_STATUS:
+    if (f & ~NBD_CMD_FLAG_REQ_ONE)
+      return reply (error, NBD_EINVAL);
+    if (!x->block_status)
+      return reply (error, NBD_EINVAL);   /* the spec's SHOULD */
+    if (!range_ok (x, r->offset, r->length) || r->length == 0)
+      return reply (error, NBD_EINVAL);
+    return REQUEST_PROCEED;
   default:
     return reply (error, NBD_EINVAL);
   }

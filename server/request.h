@@ -33,6 +33,7 @@ struct request_limits {
   bool read_only;
   bool discard;
   uint32_t max_request;         /* largest READ/WRITE accepted */
+  bool block_status;            /* base:allocation negotiated */
 };
 
 enum request_verdict {
@@ -58,7 +59,9 @@ enum request_verdict request_admit (const struct nbd_request *r,
 /* The decision on an admitted request (a WRITE with its payload in):
  * REQUEST_REPLY with the NBD error in *ERROR (0 when there is nothing to
  * do: an empty WRITE, a FLUSH of a read-only export), or REQUEST_PROCEED
- * when the command must be performed.  Never REQUEST_CLOSE.
+ * when the command must be performed.  Never REQUEST_CLOSE.  A
+ * BLOCK_STATUS is refused with NBD_EINVAL unless a context was
+ * negotiated, and like a READ must be non-empty and inside the export.
  */
 enum request_verdict request_check (const struct nbd_request *r,
                                     const struct request_limits *x,

@@ -39,7 +39,10 @@ struct worker {
   int inbox_efd;                /* new connections, or stop */
 
   pthread_mutex_t inbox_lock;   /* guards the inbox */
-  int *inbox;
+  struct arrival {
+    int fd;
+    struct session session;
+  } *inbox;
   size_t inbox_len, inbox_cap;
   atomic_bool stopping;
 
@@ -63,7 +66,7 @@ take_inbox (struct worker *w)
     return;
   pthread_mutex_lock (&w->inbox_lock);
   for (i = 0; i < w->inbox_len; i++)
-    conn_adopt (&w->conns, w->inbox[i]);
+    conn_adopt (&w->conns, w->inbox[i].fd, &w->inbox[i].session);
   w->inbox_len = 0;
   pthread_mutex_unlock (&w->inbox_lock);
 }
@@ -243,12 +246,13 @@ worker_close_client (const struct worker_options *opts, int fd)
 }
 
 void
-worker_add_connection (struct worker *w, int fd)
+worker_add_connection (struct worker *w, int fd,
+                       const struct session *session)
 {
   pthread_mutex_lock (&w->inbox_lock);
   if (w->inbox_len == w->inbox_cap) {
     size_t cap = w->inbox_cap ? 2 * w->inbox_cap : INBOX_FIRST_CAP;
-    int *p = realloc (w->inbox, cap * sizeof *p);
+    struct arrival *p = realloc (w->inbox, cap * sizeof *p);
 
     if (p == NULL) {
       pthread_mutex_unlock (&w->inbox_lock);
@@ -258,7 +262,7 @@ worker_add_connection (struct worker *w, int fd)
     w->inbox = p;
     w->inbox_cap = cap;
   }
-  w->inbox[w->inbox_len++] = fd;
+  w->inbox[w->inbox_len++] = (struct arrival) { fd, *session };
   pthread_mutex_unlock (&w->inbox_lock);
   poke (w);
 }
@@ -278,7 +282,7 @@ worker_stop (struct worker *w)
   worker_begin_stop (w);
   pthread_join (w->thread, NULL);
   for (i = 0; i < w->inbox_len; i++)
-    close (w->inbox[i]);
+    close (w->inbox[i].fd);
   free (w->inbox);
   dispatch_destroy (&w->dispatch);
   close (w->epfd);

@@ -20,6 +20,7 @@
 #include "budget.h"
 #include "engine.h"
 #include "offload.h"
+#include "session.h"
 #include "stats.h"
 
 struct worker;
@@ -47,8 +48,11 @@ void worker_close_client (const struct worker_options *opts, int fd);
 struct worker *worker_start (const struct worker_options *opts,
                              char *err, size_t errlen);
 
-/* Hands a negotiated connection to the worker (any thread). */
-void worker_add_connection (struct worker *w, int fd);
+/* Hands a negotiated connection, and what it negotiated, to the worker
+ * (any thread).
+ */
+void worker_add_connection (struct worker *w, int fd,
+                            const struct session *session);
 
 /* Tells the worker to stop (returns at once): it stops reading requests,
  * answers those already received with ESHUTDOWN, finishes the ones in

@@ -214,6 +214,7 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
     .min_block = 512, .preferred_block = 4096, .max_block = 32u << 20,
   };
   struct fuzz_client c;
+  struct session session;
   int sv[2], result;
 
   if (size < 1)
@@ -228,7 +229,7 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
   if (socketpair (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == -1)
     abort ();
   fuzz_client_start (&c, sv[1], data + 1, size - 1, data[0] & 16);
-  result = mloop_handshake (sv[0], &x);
+  result = mloop_handshake (sv[0], &x, &session);
   close (sv[0]);                /* the server's side is done either way */
   fuzz_client_join (&c);
 

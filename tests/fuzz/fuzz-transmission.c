@@ -166,6 +166,7 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
   size_t pos = 9, n = 0, i, o;
   bool cut = false;             /* ended mid-payload: replies may be lost */
   struct fuzz_client c;
+  const struct session session = { .structured_replies = false };
   int sv[2];
 
   uint8_t *wire;
@@ -211,7 +212,7 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
   if (socketpair (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == -1)
     abort ();
   fuzz_client_start (&c, sv[1], wire + 9, size - 9, false);
-  worker_add_connection (worker_for (bits), sv[0]);
+  worker_add_connection (worker_for (bits), sv[0], &session);
   fuzz_client_join (&c);        /* the worker closed the connection */
 
   for (o = 0; c.out_len - o >= 16; ) {

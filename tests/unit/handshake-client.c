@@ -71,10 +71,13 @@ const struct export_info plain_disk = {
   .name = "disk",
 };
 
+struct session handshake_session;
+
 static int
 run_handshake (const struct export_info *x, const struct bytes *client,
                struct bytes *answer)
 {
+  struct session session;
   int sv[2], result;
   size_t done = 0;
 
@@ -90,7 +93,8 @@ run_handshake (const struct export_info *x, const struct bytes *client,
   }
   CHECK (shutdown (sv[1], SHUT_WR) == 0, "shutdown: %s", strerror (errno));
 
-  result = mloop_handshake (sv[0], x);
+  result = mloop_handshake (sv[0], x, &session);
+  handshake_session = session;
   close (sv[0]);
 
   answer->len = 0;

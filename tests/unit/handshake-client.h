@@ -41,6 +41,9 @@ struct reader {
 /* A plain export: 1 MiB, served as "disk". */
 extern const struct export_info plain_disk;
 
+/* What the last handshake() agreed on (valid when it returned 0). */
+extern struct session handshake_session;
+
 /* Runs mloop_handshake() for export X against the client's bytes CLIENT
  * (client flags first) and checks that it returned RESULT (0: into
  * transmission, -1: closed) and that its answer, kept in *ANSWER, starts
