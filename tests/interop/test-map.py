@@ -1,0 +1,85 @@
+#!/usr/bin/python3
+"""qemu-img map --output=json and nbdinfo --map through mloop equal the
+image's own SEEK_DATA/SEEK_HOLE map: the whole file, and an
+offset=/sizelimit= window whose edges fall inside a data region and
+inside a hole (the map is the file's, shifted and clipped)."""
+import json
+import os
+import shutil
+import subprocess
+import harness
+
+if shutil.which("qemu-img") is None:
+    harness.skip("qemu-img (qemu-utils) is not installed")
+if shutil.which("nbdinfo") is None:
+    harness.skip("nbdinfo (libnbd-bin) is not installed")
+
+MiB = 1 << 20
+SIZE = 64 * MiB
+REGIONS = [(0, MiB), (10 * MiB, 3 * MiB), (40 * MiB, 64 << 10), (SIZE - MiB, MiB)]
+image = harness.make_image(SIZE)
+with open(image, "r+b") as f:
+    for off, n in REGIONS:
+        f.seek(off)
+        f.write(harness.pattern(n, off))
+
+
+def file_map(path, start, end):
+    """Data ranges of [start, end) of PATH by SEEK_DATA/SEEK_HOLE, relative
+    to START."""
+    fd = os.open(path, os.O_RDONLY)
+    out, pos = [], start
+    try:
+        while pos < end:
+            try:
+                data = os.lseek(fd, pos, os.SEEK_DATA)
+            except OSError:
+                break
+            if data >= end:
+                break
+            hole = os.lseek(fd, data, os.SEEK_HOLE)
+            out.append((data - start, min(hole, end) - start))
+            pos = hole
+    finally:
+        os.close(fd)
+    return out
+
+
+def merge(ranges):
+    out = []
+    for a, b in ranges:
+        if out and out[-1][1] == a:
+            out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
+
+
+def run(*cmd):
+    return subprocess.run(cmd, check=True, capture_output=True, text=True,
+                          timeout=300).stdout
+
+
+def served_maps(srv, size):
+    q = json.loads(run("qemu-img", "map", "--output=json", "-f", "raw", srv.uri))
+    qemu = merge((e["start"], e["start"] + e["length"]) for e in q if e["data"])
+    assert sum(e["length"] for e in q) == size, q
+    n = json.loads(run("nbdinfo", "--map", "--json", srv.uri))
+    # base:allocation: bit 0 hole, bit 1 zero; data is what is not a hole.
+    info = merge((e["offset"], e["offset"] + e["length"]) for e in n
+                 if not e["type"] & 1)
+    assert sum(e["length"] for e in n) == size, n
+    return qemu, info
+
+
+cases = [("whole image", [], 0, SIZE),
+         ("window", [f"offset={MiB // 2}", f"sizelimit={40 * MiB}"], MiB // 2, 40 * MiB)]
+for what, params, off, size in cases:
+    srv = harness.Server(image, params)
+    expected = file_map(image, off, off + size)
+    qemu, info = served_maps(srv, size)
+    srv.stop()
+    assert qemu == expected, f"{what}: qemu-img map {qemu} != file map {expected}"
+    assert info == expected, f"{what}: nbdinfo --map {info} != file map {expected}"
+    print(f"{what}: {len(expected)} data extents, identical")
+print("ok: qemu-img map and nbdinfo --map equal the file's SEEK_DATA/SEEK_HOLE map")
