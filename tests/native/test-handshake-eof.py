@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """A client that goes away at any byte of a real handshake never crashes
 or hangs mloop-server.  The bytes libnbd sends to negotiate (GO for the
-export "disk", after whatever options it tries first) are recorded through
+export "disk", after STRUCTURED_REPLY, SET_META_CONTEXT for
+base:allocation and whatever options it tries first) are recorded through
 a relay; then, over TCP, for every prefix of them, a client connects,
 sends the prefix and (a) shuts its side down and waits for the server to
 close, which must happen within seconds, and (b) closes at once with a
@@ -65,6 +66,9 @@ def record_handshake():
     import nbd
     h = nbd.NBD()
     h.set_export_name("disk")
+    # With a meta context, libnbd negotiates STRUCTURED_REPLY and
+    # SET_META_CONTEXT before GO: every byte of those is cut at too.
+    h.add_meta_context(nbd.CONTEXT_BASE_ALLOCATION)
     h.connect_tcp("127.0.0.1", str(relay.getsockname()[1]))
     recording.clear()  # connected: negotiation is over, nothing in flight
     assert h.pread(512, 0)[:5] == b"hello"
@@ -94,6 +98,7 @@ while pos < len(script):
     pos += 16 + n
 assert pos == len(script), script
 assert options[-1][0] == nw.OPT_GO and options[-1][1][:8] == struct.pack(">I", 4) + b"disk", options
+assert {nw.OPT_STRUCTURED_REPLY, nw.OPT_SET_META_CONTEXT} <= {o for o, _ in options}, options
 fds0, threads0 = baseline()
 
 slowest = 0.0

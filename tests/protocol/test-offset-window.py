@@ -79,31 +79,31 @@ assert check_outside(image, "trim/zero") == bytes(mirror), "trim/zero missed the
 
 h.shutdown()
 
-# Extents (the plugin; mloop-server has no BLOCK_STATUS): whole extents
-# inside the window, holes only where the window reads as zeroes.
+# Extents (both servers answer BLOCK_STATUS): whole extents inside the
+# window, holes only where the window reads as zeroes.
 
 h = nbd.NBD()
 h.add_meta_context(nbd.CONTEXT_BASE_ALLOCATION)
 h.connect_uri(srv.uri)
 harness.on_exit(lambda: harness._disconnect(h))
 extents = 0
-if h.can_meta_context(nbd.CONTEXT_BASE_ALLOCATION):
-    pos = 0
-    while pos < LIMIT:
-        got = []
-        h.block_status(LIMIT - pos, pos,
-                       lambda ctx, off, entries, err: got.extend(entries))
-        for i in range(0, len(got), 2):
-            length, flags = got[i], got[i + 1]
-            if pos >= LIMIT:
-                break
-            assert pos + length <= LIMIT, f"extent {pos}+{length} reaches past the window"
-            if flags & nbd.STATE_HOLE:
-                assert bytes(mirror[pos:pos + length]) == bytes(length), \
-                    f"hole reported at {pos}+{length} over data"
-            pos += length
-            extents += 1
-    assert pos == LIMIT
+assert h.can_meta_context(nbd.CONTEXT_BASE_ALLOCATION), "base:allocation not offered"
+pos = 0
+while pos < LIMIT:
+    got = []
+    h.block_status(LIMIT - pos, pos,
+                   lambda ctx, off, entries, err: got.extend(entries))
+    for i in range(0, len(got), 2):
+        length, flags = got[i], got[i + 1]
+        if pos >= LIMIT:
+            break
+        assert pos + length <= LIMIT, f"extent {pos}+{length} reaches past the window"
+        if flags & nbd.STATE_HOLE:
+            assert bytes(mirror[pos:pos + length]) == bytes(length), \
+                f"hole reported at {pos}+{length} over data"
+        pos += length
+        extents += 1
+assert pos == LIMIT
 h.shutdown()
 srv.stop()
 assert check_outside(image, "end") == bytes(mirror)

@@ -1,6 +1,6 @@
-/* An option mloop does not implement (structured replies, TLS, meta
- * contexts, numbers nobody has assigned) is answered NBD_REP_ERR_UNSUP,
- * its payload consumed, and negotiation goes on: the client can still GO.
+/* An option mloop does not implement (TLS, extended headers, numbers
+ * nobody has assigned) is answered NBD_REP_ERR_UNSUP, its payload
+ * consumed, and negotiation goes on: the client can still GO.
  */
 #include <stdio.h>
 
@@ -9,9 +9,8 @@
 #include "unit.h"
 
 static const uint32_t unknown[] = {
-  NBD_OPT_STRUCTURED_REPLY,
   NBD_OPT_STARTTLS,
-  10,                           /* NBD_OPT_SET_META_CONTEXT */
+  11,                           /* NBD_OPT_EXTENDED_HEADERS */
   0,                            /* never assigned */
   0x12345678,
   UINT32_MAX,

@@ -22,6 +22,11 @@ static const struct request_limits ro = {
 static const struct request_limits nodiscard = {
   .size = 10 * MiB, .read_only = false, .discard = false, .max_request = 32 * MiB,
 };
+/* base:allocation negotiated: BLOCK_STATUS allowed (read-only too). */
+static const struct request_limits meta = {
+  .size = 10 * MiB, .read_only = true, .discard = false, .max_request = 32 * MiB,
+  .block_status = true,
+};
 
 struct row {
   const struct request_limits *x;
@@ -75,7 +80,15 @@ static const struct row rows[] = {
   /* DISC and the unknown */
   { &rw, NBD_CMD_DISC, 0, 0, 0, REQUEST_CLOSE, 0, 0 },
   { &rw, 5, 0, 0, 0, REQUEST_PROCEED, REQUEST_REPLY, NBD_EINVAL },   /* CACHE */
-  { &rw, 7, 0, 0, 0, REQUEST_PROCEED, REQUEST_REPLY, NBD_EINVAL },   /* BLOCK_STATUS */
+  /* BLOCK_STATUS: only with a context; inside, non-empty, REQ_ONE the
+   * only flag; a length beyond max_request is fine (a hint). */
+  { &rw, NBD_CMD_BLOCK_STATUS, 0, 0, 4096, REQUEST_PROCEED, REQUEST_REPLY, NBD_EINVAL },
+  { &meta, NBD_CMD_BLOCK_STATUS, 0, 0, 4096, REQUEST_PROCEED, REQUEST_PROCEED, 0 },
+  { &meta, NBD_CMD_BLOCK_STATUS, NBD_CMD_FLAG_REQ_ONE, 0, 10 * MiB, REQUEST_PROCEED, REQUEST_PROCEED, 0 },
+  { &meta, NBD_CMD_BLOCK_STATUS, NBD_CMD_FLAG_FUA, 0, 4096, REQUEST_PROCEED, REQUEST_REPLY, NBD_EINVAL },
+  { &meta, NBD_CMD_BLOCK_STATUS, 0, 0, 0, REQUEST_PROCEED, REQUEST_REPLY, NBD_EINVAL },
+  { &meta, NBD_CMD_BLOCK_STATUS, 0, 10 * MiB - 512, 1024, REQUEST_PROCEED, REQUEST_REPLY, NBD_EINVAL },
+  { &meta, NBD_CMD_BLOCK_STATUS, 0, UINT64_MAX, 1, REQUEST_PROCEED, REQUEST_REPLY, NBD_EINVAL },
   { &rw, BAD, 0, 0, 0, REQUEST_PROCEED, REQUEST_REPLY, NBD_EINVAL },
   { &rw, BAD, 0, 0, UINT32_MAX, REQUEST_PROCEED, REQUEST_REPLY, NBD_EINVAL },
 };
