@@ -14,7 +14,11 @@
  * Besides memory and undefined-behaviour errors, the target asserts the
  * rules of the protocol (docs/fuzzing.md): the greeting first; every
  * option answered in order, by replies naming that option, ending with
- * an ACK or an error; export information that is the export's; GO or
+ * an ACK or an error; export information that is the export's;
+ * base:allocation listed or selected only after structured replies, with
+ * id 0 for LIST; the session handed to transmission agreeing with the
+ * options acknowledged (base:allocation only when the last SET selected
+ * it for the name entered); GO or
  * EXPORT_NAME succeeding only for the served name, and the handshake
  * returning 0 exactly when one did, with nothing sent after it.
  */
@@ -97,13 +101,29 @@ check_info (const uint8_t *p, uint32_t len, const struct export_info *x)
 }
 
 /* Walks the client's bytes and the server's answer together. */
+/* What the session must say once NAME (LEN bytes) is entered. */
+static void
+check_session (const struct session *s, bool structured, bool selected,
+               const uint8_t *sel_name, uint32_t sel_len,
+               const uint8_t *name, uint32_t len)
+{
+  CHECK (s->structured_replies == structured);
+  CHECK (s->base_allocation ==
+         (structured && selected && sel_len == len &&
+          memcmp (sel_name, name, len) == 0));
+}
+
 static void
 check (const uint8_t *in, size_t in_len, const uint8_t *out, size_t out_len,
-       const struct export_info *x, int result)
+       const struct export_info *x, int result, const struct session *s)
 {
   struct cursor cin = { in, in_len }, cout = { out, out_len };
   const uint8_t *p;
   uint32_t client_flags;
+  /* What the options acknowledged so far agreed on. */
+  bool structured = false, selected = false;
+  const uint8_t *sel_name = NULL;
+  uint32_t sel_len = 0;
 
   CHECK (result == 0 || result == -1);
   /* The greeting, sent before anything is read. */
@@ -123,7 +143,7 @@ check (const uint8_t *in, size_t in_len, const uint8_t *out, size_t out_len,
   for (;;) {
     const uint8_t *h, *data;
     uint32_t option, len;
-    bool complete, acked = false;
+    bool complete, acked = false, got_context = false;
 
     if (cout.left == 0) {
       /* The server stopped answering: it must have given up. */
@@ -151,6 +171,7 @@ check (const uint8_t *in, size_t in_len, const uint8_t *out, size_t out_len,
       for (size_t i = 10; i < n; i++)
         CHECK (p[i] == 0);
       CHECK (cout.left == 0 && result == 0);
+      check_session (s, structured, selected, sel_name, sel_len, data, len);
       return;
     }
 
@@ -186,15 +207,49 @@ check (const uint8_t *in, size_t in_len, const uint8_t *out, size_t out_len,
           CHECK (n == strlen (x->name) && memcmp (p + 4, x->name, n) == 0);
         continue;
       }
+      if (type == NBD_REP_META_CONTEXT) {
+        const size_t n = strlen (NBD_CONTEXT_BASE_ALLOCATION);
+
+        /* The one context, at most once, and only after structured
+         * replies; LIST's id is the reserved 0.
+         */
+        CHECK (option == NBD_OPT_LIST_META_CONTEXT ||
+               option == NBD_OPT_SET_META_CONTEXT);
+        CHECK (structured && !got_context);
+        CHECK (rlen == 4 + n &&
+               memcmp (p + 4, NBD_CONTEXT_BASE_ALLOCATION, n) == 0);
+        CHECK (get_be (p, 4) == (option == NBD_OPT_LIST_META_CONTEXT
+                                 ? 0 : SESSION_BASE_ALLOCATION_ID));
+        got_context = true;
+        continue;
+      }
       CHECK (type == NBD_REP_INFO);
       CHECK (option == NBD_OPT_INFO || option == NBD_OPT_GO);
       check_info (p, rlen, x);
+    }
+
+    if (option == NBD_OPT_STRUCTURED_REPLY && acked) {
+      CHECK (len == 0);
+      structured = true;
+    }
+    if (acked && (option == NBD_OPT_LIST_META_CONTEXT ||
+                  option == NBD_OPT_SET_META_CONTEXT))
+      CHECK (structured && asks_for (data, len, x->name));
+    if (option == NBD_OPT_SET_META_CONTEXT) {
+      /* Each SET replaces the selection, failed or not. */
+      selected = acked && got_context;
+      if (selected) {
+        sel_len = (uint32_t) get_be (data, 4);
+        sel_name = data + 4;
+      }
     }
 
     if (acked && (option == NBD_OPT_INFO || option == NBD_OPT_GO))
       CHECK (asks_for (data, len, x->name));
     if (acked && option == NBD_OPT_GO) {
       CHECK (cout.left == 0 && result == 0);  /* transmission begins */
+      check_session (s, structured, selected, sel_name, sel_len, data + 4,
+                     (uint32_t) get_be (data, 4));
       return;
     }
     if (option == NBD_OPT_ABORT && acked) {
@@ -236,7 +291,7 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
   if (c.hang_up)
     CHECK (result == 0 || result == -1);
   else
-    check (c.in, c.in_len, c.out, c.out_len, &x, result);
+    check (c.in, c.in_len, c.out, c.out_len, &x, result, &session);
   free (c.out);
   return 0;
 }

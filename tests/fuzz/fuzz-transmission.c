@@ -4,7 +4,9 @@
  *
  * Input: the format of fuzz-request.c, so the two share a seed corpus:
  * one byte of export properties (bit 0 read-only, bit 1 discard, bit 2
- * a max-request limit of 4096 rather than 1 MiB), 8 bytes of size
+ * a max-request limit of 4096 rather than 1 MiB; bit 3, which
+ * fuzz-request ignores: the connection negotiated structured replies and
+ * base:allocation), 8 bytes of size
  * (ignored: the image is IMAGE_SIZE, an odd size, so the unaligned tail
  * is in play), then what the client sends.  The client sends it all,
  * shuts its side down and reads every reply until the worker closes.
@@ -15,7 +17,11 @@
  * requests (docs/fuzzing.md): well-formed, one per request with its
  * cookie, read data of the asked length, the error the protocol asks for
  * each refusal, and every request answered unless the connection was
- * cut mid-payload.
+ * cut mid-payload.  With structured replies: a READ or BLOCK_STATUS
+ * answered by one chunk flagged DONE (OFFSET_DATA at the asked offset;
+ * BLOCK_STATUS under the selected id, descriptors non-empty, within the
+ * request, one under REQ_ONE), every error an ERROR chunk, a simple
+ * reply only for the other commands' success.
  */
 #include <stdbool.h>
 #include <stddef.h>
@@ -120,7 +126,7 @@ inside (uint64_t offset, uint32_t length)
  * needs no IO), or -1 when it must be performed.
  */
 static int64_t
-refusal (const struct expect *e, unsigned bits)
+refusal (const struct expect *e, unsigned bits)     /* bits 0-3 */
 {
   const bool ro = bits & 1, discard = bits & 2;
   const uint32_t max = (bits & 4) ? 4096 : 1u << 20;
@@ -152,9 +158,76 @@ refusal (const struct expect *e, unsigned bits)
     if (ro) return NBD_EPERM;
     if (!inside (e->offset, e->length)) return NBD_ENOSPC;
     return -1;
+  case NBD_CMD_BLOCK_STATUS:
+    if (!(bits & 8) || (f & ~NBD_CMD_FLAG_REQ_ONE) ||
+        !inside (e->offset, e->length) || e->length == 0)
+      return NBD_EINVAL;
+    return -1;
   default:
     return NBD_EINVAL;
   }
+}
+
+/* One structured reply chunk at P (LEFT bytes to the end of the
+ * answer), for one of the N requests in EX: marks it answered, sets
+ * *ERROR, and returns its size.
+ */
+static size_t
+check_chunk (const uint8_t *p, size_t left, struct expect *ex, size_t n,
+             uint32_t *error)
+{
+  uint16_t flags, type;
+  uint64_t cookie;
+  uint32_t len;
+  struct expect *e;
+
+  CHECK (left >= 20);
+  flags = (uint16_t) get_be (p + 4, 2);
+  type = (uint16_t) get_be (p + 6, 2);
+  cookie = get_be (p + 8, 8);
+  len = (uint32_t) get_be (p + 16, 4);
+  CHECK (left - 20 >= len);     /* whole */
+  CHECK (flags == NBD_REPLY_FLAG_DONE);   /* one chunk per reply */
+  CHECK (cookie < n);
+  e = &ex[cookie];
+  CHECK (!e->answered);
+  e->answered = true;
+  p += 20;
+  *error = 0;
+  switch (type) {
+  case NBD_REPLY_TYPE_ERROR:
+    CHECK (len == 6 && get_be (p + 4, 2) == 0);
+    *error = (uint32_t) get_be (p, 4);
+    CHECK (*error != 0);
+    break;
+  case NBD_REPLY_TYPE_OFFSET_DATA:
+    CHECK (e->type == NBD_CMD_READ);
+    CHECK (len == 8 + e->length && get_be (p, 8) == e->offset);
+    break;
+  case NBD_REPLY_TYPE_BLOCK_STATUS: {
+    uint64_t sum = 0;
+    uint32_t i, count;
+
+    CHECK (e->type == NBD_CMD_BLOCK_STATUS);
+    CHECK (len >= 12 && (len - 4) % 8 == 0);
+    CHECK (get_be (p, 4) == SESSION_BASE_ALLOCATION_ID);
+    count = (len - 4) / 8;
+    CHECK (!(e->flags & NBD_CMD_FLAG_REQ_ONE) || count == 1);
+    for (i = 0; i < count; i++) {
+      uint32_t dlen = (uint32_t) get_be (p + 4 + 8 * i, 4);
+      uint32_t dflags = (uint32_t) get_be (p + 8 + 8 * i, 4);
+
+      CHECK (dlen > 0);
+      CHECK (dflags == 0 || dflags == (NBD_STATE_HOLE | NBD_STATE_ZERO));
+      sum += dlen;
+    }
+    CHECK (sum <= e->length);
+    break;
+  }
+  default:
+    CHECK (!"an unexpected chunk type");
+  }
+  return 20 + len;
 }
 
 int
@@ -166,7 +239,10 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
   size_t pos = 9, n = 0, i, o;
   bool cut = false;             /* ended mid-payload: replies may be lost */
   struct fuzz_client c;
-  const struct session session = { .structured_replies = false };
+  const bool sr = size && (data[0] & 8);
+  const struct session session = {
+    .structured_replies = sr, .base_allocation = sr,
+  };
   int sv[2];
 
   uint8_t *wire;
@@ -222,12 +298,27 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
     struct expect *e;
     int64_t want;
 
+    if (sr && get_be (p, 4) == NBD_STRUCTURED_REPLY_MAGIC) {
+      o += check_chunk (c.out + o, c.out_len - o, ex, n, &error);
+      e = &ex[cookie];          /* check_chunk checked it */
+      want = refusal (e, bits | 8);
+      if (want >= 0)
+        CHECK (error == (uint32_t) want);
+      else
+        CHECK (error == 0);
+      continue;
+    }
     CHECK (get_be (p, 4) == NBD_SIMPLE_REPLY_MAGIC);
     o += 16;
     CHECK (cookie < n);         /* a reply to a request that was sent */
     e = &ex[cookie];
     CHECK (!e->answered);       /* once */
     e->answered = true;
+    /* Structured replies: a simple reply only for success, and never
+     * for a READ or BLOCK_STATUS.
+     */
+    CHECK (!sr || (error == 0 && e->type != NBD_CMD_READ &&
+                   e->type != NBD_CMD_BLOCK_STATUS));
     want = refusal (e, bits);
     if (want >= 0)
       CHECK (error == (uint32_t) want);
