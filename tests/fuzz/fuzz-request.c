@@ -3,7 +3,8 @@
  * before any IO.
  *
  * Input: one byte of export properties (bit 0 read-only, bit 1 discard,
- * bits 2-3 the max-request limit), 8 bytes of export size (big-endian),
+ * bits 2-3 the max-request limit, bit 4 base:allocation negotiated, so
+ * BLOCK_STATUS allowed), 8 bytes of export size (big-endian),
  * then what a client sends: 28-byte request headers, each WRITE followed
  * by its payload, as mloop-server would receive them.  Requests are
  * judged in order until the connection would close.
@@ -42,6 +43,9 @@ flags_allowed (uint16_t type, uint16_t flags)
   case NBD_CMD_WRITE_ZEROES:
     ok = NBD_CMD_FLAG_FUA | NBD_CMD_FLAG_NO_HOLE | NBD_CMD_FLAG_FAST_ZERO;
     break;
+  case NBD_CMD_BLOCK_STATUS:
+    ok = NBD_CMD_FLAG_REQ_ONE;
+    break;
   default:
     return false;
   }
@@ -64,7 +68,8 @@ judge (const struct nbd_request *r, const struct request_limits *x)
 {
   const bool known = r->type == NBD_CMD_READ || r->type == NBD_CMD_WRITE ||
     r->type == NBD_CMD_FLUSH || r->type == NBD_CMD_TRIM ||
-    r->type == NBD_CMD_WRITE_ZEROES;
+    r->type == NBD_CMD_WRITE_ZEROES ||
+    (r->type == NBD_CMD_BLOCK_STATUS && x->block_status);
   const bool writes = r->type == NBD_CMD_WRITE || r->type == NBD_CMD_TRIM ||
     r->type == NBD_CMD_WRITE_ZEROES;
   uint32_t error = 12345;
@@ -83,6 +88,8 @@ judge (const struct nbd_request *r, const struct request_limits *x)
       CHECK (r->length <= x->max_request);
       CHECK (inside (r->offset, r->length, x->size));
     }
+    if (r->type == NBD_CMD_BLOCK_STATUS)  /* any length: a hint */
+      CHECK (r->length > 0 && inside (r->offset, r->length, x->size));
     return;
   }
   /* Refused or answered without IO: with the error the spec asks for. */
@@ -90,7 +97,7 @@ judge (const struct nbd_request *r, const struct request_limits *x)
     CHECK (error == NBD_EINVAL);
   else if (writes && x->read_only)
     CHECK (error == NBD_EPERM);
-  else if (r->type == NBD_CMD_READ)
+  else if (r->type == NBD_CMD_READ || r->type == NBD_CMD_BLOCK_STATUS)
     CHECK (error == NBD_EINVAL);          /* out of range, or empty */
   else if (r->type == NBD_CMD_WRITE)
     CHECK (error == (inside (r->offset, r->length, x->size)
@@ -109,7 +116,7 @@ judge (const struct nbd_request *r, const struct request_limits *x)
 int
 LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
 {
-  struct request_limits x;
+  struct request_limits x = { .size = 0 };
   size_t pos = 9;
 
   if (size < pos)
@@ -117,6 +124,7 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
   x.read_only = data[0] & 1;
   x.discard = data[0] & 2;
   x.max_request = max_requests[(data[0] >> 2) & 3];
+  x.block_status = data[0] & 16;
   x.size = get_be (data + 1, 8);
 
   while (size - pos >= NBD_REQUEST_SIZE) {
