@@ -6,8 +6,8 @@ with a payload, are NBD_REP_ERR_INVALID.  LIST with no query, or with the
 namespace only ACKs; a query longer than the option, INVALID; another
 export's name, UNKNOWN.  SET ignores "base:" and unknown contexts (no id),
 selects base:allocation with a nonzero id, and a failed SET drops an
-earlier selection.  In transmission: BLOCK_STATUS without a selection is
-an NBD_REPLY_TYPE_ERROR chunk (EINVAL, flagged DONE); with one, a single
+earlier selection.  In transmission: BLOCK_STATUS without a selection
+(no SET, or one that failed) is an NBD_REPLY_TYPE_ERROR chunk (EINVAL, flagged DONE); with one, a single
 BLOCK_STATUS chunk under the selected id whose descriptors are the file's
 map (HOLE|ZERO for holes), one descriptor within the length under
 REQ_ONE; a READ is one OFFSET_DATA chunk, an out-of-range READ or
@@ -95,6 +95,14 @@ ba_id = contexts[0][0]
 assert ba_id != 0
 # A SET that fails drops the selection: BLOCK_STATUS is refused after GO.
 assert w.meta_context(S, b"other", [BA]) == ([], nw.REP_ERR_UNKNOWN)
+go(w)
+w.request(nw.CMD_BLOCK_STATUS, 0, 4096, cookie=1)
+expect_error_chunk(w, 1)
+w.close()
+
+# Structured replies but no SET at all: BLOCK_STATUS is an error chunk.
+w = connect()
+structured(w)
 go(w)
 w.request(nw.CMD_BLOCK_STATUS, 0, 4096, cookie=1)
 expect_error_chunk(w, 1)
