@@ -282,7 +282,7 @@ worker_stop (struct worker *w)
   worker_begin_stop (w);
   pthread_join (w->thread, NULL);
   for (i = 0; i < w->inbox_len; i++)
-    close (w->inbox[i].fd);
+    worker_close_client (&w->opts, w->inbox[i].fd);
   free (w->inbox);
   dispatch_destroy (&w->dispatch);
   close (w->epfd);
