@@ -162,6 +162,27 @@ def make_image(size, data=None, directory=None):
     return path
 
 
+def file_data_ranges(path, start, end):
+    """The data ranges of bytes [START, END) of PATH, as the filesystem
+    reports them (SEEK_DATA/SEEK_HOLE), relative to START."""
+    fd = os.open(path, os.O_RDONLY)
+    out, pos = [], start
+    try:
+        while pos < end:
+            try:
+                data = os.lseek(fd, pos, os.SEEK_DATA)
+            except OSError:
+                break
+            if data >= end:
+                break
+            hole = os.lseek(fd, data, os.SEEK_HOLE)
+            out.append((data - start, min(hole, end) - start))
+            pos = hole
+    finally:
+        os.close(fd)
+    return out
+
+
 def file_digest(path):
     h = hashlib.sha256()
     with open(path, "rb") as f:

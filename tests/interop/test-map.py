@@ -4,7 +4,6 @@ image's own SEEK_DATA/SEEK_HOLE map: the whole file, and an
 offset=/sizelimit= window whose edges fall inside a data region and
 inside a hole (the map is the file's, shifted and clipped)."""
 import json
-import os
 import shutil
 import subprocess
 import harness
@@ -22,27 +21,6 @@ with open(image, "r+b") as f:
     for off, n in REGIONS:
         f.seek(off)
         f.write(harness.pattern(n, off))
-
-
-def file_map(path, start, end):
-    """Data ranges of [start, end) of PATH by SEEK_DATA/SEEK_HOLE, relative
-    to START."""
-    fd = os.open(path, os.O_RDONLY)
-    out, pos = [], start
-    try:
-        while pos < end:
-            try:
-                data = os.lseek(fd, pos, os.SEEK_DATA)
-            except OSError:
-                break
-            if data >= end:
-                break
-            hole = os.lseek(fd, data, os.SEEK_HOLE)
-            out.append((data - start, min(hole, end) - start))
-            pos = hole
-    finally:
-        os.close(fd)
-    return out
 
 
 def merge(ranges):
@@ -76,7 +54,7 @@ cases = [("whole image", [], 0, SIZE),
          ("window", [f"offset={MiB // 2}", f"sizelimit={40 * MiB}"], MiB // 2, 40 * MiB)]
 for what, params, off, size in cases:
     srv = harness.Server(image, params)
-    expected = file_map(image, off, off + size)
+    expected = harness.file_data_ranges(image, off, off + size)
     qemu, info = served_maps(srv, size)
     srv.stop()
     assert qemu == expected, f"{what}: qemu-img map {qemu} != file map {expected}"

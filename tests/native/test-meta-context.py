@@ -59,6 +59,14 @@ def expect_error_chunk(w, cookie, error=EINVAL):
     assert err == error and len(payload) == 6 + msg_len, (err, payload)
 
 
+def block_status_refused_after_go(w):
+    """GO, then BLOCK_STATUS with no context selected: an error chunk."""
+    go(w)
+    w.request(nw.CMD_BLOCK_STATUS, 0, 4096, cookie=1)
+    expect_error_chunk(w, 1)
+    w.close()
+
+
 def block_status(w, offset, length, flags=0, cookie=7):
     w.request(nw.CMD_BLOCK_STATUS, offset, length, flags=flags, cookie=cookie)
     cflags, ctype, c, payload = w.chunk()
@@ -95,18 +103,12 @@ ba_id = contexts[0][0]
 assert ba_id != 0
 # A SET that fails drops the selection: BLOCK_STATUS is refused after GO.
 assert w.meta_context(S, b"other", [BA]) == ([], nw.REP_ERR_UNKNOWN)
-go(w)
-w.request(nw.CMD_BLOCK_STATUS, 0, 4096, cookie=1)
-expect_error_chunk(w, 1)
-w.close()
+block_status_refused_after_go(w)
 
 # Structured replies but no SET at all: BLOCK_STATUS is an error chunk.
 w = connect()
 structured(w)
-go(w)
-w.request(nw.CMD_BLOCK_STATUS, 0, 4096, cookie=1)
-expect_error_chunk(w, 1)
-w.close()
+block_status_refused_after_go(w)
 
 # --- transmission with base:allocation -----------------------------------
 w = connect()

@@ -1,7 +1,6 @@
 #!/usr/bin/python3
 """BLOCK_STATUS matches the file's own SEEK_DATA/SEEK_HOLE map and
 never reports a hole where data is."""
-import os
 import nbd
 import harness
 
@@ -12,24 +11,6 @@ with open(image, "r+b") as f:
     for off, n in REGIONS:
         f.seek(off)
         f.write(harness.pattern(n, off))
-
-
-def file_map(path):
-    """The file's data extents according to the filesystem."""
-    fd = os.open(path, os.O_RDONLY)
-    out, pos = [], 0
-    try:
-        while pos < SIZE:
-            try:
-                data = os.lseek(fd, pos, os.SEEK_DATA)
-            except OSError:
-                break
-            hole = os.lseek(fd, data, os.SEEK_HOLE)
-            out.append((data, min(hole, SIZE)))
-            pos = hole
-    finally:
-        os.close(fd)
-    return out
 
 
 srv = harness.Server(image)
@@ -56,7 +37,7 @@ while pos < SIZE:
                 served.append((pos, pos + length))
         pos += length
 
-expected = file_map(image)
+expected = harness.file_data_ranges(image, 0, SIZE)
 assert served == expected, f"served map {served} != file map {expected}"
 for off, n in REGIONS:
     assert any(a <= off and off + n <= b for a, b in served), f"data at {off} reported as hole"
