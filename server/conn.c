@@ -400,6 +400,22 @@ conn_close_when_idle (struct conn *c)
   conn_update_events (c);
 }
 
+/* The buffer request H needs: its READ or WRITE data, or the
+ * descriptors of a BLOCK_STATUS under a selected context; 0 for none
+ * (and for a READ or WRITE past max_request, which is refused or
+ * closes the connection before any buffer).
+ */
+static uint32_t
+request_buffer (const struct conn *c, const struct nbd_request *h)
+{
+  if (h->type == NBD_CMD_BLOCK_STATUS)
+    return c->session.base_allocation ? CONN_EXTENTS_BUFFER : 0;
+  if ((h->type == NBD_CMD_READ || h->type == NBD_CMD_WRITE) &&
+      h->length <= c->set->opts->max_request)
+    return h->length;
+  return 0;
+}
+
 /* Parses one request header at c->in + c->in_start.  Returns false when
  * the connection must stop reading (closing).
  */
@@ -413,7 +429,7 @@ parse_header (struct conn *c)
   enum request_verdict v;
   uint32_t error;
   uint64_t offset;
-  uint32_t length, length_needed = 0;
+  uint32_t length, length_needed;
   uint16_t type;
 
   request_decode (c->in + c->in_start, &h);
@@ -445,10 +461,7 @@ parse_header (struct conn *c)
     conn_queue_reply (req, error);
     return true;
   }
-  if (type == NBD_CMD_BLOCK_STATUS && c->session.base_allocation)
-    length_needed = CONN_EXTENTS_BUFFER;        /* the descriptors */
-  else if (type == NBD_CMD_READ || type == NBD_CMD_WRITE)
-    length_needed = length;
+  length_needed = request_buffer (c, &h);
   if (length_needed > 0 &&
       ensure_buffer (c, req, length_needed,
                      opts->engine->backing.logical_block_size) == -1) {
@@ -524,13 +537,8 @@ buffer_need (const struct conn *c)
 
   request_decode (c->in + c->in_start, &h);
   if (h.magic != NBD_REQUEST_MAGIC)
-    return 0;
-  if (h.type == NBD_CMD_BLOCK_STATUS)
-    return c->session.base_allocation ? CONN_EXTENTS_BUFFER : 0;
-  if ((h.type != NBD_CMD_READ && h.type != NBD_CMD_WRITE) ||
-      h.length > c->set->opts->max_request)
-    return 0;                   /* refused or closed: no buffer */
-  return h.length;
+    return 0;                   /* closes the connection: no buffer */
+  return request_buffer (c, &h);
 }
 
 /* Whether the next request of C fits the budget (budget.h); notes what

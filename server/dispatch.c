@@ -271,8 +271,18 @@ request_of_job (struct offload_job *job)
 struct extents {
   unsigned char *out;           /* CONN_EXTENTS_MAX descriptors */
   unsigned n;
+  uint32_t last_len, last_flags;        /* out's last one, host order */
   bool full;
 };
+
+/* Writes X's last extent as descriptor I (big-endian length, flags). */
+static void
+put_descriptor (struct extents *x, unsigned i)
+{
+  uint32_t be[2] = { htobe32 (x->last_len), htobe32 (x->last_flags) };
+
+  memcpy (x->out + 8 * i, be, 8);
+}
 
 /* The engine's extent callback: one descriptor per extent (length,
  * base:allocation flags), merged with the one before when the state is
@@ -284,30 +294,22 @@ add_descriptor (void *opaque, uint64_t offset, uint64_t length, bool hole)
 {
   struct extents *x = opaque;
   const uint32_t flags = hole ? NBD_STATE_HOLE | NBD_STATE_ZERO : 0;
-  uint32_t be[2];
 
   (void) offset;                /* consecutive: the walk's own order */
-  if (x->n > 0) {
-    unsigned char *last = x->out + 8 * (x->n - 1);
-    uint32_t last_len, last_flags;
-
-    memcpy (&last_len, last, 4);
-    memcpy (&last_flags, last + 4, 4);
-    last_len = be32toh (last_len);
-    if (be32toh (last_flags) == flags && length <= UINT32_MAX - last_len) {
-      be[0] = htobe32 (last_len + (uint32_t) length);
-      memcpy (last, be, 4);
-      return 0;
-    }
+  if (x->n > 0 && x->last_flags == flags &&
+      length <= UINT32_MAX - x->last_len) {
+    x->last_len += (uint32_t) length;
+    put_descriptor (x, x->n - 1);
+    return 0;
   }
   if (x->n == CONN_EXTENTS_MAX) {
     x->full = true;
     return -ENOBUFS;
   }
   /* The walk never goes past the request, whose length is 32 bits. */
-  be[0] = htobe32 ((uint32_t) length);
-  be[1] = htobe32 (flags);
-  memcpy (x->out + 8 * x->n++, be, 8);
+  x->last_len = (uint32_t) length;
+  x->last_flags = flags;
+  put_descriptor (x, x->n++);
   return 0;
 }
 

@@ -114,6 +114,16 @@ enter (const struct negotiation *n, const char *name, uint32_t len,
     n->meta_name_len == len && memcmp (n->meta_name, name, len) == 0;
 }
 
+/* The big-endian 32-bit field at P of an option's payload. */
+static uint32_t
+load_be32 (const char *p)
+{
+  uint32_t v;
+
+  memcpy (&v, p, 4);
+  return be32toh (v);
+}
+
 /* NBD_OPT_INFO and NBD_OPT_GO: payload is name length, name, number of
  * info requests, requests.  A name that is not ours gets
  * NBD_REP_ERR_UNKNOWN.  Returns 1 to start transmission (GO, *OUT then
@@ -129,8 +139,7 @@ info_or_go (int fd, uint32_t option, const char *data, uint32_t len,
 
   if (len < 4)
     goto invalid;
-  memcpy (&name_len, data, 4);
-  name_len = be32toh (name_len);
+  name_len = load_be32 (data);
   if (name_len > NBD_MAX_STRING || len < 4 + name_len + 2)
     goto invalid;
   memcpy (&nr_info, data + 4 + name_len, 2);
@@ -203,15 +212,13 @@ parse_meta (const char *data, uint32_t len, bool list, const char **name,
 
   if (len < 4)
     return false;
-  memcpy (&v, data, 4);
-  v = be32toh (v);
+  v = load_be32 (data);
   if (v > NBD_MAX_STRING || len - 4 < v || len - 4 - v < 4)
     return false;
   *name = data + 4;
   *name_len = v;
   pos = 4 + v;
-  memcpy (&nr, data + pos, 4);
-  nr = be32toh (nr);
+  nr = load_be32 (data + pos);
   pos += 4;
   *all = nr == 0;
   *match = false;
@@ -219,8 +226,7 @@ parse_meta (const char *data, uint32_t len, bool list, const char **name,
   for (i = 0; i < nr; i++) {
     if (len - pos < 4)
       return false;
-    memcpy (&v, data + pos, 4);
-    v = be32toh (v);
+    v = load_be32 (data + pos);
     pos += 4;
     if (v > len - pos)
       return false;
