@@ -297,7 +297,7 @@ cmd_serve (int argc, char **argv)
   gint threads = -1, max_connections = 0, max_per_client = 0;
   g_autofree char *listen = NULL, *export_name = NULL, *tls = NULL;
   g_autofree char *psk = NULL, *certs = NULL, *server = NULL;
-  g_autofree char *offset = NULL, *sizelimit = NULL;
+  g_autofree char *offset = NULL, *sizelimit = NULL, *keepalive = NULL;
   GOptionEntry entries[] = {
     { "listen", 'l', 0, G_OPTION_ARG_STRING, &listen,
       "unix:PATH or tcp:HOST:PORT (only that address)", "ADDR" },
@@ -325,6 +325,9 @@ cmd_serve (int argc, char **argv)
     { "max-connections-per-client", 0, 0, G_OPTION_ARG_INT, &max_per_client,
       "Connections open at once from one client address (native server; "
       "default 0: no cap)", "N" },
+    { "keepalive", 0, 0, G_OPTION_ARG_STRING, &keepalive,
+      "TCP keepalive IDLE:INTERVAL:COUNT seconds, or off (native server; "
+      "default 30:10:3)", "SPEC" },
     G_OPTION_ENTRY_NULL
   };
   struct mloop_serve_request req = { 0 };
@@ -356,6 +359,7 @@ cmd_serve (int argc, char **argv)
   req.threads = threads == -1 ? 0 : threads;
   req.max_connections = (unsigned) max_connections;
   req.max_per_client = (unsigned) max_per_client;
+  req.keepalive = keepalive;
   req.tls_psk = psk;
   req.tls_certificates = certs;
 

@@ -101,6 +101,11 @@ check_request (const struct mloop_serve_request *r, char *err, size_t errlen)
                 kind->name);
     return NULL;
   }
+  if (r->keepalive && !kind->keepalive_settings) {
+    mloop_fail (err, errlen, "--keepalive: the %s server takes no keepalive "
+                "settings", kind->name);
+    return NULL;
+  }
   return kind;
 }
 
@@ -141,7 +146,7 @@ mloop_serve_command (const struct mloop_serve_request *r, char *err,
     .listen = &a, .export_name = r->export_name,
     .threads = r->threads, .read_only = r->read_only, .foreground = true,
     .max_connections = r->max_connections,
-    .max_per_client = r->max_per_client,
+    .max_per_client = r->max_per_client, .keepalive = r->keepalive,
     .tls = r->tls, .tls_psk = r->tls_psk,
     .tls_certificates = r->tls_certificates,
   };

@@ -23,6 +23,7 @@ struct mloop_serve_request {
   unsigned threads;             /* 0: the server's default */
   unsigned max_connections;     /* 0: no cap */
   unsigned max_per_client;      /* 0: no cap; the native server only */
+  const char *keepalive;        /* NULL: default; the native server only */
   enum mloop_tls_mode tls;
   const char *tls_psk;          /* PSK file (nbdkit's format) */
   const char *tls_certificates; /* directory of PEM files */

@@ -43,6 +43,8 @@ native_command (const struct mloop_server_config *c, GPtrArray *argv)
   if (c->max_per_client)
     add (argv, g_strdup_printf ("--max-connections-per-client=%u",
                                 c->max_per_client));
+  if (c->keepalive)
+    add (argv, g_strdup_printf ("--keepalive=%s", c->keepalive));
   if (c->offset)
     add (argv, g_strdup_printf ("--offset=%" PRIu64, c->offset));
   if (c->sizelimit)
@@ -122,7 +124,7 @@ nbdkit_command (const struct mloop_server_config *c, GPtrArray *argv)
 static const struct mloop_server_kind kinds[] = {
   { .name = "native", .command = native_command,
     .requests_at_once = NATIVE_REQUESTS_AT_ONCE, .resizes_on_sighup = true,
-    .per_client_cap = true },
+    .per_client_cap = true, .keepalive_settings = true },
   { .name = "nbdkit", .command = nbdkit_command, .tls = true,
     .daemonizes = true, .requests_at_once = NBDKIT_REQUESTS_AT_ONCE },
 };

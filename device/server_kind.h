@@ -38,6 +38,11 @@ struct mloop_server_config {
    * (per client: only for a kind with .per_client_cap).
    */
   unsigned max_connections, max_per_client;
+  /* TCP keepalive as IDLE:INTERVAL:COUNT or "off" (mloop-server's
+   * --keepalive), or NULL: the server's default.  Only for a kind with
+   * .keepalive_settings.
+   */
+  const char *keepalive;
   bool read_only;
   /* The process started is the server, for as long as it serves.
    * Otherwise a kind that daemonizes may fork and exit.
@@ -52,6 +57,7 @@ struct mloop_server_kind {
   const char *name;
   bool tls;                     /* can serve TLS */
   bool per_client_cap;          /* can cap connections per client address */
+  bool keepalive_settings;      /* takes TCP keepalive settings */
   /* Started in the background, the process exits 0 once its daemon
    * listens: the pid file names the server.
    */

@@ -158,6 +158,16 @@ try:
         roundtrip(f"nbd://127.0.0.1:{port}/", image, f"tcp {kind}")
         stop(p)
 
+    # --keepalive reaches the native server (serve execs it: same pid);
+    # what the server does with it is tests/native/test-limits.py's.
+    port = free_port()
+    p = serve(image, "--listen", f"tcp:127.0.0.1:{port}", "--keepalive", "7:3:2",
+              ready=tcp_ready(port))
+    with open(f"/proc/{p.pid}/cmdline", "rb") as f:
+        argv = f.read().split(b"\0")
+    check("--keepalive 7:3:2 is passed to mloop-server", b"--keepalive=7:3:2" in argv, argv)
+    stop(p)
+
     # --max-connections, both servers (nbdkit: its limit filter).
     for kind in ("native", "nbdkit"):
         port = free_port()
@@ -246,6 +256,8 @@ try:
             ([os.path.join(work, "none.img"), "--listen", "unix:/x"], "No such file"),
             ([image, "--listen", "unix:/x", "--max-connections-per-client", "2",
               "--server", "nbdkit"], "the nbdkit server has no per-client cap"),
+            ([image, "--listen", "unix:/x", "--keepalive", "off", "--server", "nbdkit"],
+             "the nbdkit server takes no keepalive settings"),
             ([image, "--listen", "unix:/x", "--max-connections", "-1"],
              "--max-connections -1")]:
         r = subprocess.run([MLOOP, "serve", *args], capture_output=True, text=True, timeout=30)
