@@ -79,6 +79,45 @@ TCP_SERVERS = [
 TCP_UNIX = [("native-tcp", "native", "mloop-server"),
             ("mloop-tcp", "mloop", "mloop plugin")]
 
+# The TLS section: the same, with TLS (X.509, --tls require or its like) on
+# nbds://127.0.0.1:PORT/.  TLS_PLAIN pairs each mloop TLS row with its
+# plain TCP row of the same run, for what TLS costs.
+TLS_SERVERS = [
+    ("native-tls", "mloop-server threads=4", "mloop"),
+    ("mloop-tls", "mloop plugin threads=4 (nbdkit)", "mloop"),
+    ("file-tls", "nbdkit file (buffered)", "peer"),
+    ("file-nocache-tls", "nbdkit file cache=none", "peer"),
+    ("qemu-nbd-tls", "qemu-nbd cache=none aio=native", "peer"),
+    ("null-tls", "nbdkit null 4G (limit: no IO)", "limit"),
+]
+TLS_PLAIN = [("native-tls", "native-tcp", "mloop-server"),
+             ("mloop-tls", "mloop-tcp", "mloop plugin")]
+
+# What differs between the two network sections (network_section).
+TCP_SECTION = {
+    "suffix": "-tcp", "servers": TCP_SERVERS, "refs": TCP_UNIX,
+    "transport": "TCP", "ref_transport": "its Unix socket",
+    "ref_label": "%s, Unix socket (same run)", "null": "null-tcp",
+    "title": "## Serving over TCP on 127.0.0.1 (median of rounds)\n",
+    "intro": "Every server listens on 127.0.0.1 only, a free port each; "
+             "fio's nbd engine connects to `nbd://127.0.0.1:PORT/`. Best "
+             "TCP peer: the best of nbdkit file, file cache=none and qemu-nbd "
+             "over TCP in that column.\n",
+}
+TLS_SECTION = {
+    "suffix": "-tls", "servers": TLS_SERVERS, "refs": TLS_PLAIN,
+    "transport": "TLS", "ref_transport": "its plain TCP",
+    "ref_label": "%s, plain TCP (same run)", "null": "null-tls",
+    "title": "## Serving over TLS on 127.0.0.1 (median of rounds)\n",
+    "intro": "The TCP servers again, each with TLS required and the same "
+             "X.509 certificate (a throwaway CA, a server certificate for "
+             "127.0.0.1; TLS 1.3 as GnuTLS negotiates it); fio's nbd "
+             "engine connects to `nbds://127.0.0.1:PORT/` and libnbd checks "
+             "the certificate against the CA. Best TLS peer: the best of "
+             "nbdkit file, file cache=none and qemu-nbd with TLS in that "
+             "column.\n",
+}
+
 SWEEP = [("mloop-t1", 1), ("mloop-t2", 2), ("mloop", 4), ("mloop-t8", 8)]
 PAGECACHE_SERVERS = ["mloop", "native", "file", "file-nocache", "qemu-nbd", "nbd-server"]
 
@@ -231,7 +270,10 @@ def summarize(records):
 
     present = {j["server"] for j in jobs}
     rounds = int(meta.get("rounds", 0) or 0)
-    tcp_only = meta.get("only") == "tcp"
+    only = meta.get("only", "")
+    tcp_only = only == "tcp"
+    # BENCH_ONLY=tcp, tls or space runs no Unix-socket table.
+    unix_tables = only in ("", "unix")
     out = []
     out.append("# mloop benchmark\n")
     out.append("%s · %s · %s rounds × %s s per job · medians of the rounds\n"
@@ -241,6 +283,10 @@ def summarize(records):
         client = ("over TCP, `nbd://127.0.0.1:PORT/` (TCP section only: "
                   "BENCH_ONLY=tcp; the two mloop servers also on their Unix "
                   "sockets, for reference)")
+    elif not unix_tables:
+        client = ("(BENCH_ONLY=%s: only those sections; TCP: "
+                  "`nbd://127.0.0.1:PORT/`, TLS: `nbds://127.0.0.1:PORT/`)"
+                  % only)
     else:
         client = ("over a Unix socket (raw file: `--ioengine=libaio "
                   "--direct=1`; TCP section: `nbd://127.0.0.1:PORT/`)")
@@ -255,7 +301,7 @@ def summarize(records):
 
     # The Unix-socket sections; a TCP-only run (BENCH_ONLY=tcp) has none.
     space = [r for r in records if r["type"] == "space"]
-    if not tcp_only:
+    if unix_tables:
         # 1. Throughput, absolute.
         head = ["server"] + ["%s %s" % (h, u) for _, h, u, _ in WORKLOADS]
         def server_rows(text):
@@ -383,13 +429,17 @@ def summarize(records):
         if "native" in present:
             out.append(native_targets(cell, best_peer, pcs))
 
-        # 6. Space workloads.
-        if space:
-            out.append(space_table(space))
+    # 6. Space workloads.
+    if space:
+        out.append(space_table(space))
 
-    # 7. Serving over TCP on 127.0.0.1.
-    if present & {k for k, _, _ in TCP_SERVERS}:
-        out.append(tcp_section(cell, jobs, present, rounds))
+    # 7. Serving over TCP on 127.0.0.1, then 8. over TLS.
+    # (A tls run has plain TCP rows only as the TLS section's reference.)
+    for section in (TCP_SECTION, TLS_SECTION):
+        if only == "tls" and section is TCP_SECTION:
+            continue
+        if present & {k for k, _, _ in section["servers"]}:
+            out.append(network_section(cell, jobs, present, rounds, section))
 
     errors = [j for j in jobs if "error" in j or "perf_error" in j]
     if errors:
@@ -405,20 +455,23 @@ def summarize(records):
     return "\n".join(out) + "\n"
 
 
-def tcp_section(cell, jobs, present, rounds):
-    """Servers on 127.0.0.1 × workloads: medians, ratios, ranges, cost."""
+def network_section(cell, jobs, present, rounds, section):
+    """Servers on 127.0.0.1 (TCP_SECTION or TLS_SECTION) × workloads:
+    medians, ratios, ranges, cost."""
     def vals(key, w):
         return [j["value"] for j in jobs if j["server"] == key
                 and j["workload"] == w and "value" in j]
 
+    transport = section["transport"]
     workloads = [(w, h, u) for w, h, u, _ in WORKLOADS
                  if any(j["workload"] == w for j in jobs
-                        if j["server"].endswith("-tcp"))]
-    servers = [(k, label + ", TCP", kind) for k, label, kind in TCP_SERVERS
-               if k in present]
-    # The mloop servers' Unix-socket rows of the same run, for reference.
-    refs = [(u, "%s, Unix socket (same run)" % name)
-            for t, u, name in TCP_UNIX if t in present and u in present]
+                        if j["server"].endswith(section["suffix"]))]
+    servers = [(k, "%s, %s" % (label, transport), kind)
+               for k, label, kind in section["servers"] if k in present]
+    # The mloop servers' rows of the same run on the plainer transport,
+    # for reference.
+    refs = [(u, section["ref_label"] % name)
+            for t, u, name in section["refs"] if t in present and u in present]
     head = ["server"] + ["%s %s" % (h, u) for _, h, u in workloads]
 
     def best_peer(w):
@@ -439,32 +492,29 @@ def tcp_section(cell, jobs, present, rounds):
             for k, label, _ in servers]
     rows += [[label] + [med(k, w, u) for w, _, u in workloads]
              for k, label in refs]
-    for key, _, name in TCP_UNIX:
+    for key, _, name in section["refs"]:
         if key not in present:
             continue
-        row = ["**%s TCP / best TCP peer**" % name]
+        row = ["**%s %s / best %s peer**" % (name, transport, transport)]
         for w, _, _ in workloads:
             ref, peer = best_peer(w)
             r = ratio(cell(key, w, "value"), ref)
             row.append(r + (" (%s)" % peer if r != "–" else ""))
         rows.append(row)
-    for key, _, name in TCP_UNIX:
-        if key in present and "null-tcp" in present:
-            rows.append(["%s TCP / null TCP" % name] +
+    null = section["null"]
+    for key, _, name in section["refs"]:
+        if key in present and null in present:
+            rows.append(["%s %s / null %s" % (name, transport, transport)] +
                         [ratio(cell(key, w, "value"),
-                               cell("null-tcp", w, "value"))
+                               cell(null, w, "value"))
                          for w, _, _ in workloads])
-    for key, unix, name in TCP_UNIX:
-        if key in present and unix in present:
-            rows.append(["%s TCP / its Unix socket" % name] +
-                        [ratio(cell(key, w, "value"), cell(unix, w, "value"))
+    for key, ref, name in section["refs"]:
+        if key in present and ref in present:
+            rows.append(["%s %s / %s" % (name, transport,
+                                          section["ref_transport"])] +
+                        [ratio(cell(key, w, "value"), cell(ref, w, "value"))
                          for w, _, _ in workloads])
-    out = ["## Serving over TCP on 127.0.0.1 (median of rounds)\n",
-           "Every server listens on 127.0.0.1 only, a free port each; "
-           "fio's nbd engine connects to `nbd://127.0.0.1:PORT/`. Best "
-           "TCP peer: the best of nbdkit file, file cache=none and qemu-nbd "
-           "over TCP in that column.\n",
-           table(head, rows) + "\n"]
+    out = [section["title"], section["intro"], table(head, rows) + "\n"]
 
     def rng(k, w, u):
         v = vals(k, w)
@@ -486,8 +536,9 @@ def tcp_section(cell, jobs, present, rounds):
             row.append(fmt(cell(k, w, "cs_per_req"), 2))
             row.append(fmt(cell(k, w, "cpu_ms_per_1000"), 1))
         rows.append(row)
-    out += ["Server cost per request over TCP (median of rounds; as in the "
-            "Unix-socket cost table):\n", table(chead, rows) + "\n"]
+    out += ["Server cost per request over %s (median of rounds; as in the "
+            "Unix-socket cost table):\n" % transport,
+            table(chead, rows) + "\n"]
     return "\n".join(out) + "\n"
 
 
