@@ -71,6 +71,7 @@ cmd_attach (int argc, char **argv)
   g_auto (GStrv) queue_options = NULL;
   /* -1: not given, so the library's default applies. */
   gint threads = -1, connections = -1, block_size = 0, timeout = -1;
+  gint dead_timeout = -1;
   g_autofree char *device = NULL, *server = NULL;
   g_autofree char *offset = NULL, *sizelimit = NULL;
   GOptionEntry entries[] = {
@@ -88,6 +89,9 @@ cmd_attach (int argc, char **argv)
       "Logical block size: 512, 1024, 2048 or 4096", "BYTES" },
     { "timeout", 0, 0, G_OPTION_ARG_INT, &timeout,
       "Request timeout in seconds (default 30)", "S" },
+    { "dead-timeout", 0, 0, G_OPTION_ARG_INT, &dead_timeout,
+      "How long IO waits for a reconnect while every connection is dead "
+      "(default: the request timeout; 120 for nbd://)", "S" },
     { "offset", 'o', 0, G_OPTION_ARG_STRING, &offset,
       "Start this many bytes into FILE (like losetup)", "SIZE" },
     { "sizelimit", 0, 0, G_OPTION_ARG_STRING, &sizelimit,
@@ -132,6 +136,9 @@ cmd_attach (int argc, char **argv)
                   block_size);
   if (timeout != -1 && timeout < 1)
     return error ("attach: --timeout %d: must be positive", timeout);
+  if (dead_timeout != -1 && dead_timeout < 1)
+    return error ("attach: --dead-timeout %d: must be positive",
+                  dead_timeout);
   if (server &&
       (req.server = mloop_server_kind_find (server, err, sizeof err)) == NULL)
     return error ("attach: --server %s", err);
@@ -154,6 +161,7 @@ cmd_attach (int argc, char **argv)
     return error ("attach: %s", err);
   req.queue_options = queue_options;
   req.timeout = timeout == -1 ? 0 : timeout;
+  req.dead_timeout = dead_timeout == -1 ? 0 : dead_timeout;
 
   if (mloop_attach (&req, &st, err, sizeof err) == -1)
     return error ("attach %s: %s", req.file, err);

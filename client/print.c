@@ -57,6 +57,8 @@ json_device (JsonBuilder *b, const struct mloop_device_state *s)
   member_string (b, "server", mloop_state_server_name (s));
   member_int (b, "server_pid", s->server_pid);
   member_string (b, "socket", sock);
+  member_int (b, "timeout", s->timeout);
+  member_int (b, "dead_timeout", s->dead_timeout);
   json_builder_end_object (b);
 }
 
@@ -120,6 +122,7 @@ mloop_print_status (FILE *f, const struct mloop_device_state *s,
     member_bool (b, "kernel_connected", st->kernel_connected);
     member_int (b, "hardware_queues", st->hardware_queues);
     member_int (b, "supervisor_pid", s->supervisor_pid);
+    member_bool (b, "supervisor_running", st->supervisor_running);
     member_int (b, "restarts", s->restarts);
     member_string (b, "last_failure", s->last_failure);
     member_int (b, "reconnects", s->reconnects);
@@ -150,7 +153,16 @@ mloop_print_status (FILE *f, const struct mloop_device_state *s,
            st->kernel_connected ? "connected" : "NOT connected",
            st->hardware_queues, s->connections);
   if (s->remote) {
-    fprintf (f, "  server:  remote, not supervised\n");
+    /* No server of ours: the supervisor only reconnects (remote.h). */
+    fprintf (f, "  server:  remote; IO waits up to %u s for it while it "
+             "is unreachable\n", s->dead_timeout);
+    fprintf (f, "  supervisor: pid %d, %s%s%s\n", (int) s->supervisor_pid,
+             st->supervisor_running ? "running" : "NOT running",
+             s->last_failure ? "; last failure: " : "",
+             s->last_failure ? s->last_failure : "");
+    fprintf (f, "  reconnects: %u%s%s\n", s->reconnects,
+             s->last_reconnect ? "; last: " : "",
+             s->last_reconnect ? s->last_reconnect : "");
     return;
   }
   fprintf (f, "  server:  %s, pid %d, %s\n", mloop_state_server_name (s),

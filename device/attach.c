@@ -214,8 +214,8 @@ struct opener {
 static int
 hand_to_kernel (const struct mloop_attach_request *req, int *fds,
                 unsigned n, const struct mloop_nbd_export *x,
-                uint32_t block_size, const char *backend, int *index,
-                char *err, size_t errlen)
+                uint32_t block_size, unsigned dead_timeout,
+                const char *backend, int *index, char *err, size_t errlen)
 {
   unsigned timeout = req->timeout ? req->timeout : MLOOP_DEFAULT_TIMEOUT;
   /* The dead-connection timeout makes IO wait, instead of failing at
@@ -225,7 +225,7 @@ hand_to_kernel (const struct mloop_attach_request *req, int *fds,
   struct mloop_nbd_device_config dc = {
     .index = req->index, .size = x->size, .block_size = block_size,
     .server_flags = x->flags, .timeout = timeout,
-    .dead_conn_timeout = timeout,
+    .dead_conn_timeout = dead_timeout,
     .backend = backend, .fds = fds, .nr_fds = n,
   };
   char why[512];
@@ -305,6 +305,9 @@ connect_kernel (const struct mloop_attach_request *req,
   char why[512];
   int n, index = -1;
 
+  s->timeout = req->timeout ? req->timeout : MLOOP_DEFAULT_TIMEOUT;
+  s->dead_timeout = req->dead_timeout ? req->dead_timeout
+    : s->remote ? MLOOP_REMOTE_DEAD_TIMEOUT : s->timeout;
   for (unsigned attempt = 1; ; attempt++) {
     n = o->open (o, fds, &x, err, errlen);
     if (n < 0)
@@ -315,8 +318,9 @@ connect_kernel (const struct mloop_attach_request *req,
       mloop_nbd_close_all (fds, (unsigned) n);
       return -1;
     }
-    if (hand_to_kernel (req, fds, (unsigned) n, &x, s->block_size, backend,
-                        &index, err, errlen) == -1)
+    if (hand_to_kernel (req, fds, (unsigned) n, &x, s->block_size,
+                        s->dead_timeout, backend, &index, err,
+                        errlen) == -1)
       return -1;
     if (attempt == RECEIVERS_ATTEMPTS ||
         mloop_nbd_receivers_all_running (index, (unsigned) n,
@@ -338,7 +342,7 @@ connect_kernel (const struct mloop_attach_request *req,
   s->size = x.size;
   s->read_only = (x.flags & NBD_FLAG_READ_ONLY) != 0;
   s->connections = (unsigned) n;
-  s->timeout = req->timeout ? req->timeout : MLOOP_DEFAULT_TIMEOUT;
+  s->export_flags = x.flags;
   s->partscan = !req->no_partscan;
   if (mloop_state_save (s, err, errlen) == -1 ||
       (req->autoclear && mloop_autoclear_enable (s, err, errlen) == -1)) {
@@ -406,7 +410,11 @@ attach_local (const struct mloop_attach_request *req, const char *file,
 }
 
 /* A remote export (nbd://HOST:PORT/NAME): no server of ours, and as many
- * connections as asked only if the server advertises multi-conn.
+ * connections as asked only if the server advertises multi-conn.  Its
+ * supervisor starts first, listening for the kernel's announcements of
+ * dead connections, so none is missed; it reconnects them once the
+ * device's state exists.  On failure stops it; the caller removes the
+ * directory.
  */
 static int
 attach_remote (const struct mloop_attach_request *req, const char *uri,
@@ -422,7 +430,10 @@ attach_remote (const struct mloop_attach_request *req, const char *uri,
   if (mloop_nbd_address_parse (uri, MLOOP_NBD_ADDRESS_URI, &a,
                                err, errlen) == -1)
     return -1;
-  r = connect_kernel (req, &o, uri, s, err, errlen);
+  r = mloop_supervisor_start_remote (uri, s->dir, SERVER_START_TIMEOUT_MS,
+                                     &s->supervisor_pid, err, errlen);
+  if (r == 0 && (r = connect_kernel (req, &o, uri, s, err, errlen)) == -1)
+    stop_processes (s);
   mloop_nbd_address_clear (&a);
   return r;
 }

@@ -3,7 +3,10 @@
  * Attach starts a private server for the image (device_state.h says where
  * its socket lives), opens several connections, negotiates each one
  * (nbd_client.h) and hands them to the kernel (nbd_netlink.h), so the
- * device gets one hardware queue per connection.  Every step undoes the
+ * device gets one hardware queue per connection.  A remote export
+ * (nbd://) has no server of ours, but a supervisor all the same, which
+ * reconnects the device when the remote server comes back after a
+ * restart.  Every step undoes the
  * earlier ones when it fails: no server, socket, directory or device is
  * left behind.  Never prints; errors are one line in ERR.
  */
@@ -18,6 +21,13 @@
 
 #define MLOOP_MAX_CONNECTIONS 16
 #define MLOOP_DEFAULT_TIMEOUT 30        /* seconds, like nbd-client */
+/* How long a remote device's IO waits for its server to come back once
+ * every connection is dead, seconds: a restart of the server, or of the
+ * machine it runs on, is survived; past it IO fails with EIO.  A local
+ * device waits its request timeout, since its supervisor restarts its
+ * server within seconds.
+ */
+#define MLOOP_REMOTE_DEAD_TIMEOUT 120
 /* The kernel client's requests in flight per connection
  * (drivers/block/nbd.c, tag_set.queue_depth): a remote device's depth.
  */
@@ -36,6 +46,10 @@ struct mloop_attach_request {
   bool read_only;
   uint32_t block_size;          /* 0 = the export's minimum, at least 512 */
   unsigned timeout;             /* request timeout, seconds; 0 = default */
+  /* Dead-connection timeout, seconds; 0 = the default: the request
+   * timeout for a local image, MLOOP_REMOTE_DEAD_TIMEOUT for a remote one.
+   */
+  unsigned dead_timeout;
   const struct mloop_server_kind *server;      /* NULL: the default */
   bool no_partscan;             /* leave the partition table unread */
   bool autoclear;               /* detach on last close (autoclear.h) */

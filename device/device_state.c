@@ -161,6 +161,8 @@ mloop_state_save (const struct mloop_device_state *s, char *err,
   g_key_file_set_integer (kf, GROUP, "server_pid", s->server_pid);
   g_key_file_set_integer (kf, GROUP, "supervisor_pid", s->supervisor_pid);
   g_key_file_set_uint64 (kf, GROUP, "timeout", s->timeout);
+  g_key_file_set_uint64 (kf, GROUP, "dead_timeout", s->dead_timeout);
+  g_key_file_set_uint64 (kf, GROUP, "export_flags", s->export_flags);
   g_key_file_set_boolean (kf, GROUP, "partscan", s->partscan);
   g_key_file_set_boolean (kf, GROUP, "autoclear", s->autoclear);
   return write_key_file (kf, path, err, errlen);
@@ -249,6 +251,12 @@ mloop_state_load (const char *dir, struct mloop_device_state *s)
   s->supervisor_pid = g_key_file_get_integer (kf, GROUP, "supervisor_pid",
                                               NULL);
   s->timeout = g_key_file_get_uint64 (kf, GROUP, "timeout", NULL);
+  s->dead_timeout = g_key_file_get_uint64 (kf, GROUP, "dead_timeout", NULL);
+  /* A state written before there was one: the request timeout was. */
+  if (s->dead_timeout == 0)
+    s->dead_timeout = s->timeout;
+  s->export_flags = (uint16_t) g_key_file_get_uint64 (kf, GROUP,
+                                                      "export_flags", NULL);
   s->partscan = g_key_file_get_boolean (kf, GROUP, "partscan", NULL);
   s->autoclear = g_key_file_get_boolean (kf, GROUP, "autoclear", NULL);
   if (s->file == NULL) {

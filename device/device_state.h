@@ -54,7 +54,16 @@ struct mloop_device_state {
   bool partscan;                /* partitions read (not --no-partscan) */
   bool autoclear;               /* detached on last close (autoclear.h) */
   unsigned connections, threads;
-  unsigned timeout;              /* request and dead-connection timeout, s */
+  unsigned timeout;             /* request timeout, s */
+  /* How long IO waits for a reconnect while every connection is dead,
+   * s: the request timeout for a local device, longer for a remote one
+   * (its server restarts on its own time; attach.h).
+   */
+  unsigned dead_timeout;
+  /* The export's flags as the device was given them (nbd_proto.h): a
+   * remote export that comes back with others is not reconnected.
+   */
+  uint16_t export_flags;
   bool remote;                  /* FILE is an nbd:// URI: no server of ours */
   const struct mloop_server_kind *server;       /* NULL when remote */
   pid_t server_pid;             /* the current one, after any restart */

@@ -30,6 +30,7 @@ mloop_device_status_read (const struct mloop_device_state *s,
 
   memset (out, 0, sizeof *out);
   out->server_running = mloop_server_running (s->server_pid, sock);
+  out->supervisor_running = mloop_server_running (s->supervisor_pid, s->dir);
   if (mloop_nbd_netlink_connected (s->index, &out->kernel_connected,
                                    err, sizeof err) < 0)
     out->kernel_connected = false;

@@ -13,6 +13,7 @@
 
 struct mloop_device_status {
   bool server_running;
+  bool supervisor_running;      /* its pid is alive, on this device's dir */
   bool kernel_connected;
   unsigned hardware_queues;     /* entries in /sys/block/nbdN/mq */
   bool have_stats;

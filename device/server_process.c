@@ -210,6 +210,36 @@ mloop_supervisor_start (const struct mloop_server_spec *spec,
   return r;
 }
 
+int
+mloop_supervisor_start_remote (const char *uri, const char *dir,
+                               unsigned timeout_ms, pid_t *supervisor,
+                               char *err, size_t errlen)
+{
+  g_autofree char *log_file = g_build_filename (dir, MLOOP_DIR_SUPERVISOR_LOG,
+                                                NULL);
+  g_autofree char *pid_file = g_build_filename (dir, MLOOP_DIR_SUPERVISOR_PID,
+                                                NULL);
+  g_autofree char *line = NULL;
+  char *argv[] = {
+    mloop_locate_program ("MLOOP_SUPERVISOR_BIN",
+                          "supervisor/mloop-supervisor",
+                          MLOOP_SBINDIR "/mloop-supervisor"),
+    g_strdup_printf ("--dir=%s", dir), g_strdup_printf ("--remote=%s", uri),
+    NULL,
+  };
+  pid_t child;
+  int r;
+
+  r = spawn_and_wait (argv, log_file, pid_file, false, "the supervisor",
+                      timeout_ms, &child, supervisor, err, errlen);
+  if (r == -1 && child == 0 && (line = last_log_line (log_file)) &&
+      g_str_has_prefix (line, "mloop-supervisor: "))
+    mloop_fail (err, errlen, "%s", line + strlen ("mloop-supervisor: "));
+  for (char **a = argv; *a; a++)
+    g_free (*a);
+  return r;
+}
+
 /* Zombies count as gone: they no longer hold the image or the socket. */
 static bool
 process_alive (pid_t pid)

@@ -55,6 +55,15 @@ int mloop_supervisor_start (const struct mloop_server_spec *spec,
                             pid_t *supervisor, pid_t *server,
                             char *err, size_t errlen);
 
+/* Starts mloop-supervisor for the device in directory DIR on the remote
+ * export URI (nbd://): no server to start, only connections to heal.
+ * Waits up to TIMEOUT_MS until it listens for the kernel's
+ * announcements (its pid file appears); *SUPERVISOR is its pid.
+ */
+int mloop_supervisor_start_remote (const char *uri, const char *dir,
+                                   unsigned timeout_ms, pid_t *supervisor,
+                                   char *err, size_t errlen);
+
 /* Whether PID is a live process whose command line mentions MARK (its
  * socket path, or for a supervisor its directory): a pid file can outlive
  * its process and the pid be reused.

@@ -42,6 +42,11 @@
  *
  *   mloop-supervisor --dir DIR --server native|nbdkit [--threads N]
  *                    [--read-only] IMAGE
+ *
+ * A device on a remote export has one too, in a mode of its own that
+ * only heals connections (remote.h):
+ *
+ *   mloop-supervisor --dir DIR --remote nbd://HOST[:PORT]/NAME
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -65,6 +70,8 @@
 #include "nbd_netlink.h"
 #include "nbd_receivers.h"
 #include "release_watch.h"
+#include "remote.h"
+#include "say.h"
 #include "server_process.h"
 
 #define START_TIMEOUT_MS 60000
@@ -116,20 +123,6 @@ static struct {
   int released_lock;            /* autoclear: the kernel let the device go */
 } sv = { .released_lock = -1, .pidfd = -1, .backoff_ms = BACKOFF_MIN_MS, .index = -1,
          .heal_retry_ms = HEAL_RETRY_MIN_MS, .kmsg = -1 };
-
-static void G_GNUC_PRINTF (1, 2)
-say (const char *fmt, ...)
-{
-  g_autoptr (GDateTime) now = g_date_time_new_now_local ();
-  g_autofree char *stamp = g_date_time_format (now, "%F %T");
-  va_list ap;
-
-  fprintf (stderr, "mloop-supervisor: %s: ", stamp);
-  va_start (ap, fmt);
-  vfprintf (stderr, fmt, ap);
-  va_end (ap);
-  fputc ('\n', stderr);
-}
 
 static void
 record (void)
@@ -202,7 +195,8 @@ reconnect_device (char *err, size_t errlen)
     mloop_state_clear (&st);
     return -1;
   }
-  r = mloop_nbd_netlink_reconfigure (st.index, st.file, fds, n, st.timeout,
+  r = mloop_nbd_netlink_reconfigure (st.index, st.file, fds, n,
+                                     st.dead_timeout,
                                      err, errlen);
   mloop_nbd_close_all (fds, n);
   if (r == 0)
@@ -402,7 +396,8 @@ replace_one (const struct mloop_device_state *st, char *err, size_t errlen)
               (unsigned long long) st->size);
     return -1;
   }
-  r = mloop_nbd_netlink_replace_dead (st->index, st->file, fd, st->timeout,
+  r = mloop_nbd_netlink_replace_dead (st->index, st->file, fd,
+                                      st->dead_timeout,
                                       err, errlen);
   close (fd);
   return r < 0 ? -1 : r;
@@ -697,7 +692,7 @@ on_stop_signal (gpointer unused)
 int
 main (int argc, char **argv)
 {
-  g_autofree char *server_kind = NULL;
+  g_autofree char *server_kind = NULL, *remote = NULL;
   gint threads = 0;
   gboolean read_only = FALSE;
   gint64 offset = 0, sizelimit = 0;
@@ -714,6 +709,9 @@ main (int argc, char **argv)
       "Serve the image from this byte on", "BYTES" },
     { "sizelimit", 0, 0, G_OPTION_ARG_INT64, &sizelimit,
       "Serve at most this many bytes", "BYTES" },
+    { "remote", 0, 0, G_OPTION_ARG_STRING, &remote,
+      "No server: reconnect the device to this export (remote.h)",
+      "nbd://HOST[:PORT]/NAME" },
     G_OPTION_ENTRY_NULL
   };
   g_autoptr (GOptionContext) ctx = g_option_context_new ("IMAGE");
@@ -731,8 +729,11 @@ main (int argc, char **argv)
              "be negative\n");
     return EXIT_FAILURE;
   }
+  if (remote && argc == 1 && sv.dir)
+    return mloop_supervise_remote (sv.dir, remote);
   if (argc != 2 || sv.dir == NULL) {
-    fprintf (stderr, "mloop-supervisor: need --dir DIR and one IMAGE\n");
+    fprintf (stderr, "mloop-supervisor: need --dir DIR and one IMAGE, "
+             "or --dir DIR and --remote URI\n");
     return EXIT_FAILURE;
   }
   sv.spec.kind = server_kind ? mloop_server_kind_find (server_kind, err,

@@ -1,0 +1,403 @@
+/* mloop-supervisor — the remote mode (remote.h). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <glib.h>
+#include <glib-unix.h>
+#include <glib/gstdio.h>
+
+#include "address.h"
+#include "device_state.h"
+#include "nbd_connect.h"
+#include "nbd_events.h"
+#include "nbd_netlink.h"
+#include "nbd_proto.h"
+#include "nbd_receivers.h"
+#include "release_watch.h"
+#include "remote.h"
+#include "say.h"
+
+#define MAX_CONNECTIONS 16
+/* After an announcement: a server's death makes the kernel announce every
+ * connection, so wait a little and answer them together.
+ */
+#define HEAL_DELAY_MS 100
+/* While the export is unreachable: try again after 0.1 s, doubling up to
+ * 2 s, so a restart of a few seconds costs the device at most 2 s more.
+ */
+#define BACKOFF_MIN_MS 100
+#define BACKOFF_MAX_MS 2000
+/* How often the kernel's receive works are counted, for dead slots whose
+ * announcements were lost.
+ */
+#define CHECK_INTERVAL_MS 5000
+
+static struct {
+  char *dir;
+  const char *uri;
+  struct mloop_nbd_address address;
+  struct mloop_nbd_events *events;
+  int index;                    /* the device's, once its state exists */
+  unsigned dead;                /* announced, not yet reconnected */
+  gboolean dead_lost;           /* announcements were lost: fill them all */
+  guint heal_source;
+  unsigned backoff_ms;
+  /* The failure streak under way: since when, how many tries, and the
+   * error last logged (a streak logs once, and again if its cause
+   * changes).
+   */
+  gint64 failing_since;
+  unsigned attempts;
+  char *logged_error;
+  /* Receive works counted when an offer found no dead slot: the kernel
+   * (Linux 6.1's rescuer) runs fewer than there are connections, and
+   * the periodic look does not offer again until the count changes.
+   */
+  int quiet_receivers;
+  gboolean receivers_named;     /* the kernel names them: counts mean it */
+  unsigned reconnects;
+  char *last_reconnect;
+  char *last_failure;
+  GMainLoop *loop;
+  int released_lock;            /* autoclear: the kernel let the device go */
+} rv = { .index = -1, .backoff_ms = BACKOFF_MIN_MS, .quiet_receivers = -1,
+         .released_lock = -1 };
+
+static void
+record (void)
+{
+  struct mloop_supervisor_record r = {
+    .last_failure = rv.last_failure, .reconnects = rv.reconnects,
+    .last_reconnect = rv.last_reconnect,
+  };
+  char err[512];
+
+  if (mloop_state_save_supervisor (rv.dir, &r, err, sizeof err) == -1)
+    say ("%s", err);
+}
+
+/* The device's index, once `mloop attach` has written its state. */
+static int
+device_index (void)
+{
+  struct mloop_device_state st;
+
+  if (rv.index < 0 && mloop_state_load (rv.dir, &st) == 0) {
+    rv.index = st.index;
+    mloop_state_clear (&st);
+  }
+  return rv.index;
+}
+
+static gboolean heal (gpointer unused);
+
+static void
+schedule_heal (unsigned ms)
+{
+  if (rv.heal_source == 0)
+    rv.heal_source = g_timeout_add (ms, heal, NULL);
+}
+
+/* Whether the export X is the one the device in ST was given: a size or
+ * flags that changed would make the kernel's idea of the device wrong.
+ */
+static bool
+export_matches (const struct mloop_device_state *st,
+                const struct mloop_nbd_export *x, char *err, size_t errlen)
+{
+  uint16_t flags = x->flags | (st->read_only ? NBD_FLAG_READ_ONLY : 0);
+
+  if (x->size != st->size)
+    snprintf (err, errlen, "the export has %llu bytes now, the device "
+              "%llu: not reconnecting it (detach it, or put the export "
+              "back)", (unsigned long long) x->size,
+              (unsigned long long) st->size);
+  else if (flags != st->export_flags)
+    snprintf (err, errlen, "the export's flags are 0x%x now, the device's "
+              "0x%x: not reconnecting it (detach it, or put the export "
+              "back)", flags, st->export_flags);
+  else
+    return true;
+  return false;
+}
+
+/* A try that failed: said once per streak (and when its cause changes),
+ * tried again with backoff.  The device keeps waiting until its
+ * dead-connection timeout, then fails IO, and is still reconnected if
+ * the export comes back later.
+ */
+static void
+heal_failed (const struct mloop_device_state *st, const char *err)
+{
+  if (rv.failing_since == 0) {
+    rv.failing_since = g_get_monotonic_time ();
+    rv.attempts = 0;
+  }
+  rv.attempts++;
+  if (rv.logged_error == NULL || strcmp (rv.logged_error, err) != 0) {
+    say ("/dev/nbd%d: cannot reconnect to %s: %s; trying again every %u "
+         "ms at most (IO waits up to %u s, then fails with EIO)",
+         st->index, rv.uri, err, BACKOFF_MAX_MS, st->dead_timeout);
+    g_free (rv.logged_error);
+    rv.logged_error = g_strdup (err);
+    g_free (rv.last_failure);
+    rv.last_failure = g_strdup (err);
+    record ();
+  }
+  schedule_heal (rv.backoff_ms);
+  rv.backoff_ms = MIN (rv.backoff_ms * 2, BACKOFF_MAX_MS);
+}
+
+/* The kernel took DONE connections: the streak, if any, is over. */
+static void
+heal_done (const struct mloop_device_state *st, unsigned done)
+{
+  g_autofree char *outage = NULL;
+
+  if (rv.failing_since != 0) {
+    double s = (double) (g_get_monotonic_time () - rv.failing_since) /
+      G_USEC_PER_SEC;
+
+    outage = g_strdup_printf ("; %s was unreachable for %.1f s (%u tries)",
+                              rv.uri, s, rv.attempts);
+  }
+  rv.failing_since = 0;
+  rv.backoff_ms = BACKOFF_MIN_MS;
+  g_clear_pointer (&rv.logged_error, g_free);
+  if (done == 0)
+    return;
+  rv.reconnects += done;
+  g_free (rv.last_reconnect);
+  rv.last_reconnect = g_strdup_printf ("%u connection(s) to %s replaced%s",
+                                       done, rv.uri, outage ? outage : "");
+  say ("/dev/nbd%d: reconnect: the kernel took %u new connection(s) in "
+       "dead slots (%u in all)%s", st->index, done, rv.reconnects,
+       outage ? outage : "");
+  record ();
+}
+
+/* Offers the N negotiated sockets in FDS for dead slots, under the state
+ * lock so no detach is under way.  How many the kernel took, -1 with ERR
+ * when it refused, or -2 when the lock is busy (try again shortly).
+ * *FULL says it had no dead slot left.
+ */
+static int
+offer (int *fds, unsigned n, bool *full, char *err, size_t errlen)
+{
+  struct mloop_device_state st;
+  int lock, r = 0, done = 0;
+
+  *full = false;
+  lock = mloop_state_trylock ();
+  if (lock == -1 && errno == EWOULDBLOCK)
+    return -2;
+  /* A detach may have removed the device since it was looked at. */
+  if (mloop_state_load (rv.dir, &st) == -1) {
+    mloop_state_unlock (lock);
+    *full = true;
+    return 0;
+  }
+  for (unsigned i = 0; i < n && (r = mloop_nbd_netlink_replace_dead
+                                 (st.index, st.file, fds[i],
+                                  st.dead_timeout, err, errlen)) == 1; i++)
+    done++;
+  mloop_state_unlock (lock);
+  mloop_state_clear (&st);
+  *full = r == 0;
+  return r < 0 && done == 0 ? -1 : done;
+}
+
+/* Answers the announcements: opens as many connections as slots were
+ * announced dead (all of them when some announcements were lost) and
+ * hands them to the kernel.  Connecting happens without the state lock,
+ * so an unreachable host does not hold up other devices' attach and
+ * detach.
+ */
+static gboolean
+heal (gpointer unused)
+{
+  struct mloop_device_state st;
+  struct mloop_nbd_export x = { 0 };
+  int fds[MAX_CONNECTIONS];
+  unsigned n, want;
+  char err[512];
+  bool full;
+  int opened, took;
+
+  rv.heal_source = 0;
+  /* No state: `mloop attach` is still connecting the device itself. */
+  if (mloop_state_load (rv.dir, &st) == -1) {
+    rv.dead = 0;
+    rv.dead_lost = FALSE;
+    return G_SOURCE_REMOVE;
+  }
+  n = st.connections > 0 && st.connections <= MAX_CONNECTIONS
+    ? st.connections : 1;
+  want = rv.dead_lost ? n : MIN (rv.dead, n);
+  if (want == 0)
+    goto out;
+  opened = mloop_nbd_connect (&rv.address, want, false, fds, &x,
+                              err, sizeof err);
+  if (opened > 0 && !export_matches (&st, &x, err, sizeof err)) {
+    mloop_nbd_close_all (fds, (unsigned) opened);
+    opened = -1;
+  }
+  if (opened < 0) {
+    heal_failed (&st, err);
+    goto out;
+  }
+  took = offer (fds, (unsigned) opened, &full, err, sizeof err);
+  mloop_nbd_close_all (fds, (unsigned) opened);
+  if (took == -2) {
+    schedule_heal (HEAL_DELAY_MS);
+    goto out;
+  }
+  if (took == -1) {
+    heal_failed (&st, err);
+    goto out;
+  }
+  heal_done (&st, (unsigned) took);
+  if (full) {
+    if (took == 0)
+      rv.quiet_receivers = (int) mloop_nbd_receivers (st.index);
+    rv.dead = 0;
+    rv.dead_lost = FALSE;
+  }
+  else {
+    /* The export took fewer connections than asked (no multi-conn):
+     * the rest next, at once.
+     */
+    rv.dead = want - (unsigned) took;
+    schedule_heal (HEAL_DELAY_MS);
+  }
+out:
+  mloop_state_clear (&st);
+  return G_SOURCE_REMOVE;
+}
+
+/* Dead slots whose announcements were lost: fewer receive works than
+ * connections.  Only on a kernel that names them (nbd_receivers.h), and
+ * not again for a count an offer already found without a dead slot.
+ */
+static gboolean
+check (gpointer unused)
+{
+  struct mloop_device_state st;
+  unsigned running;
+
+  if (rv.heal_source != 0 || mloop_state_load (rv.dir, &st) == -1)
+    return G_SOURCE_CONTINUE;
+  running = mloop_nbd_receivers (st.index);
+  if (running > 0)
+    rv.receivers_named = TRUE;
+  if (rv.receivers_named && running < st.connections &&
+      (int) running != rv.quiet_receivers) {
+    rv.dead_lost = TRUE;
+    schedule_heal (0);
+  }
+  if ((int) running != rv.quiet_receivers && running >= st.connections)
+    rv.quiet_receivers = -1;
+  mloop_state_clear (&st);
+  return G_SOURCE_CONTINUE;
+}
+
+static gboolean on_nbd_event (gint fd, GIOCondition c, gpointer unused);
+
+/* Subscribes to the kernel's announcements; without them only the
+ * periodic look finds dead connections: said, not fatal.
+ */
+static void
+listen_events (void)
+{
+  char err[512];
+
+  rv.events = mloop_nbd_events_open (err, sizeof err);
+  if (rv.events == NULL) {
+    say ("%s; dead connections are found by counting receive works only",
+         err);
+    return;
+  }
+  g_unix_fd_add (mloop_nbd_events_fd (rv.events), G_IO_IN, on_nbd_event,
+                 NULL);
+}
+
+static gboolean
+on_nbd_event (gint fd, GIOCondition c, gpointer unused)
+{
+  char err[512];
+  bool lost = false;
+  gboolean keep = G_SOURCE_CONTINUE;
+
+  if (mloop_nbd_events_read (rv.events, device_index (), &rv.dead, &lost,
+                             err, sizeof err) == -1) {
+    say ("%s; listening again", err);
+    mloop_nbd_events_close (rv.events);
+    listen_events ();
+    lost = true;
+    keep = G_SOURCE_REMOVE;
+  }
+  if (lost && device_index () >= 0)
+    rv.dead_lost = TRUE;
+  if (rv.dead > 0 || rv.dead_lost)
+    schedule_heal (HEAL_DELAY_MS);
+  return keep;
+}
+
+static void
+on_released (int lock)
+{
+  say ("/dev/nbd%d was closed by its last user: autoclear", device_index ());
+  rv.released_lock = lock;
+  g_main_loop_quit (rv.loop);
+}
+
+static gboolean
+on_stop_signal (gpointer unused)
+{
+  g_main_loop_quit (rv.loop);
+  return G_SOURCE_REMOVE;
+}
+
+int
+mloop_supervise_remote (const char *dir, const char *uri)
+{
+  g_autofree char *pid_path = g_build_filename (dir, MLOOP_DIR_SUPERVISOR_PID,
+                                                NULL);
+  char err[512], pid_text[32];
+
+  rv.dir = g_strdup (dir);
+  rv.uri = uri;
+  if (mloop_nbd_address_parse (uri, MLOOP_NBD_ADDRESS_URI, &rv.address,
+                               err, sizeof err) == -1) {
+    fprintf (stderr, "mloop-supervisor: %s\n", err);
+    return EXIT_FAILURE;
+  }
+  rv.loop = g_main_loop_new (NULL, FALSE);
+  g_unix_signal_add (SIGTERM, on_stop_signal, NULL);
+  g_unix_signal_add (SIGINT, on_stop_signal, NULL);
+  listen_events ();
+  g_timeout_add (CHECK_INTERVAL_MS, check, NULL);
+  mloop_release_watch (dir, on_released);
+  /* Listening now: `mloop attach` waits for this before it connects. */
+  snprintf (pid_text, sizeof pid_text, "%d\n", (int) getpid ());
+  if (!g_file_set_contents (pid_path, pid_text, -1, NULL)) {
+    fprintf (stderr, "mloop-supervisor: cannot write %s\n", pid_path);
+    return EXIT_FAILURE;
+  }
+  record ();
+  say ("supervising the device on %s", uri);
+  g_main_loop_run (rv.loop);
+
+  say ("stopping");
+  g_unlink (pid_path);
+  mloop_nbd_events_close (rv.events);
+  mloop_nbd_address_clear (&rv.address);
+  if (rv.released_lock != -1) {
+    mloop_state_remove (rv.dir);
+    mloop_state_unlock (rv.released_lock);
+  }
+  return EXIT_SUCCESS;
+}

@@ -1,0 +1,11 @@
+/* mloop-supervisor — its log lines: stderr, which is the device
+ * directory's supervisor.log, each line stamped with the local time.
+ */
+#ifndef MLOOP_SUPERVISOR_SAY_H
+#define MLOOP_SUPERVISOR_SAY_H
+
+#include <glib.h>
+
+void say (const char *fmt, ...) G_GNUC_PRINTF (1, 2);
+
+#endif /* MLOOP_SUPERVISOR_SAY_H */
