@@ -38,8 +38,9 @@ SUPERVISED = ["restart-fio", "restart-fsync", "restart-dying", "restart-hostile-
 # CLI kinds and for loop, the reference; the stock client adds nothing here.
 DURABLE = ["power-cut", "power-cut-early-ack", "failing-disk", "dropped-writes",
            "slow-disk", "stall-reconnect", "out-of-space"]
-# Serving to other machines, through this machine's loopback.
-REMOTE = ["remote-attach"]
+# Serving to other machines, through this machine's loopback; a remote
+# device that survives its server's restarts (its supervisor reconnects).
+REMOTE = ["remote-attach", "remote-restart"]
 
 
 # The durability tests take a VM of their own (they alone take as long as
