@@ -179,6 +179,14 @@ def survives_restarts(kind, cl, remote):
     assert st["reconnects"] >= KILLS, f"the supervisor recorded {st['reconnects']} reconnects"
     queues = len(os.listdir(f"/sys/block/{name}/mq"))
     assert queues == CONNECTIONS, f"{dev} has {queues} hardware queues after the restarts"
+    # One line per outage for a failure streak, not one per try.
+    with open(os.path.join(os.path.dirname(st["device"]["socket"]), "supervisor.log")) as f:
+        log = f.read().splitlines()
+    said = [line for line in log if "cannot reconnect" in line]
+    assert len(said) <= KILLS, f"the supervisor logged {len(said)} failures for " \
+        f"{KILLS} outages: {said[:10]}"
+    for line in kind.cli("status", dev).stdout.splitlines():
+        print(f"# status: {line}", flush=True)
     print(f"# {st['reconnects']} connections reconnected; each restart's took "
           f"{', '.join('%.1f s' % t for t in took)}", flush=True)
     detach_clean(kind, dev)

@@ -40,7 +40,7 @@ main (void)
     .block_size = 4096,
     .read_only = true,
     .connections = 16, .threads = 9,
-    .timeout = 45,
+    .timeout = 45, .dead_timeout = 120, .export_flags = 0x12d,
     .server = mloop_server_kind_find ("nbdkit", NULL, 0),
     .server_pid = 4242, .supervisor_pid = 4141,
   };
@@ -81,6 +81,10 @@ main (void)
   CHECK (got.connections == s.connections, "connections %u", got.connections);
   CHECK (got.threads == s.threads, "threads %u", got.threads);
   CHECK (got.timeout == s.timeout, "timeout %u", got.timeout);
+  CHECK (got.dead_timeout == s.dead_timeout, "dead timeout %u",
+         got.dead_timeout);
+  CHECK (got.export_flags == s.export_flags, "export flags 0x%x",
+         got.export_flags);
   CHECK (got.server == s.server, "server kind %s",
          got.server ? got.server->name : "(none)");
   CHECK (!got.remote, "a local device read back as remote");
@@ -102,6 +106,17 @@ main (void)
   CHECK (mloop_state_load (s.dir, &got) == 0, "second load failed");
   CHECK (got.index == 0 && !got.read_only, "second load: index %d, ro %d",
          got.index, got.read_only);
+  mloop_state_clear (&got);
+
+  /* A state written before dead timeouts had their own key: the
+   * request timeout was the dead-connection timeout too.
+   */
+  CHECK (g_file_set_contents (state_path, "[device]\nindex=3\nfile=/i\n"
+                              "timeout=17\n", -1, NULL),
+         "rewriting %s", state_path);
+  CHECK (mloop_state_load (s.dir, &got) == 0, "load of an older state");
+  CHECK (got.dead_timeout == 17, "older state: dead timeout %u",
+         got.dead_timeout);
   mloop_state_clear (&got);
 
   /* A state naming no image is not a device. */
