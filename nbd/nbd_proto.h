@@ -47,6 +47,7 @@
 #define NBD_REP_ERR_UNSUP          NBD_REP_ERR (1)
 #define NBD_REP_ERR_POLICY         NBD_REP_ERR (2)
 #define NBD_REP_ERR_INVALID        NBD_REP_ERR (3)
+#define NBD_REP_ERR_TLS_REQD       NBD_REP_ERR (5)
 #define NBD_REP_ERR_UNKNOWN        NBD_REP_ERR (6)
 #define NBD_REP_ERR_TOO_BIG        NBD_REP_ERR (9)
 

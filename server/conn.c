@@ -16,6 +16,7 @@
 #include "dispatch.h"
 #include "nbd_proto.h"
 #include "request.h"
+#include "transport.h"
 
 /* Received bytes a connection buffers for parsing: one recv's worth. */
 #define CONN_INBUF (64 * 1024)
@@ -197,7 +198,9 @@ resume_reading (struct conn *c)
   }
   c->reading_paused = false;
   conn_update_events (c);
-  if (!c->on_ready && (c->in_end > c->in_start || c->receiving)) {
+  /* Bytes TLS has already decoded are not in the socket either. */
+  if (!c->on_ready && (c->in_end > c->in_start || c->receiving ||
+                       transport_pending (&c->session.transport))) {
     c->on_ready = true;
     c->next_ready = c->set->ready;
     c->set->ready = c;
@@ -267,7 +270,7 @@ conn_flush (struct conn *c)
       skip = 0;
     }
     msg.msg_iovlen = (size_t) n;
-    sent = sendmsg (c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    sent = transport_sendmsg (&c->session.transport, c->fd, &msg);
     if (sent == -1 && errno == EINTR)
       continue;
     if (sent == -1 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
@@ -505,8 +508,8 @@ receive_payload (struct conn *c)
   }
   while (need > 0) {
     /* Straight into the aligned buffer: no copy for large writes. */
-    ssize_t r = recv (c->fd, (char *) req->buf + c->payload_done, need,
-                      MSG_DONTWAIT);
+    ssize_t r = transport_recv (&c->session.transport, c->fd,
+                                (char *) req->buf + c->payload_done, need);
 
     if (r == -1 && errno == EINTR)
       continue;
@@ -617,8 +620,8 @@ conn_read (struct conn *c)
     c->in_end -= c->in_start;
     c->in_start = 0;
     {
-      ssize_t r = recv (c->fd, c->in + c->in_end, CONN_INBUF - c->in_end,
-                        MSG_DONTWAIT);
+      ssize_t r = transport_recv (&c->session.transport, c->fd,
+                                  c->in + c->in_end, CONN_INBUF - c->in_end);
 
       if (r == -1 && errno == EINTR)
         continue;
@@ -674,6 +677,7 @@ conn_adopt (struct conn_set *s, int fd, const struct session *session)
     c->in = malloc (CONN_INBUF);
   if (c == NULL || c->in == NULL) {
     free (c);
+    transport_close_copy (&session->transport);
     worker_close_client (s->opts, fd);
     return;
   }
@@ -687,6 +691,7 @@ conn_adopt (struct conn_set *s, int fd, const struct session *session)
   }
   ev.data.ptr = c;
   if (epoll_ctl (s->epfd, EPOLL_CTL_ADD, fd, &ev) == -1) {
+    transport_close (&c->session.transport);
     free (c->in);
     free (c);
     worker_close_client (s->opts, fd);
@@ -707,6 +712,7 @@ conn_free (struct conn *c)
   MLOOP_STATS_SUB (st, connections, 1);
 
   epoll_ctl (c->set->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+  transport_close (&c->session.transport);
   worker_close_client (c->set->opts, c->fd);
   for (i = 0; i < CONN_SLOTS; i++) {
     if (c->slots[i].charged)

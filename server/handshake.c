@@ -9,7 +9,25 @@
 
 #include "handshake.h"
 #include "nbd_proto.h"
-#include "sockio.h"
+#include "transport.h"
+
+/* The client's stream: the socket, then TLS over it after STARTTLS. */
+struct wire {
+  int fd;
+  struct transport t;
+};
+
+static int
+wire_recv (struct wire *w, void *buf, size_t n)
+{
+  return transport_recv_full (&w->t, w->fd, buf, n);
+}
+
+static int
+wire_send (struct wire *w, const void *buf, size_t n)
+{
+  return transport_send_full (&w->t, w->fd, buf, n);
+}
 
 /* What the options so far have agreed on that the transmission phase
  * depends on.  The export name of the last SET_META_CONTEXT is kept:
@@ -34,14 +52,14 @@ struct negotiation {
 #define OPTION_SKIP_MAX  (1u << 20)
 
 static int
-skip (int fd, uint32_t n)
+skip (struct wire *w, uint32_t n)
 {
   char buf[4096];
 
   while (n > 0) {
     uint32_t chunk = n < sizeof buf ? n : sizeof buf;
 
-    if (mloop_recv_full (fd, buf, chunk) == -1)
+    if (wire_recv (w, buf, chunk) == -1)
       return -1;
     n -= chunk;
   }
@@ -50,7 +68,7 @@ skip (int fd, uint32_t n)
 
 /* Sends an option reply header followed by LEN bytes of DATA. */
 static int
-reply (int fd, uint32_t option, uint32_t type, const void *data, uint32_t len)
+reply (struct wire *w, uint32_t option, uint32_t type, const void *data, uint32_t len)
 {
   struct {
     uint64_t magic;
@@ -59,13 +77,13 @@ reply (int fd, uint32_t option, uint32_t type, const void *data, uint32_t len)
     htobe64 (NBD_REP_MAGIC), htobe32 (option), htobe32 (type), htobe32 (len)
   };
 
-  if (mloop_send_full (fd, &h, sizeof h) == -1)
+  if (wire_send (w, &h, sizeof h) == -1)
     return -1;
-  return len ? mloop_send_full (fd, data, len) : 0;
+  return len ? wire_send (w, data, len) : 0;
 }
 
 static int
-reply_info_export (int fd, uint32_t option, const struct export_info *x)
+reply_info_export (struct wire *w, uint32_t option, const struct export_info *x)
 {
   struct {
     uint16_t type;
@@ -75,11 +93,11 @@ reply_info_export (int fd, uint32_t option, const struct export_info *x)
     htobe16 (NBD_INFO_EXPORT), htobe64 (x->size), htobe16 (x->transmission_flags)
   };
 
-  return reply (fd, option, NBD_REP_INFO, &info, sizeof info);
+  return reply (w, option, NBD_REP_INFO, &info, sizeof info);
 }
 
 static int
-reply_info_block_size (int fd, uint32_t option, const struct export_info *x)
+reply_info_block_size (struct wire *w, uint32_t option, const struct export_info *x)
 {
   struct {
     uint16_t type;
@@ -89,7 +107,7 @@ reply_info_block_size (int fd, uint32_t option, const struct export_info *x)
     htobe32 (x->preferred_block), htobe32 (x->max_block)
   };
 
-  return reply (fd, option, NBD_REP_INFO, &info, sizeof info);
+  return reply (w, option, NBD_REP_INFO, &info, sizeof info);
 }
 
 /* Whether the client's NAME (LEN bytes, not terminated) is ours: any name
@@ -130,7 +148,7 @@ load_be32 (const char *p)
  * set), 0 to go on negotiating, -1 to close.
  */
 static int
-info_or_go (int fd, uint32_t option, const char *data, uint32_t len,
+info_or_go (struct wire *w, uint32_t option, const char *data, uint32_t len,
             const struct export_info *x, const struct negotiation *n,
             struct session *out)
 {
@@ -147,13 +165,13 @@ info_or_go (int fd, uint32_t option, const char *data, uint32_t len,
   if (len != 4 + name_len + 2 + 2u * nr_info)
     goto invalid;
   if (!name_matches (x, data + 4, name_len))
-    return reply (fd, option, NBD_REP_ERR_UNKNOWN, NULL, 0) == -1 ? -1 : 0;
+    return reply (w, option, NBD_REP_ERR_UNKNOWN, NULL, 0) == -1 ? -1 : 0;
   /* NBD_INFO_BLOCK_SIZE is always sent: mloop prefers aligned requests
    * (O_DIRECT), and the spec names such servers as its reason to exist.
    */
-  if (reply_info_export (fd, option, x) == -1 ||
-      reply_info_block_size (fd, option, x) == -1 ||
-      reply (fd, option, NBD_REP_ACK, NULL, 0) == -1)
+  if (reply_info_export (w, option, x) == -1 ||
+      reply_info_block_size (w, option, x) == -1 ||
+      reply (w, option, NBD_REP_ACK, NULL, 0) == -1)
     return -1;
   if (option != NBD_OPT_GO)
     return 0;
@@ -161,27 +179,27 @@ info_or_go (int fd, uint32_t option, const char *data, uint32_t len,
   return 1;
 
  invalid:
-  return reply (fd, option, NBD_REP_ERR_INVALID, NULL, 0) == -1 ? -1 : 0;
+  return reply (w, option, NBD_REP_ERR_INVALID, NULL, 0) == -1 ? -1 : 0;
 }
 
 /* One NBD_REP_SERVER: our name, or "" (the default export) when any name
  * is served.
  */
 static int
-list_exports (int fd, uint32_t len, const struct export_info *x)
+list_exports (struct wire *w, uint32_t len, const struct export_info *x)
 {
   char entry[4 + NBD_MAX_STRING];
   uint32_t name_len = x->name ? strlen (x->name) : 0;
   uint32_t be_len = htobe32 (name_len);
 
   if (len != 0)
-    return reply (fd, NBD_OPT_LIST, NBD_REP_ERR_INVALID, NULL, 0);
+    return reply (w, NBD_OPT_LIST, NBD_REP_ERR_INVALID, NULL, 0);
   memcpy (entry, &be_len, 4);
   if (name_len)
     memcpy (entry + 4, x->name, name_len);   /* ≤ NBD_MAX_STRING: main.c */
-  if (reply (fd, NBD_OPT_LIST, NBD_REP_SERVER, entry, 4 + name_len) == -1)
+  if (reply (w, NBD_OPT_LIST, NBD_REP_SERVER, entry, 4 + name_len) == -1)
     return -1;
-  return reply (fd, NBD_OPT_LIST, NBD_REP_ACK, NULL, 0);
+  return reply (w, NBD_OPT_LIST, NBD_REP_ACK, NULL, 0);
 }
 
 /* Whether the query Q (LEN bytes) of a meta context option names
@@ -245,7 +263,7 @@ parse_meta (const char *data, uint32_t len, bool list, const char **name,
  * BLOCK_STATUS chunks will carry.
  */
 static int
-meta_context (int fd, uint32_t option, const char *data, uint32_t len,
+meta_context (struct wire *w, uint32_t option, const char *data, uint32_t len,
               const struct export_info *x, struct negotiation *n)
 {
   const bool list = option == NBD_OPT_LIST_META_CONTEXT;
@@ -257,9 +275,9 @@ meta_context (int fd, uint32_t option, const char *data, uint32_t len,
     n->base_allocation = false;
   if (!n->structured_replies ||
       !parse_meta (data, len, list, &name, &name_len, &all, &match))
-    return reply (fd, option, NBD_REP_ERR_INVALID, NULL, 0);
+    return reply (w, option, NBD_REP_ERR_INVALID, NULL, 0);
   if (!name_matches (x, name, name_len))
-    return reply (fd, option, NBD_REP_ERR_UNKNOWN, NULL, 0);
+    return reply (w, option, NBD_REP_ERR_UNKNOWN, NULL, 0);
   if (list ? all || match : match) {
     const size_t clen = strlen (NBD_CONTEXT_BASE_ALLOCATION);
     char entry[4 + sizeof NBD_CONTEXT_BASE_ALLOCATION];
@@ -267,7 +285,7 @@ meta_context (int fd, uint32_t option, const char *data, uint32_t len,
 
     memcpy (entry, &id, 4);
     memcpy (entry + 4, NBD_CONTEXT_BASE_ALLOCATION, clen);
-    if (reply (fd, option, NBD_REP_META_CONTEXT, entry, 4 + clen) == -1)
+    if (reply (w, option, NBD_REP_META_CONTEXT, entry, 4 + clen) == -1)
       return -1;
     if (!list) {
       n->base_allocation = true;
@@ -275,14 +293,14 @@ meta_context (int fd, uint32_t option, const char *data, uint32_t len,
       memcpy (n->meta_name, name, name_len);
     }
   }
-  return reply (fd, option, NBD_REP_ACK, NULL, 0);
+  return reply (w, option, NBD_REP_ACK, NULL, 0);
 }
 
 /* NBD_OPT_EXPORT_NAME: no reply header; size and flags, then (unless
  * NO_ZEROES was agreed) 124 bytes of zeroes.
  */
 static int
-export_name (int fd, const struct export_info *x, bool no_zeroes)
+export_name (struct wire *w, const struct export_info *x, bool no_zeroes)
 {
   struct {
     uint64_t size;
@@ -293,11 +311,30 @@ export_name (int fd, const struct export_info *x, bool no_zeroes)
   memset (&r, 0, sizeof r);
   r.size = htobe64 (x->size);
   r.flags = htobe16 (x->transmission_flags);
-  return mloop_send_full (fd, &r, no_zeroes ? 10 : sizeof r);
+  return wire_send (w, &r, no_zeroes ? 10 : sizeof r);
 }
 
-int
-mloop_handshake (int fd, const struct export_info *x, struct session *out)
+/* NBD_OPT_STARTTLS, without payload, once: ACK, then the TLS handshake.
+ * Returns 0 when TLS is up, 1 when refused (negotiation goes on in
+ * plaintext), -1 to close.
+ */
+static int
+start_tls (struct wire *w, uint32_t len, const struct export_info *x)
+{
+  if (x->tls == HANDSHAKE_TLS_OFF || x->start_tls == NULL)
+    return reply (w, NBD_OPT_STARTTLS, NBD_REP_ERR_UNSUP, NULL, 0) == -1
+      ? -1 : 1;
+  if (len != 0 || w->t.ops)
+    return reply (w, NBD_OPT_STARTTLS, NBD_REP_ERR_INVALID, NULL, 0) == -1
+      ? -1 : 1;
+  if (reply (w, NBD_OPT_STARTTLS, NBD_REP_ACK, NULL, 0) == -1)
+    return -1;
+  return x->start_tls (w->fd, &w->t) == -1 ? -1 : 0;
+}
+
+/* The negotiation itself; on 0, the transmission starts on W. */
+static int
+negotiate (struct wire *w, const struct export_info *x, struct session *out)
 {
   struct {
     uint64_t magic, opt_magic;
@@ -311,10 +348,8 @@ mloop_handshake (int fd, const struct export_info *x, struct session *out)
   char data[OPTION_MAX];
   struct negotiation n = { .structured_replies = false };
 
-  *out = (struct session) { .structured_replies = false };
-
-  if (mloop_send_full (fd, &greeting, sizeof greeting) == -1 ||
-      mloop_recv_full (fd, &client_flags, 4) == -1)
+  if (wire_send (w, &greeting, sizeof greeting) == -1 ||
+      wire_recv (w, &client_flags, 4) == -1)
     return -1;
   client_flags = be32toh (client_flags);
   if (client_flags & ~(NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES))
@@ -327,29 +362,41 @@ mloop_handshake (int fd, const struct export_info *x, struct session *out)
       uint32_t option, len;
     } __attribute__((packed)) h;
     uint32_t option, len;
+    bool tls_required;
     int r;
 
-    if (mloop_recv_full (fd, &h, sizeof h) == -1 ||
+    if (wire_recv (w, &h, sizeof h) == -1 ||
         be64toh (h.magic) != NBD_IHAVEOPT)
       return -1;
     option = be32toh (h.option);
     len = be32toh (h.len);
+    /* --tls require: before TLS, only STARTTLS and ABORT are heard. */
+    tls_required = x->tls == HANDSHAKE_TLS_REQUIRE && w->t.ops == NULL &&
+      option != NBD_OPT_STARTTLS && option != NBD_OPT_ABORT;
     if (len > OPTION_MAX) {
       /* Bounded: never allocate or read what a client merely declares. */
-      if (len > OPTION_SKIP_MAX || skip (fd, len) == -1 ||
+      if (len > OPTION_SKIP_MAX || skip (w, len) == -1 ||
           option == NBD_OPT_EXPORT_NAME)
         return -1;
       if (option == NBD_OPT_ABORT) {
         /* The spec: a server ignores ABORT's data, and must ack it. */
-        reply (fd, option, NBD_REP_ACK, NULL, 0);
+        reply (w, option, NBD_REP_ACK, NULL, 0);
         return -1;
       }
-      if (reply (fd, option, NBD_REP_ERR_TOO_BIG, NULL, 0) == -1)
+      if (reply (w, option, tls_required ? NBD_REP_ERR_TLS_REQD
+                 : NBD_REP_ERR_TOO_BIG, NULL, 0) == -1)
         return -1;
       continue;
     }
-    if (mloop_recv_full (fd, data, len) == -1)
+    if (wire_recv (w, data, len) == -1)
       return -1;
+    if (tls_required) {
+      /* EXPORT_NAME has no error reply: refused by closing. */
+      if (option == NBD_OPT_EXPORT_NAME ||
+          reply (w, option, NBD_REP_ERR_TLS_REQD, NULL, 0) == -1)
+        return -1;
+      continue;
+    }
 
     switch (option) {
     case NBD_OPT_EXPORT_NAME:
@@ -359,38 +406,62 @@ mloop_handshake (int fd, const struct export_info *x, struct session *out)
       if (len > NBD_MAX_STRING || !name_matches (x, data, len))
         return -1;
       enter (&n, data, len, out);
-      return export_name (fd, x, no_zeroes);
+      return export_name (w, x, no_zeroes);
     case NBD_OPT_ABORT:
-      reply (fd, option, NBD_REP_ACK, NULL, 0);
+      reply (w, option, NBD_REP_ACK, NULL, 0);
       return -1;
+    case NBD_OPT_STARTTLS:
+      r = start_tls (w, len, x);
+      if (r == 0) {
+        /* The spec: whatever was agreed in plaintext is forgotten
+         * (nbdkit CVE-2021-3716).
+         */
+        n = (struct negotiation) { .structured_replies = false };
+        continue;
+      }
+      break;
     case NBD_OPT_LIST:
-      r = list_exports (fd, len, x);
+      r = list_exports (w, len, x);
       break;
     case NBD_OPT_INFO:
     case NBD_OPT_GO:
-      r = info_or_go (fd, option, data, len, x, &n, out);
+      r = info_or_go (w, option, data, len, x, &n, out);
       if (r == 1)
         return 0;
       break;
     case NBD_OPT_STRUCTURED_REPLY:
       /* No payload allowed.  Asking twice is harmless: ACK again. */
       if (len != 0)
-        r = reply (fd, option, NBD_REP_ERR_INVALID, NULL, 0);
+        r = reply (w, option, NBD_REP_ERR_INVALID, NULL, 0);
       else {
         n.structured_replies = true;
-        r = reply (fd, option, NBD_REP_ACK, NULL, 0);
+        r = reply (w, option, NBD_REP_ACK, NULL, 0);
       }
       break;
     case NBD_OPT_LIST_META_CONTEXT:
     case NBD_OPT_SET_META_CONTEXT:
-      r = meta_context (fd, option, data, len, x, &n);
+      r = meta_context (w, option, data, len, x, &n);
       break;
     default:
-      /* TLS, extended headers, anything newer. */
-      r = reply (fd, option, NBD_REP_ERR_UNSUP, NULL, 0);
+      /* Extended headers, anything newer. */
+      r = reply (w, option, NBD_REP_ERR_UNSUP, NULL, 0);
       break;
     }
     if (r == -1)
       return -1;
   }
+}
+
+int
+mloop_handshake (int fd, const struct export_info *x, struct session *out)
+{
+  struct wire w = { .fd = fd };
+
+  *out = (struct session) { .structured_replies = false };
+  if (negotiate (&w, x, out) == -1) {
+    transport_close (&w.t);
+    return -1;
+  }
+  out->transport = w.t;
+  return 0;
 }

@@ -52,6 +52,7 @@
 #include "offload.h"
 #include "pending.h"
 #include "stats.h"
+#include "tls.h"
 #include "trace.h"
 #include "worker.h"
 
@@ -118,6 +119,10 @@ static gint opt_drain_timeout = DRAIN_TIMEOUT_DEFAULT;
 static gint opt_max_connections;
 static gint opt_max_per_client;
 static gchar *opt_keepalive;
+static gchar *opt_tls;
+static gchar *opt_tls_psk;
+static gchar *opt_tls_certificates;
+static gboolean opt_tls_verify_peer;
 static struct {
   bool on;
   int idle, interval, count;
@@ -149,6 +154,15 @@ static GOptionEntry entries[] = {
   { "keepalive", 0, 0, G_OPTION_ARG_STRING, &opt_keepalive,
     "TCP keepalive IDLE:INTERVAL:COUNT in seconds, or off (default "
     KEEPALIVE_DEFAULT ")", "SPEC" },
+  { "tls", 0, 0, G_OPTION_ARG_STRING, &opt_tls,
+    "TLS: off (default), on (offered) or require", "MODE" },
+  { "tls-psk", 0, 0, G_OPTION_ARG_FILENAME, &opt_tls_psk,
+    "TLS with pre-shared keys from FILE (USERNAME:HEXKEY lines)", "FILE" },
+  { "tls-certificates", 0, 0, G_OPTION_ARG_FILENAME, &opt_tls_certificates,
+    "TLS with the X.509 certificates in DIR (ca-cert.pem, server-cert.pem, "
+    "server-key.pem, ca-crl.pem)", "DIR" },
+  { "tls-verify-peer", 0, 0, G_OPTION_ARG_NONE, &opt_tls_verify_peer,
+    "Require a client certificate signed by DIR/ca-cert.pem", NULL },
   { "read-only", 'r', 0, G_OPTION_ARG_NONE, &opt_read_only,
     "Serve read-only", NULL },
   { "direct", 0, 0, G_OPTION_ARG_STRING, &opt_direct,
@@ -221,7 +235,10 @@ handshake_thread (void *arg)
   x.size = mloop_backing_size (&engine.backing);
   x.min_block = mloop_backing_min_block_size (&engine.backing);
   ok = mloop_handshake (fd, &x, &session) == 0;
-  ok = pending_leave (p) && ok;
+  if (!pending_leave (p) && ok) {
+    transport_close (&session.transport);
+    ok = false;
+  }
   if (ok) {
     pthread_mutex_lock (&next_worker_lock);
     w = workers[next_worker++ % nr_workers];
@@ -366,6 +383,44 @@ transmission_flags (bool discard)
   return f;
 }
 
+/* --tls and its credentials: checked together, loaded before anything
+ * is served, so a mistake is one line at startup.
+ */
+static void
+setup_tls (void)
+{
+  struct tls_options o = {
+    .psk_file = opt_tls_psk, .cert_dir = opt_tls_certificates,
+    .verify_peer = opt_tls_verify_peer,
+  };
+  char err[512];
+
+  export.tls = HANDSHAKE_TLS_OFF;
+  if (opt_tls == NULL || strcmp (opt_tls, "off") == 0)
+    ;
+  else if (strcmp (opt_tls, "on") == 0)
+    export.tls = HANDSHAKE_TLS_ON;
+  else if (strcmp (opt_tls, "require") == 0)
+    export.tls = HANDSHAKE_TLS_REQUIRE;
+  else
+    die ("--tls=%s: must be off, on or require", opt_tls);
+  if (export.tls == HANDSHAKE_TLS_OFF) {
+    if (opt_tls_psk || opt_tls_certificates || opt_tls_verify_peer)
+      die ("--tls-psk, --tls-certificates and --tls-verify-peer need "
+           "--tls on or require");
+    return;
+  }
+  if (opt_tls_psk && opt_tls_certificates)
+    die ("--tls-psk and --tls-certificates exclude each other");
+  if (!opt_tls_psk && !opt_tls_certificates)
+    die ("--tls=%s needs --tls-psk FILE or --tls-certificates DIR", opt_tls);
+  if (opt_tls_verify_peer && !opt_tls_certificates)
+    die ("--tls-verify-peer needs --tls-certificates DIR");
+  if (tls_setup (&o, err, sizeof err) == -1)
+    die ("%s", err);
+  export.start_tls = tls_start;
+}
+
 /* --NAME=VALUE, on when not given. */
 static bool
 parse_on_off (const char *name, const char *value)
@@ -497,6 +552,7 @@ main (int argc, char *argv[])
                parse_size ("connection-buffer-limit", opt_conn_buffer_limit,
                            BUDGET_CONN_DEFAULT, MLOOP_KEEP_BUFFER));
   discard = parse_on_off ("discard", opt_discard);
+  setup_tls ();
   raise_nofile_limit ();
   if (opt_mlock && (errno = -mloop_lock_memory ()) != 0)
     die ("--mlock: mlockall: %s", strerror (errno));

@@ -10,6 +10,8 @@
 
 #include <stdbool.h>
 
+#include "transport.h"
+
 /* The id given to base:allocation when a client selects it: any value
  * would do (ids are per connection and opaque to the client).
  */
@@ -19,6 +21,7 @@ struct session {
   bool structured_replies;      /* NBD_OPT_STRUCTURED_REPLY acknowledged */
   bool base_allocation;         /* base:allocation selected, for the
                                    export entered: BLOCK_STATUS allowed */
+  struct transport transport;   /* TLS, if started; else plain */
 };
 
 #endif /* MLOOP_SERVER_SESSION_H */

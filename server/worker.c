@@ -256,6 +256,7 @@ worker_add_connection (struct worker *w, int fd,
 
     if (p == NULL) {
       pthread_mutex_unlock (&w->inbox_lock);
+      transport_close_copy (&session->transport);
       worker_close_client (&w->opts, fd);
       return;
     }
@@ -281,8 +282,10 @@ worker_stop (struct worker *w)
 
   worker_begin_stop (w);
   pthread_join (w->thread, NULL);
-  for (i = 0; i < w->inbox_len; i++)
+  for (i = 0; i < w->inbox_len; i++) {
+    transport_close (&w->inbox[i].session.transport);
     worker_close_client (&w->opts, w->inbox[i].fd);
+  }
   free (w->inbox);
   dispatch_destroy (&w->dispatch);
   close (w->epfd);
