@@ -322,7 +322,7 @@ cmd_serve (int argc, char **argv)
     { "tls-certificates", 0, 0, G_OPTION_ARG_FILENAME, &certs,
       "Directory with ca-cert.pem, server-cert.pem, server-key.pem", "DIR" },
     { "server", 's', 0, G_OPTION_ARG_STRING, &server,
-      "native (default without TLS) or nbdkit", "KIND" },
+      "native (default) or nbdkit", "KIND" },
     { "offset", 'o', 0, G_OPTION_ARG_STRING, &offset,
       "Start this many bytes into FILE (like losetup)", "SIZE" },
     { "sizelimit", 0, 0, G_OPTION_ARG_STRING, &sizelimit,

@@ -14,6 +14,20 @@ add (GPtrArray *argv, char *arg)
   g_ptr_array_add (argv, arg);
 }
 
+/* --tls, --tls-psk, --tls-certificates: spelt the same for both. */
+static void
+add_tls (const struct mloop_server_config *c, GPtrArray *argv)
+{
+  if (c->tls != MLOOP_TLS_OFF)
+    add (argv, g_strdup_printf ("--tls=%s", c->tls == MLOOP_TLS_REQUIRE
+                                ? "require" : "on"));
+  if (c->tls_psk)
+    add (argv, g_strdup_printf ("--tls-psk=%s", c->tls_psk));
+  if (c->tls_certificates)
+    add (argv, g_strdup_printf ("--tls-certificates=%s",
+                                c->tls_certificates));
+}
+
 /* mloop-server --listen=unix:PATH|tcp:HOST:PORT [OPTIONS] -- IMAGE */
 static void
 native_command (const struct mloop_server_config *c, GPtrArray *argv)
@@ -49,6 +63,7 @@ native_command (const struct mloop_server_config *c, GPtrArray *argv)
     add (argv, g_strdup_printf ("--offset=%" PRIu64, c->offset));
   if (c->sizelimit)
     add (argv, g_strdup_printf ("--sizelimit=%" PRIu64, c->sizelimit));
+  add_tls (c, argv);
   add (argv, g_strdup ("--"));
   add (argv, g_strdup (c->image));
 }
@@ -85,14 +100,7 @@ nbdkit_command (const struct mloop_server_config *c, GPtrArray *argv)
     add (argv, g_strdup ("--readonly"));
   if (c->export_name)
     add (argv, g_strdup_printf ("--exportname=%s", c->export_name));
-  if (c->tls != MLOOP_TLS_OFF)
-    add (argv, g_strdup_printf ("--tls=%s", c->tls == MLOOP_TLS_REQUIRE
-                                ? "require" : "on"));
-  if (c->tls_psk)
-    add (argv, g_strdup_printf ("--tls-psk=%s", c->tls_psk));
-  if (c->tls_certificates)
-    add (argv, g_strdup_printf ("--tls-certificates=%s",
-                                c->tls_certificates));
+  add_tls (c, argv);
   /* nbdkit's limit filter closes connections past its limit, as
    * mloop-server's --max-connections does; it has no per-client cap.
    */
@@ -122,7 +130,7 @@ nbdkit_command (const struct mloop_server_config *c, GPtrArray *argv)
 
 /* The default first. */
 static const struct mloop_server_kind kinds[] = {
-  { .name = "native", .command = native_command,
+  { .name = "native", .command = native_command, .tls = true,
     .requests_at_once = NATIVE_REQUESTS_AT_ONCE, .resizes_on_sighup = true,
     .per_client_cap = true, .keepalive_settings = true },
   { .name = "nbdkit", .command = nbdkit_command, .tls = true,

@@ -206,6 +206,37 @@ def terminate(proc, timeout=60):
         return False
 
 
+def make_certificates(d, client=False):
+    """A CA and a server certificate for 127.0.0.1 in directory D, as
+    nbdkit, qemu-nbd and mloop-server read them (ca-cert.pem,
+    server-cert.pem, server-key.pem; ca-key.pem stays there too).  With
+    CLIENT, also client-cert.pem and client-key.pem signed by the same
+    CA, where libnbd looks for them.  Skips the test without openssl."""
+    if shutil.which("openssl") is None:
+        skip("openssl is not installed (needed to make test certificates)")
+
+    def ossl(*a):
+        subprocess.run(["openssl", *a], check=True, capture_output=True, cwd=d)
+
+    def signed(name, cn, ext):
+        ossl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={cn}",
+             "-keyout", f"{name}-key.pem", "-out", f"{name}.csr")
+        with open(os.path.join(d, "ext.cnf"), "w") as f:
+            f.write(ext)
+        ossl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca-cert.pem",
+             "-CAkey", "ca-key.pem", "-CAcreateserial", "-days", "2",
+             "-extfile", "ext.cnf", "-out", f"{name}-cert.pem")
+        for junk in (f"{name}.csr", "ext.cnf", "ca-cert.srl"):
+            os.unlink(os.path.join(d, junk))
+
+    ossl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+         "-subj", "/CN=mloop test CA", "-keyout", "ca-key.pem", "-out", "ca-cert.pem")
+    signed("server", "127.0.0.1", "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+           "extendedKeyUsage=serverAuth\n")
+    if client:
+        signed("client", "mloop test client", "extendedKeyUsage=clientAuth\n")
+
+
 class Server:
     """The server under test (nbdkit + plugin, or mloop-server) in the
     foreground on a private Unix socket."""

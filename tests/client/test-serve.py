@@ -1,10 +1,11 @@
 #!/usr/bin/python3
 """`mloop serve`: an image served to other machines, tested on 127.0.0.1
-and Unix sockets only.  The native server by default, nbdkit with the
-plugin for TLS; a Unix socket is 0600 in a 0700 directory; TCP listens on
-the address given and nowhere else; with --tls require a plaintext client
-is refused, and libnbd clients (nbdinfo, nbdcopy, fio's nbd engine) work
-with a pre-shared key and with certificates."""
+and Unix sockets only.  The native server by default (TLS too), nbdkit
+with the plugin on request; a Unix socket is 0600 in a 0700 directory;
+TCP listens on the address given and nowhere else; with --tls require, on
+both servers, a plaintext client is refused, and libnbd clients (nbdinfo,
+nbdcopy, fio's nbd engine) work with a pre-shared key and with
+certificates."""
 import os
 import shutil
 import signal
@@ -15,6 +16,8 @@ import tempfile
 import time
 
 import nbd
+
+import harness
 
 MLOOP = os.environ["MLOOP_CLI"]
 failures = []
@@ -112,24 +115,6 @@ def roundtrip(uri, image, name):
           back == data and on_disk == data)
 
 
-def make_certificates(d):
-    """A CA and a server certificate for 127.0.0.1, as nbdkit and libnbd
-    expect them (ca-cert.pem, server-cert.pem, server-key.pem)."""
-    def ossl(*a):
-        subprocess.run(["openssl", *a], check=True, capture_output=True, cwd=d)
-    ossl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-         "-subj", "/CN=mloop test CA", "-keyout", "ca-key.pem", "-out", "ca-cert.pem")
-    ossl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
-         "-keyout", "server-key.pem", "-out", "server.csr")
-    with open(os.path.join(d, "ext.cnf"), "w") as f:
-        f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\n"
-                "extendedKeyUsage=serverAuth\n")
-    ossl("x509", "-req", "-in", "server.csr", "-CA", "ca-cert.pem", "-CAkey", "ca-key.pem",
-         "-CAcreateserial", "-days", "2", "-extfile", "ext.cnf", "-out", "server-cert.pem")
-    for junk in ("server.csr", "ext.cnf", "ca-cert.srl"):
-        os.unlink(os.path.join(d, junk))
-
-
 work = tempfile.mkdtemp(prefix="mloop-serve-", dir="/var/tmp")
 try:
     image = os.path.join(work, "disk.img")
@@ -187,61 +172,68 @@ try:
             first.shutdown()
         stop(p)
 
-    # TLS with a pre-shared key (nbdkit's PSK file format: user:hexkey).
+    # TLS, both servers: the native one by default, nbdkit on request.
     psk = os.path.join(work, "keys.psk")
     with open(psk, "w") as f:
         f.write("alice:" + os.urandom(32).hex() + "\n")
     os.chmod(psk, 0o600)
-    port = free_port()
-    p = serve(image, "--listen", f"tcp:127.0.0.1:{port}", "--tls", "require",
-              "--tls-psk", psk, ready=tcp_ready(port))
-    uri = f"nbds://alice@127.0.0.1:{port}/?tls-psk-file={psk}"
-    r = subprocess.run(["nbdinfo", "--size", f"nbd://127.0.0.1:{port}/"],
-                       capture_output=True, text=True)
-    check("tls psk: a plaintext client is refused",
-          r.returncode != 0 and "TLS" in r.stderr, r.stderr)
-    r = subprocess.run(["nbdinfo", "--size", uri], capture_output=True, text=True)
-    check("tls psk: nbdinfo", r.returncode == 0 and r.stdout.strip() == str(64 << 20),
-          r.stderr)
-    roundtrip(uri, image, "tls psk libnbd")
-    copy = os.path.join(work, "copy.img")
-    r = subprocess.run(["nbdcopy", uri, copy], capture_output=True, text=True)
-    check("tls psk: nbdcopy copies the image exactly",
-          r.returncode == 0 and open(copy, "rb").read() == open(image, "rb").read(),
-          r.stderr)
-    stop(p)
-
-    # TLS with certificates.
     certs = os.path.join(work, "pki")
     os.mkdir(certs)
-    make_certificates(certs)
-    port = free_port()
-    p = serve(image, "--listen", f"tcp:127.0.0.1:{port}", "--tls", "require",
-              "--tls-certificates", certs, ready=tcp_ready(port))
+    harness.make_certificates(certs)
     client = os.path.join(work, "client-pki")
     os.mkdir(client)
     shutil.copy(os.path.join(certs, "ca-cert.pem"), client)
-    roundtrip(f"nbds://127.0.0.1:{port}/?tls-certificates={client}", image,
-              "tls certificates libnbd")
-    # fio's nbd engine cannot pass tls-certificates= or tls-psk-file= (libnbd
-    # refuses local files in a URI unless the program allows them, and fio
-    # 3.33 does not), so it finds the CA where libnbd looks by default.
-    if shutil.which("fio"):
-        home = os.path.join(work, "home")
-        os.makedirs(os.path.join(home, ".pki", "libnbd"))
-        shutil.copy(os.path.join(certs, "ca-cert.pem"), os.path.join(home, ".pki", "libnbd"))
-        r = subprocess.run(["fio", "--name=tls", "--ioengine=nbd",
-                            f"--uri=nbds://127.0.0.1:{port}/", "--rw=randwrite",
-                            "--bs=4k", "--size=4m", "--iodepth=8", "--verify=crc32c",
-                            "--verify_fatal=1"],
-                           capture_output=True, text=True, cwd=work,
-                           env=dict(os.environ, HOME=home))
-        check("tls certificates: fio nbd engine writes and verifies",
-              r.returncode == 0 and "err= 0" in r.stdout, r.stderr[-500:])
-    r = subprocess.run(["nbdinfo", "--size", f"nbd://127.0.0.1:{port}/"],
-                       capture_output=True, text=True)
-    check("tls certificates: a plaintext client is refused", r.returncode != 0, r.stderr)
-    stop(p)
+    for kind in ("native", "nbdkit"):
+        server = [] if kind == "native" else ["--server", "nbdkit"]
+
+        # With a pre-shared key (nbdkit's PSK file format: user:hexkey).
+        port = free_port()
+        p = serve(image, "--listen", f"tcp:127.0.0.1:{port}", "--tls", "require",
+                  "--tls-psk", psk, *server, ready=tcp_ready(port))
+        uri = f"nbds://alice@127.0.0.1:{port}/?tls-psk-file={psk}"
+        r = subprocess.run(["nbdinfo", "--size", f"nbd://127.0.0.1:{port}/"],
+                           capture_output=True, text=True)
+        check(f"tls psk {kind}: a plaintext client is refused",
+              r.returncode != 0 and "TLS" in r.stderr, r.stderr)
+        r = subprocess.run(["nbdinfo", "--size", uri], capture_output=True, text=True)
+        check(f"tls psk {kind}: nbdinfo",
+              r.returncode == 0 and r.stdout.strip() == str(64 << 20), r.stderr)
+        roundtrip(uri, image, f"tls psk {kind} libnbd")
+        copy = os.path.join(work, "copy.img")
+        r = subprocess.run(["nbdcopy", uri, copy], capture_output=True, text=True)
+        check(f"tls psk {kind}: nbdcopy copies the image exactly",
+              r.returncode == 0 and open(copy, "rb").read() == open(image, "rb").read(),
+              r.stderr)
+        os.unlink(copy)
+        stop(p)
+
+        # With certificates.
+        port = free_port()
+        p = serve(image, "--listen", f"tcp:127.0.0.1:{port}", "--tls", "require",
+                  "--tls-certificates", certs, *server, ready=tcp_ready(port))
+        roundtrip(f"nbds://127.0.0.1:{port}/?tls-certificates={client}", image,
+                  f"tls certificates {kind} libnbd")
+        # fio's nbd engine cannot pass tls-certificates= or tls-psk-file=
+        # (libnbd refuses local files in a URI unless the program allows
+        # them, and fio 3.33 does not), so it finds the CA where libnbd
+        # looks by default.
+        if shutil.which("fio"):
+            home = os.path.join(work, "home")
+            os.makedirs(os.path.join(home, ".pki", "libnbd"), exist_ok=True)
+            shutil.copy(os.path.join(certs, "ca-cert.pem"), os.path.join(home, ".pki", "libnbd"))
+            r = subprocess.run(["fio", "--name=tls", "--ioengine=nbd",
+                                f"--uri=nbds://127.0.0.1:{port}/", "--rw=randwrite",
+                                "--bs=4k", "--size=4m", "--iodepth=8", "--verify=crc32c",
+                                "--verify_fatal=1"],
+                               capture_output=True, text=True, cwd=work,
+                               env=dict(os.environ, HOME=home))
+            check(f"tls certificates {kind}: fio nbd engine writes and verifies",
+                  r.returncode == 0 and "err= 0" in r.stdout, r.stderr[-500:])
+        r = subprocess.run(["nbdinfo", "--size", f"nbd://127.0.0.1:{port}/"],
+                           capture_output=True, text=True)
+        check(f"tls certificates {kind}: a plaintext client is refused",
+              r.returncode != 0, r.stderr)
+        stop(p)
 
     # Refusals: one line, non-zero, nothing started.
     for args, expect in [
@@ -249,8 +241,6 @@ try:
             ([image, "--listen", "tcp:127.0.0.1"], "expected unix:PATH or tcp:HOST:PORT"),
             ([image, "--listen", "unix:/x", "--tls", "require"], "--tls needs"),
             ([image, "--listen", "unix:/x", "--tls", "maybe"], "--tls maybe"),
-            ([image, "--listen", "unix:/x", "--tls", "require", "--tls-psk", psk,
-              "--server", "native"], "the native server has no TLS"),
             ([image, "--listen", "unix:/x", "--tls", "on", "--tls-psk",
               os.path.join(work, "none.psk")], "none.psk"),
             ([os.path.join(work, "none.img"), "--listen", "unix:/x"], "No such file"),
