@@ -191,6 +191,10 @@ try:
         p = serve(image, "--listen", f"tcp:127.0.0.1:{port}", "--tls", "require",
                   "--tls-psk", psk, *server, ready=tcp_ready(port))
         uri = f"nbds://alice@127.0.0.1:{port}/?tls-psk-file={psk}"
+        # mloop serve execs the server: which one is it?
+        exe = os.path.basename(os.readlink(f"/proc/{p.pid}/exe"))
+        check(f"tls psk {kind}: served by {kind}",
+              exe == ("mloop-server" if kind == "native" else "nbdkit"), exe)
         r = subprocess.run(["nbdinfo", "--size", f"nbd://127.0.0.1:{port}/"],
                            capture_output=True, text=True)
         check(f"tls psk {kind}: a plaintext client is refused",
