@@ -72,6 +72,12 @@
  * of address space, and all of it locked under --mlock.
  */
 #define HANDSHAKE_STACK (64 * 1024)
+/* With --tls, the TLS handshake runs on that thread too: GnuTLS, nettle
+ * and GMP put buffers and bignum temporaries on the stack (GMP up to
+ * 32 KiB at a time), more with larger keys.  Address space reserved,
+ * not memory used.
+ */
+#define HANDSHAKE_STACK_TLS (512 * 1024)
 /* accept() failing for want of descriptors (EMFILE, ENFILE) leaves the
  * connection queued and the listener readable: pause instead of spinning.
  */
@@ -638,7 +644,8 @@ main (int argc, char *argv[])
   pending_init ((unsigned) opt_handshake_timeout, (unsigned) opt_max_handshakes);
   pthread_attr_init (&attr);
   pthread_attr_setdetachstate (&attr, PTHREAD_CREATE_DETACHED);
-  pthread_attr_setstacksize (&attr, HANDSHAKE_STACK);
+  pthread_attr_setstacksize (&attr, export.tls == HANDSHAKE_TLS_OFF
+                             ? HANDSHAKE_STACK : HANDSHAKE_STACK_TLS);
   write_pid_file ();
 
   for (;;) {
