@@ -35,7 +35,7 @@ OPT_EXPORT_NAME, OPT_ABORT, OPT_LIST, OPT_STARTTLS = 1, 2, 3, 5
 OPT_STRUCTURED_REPLY = 8
 REP_ACK, REP_SERVER = 1, 2
 ERR_UNSUP, ERR_INVALID, ERR_TLS_REQD = 0x80000001, 0x80000003, 0x80000005
-CMD_READ = 0
+CMD_READ, CMD_WRITE = 0, 1
 
 SIZE = 16 << 20
 TIMEOUT = 2                     # --handshake-timeout of the stall test
@@ -258,10 +258,34 @@ with open(image, "rb") as f:
     f.seek(4096)
     want = f.read(65536)
 check("over TLS: a READ returns the image's bytes", (error, cookie, data) == (0, 7, want))
+
+# Pipelined past the connection's 128 request slots, so reading pauses
+# and resumes with TLS records still buffered: every request answered.
+# All is sent before any reply is read (one thread: Python's TLS socket
+# must not be used by two at once); the replies fit in the socket
+# buffers meanwhile, and the requests the server has not read wait in
+# them.
+N, BS = 1000, 4096
+blocks = [harness.pattern(BS, 100 + i) for i in range(N)]
+w.s.sendall(b"".join(
+    struct.pack(">IHHQQI", nw.REQ_MAGIC, 0, CMD_WRITE, 1000 + i, i * BS, BS) + blocks[i]
+    for i in range(N)))
+acks = [w.simple_reply() for _ in range(N)]
+check(f"over TLS: {N} pipelined 4 KiB WRITEs all acknowledged",
+      sorted(c for e, c, _ in acks if e == 0) == list(range(1000, 1000 + N)))
+w.s.sendall(b"".join(
+    struct.pack(">IHHQQI", nw.REQ_MAGIC, 0, CMD_READ, 5000 + i, i * BS, BS)
+    for i in range(N)))
+got = {}
+for _ in range(N):
+    error, cookie, data = w.simple_reply(BS)
+    got[cookie] = (error, data)
+check(f"over TLS: {N} pipelined 4 KiB READs return what was written",
+      all(got.get(5000 + i) == (0, blocks[i]) for i in range(N)))
 w.close()
 srv.stop()
 
-# --tls on: plaintext STARTTLS-free negotiation forgotten when TLS starts.
+# --tls on: what was negotiated in plaintext is forgotten when TLS starts.
 srv = netserver.NetServer(image, ["--tls", "on", "--tls-certificates", certs])
 w = nw.Wire(srv.addr)
 harness.on_exit(w.close)
