@@ -301,7 +301,7 @@ cmd_status (int argc, char **argv)
 static int
 cmd_serve (int argc, char **argv)
 {
-  gboolean read_only = FALSE;
+  gboolean read_only = FALSE, verify_peer = FALSE;
   gint threads = -1, max_connections = 0, max_per_client = 0;
   g_autofree char *listen = NULL, *export_name = NULL, *tls = NULL;
   g_autofree char *psk = NULL, *certs = NULL, *server = NULL;
@@ -316,11 +316,14 @@ cmd_serve (int argc, char **argv)
     { "threads", 't', 0, G_OPTION_ARG_INT, &threads,
       "Server IO workers (default 4)", "N" },
     { "tls", 0, 0, G_OPTION_ARG_STRING, &tls,
-      "off (default), on or require (served by nbdkit)", "MODE" },
+      "off (default), on or require", "MODE" },
     { "tls-psk", 0, 0, G_OPTION_ARG_FILENAME, &psk,
       "Pre-shared keys file (nbdkit's format: user:hexkey)", "FILE" },
     { "tls-certificates", 0, 0, G_OPTION_ARG_FILENAME, &certs,
       "Directory with ca-cert.pem, server-cert.pem, server-key.pem", "DIR" },
+    { "tls-verify-peer", 0, 0, G_OPTION_ARG_NONE, &verify_peer,
+      "Clients must show a certificate signed by the CA (ca-cert.pem)",
+      NULL },
     { "server", 's', 0, G_OPTION_ARG_STRING, &server,
       "native (default) or nbdkit", "KIND" },
     { "offset", 'o', 0, G_OPTION_ARG_STRING, &offset,
@@ -370,6 +373,7 @@ cmd_serve (int argc, char **argv)
   req.keepalive = keepalive;
   req.tls_psk = psk;
   req.tls_certificates = certs;
+  req.tls_verify_peer = verify_peer;
 
   cmd = mloop_serve_command (&req, err, sizeof err);
   if (cmd == NULL)

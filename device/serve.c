@@ -82,6 +82,10 @@ check_request (const struct mloop_serve_request *r, char *err, size_t errlen)
     mloop_fail (err, errlen, "--tls-psk/--tls-certificates need --tls on|require");
     return NULL;
   }
+  if (r->tls_verify_peer && !r->tls_certificates) {
+    mloop_fail (err, errlen, "--tls-verify-peer needs --tls-certificates DIR");
+    return NULL;
+  }
   if (r->tls_psk && access (r->tls_psk, R_OK) == -1) {
     mloop_fail (err, errlen, "--tls-psk %s: %s", r->tls_psk, strerror (errno));
     return NULL;
@@ -149,6 +153,7 @@ mloop_serve_command (const struct mloop_serve_request *r, char *err,
     .max_per_client = r->max_per_client, .keepalive = r->keepalive,
     .tls = r->tls, .tls_psk = r->tls_psk,
     .tls_certificates = r->tls_certificates,
+    .tls_verify_peer = r->tls_verify_peer,
   };
   argv = mloop_server_command (kind, &c);
   mloop_nbd_address_clear (&a);

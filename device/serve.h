@@ -27,6 +27,7 @@ struct mloop_serve_request {
   enum mloop_tls_mode tls;
   const char *tls_psk;          /* PSK file (nbdkit's format) */
   const char *tls_certificates; /* directory of PEM files */
+  bool tls_verify_peer;         /* clients need a certificate the CA signed */
   /* NULL: the default server, or one that serves TLS when TLS is on. */
   const struct mloop_server_kind *server;
 };

@@ -14,7 +14,9 @@ add (GPtrArray *argv, char *arg)
   g_ptr_array_add (argv, arg);
 }
 
-/* --tls, --tls-psk, --tls-certificates: spelt the same for both. */
+/* --tls, --tls-psk, --tls-certificates, --tls-verify-peer: spelt the
+ * same for both.
+ */
 static void
 add_tls (const struct mloop_server_config *c, GPtrArray *argv)
 {
@@ -26,6 +28,8 @@ add_tls (const struct mloop_server_config *c, GPtrArray *argv)
   if (c->tls_certificates)
     add (argv, g_strdup_printf ("--tls-certificates=%s",
                                 c->tls_certificates));
+  if (c->tls_verify_peer)
+    add (argv, g_strdup ("--tls-verify-peer"));
 }
 
 /* mloop-server --listen=unix:PATH|tcp:HOST:PORT [OPTIONS] -- IMAGE */

@@ -51,6 +51,7 @@ struct mloop_server_config {
   enum mloop_tls_mode tls;      /* only for a kind with .tls */
   const char *tls_psk;          /* PSK file (nbdkit's format), or NULL */
   const char *tls_certificates; /* directory of PEM files, or NULL */
+  bool tls_verify_peer;         /* clients need a certificate the CA signed */
 };
 
 struct mloop_server_kind {

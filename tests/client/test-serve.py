@@ -179,10 +179,14 @@ try:
     os.chmod(psk, 0o600)
     certs = os.path.join(work, "pki")
     os.mkdir(certs)
-    harness.make_certificates(certs)
-    client = os.path.join(work, "client-pki")
+    harness.make_certificates(certs, client=True)
+    client = os.path.join(work, "client-pki")          # the CA only
     os.mkdir(client)
     shutil.copy(os.path.join(certs, "ca-cert.pem"), client)
+    client_cert = os.path.join(work, "client-pki-cert")  # and a client certificate
+    os.mkdir(client_cert)
+    for name in ("ca-cert.pem", "client-cert.pem", "client-key.pem"):
+        shutil.copy(os.path.join(certs, name), client_cert)
     for kind in ("native", "nbdkit"):
         server = [] if kind == "native" else ["--server", "nbdkit"]
 
@@ -239,11 +243,32 @@ try:
               r.returncode != 0, r.stderr)
         stop(p)
 
+        # --tls-verify-peer reaches the server: a client needs a
+        # certificate the CA signed.
+        port = free_port()
+        p = serve(image, "--listen", f"tcp:127.0.0.1:{port}", "--tls", "require",
+                  "--tls-certificates", certs, "--tls-verify-peer", *server,
+                  ready=tcp_ready(port))
+        h = nbd.NBD()
+        h.set_uri_allow_local_file(True)
+        try:
+            h.connect_uri(f"nbds://127.0.0.1:{port}/?tls-certificates={client}")
+            refused = False
+            h.shutdown()
+        except nbd.Error:
+            refused = True
+        check(f"tls-verify-peer {kind}: a client without a certificate is refused", refused)
+        roundtrip(f"nbds://127.0.0.1:{port}/?tls-certificates={client_cert}", image,
+                  f"tls-verify-peer {kind}: a client with a certificate")
+        stop(p)
+
     # Refusals: one line, non-zero, nothing started.
     for args, expect in [
             ([image], "--listen"),
             ([image, "--listen", "tcp:127.0.0.1"], "expected unix:PATH or tcp:HOST:PORT"),
             ([image, "--listen", "unix:/x", "--tls", "require"], "--tls needs"),
+            ([image, "--listen", "unix:/x", "--tls", "require", "--tls-psk", psk,
+              "--tls-verify-peer"], "--tls-verify-peer needs --tls-certificates"),
             ([image, "--listen", "unix:/x", "--tls", "maybe"], "--tls maybe"),
             ([image, "--listen", "unix:/x", "--tls", "on", "--tls-psk",
               os.path.join(work, "none.psk")], "none.psk"),
