@@ -12,7 +12,7 @@
 #include "address.h"
 #include "device_state.h"
 #include "nbd_connect.h"
-#include "nbd_events.h"
+#include "dead_slots.h"
 #include "nbd_netlink.h"
 #include "nbd_proto.h"
 #include "nbd_receivers.h"
@@ -39,10 +39,8 @@ static struct {
   char *dir;
   const char *uri;
   struct mloop_nbd_address address;
-  struct mloop_nbd_events *events;
+  struct dead_slots slots;
   int index;                    /* the device's, once its state exists */
-  unsigned dead;                /* announced, not yet reconnected */
-  gboolean dead_lost;           /* announcements were lost: fill them all */
   guint heal_source;
   unsigned backoff_ms;
   /* The failure streak under way: since when, how many tries, and the
@@ -230,13 +228,12 @@ heal (gpointer unused)
   rv.heal_source = 0;
   /* No state: `mloop attach` is still connecting the device itself. */
   if (mloop_state_load (rv.dir, &st) == -1) {
-    rv.dead = 0;
-    rv.dead_lost = FALSE;
+    dead_slots_forget (&rv.slots);
     return G_SOURCE_REMOVE;
   }
   n = st.connections > 0 && st.connections <= MAX_CONNECTIONS
     ? st.connections : 1;
-  want = rv.dead_lost ? n : MIN (rv.dead, n);
+  want = dead_slots_wanted (&rv.slots, n);
   if (want == 0)
     goto out;
   opened = mloop_nbd_connect (&rv.address, want, false, fds, &x,
@@ -263,14 +260,13 @@ heal (gpointer unused)
   if (full) {
     if (took == 0)
       rv.quiet_receivers = (int) mloop_nbd_receivers (st.index);
-    rv.dead = 0;
-    rv.dead_lost = FALSE;
+    dead_slots_forget (&rv.slots);
   }
   else {
     /* The export took fewer connections than asked (no multi-conn):
      * the rest next, at once.
      */
-    rv.dead = want - (unsigned) took;
+    rv.slots.count = want - (unsigned) took;
     schedule_heal (HEAL_DELAY_MS);
   }
 out:
@@ -295,7 +291,7 @@ check (gpointer unused)
     rv.receivers_named = TRUE;
   if (rv.receivers_named && running < st.connections &&
       (int) running != rv.quiet_receivers) {
-    rv.dead_lost = TRUE;
+    rv.slots.lost = TRUE;
     schedule_heal (0);
   }
   if ((int) running != rv.quiet_receivers && running >= st.connections)
@@ -304,46 +300,10 @@ check (gpointer unused)
   return G_SOURCE_CONTINUE;
 }
 
-static gboolean on_nbd_event (gint fd, GIOCondition c, gpointer unused);
-
-/* Subscribes to the kernel's announcements; without them only the
- * periodic look finds dead connections: said, not fatal.
- */
 static void
-listen_events (void)
+heal_soon (void)
 {
-  char err[512];
-
-  rv.events = mloop_nbd_events_open (err, sizeof err);
-  if (rv.events == NULL) {
-    say ("%s; dead connections are found by counting receive works only",
-         err);
-    return;
-  }
-  g_unix_fd_add (mloop_nbd_events_fd (rv.events), G_IO_IN, on_nbd_event,
-                 NULL);
-}
-
-static gboolean
-on_nbd_event (gint fd, GIOCondition c, gpointer unused)
-{
-  char err[512];
-  bool lost = false;
-  gboolean keep = G_SOURCE_CONTINUE;
-
-  if (mloop_nbd_events_read (rv.events, device_index (), &rv.dead, &lost,
-                             err, sizeof err) == -1) {
-    say ("%s; listening again", err);
-    mloop_nbd_events_close (rv.events);
-    listen_events ();
-    lost = true;
-    keep = G_SOURCE_REMOVE;
-  }
-  if (lost && device_index () >= 0)
-    rv.dead_lost = TRUE;
-  if (rv.dead > 0 || rv.dead_lost)
-    schedule_heal (HEAL_DELAY_MS);
-  return keep;
+  schedule_heal (HEAL_DELAY_MS);
 }
 
 static void
@@ -378,7 +338,9 @@ mloop_supervise_remote (const char *dir, const char *uri)
   rv.loop = g_main_loop_new (NULL, FALSE);
   g_unix_signal_add (SIGTERM, on_stop_signal, NULL);
   g_unix_signal_add (SIGINT, on_stop_signal, NULL);
-  listen_events ();
+  dead_slots_listen (&rv.slots, device_index, heal_soon,
+                     "dead connections are found by counting receive "
+                     "works only");
   g_timeout_add (CHECK_INTERVAL_MS, check, NULL);
   mloop_release_watch (dir, on_released);
   /* Listening now: `mloop attach` waits for this before it connects. */
@@ -393,7 +355,7 @@ mloop_supervise_remote (const char *dir, const char *uri)
 
   say ("stopping");
   g_unlink (pid_path);
-  mloop_nbd_events_close (rv.events);
+  dead_slots_close (&rv.slots);
   mloop_nbd_address_clear (&rv.address);
   if (rv.released_lock != -1) {
     mloop_state_remove (rv.dir);

@@ -66,7 +66,7 @@
 
 #include "device_state.h"
 #include "nbd_connect.h"
-#include "nbd_events.h"
+#include "dead_slots.h"
 #include "nbd_netlink.h"
 #include "nbd_receivers.h"
 #include "release_watch.h"
@@ -106,10 +106,8 @@ static struct {
   gboolean restarting;
   guint pidfd_source;           /* watches pidfd for on_server_exit */
   /* Connections the kernel dropped while the server lived. */
-  struct mloop_nbd_events *events;
+  struct dead_slots slots;
   int index;                    /* the device's, once its state exists */
-  unsigned dead;                /* announced, not yet reconnected */
-  gboolean dead_lost;           /* announcements were lost: fill them all */
   guint heal_source;
   unsigned heal_retry_ms;
   unsigned reconnects;
@@ -215,8 +213,7 @@ restart (gpointer unused)
       reconnect_device (err, sizeof err) == 0) {
     /* The new set filled every dead slot: what was announced is done. */
     sv.restarting = FALSE;
-    sv.dead = 0;
-    sv.dead_lost = FALSE;
+    dead_slots_forget (&sv.slots);
     sv.heal_retry_ms = HEAL_RETRY_MIN_MS;
     if (sv.heal_source != 0) {
       g_source_remove (sv.heal_source);
@@ -445,8 +442,7 @@ heal (gpointer unused)
   sv.heal_source = 0;
   /* A server that died: the restart hands the kernel a whole new set. */
   if (!server_serving ()) {
-    sv.dead = 0;
-    sv.dead_lost = FALSE;
+    dead_slots_forget (&sv.slots);
     return G_SOURCE_REMOVE;
   }
   /* An attach or detach is under way (of this device or another): after
@@ -462,12 +458,11 @@ heal (gpointer unused)
   /* No state yet: `mloop attach` is still connecting the device. */
   if (mloop_state_load (sv.dir, &st) == -1) {
     mloop_state_unlock (lock);
-    sv.dead = 0;
-    sv.dead_lost = FALSE;
+    dead_slots_forget (&sv.slots);
     return G_SOURCE_REMOVE;
   }
   n = st.connections > 0 ? st.connections : 1;
-  want = sv.dead_lost ? n : MIN (sv.dead, n);
+  want = dead_slots_wanted (&sv.slots, n);
   /* A request timeout's storm lasts about two timeouts. */
   reason = kernel_reason (st.index, 2 * (gint64) st.timeout * G_USEC_PER_SEC,
                           &said);
@@ -495,12 +490,11 @@ heal (gpointer unused)
   if (r == -1) {
     say ("/dev/nbd%d: reconnecting a dropped connection failed: %s; "
          "again in %u ms", st.index, err, sv.heal_retry_ms);
-    sv.dead = want - done;
+    sv.slots.count = want - done;
     schedule_heal (sv.heal_retry_ms);
     sv.heal_retry_ms = MIN (sv.heal_retry_ms * 2, HEAL_RETRY_MAX_MS);
   } else {
-    sv.dead = 0;
-    sv.dead_lost = FALSE;
+    dead_slots_forget (&sv.slots);
     sv.heal_retry_ms = HEAL_RETRY_MIN_MS;
   }
   mloop_state_unlock (lock);
@@ -512,49 +506,10 @@ heal (gpointer unused)
   return G_SOURCE_REMOVE;
 }
 
-static gboolean on_nbd_event (gint fd, GIOCondition c, gpointer unused);
-
-/* Subscribes to the kernel's announcements.  Without them the device
- * still survives its server, but not a slow disk: said, not fatal.
- */
 static void
-listen_events (void)
+heal_soon (void)
 {
-  char err[512];
-
-  sv.events = mloop_nbd_events_open (err, sizeof err);
-  if (sv.events == NULL) {
-    say ("%s; connections the kernel drops will not be reconnected", err);
-    return;
-  }
-  g_unix_fd_add (mloop_nbd_events_fd (sv.events), G_IO_IN, on_nbd_event,
-                 NULL);
-}
-
-static gboolean
-on_nbd_event (gint fd, GIOCondition c, gpointer unused)
-{
-  char err[512];
-  bool lost = false;
-  gboolean keep = G_SOURCE_CONTINUE;
-
-  if (mloop_nbd_events_read (sv.events, device_index (), &sv.dead, &lost,
-                             err, sizeof err) == -1) {
-    say ("%s; listening again", err);
-    mloop_nbd_events_close (sv.events);
-    listen_events ();
-    lost = true;
-    keep = G_SOURCE_REMOVE;
-  }
-  if (lost && device_index () >= 0) {
-    say ("/dev/nbd%d: some of the kernel's announcements of dropped "
-         "connections were lost; offering connections until it has no "
-         "dead one", device_index ());
-    sv.dead_lost = TRUE;
-  }
-  if (sv.dead > 0 || sv.dead_lost)
-    schedule_heal (HEAL_DELAY_MS);
-  return keep;
+  schedule_heal (HEAL_DELAY_MS);
 }
 
 /* An autoclear device's last user closed it and the kernel disconnected
@@ -765,7 +720,8 @@ main (int argc, char **argv)
   g_unix_signal_add (SIGUSR1, on_restart_signal, NULL);
   /* Before the device exists, so no announcement about it is missed. */
   kmsg_open ();
-  listen_events ();
+  dead_slots_listen (&sv.slots, device_index, heal_soon,
+                     "connections the kernel drops will not be reconnected");
   /* The first start's failure is attach's failure: say it and leave. */
   if (start_server (err, sizeof err) == -1) {
     fprintf (stderr, "mloop-supervisor: %s\n", err);
@@ -782,7 +738,7 @@ main (int argc, char **argv)
   if (sv.server > 0)
     waitpid (sv.server, NULL, WNOHANG);
   g_unlink (pid_path);
-  mloop_nbd_events_close (sv.events);
+  dead_slots_close (&sv.slots);
   if (sv.kmsg != -1)
     close (sv.kmsg);
   if (sv.released_lock != -1) {
