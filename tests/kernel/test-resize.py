@@ -26,7 +26,9 @@ START = 64 * MIB
 GROWN = 128 * MIB
 OUTSIDE = 160 * MIB
 JOBS = 2
-REGION = 8 * MIB
+# Enough that fio still writes when the resize starts, a second after it,
+# with a wide margin on a fast guest (8 MiB took over 2 s on every run).
+REGION = 16 * MIB
 # Short, so that the requests a planned nbdkit restart leaves unread are
 # requeued soon (the supervisor's restart path, as after a server death).
 TIMEOUT = 10
@@ -139,7 +141,7 @@ def run_test(kind, cl):
 
     # Grow by --size with a writer running.
     fio = start_fio(cl, mnt)
-    time.sleep(2)
+    time.sleep(1)
     assert fio.poll() is None, "fio finished before the resize started"
     t0 = time.monotonic()
     resize(kind, dev, "--size", "128M")
