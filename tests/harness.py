@@ -110,6 +110,25 @@ def nbdkit_env():
 _cleanups = []
 
 
+_failed_checks = []
+
+
+def check(name, ok, detail=""):
+    """A named check that lets the test go on: prints "ok   NAME", or
+    "FAIL NAME: DETAIL" and remembers it for exit_if_failed()."""
+    print(("ok   " if ok else "FAIL ") + name + (f": {detail}" if detail and not ok else ""),
+          flush=True)
+    if not ok:
+        _failed_checks.append(name)
+    return ok
+
+
+def exit_if_failed():
+    """At a test's end: fails it, naming them, if any check() failed."""
+    if _failed_checks:
+        sys.exit(f"{len(_failed_checks)} check(s) failed: {', '.join(_failed_checks)}")
+
+
 def on_exit(fn):
     """Registers FN to run at exit, most recent first."""
     _cleanups.append(fn)

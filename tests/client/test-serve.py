@@ -11,24 +11,16 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 
 import nbd
 
 import harness
+from harness import check
 
 MLOOP = os.environ["MLOOP_CLI"]
-failures = []
 procs = []
-
-
-def check(name, ok, detail=""):
-    print(("ok   " if ok else "FAIL ") + name + (f": {detail}" if detail and not ok else ""),
-          flush=True)
-    if not ok:
-        failures.append(name)
 
 
 def free_port():
@@ -290,5 +282,4 @@ finally:
             p.wait()
     shutil.rmtree(work, ignore_errors=True)
 
-if failures:
-    sys.exit(f"{len(failures)} check(s) failed: {', '.join(failures)}")
+harness.exit_if_failed()

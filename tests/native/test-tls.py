@@ -24,10 +24,10 @@ import socket
 import ssl
 import struct
 import subprocess
-import sys
 import time
 
 import harness
+from harness import check
 import netserver
 import nbdwire as nw
 
@@ -41,14 +41,6 @@ SIZE = 16 << 20
 TIMEOUT = 2                     # --handshake-timeout of the stall test
 LATE = 3.0 if harness.VALGRIND else 1.0
 
-failures = []
-
-
-def check(name, ok, detail=""):
-    print(("ok   " if ok else "FAIL ") + name + (f": {detail}" if detail and not ok else ""),
-          flush=True)
-    if not ok:
-        failures.append(name)
 
 
 def run(*cmd, env=None):
@@ -427,5 +419,4 @@ for args, expect in [
           r.returncode != 0 and len(lines) == 1 and expect in lines[0]
           and not os.path.exists(sock), r.stderr)
 
-if failures:
-    sys.exit(f"{len(failures)} check(s) failed: {', '.join(failures)}")
+harness.exit_if_failed()
