@@ -256,6 +256,30 @@ def make_certificates(d, client=False):
         signed("client", "mloop test client", "extendedKeyUsage=clientAuth\n")
 
 
+def make_psk_file(path, user="alice"):
+    """A pre-shared key file at PATH in the nbdkit/qemu format
+    ("user:hexkey"), 0600, with a fresh random key."""
+    with open(path, "w") as f:
+        f.write(f"{user}:{os.urandom(32).hex()}\n")
+    os.chmod(path, 0o600)
+    return path
+
+
+def make_client_pki(certs, parent):
+    """Two client certificate directories in PARENT from the CA in CERTS
+    (made by make_certificates(..., client=True)), as libnbd's
+    tls-certificates= reads them: one with the CA only, one with the CA
+    and the client certificate.  Returns (ca_only, with_cert)."""
+    ca_only = os.path.join(parent, "client-ca")
+    with_cert = os.path.join(parent, "client-cert")
+    os.mkdir(ca_only)
+    os.mkdir(with_cert)
+    shutil.copy(os.path.join(certs, "ca-cert.pem"), ca_only)
+    for name in ("ca-cert.pem", "client-cert.pem", "client-key.pem"):
+        shutil.copy(os.path.join(certs, name), with_cert)
+    return ca_only, with_cert
+
+
 class Server:
     """The server under test (nbdkit + plugin, or mloop-server) in the
     foreground on a private Unix socket."""

@@ -90,6 +90,18 @@ def connect_when_admitted(uri, timeout=10):
     return None
 
 
+def refused(uri):
+    """Whether a libnbd client is refused at URI (it connects, else)."""
+    h = nbd.NBD()
+    h.set_uri_allow_local_file(True)   # tls-certificates=
+    try:
+        h.connect_uri(uri)
+    except nbd.Error:
+        return True
+    h.shutdown()
+    return False
+
+
 def roundtrip(uri, image, name):
     """Writes through URI with libnbd, reads back, compares with the file."""
     h = nbd.NBD()
@@ -151,34 +163,18 @@ try:
         p = serve(image, "--listen", f"tcp:127.0.0.1:{port}", "--server", kind,
                   "--max-connections", "1", ready=tcp_ready(port))
         first = connect_when_admitted(f"nbd://127.0.0.1:{port}/")
-        second = nbd.NBD()
-        try:
-            second.connect_uri(f"nbd://127.0.0.1:{port}/")
-            refused = False
-            second.shutdown()
-        except nbd.Error:
-            refused = True
         check(f"--max-connections 1, {kind}: a second client is refused",
-              first is not None and refused)
+              first is not None and refused(f"nbd://127.0.0.1:{port}/"))
         if first:
             first.shutdown()
         stop(p)
 
     # TLS, both servers: the native one by default, nbdkit on request.
-    psk = os.path.join(work, "keys.psk")
-    with open(psk, "w") as f:
-        f.write("alice:" + os.urandom(32).hex() + "\n")
-    os.chmod(psk, 0o600)
+    psk = harness.make_psk_file(os.path.join(work, "keys.psk"))
     certs = os.path.join(work, "pki")
     os.mkdir(certs)
     harness.make_certificates(certs, client=True)
-    client = os.path.join(work, "client-pki")          # the CA only
-    os.mkdir(client)
-    shutil.copy(os.path.join(certs, "ca-cert.pem"), client)
-    client_cert = os.path.join(work, "client-pki-cert")  # and a client certificate
-    os.mkdir(client_cert)
-    for name in ("ca-cert.pem", "client-cert.pem", "client-key.pem"):
-        shutil.copy(os.path.join(certs, name), client_cert)
+    client, client_cert = harness.make_client_pki(certs, work)
     for kind in ("native", "nbdkit"):
         server = [] if kind == "native" else ["--server", "nbdkit"]
 
@@ -241,15 +237,8 @@ try:
         p = serve(image, "--listen", f"tcp:127.0.0.1:{port}", "--tls", "require",
                   "--tls-certificates", certs, "--tls-verify-peer", *server,
                   ready=tcp_ready(port))
-        h = nbd.NBD()
-        h.set_uri_allow_local_file(True)
-        try:
-            h.connect_uri(f"nbds://127.0.0.1:{port}/?tls-certificates={client}")
-            refused = False
-            h.shutdown()
-        except nbd.Error:
-            refused = True
-        check(f"tls-verify-peer {kind}: a client without a certificate is refused", refused)
+        check(f"tls-verify-peer {kind}: a client without a certificate is refused",
+              refused(f"nbds://127.0.0.1:{port}/?tls-certificates={client}"))
         roundtrip(f"nbds://127.0.0.1:{port}/?tls-certificates={client_cert}", image,
                   f"tls-verify-peer {kind}: a client with a certificate")
         stop(p)

@@ -58,22 +58,12 @@ with open(src, "wb") as f:
 # second CA the server's certificate is not signed by.
 pskdir = os.path.join(work, "psk")
 os.mkdir(pskdir)
-psk = os.path.join(pskdir, "keys.psk")
-with open(psk, "w") as f:
-    f.write("alice:" + os.urandom(32).hex() + "\n")
-wrong_psk = os.path.join(work, "wrong.psk")
-with open(wrong_psk, "w") as f:
-    f.write("alice:" + os.urandom(32).hex() + "\n")
+psk = harness.make_psk_file(os.path.join(pskdir, "keys.psk"))
+wrong_psk = harness.make_psk_file(os.path.join(work, "wrong.psk"))
 certs = os.path.join(work, "pki")
 os.mkdir(certs)
 harness.make_certificates(certs, client=True)
-trusting = os.path.join(work, "client-ca")       # the CA only
-os.mkdir(trusting)
-shutil.copy(os.path.join(certs, "ca-cert.pem"), trusting)
-with_cert = os.path.join(work, "client-cert")    # the CA and a client cert
-os.mkdir(with_cert)
-for name in ("ca-cert.pem", "client-cert.pem", "client-key.pem"):
-    shutil.copy(os.path.join(certs, name), with_cert)
+trusting, with_cert = harness.make_client_pki(certs, work)
 other = os.path.join(work, "other-pki")
 os.mkdir(other)
 harness.make_certificates(other)
