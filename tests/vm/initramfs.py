@@ -16,6 +16,9 @@ import subprocess
 BOOT_MODULES = ["virtio_pci", "9pnet_virtio", "9p"]
 # Loaded with `modprobe -d` once the host root is mounted.
 LATER_MODULES = ["virtio_blk", "ext4", "crc32c_generic", "nbd", "loop"]
+# Loaded likewise where the kernel has them: ublk_drv is in Debian's 6.12,
+# not in its 6.1 (CONFIG_BLK_DEV_UBLK unset there).
+OPTIONAL_MODULES = ["ublk_drv"]
 
 BUSYBOX_CANDIDATES = ["/bin/busybox", "/usr/bin/busybox"]
 
@@ -79,6 +82,14 @@ def boot_module_files(moddir, kver):
     return files
 
 
+def later_modules(moddir, kver):
+    """LATER_MODULES and those OPTIONAL_MODULES the kernel KVER has."""
+    have = [m for m in OPTIONAL_MODULES
+            if subprocess.run(["modprobe", "-d", moddir, "-S", kver, "--show-depends", m],
+                              capture_output=True).returncode == 0]
+    return LATER_MODULES + have
+
+
 def module_name_and_data(path):
     """(NAME.ko, contents) of the module file PATH, decompressed if it is
     a .ko.xz."""
@@ -100,7 +111,7 @@ def build(path, busybox, moddir, kver, guest_cmd, preserve=(), out=False):
     init = os.path.join(os.path.dirname(os.path.abspath(__file__)), "init")
     modules = boot_module_files(moddir, kver)
     conf = (f"KVER='{kver}'\nMODDIR='{moddir}'\n"
-            f"MODULES='{' '.join(LATER_MODULES)}'\n"
+            f"MODULES='{' '.join(later_modules(moddir, kver))}'\n"
             f"PRESERVE='{' '.join(preserve)}'\n"
             f"OUT='{1 if out else ''}'\n")
     with open(path, "wb") as f:

@@ -1,0 +1,35 @@
+/* The ublk control device (/dev/ublk-control): add, configure, start,
+ * stop and delete one ublk device.  Functions return 0 or a negative
+ * errno. */
+#ifndef MLOOP_UBLK_CONTROL_H
+#define MLOOP_UBLK_CONTROL_H
+
+#include <liburing.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "uapi.h"
+
+struct ublk_ctrl {
+  int fd;                       /* /dev/ublk-control */
+  struct io_uring ring;         /* SQE128: the payload lives in the SQE */
+  bool legacy;                  /* send 6.1's bare opcodes */
+  struct ublksrv_ctrl_dev_info info;    /* as ADD_DEV returned it */
+};
+
+int ublk_ctrl_open (struct ublk_ctrl *c, bool legacy);
+void ublk_ctrl_close (struct ublk_ctrl *c);
+/* A new device with NR_QUEUES queues of DEPTH tags and requests of at
+ * most MAX_IO_BYTES; its id is then in c->info.dev_id. */
+int ublk_ctrl_add (struct ublk_ctrl *c, unsigned nr_queues, unsigned depth,
+                   unsigned max_io_bytes);
+int ublk_ctrl_set_params (struct ublk_ctrl *c, uint64_t size_bytes,
+                          unsigned lbs_shift, unsigned pbs_shift, bool read_only);
+/* Blocks until every queue has fetched every tag (the kernel waits for
+ * that), so the queue threads must be running. */
+int ublk_ctrl_start (struct ublk_ctrl *c);
+int ublk_ctrl_stop (struct ublk_ctrl *c);
+/* Waits until the character device is closed by everyone. */
+int ublk_ctrl_del (struct ublk_ctrl *c);
+
+#endif
