@@ -11,7 +11,7 @@ import select
 import signal
 import subprocess
 
-from kfix import Skip, make_image, run, tmpdir, wait_until
+from kfix import Cleanup, Skip, make_image, run, tmpdir, wait_until  # noqa: F401
 
 SIZE = 64 << 20
 PATTERN_OFF = 8 << 20
