@@ -90,7 +90,8 @@ ublk_ctrl_add (struct ublk_ctrl *c, unsigned nr_queues, unsigned depth,
 
 int
 ublk_ctrl_set_params (struct ublk_ctrl *c, uint64_t size_bytes,
-                      unsigned lbs_shift, unsigned pbs_shift, bool read_only)
+                      unsigned lbs_shift, unsigned pbs_shift, bool read_only,
+                      uint32_t max_discard_bytes)
 {
   struct ublk_params p = {
     /* The 6.1 layout; newer kernels take a shorter struct by its len. */
@@ -110,6 +111,18 @@ ublk_ctrl_set_params (struct ublk_ctrl *c, uint64_t size_bytes,
       .dev_sectors = size_bytes >> 9,
     },
   };
+  /* The engine trims and zeroes any block-aligned range (partial blocks
+   * by read-modify-write): the kernel may send DISCARD and WRITE_ZEROES
+   * of any multiple of the logical block size, one range at a time. */
+  if (max_discard_bytes) {
+    p.types |= UBLK_PARAM_TYPE_DISCARD;
+    p.discard = (struct ublk_param_discard) {
+      .discard_granularity = 1u << lbs_shift,
+      .max_discard_sectors = max_discard_bytes >> 9,
+      .max_write_zeroes_sectors = max_discard_bytes >> 9,
+      .max_discard_segments = 1,
+    };
+  }
   return ctrl_cmd (c, UBLK_U_CMD_SET_PARAMS, UBLK_CMD_SET_PARAMS, &p, sizeof p, 0);
 }
 

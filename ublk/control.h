@@ -23,8 +23,11 @@ void ublk_ctrl_close (struct ublk_ctrl *c);
  * most MAX_IO_BYTES; its id is then in c->info.dev_id. */
 int ublk_ctrl_add (struct ublk_ctrl *c, unsigned nr_queues, unsigned depth,
                    unsigned max_io_bytes);
+/* The disk's size and limits; MAX_DISCARD_BYTES > 0 also offers DISCARD
+ * and WRITE_ZEROES of up to that many bytes each. */
 int ublk_ctrl_set_params (struct ublk_ctrl *c, uint64_t size_bytes,
-                          unsigned lbs_shift, unsigned pbs_shift, bool read_only);
+                          unsigned lbs_shift, unsigned pbs_shift, bool read_only,
+                          uint32_t max_discard_bytes);
 /* Blocks until every queue has fetched every tag (the kernel waits for
  * that), so the queue threads must be running. */
 int ublk_ctrl_start (struct ublk_ctrl *c);

@@ -9,10 +9,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "control.h"
+#include "engine.h"
 #include "queue.h"
 
 #define MAX_QUEUES 16
@@ -68,15 +68,27 @@ main (int argc, char **argv)
     usage ();
   const char *image = argv[optind];
 
-  int ifd = open (image, (read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC
-                  | (buffered ? 0 : O_DIRECT));
-  if (ifd < 0) {
-    fprintf (stderr, "mloop-ublk: %s: %s\n", image, strerror (errno));
+  /* The engine decides O_DIRECT (falling back to buffered IO where the
+   * filesystem refuses it), the alignment, and the odd-sized tail. */
+  struct mloop_engine_config cfg;
+  mloop_engine_config_init (&cfg);
+  cfg.path = image;
+  cfg.direct = buffered ? MLOOP_DIRECT_OFF : MLOOP_DIRECT_AUTO;
+  cfg.want_write = !read_only;
+  struct mloop_engine engine;
+  char err[256];
+  int r = mloop_engine_open (&engine, &cfg, err, sizeof err);
+  if (r < 0) {
+    fprintf (stderr, "mloop-ublk: %s\n", err);
     return 1;
   }
-  struct stat st;
-  if (fstat (ifd, &st) < 0 || !S_ISREG (st.st_mode) || st.st_size < 512) {
-    fprintf (stderr, "mloop-ublk: %s: not a regular file of at least 512 bytes\n", image);
+  mloop_engine_probe_features (&engine);
+  uint64_t size = mloop_backing_size (&engine.backing);
+  unsigned lbs_shift = __builtin_ctz (engine.backing.logical_block_size);
+  read_only = !engine.backing.writable;
+  if (size < 512) {
+    fprintf (stderr, "mloop-ublk: %s: smaller than one 512-byte sector\n", image);
+    mloop_engine_close (&engine);
     return 1;
   }
 
@@ -88,7 +100,7 @@ main (int argc, char **argv)
   pthread_sigmask (SIG_BLOCK, &stop_sigs, NULL);
 
   struct ublk_ctrl ctrl;
-  int r = ublk_ctrl_open (&ctrl, legacy);
+  r = ublk_ctrl_open (&ctrl, legacy);
   if (r < 0) {
     fprintf (stderr, "mloop-ublk: /dev/ublk-control: %s (is ublk_drv loaded?)\n", strerror (-r));
     return 1;
@@ -111,13 +123,16 @@ main (int argc, char **argv)
     fprintf (stderr, "mloop-ublk: /dev/ublkc%u: %s\n", id, strerror (errno));
     goto del;
   }
-  r = ublk_ctrl_set_params (&ctrl, st.st_size & ~511ULL, 9, 12, read_only);
+  /* A size that is no multiple of 512 loses its last bytes: ublk
+   * counts in sectors. */
+  r = ublk_ctrl_set_params (&ctrl, size, lbs_shift, lbs_shift > 12 ? lbs_shift : 12,
+                            read_only, read_only ? 0 : 1u << 30);
   if (r < 0) {
     fprintf (stderr, "mloop-ublk: SET_PARAMS: %s\n", strerror (-r));
     goto close_cdev;
   }
   for (; started < nr_queues; started++) {
-    r = ublk_queue_init (&queues[started], cfd, ifd, started, depth, ctrl.info.max_io_buf_bytes);
+    r = ublk_queue_init (&queues[started], cfd, &engine, started, depth, ctrl.info.max_io_buf_bytes);
     if (r == 0)
       r = ublk_queue_start (&queues[started]);
     if (r < 0) {
@@ -162,6 +177,6 @@ del:
     status = 1;
   }
   ublk_ctrl_close (&ctrl);
-  close (ifd);
+  mloop_engine_close (&engine);
   return status;
 }

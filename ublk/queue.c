@@ -1,33 +1,41 @@
 /* A ublk queue's thread.  Each tag cycles through
  *   FETCH_REQ (or COMMIT_AND_FETCH_REQ) -> the kernel hands us a request
- *   -> read/write/fsync on the image in the same ring -> COMMIT_AND_FETCH
- * so the thread never blocks on the image and the queue keeps its full
- * depth in flight.  The kernel binds a queue to the task that fetched its
- * tags, so everything on the ring happens in this thread. */
+ *   -> the engine serves it -> COMMIT_AND_FETCH_REQ with its result.
+ * Reads, writes and flushes the engine can do asynchronously go to this
+ * queue's kernel AIO context; their completions signal an eventfd whose
+ * read sits in the same io_uring as the ublk commands, so the thread
+ * sleeps in one place and keeps the queue's full depth in flight.
+ * What the engine can only do synchronously (a read-modify-write of a
+ * partial block, the page-cache tail, trim and zero) runs on this thread
+ * and holds up the queue meanwhile (see NOTES.md).  The kernel binds a
+ * queue to the task that fetched its tags, so everything on the ring
+ * happens in this thread. */
 #include <errno.h>
-#include <fcntl.h>
-#include <linux/fs.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include "queue.h"
+#include "space.h"
 
-/* user_data: the tag, with this bit for the image IO's completions. */
-#define IMAGE_IO (1ULL << 63)
+/* user_data of the eventfd read; ublk commands carry their tag. */
+#define AIO_EVENTS (1ULL << 63)
 
 int
-ublk_queue_init (struct ublk_queue *q, int cdev_fd, int image_fd,
-                 unsigned q_id, unsigned depth, unsigned max_io_bytes)
+ublk_queue_init (struct ublk_queue *q, int cdev_fd,
+                 struct mloop_engine *engine, unsigned q_id, unsigned depth,
+                 unsigned max_io_bytes)
 {
   memset (q, 0, sizeof *q);
+  q->efd = -1;
   q->q_id = q_id;
   q->depth = depth;
   q->max_io_bytes = max_io_bytes;
   q->cdev_fd = cdev_fd;
-  q->image_fd = image_fd;
+  q->engine = engine;
   long page = sysconf (_SC_PAGESIZE);
   /* Queue N's descriptors start at N times the largest possible array
    * (UBLK_MAX_QUEUE_DEPTH of them), page-rounded; this queue's own
@@ -41,24 +49,45 @@ ublk_queue_init (struct ublk_queue *q, int cdev_fd, int image_fd,
     return -errno;
   q->descs = m;
   q->bufs = calloc (depth, sizeof *q->bufs);
-  if (!q->bufs)
+  q->tags = calloc (depth, sizeof *q->tags);
+  if (!q->bufs || !q->tags)
     return -ENOMEM;
+  /* Page-aligned, so O_DIRECT needs no bounce buffer. */
   for (unsigned t = 0; t < depth; t++) {
     int r = posix_memalign (&q->bufs[t], page, max_io_bytes);
     if (r)
       return -r;
+    q->tags[t].q = q;
+    q->tags[t].tag = t;
   }
+  q->efd = eventfd (0, EFD_CLOEXEC);
+  if (q->efd < 0)
+    return -errno;
+  int r = mloop_aio_ring_init (&q->aio, depth);
+  if (r < 0)
+    return r;
+  q->aio_open = true;
   return 0;
 }
 
 void
 ublk_queue_free (struct ublk_queue *q)
 {
+  /* io_destroy waits for AIO still in flight, which may point into the
+   * buffers: first. */
+  if (q->aio_open)
+    mloop_aio_ring_destroy (&q->aio);
+  q->aio_open = false;
+  if (q->efd >= 0)
+    close (q->efd);
+  q->efd = -1;
   if (q->bufs)
     for (unsigned t = 0; t < q->depth; t++)
       free (q->bufs[t]);
   free (q->bufs);
   q->bufs = NULL;
+  free (q->tags);
+  q->tags = NULL;
   if (q->descs)
     munmap ((void *) q->descs, q->descs_len);
   q->descs = NULL;
@@ -90,41 +119,124 @@ queue_fetch (struct ublk_queue *q, unsigned tag, bool commit, int result)
                  &cmd, sizeof cmd, tag);
 }
 
-/* The image IO for the request the kernel just handed TAG; -errno when
- * there is none to do and the answer is known now. */
+/* Waits (in the ring) for the next AIO completion's signal. */
+static void
+arm_aio_events (struct ublk_queue *q)
+{
+  struct io_uring_sqe *sqe = get_sqe (q);
+  io_uring_prep_read (sqe, q->efd, &q->efd_count, sizeof q->efd_count, 0);
+  io_uring_sqe_set_data64 (sqe, AIO_EVENTS);
+}
+
+/* The engine's completion of a tag's request (any path): commit it.
+ * ublk wants the bytes done for reads and writes, 0 for a flush. */
+static void
+tag_complete (struct mloop_io *io, int error)
+{
+  struct ublk_tag *t = io->opaque;
+  int result = error ? -error : io->op == MLOOP_IO_FLUSH ? 0 : (int) io->count;
+  queue_fetch (t->q, t->tag, true, result);
+}
+
+/* Hands IO, prepared for AIO, to the queue's context, signalling efd. */
+static int
+submit_aio (struct ublk_queue *q, struct mloop_io *io)
+{
+  struct iocb *iocb = &io->iocb;
+  io_set_eventfd (iocb, q->efd);
+  int r = mloop_aio_ring_submit (&q->aio, &iocb, 1);
+  return r < 0 ? r : 0;
+}
+
+/* Starts the request the kernel just handed TAG.  0 when it is in
+ * flight or already committed; -errno when refused, for the caller to
+ * commit. */
 static int
 queue_request (struct ublk_queue *q, unsigned tag)
 {
   const struct ublksrv_io_desc *iod = &q->descs[tag];
   unsigned op = ublksrv_get_op (iod);
   unsigned flags = ublksrv_get_flags (iod);
-  off_t off = (off_t) iod->start_sector << 9;
-  unsigned len = iod->nr_sectors << 9;
-  void *buf = (void *) (uintptr_t) iod->addr;
-  struct io_uring_sqe *sqe;
+  uint64_t off = (uint64_t) iod->start_sector << 9;
+  uint64_t len = (uint64_t) iod->nr_sectors << 9;
+  struct mloop_io *io = &q->tags[tag].io;
+  int r;
 
-  if ((op == UBLK_IO_OP_READ || op == UBLK_IO_OP_WRITE) && len > q->max_io_bytes)
-    return -EINVAL;
   switch (op) {
   case UBLK_IO_OP_READ:
-    sqe = get_sqe (q);
-    io_uring_prep_read (sqe, q->image_fd, buf, len, off);
-    break;
   case UBLK_IO_OP_WRITE:
-    sqe = get_sqe (q);
-    io_uring_prep_write (sqe, q->image_fd, buf, len, off);
-    if (flags & UBLK_IO_F_FUA)
-      sqe->rw_flags = RWF_DSYNC;
-    break;
   case UBLK_IO_OP_FLUSH:
-    sqe = get_sqe (q);
-    io_uring_prep_fsync (sqe, q->image_fd, IORING_FSYNC_DATASYNC);
     break;
-  default:                      /* DISCARD, WRITE_ZEROES: not offered yet */
+  case UBLK_IO_OP_DISCARD:
+  case UBLK_IO_OP_WRITE_ZEROES:
+    /* No AIO form: synchronous, on this thread. */
+    r = op == UBLK_IO_OP_DISCARD
+        ? mloop_engine_trim (q->engine, off, len, 0)
+        : mloop_engine_zero (q->engine, off, len,
+                             flags & UBLK_IO_F_NOUNMAP ? MLOOP_ZERO_NO_HOLE : 0);
+    if (r == 0)
+      queue_fetch (q, tag, true, 0);
+    return r;
+  default:
     return -EOPNOTSUPP;
   }
-  io_uring_sqe_set_data64 (sqe, tag | IMAGE_IO);
-  return 0;
+  if (op != UBLK_IO_OP_FLUSH && len > q->max_io_bytes)
+    return -EINVAL;
+
+  *io = (struct mloop_io) {
+    .op = op == UBLK_IO_OP_READ ? MLOOP_IO_READ
+          : op == UBLK_IO_OP_WRITE ? MLOOP_IO_WRITE : MLOOP_IO_FLUSH,
+    .flags = op == UBLK_IO_OP_WRITE && (flags & UBLK_IO_F_FUA) ? MLOOP_IO_FUA : 0,
+    .buf = q->bufs[tag],
+    .count = op == UBLK_IO_OP_FLUSH ? 0 : len,
+    .offset = op == UBLK_IO_OP_FLUSH ? 0 : off,
+    .complete = tag_complete,
+    .opaque = &q->tags[tag],
+  };
+  r = mloop_engine_prepare (q->engine, io);
+  switch (r) {
+  case MLOOP_PREPARED_DONE:     /* tag_complete has committed it */
+    return 0;
+  case MLOOP_PREPARED_AIO:
+    r = submit_aio (q, io);
+    if (r < 0)
+      mloop_engine_abandon (q->engine, io);
+    return r;
+  case MLOOP_PREPARED_BLOCKING:
+    mloop_engine_complete_blocking (q->engine, io,
+                                    mloop_engine_perform_blocking (q->engine, io));
+    return 0;
+  default:
+    return r;                   /* refused up front: complete not called */
+  }
+}
+
+/* Completes whatever AIO has finished, and waits for the next signal. */
+static void
+reap_aio (struct ublk_queue *q)
+{
+  struct io_event events[64];
+  struct timespec now = { 0 };
+  int n;
+  do {
+    n = mloop_aio_ring_reap (&q->aio, 0, events, 64, &now);
+    for (int i = 0; i < n; i++) {
+      struct mloop_io *io = events[i].data;
+      if (mloop_engine_complete_event (q->engine, io, (long) events[i].res)
+          == MLOOP_EVENT_RESUBMIT) {
+        /* A short transfer, re-prepared for the rest. */
+        int r = submit_aio (q, io);
+        if (r < 0) {
+          struct ublk_tag *t = io->opaque;
+          mloop_engine_abandon (q->engine, io);
+          queue_fetch (q, t->tag, true, r);
+        }
+      }
+    }
+  } while (n == 64);
+  if (n < 0 && !q->err)
+    q->err = n;
+  arm_aio_events (q);
 }
 
 static void *
@@ -133,6 +245,7 @@ queue_main (void *arg)
   struct ublk_queue *q = arg;
   unsigned live = q->depth;     /* tags with a fetch in the kernel */
 
+  arm_aio_events (q);
   for (unsigned t = 0; t < q->depth; t++)
     queue_fetch (q, t, false, 0);
   while (live > 0) {
@@ -156,14 +269,17 @@ queue_main (void *arg)
       break;
     }
     unsigned head, seen = 0;
+    bool aio_signalled = false;
     io_uring_for_each_cqe (&q->ring, head, cqe) {
       seen++;
-      unsigned tag = cqe->user_data & ~IMAGE_IO;
       int res = cqe->res;
-      if (cqe->user_data & IMAGE_IO) {
-        queue_fetch (q, tag, true, res);   /* bytes, 0 or -errno: as is */
+      if (cqe->user_data == AIO_EVENTS) {
+        if (res < 0 && res != -EINTR && res != -EAGAIN && !q->err)
+          q->err = res;
+        aio_signalled = true;
         continue;
       }
+      unsigned tag = cqe->user_data;
       if (res == UBLK_IO_RES_OK) {
         int now = queue_request (q, tag);
         if (now < 0)
@@ -177,6 +293,9 @@ queue_main (void *arg)
       live--;
     }
     io_uring_cq_advance (&q->ring, seen);
+    /* After the CQ is advanced: reaping queues SQEs, never CQEs. */
+    if (aio_signalled)
+      reap_aio (q);
   }
   return NULL;
 }
@@ -184,8 +303,9 @@ queue_main (void *arg)
 int
 ublk_queue_start (struct ublk_queue *q)
 {
-  /* At most one SQE per tag is ever queued; twice that for slack. */
-  int r = io_uring_queue_init (2 * q->depth, &q->ring, IORING_SETUP_SQE128);
+  /* At most one SQE per tag is ever queued, plus the eventfd read;
+   * twice that for slack. */
+  int r = io_uring_queue_init (2 * (q->depth + 1), &q->ring, IORING_SETUP_SQE128);
   if (r < 0)
     return r;
   r = pthread_create (&q->thread, NULL, queue_main, q);

@@ -3,7 +3,9 @@ lists, run it with MLOOP_KERNEL_TESTS=ublk-smoke on the 6.12 kernel).
 
 mloop-ublk serves an image as /dev/ublkbN: the device has the image's
 size and bytes, a pattern written with O_DIRECT reads back and lands in
-the image at the same offset, and SIGTERM removes the device.  Done once
+the image at the same offset, DISCARD and WRITE_ZEROES (blkdiscard, -z)
+read back as zeroes there and in the image (the discard as a hole), and
+SIGTERM removes the device.  Done once
 with the ioctl-encoded command numbers and once with the legacy ones, to
 record which the kernel takes."""
 import os
@@ -16,6 +18,10 @@ from kfix import Cleanup, Skip, make_image, run, tmpdir, wait_until  # noqa: F40
 SIZE = 64 << 20
 PATTERN_OFF = 8 << 20
 PATTERN_LEN = 4 << 20
+# Inside the pattern: discarded, then zeroed (1 MiB each).
+DISCARD_OFF = PATTERN_OFF + (1 << 20)
+ZERO_OFF = PATTERN_OFF + (2 << 20)
+MIB = 1 << 20
 
 
 def ublk_bin():
@@ -89,13 +95,26 @@ def run_test(kind, cl):
     run(["dd", f"if={pfile}", f"of={dev}", "bs=1M", f"seek={PATTERN_OFF >> 20}",
          "oflag=direct", "conv=fsync,notrunc", "status=none"])
     assert read_dev(dev, PATTERN_OFF, PATTERN_LEN) == pattern, "pattern reads back wrong"
+    name = os.path.basename(dev)
+    with open(f"/sys/block/{name}/queue/discard_max_bytes") as f:
+        assert int(f.read()) > 0, f"{dev} offers no discard"
+    run(["blkdiscard", "-o", str(DISCARD_OFF), "-l", str(MIB), dev])
+    run(["blkdiscard", "-z", "-o", str(ZERO_OFF), "-l", str(MIB), dev])
+    expect = bytearray(pattern)
+    expect[DISCARD_OFF - PATTERN_OFF:ZERO_OFF - PATTERN_OFF + MIB] = bytes(2 * MIB)
+    expect = bytes(expect)
+    assert read_dev(dev, PATTERN_OFF, PATTERN_LEN) == expect, \
+        "discarded/zeroed range does not read back as zeroes"
     # Stop the server (the cleanup action checks its exit) and look at the image.
     p.send_signal(signal.SIGTERM)
     p.wait(timeout=30)
     wait_until(lambda: not os.path.exists(dev), f"{dev} to go away")
     with open(image, "rb") as f:
         f.seek(PATTERN_OFF)
-        assert f.read(PATTERN_LEN) == pattern, "the image lacks the pattern written"
+        assert f.read(PATTERN_LEN) == expect, "the image lacks the pattern written and zeroed"
+        # The engine punches the discarded range out of the file.
+        hole = os.lseek(f.fileno(), PATTERN_OFF, os.SEEK_HOLE)
+        assert hole == DISCARD_OFF, f"no hole where discarded: first hole at {hole}"
         f.seek(0)
         assert f.read(1 << 20) == head, "the image's head changed"
 
@@ -106,6 +125,6 @@ def run_test(kind, cl):
     except AssertionError as e:
         print(f"# ublk-smoke: legacy opcodes refused: {e}", flush=True)
     else:
-        assert read_dev(dev, PATTERN_OFF, PATTERN_LEN) == pattern, \
+        assert read_dev(dev, PATTERN_OFF, PATTERN_LEN) == expect, \
             "pattern reads back wrong with legacy opcodes"
         print("# ublk-smoke: legacy opcodes work too", flush=True)
