@@ -50,7 +50,8 @@ ublk_queue_init (struct ublk_queue *q, int cdev_fd,
   q->descs = m;
   q->bufs = calloc (depth, sizeof *q->bufs);
   q->tags = calloc (depth, sizeof *q->tags);
-  if (!q->bufs || !q->tags)
+  q->pending = calloc (depth, sizeof *q->pending);
+  if (!q->bufs || !q->tags || !q->pending)
     return -ENOMEM;
   /* Page-aligned, so O_DIRECT needs no bounce buffer. */
   for (unsigned t = 0; t < depth; t++) {
@@ -88,6 +89,8 @@ ublk_queue_free (struct ublk_queue *q)
   q->bufs = NULL;
   free (q->tags);
   q->tags = NULL;
+  free (q->pending);
+  q->pending = NULL;
   if (q->descs)
     munmap ((void *) q->descs, q->descs_len);
   q->descs = NULL;
@@ -138,18 +141,38 @@ tag_complete (struct mloop_io *io, int error)
   queue_fetch (t->q, t->tag, true, result);
 }
 
-/* Hands IO, prepared for AIO, to the queue's context, signalling efd. */
-static int
+/* Queues IO, prepared for AIO, for flush_aio; its completion will
+ * signal efd.  At most one per tag, so PENDING never overflows. */
+static void
 submit_aio (struct ublk_queue *q, struct mloop_io *io)
 {
-  struct iocb *iocb = &io->iocb;
-  io_set_eventfd (iocb, q->efd);
-  int r = mloop_aio_ring_submit (&q->aio, &iocb, 1);
-  return r < 0 ? r : 0;
+  io_set_eventfd (&io->iocb, q->efd);
+  q->pending[q->npending++] = &io->iocb;
 }
 
-/* Starts the request the kernel just handed TAG.  0 when it is in
- * flight or already committed; -errno when refused, for the caller to
+/* One io_submit for every request the last batch of CQEs started: the
+ * syscall per request cost as much as the IO.  What the kernel refuses
+ * is committed with its error. */
+static void
+flush_aio (struct ublk_queue *q)
+{
+  for (unsigned done = 0; done < q->npending;) {
+    int r = mloop_aio_ring_submit (&q->aio, q->pending + done,
+                                   q->npending - done);
+    if (r >= 0) {
+      done += r;
+      continue;
+    }
+    struct mloop_io *io = q->pending[done++]->data;
+    struct ublk_tag *t = io->opaque;
+    mloop_engine_abandon (q->engine, io);
+    queue_fetch (q, t->tag, true, r);
+  }
+  q->npending = 0;
+}
+
+/* Starts the request the kernel just handed TAG.  0 when it is queued
+ * for AIO, in flight or already committed; -errno when refused, for the caller to
  * commit. */
 static int
 queue_request (struct ublk_queue *q, unsigned tag)
@@ -198,10 +221,8 @@ queue_request (struct ublk_queue *q, unsigned tag)
   case MLOOP_PREPARED_DONE:     /* tag_complete has committed it */
     return 0;
   case MLOOP_PREPARED_AIO:
-    r = submit_aio (q, io);
-    if (r < 0)
-      mloop_engine_abandon (q->engine, io);
-    return r;
+    submit_aio (q, io);
+    return 0;
   case MLOOP_PREPARED_BLOCKING:
     mloop_engine_complete_blocking (q->engine, io,
                                     mloop_engine_perform_blocking (q->engine, io));
@@ -223,15 +244,8 @@ reap_aio (struct ublk_queue *q)
     for (int i = 0; i < n; i++) {
       struct mloop_io *io = events[i].data;
       if (mloop_engine_complete_event (q->engine, io, (long) events[i].res)
-          == MLOOP_EVENT_RESUBMIT) {
-        /* A short transfer, re-prepared for the rest. */
-        int r = submit_aio (q, io);
-        if (r < 0) {
-          struct ublk_tag *t = io->opaque;
-          mloop_engine_abandon (q->engine, io);
-          queue_fetch (q, t->tag, true, r);
-        }
-      }
+          == MLOOP_EVENT_RESUBMIT)
+        submit_aio (q, io);     /* a short transfer: the rest */
     }
   } while (n == 64);
   if (n < 0 && !q->err)
@@ -249,6 +263,7 @@ queue_main (void *arg)
   for (unsigned t = 0; t < q->depth; t++)
     queue_fetch (q, t, false, 0);
   while (live > 0) {
+    flush_aio (q);
     int r = io_uring_submit (&q->ring);
     if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY) {
       q->err = r;

@@ -34,6 +34,8 @@ struct ublk_queue {
    * io_uring_wait wakes for ublk commands and image IO alike. */
   struct mloop_aio_ring aio;
   bool aio_open;
+  struct iocb **pending;        /* prepared, for the next io_submit */
+  unsigned npending;
   int efd;
   uint64_t efd_count;
   struct io_uring ring;
