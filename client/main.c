@@ -72,8 +72,9 @@ cmd_attach (int argc, char **argv)
   /* -1: not given, so the library's default applies. */
   gint threads = -1, connections = -1, block_size = 0, timeout = -1;
   gint dead_timeout = -1;
-  g_autofree char *device = NULL, *server = NULL;
+  g_autofree char *device = NULL, *server = NULL, *transport = NULL;
   g_autofree char *offset = NULL, *sizelimit = NULL;
+  g_autofree char *dev = NULL;
   GOptionEntry entries[] = {
     { "find", 'f', 0, G_OPTION_ARG_NONE, &find,
       "Use the first free /dev/nbdN (the default without --device)", NULL },
@@ -107,6 +108,9 @@ cmd_attach (int argc, char **argv)
     { "server", 's', 0, G_OPTION_ARG_STRING, &server,
       "native (mloop-server, default) or nbdkit (with the mloop plugin)",
       "KIND" },
+    { "transport", 'T', 0, G_OPTION_ARG_STRING, &transport,
+      "nbd (/dev/nbdN, the default), ublk (/dev/ublkbN, no socket) or "
+      "auto (ublk where the kernel has it and FILE is local)", "NAME" },
     G_OPTION_ENTRY_NULL
   };
   struct mloop_attach_request req = { .index = -1 };
@@ -114,8 +118,8 @@ cmd_attach (int argc, char **argv)
   char err[1024];
 
   if (!parse ("FILE|nbd://HOST[:PORT]/NAME",
-              "Attach FILE, or a remote export, as /dev/nbdN and print the "
-              "device.",
+              "Attach FILE, or a remote export, as /dev/nbdN (or FILE as "
+              "/dev/ublkbN) and print the device.",
               entries, &argc, &argv))
     return EXIT_FAILURE;
   if (argc != 2)
@@ -142,6 +146,15 @@ cmd_attach (int argc, char **argv)
   if (server &&
       (req.server = mloop_server_kind_find (server, err, sizeof err)) == NULL)
     return error ("attach: --server %s", err);
+  if (transport == NULL || strcmp (transport, "nbd") == 0)
+    req.transport = MLOOP_CHOOSE_NBD;
+  else if (strcmp (transport, "ublk") == 0)
+    req.transport = MLOOP_CHOOSE_UBLK;
+  else if (strcmp (transport, "auto") == 0)
+    req.transport = MLOOP_CHOOSE_AUTO;
+  else
+    return error ("attach: --transport %s: must be nbd, ublk or auto",
+                  transport);
   if (!parse_window ("attach", offset, sizelimit, &req.offset,
                      &req.sizelimit))
     return EXIT_FAILURE;
@@ -165,7 +178,8 @@ cmd_attach (int argc, char **argv)
 
   if (mloop_attach (&req, &st, err, sizeof err) == -1)
     return error ("attach %s: %s", req.file, err);
-  printf ("/dev/nbd%d\n", st.index);
+  dev = mloop_state_device_path (&st);
+  printf ("%s\n", dev);
   mloop_state_clear (&st);
   return EXIT_SUCCESS;
 }
@@ -173,11 +187,12 @@ cmd_attach (int argc, char **argv)
 static int
 detach_one (struct mloop_device_state *st)
 {
+  g_autofree char *dev = mloop_state_device_path (st);
   char err[1024];
   int r = EXIT_SUCCESS;
 
   if (mloop_detach (st, err, sizeof err) == -1)
-    r = error ("detach /dev/nbd%d: %s", st->index, err);
+    r = error ("detach %s: %s", dev, err);
   mloop_state_clear (st);
   return r;
 }
@@ -245,8 +260,11 @@ cmd_resize (int argc, char **argv)
                   "or T suffix)", size_text);
   if (mloop_lookup (argv[1], &st, err, sizeof err) == -1)
     return error ("resize: %s", err);
-  if (mloop_resize (&st, size_text != NULL, size, err, sizeof err) == -1)
-    r = error ("resize /dev/nbd%d: %s", st.index, err);
+  if (mloop_resize (&st, size_text != NULL, size, err, sizeof err) == -1) {
+    g_autofree char *dev = mloop_state_device_path (&st);
+
+    r = error ("resize %s: %s", dev, err);
+  }
   mloop_state_clear (&st);
   return r;
 }

@@ -39,11 +39,13 @@ member_bool (JsonBuilder *b, const char *name, bool value)
 static void
 json_device (JsonBuilder *b, const struct mloop_device_state *s)
 {
-  g_autofree char *dev = g_strdup_printf ("/dev/nbd%d", s->index);
-  g_autofree char *sock = mloop_state_path (s, MLOOP_DIR_SOCKET);
+  g_autofree char *dev = mloop_state_device_path (s);
+  g_autofree char *sock = s->transport == MLOOP_TRANSPORT_UBLK ? NULL
+    : mloop_state_path (s, MLOOP_DIR_SOCKET);
 
   json_builder_begin_object (b);
   member_string (b, "device", dev);
+  member_string (b, "transport", mloop_state_transport_name (s));
   member_string (b, "file", s->file);
   member_int (b, "size", (gint64) s->size);
   member_int (b, "offset", (gint64) s->offset);
@@ -96,7 +98,7 @@ mloop_print_list (FILE *f, const struct mloop_device_state *list, size_t n,
            "PID", "BACK-FILE");
   for (size_t i = 0; i < n; i++) {
     const struct mloop_device_state *s = &list[i];
-    g_autofree char *dev = g_strdup_printf ("/dev/nbd%d", s->index);
+    g_autofree char *dev = mloop_state_device_path (s);
 
     fprintf (f, "%-12s %14" PRIu64 " %14" PRIu64 " %14" PRIu64
              " %2d %5u %7u %-6s %7d %s\n", dev, s->size, s->offset,
@@ -145,12 +147,23 @@ mloop_print_status (FILE *f, const struct mloop_device_state *s,
     json_print (f, b);
     return;
   }
-  fprintf (f, "/dev/nbd%d: %s\n", s->index, s->file);
+  g_autofree char *dev = mloop_state_device_path (s);
+
+  fprintf (f, "%s: %s\n", dev, s->file);
   if (s->offset || s->sizelimit)
     fprintf (f, "  window:  offset %" PRIu64 ", sizelimit %" PRIu64
              ", %" PRIu64 " bytes\n", s->offset, s->sizelimit, s->size);
-  fprintf (f, "  kernel:  %s, %u hardware queues, %u connections attached\n",
-           st->kernel_connected ? "connected" : "NOT connected",
+  if (s->transport == MLOOP_TRANSPORT_UBLK) {
+    /* No socket, no connection: mloop-ublk is the server. */
+    fprintf (f, "  kernel:  ublk, %s, %u hardware queues\n",
+             st->kernel_connected ? "present" : "NOT present",
+             st->hardware_queues);
+    fprintf (f, "  server:  mloop-ublk, pid %d, %s\n", (int) s->server_pid,
+             st->server_running ? "running" : "NOT running");
+    return;
+  }
+  fprintf (f, "  kernel:  nbd, %s, %u hardware queues, %u connections "
+           "attached\n", st->kernel_connected ? "connected" : "NOT connected",
            st->hardware_queues, s->connections);
   if (s->remote) {
     /* No server of ours: the supervisor only reconnects (remote.h). */

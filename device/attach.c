@@ -18,6 +18,7 @@
 #include "nbd_receivers.h"
 #include "nbd_proto.h"
 #include "partitions.h"
+#include "ublk_device.h"
 
 /* TCG guests start nbdkit slowly: be patient before calling it failed. */
 #define SERVER_START_TIMEOUT_MS 60000
@@ -46,10 +47,9 @@ device_exists (int index)
 }
 
 char *
-mloop_device_mount_point (int index)
+mloop_device_mount_point (const char *dev)
 {
   g_autofree char *text = NULL;
-  g_autofree char *dev = g_strdup_printf ("/dev/nbd%d", index);
   g_auto (GStrv) lines = NULL;
 
   if (!g_file_get_contents ("/proc/self/mounts", &text, NULL, NULL))
@@ -61,7 +61,7 @@ mloop_device_mount_point (int index)
 
     if (!f[0] || !f[1] || !g_str_has_prefix (f[0], dev))
       continue;
-    /* /dev/nbd1 must not match /dev/nbd12; /dev/nbd1p2 must. */
+    /* /dev/nbd1 must not match /dev/nbd12; /dev/nbd1p2 must (ublkb too). */
     rest = f[0] + strlen (dev);
     if (*rest == '\0' || (*rest == 'p' && g_ascii_isdigit (rest[1])))
       return g_strdup (f[1]);
@@ -133,14 +133,16 @@ already_attached (const struct mloop_attach_request *req, const char *file,
               s->file_ino == (uint64_t) st->st_ino && !s->remote &&
               windows_overlap (req, st, s))
         : strcmp (s->file, file) == 0) {
+      g_autofree char *dev = mloop_state_device_path (s);
+
       if (s->offset || s->sizelimit || req->offset || req->sizelimit)
-        r = mloop_fail (err, errlen, "%s is already attached to /dev/nbd%d "
+        r = mloop_fail (err, errlen, "%s is already attached to %s "
                         "at offset %" G_GUINT64_FORMAT ", size %"
                         G_GUINT64_FORMAT ": windows of one file must not "
-                        "overlap", s->file, s->index, s->offset, s->size);
+                        "overlap", s->file, dev, s->offset, s->size);
       else
-        r = mloop_fail (err, errlen, "%s is already attached to /dev/nbd%d",
-                        s->file, s->index);
+        r = mloop_fail (err, errlen, "%s is already attached to %s",
+                        s->file, dev);
     }
   }
   mloop_state_free_list (list, n);
@@ -172,12 +174,13 @@ choose_block_size (const struct mloop_attach_request *req,
 static void
 stop_processes (const struct mloop_device_state *s)
 {
-  g_autofree char *sock = mloop_state_path (s, MLOOP_DIR_SOCKET);
-
   if (s->supervisor_pid > 0)
     mloop_server_stop (s->supervisor_pid, s->dir, SERVER_STOP_TIMEOUT_MS);
+  /* Every server's command line names a file in the directory (its
+   * socket; mloop-ublk's device file).
+   */
   if (s->server_pid > 0)
-    mloop_server_stop (s->server_pid, sock, SERVER_STOP_TIMEOUT_MS);
+    mloop_server_stop (s->server_pid, s->dir, SERVER_STOP_TIMEOUT_MS);
 }
 
 static unsigned
@@ -438,6 +441,32 @@ attach_remote (const struct mloop_attach_request *req, const char *uri,
   return r;
 }
 
+/* Settles REQ's choice of transport: 1 for ublk, 0 for NBD, or -1 with
+ * ERR when ublk was asked for and cannot serve.  AUTO takes NBD for what
+ * only NBD does (a remote export, NBD's own options) and where the
+ * kernel has no ublk.
+ */
+static int
+choose_ublk (const struct mloop_attach_request *req, char *err,
+             size_t errlen)
+{
+  char why[512];
+
+  switch (req->transport) {
+  case MLOOP_CHOOSE_UBLK:
+    if (mloop_ublk_refuses (req, err, errlen) ||
+        !mloop_ublk_available (err, errlen))
+      return -1;
+    return 1;
+  case MLOOP_CHOOSE_AUTO:
+    return !mloop_ublk_refuses (req, why, sizeof why) &&
+      mloop_ublk_available (why, sizeof why);
+  case MLOOP_CHOOSE_NBD:
+  default:
+    return 0;
+  }
+}
+
 int
 mloop_attach (const struct mloop_attach_request *req,
               struct mloop_device_state *out, char *err, size_t errlen)
@@ -447,13 +476,14 @@ mloop_attach (const struct mloop_attach_request *req,
   bool busy = false;
   bool remote = strstr (req->file, "://") != NULL;
   char why[512];
-  int lock, r;
+  int lock, r, ublk;
 
   memset (out, 0, sizeof *out);
   out->index = -1;
   if (geteuid () != 0)
-    return mloop_fail (err, errlen, "attach needs root: the kernel's NBD netlink "
-                 "interface needs CAP_SYS_ADMIN");
+    return mloop_fail (err, errlen, "attach needs root: the kernel's NBD "
+                       "netlink interface and ublk's control device need "
+                       "CAP_SYS_ADMIN");
   if (remote)
     file = g_strdup (req->file);
   else {
@@ -463,9 +493,11 @@ mloop_attach (const struct mloop_attach_request *req,
     if (file == NULL)
       return mloop_fail (err, errlen, "%s: %s", req->file, strerror (errno));
   }
-  if (mloop_nbd_netlink_available (err, errlen) < 0)
+  if ((ublk = choose_ublk (req, err, errlen)) == -1)
     return -1;
-  if (req->index >= 0) {
+  if (!ublk && mloop_nbd_netlink_available (err, errlen) < 0)
+    return -1;
+  if (!ublk && req->index >= 0) {
     if (!device_exists (req->index))
       return mloop_fail (err, errlen, "/dev/nbd%d does not exist (the nbd module "
                    "makes nbds_max devices)", req->index);
@@ -492,8 +524,12 @@ mloop_attach (const struct mloop_attach_request *req,
       out->file_ino = st.st_ino;
       out->offset = req->offset;
       out->sizelimit = req->sizelimit;
-      out->server = req->server ? req->server : mloop_server_kind_default ();
-      r = attach_local (req, file, out, err, errlen);
+      if (ublk)
+        r = mloop_ublk_attach (req, file, out, err, errlen);
+      else {
+        out->server = req->server ? req->server : mloop_server_kind_default ();
+        r = attach_local (req, file, out, err, errlen);
+      }
     }
     if (r < 0) {
       mloop_state_remove (out->dir);
@@ -507,17 +543,29 @@ mloop_attach (const struct mloop_attach_request *req,
 int
 mloop_detach (const struct mloop_device_state *s, char *err, size_t errlen)
 {
-  g_autofree char *mnt = mloop_device_mount_point (s->index);
+  g_autofree char *dev = mloop_state_device_path (s);
+  g_autofree char *mnt = mloop_device_mount_point (dev);
   bool connected = false;
   char why[512];
-  int lock;
+  int lock, r = 0;
 
   if (mnt)
-    return mloop_fail (err, errlen, "/dev/nbd%d is mounted on %s: unmount it "
-                 "first", s->index, mnt);
+    return mloop_fail (err, errlen, "%s is mounted on %s: unmount it "
+                 "first", dev, mnt);
   lock = mloop_state_lock (err, errlen);
   if (lock == -1)
     return -1;
+  if (s->transport == MLOOP_TRANSPORT_UBLK) {
+    /* The device goes with its server: nothing to disconnect first.
+     * The state stays when the device could not be deleted, so detach
+     * can be tried again.
+     */
+    r = mloop_ublk_detach (s, err, errlen);
+    if (r == 0)
+      mloop_state_remove (s->dir);
+    mloop_state_unlock (lock);
+    return r;
+  }
   /* The kernel keeps a disconnected device's partitions (its size
    * becomes 0, its table stays): drop them while they can be read.
    * Best effort: a partition still open by someone keeps its node, as
@@ -539,23 +587,45 @@ mloop_detach (const struct mloop_device_state *s, char *err, size_t errlen)
   return 0;
 }
 
+/* Whether WHAT names a device, "nbdN" or "ublkbN", with or without
+ * "/dev/": then *NAME is it without "/dev/".
+ */
+static bool
+device_name (const char *what, const char **name)
+{
+  const char *n = g_str_has_prefix (what, "/dev/") ? what + 5 : what;
+  const char *digits = g_str_has_prefix (n, "nbd") ? n + 3
+    : g_str_has_prefix (n, "ublkb") ? n + 5 : NULL;
+
+  if (digits == NULL || *digits == '\0')
+    return false;
+  for (const char *d = digits; *d; d++)
+    if (!g_ascii_isdigit (*d))
+      return false;
+  *name = n;
+  return true;
+}
+
 int
 mloop_lookup (const char *what, struct mloop_device_state *out,
               char *err, size_t errlen)
 {
-  int index = mloop_device_index (what);
-  g_autofree char *file = index >= 0 ? NULL
+  const char *name = NULL;
+  bool by_device = device_name (what, &name);
+  g_autofree char *file = by_device ? NULL
     : strstr (what, "://") ? g_strdup (what) : realpath (what, NULL);
   struct mloop_device_state *list;
   size_t n;
   int r = -1;
 
-  if (index < 0 && file == NULL)
-    return mloop_fail (err, errlen, "%s: not an nbd device, and %s", what,
-                 strerror (errno));
+  if (!by_device && file == NULL)
+    return mloop_fail (err, errlen, "%s: not an nbd or ublk device, and %s",
+                       what, strerror (errno));
   list = mloop_state_list (&n);
   for (size_t i = 0; i < n; i++) {
-    if (r == -1 && (index >= 0 ? list[i].index == index
+    g_autofree char *dev = mloop_state_device_name (&list[i]);
+
+    if (r == -1 && (by_device ? strcmp (dev, name) == 0
                     : strcmp (list[i].file, file) == 0)) {
       *out = list[i];
       memset (&list[i], 0, sizeof list[i]);

@@ -6,7 +6,8 @@
  * device gets one hardware queue per connection.  A remote export
  * (nbd://) has no server of ours, but a supervisor all the same, which
  * reconnects the device when the remote server comes back after a
- * restart.  Every step undoes the
+ * restart.  A local image may instead be attached through ublk
+ * (ublk_device.h): no server, socket or connection.  Every step undoes the
  * earlier ones when it fails: no server, socket, directory or device is
  * left behind.  Never prints; errors are one line in ERR.
  */
@@ -33,8 +34,16 @@
  */
 #define MLOOP_NBD_QUEUE_DEPTH 128
 
+/* Which kernel driver makes the device: NBD (the default), ublk, or
+ * AUTO: ublk where the kernel has it and the image is local, else NBD.
+ */
+enum mloop_transport_choice {
+  MLOOP_CHOOSE_NBD, MLOOP_CHOOSE_UBLK, MLOOP_CHOOSE_AUTO,
+};
+
 struct mloop_attach_request {
   const char *file;
+  enum mloop_transport_choice transport;
   /* The window of FILE to attach (losetup's --offset, --sizelimit):
    * from byte OFFSET, at most SIZELIMIT bytes (0: to the end).  Windows
    * of one file that do not overlap may be attached at once.
@@ -67,7 +76,9 @@ int mloop_attach (const struct mloop_attach_request *req,
 int mloop_detach (const struct mloop_device_state *s, char *err,
                   size_t errlen);
 
-/* Finds an attached device by "/dev/nbdN", "nbdN" or its image's path. */
+/* Finds an attached device by "/dev/nbdN", "nbdN", "/dev/ublkbN",
+ * "ublkbN" or its image's path.
+ */
 int mloop_lookup (const char *what, struct mloop_device_state *out,
                   char *err, size_t errlen);
 
@@ -76,10 +87,10 @@ int mloop_lookup (const char *what, struct mloop_device_state *out,
  */
 int mloop_cleanup_incomplete (void);
 
-/* Where /dev/nbdINDEX or one of its partitions is mounted (g_free it),
- * or NULL.
+/* Where DEVICE ("/dev/nbdN", "/dev/ublkbN") or one of its partitions
+ * is mounted (g_free it), or NULL.
  */
-char *mloop_device_mount_point (int index);
+char *mloop_device_mount_point (const char *device);
 
 /* Parses "/dev/nbdN" or "nbdN"; -1 when it is neither. */
 int mloop_device_index (const char *name);

@@ -13,6 +13,9 @@ mloop_autoclear_enable (struct mloop_device_state *s, char *err,
 {
   char why[512];
 
+  if (s->transport == MLOOP_TRANSPORT_UBLK)
+    return mloop_fail (err, errlen, "/dev/ublkb%d: autoclear is not "
+                       "supported for ublk devices yet", s->index);
   if (mloop_nbd_netlink_disconnect_on_close (s->index, s->file, why,
                                              sizeof why) < 0)
     return mloop_fail (err, errlen, "/dev/nbd%d: autoclear: %s", s->index,

@@ -97,10 +97,35 @@ mloop_state_path (const struct mloop_device_state *s, const char *name)
  */
 #define REMOTE "remote"
 
+#define UBLK "ublk"
+
 const char *
 mloop_state_server_name (const struct mloop_device_state *s)
 {
+  if (s->transport == MLOOP_TRANSPORT_UBLK)
+    return UBLK;
   return s->remote ? REMOTE : s->server->name;
+}
+
+const char *
+mloop_state_transport_name (const struct mloop_device_state *s)
+{
+  return s->transport == MLOOP_TRANSPORT_UBLK ? UBLK : "nbd";
+}
+
+char *
+mloop_state_device_name (const struct mloop_device_state *s)
+{
+  return g_strdup_printf (s->transport == MLOOP_TRANSPORT_UBLK ? "ublkb%d"
+                          : "nbd%d", s->index);
+}
+
+char *
+mloop_state_device_path (const struct mloop_device_state *s)
+{
+  g_autofree char *name = mloop_state_device_name (s);
+
+  return g_strconcat ("/dev/", name, NULL);
 }
 
 int
@@ -146,6 +171,8 @@ mloop_state_save (const struct mloop_device_state *s, char *err,
   g_autoptr (GKeyFile) kf = g_key_file_new ();
   g_autofree char *path = mloop_state_path (s, MLOOP_DIR_STATE);
 
+  g_key_file_set_string (kf, GROUP, "transport",
+                         mloop_state_transport_name (s));
   g_key_file_set_integer (kf, GROUP, "index", s->index);
   g_key_file_set_string (kf, GROUP, "file", s->file);
   g_key_file_set_uint64 (kf, GROUP, "file_dev", s->file_dev);
@@ -226,11 +253,16 @@ mloop_state_load (const char *dir, struct mloop_device_state *s)
   g_autoptr (GKeyFile) kf = g_key_file_new ();
   g_autofree char *path = g_build_filename (dir, MLOOP_DIR_STATE, NULL);
   g_autofree char *server = NULL;
+  g_autofree char *transport = NULL;
 
   memset (s, 0, sizeof *s);
   if (!g_key_file_load_from_file (kf, path, G_KEY_FILE_NONE, NULL))
     return -1;
   s->dir = g_strdup (dir);
+  /* A state written before ublk existed has no transport: nbd. */
+  transport = g_key_file_get_string (kf, GROUP, "transport", NULL);
+  if (transport && strcmp (transport, UBLK) == 0)
+    s->transport = MLOOP_TRANSPORT_UBLK;
   s->index = g_key_file_get_integer (kf, GROUP, "index", NULL);
   s->file = g_key_file_get_string (kf, GROUP, "file", NULL);
   s->file_dev = g_key_file_get_uint64 (kf, GROUP, "file_dev", NULL);
@@ -244,8 +276,9 @@ mloop_state_load (const char *dir, struct mloop_device_state *s)
   s->threads = g_key_file_get_uint64 (kf, GROUP, "threads", NULL);
   server = g_key_file_get_string (kf, GROUP, "server", NULL);
   s->remote = server && strcmp (server, REMOTE) == 0;
-  if (!s->remote && (server == NULL ||
-                     !(s->server = mloop_server_kind_find (server, NULL, 0))))
+  if (!s->remote && s->transport == MLOOP_TRANSPORT_NBD &&
+      (server == NULL ||
+       !(s->server = mloop_server_kind_find (server, NULL, 0))))
     s->server = mloop_server_kind_default ();
   s->server_pid = g_key_file_get_integer (kf, GROUP, "server_pid", NULL);
   s->supervisor_pid = g_key_file_get_integer (kf, GROUP, "supervisor_pid",
@@ -272,6 +305,8 @@ by_index (const void *a, const void *b)
 {
   const struct mloop_device_state *x = a, *y = b;
 
+  if (x->transport != y->transport)
+    return (x->transport > y->transport) - (x->transport < y->transport);
   return (x->index > y->index) - (x->index < y->index);
 }
 

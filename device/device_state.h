@@ -38,9 +38,17 @@
 #define MLOOP_DIR_STATE "state"
 #define MLOOP_DIR_SUPERVISOR "supervisor"
 
+/* How the kernel reaches the image: the NBD client over sockets to a
+ * server (/dev/nbdN), or ublk_drv's io_uring commands straight to
+ * mloop-ublk (/dev/ublkbN; ublk_device.h).
+ */
+enum mloop_transport { MLOOP_TRANSPORT_NBD, MLOOP_TRANSPORT_UBLK };
+
 struct mloop_device_state {
   char *dir;                    /* this device's directory */
-  int index;                    /* /dev/nbdINDEX; -1 until connected */
+  enum mloop_transport transport;
+  int index;                    /* /dev/nbdINDEX or /dev/ublkbINDEX;
+                                   -1 until connected */
   char *file;                   /* the image, an absolute path */
   uint64_t file_dev, file_ino;  /* its identity, to refuse double attach */
   /* The window of FILE served (losetup's OFFSET and SIZELIMIT): from
@@ -65,7 +73,8 @@ struct mloop_device_state {
    */
   uint16_t export_flags;
   bool remote;                  /* FILE is an nbd:// URI: no server of ours */
-  const struct mloop_server_kind *server;       /* NULL when remote */
+  const struct mloop_server_kind *server;       /* NULL when remote or
+                                                   ublk */
   pid_t server_pid;             /* the current one, after any restart */
   pid_t supervisor_pid;         /* 0: unsupervised */
   unsigned restarts;            /* servers restarted by the supervisor */
@@ -106,8 +115,16 @@ void mloop_state_unlock (int fd);
 /* Paths inside a device directory (g_free them). */
 char *mloop_state_path (const struct mloop_device_state *s, const char *name);
 
-/* The server's kind's name, or "remote". */
+/* The server's kind's name, "remote", or "ublk" (mloop-ublk serves). */
 const char *mloop_state_server_name (const struct mloop_device_state *s);
+/* "nbd" or "ublk". */
+const char *mloop_state_transport_name (const struct mloop_device_state *s);
+/* The device's name, "nbdN" or "ublkbN" (g_free it); its path is
+ * /dev/NAME and its sysfs directory /sys/block/NAME.
+ */
+char *mloop_state_device_name (const struct mloop_device_state *s);
+/* "/dev/nbdN" or "/dev/ublkbN" (g_free it). */
+char *mloop_state_device_path (const struct mloop_device_state *s);
 
 /* Makes a fresh, empty device directory in S->dir. */
 int mloop_state_create (struct mloop_device_state *s, char *err,
@@ -123,7 +140,9 @@ int mloop_state_save_supervisor (const char *dir,
                                  char *err, size_t errlen);
 /* Reads DIR/state (and DIR/supervisor, which overrides server_pid) into S (which owns copies); -1 if it has none. */
 int mloop_state_load (const char *dir, struct mloop_device_state *s);
-/* Every device directory with a state file, sorted by device index. */
+/* Every device directory with a state file: nbd devices, then ublk
+ * ones, each sorted by index.
+ */
 struct mloop_device_state *mloop_state_list (size_t *n);
 /* Directories without a state file (attaches that died half-way). */
 char **mloop_state_list_incomplete (void);

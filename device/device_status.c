@@ -6,11 +6,12 @@
 #include "device_status.h"
 #include "nbd_netlink.h"
 #include "server_process.h"
+#include "ublk_device.h"
 
 static unsigned
-count_queues (int index)
+count_queues (const char *name)
 {
-  g_autofree char *path = g_strdup_printf ("/sys/block/nbd%d/mq", index);
+  g_autofree char *path = g_strdup_printf ("/sys/block/%s/mq", name);
   g_autoptr (GDir) d = g_dir_open (path, 0, NULL);
   unsigned n = 0;
 
@@ -23,18 +24,21 @@ void
 mloop_device_status_read (const struct mloop_device_state *s,
                           struct mloop_device_status *out)
 {
-  g_autofree char *sock = mloop_state_path (s, MLOOP_DIR_SOCKET);
+  g_autofree char *name = mloop_state_device_name (s);
   g_autofree char *stats_file = mloop_state_path (s, MLOOP_DIR_STATS);
   const struct mloop_stats *live;
   char err[256];
 
   memset (out, 0, sizeof *out);
-  out->server_running = mloop_server_running (s->server_pid, sock);
+  /* Every server's command line names a file in the directory. */
+  out->server_running = mloop_server_running (s->server_pid, s->dir);
   out->supervisor_running = mloop_server_running (s->supervisor_pid, s->dir);
-  if (mloop_nbd_netlink_connected (s->index, &out->kernel_connected,
-                                   err, sizeof err) < 0)
+  if (s->transport == MLOOP_TRANSPORT_UBLK)
+    out->kernel_connected = mloop_ublk_device_present (s->index);
+  else if (mloop_nbd_netlink_connected (s->index, &out->kernel_connected,
+                                        err, sizeof err) < 0)
     out->kernel_connected = false;
-  out->hardware_queues = count_queues (s->index);
+  out->hardware_queues = count_queues (name);
   live = mloop_stats_open (stats_file);
   if (live) {
     uint64_t *dst = (uint64_t *) &out->stats;

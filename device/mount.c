@@ -59,7 +59,7 @@ mloop_mount (struct mloop_mount_request *req, int *device_index,
     return mloop_fail (err, errlen, "%s: not a directory", req->dir);
   if (mloop_attach (&req->attach, &st, err, errlen) == -1)
     return -1;
-  dev = g_strdup_printf ("/dev/nbd%d", st.index);
+  dev = mloop_state_device_path (&st);
   argv[n++] = "mount";
   if (req->fstype) {
     argv[n++] = "-t";
@@ -142,8 +142,7 @@ mloop_umount (const char *dir, char *err, size_t errlen)
 
   if (dev == NULL)
     return mloop_fail (err, errlen, "%s: not mounted", dir);
-  if (mloop_device_index (dev) < 0 ||
-      mloop_lookup (dev, &st, why, sizeof why) == -1)
+  if (mloop_lookup (dev, &st, why, sizeof why) == -1)
     return mloop_fail (err, errlen, "%s: %s is not an mloop device", dir,
                        dev);
   if (run (argv, err, errlen) == -1) {

@@ -268,6 +268,10 @@ check_request (const struct mloop_device_state *s, bool have_size,
   g_autofree char *mnt = NULL;
   struct stat st;
 
+  if (s->transport == MLOOP_TRANSPORT_UBLK)
+    return mloop_fail (err, errlen, "/dev/ublkb%d: resizing a ublk device "
+                       "is not supported yet; detach it and attach it "
+                       "again", s->index);
   if (s->remote)
     return mloop_fail (err, errlen, "/dev/nbd%d is a remote export (%s): its "
                        "size is its server's; detach and attach it again "
@@ -303,7 +307,9 @@ check_request (const struct mloop_device_state *s, bool have_size,
       check_no_data_past (*fd, *size, *file_size, s->file, err, errlen) == -1)
     return -1;
   if (*size < s->size) {
-    mnt = mloop_device_mount_point (s->index);
+    g_autofree char *dev = g_strdup_printf ("/dev/nbd%d", s->index);
+
+    mnt = mloop_device_mount_point (dev);
     if (mnt)
       return mloop_fail (err, errlen, "/dev/nbd%d is mounted on %s: shrinking "
                          "a mounted device is refused; unmount it first",

@@ -45,6 +45,15 @@ int mloop_server_start (const struct mloop_server_spec *spec,
                         unsigned timeout_ms, pid_t *pid,
                         char *err, size_t errlen);
 
+/* Starts ARGV detached, like a server, with its output in LOG_FILE, and
+ * waits up to TIMEOUT_MS for PID_FILE to name a process (*PID).  WHAT
+ * is the program's name: its own last words "WHAT: why" become ERR.
+ */
+int mloop_process_start (char **argv, const char *log_file,
+                         const char *pid_file, const char *what,
+                         unsigned timeout_ms, pid_t *pid,
+                         char *err, size_t errlen);
+
 /* Starts mloop-supervisor for device directory DIR, which starts the
  * server of SPEC (its files in DIR) and restarts it when it dies.  Waits,
  * like mloop_server_start, until the server listens; *SUPERVISOR and

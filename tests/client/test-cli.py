@@ -96,6 +96,19 @@ try:
             "nope.img: No such file or directory")
     refused("directory as image", ["attach", work], "Is a directory")
     refused("not root", ["attach", image], "needs root", user="nobody")
+    refused("--transport bogus", ["attach", "--transport", "bogus", image],
+            "--transport bogus: must be nbd, ublk or auto")
+    refused("ublk with --autoclear", ["attach", "--transport", "ublk", "--autoclear", image],
+            "the ublk transport does not take --autoclear")
+    refused("ublk with --threads", ["attach", "--transport", "ublk", "--threads", "2", image],
+            "does not take --threads")
+    refused("ublk for a remote export", ["attach", "--transport", "ublk", "nbd://127.0.0.1/x"],
+            "does not take a remote export")
+    if os.path.exists("/dev/ublk-control"):
+        print("skip no-ublk-kernel refusal: this kernel has ublk")
+    else:
+        refused("kernel without ublk", ["attach", "--transport", "ublk", image],
+                "/dev/ublk-control: No such file or directory")
 
     nbd_here = os.path.exists("/sys/module/nbd") or \
         subprocess.run(["modprobe", "-q", "nbd"], capture_output=True).returncode == 0
@@ -115,6 +128,8 @@ try:
     refused("detach an unattached file", ["detach", image], "is not attached by mloop")
     refused("detach without arguments", ["detach"], "--all")
     refused("status of an unattached device", ["status", "nbd3"], "not attached by mloop")
+    refused("detach an unattached ublk device", ["detach", "/dev/ublkb2"],
+            "/dev/ublkb2 is not attached by mloop")
     refused("resize of an unattached device", ["resize", "nbd3"], "not attached by mloop")
     refused("resize without a device", ["resize"], "give one DEVICE or FILE")
     refused("resize to a size that is none", ["resize", "--size", "12Q", "nbd3"],

@@ -3,13 +3,17 @@ each with the same small interface, so every test runs unchanged through
 each of them:
 
   native, nbdkit       `mloop attach --server native|nbdkit` (the CLI)
+  ublk                 `mloop attach --transport ublk`: /dev/ublkbN served by
+                       mloop-ublk through the kernel's ublk driver (6.12)
   nbd-client-native    stock nbd-client against mloop-server
   nbd-client-nbdkit    stock nbd-client against nbdkit + the mloop plugin
   loop                 the kernel loop driver with direct I/O: the reference
                        for how a block device over a file should behave
 
 A kind has .queues and .block_size (what the attached device must show),
-.unavailable() (a skip reason or None), .attach(cl, image, read_only)
+.unavailable() (a skip reason or None; a kind that needs a kernel module
+names it in .kernel_module: run-kernel-tests checks the VM's kernel has
+it before booting, runner.py that the running kernel has it loaded), .attach(cl, image, read_only)
 returning an Attachment whose detach is pushed on the cleanup stack CL, and
 .leftovers(att) listing what a detach left behind.
 """
@@ -26,6 +30,7 @@ from kfix import (BLOCK_SIZE, CONNECTIONS, DEVICE_TIMEOUT,
 import recvwork
 
 SERVER_BIN = os.environ.get("MLOOP_SERVER_BIN", "")
+UBLK_BIN = os.environ.get("MLOOP_UBLK_BIN", "")
 PLUGIN = os.environ.get("MLOOP_PLUGIN", "")
 CLI = os.environ.get("MLOOP_CLI", "")
 
@@ -148,6 +153,62 @@ class MloopCli:
 
     def leftovers(self, att, image):
         problems = _nbd_leftovers(att.device)
+        for pid, cmdline in processes_mentioning(image):
+            problems.append(f"process {pid} still serves the image: {cmdline}")
+        left = self.state_entries()
+        if left:
+            problems.append(f"runtime dir still holds {left}")
+        return problems
+
+
+class MloopUblk(MloopCli):
+    """`mloop attach --transport ublk`: no server socket; mloop-ublk creates
+    /dev/ublkbN with one hardware queue per --connections and deletes it
+    on detach."""
+
+    kernel_module = "ublk_drv"
+
+    def __init__(self):
+        super().__init__("ublk")
+
+    def unavailable(self):
+        reason = super().unavailable()
+        if reason:
+            return reason
+        if not UBLK_BIN or not os.path.exists(UBLK_BIN):
+            return "mloop-ublk is not built (liburing-dev is missing)"
+        return None
+
+    def env(self):
+        return dict(super().env(), MLOOP_UBLK_BIN=UBLK_BIN)
+
+    def attach_args(self, image, read_only=False):
+        args = ["attach", image, "--transport", "ublk", "--connections", str(CONNECTIONS),
+                "--block-size", str(BLOCK_SIZE)]
+        return args + (["--read-only"] if read_only else [])
+
+    def attach(self, cl, image, read_only=False, args=None):
+        p = self.cli(*(args or self.attach_args(image, read_only)))
+        lines = p.stdout.splitlines()
+        assert len(lines) == 1 and re.fullmatch(r"/dev/ublkb\d+", lines[0]), \
+            f"mloop attach printed {p.stdout!r}, expected one /dev/ublkbN line"
+        dev = lines[0]
+        assert os.path.exists(dev), f"mloop attach printed {dev}, which does not exist"
+
+        def undo():
+            self.cli("detach", dev)
+            wait_until(lambda: not os.path.exists(f"/sys/block/{os.path.basename(dev)}"),
+                       f"{dev} to go")
+        return _attach(cl, dev, undo)
+
+    def leftovers(self, att, image):
+        problems = []
+        name = os.path.basename(att.device)
+        if os.path.exists(f"/sys/block/{name}"):
+            problems.append(f"{att.device} still exists")
+        char = name.replace("ublkb", "ublkc")
+        if os.path.exists(f"/sys/class/ublk-char/{char}"):
+            problems.append(f"ublk still has {char} (the device was not deleted)")
         for pid, cmdline in processes_mentioning(image):
             problems.append(f"process {pid} still serves the image: {cmdline}")
         left = self.state_entries()
@@ -279,5 +340,5 @@ class Loop:
         return problems
 
 
-KINDS = {k.name: k for k in [MloopCli("native"), MloopCli("nbdkit"),
+KINDS = {k.name: k for k in [MloopCli("native"), MloopCli("nbdkit"), MloopUblk(),
                              StockClient("native"), StockClient("nbdkit"), Loop()]}

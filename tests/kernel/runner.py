@@ -48,10 +48,19 @@ REMOTE = ["remote-attach", "remote-restart"]
 GROUPS = ["main", "durable"]
 
 
+# What `mloop attach --transport ublk` runs beyond COMMON: the command
+# line's contract where it is the same for both transports.
+UBLK = ["ublk-cli"]
+
+
 def tests_for(kind, group="main"):
-    cli, loop = isinstance(kind, kinds.MloopCli), isinstance(kind, kinds.Loop)
+    ublk = isinstance(kind, kinds.MloopUblk)
+    cli = isinstance(kind, kinds.MloopCli) and not ublk
+    loop = isinstance(kind, kinds.Loop)
     if group == "durable":
         return DURABLE if cli or loop else []
+    if ublk:
+        return COMMON + UBLK
     return COMMON + (CLI_ONLY + SUPERVISED + REMOTE if cli else [])
 
 
@@ -75,9 +84,22 @@ def out(line):
     print(line, flush=True)
 
 
-def connected_nbd():
+def connected_devices():
+    """Connected nbd devices and existing ublk ones (a ublk device exists
+    only while attached)."""
     return [f"/dev/{d}" for d in sorted(os.listdir("/sys/block"))
-            if d.startswith("nbd") and kfix.nbd_in_use(f"/dev/{d}")]
+            if (d.startswith("nbd") and kfix.nbd_in_use(f"/dev/{d}"))
+            or d.startswith("ublkb")]
+
+
+def kernel_lacks(kind):
+    """Why the running kernel cannot run KIND, or None.  A module that is
+    loaded or built in has a /sys/module directory (ublk_drv has
+    parameters, so it has one either way)."""
+    module = getattr(kind, "kernel_module", None)
+    if module and not os.path.isdir(f"/sys/module/{module}"):
+        return f"Linux {os.uname().release} has no {module}"
+    return None
 
 
 def main(argv):
@@ -86,13 +108,13 @@ def main(argv):
         names = tests_for(kind, argv[2])
     else:
         names = argv[2:] or tests_for(kind)
-    reason = kind.unavailable()
+    reason = kind.unavailable() or kernel_lacks(kind)
     failed = 0
     for n, name in enumerate(names, 1):
         if reason:
             out(f"ok {n} - {name} # SKIP {reason}")
             continue
-        if not isinstance(kind, kinds.Loop):
+        if not isinstance(kind, (kinds.Loop, kinds.MloopUblk)):
             # Idle kworkers for nbd's receive work, so no connect depends
             # on creating one in time (Linux 6.1: see recvwork.py).
             rounds = recvwork.warm()
@@ -100,12 +122,12 @@ def main(argv):
                 out(f"# {name}: warming nbd's receive workers took {rounds} rounds")
         kmsg(f"{kind.name} {name}")
         start = time.monotonic()
-        busy_before = connected_nbd()
+        busy_before = connected_devices()
         try:
             with kfix.Cleanup() as cl:
                 load(name).run_test(kind, cl)
             # Cleanup ran: a test must not leave a device connected.
-            left = sorted(set(connected_nbd()) - set(busy_before))
+            left = sorted(set(connected_devices()) - set(busy_before))
             assert not left, f"left connected: {left}"
         except kfix.Skip as e:
             out(f"ok {n} - {name} # SKIP {e}")

@@ -82,12 +82,15 @@ def boot_module_files(moddir, kver):
     return files
 
 
+def has_module(moddir, kver, name):
+    """Whether the kernel KVER (its tree in MODDIR) has module NAME."""
+    return subprocess.run(["modprobe", "-d", moddir, "-S", kver, "--show-depends", name],
+                          capture_output=True).returncode == 0
+
+
 def later_modules(moddir, kver):
     """LATER_MODULES and those OPTIONAL_MODULES the kernel KVER has."""
-    have = [m for m in OPTIONAL_MODULES
-            if subprocess.run(["modprobe", "-d", moddir, "-S", kver, "--show-depends", m],
-                              capture_output=True).returncode == 0]
-    return LATER_MODULES + have
+    return LATER_MODULES + [m for m in OPTIONAL_MODULES if has_module(moddir, kver, m)]
 
 
 def module_name_and_data(path):

@@ -1,0 +1,236 @@
+/* mloop — an image attached through ublk (/dev/ublkbN). */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <glib.h>
+
+#include "errmsg.h"
+#include "server_process.h"
+#include "ublk_device.h"
+
+#define UBLK_CONTROL "/dev/ublk-control"
+/* mloop-ublk starts in well under a second; a TCG guest is slower. */
+#define UBLK_START_TIMEOUT_MS 60000
+/* Stopping waits for the requests in flight: as long as a server. */
+#define UBLK_STOP_TIMEOUT_MS 10000
+
+static char *
+ublk_program (void)
+{
+  return mloop_locate_program ("MLOOP_UBLK_BIN", "ublk/mloop-ublk",
+                               MLOOP_SBINDIR "/mloop-ublk");
+}
+
+bool
+mloop_ublk_available (char *err, size_t errlen)
+{
+  if (access (UBLK_CONTROL, R_OK | W_OK) == 0)
+    return true;
+  mloop_fail (err, errlen, "%s: %s (the kernel's ublk driver is not loaded: "
+              "modprobe ublk_drv, Linux 6.0 or later)", UBLK_CONTROL,
+              strerror (errno));
+  return false;
+}
+
+bool
+mloop_ublk_refuses (const struct mloop_attach_request *req,
+                    char *err, size_t errlen)
+{
+  const char *what = NULL;
+
+  if (strstr (req->file, "://"))
+    what = "a remote export (NBD carries it: --transport nbd)";
+  else if (req->index >= 0)
+    what = "--device (the kernel numbers ublk devices)";
+  else if (req->server)
+    what = "--server (mloop-ublk serves a ublk device)";
+  else if (req->threads)
+    what = "--threads (each hardware queue has its own thread: use "
+      "--connections)";
+  else if (req->timeout || req->dead_timeout)
+    what = "--timeout and --dead-timeout";
+  else if (req->no_partscan)
+    what = "--no-partscan";
+  else if (req->autoclear)
+    what = "--autoclear";
+  else if (req->queue_options && req->queue_options[0])
+    what = "--queue-option";
+  if (what == NULL)
+    return false;
+  mloop_fail (err, errlen, "the ublk transport does not take %s", what);
+  return true;
+}
+
+bool
+mloop_ublk_device_present (int index)
+{
+  g_autofree char *path = g_strdup_printf ("/sys/block/ublkb%d", index);
+
+  return g_file_test (path, G_FILE_TEST_IS_DIR);
+}
+
+/* Whether ublk_drv still has device INDEX, started or not: its
+ * character device outlives the disk when mloop-ublk is killed.
+ */
+static bool
+ublk_device_exists (int index)
+{
+  g_autofree char *path = g_strdup_printf ("/sys/class/ublk-char/ublkc%d",
+                                           index);
+
+  return mloop_ublk_device_present (index) || g_file_test (path,
+                                                           G_FILE_TEST_EXISTS);
+}
+
+/* An unsigned number from a sysfs file of /sys/block/NAME, or 0. */
+static uint64_t
+sysfs_number (const char *name, const char *file)
+{
+  g_autofree char *path = g_strdup_printf ("/sys/block/%s/%s", name, file);
+  g_autofree char *text = NULL;
+
+  if (!g_file_get_contents (path, &text, NULL, NULL))
+    return 0;
+  return g_ascii_strtoull (text, NULL, 10);
+}
+
+/* The device mloop-ublk wrote it made: "/dev/ublkbN". */
+static int
+read_device_file (const struct mloop_device_state *s, int *index,
+                  char *err, size_t errlen)
+{
+  g_autofree char *path = mloop_state_path (s, MLOOP_DIR_UBLK_DEVICE);
+  g_autofree char *text = NULL;
+  char *end;
+  long n;
+
+  if (!g_file_get_contents (path, &text, NULL, NULL) ||
+      !g_str_has_prefix (text, "/dev/ublkb"))
+    return mloop_fail (err, errlen, "mloop-ublk named no device in %s", path);
+  n = strtol (text + strlen ("/dev/ublkb"), &end, 10);
+  if (end == text + strlen ("/dev/ublkb") || *end != '\n' || n < 0 ||
+      n > G_MAXINT)
+    return mloop_fail (err, errlen, "%s: not a ublk device: %s", path, text);
+  *index = (int) n;
+  return 0;
+}
+
+static unsigned
+wanted_queues (const struct mloop_attach_request *req)
+{
+  unsigned n = g_get_num_processors ();
+
+  if (req->connections)
+    return req->connections;
+  return n > MLOOP_MAX_CONNECTIONS ? MLOOP_MAX_CONNECTIONS : n;
+}
+
+/* mloop-ublk's command line for REQ, on FILE, in S's directory. */
+static GPtrArray *
+ublk_command (const struct mloop_attach_request *req, const char *file,
+              const struct mloop_device_state *s, unsigned queues)
+{
+  GPtrArray *argv = g_ptr_array_new_with_free_func (g_free);
+
+  g_ptr_array_add (argv, ublk_program ());
+  g_ptr_array_add (argv, g_strdup_printf ("--queues=%u", queues));
+  /* The directory in its command line lets detach recognise it
+   * (mloop_server_stop).
+   */
+  g_ptr_array_add (argv, g_strdup_printf ("--device-file=%s/%s", s->dir,
+                                          MLOOP_DIR_UBLK_DEVICE));
+  g_ptr_array_add (argv, g_strdup_printf ("--pid-file=%s/%s", s->dir,
+                                          MLOOP_DIR_SERVER_PID));
+  if (req->read_only)
+    g_ptr_array_add (argv, g_strdup ("--read-only"));
+  if (req->block_size)
+    g_ptr_array_add (argv, g_strdup_printf ("--block-size=%u",
+                                            req->block_size));
+  if (req->offset)
+    g_ptr_array_add (argv, g_strdup_printf ("--offset=%" G_GUINT64_FORMAT,
+                                            req->offset));
+  if (req->sizelimit)
+    g_ptr_array_add (argv, g_strdup_printf ("--sizelimit=%" G_GUINT64_FORMAT,
+                                            req->sizelimit));
+  g_ptr_array_add (argv, g_strdup ("--"));
+  g_ptr_array_add (argv, g_strdup (file));
+  g_ptr_array_add (argv, NULL);
+  return argv;
+}
+
+int
+mloop_ublk_attach (const struct mloop_attach_request *req, const char *file,
+                   struct mloop_device_state *s, char *err, size_t errlen)
+{
+  g_autofree char *pid_file = mloop_state_path (s, MLOOP_DIR_SERVER_PID);
+  g_autofree char *log_file = mloop_state_path (s, MLOOP_DIR_SERVER_LOG);
+  g_autofree char *name = NULL;
+  unsigned queues = wanted_queues (req);
+  g_autoptr (GPtrArray) argv = ublk_command (req, file, s, queues);
+  char why[256];
+
+  s->transport = MLOOP_TRANSPORT_UBLK;
+  s->server = NULL;
+  if (mloop_process_start ((char **) argv->pdata, log_file, pid_file,
+                           "mloop-ublk", UBLK_START_TIMEOUT_MS,
+                           &s->server_pid, err, errlen) == -1)
+    return -1;
+  if (read_device_file (s, &s->index, err, errlen) == -1) {
+    mloop_ublk_detach (s, why, sizeof why);
+    return -1;
+  }
+  /* What the kernel made of it, as `mloop list` shows for nbd. */
+  name = mloop_state_device_name (s);
+  s->size = sysfs_number (name, "size") * 512;
+  s->block_size = (uint32_t) sysfs_number (name, "queue/logical_block_size");
+  s->read_only = sysfs_number (name, "ro") != 0;
+  s->connections = queues;
+  s->partscan = true;           /* ublk_drv reads the table at start */
+  if (mloop_state_save (s, err, errlen) == -1) {
+    mloop_ublk_detach (s, why, sizeof why);
+    return -1;
+  }
+  return 0;
+}
+
+/* `mloop-ublk --delete INDEX`: removes a device whose server is gone. */
+static int
+delete_leftover (int index, char *err, size_t errlen)
+{
+  g_autofree char *prog = ublk_program ();
+  g_autofree char *id = g_strdup_printf ("%d", index);
+  g_autofree char *out = NULL;
+  g_autoptr (GError) gerr = NULL;
+  char *argv[] = { prog, (char *) "--delete", id, NULL };
+  int status;
+
+  if (!g_spawn_sync (NULL, argv, NULL, G_SPAWN_STDOUT_TO_DEV_NULL, NULL,
+                     NULL, NULL, &out, &status, &gerr))
+    return mloop_fail (err, errlen, "cannot run %s: %s", prog,
+                       gerr->message);
+  if (!g_spawn_check_wait_status (status, NULL)) {
+    const char *why = out ? g_strstrip (out) : "";
+
+    if (g_str_has_prefix (why, "mloop-ublk: "))
+      why += strlen ("mloop-ublk: ");
+    return mloop_fail (err, errlen, "deleting /dev/ublkb%d: %s", index,
+                       *why ? why : "mloop-ublk failed");
+  }
+  return 0;
+}
+
+int
+mloop_ublk_detach (const struct mloop_device_state *s,
+                   char *err, size_t errlen)
+{
+  /* SIGTERM: mloop-ublk stops the device, finishing what is in flight,
+   * and deletes it.
+   */
+  if (s->server_pid > 0)
+    mloop_server_stop (s->server_pid, s->dir, UBLK_STOP_TIMEOUT_MS);
+  if (s->index >= 0 && ublk_device_exists (s->index))
+    return delete_leftover (s->index, err, errlen);
+  return 0;
+}

@@ -1,0 +1,96 @@
+"""mloop's command line is the same over ublk: list and status show the
+transport and the device, detach takes the device's name or the image,
+what only NBD does is refused in one line with nothing left behind, a
+device whose mloop-ublk was killed is still deleted by detach, and
+--transport auto chooses ublk for a local image, NBD otherwise."""
+import json
+import os
+import re
+import signal
+
+from kfix import CONNECTIONS, IMAGE_SIZE, make_image, wait_until
+
+
+def entries(kind):
+    return json.loads(kind.cli("list", "--json").stdout)
+
+
+def refused(kind, image, *extra, why):
+    """`mloop attach --transport ublk IMAGE EXTRA` fails with one line
+    matching WHY, and leaves no device, process or state."""
+    before = sorted(d for d in os.listdir("/sys/block") if d.startswith("ublkb"))
+    p = kind.cli("attach", image, "--transport", "ublk", *extra, check=False)
+    err = p.stderr.strip()
+    assert p.returncode != 0, f"attach {' '.join(extra)} succeeded: {p.stdout!r}"
+    assert len(err.splitlines()) == 1 and re.search(why, err), \
+        f"attach {' '.join(extra)}: expected one line matching {why!r}, got {err!r}"
+    after = sorted(d for d in os.listdir("/sys/block") if d.startswith("ublkb"))
+    assert after == before, f"attach {' '.join(extra)} left {after} (before: {before})"
+    assert kind.state_entries() == [], f"attach {' '.join(extra)} left state"
+
+
+def ublk_name(dev):
+    return os.path.basename(dev)
+
+
+def run_test(kind, cl):
+    image, other = make_image(cl, seed=3), make_image(cl, seed=4)
+    att = kind.attach(cl, image)
+    dev = att.device
+
+    # list and status show the transport, the device and its queues.
+    [e] = entries(kind)
+    assert e["device"] == dev and e["transport"] == "ublk", f"list --json: {e}"
+    assert e["file"] == image and e["size"] == IMAGE_SIZE, f"list --json: {e}"
+    assert e["server"] == "ublk" and e["connections"] == CONNECTIONS, f"list --json: {e}"
+    st = kind.status(dev)
+    assert st["kernel_connected"] and st["server_running"], f"status --json: {st}"
+    assert st["hardware_queues"] == CONNECTIONS, f"status --json: {st}"
+    text = kind.cli("status", ublk_name(dev)).stdout
+    assert text.startswith(f"{dev}: {image}") and "ublk" in text, f"status:\n{text}"
+
+    # Attached once only; the message names the device.
+    p = kind.cli("attach", image, "--transport", "ublk", check=False)
+    assert p.returncode != 0 and f"already attached to {dev}" in p.stderr, \
+        f"a second attach of {image}: rc {p.returncode}, {p.stderr!r}"
+
+    # What ublk does not do (yet) is refused, naming the option.
+    refused(kind, other, "--autoclear", why=r"ublk transport does not take --autoclear")
+    refused(kind, other, "--server", "nbdkit", why=r"does not take --server")
+    refused(kind, other, "--device", "/dev/nbd3", why=r"does not take --device")
+    refused(kind, "nbd://127.0.0.1:10809/x", why=r"remote export")
+    p = kind.cli("resize", dev, check=False)
+    assert p.returncode != 0 and "not supported" in p.stderr \
+        and len(p.stderr.strip().splitlines()) == 1, f"resize of {dev}: {p.stderr!r}"
+
+    # --transport auto: ublk for a plain local attach; NBD when asked for
+    # what only NBD does (autoclear).
+    auto = kind.cli("attach", other, "--transport", "auto").stdout.strip()
+    assert re.fullmatch(r"/dev/ublkb\d+", auto), f"--transport auto gave {auto!r}"
+    devices = [x["device"] for x in entries(kind)]
+    assert devices == sorted([dev, auto], key=lambda d: int(d[len("/dev/ublkb"):])), \
+        f"list shows {devices}"
+    # Detach by image path.
+    kind.cli("detach", other)
+    wait_until(lambda: not os.path.exists(f"/sys/block/{ublk_name(auto)}"), f"{auto} to go")
+    nbd = kind.cli("attach", other, "--transport", "auto", "--autoclear").stdout.strip()
+    try:
+        assert re.fullmatch(r"/dev/nbd\d+", nbd), \
+            f"--transport auto --autoclear gave {nbd!r}, expected an nbd device"
+    finally:
+        kind.cli("detach", nbd, check=False)
+
+    # A killed mloop-ublk leaves the device to detach, which deletes it.
+    pid = kind.status(dev)["device"]["server_pid"]
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: not os.path.exists(f"/proc/{pid}/cmdline")
+               or open(f"/proc/{pid}/cmdline").read() == "", f"mloop-ublk {pid} to die")
+    st = kind.status(dev)
+    assert not st["server_running"], f"status after SIGKILL: {st}"
+    kind.cli("detach", ublk_name(dev))
+    att.attached = False  # detached here, by its name
+    name = ublk_name(dev)
+    wait_until(lambda: not os.path.exists(f"/sys/block/{name}")
+               and not os.path.exists(f"/sys/class/ublk-char/{name.replace('ublkb', 'ublkc')}"),
+               f"{dev} to be deleted")
+    assert kind.state_entries() == [], f"detach left {kind.state_entries()}"
