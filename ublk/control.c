@@ -39,11 +39,12 @@ ublk_ctrl_close (struct ublk_ctrl *c)
   }
 }
 
-/* One command, waited for.  ENCODED is the _IOWR form, LEGACY the bare
- * number of 6.1. */
+/* One command, waited for (at most TIMEOUT_MS, 0: forever; then
+ * -ETIMEDOUT, and the command stays with the kernel until the ring is
+ * closed).  ENCODED is the _IOWR form, LEGACY the bare number of 6.1. */
 static int
-ctrl_cmd (struct ublk_ctrl *c, unsigned encoded, unsigned legacy,
-          void *buf, unsigned len, __u64 data0)
+ctrl_cmd_wait (struct ublk_ctrl *c, unsigned encoded, unsigned legacy,
+               void *buf, unsigned len, __u64 data0, unsigned timeout_ms)
 {
   struct ublksrv_ctrl_cmd cmd = {
     .dev_id = c->info.dev_id,
@@ -60,14 +61,37 @@ ctrl_cmd (struct ublk_ctrl *c, unsigned encoded, unsigned legacy,
   if (r < 0)
     return r;
   struct io_uring_cqe *cqe;
+  struct __kernel_timespec ts = {
+    .tv_sec = timeout_ms / 1000, .tv_nsec = (timeout_ms % 1000) * 1000000L,
+  };
   do
-    r = io_uring_wait_cqe (&c->ring, &cqe);
+    r = timeout_ms ? io_uring_wait_cqe_timeout (&c->ring, &cqe, &ts)
+        : io_uring_wait_cqe (&c->ring, &cqe);
   while (r == -EINTR);
+  if (r == -ETIME)
+    return -ETIMEDOUT;
   if (r < 0)
     return r;
   r = cqe->res;
   io_uring_cqe_seen (&c->ring, cqe);
   return r < 0 ? r : 0;
+}
+
+static int
+ctrl_cmd (struct ublk_ctrl *c, unsigned encoded, unsigned legacy,
+          void *buf, unsigned len, __u64 data0)
+{
+  return ctrl_cmd_wait (c, encoded, legacy, buf, len, data0, 0);
+}
+
+int
+ublk_ctrl_get_info (struct ublk_ctrl *c, unsigned id)
+{
+  c->info.dev_id = id;
+  int r = ctrl_cmd (c, UBLK_U_CMD_GET_DEV_INFO, UBLK_CMD_GET_DEV_INFO,
+                    &c->info, sizeof c->info, 0);
+  c->info.dev_id = id;          /* whatever the kernel wrote on failure */
+  return r;
 }
 
 int
@@ -141,7 +165,8 @@ ublk_ctrl_stop (struct ublk_ctrl *c)
 }
 
 int
-ublk_ctrl_del (struct ublk_ctrl *c)
+ublk_ctrl_del (struct ublk_ctrl *c, unsigned timeout_ms)
 {
-  return ctrl_cmd (c, UBLK_U_CMD_DEL_DEV, UBLK_CMD_DEL_DEV, NULL, 0, 0);
+  return ctrl_cmd_wait (c, UBLK_U_CMD_DEL_DEV, UBLK_CMD_DEL_DEV, NULL, 0, 0,
+                        timeout_ms);
 }

@@ -18,6 +18,9 @@ struct ublk_ctrl {
 };
 
 int ublk_ctrl_open (struct ublk_ctrl *c, bool legacy);
+/* Device ID's info into c->info, and ID becomes the device the
+ * commands below address (-ENODEV: no such device). */
+int ublk_ctrl_get_info (struct ublk_ctrl *c, unsigned id);
 void ublk_ctrl_close (struct ublk_ctrl *c);
 /* A new device with NR_QUEUES queues of DEPTH tags and requests of at
  * most MAX_IO_BYTES; its id is then in c->info.dev_id. */
@@ -32,7 +35,8 @@ int ublk_ctrl_set_params (struct ublk_ctrl *c, uint64_t size_bytes,
  * that), so the queue threads must be running. */
 int ublk_ctrl_start (struct ublk_ctrl *c);
 int ublk_ctrl_stop (struct ublk_ctrl *c);
-/* Waits until the character device is closed by everyone. */
-int ublk_ctrl_del (struct ublk_ctrl *c);
+/* Waits until the character device is closed by everyone, at most
+ * TIMEOUT_MS (0: forever; then -ETIMEDOUT). */
+int ublk_ctrl_del (struct ublk_ctrl *c, unsigned timeout_ms);
 
 #endif

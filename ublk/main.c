@@ -1,28 +1,264 @@
-/* mloop-ublk IMAGE: a prototype ublk front end (issue 15).  Creates
- * /dev/ublkbN over IMAGE, prints its path, serves it until SIGTERM or
- * SIGINT, then stops and deletes the device. */
+/* mloop-ublk — serves an image file or block device as /dev/ublkbN
+ * through the kernel's ublk driver, on mloop's IO engine (issue 15).
+ *
+ * `mloop attach --transport ublk` starts it the way it starts
+ * mloop-server: detached, stdout and stderr into a log.  The contract:
+ * --device-file receives "/dev/ublkbN" once the device serves, then
+ * --pid-file our pid, and only then; every failure is one line on
+ * stderr, "mloop-ublk: <cause>", exit 1, with no device and no pid file
+ * left behind.  SIGTERM or SIGINT stops the device, joins the queues,
+ * deletes the device and exits 0; the files are the starter's to
+ * remove.  --delete N removes a device a killed mloop-ublk left behind.
+ *
+ * Order of start (NOTES.md): AIO contexts and helpers first (the room in
+ * fs.aio-max-nr decides the depth ADD_DEV is given), ADD_DEV, SET_PARAMS,
+ * the queue threads, then START_DEV, which blocks until every queue has
+ * fetched every tag.  Teardown runs the other way round: STOP_DEV, join
+ * the queues, stop the helpers, close /dev/ublkcN, DEL_DEV (which waits
+ * for that close).
+ */
 #include <errno.h>
 #include <fcntl.h>
-#include <getopt.h>
+#include <inttypes.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include <glib.h>
+
+#include "aio_ring.h"
 #include "control.h"
+#include "delete.h"
 #include "engine.h"
+#include "files.h"
+#include "offload.h"
 #include "queue.h"
 
 #define MAX_QUEUES 16
+#define DEPTH_DEFAULT 64
+/* The largest request the kernel sends us: each tag has a buffer this
+ * big (512 KiB × 64 tags = 32 MiB per queue). */
+#define MAX_IO_BYTES (512u << 10)
+/* Discards and write-zeroes of up to this much come as one request. */
+#define MAX_DISCARD_BYTES (1u << 30)
+/* Our own DEL_DEV waits for /dev/ublkcN to be closed by everyone; if
+ * something else holds it (a stray open of the character device), say so
+ * instead of hanging. */
+#define DEL_TIMEOUT_MS 30000
+
+static gint opt_queues;
+static gint opt_depth = DEPTH_DEFAULT;
+static gboolean opt_read_only;
+static gchar *opt_direct;
+static gboolean opt_buffered;
+static gchar *opt_offset;
+static gchar *opt_sizelimit;
+static gint opt_block_size;
+static gchar *opt_device_file;
+static gchar *opt_pid_file;
+static gboolean opt_legacy;
+static gboolean opt_version;
+static gint opt_delete = -1;
+
+static GOptionEntry entries[] = {
+  { "queues", 'q', 0, G_OPTION_ARG_INT, &opt_queues,
+    "Hardware queues, 1..16 (default: the number of CPUs, at most 16)", "N" },
+  { "depth", 'd', 0, G_OPTION_ARG_INT, &opt_depth,
+    "Requests in flight per queue, 1..4096 (default 64)", "N" },
+  { "read-only", 'r', 0, G_OPTION_ARG_NONE, &opt_read_only,
+    "Serve read-only", NULL },
+  { "direct", 0, 0, G_OPTION_ARG_STRING, &opt_direct,
+    "O_DIRECT: auto (default), on or off", "MODE" },
+  { "buffered", 0, 0, G_OPTION_ARG_NONE, &opt_buffered,
+    "Same as --direct=off", NULL },
+  { "offset", 'o', 0, G_OPTION_ARG_STRING, &opt_offset,
+    "Serve the image from this byte on (like losetup --offset)", "SIZE" },
+  { "sizelimit", 0, 0, G_OPTION_ARG_STRING, &opt_sizelimit,
+    "Serve at most this many bytes (like losetup --sizelimit)", "SIZE" },
+  { "block-size", 0, 0, G_OPTION_ARG_INT, &opt_block_size,
+    "Logical block size to offer: 512, 1024, 2048 or 4096 (default: the "
+    "image's)", "BYTES" },
+  { "device-file", 0, 0, G_OPTION_ARG_FILENAME, &opt_device_file,
+    "Write the device's path here once it serves", "FILE" },
+  { "pid-file", 'P', 0, G_OPTION_ARG_FILENAME, &opt_pid_file,
+    "Write the pid here once the device serves (after --device-file)",
+    "FILE" },
+  { "legacy-opcodes", 0, 0, G_OPTION_ARG_NONE, &opt_legacy,
+    "Send Linux 6.1's bare command numbers instead of the ioctl-encoded ones",
+    NULL },
+  { "delete", 0, 0, G_OPTION_ARG_INT, &opt_delete,
+    "Stop and delete ublk device N (left behind by a killed mloop-ublk), "
+    "then exit", "N" },
+  { "version", 'V', 0, G_OPTION_ARG_NONE, &opt_version,
+    "Print the version and exit", NULL },
+  G_OPTION_ENTRY_NULL
+};
+
+/* Before anything exists that would need cleaning up. */
+static void G_GNUC_NORETURN G_GNUC_PRINTF (1, 2)
+die (const char *fmt, ...)
+{
+  va_list ap;
+
+  fputs ("mloop-ublk: ", stderr);
+  va_start (ap, fmt);
+  vfprintf (stderr, fmt, ap);
+  va_end (ap);
+  fputc ('\n', stderr);
+  exit (EXIT_FAILURE);
+}
+
+/* Once there is something to clean up: the first failure is the one
+ * reported, after the cleanup, as the last line of the log; what fails
+ * while cleaning up after it is a consequence. */
+static char failure[1024];
+
+static void G_GNUC_PRINTF (1, 2)
+fail (const char *fmt, ...)
+{
+  va_list ap;
+
+  if (failure[0])
+    return;
+  va_start (ap, fmt);
+  vsnprintf (failure, sizeof failure, fmt, ap);
+  va_end (ap);
+}
+
+static uint64_t
+parse_size (const char *name, const char *value)
+{
+  uint64_t n;
+
+  if (value == NULL)
+    return 0;
+  if (mloop_size_parse (value, &n) < 0)
+    die ("--%s=%s: must be a size in bytes (suffixes K, M, G, T)", name, value);
+  return n;
+}
 
 static void
-usage (void)
+check_options (int argc)
 {
-  fprintf (stderr, "usage: mloop-ublk [--queues N] [--depth N] [--buffered] "
-           "[--read-only] [--legacy-opcodes] IMAGE\n");
-  exit (2);
+  if (opt_delete >= 0) {
+    if (argc != 1)
+      die ("--delete N takes no IMAGE");
+    return;
+  }
+  if (argc != 2)
+    die ("expected one IMAGE argument (see --help)");
+  if (opt_queues == 0) {
+    long cpus = sysconf (_SC_NPROCESSORS_ONLN);
+    opt_queues = cpus < 1 ? 1 : cpus > MAX_QUEUES ? MAX_QUEUES : (gint) cpus;
+  }
+  if (opt_queues < 1 || opt_queues > MAX_QUEUES)
+    die ("--queues=%d: must be between 1 and %d", opt_queues, MAX_QUEUES);
+  if (opt_depth < 1 || opt_depth > UBLK_MAX_QUEUE_DEPTH)
+    die ("--depth=%d: must be between 1 and %d", opt_depth, UBLK_MAX_QUEUE_DEPTH);
+  if (opt_block_size &&
+      (opt_block_size < 512 || opt_block_size > 4096 ||
+       (opt_block_size & (opt_block_size - 1))))
+    die ("--block-size=%d: must be 512, 1024, 2048 or 4096", opt_block_size);
+  if (opt_buffered && opt_direct && strcmp (opt_direct, "off") != 0)
+    die ("--buffered and --direct=%s exclude each other", opt_direct);
+}
+
+/* The engine, the block size to offer, and the size the device gets. */
+static void
+open_image (struct mloop_engine *engine, const char *image,
+            unsigned *block_size, uint64_t *dev_size)
+{
+  struct mloop_engine_config cfg;
+  char err[512];
+
+  mloop_engine_config_init (&cfg);
+  cfg.path = image;
+  cfg.want_write = !opt_read_only;
+  if (opt_buffered)
+    cfg.direct = MLOOP_DIRECT_OFF;
+  if (opt_direct && mloop_direct_mode_parse (opt_direct, &cfg.direct) < 0)
+    die ("--direct=%s: must be auto, on or off", opt_direct);
+  cfg.window.offset = parse_size ("offset", opt_offset);
+  cfg.window.sizelimit = parse_size ("sizelimit", opt_sizelimit);
+  if (mloop_engine_open (engine, &cfg, err, sizeof err) < 0)
+    die ("%s", err);
+  if (engine->backing.direct_fallback)
+    fprintf (stderr, "mloop-ublk: warning: %s: O_DIRECT not supported "
+             "here, using buffered IO\n", image);
+  if (!engine->backing.writable)
+    opt_read_only = TRUE;       /* e.g. a file on a read-only mount */
+
+  /* With O_DIRECT the kernel's requests must meet the image's alignment;
+   * ublk's requests are whole logical blocks, so a block size below it
+   * would have every small write go through a read-modify-write. */
+  uint32_t align = mloop_backing_alignment (&engine->backing);
+  uint32_t lbs = engine->backing.logical_block_size;
+  *block_size = opt_block_size ? (unsigned) opt_block_size : lbs < 512 ? 512 : lbs;
+  if (*block_size > 4096 || *block_size < align) {
+    mloop_engine_close (engine);
+    if (opt_block_size)
+      die ("--block-size=%d: below %s's %" PRIu32 "-byte O_DIRECT alignment",
+           opt_block_size, image, align);
+    die ("%s: a %u-byte logical block size, above ublk's 4096", image,
+         *block_size);
+  }
+  /* ublk counts in 512-byte sectors and the block layer in blocks: the
+   * device ends at the last whole block, as `mloop attach` over NBD ends
+   * at the last whole sector (design.md, "The tail of an odd-sized
+   * image").  Said once, not refused: the bytes before it are served. */
+  uint64_t size = mloop_backing_size (&engine->backing);
+  *dev_size = size - size % *block_size;
+  if (*dev_size == 0) {
+    mloop_engine_close (engine);
+    die ("%s: %" PRIu64 " bytes, smaller than one %u-byte block", image, size,
+         *block_size);
+  }
+  if (*dev_size != size)
+    fprintf (stderr, "mloop-ublk: warning: %s: %" PRIu64 " bytes is not a "
+             "multiple of the %u-byte block size; the device serves the "
+             "first %" PRIu64 " (the last %" PRIu64 " bytes are not served)\n",
+             image, size, *block_size, *dev_size, size - *dev_size);
+}
+
+/* One AIO context per queue, as deep as the queue if fs.aio-max-nr
+ * leaves room, else as deep as it does; the depth every queue gets is
+ * then the shallowest context's, so no queue has more requests than its
+ * context can take.  Returns the depth, or dies (nothing else is open
+ * yet) when not even a small context fits. */
+static unsigned
+open_aio (struct mloop_aio_ring *aio, unsigned queues, unsigned depth)
+{
+  unsigned floor = depth < MLOOP_AIO_RING_FLOOR ? depth : MLOOP_AIO_RING_FLOOR;
+  unsigned got = depth;
+  bool limited_any = false;
+  char why[512];
+
+  for (unsigned i = 0; i < queues; i++) {
+    bool limited;
+    int r = mloop_aio_ring_init_fit (&aio[i], got, floor, &limited);
+    if (r < 0) {
+      for (unsigned j = 0; j < i; j++)
+        mloop_aio_ring_destroy (&aio[j]);
+      if (r == -EAGAIN)
+        mloop_aio_limit_message (why, sizeof why, floor);
+      else
+        snprintf (why, sizeof why, "io_setup(%u): %s", got, strerror (-r));
+      die ("queue %u: %s", i, why);
+    }
+    limited_any |= limited;
+    if ((unsigned) r < got)
+      got = (unsigned) r;
+  }
+  if (limited_any) {
+    mloop_aio_limit_message (why, sizeof why, depth);
+    fprintf (stderr, "mloop-ublk: warning: %s; serving with a queue depth "
+             "of %u instead of %u\n", why, got, depth);
+  }
+  return got;
 }
 
 /* /dev/ublkcN appears when ADD_DEV returns, but give devtmpfs a moment. */
@@ -41,142 +277,186 @@ open_cdev (unsigned id)
 }
 
 int
-main (int argc, char **argv)
+main (int argc, char *argv[])
 {
-  unsigned nr_queues = 1, depth = 64, max_io = 512 << 10;
-  bool buffered = false, read_only = false, legacy = false;
-  static const struct option opts[] = {
-    { "queues", required_argument, NULL, 'q' },
-    { "depth", required_argument, NULL, 'd' },
-    { "buffered", no_argument, NULL, 'b' },
-    { "read-only", no_argument, NULL, 'r' },
-    { "legacy-opcodes", no_argument, NULL, 'L' },
-    { 0 }
-  };
-  for (int c; (c = getopt_long (argc, argv, "q:d:brL", opts, NULL)) != -1;) {
-    switch (c) {
-    case 'q': nr_queues = atoi (optarg); break;
-    case 'd': depth = atoi (optarg); break;
-    case 'b': buffered = true; break;
-    case 'r': read_only = true; break;
-    case 'L': legacy = true; break;
-    default: usage ();
-    }
-  }
-  if (optind != argc - 1 || nr_queues < 1 || nr_queues > MAX_QUEUES
-      || depth < 1 || depth > UBLK_MAX_QUEUE_DEPTH)
-    usage ();
-  const char *image = argv[optind];
+  GOptionContext *ctx;
+  GError *gerr = NULL;
+  char err[512];
 
-  /* The engine decides O_DIRECT (falling back to buffered IO where the
-   * filesystem refuses it), the alignment, and the odd-sized tail. */
-  struct mloop_engine_config cfg;
-  mloop_engine_config_init (&cfg);
-  cfg.path = image;
-  cfg.direct = buffered ? MLOOP_DIRECT_OFF : MLOOP_DIRECT_AUTO;
-  cfg.want_write = !read_only;
+  ctx = g_option_context_new ("IMAGE - serve an image file or block device "
+                              "as a ublk block device");
+  g_option_context_add_main_entries (ctx, entries, NULL);
+  g_option_context_set_description (ctx,
+    "Example: mloop-ublk --pid-file /run/u.pid --device-file /run/u.dev disk.img\n"
+    "         mloop-ublk --delete 0");
+  if (!g_option_context_parse (ctx, &argc, &argv, &gerr))
+    die ("%s (see --help)", gerr->message);
+  g_option_context_free (ctx);
+  if (opt_version) {
+    printf ("mloop-ublk %s\n", PACKAGE_VERSION);
+    return EXIT_SUCCESS;
+  }
+  check_options (argc);
+  if (opt_delete >= 0) {
+    if (ublk_delete_device ((unsigned) opt_delete, opt_legacy, err, sizeof err) < 0)
+      die ("%s", err);
+    return EXIT_SUCCESS;
+  }
+  const char *image = argv[1];
+  unsigned nr_queues = (unsigned) opt_queues;
+
   struct mloop_engine engine;
-  char err[256];
-  int r = mloop_engine_open (&engine, &cfg, err, sizeof err);
-  if (r < 0) {
-    fprintf (stderr, "mloop-ublk: %s\n", err);
-    return 1;
-  }
+  unsigned block_size;
+  uint64_t dev_size;
+  open_image (&engine, image, &block_size, &dev_size);
   mloop_engine_probe_features (&engine);
-  uint64_t size = mloop_backing_size (&engine.backing);
-  unsigned lbs_shift = __builtin_ctz (engine.backing.logical_block_size);
-  read_only = !engine.backing.writable;
-  if (size < 512) {
-    fprintf (stderr, "mloop-ublk: %s: smaller than one 512-byte sector\n", image);
-    mloop_engine_close (&engine);
-    return 1;
-  }
+  struct mloop_aio_ring aio[MAX_QUEUES];
+  unsigned depth = open_aio (aio, nr_queues, (unsigned) opt_depth);
 
-  /* The queue threads inherit this mask: only sigwait below takes them. */
+  /* Blocked before any thread exists, so every thread inherits the mask
+   * and only the sigwait below takes them. */
   sigset_t stop_sigs;
   sigemptyset (&stop_sigs);
   sigaddset (&stop_sigs, SIGTERM);
   sigaddset (&stop_sigs, SIGINT);
   pthread_sigmask (SIG_BLOCK, &stop_sigs, NULL);
 
-  struct ublk_ctrl ctrl;
-  r = ublk_ctrl_open (&ctrl, legacy);
-  if (r < 0) {
-    fprintf (stderr, "mloop-ublk: /dev/ublk-control: %s (is ublk_drv loaded?)\n", strerror (-r));
-    return 1;
-  }
-  r = ublk_ctrl_add (&ctrl, nr_queues, depth, max_io);
-  if (r < 0) {
-    fprintf (stderr, "mloop-ublk: ADD_DEV: %s\n", strerror (-r));
-    ublk_ctrl_close (&ctrl);
-    return 1;
-  }
-  unsigned id = ctrl.info.dev_id;
-  fprintf (stderr, "mloop-ublk: device %u, driver flags 0x%llx, max_io_buf_bytes %u\n",
-           id, (unsigned long long) ctrl.info.flags, ctrl.info.max_io_buf_bytes);
-
   struct ublk_queue queues[MAX_QUEUES];
-  unsigned started = 0;
-  int status = 1;
-  int cfd = open_cdev (id);
-  if (cfd < 0) {
-    fprintf (stderr, "mloop-ublk: /dev/ublkc%u: %s\n", id, strerror (errno));
-    goto del;
-  }
-  /* A size that is no multiple of 512 loses its last bytes: ublk
-   * counts in sectors. */
-  r = ublk_ctrl_set_params (&ctrl, size, lbs_shift, lbs_shift > 12 ? lbs_shift : 12,
-                            read_only, read_only ? 0 : 1u << 30);
-  if (r < 0) {
-    fprintf (stderr, "mloop-ublk: SET_PARAMS: %s\n", strerror (-r));
-    goto close_cdev;
-  }
-  for (; started < nr_queues; started++) {
-    r = ublk_queue_init (&queues[started], cfd, &engine, started, depth, ctrl.info.max_io_buf_bytes);
-    if (r == 0)
-      r = ublk_queue_start (&queues[started]);
-    if (r < 0) {
-      fprintf (stderr, "mloop-ublk: queue %u: %s\n", started, strerror (-r));
-      ublk_queue_free (&queues[started]);
-      goto stop;
-    }
-  }
-  r = ublk_ctrl_start (&ctrl);
-  if (r < 0) {
-    fprintf (stderr, "mloop-ublk: START_DEV: %s\n", strerror (-r));
-    goto stop;
-  }
-  printf (UBLK_BLOCK_PATH "\n", id);
-  fflush (stdout);
+  struct ublk_ctrl ctrl;
+  unsigned inited = 0, started = 0, id = 0;
+  bool added = false, dev_started = false, device_file = false, serving = false;
+  int cfd = -1;
+  int r;
 
-  int sig;
-  sigwait (&stop_sigs, &sig);
-  status = 0;
-stop:
-  r = ublk_ctrl_stop (&ctrl);
-  if (r < 0) {
-    fprintf (stderr, "mloop-ublk: STOP_DEV: %s\n", strerror (-r));
-    status = 1;
+  struct ublk_offload *offload = ublk_offload_start (UBLK_HELPERS);
+  if (!offload) {
+    fail ("starting %d helper threads: %s", UBLK_HELPERS, strerror (errno));
+    for (unsigned i = 0; i < nr_queues; i++)
+      mloop_aio_ring_destroy (&aio[i]);
+    goto close_engine;
   }
-  for (unsigned i = 0; i < started; i++) {
+  r = ublk_ctrl_open (&ctrl, opt_legacy);
+  if (r < 0) {
+    fail ("/dev/ublk-control: %s (is ublk_drv loaded?)", strerror (-r));
+    for (unsigned i = 0; i < nr_queues; i++)
+      mloop_aio_ring_destroy (&aio[i]);
+    goto stop_offload;
+  }
+  r = ublk_ctrl_add (&ctrl, nr_queues, depth, MAX_IO_BYTES);
+  if (r < 0)
+    fail ("/dev/ublk-control: ADD_DEV (%u queues of %u): %s", nr_queues,
+          depth, strerror (-r));
+  else {
+    added = true;
+    id = ctrl.info.dev_id;
+    cfd = open_cdev (id);
+    if (cfd < 0)
+      fail ("/dev/ublkc%u: %s", id, strerror (errno));
+  }
+  /* The queues own the AIO contexts from here, also on failure. */
+  for (; inited < nr_queues && !failure[0]; inited++) {
+    r = ublk_queue_init (&queues[inited], cfd, &engine, &aio[inited], offload,
+                         inited, depth, ctrl.info.max_io_buf_bytes);
+    if (r < 0)
+      fail ("/dev/ublkc%u: queue %u: %s", id, inited, strerror (-r));
+  }
+  for (unsigned i = inited; i < nr_queues; i++)
+    mloop_aio_ring_destroy (&aio[i]);
+  if (!failure[0]) {
+    unsigned shift = (unsigned) __builtin_ctz (block_size);
+    r = ublk_ctrl_set_params (&ctrl, dev_size, shift, shift > 12 ? shift : 12,
+                              opt_read_only,
+                              opt_read_only ? 0 : MAX_DISCARD_BYTES);
+    if (r < 0)
+      fail ("/dev/ublkc%u: SET_PARAMS: %s", id, strerror (-r));
+  }
+  for (; started < inited && !failure[0]; started++) {
+    r = ublk_queue_start (&queues[started]);
+    if (r < 0)
+      fail ("/dev/ublkc%u: queue %u: %s", id, started, strerror (-r));
+  }
+  if (!failure[0]) {
+    /* Blocks until every queue has fetched its tags; the disk's
+     * partition scan is served meanwhile. */
+    r = ublk_ctrl_start (&ctrl);
+    if (r < 0)
+      fail (UBLK_BLOCK_PATH ": START_DEV: %s", id, strerror (-r));
+    else
+      dev_started = true;
+  }
+  char dev[64];
+  snprintf (dev, sizeof dev, UBLK_BLOCK_PATH, id);
+  if (!failure[0] && opt_device_file) {
+    char text[80];
+    snprintf (text, sizeof text, "%s\n", dev);
+    if (ublk_write_file_atomic (opt_device_file, text, err, sizeof err) < 0)
+      fail ("--device-file %s", err);
+    else
+      device_file = true;
+  }
+  if (!failure[0] && opt_pid_file) {
+    char text[32];
+    snprintf (text, sizeof text, "%d\n", (int) getpid ());
+    if (ublk_write_file_atomic (opt_pid_file, text, err, sizeof err) < 0)
+      fail ("--pid-file %s", err);
+  }
+  serving = !failure[0];
+  if (!failure[0]) {
+    fprintf (stderr, "mloop-ublk: serving %s as %s: %" PRIu64 " bytes, "
+             "%u-byte blocks, %u queue%s of %u, %s%s\n", image, dev, dev_size,
+             block_size, nr_queues, nr_queues > 1 ? "s" : "", depth,
+             engine.backing.direct ? "O_DIRECT" : "buffered",
+             opt_read_only ? ", read-only" : "");
+    printf ("%s\n", dev);       /* for whoever reads our stdout */
+    fflush (stdout);
+    int sig;
+    sigwait (&stop_sigs, &sig);
+    for (unsigned i = 0; i < started; i++)
+      if (atomic_load (&queues[i].ended) && !queues[i].err) {
+        fprintf (stderr, "mloop-ublk: %s was stopped from outside; "
+                 "deleting it\n", dev);
+        break;
+      }
+  }
+
+  /* Teardown.  STOP_DEV also on failure after ADD_DEV: harmless on a
+   * device never started, and it aborts the queues' fetches. */
+  if (added && (dev_started || started)) {
+    r = ublk_ctrl_stop (&ctrl);
+    if (r < 0 && r != -ENODEV)
+      fail ("%s: STOP_DEV: %s", dev, strerror (-r));
+  }
+  for (unsigned i = 0; i < started; i++)
     ublk_queue_join (&queues[i]);
-    if (queues[i].err) {
-      fprintf (stderr, "mloop-ublk: queue %u: %s\n", i, strerror (-queues[i].err));
-      status = 1;
-    }
+  for (unsigned i = 0; i < started; i++)
+    if (queues[i].err)
+      fail ("%s: queue %u: %s", dev, i, strerror (-queues[i].err));
+stop_offload:
+  /* After the queues stopped submitting, before their memory goes: a
+   * helper may still hold one of their jobs. */
+  ublk_offload_stop (offload);
+  for (unsigned i = 0; i < inited; i++)
     ublk_queue_free (&queues[i]);
-  }
-close_cdev:
-  close (cfd);
-del:
-  /* DEL_DEV waits for the character device to be closed: after the
-   * queues, never before. */
-  r = ublk_ctrl_del (&ctrl);
-  if (r < 0) {
-    fprintf (stderr, "mloop-ublk: DEL_DEV: %s\n", strerror (-r));
-    status = 1;
+  if (cfd >= 0)
+    close (cfd);
+  if (added) {
+    /* DEL_DEV waits for the character device to be closed: after the
+     * queues, never before.  ENODEV: someone ran --delete meanwhile. */
+    r = ublk_ctrl_del (&ctrl, DEL_TIMEOUT_MS);
+    if (r < 0 && r != -ENODEV)
+      fail ("/dev/ublkc%u: DEL_DEV: %s", id, strerror (-r));
   }
   ublk_ctrl_close (&ctrl);
+  /* A start that failed leaves nothing behind (the pid file, written
+   * last, cannot exist then); after a clean stop the files are the
+   * starter's. */
+  if (failure[0] && device_file && !serving)
+    unlink (opt_device_file);
+close_engine:
   mloop_engine_close (&engine);
-  return status;
+  if (failure[0]) {
+    fprintf (stderr, "mloop-ublk: %s\n", failure);
+    return EXIT_FAILURE;
+  }
+  return EXIT_SUCCESS;
 }

@@ -6,11 +6,14 @@
  * read sits in the same io_uring as the ublk commands, so the thread
  * sleeps in one place and keeps the queue's full depth in flight.
  * What the engine can only do synchronously (a read-modify-write of a
- * partial block, the page-cache tail, trim and zero) runs on this thread
- * and holds up the queue meanwhile (see NOTES.md).  The kernel binds a
- * queue to the task that fetched its tags, so everything on the ring
- * happens in this thread. */
+ * partial block, the page-cache tail, trim and zero) goes to the helper
+ * threads (offload.h), which post it back through the same eventfd.  The
+ * kernel binds a queue to the task that fetched its tags, so everything
+ * on the ring, the engine's completions included, happens in this
+ * thread. */
 #include <errno.h>
+#include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,10 +29,14 @@
 
 int
 ublk_queue_init (struct ublk_queue *q, int cdev_fd,
-                 struct mloop_engine *engine, unsigned q_id, unsigned depth,
+                 struct mloop_engine *engine, struct mloop_aio_ring *aio,
+                 struct ublk_offload *offload, unsigned q_id, unsigned depth,
                  unsigned max_io_bytes)
 {
   memset (q, 0, sizeof *q);
+  q->aio = *aio;
+  q->aio_open = true;
+  q->offload = offload;
   q->efd = -1;
   q->q_id = q_id;
   q->depth = depth;
@@ -64,10 +71,11 @@ ublk_queue_init (struct ublk_queue *q, int cdev_fd,
   q->efd = eventfd (0, EFD_CLOEXEC);
   if (q->efd < 0)
     return -errno;
-  int r = mloop_aio_ring_init (&q->aio, depth);
-  if (r < 0)
-    return r;
-  q->aio_open = true;
+  int r = pthread_mutex_init (&q->inbox.lock, NULL);
+  if (r)
+    return -r;
+  q->inbox.efd = q->efd;
+  q->inbox_open = true;
   return 0;
 }
 
@@ -79,6 +87,9 @@ ublk_queue_free (struct ublk_queue *q)
   if (q->aio_open)
     mloop_aio_ring_destroy (&q->aio);
   q->aio_open = false;
+  if (q->inbox_open)
+    pthread_mutex_destroy (&q->inbox.lock);
+  q->inbox_open = false;
   if (q->efd >= 0)
     close (q->efd);
   q->efd = -1;
@@ -96,13 +107,20 @@ ublk_queue_free (struct ublk_queue *q)
   q->descs = NULL;
 }
 
+/* A free SQE.  The ring has room for one command per tag plus the
+ * eventfd read, twice over, and no more are ever queued, so a full ring
+ * only means the kernel has not taken what we queued yet: submitting
+ * frees the slots.  NULL (with q->err set) only when the kernel refuses
+ * the submission; the queue then ends. */
 static struct io_uring_sqe *
 get_sqe (struct ublk_queue *q)
 {
   struct io_uring_sqe *sqe = io_uring_get_sqe (&q->ring);
-  if (!sqe) {                   /* full: hand what is queued to the kernel */
-    io_uring_submit (&q->ring);
+  if (!sqe) {
+    int r = io_uring_submit (&q->ring);
     sqe = io_uring_get_sqe (&q->ring);
+    if (!sqe && !q->err)
+      q->err = r < 0 ? r : -EBUSY;
   }
   return sqe;
 }
@@ -117,16 +135,21 @@ queue_fetch (struct ublk_queue *q, unsigned tag, bool commit, int result)
     .result = result,
     .addr = (__u64) (uintptr_t) q->bufs[tag],
   };
-  ublk_prep_cmd (get_sqe (q), q->cdev_fd,
-                 commit ? UBLK_U_IO_COMMIT_AND_FETCH_REQ : UBLK_U_IO_FETCH_REQ,
-                 &cmd, sizeof cmd, tag);
+  struct io_uring_sqe *sqe = get_sqe (q);
+  if (sqe)
+    ublk_prep_cmd (sqe, q->cdev_fd,
+                   commit ? UBLK_U_IO_COMMIT_AND_FETCH_REQ : UBLK_U_IO_FETCH_REQ,
+                   &cmd, sizeof cmd, tag);
 }
 
-/* Waits (in the ring) for the next AIO completion's signal. */
+/* Waits (in the ring) for the next signal of an AIO completion or a
+ * finished helper job. */
 static void
 arm_aio_events (struct ublk_queue *q)
 {
   struct io_uring_sqe *sqe = get_sqe (q);
+  if (!sqe)
+    return;
   io_uring_prep_read (sqe, q->efd, &q->efd_count, sizeof q->efd_count, 0);
   io_uring_sqe_set_data64 (sqe, AIO_EVENTS);
 }
@@ -171,6 +194,44 @@ flush_aio (struct ublk_queue *q)
   q->npending = 0;
 }
 
+/* On a helper thread: what the queue thread must not wait for. */
+static int
+run_job (struct ublk_job *job)
+{
+  struct ublk_tag *t = (struct ublk_tag *) ((char *) job - offsetof (struct ublk_tag, job));
+  struct mloop_engine *e = t->q->engine;
+  switch (t->op) {
+  case UBLK_IO_OP_DISCARD:
+    return mloop_engine_trim (e, t->off, t->len, 0);
+  case UBLK_IO_OP_WRITE_ZEROES:
+    return mloop_engine_zero (e, t->off, t->len,
+                              t->flags & UBLK_IO_F_NOUNMAP ? MLOOP_ZERO_NO_HOLE : 0);
+  default:                      /* prepared as MLOOP_PREPARED_BLOCKING */
+    return mloop_engine_perform_blocking (e, &t->io);
+  }
+}
+
+static void
+offload_tag (struct ublk_queue *q, struct ublk_tag *t)
+{
+  t->job = (struct ublk_job) { .run = run_job, .home = &q->inbox };
+  ublk_offload_submit (q->offload, &t->job);
+}
+
+/* Back on the queue thread: completes what the helpers finished. */
+static void
+take_jobs (struct ublk_queue *q)
+{
+  for (struct ublk_job *job = ublk_inbox_take (&q->inbox), *next; job; job = next) {
+    next = job->next;
+    struct ublk_tag *t = (struct ublk_tag *) ((char *) job - offsetof (struct ublk_tag, job));
+    if (t->op == UBLK_IO_OP_DISCARD || t->op == UBLK_IO_OP_WRITE_ZEROES)
+      queue_fetch (q, t->tag, true, job->result);
+    else                        /* tag_complete commits it */
+      mloop_engine_complete_blocking (q->engine, &t->io, job->result);
+  }
+}
+
 /* Starts the request the kernel just handed TAG.  0 when it is queued
  * for AIO, in flight or already committed; -errno when refused, for the caller to
  * commit. */
@@ -182,9 +243,11 @@ queue_request (struct ublk_queue *q, unsigned tag)
   unsigned flags = ublksrv_get_flags (iod);
   uint64_t off = (uint64_t) iod->start_sector << 9;
   uint64_t len = (uint64_t) iod->nr_sectors << 9;
-  struct mloop_io *io = &q->tags[tag].io;
+  struct ublk_tag *t = &q->tags[tag];
+  struct mloop_io *io = &t->io;
   int r;
 
+  t->op = op;
   switch (op) {
   case UBLK_IO_OP_READ:
   case UBLK_IO_OP_WRITE:
@@ -192,14 +255,12 @@ queue_request (struct ublk_queue *q, unsigned tag)
     break;
   case UBLK_IO_OP_DISCARD:
   case UBLK_IO_OP_WRITE_ZEROES:
-    /* No AIO form: synchronous, on this thread. */
-    r = op == UBLK_IO_OP_DISCARD
-        ? mloop_engine_trim (q->engine, off, len, 0)
-        : mloop_engine_zero (q->engine, off, len,
-                             flags & UBLK_IO_F_NOUNMAP ? MLOOP_ZERO_NO_HOLE : 0);
-    if (r == 0)
-      queue_fetch (q, tag, true, 0);
-    return r;
+    /* No AIO form, and a large one can take seconds: a helper's. */
+    t->off = off;
+    t->len = len;
+    t->flags = flags;
+    offload_tag (q, t);
+    return 0;
   default:
     return -EOPNOTSUPP;
   }
@@ -224,8 +285,7 @@ queue_request (struct ublk_queue *q, unsigned tag)
     submit_aio (q, io);
     return 0;
   case MLOOP_PREPARED_BLOCKING:
-    mloop_engine_complete_blocking (q->engine, io,
-                                    mloop_engine_perform_blocking (q->engine, io));
+    offload_tag (q, t);
     return 0;
   default:
     return r;                   /* refused up front: complete not called */
@@ -250,6 +310,7 @@ reap_aio (struct ublk_queue *q)
   } while (n == 64);
   if (n < 0 && !q->err)
     q->err = n;
+  take_jobs (q);
   arm_aio_events (q);
 }
 
@@ -262,7 +323,7 @@ queue_main (void *arg)
   arm_aio_events (q);
   for (unsigned t = 0; t < q->depth; t++)
     queue_fetch (q, t, false, 0);
-  while (live > 0) {
+  while (live > 0 && !q->err) {
     flush_aio (q);
     int r = io_uring_submit (&q->ring);
     if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY) {
@@ -312,6 +373,12 @@ queue_main (void *arg)
     if (aio_signalled)
       reap_aio (q);
   }
+  /* Not asked to stop: the device was stopped from outside (every fetch
+   * aborted) or this queue failed.  Either way the device is of no use
+   * any more; the main thread, in sigwait, takes it down. */
+  atomic_store (&q->ended, true);
+  if (!atomic_load (&q->stop))
+    kill (getpid (), SIGTERM);
   return NULL;
 }
 

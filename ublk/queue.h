@@ -10,6 +10,7 @@
 
 #include "aio_ring.h"
 #include "engine.h"
+#include "offload.h"
 #include "uapi.h"
 
 struct ublk_queue;
@@ -19,6 +20,11 @@ struct ublk_tag {
   struct mloop_io io;
   struct ublk_queue *q;
   unsigned tag;
+  /* When the request went to a helper (offload.h): what it does there. */
+  struct ublk_job job;
+  unsigned op;                  /* UBLK_IO_OP_* */
+  uint64_t off, len;
+  unsigned flags;               /* UBLK_IO_F_* */
 };
 
 struct ublk_queue {
@@ -34,6 +40,9 @@ struct ublk_queue {
    * io_uring_wait wakes for ublk commands and image IO alike. */
   struct mloop_aio_ring aio;
   bool aio_open;
+  struct ublk_offload *offload; /* helpers, shared by the queues */
+  struct ublk_inbox inbox;      /* their finished jobs; inbox.efd == efd */
+  bool inbox_open;
   struct iocb **pending;        /* prepared, for the next io_submit */
   unsigned npending;
   int efd;
@@ -41,18 +50,24 @@ struct ublk_queue {
   struct io_uring ring;
   pthread_t thread;
   atomic_bool stop;             /* set once the device is stopped */
+  atomic_bool ended;            /* the thread is done serving */
   int err;                      /* the first failure, a negative errno */
 };
 
-/* Maps the descriptors, allocates the buffers, opens the AIO context;
- * 0 or a negative errno. */
+/* Maps the descriptors and allocates the buffers; takes AIO, an open
+ * AIO context of at least DEPTH events (ublk_queue_free destroys it,
+ * also on failure).  0 or a negative errno. */
 int ublk_queue_init (struct ublk_queue *q, int cdev_fd,
-                     struct mloop_engine *engine, unsigned q_id,
+                     struct mloop_engine *engine, struct mloop_aio_ring *aio,
+                     struct ublk_offload *offload, unsigned q_id,
                      unsigned depth, unsigned max_io_bytes);
 /* The thread: fetches every tag, then serves until the kernel aborts
- * the fetches or q->stop is set. */
+ * the fetches or q->stop is set.  When it ends by itself (the device was
+ * stopped from outside, or an error, in q->err), it sends its process
+ * SIGTERM, so that the main thread takes the device down. */
 int ublk_queue_start (struct ublk_queue *q);
 void ublk_queue_join (struct ublk_queue *q);
+/* After ublk_offload_stop: a job may still be on a helper until then. */
 void ublk_queue_free (struct ublk_queue *q);
 
 #endif

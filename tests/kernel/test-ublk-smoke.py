@@ -1,17 +1,25 @@
-"""Throwaway smoke test of the ublk prototype (issue 15; not in runner.py's
-lists, run it with MLOOP_KERNEL_TESTS=ublk-smoke on the 6.12 kernel).
+"""Smoke test of mloop-ublk (issue 15; not in runner.py's lists, run it
+with MLOOP_KERNEL_TESTS=ublk-smoke on the 6.12 kernel).
 
-mloop-ublk serves an image as /dev/ublkbN: the device has the image's
-size and bytes, a pattern written with O_DIRECT reads back and lands in
-the image at the same offset, DISCARD and WRITE_ZEROES (blkdiscard, -z)
-read back as zeroes there and in the image (the discard as a hole), and
-SIGTERM removes the device.  Done once
-with the ioctl-encoded command numbers and once with the legacy ones, to
-record which the kernel takes."""
+mloop-ublk is started the way `mloop attach --transport ublk` starts it
+(stdin /dev/null, stdout and stderr into a log, --device-file and
+--pid-file, success = the pid file appears) and serves an image as
+/dev/ublkbN: the device file names the device and the pid file its
+server; the device has the image's size and bytes, a pattern written
+with O_DIRECT reads back and lands in the image at the same offset,
+DISCARD and WRITE_ZEROES (blkdiscard, -z) read back as zeroes there and
+in the image (the discard as a hole), and SIGTERM exits 0 leaving no
+/dev/ublkb*, no /sys/class/ublk-char/* behind.  A SIGKILLed server's
+device is removed by `mloop-ublk --delete N`.  A bad option and a
+missing image fail in one line, exit 1, nothing left behind.  An
+odd-sized image is served to its last whole sector, with a warning.
+The legacy (bare) command numbers are tried once, to record which the
+kernel takes."""
+import glob
 import os
-import select
 import signal
 import subprocess
+import time
 
 from kfix import Cleanup, Skip, make_image, run, tmpdir, wait_until  # noqa: F401
 
@@ -34,35 +42,71 @@ def ublk_bin():
     return path
 
 
-def start(cl, image, extra=()):
-    """Starts mloop-ublk; returns (process, device) once it printed it."""
-    p = subprocess.Popen([ublk_bin(), *extra, image], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+def leftovers():
+    """ublk block and character devices present now."""
+    return sorted(glob.glob("/dev/ublkb*") + glob.glob("/sys/class/ublk-char/*"))
 
-    def stop():
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
+
+def log_of(path):
+    with open(path) as f:
+        return f.read()
+
+
+class Server:
+    """An mloop-ublk started as `mloop attach` starts it."""
+
+    def __init__(self, cl, image, extra=()):
+        d = tmpdir(cl)
+        self.log = os.path.join(d, "log")
+        self.pid_file = os.path.join(d, "pid")
+        self.dev_file = os.path.join(d, "dev")
+        self.what = " ".join(extra) or "encoded opcodes"
+        with open(self.log, "w") as log, open(os.devnull) as null:
+            self.p = subprocess.Popen(
+                [ublk_bin(), "--pid-file", self.pid_file, "--device-file",
+                 self.dev_file, *extra, image],
+                stdin=null, stdout=log, stderr=log, start_new_session=True)
+        self.started = False
+        self.id = None
+        cl.push(self.stop)
+        deadline = time.monotonic() + 60
+        while not os.path.exists(self.pid_file):
+            if self.p.poll() is not None:
+                raise AssertionError(f"mloop-ublk {self.what} exited {self.p.returncode} "
+                                     f"before its pid file: {self.last_line()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"mloop-ublk {self.what}: no pid file after 60 s")
+            time.sleep(0.05)
+        with open(self.pid_file) as f:
+            assert int(f.read()) == self.p.pid, "the pid file names another process"
+        with open(self.dev_file) as f:
+            self.dev = f.read().strip()
+        assert self.dev.startswith("/dev/ublkb"), f"device file says {self.dev!r}"
+        self.id = int(self.dev[len("/dev/ublkb"):])
+        assert os.path.exists(self.dev), f"{self.dev} named but absent"
+        self.started = True
+
+    def last_line(self):
+        lines = log_of(self.log).strip().splitlines()
+        return lines[-1] if lines else "(empty log)"
+
+    def stop(self):
+        """SIGTERM; checks exit 0.  The cleanup action too (kills after 30 s)."""
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
         try:
-            rc = p.wait(timeout=30)
+            rc = self.p.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+            self.p.kill()
+            self.p.wait()
+            if self.id is not None:
+                run([ublk_bin(), "--delete", str(self.id)], check=False)
             raise AssertionError("mloop-ublk ignored SIGTERM for 30 s")
-        err = p.stderr.read()
-        for line in err.splitlines():
-            print(f"# {' '.join(extra) or 'encoded opcodes'}: {line}", flush=True)
-        assert rc == 0, f"mloop-ublk exit {rc}: {err.strip()}"
-    cl.push(stop)
-    ready, _, _ = select.select([p.stdout], [], [], 30)
-    line = p.stdout.readline().strip() if ready else ""
-    if not line:
-        p.send_signal(signal.SIGTERM)
-        p.wait(timeout=30)
-        cl.actions.pop()
-        raise AssertionError(f"mloop-ublk {' '.join(extra)} printed no device: "
-                             f"{p.stderr.read().strip()}")
-    wait_until(lambda: os.path.exists(line), f"{line} to appear")
-    return p, line
+        for line in log_of(self.log).splitlines():
+            print(f"# {self.what}: {line}", flush=True)
+        # A start that failed was reported already; a SIGKILL was ours.
+        if self.started and rc != -signal.SIGKILL:
+            assert rc == 0, f"mloop-ublk exit {rc}: {self.last_line()}"
 
 
 def read_dev(dev, off, length):
@@ -77,21 +121,31 @@ def read_dev(dev, off, length):
         os.close(fd)
 
 
-def run_test(kind, cl):
-    if not os.path.exists("/dev/ublk-control"):
-        raise Skip("no /dev/ublk-control (ublk_drv: Linux 6.12 kernel tests only)")
-    image = make_image(cl, size=SIZE, fill=1 << 20, seed=7)
-    with open(image, "rb") as f:
-        head = f.read(1 << 20)
+def check_refused(cl, args, expect):
+    """mloop-ublk ARGS fails: exit 1, one line naming EXPECT, nothing left."""
+    before = leftovers()
+    d = tmpdir(cl)
+    pid_file = os.path.join(d, "pid")
+    p = run([ublk_bin(), "--pid-file", pid_file, *args], check=False)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 1, f"mloop-ublk {args}: exit {p.returncode}, not 1"
+    assert len(lines) == 1 and lines[0].startswith("mloop-ublk: ") and expect in lines[0], \
+        f"mloop-ublk {args}: not one line naming {expect!r}: {p.stderr!r}"
+    assert not os.path.exists(pid_file), f"mloop-ublk {args} left a pid file"
+    assert leftovers() == before, f"mloop-ublk {args} left {leftovers()}"
+    print(f"# refused {args}: {lines[0]}", flush=True)
+
+
+def serve_and_check(cl, image, head):
+    s = Server(cl, image, ["--queues", "2"])
+    dev = s.dev
+    size = int(run(["blockdev", "--getsize64", dev]).stdout)
+    assert size == SIZE, f"{dev} has {size} bytes, the image {SIZE}"
+    assert read_dev(dev, 0, 1 << 20) == head, f"{dev} reads other bytes than the image"
     pattern = os.urandom(PATTERN_LEN)
     pfile = os.path.join(tmpdir(cl), "pattern")
     with open(pfile, "wb") as f:
         f.write(pattern)
-
-    p, dev = start(cl, image)
-    size = int(run(["blockdev", "--getsize64", dev]).stdout)
-    assert size == SIZE, f"{dev} has {size} bytes, the image {SIZE}"
-    assert read_dev(dev, 0, 1 << 20) == head, f"{dev} reads other bytes than the image"
     run(["dd", f"if={pfile}", f"of={dev}", "bs=1M", f"seek={PATTERN_OFF >> 20}",
          "oflag=direct", "conv=fsync,notrunc", "status=none"])
     assert read_dev(dev, PATTERN_OFF, PATTERN_LEN) == pattern, "pattern reads back wrong"
@@ -105,10 +159,22 @@ def run_test(kind, cl):
     expect = bytes(expect)
     assert read_dev(dev, PATTERN_OFF, PATTERN_LEN) == expect, \
         "discarded/zeroed range does not read back as zeroes"
-    # Stop the server (the cleanup action checks its exit) and look at the image.
-    p.send_signal(signal.SIGTERM)
-    p.wait(timeout=30)
-    wait_until(lambda: not os.path.exists(dev), f"{dev} to go away")
+    # A 1-byte write through the page cache (the kernel reads and writes
+    # back the page around it).
+    fd = os.open(dev, os.O_WRONLY)
+    try:
+        os.pwrite(fd, b"\xa5", PATTERN_OFF + 4 * MIB - 1)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    expect = expect[:-1] + b"\xa5"
+    assert read_dev(dev, PATTERN_OFF, PATTERN_LEN) == expect, "1-byte write reads back wrong"
+
+    # SIGTERM: exit 0 (stop checks it), and nothing of the device left.
+    s.stop()
+    wait_until(lambda: not leftovers(), f"{dev} and /dev/ublkc{s.id} to go away "
+               f"(left: {leftovers()})")
+    assert os.path.exists(s.pid_file), "mloop-ublk removed its pid file (the starter's)"
     with open(image, "rb") as f:
         f.seek(PATTERN_OFF)
         assert f.read(PATTERN_LEN) == expect, "the image lacks the pattern written and zeroed"
@@ -117,14 +183,68 @@ def run_test(kind, cl):
         assert hole == DISCARD_OFF, f"no hole where discarded: first hole at {hole}"
         f.seek(0)
         assert f.read(1 << 20) == head, "the image's head changed"
+    return expect
+
+
+def kill_and_delete(cl, image):
+    """SIGKILL leaves the ublk device; --delete N removes it."""
+    s = Server(cl, image, ["--queues", "1"])
+    cdev = f"/sys/class/ublk-char/ublkc{s.id}"
+    s.p.kill()
+    s.p.wait()
+    time.sleep(1)               # let the kernel notice the io_uring went
+    print(f"# after SIGKILL: {s.dev} {'still there' if os.path.exists(s.dev) else 'gone'}, "
+          f"{cdev} {'still there' if os.path.exists(cdev) else 'gone'}", flush=True)
+    p = run([ublk_bin(), "--delete", str(s.id)], check=False)
+    assert p.returncode == 0 and not p.stderr.strip(), \
+        f"--delete {s.id}: exit {p.returncode}: {p.stderr.strip()}"
+    wait_until(lambda: not leftovers(), f"ublk device {s.id} to go (left: {leftovers()})")
+    # Gone already: still 0.
+    p = run([ublk_bin(), "--delete", str(s.id)], check=False)
+    assert p.returncode == 0, f"--delete of a gone device: exit {p.returncode}: {p.stderr}"
+
+
+def odd_size(cl):
+    """An image of 1 MiB + 100 bytes: the device ends at its last whole
+    sector, and mloop-ublk says so."""
+    image = os.path.join(tmpdir(cl), "odd.img")
+    with open(image, "wb") as f:
+        f.write(os.urandom(MIB + 100))
+    s = Server(cl, image, ["--queues", "1"])
+    size = int(run(["blockdev", "--getsize64", s.dev]).stdout)
+    assert size == MIB, f"{s.dev} of a {MIB + 100}-byte image has {size} bytes"
+    assert "not a multiple" in log_of(s.log), "no warning about the lost tail"
+    s.stop()
+    wait_until(lambda: not leftovers(), "the odd-sized image's device to go")
+
+
+def run_test(kind, cl):
+    if not os.path.exists("/dev/ublk-control"):
+        raise Skip("no /dev/ublk-control (ublk_drv: Linux 6.12 kernel tests only)")
+    ublk_bin()
+    assert not leftovers(), f"ublk devices before the test: {leftovers()}"
+    image = make_image(cl, size=SIZE, fill=1 << 20, seed=7)
+    with open(image, "rb") as f:
+        head = f.read(1 << 20)
+
+    check_refused(cl, ["--no-such-option", image], "--no-such-option")
+    check_refused(cl, ["--block-size", "1000", image], "--block-size")
+    missing = os.path.join(tmpdir(cl), "missing.img")
+    check_refused(cl, [missing], "missing.img")
+
+    expect = serve_and_check(cl, image, head)
+    kill_and_delete(cl, image)
+    odd_size(cl)
 
     # The legacy (bare) command numbers: Debian's 6.12 still has
     # CONFIG_BLKDEV_UBLK_LEGACY_OPCODES; say which way it went.
     try:
-        _, dev = start(cl, image, ["--legacy-opcodes"])
+        s = Server(cl, image, ["--legacy-opcodes", "--queues", "1"])
     except AssertionError as e:
         print(f"# ublk-smoke: legacy opcodes refused: {e}", flush=True)
     else:
-        assert read_dev(dev, PATTERN_OFF, PATTERN_LEN) == expect, \
+        assert read_dev(s.dev, PATTERN_OFF, PATTERN_LEN) == expect, \
             "pattern reads back wrong with legacy opcodes"
         print("# ublk-smoke: legacy opcodes work too", flush=True)
+        s.stop()
+    assert not leftovers(), f"left behind: {leftovers()}"
