@@ -9,7 +9,7 @@ Prints one line "KPATH <json>" per record (meta, job, profile, error);
 everything else it prints is progress.  The device kinds are those of the
 kernel tests (tests/kernel/kinds.py) plus three only the benchmark needs:
 loop without direct I/O, stock nbd-client on nbdkit's own file plugin,
-and qemu-nbd -c.
+and qemu-nbd -c; and mloop over ublk on kernels that have ublk_drv.
 """
 import argparse
 import json
@@ -25,6 +25,7 @@ sys.path[:0] = [os.path.join(os.path.dirname(HERE), "tests", "kernel")]
 import kfix  # noqa: E402
 import kinds  # noqa: E402
 import recvwork  # noqa: E402
+import runner  # noqa: E402
 from kfix import free_nbd, nbd_in_use, run, wait_until  # noqa: E402
 
 import kpath_cpu  # noqa: E402
@@ -53,6 +54,20 @@ class MloopDefaults(kinds.MloopCli):
 
     def attach(self, cl, image, read_only=False, args=None):
         return super().attach(cl, image, args=["attach", image, "--server", self.server,
+                                               "--connections", str(self.queues)])
+
+
+class MloopUblkDefaults(kinds.MloopUblk):
+    """`mloop attach --transport ublk` with its defaults, the hardware
+    queues pinned like the NBD kinds' connections."""
+
+
+    def __init__(self):
+        super().__init__()
+        self.name = "mloop-ublk"
+
+    def attach(self, cl, image, read_only=False, args=None):
+        return super().attach(cl, image, args=["attach", image, "--transport", "ublk",
                                                "--connections", str(self.queues)])
 
 
@@ -105,7 +120,8 @@ class QemuNbd:
 
 
 KINDS = {k.name: k for k in [LoopDio(), LoopBuffered(), MloopDefaults("native"),
-                             MloopDefaults("nbdkit"), StockFile(), QemuNbd()]}
+                             MloopDefaults("nbdkit"), MloopUblkDefaults(), StockFile(),
+                             QemuNbd()]}
 
 # ------------------------------------------------------------------- jobs
 
@@ -176,7 +192,7 @@ def one_job(kind, image, size, rnd, job, a, profiling=False):
            "kind": kind.name, "job": job}
     start = time.monotonic()
     with kfix.Cleanup() as cl:
-        if not isinstance(kind, kinds.Loop):
+        if not isinstance(kind, (kinds.Loop, kinds.MloopUblk)):
             recvwork.warm()  # as the kernel tests do: see recvwork.py
         dev = kind.attach(cl, image).device
         drop_caches()
@@ -228,7 +244,7 @@ def main():
           "mem_mib": kpath_cpu.mem_total_mib(), "perf": kpath_cpu.perf_usable()})
     runnable = []
     for n in names:
-        reason = KINDS[n].unavailable()
+        reason = KINDS[n].unavailable() or runner.kernel_lacks(KINDS[n])
         if reason:
             emit({"type": "skip", "kind": n, "text": reason})
         else:

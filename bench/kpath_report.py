@@ -10,6 +10,7 @@ KINDS = [
     ("loop-buffered", "loop (buffered, losetup's default)"),
     ("mloop-native", "mloop attach --server native"),
     ("mloop-nbdkit", "mloop attach --server nbdkit"),
+    ("mloop-ublk", "mloop attach --transport ublk"),
     ("nbd-client-file", "nbd-client -C 4, nbdkit file"),
     ("qemu-nbd", "qemu-nbd -c (cache=none, aio=native)"),
 ]
@@ -20,7 +21,11 @@ JOBS = [("randread", "4k randread QD64", "IOPS"),
         ("randwrite", "4k randwrite QD64", "IOPS")]
 # The issue's targets: (kind, job, reference kind, minimum ratio).
 TARGETS = [("mloop-native", "randread", "loop-dio", 1.0),
-           ("mloop-native", "seqread4", "loop-buffered", 2.0)]
+           ("mloop-native", "seqread4", "loop-buffered", 2.0),
+           # Issue 15's, for ublk (Linux 6.12 only: 6.1 has no ublk_drv).
+           ("mloop-ublk", "randread", "loop-dio", 1.0),
+           ("mloop-ublk", "seqread4", "loop-dio", 1.0),
+           ("mloop-ublk", "seqread4", "loop-buffered", 2.0)]
 
 
 def median(values):
