@@ -12,7 +12,8 @@ in the image (the discard as a hole), and SIGTERM exits 0 leaving no
 /dev/ublkb*, no /sys/class/ublk-char/* behind.  A SIGKILLed server's
 device is removed by `mloop-ublk --delete N`.  A bad option and a
 missing image fail in one line, exit 1, nothing left behind.  An
-odd-sized image is served to its last whole sector, with a warning.
+odd-sized image is served to its last whole sector, with a warning; a
+full fs.aio-max-nr refuses in one line or serves at a smaller depth.
 The legacy (bare) command numbers are tried once, to record which the
 kernel takes."""
 import glob
@@ -55,7 +56,7 @@ def log_of(path):
 class Server:
     """An mloop-ublk started as `mloop attach` starts it."""
 
-    def __init__(self, cl, image, extra=()):
+    def __init__(self, cl, image, extra=(), env=None):
         d = tmpdir(cl)
         self.log = os.path.join(d, "log")
         self.pid_file = os.path.join(d, "pid")
@@ -65,8 +66,10 @@ class Server:
             self.p = subprocess.Popen(
                 [ublk_bin(), "--pid-file", self.pid_file, "--device-file",
                  self.dev_file, *extra, image],
-                stdin=null, stdout=log, stderr=log, start_new_session=True)
+                stdin=null, stdout=log, stderr=log, start_new_session=True,
+                env=env)
         self.started = False
+        self.stopped = False
         self.id = None
         cl.push(self.stop)
         deadline = time.monotonic() + 60
@@ -92,6 +95,9 @@ class Server:
 
     def stop(self):
         """SIGTERM; checks exit 0.  The cleanup action too (kills after 30 s)."""
+        if self.stopped:
+            return
+        self.stopped = True
         if self.p.poll() is None:
             self.p.send_signal(signal.SIGTERM)
         try:
@@ -121,12 +127,12 @@ def read_dev(dev, off, length):
         os.close(fd)
 
 
-def check_refused(cl, args, expect):
+def check_refused(cl, args, expect, env=None):
     """mloop-ublk ARGS fails: exit 1, one line naming EXPECT, nothing left."""
     before = leftovers()
     d = tmpdir(cl)
     pid_file = os.path.join(d, "pid")
-    p = run([ublk_bin(), "--pid-file", pid_file, *args], check=False)
+    p = run([ublk_bin(), "--pid-file", pid_file, *args], check=False, env=env)
     lines = p.stderr.strip().splitlines()
     assert p.returncode == 1, f"mloop-ublk {args}: exit {p.returncode}, not 1"
     assert len(lines) == 1 and lines[0].startswith("mloop-ublk: ") and expect in lines[0], \
@@ -204,6 +210,28 @@ def kill_and_delete(cl, image):
     assert p.returncode == 0, f"--delete of a gone device: exit {p.returncode}: {p.stderr}"
 
 
+def live_delete(cl, image):
+    """--delete N on a device whose server runs: the server's fetches are
+    aborted and it deletes the device and exits 0 itself, or --delete
+    says, in one line, that the character device is still open."""
+    s = Server(cl, image, ["--queues", "1"])
+    t = time.monotonic()
+    p = run([ublk_bin(), "--delete", str(s.id)], check=False)
+    took = time.monotonic() - t
+    print(f"# --delete of a live device: exit {p.returncode} after {took:.1f} s: "
+          f"{p.stderr.strip() or '(quiet)'}", flush=True)
+    if p.returncode == 0:
+        rc = s.p.wait(timeout=30)
+        assert rc == 0, f"mloop-ublk exit {rc} after --delete: {s.last_line()}"
+        assert "stopped from outside" in log_of(s.log), s.last_line()
+    else:
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode == 1 and len(lines) == 1 and "still open" in lines[0], \
+            f"--delete of a live device: exit {p.returncode}: {p.stderr!r}"
+    s.stop()
+    wait_until(lambda: not leftovers(), f"ublk device {s.id} to go (left: {leftovers()})")
+
+
 def odd_size(cl):
     """An image of 1 MiB + 100 bytes: the device ends at its last whole
     sector, and mloop-ublk says so."""
@@ -216,6 +244,21 @@ def odd_size(cl):
     assert "not a multiple" in log_of(s.log), "no warning about the lost tail"
     s.stop()
     wait_until(lambda: not leftovers(), "the odd-sized image's device to go")
+
+
+def aio_limit(cl, image, head):
+    """fs.aio-max-nr (MLOOP_TEST_AIO_MAX stands in for it): too little
+    room for even a small AIO context is refused in one line; room for
+    less than the depth asked serves with a smaller depth, and says so."""
+    env = dict(os.environ, MLOOP_TEST_AIO_MAX="4")
+    check_refused(cl, ["--queues", "2", image], "aio-max-nr", env=env)
+    env["MLOOP_TEST_AIO_MAX"] = "100"
+    s = Server(cl, image, ["--queues", "2", "--depth", "64"], env=env)
+    assert "queue depth of 32 instead of 64" in log_of(s.log), \
+        f"no smaller depth under the AIO limit: {log_of(s.log)!r}"
+    assert read_dev(s.dev, 0, 1 << 20) == head, "reads wrong with the smaller depth"
+    s.stop()
+    wait_until(lambda: not leftovers(), "the device to go")
 
 
 def run_test(kind, cl):
@@ -232,8 +275,10 @@ def run_test(kind, cl):
     missing = os.path.join(tmpdir(cl), "missing.img")
     check_refused(cl, [missing], "missing.img")
 
+    aio_limit(cl, image, head)
     expect = serve_and_check(cl, image, head)
     kill_and_delete(cl, image)
+    live_delete(cl, image)
     odd_size(cl)
 
     # The legacy (bare) command numbers: Debian's 6.12 still has
