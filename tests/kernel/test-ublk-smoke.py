@@ -13,6 +13,7 @@ in the image (the discard as a hole), and SIGTERM exits 0 leaving no
 device is removed by `mloop-ublk --delete N`.  A bad option and a
 missing image fail in one line, exit 1, nothing left behind.  An
 odd-sized image is served to its last whole sector, with a warning; a
+window (--offset, --sizelimit) and --read-only reach the device; a
 full fs.aio-max-nr refuses in one line or serves at a smaller depth.
 The legacy (bare) command numbers are tried once, to record which the
 kernel takes."""
@@ -232,6 +233,20 @@ def live_delete(cl, image):
     wait_until(lambda: not leftovers(), f"ublk device {s.id} to go (left: {leftovers()})")
 
 
+def window_read_only(cl, image, head):
+    """--offset, --sizelimit and --read-only reach the device."""
+    half = MIB // 2
+    s = Server(cl, image, ["--queues", "1", "--offset", "512K", "--sizelimit", "2M",
+                           "--read-only"])
+    size = int(run(["blockdev", "--getsize64", s.dev]).stdout)
+    assert size == 2 * MIB, f"a 2M window: {s.dev} has {size} bytes"
+    assert read_dev(s.dev, 0, half) == head[half:], "the window starts at the wrong byte"
+    with open(f"/sys/block/{os.path.basename(s.dev)}/ro") as f:
+        assert f.read().strip() == "1", f"{s.dev} is not read-only"
+    s.stop()
+    wait_until(lambda: not leftovers(), "the window's device to go")
+
+
 def odd_size(cl):
     """An image of 1 MiB + 100 bytes: the device ends at its last whole
     sector, and mloop-ublk says so."""
@@ -279,6 +294,7 @@ def run_test(kind, cl):
     expect = serve_and_check(cl, image, head)
     kill_and_delete(cl, image)
     live_delete(cl, image)
+    window_read_only(cl, image, head)
     odd_size(cl)
 
     # The legacy (bare) command numbers: Debian's 6.12 still has
