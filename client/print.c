@@ -42,6 +42,8 @@ json_device (JsonBuilder *b, const struct mloop_device_state *s)
   g_autofree char *dev = mloop_state_device_path (s);
   g_autofree char *sock = s->transport == MLOOP_TRANSPORT_UBLK ? NULL
     : mloop_state_path (s, MLOOP_DIR_SOCKET);
+  g_autofree char *log = s->remote ? NULL
+    : mloop_state_path (s, MLOOP_DIR_SERVER_LOG);
 
   json_builder_begin_object (b);
   member_string (b, "device", dev);
@@ -59,6 +61,7 @@ json_device (JsonBuilder *b, const struct mloop_device_state *s)
   member_string (b, "server", mloop_state_server_name (s));
   member_int (b, "server_pid", s->server_pid);
   member_string (b, "socket", sock);
+  member_string (b, "server_log", log);
   member_int (b, "timeout", s->timeout);
   member_int (b, "dead_timeout", s->dead_timeout);
   json_builder_end_object (b);
@@ -108,6 +111,26 @@ mloop_print_list (FILE *f, const struct mloop_device_state *list, size_t n,
   }
 }
 
+static void
+print_counters (FILE *f, const struct mloop_device_status *st)
+{
+  const struct mloop_stats *c = &st->stats;
+
+  if (!st->have_stats) {
+    fprintf (f, "  counters: not available (no stats file)\n");
+    return;
+  }
+  fprintf (f, "  connections open: %" PRIu64 " (%" PRIu64 " since start)\n",
+           c->connections, c->connections_total);
+  fputs ("  requests:", f);
+  for (int i = 0; i < MLOOP_STATS_NR_COMMANDS; i++)
+    fprintf (f, " %s %" PRIu64, mloop_stats_command_name (i), c->requests[i]);
+  fprintf (f, "\n  bytes:   read %" PRIu64 ", written %" PRIu64 "\n",
+           c->bytes_read, c->bytes_written);
+  fprintf (f, "  errors:  %" PRIu64 "\n  in flight: %" PRIu64 "\n",
+           c->errors, c->in_flight);
+}
+
 void
 mloop_print_status (FILE *f, const struct mloop_device_state *s,
                     const struct mloop_device_status *st, bool json)
@@ -154,12 +177,15 @@ mloop_print_status (FILE *f, const struct mloop_device_state *s,
     fprintf (f, "  window:  offset %" PRIu64 ", sizelimit %" PRIu64
              ", %" PRIu64 " bytes\n", s->offset, s->sizelimit, s->size);
   if (s->transport == MLOOP_TRANSPORT_UBLK) {
-    /* No socket, no connection: mloop-ublk is the server. */
+    /* No socket, no connection: mloop-ublk is the server, and its
+     * queues count as the connections do.
+     */
     fprintf (f, "  kernel:  ublk, %s, %u hardware queues\n",
              st->kernel_connected ? "present" : "NOT present",
              st->hardware_queues);
     fprintf (f, "  server:  mloop-ublk, pid %d, %s\n", (int) s->server_pid,
              st->server_running ? "running" : "NOT running");
+    print_counters (f, st);
     return;
   }
   fprintf (f, "  kernel:  nbd, %s, %u hardware queues, %u connections "
@@ -186,19 +212,7 @@ mloop_print_status (FILE *f, const struct mloop_device_state *s,
   fprintf (f, "  reconnects: %u%s%s\n", s->reconnects,
            s->last_reconnect ? "; last: " : "",
            s->last_reconnect ? s->last_reconnect : "");
-  if (!st->have_stats) {
-    fprintf (f, "  counters: not available (no stats file)\n");
-    return;
-  }
-  fprintf (f, "  connections open: %" PRIu64 " (%" PRIu64 " since start)\n",
-           c->connections, c->connections_total);
-  fputs ("  requests:", f);
-  for (int i = 0; i < MLOOP_STATS_NR_COMMANDS; i++)
-    fprintf (f, " %s %" PRIu64, mloop_stats_command_name (i), c->requests[i]);
-  fprintf (f, "\n  bytes:   read %" PRIu64 ", written %" PRIu64 "\n",
-           c->bytes_read, c->bytes_written);
-  fprintf (f, "  errors:  %" PRIu64 "\n  in flight: %" PRIu64 "\n",
-           c->errors, c->in_flight);
+  print_counters (f, st);
 }
 
 int

@@ -143,6 +143,8 @@ ublk_command (const struct mloop_attach_request *req, const char *file,
                                           MLOOP_DIR_UBLK_DEVICE));
   g_ptr_array_add (argv, g_strdup_printf ("--pid-file=%s/%s", s->dir,
                                           MLOOP_DIR_SERVER_PID));
+  g_ptr_array_add (argv, g_strdup_printf ("--stats-file=%s/%s", s->dir,
+                                          MLOOP_DIR_STATS));
   if (req->read_only)
     g_ptr_array_add (argv, g_strdup ("--read-only"));
   if (req->block_size)

@@ -37,6 +37,7 @@
 #include "files.h"
 #include "offload.h"
 #include "queue.h"
+#include "stats.h"
 
 #define MAX_QUEUES 16
 #define DEPTH_DEFAULT 64
@@ -60,6 +61,7 @@ static gchar *opt_sizelimit;
 static gint opt_block_size;
 static gchar *opt_device_file;
 static gchar *opt_pid_file;
+static gchar *opt_stats_file;
 static gboolean opt_legacy;
 static gboolean opt_version;
 static gint opt_delete = -1;
@@ -82,6 +84,9 @@ static GOptionEntry entries[] = {
   { "block-size", 0, 0, G_OPTION_ARG_INT, &opt_block_size,
     "Logical block size to offer: 512, 1024, 2048 or 4096 (default: the "
     "image's)", "BYTES" },
+  { "stats-file", 0, 0, G_OPTION_ARG_FILENAME, &opt_stats_file,
+    "Keep request counters here for mloop status (like mloop-server's)",
+    "FILE" },
   { "device-file", 0, 0, G_OPTION_ARG_FILENAME, &opt_device_file,
     "Write the device's path here once it serves", "FILE" },
   { "pid-file", 'P', 0, G_OPTION_ARG_FILENAME, &opt_pid_file,
@@ -312,6 +317,9 @@ main (int argc, char *argv[])
   mloop_engine_probe_features (&engine);
   struct mloop_aio_ring aio[MAX_QUEUES];
   unsigned depth = open_aio (aio, nr_queues, (unsigned) opt_depth);
+  struct mloop_stats *stats = NULL;
+  if (opt_stats_file && !(stats = mloop_stats_create (opt_stats_file)))
+    die ("--stats-file %s: %s", opt_stats_file, strerror (errno));
 
   /* Blocked before any thread exists, so every thread inherits the mask
    * and only the sigwait below takes them. */
@@ -362,6 +370,8 @@ main (int argc, char *argv[])
   }
   for (unsigned i = inited; i < nr_queues; i++)
     mloop_aio_ring_destroy (&aio[i]);
+  for (unsigned i = 0; i < inited && !failure[0]; i++)
+    queues[i].stats = stats;
   if (!failure[0]) {
     unsigned shift = (unsigned) __builtin_ctz (block_size);
     r = ublk_ctrl_set_params (&ctrl, dev_size, shift, shift > 12 ? shift : 12,
@@ -409,6 +419,9 @@ main (int argc, char *argv[])
              opt_read_only ? ", read-only" : "");
     printf ("%s\n", dev);       /* for whoever reads our stdout */
     fflush (stdout);
+    /* A queue is to ublk what a connection is to NBD. */
+    MLOOP_STATS_ADD (stats, connections, nr_queues);
+    MLOOP_STATS_ADD (stats, connections_total, nr_queues);
     int sig;
     sigwait (&stop_sigs, &sig);
     for (unsigned i = 0; i < started; i++)
@@ -428,6 +441,8 @@ main (int argc, char *argv[])
   }
   for (unsigned i = 0; i < started; i++)
     ublk_queue_join (&queues[i]);
+  if (serving)
+    MLOOP_STATS_SUB (stats, connections, nr_queues);
   for (unsigned i = 0; i < started; i++)
     if (queues[i].err)
       fail ("%s: queue %u: %s", dev, i, strerror (-queues[i].err));
@@ -453,6 +468,8 @@ stop_offload:
   if (failure[0] && device_file && !serving)
     unlink (opt_device_file);
 close_engine:
+  if (stats)
+    mloop_stats_close (stats);
   mloop_engine_close (&engine);
   if (failure[0]) {
     fprintf (stderr, "mloop-ublk: %s\n", failure);

@@ -12,6 +12,7 @@
  * on the ring, the engine's completions included, happens in this
  * thread. */
 #include <errno.h>
+#include <inttypes.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -125,6 +126,58 @@ get_sqe (struct ublk_queue *q)
   return sqe;
 }
 
+static enum mloop_stats_command
+stats_command (unsigned op)
+{
+  switch (op) {
+  case UBLK_IO_OP_READ: return MLOOP_STATS_READ;
+  case UBLK_IO_OP_WRITE: return MLOOP_STATS_WRITE;
+  case UBLK_IO_OP_FLUSH: return MLOOP_STATS_FLUSH;
+  case UBLK_IO_OP_DISCARD: return MLOOP_STATS_TRIM;
+  case UBLK_IO_OP_WRITE_ZEROES: return MLOOP_STATS_ZERO;
+  default: return MLOOP_STATS_OTHER;
+  }
+}
+
+static const char *
+op_name (unsigned op)
+{
+  switch (op) {
+  case UBLK_IO_OP_READ: return "read";
+  case UBLK_IO_OP_WRITE: return "write";
+  case UBLK_IO_OP_FLUSH: return "flush";
+  case UBLK_IO_OP_DISCARD: return "discard";
+  case UBLK_IO_OP_WRITE_ZEROES: return "zero";
+  default: return "command";
+  }
+}
+
+/* Counts TAG's request, finished with RESULT (bytes, or -errno), and
+ * logs a failure in a line naming the request, as mloop-server does:
+ * the kernel only says "I/O error" (or passes ENOSPC on). */
+static void
+account_request (struct ublk_queue *q, unsigned tag, int result)
+{
+  unsigned op = q->tags[tag].op;
+
+  if (result < 0) {
+    const struct ublksrv_io_desc *iod = &q->descs[tag];
+    fprintf (stderr, "mloop-ublk: error: %s: %" PRIu64 " bytes at offset %"
+             PRIu64 ": %s\n", op_name (op), (uint64_t) iod->nr_sectors << 9,
+             (uint64_t) iod->start_sector << 9, strerror (-result));
+  }
+  if (q->stats == NULL)
+    return;
+  MLOOP_STATS_ADD (q->stats, requests[stats_command (op)], 1);
+  MLOOP_STATS_SUB (q->stats, in_flight, 1);
+  if (result < 0)
+    MLOOP_STATS_ADD (q->stats, errors, 1);
+  else if (op == UBLK_IO_OP_READ)
+    MLOOP_STATS_ADD (q->stats, bytes_read, (uint64_t) result);
+  else if (op == UBLK_IO_OP_WRITE)
+    MLOOP_STATS_ADD (q->stats, bytes_written, (uint64_t) result);
+}
+
 /* FETCH_REQ for a fresh tag, else COMMIT_AND_FETCH_REQ with RESULT. */
 static void
 queue_fetch (struct ublk_queue *q, unsigned tag, bool commit, int result)
@@ -136,6 +189,8 @@ queue_fetch (struct ublk_queue *q, unsigned tag, bool commit, int result)
     .addr = (__u64) (uintptr_t) q->bufs[tag],
   };
   struct io_uring_sqe *sqe = get_sqe (q);
+  if (commit)
+    account_request (q, tag, result);
   if (sqe)
     ublk_prep_cmd (sqe, q->cdev_fd,
                    commit ? UBLK_U_IO_COMMIT_AND_FETCH_REQ : UBLK_U_IO_FETCH_REQ,
@@ -248,6 +303,7 @@ queue_request (struct ublk_queue *q, unsigned tag)
   int r;
 
   t->op = op;
+  MLOOP_STATS_ADD (q->stats, in_flight, 1);
   switch (op) {
   case UBLK_IO_OP_READ:
   case UBLK_IO_OP_WRITE:

@@ -10,6 +10,7 @@
 
 #include "aio_ring.h"
 #include "engine.h"
+#include "stats.h"
 #include "offload.h"
 #include "uapi.h"
 
@@ -41,6 +42,9 @@ struct ublk_queue {
   struct mloop_aio_ring aio;
   bool aio_open;
   struct ublk_offload *offload; /* helpers, shared by the queues */
+  /* Request counters for `mloop status` (nbd/stats.h), shared by the
+   * queues, or NULL. */
+  struct mloop_stats *stats;
   struct ublk_inbox inbox;      /* their finished jobs; inbox.efd == efd */
   bool inbox_open;
   struct iocb **pending;        /* prepared, for the next io_submit */

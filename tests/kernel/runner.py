@@ -58,6 +58,8 @@ def tests_for(kind, group="main"):
     cli = isinstance(kind, kinds.MloopCli) and not ublk
     loop = isinstance(kind, kinds.Loop)
     if group == "durable":
+        if ublk:  # no supervisor to reconnect a stalled device
+            return [t for t in DURABLE if t != "stall-reconnect"]
         return DURABLE if cli or loop else []
     if ublk:
         return COMMON + UBLK
