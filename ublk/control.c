@@ -96,7 +96,7 @@ ublk_ctrl_get_info (struct ublk_ctrl *c, unsigned id)
 
 int
 ublk_ctrl_add (struct ublk_ctrl *c, unsigned nr_queues, unsigned depth,
-               unsigned max_io_bytes)
+               unsigned max_io_bytes, bool recovery)
 {
   c->info = (struct ublksrv_ctrl_dev_info) {
     .nr_hw_queues = nr_queues,
@@ -105,11 +105,38 @@ ublk_ctrl_add (struct ublk_ctrl *c, unsigned nr_queues, unsigned depth,
     /* The kernel insists that the header's id and this one agree; -1
      * asks it to choose. */
     .dev_id = -1,
-    .flags = UBLK_F_CMD_IOCTL_ENCODE,
+    .flags = UBLK_F_CMD_IOCTL_ENCODE
+             /* REISSUE: requests the dead server had taken are handed
+              * to the next one (a write may land twice: harmless on an
+              * image) instead of failing. */
+             | (recovery ? UBLK_F_USER_RECOVERY | UBLK_F_USER_RECOVERY_REISSUE : 0),
   };
   /* ADD_DEV writes the device's info, its id included, back into INFO. */
   return ctrl_cmd (c, UBLK_U_CMD_ADD_DEV, UBLK_CMD_ADD_DEV,
                    &c->info, sizeof c->info, 0);
+}
+
+int
+ublk_ctrl_get_params (struct ublk_ctrl *c, struct ublk_params *p)
+{
+  memset (p, 0, sizeof *p);
+  p->len = sizeof *p;           /* how much we can take */
+  return ctrl_cmd (c, UBLK_U_CMD_GET_PARAMS, UBLK_CMD_GET_PARAMS, p, sizeof *p, 0);
+}
+
+int
+ublk_ctrl_start_recovery (struct ublk_ctrl *c)
+{
+  return ctrl_cmd (c, UBLK_U_CMD_START_USER_RECOVERY,
+                   UBLK_CMD_START_USER_RECOVERY, NULL, 0, 0);
+}
+
+int
+ublk_ctrl_end_recovery (struct ublk_ctrl *c)
+{
+  /* data[0]: the new serving process, as for START_DEV. */
+  return ctrl_cmd (c, UBLK_U_CMD_END_USER_RECOVERY, UBLK_CMD_END_USER_RECOVERY,
+                   NULL, 0, getpid ());
 }
 
 int

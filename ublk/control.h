@@ -23,9 +23,19 @@ int ublk_ctrl_open (struct ublk_ctrl *c, bool legacy);
 int ublk_ctrl_get_info (struct ublk_ctrl *c, unsigned id);
 void ublk_ctrl_close (struct ublk_ctrl *c);
 /* A new device with NR_QUEUES queues of DEPTH tags and requests of at
- * most MAX_IO_BYTES; its id is then in c->info.dev_id. */
+ * most MAX_IO_BYTES; its id is then in c->info.dev_id.  RECOVERY asks
+ * for user recovery with reissue: when the server dies the device
+ * waits, quiesced, for another to take it over (--recover). */
 int ublk_ctrl_add (struct ublk_ctrl *c, unsigned nr_queues, unsigned depth,
-                   unsigned max_io_bytes);
+                   unsigned max_io_bytes, bool recovery);
+/* The device's parameters (after ublk_ctrl_get_info) into P. */
+int ublk_ctrl_get_params (struct ublk_ctrl *c, struct ublk_params *p);
+/* Taking over a device whose server died: -EBUSY while the old
+ * server's /dev/ublkcN is still open or the device not yet quiesced. */
+int ublk_ctrl_start_recovery (struct ublk_ctrl *c);
+/* Blocks, like ublk_ctrl_start, until every queue fetched every tag;
+ * then the device is live again, served by us. */
+int ublk_ctrl_end_recovery (struct ublk_ctrl *c);
 /* The disk's size and limits; MAX_DISCARD_BYTES > 0 also offers DISCARD
  * and WRITE_ZEROES of up to that many bytes each. */
 int ublk_ctrl_set_params (struct ublk_ctrl *c, uint64_t size_bytes,

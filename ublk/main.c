@@ -26,12 +26,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <glib.h>
 
 #include "aio_ring.h"
 #include "control.h"
+#include "counters.h"
 #include "delete.h"
 #include "engine.h"
 #include "files.h"
@@ -50,9 +52,13 @@
  * something else holds it (a stray open of the character device), say so
  * instead of hanging. */
 #define DEL_TIMEOUT_MS 30000
+/* --recover: START_USER_RECOVERY says EBUSY until the dead server's
+ * /dev/ublkcN is released and the device quiesced (NOTES.md has how
+ * long that takes); retry that long. */
+#define RECOVER_WAIT_MS 10000
 
 static gint opt_queues;
-static gint opt_depth = DEPTH_DEFAULT;
+static gint opt_depth;           /* 0: DEPTH_DEFAULT, or the device's */
 static gboolean opt_read_only;
 static gchar *opt_direct;
 static gboolean opt_buffered;
@@ -65,6 +71,8 @@ static gchar *opt_stats_file;
 static gboolean opt_legacy;
 static gboolean opt_version;
 static gint opt_delete = -1;
+static gboolean opt_recovery;
+static gint opt_recover = -1;
 
 static GOptionEntry entries[] = {
   { "queues", 'q', 0, G_OPTION_ARG_INT, &opt_queues,
@@ -98,6 +106,12 @@ static GOptionEntry entries[] = {
   { "delete", 0, 0, G_OPTION_ARG_INT, &opt_delete,
     "Stop and delete ublk device N (left behind by a killed mloop-ublk), "
     "then exit", "N" },
+  { "recovery", 0, 0, G_OPTION_ARG_NONE, &opt_recovery,
+    "Add the device with user recovery: if we die, it waits (IO held) for "
+    "another mloop-ublk --recover N", NULL },
+  { "recover", 0, 0, G_OPTION_ARG_INT, &opt_recover,
+    "Take over ublk device N (added with --recovery) whose server died, "
+    "serving IMAGE again", "N" },
   { "version", 'V', 0, G_OPTION_ARG_NONE, &opt_version,
     "Print the version and exit", NULL },
   G_OPTION_ENTRY_NULL
@@ -152,17 +166,23 @@ check_options (int argc)
   if (opt_delete >= 0) {
     if (argc != 1)
       die ("--delete N takes no IMAGE");
+    if (opt_recover >= 0)
+      die ("--delete and --recover exclude each other");
     return;
   }
   if (argc != 2)
     die ("expected one IMAGE argument (see --help)");
-  if (opt_queues == 0) {
+  /* --recover: the device has its queues and depth; given ones are
+   * checked against them (the starter may pass the same options again). */
+  if (opt_recover < 0 && opt_queues == 0) {
     long cpus = sysconf (_SC_NPROCESSORS_ONLN);
     opt_queues = cpus < 1 ? 1 : cpus > MAX_QUEUES ? MAX_QUEUES : (gint) cpus;
   }
-  if (opt_queues < 1 || opt_queues > MAX_QUEUES)
+  if (opt_recover < 0 && opt_depth == 0)
+    opt_depth = DEPTH_DEFAULT;
+  if (opt_queues && (opt_queues < 1 || opt_queues > MAX_QUEUES))
     die ("--queues=%d: must be between 1 and %d", opt_queues, MAX_QUEUES);
-  if (opt_depth < 1 || opt_depth > UBLK_MAX_QUEUE_DEPTH)
+  if (opt_depth && (opt_depth < 1 || opt_depth > UBLK_MAX_QUEUE_DEPTH))
     die ("--depth=%d: must be between 1 and %d", opt_depth, UBLK_MAX_QUEUE_DEPTH);
   if (opt_block_size &&
       (opt_block_size < 512 || opt_block_size > 4096 ||
@@ -235,9 +255,13 @@ open_image (struct mloop_engine *engine, const char *image,
  * context can take.  Returns the depth, or dies (nothing else is open
  * yet) when not even a small context fits. */
 static unsigned
-open_aio (struct mloop_aio_ring *aio, unsigned queues, unsigned depth)
+open_aio (struct mloop_aio_ring *aio, unsigned queues, unsigned depth,
+          bool exact)
 {
-  unsigned floor = depth < MLOOP_AIO_RING_FLOOR ? depth : MLOOP_AIO_RING_FLOOR;
+  /* EXACT (--recover): the device's depth is fixed, so every context
+   * must take all of it. */
+  unsigned floor = exact ? depth
+                   : depth < MLOOP_AIO_RING_FLOOR ? depth : MLOOP_AIO_RING_FLOOR;
   unsigned got = depth;
   bool limited_any = false;
   char why[512];
@@ -264,6 +288,109 @@ open_aio (struct mloop_aio_ring *aio, unsigned queues, unsigned depth)
              "of %u instead of %u\n", why, got, depth);
   }
   return got;
+}
+
+/* Whether PID is a process that still runs (a zombie has stopped
+ * serving: its files are closed). */
+static bool
+pid_running (int pid)
+{
+  if (pid <= 0 || (kill (pid, 0) < 0 && errno == ESRCH))
+    return false;
+  char path[64], buf[512];
+  snprintf (path, sizeof path, "/proc/%d/stat", pid);
+  FILE *f = fopen (path, "re");
+  if (!f)
+    return false;
+  size_t n = fread (buf, 1, sizeof buf - 1, f);
+  fclose (f);
+  buf[n] = '\0';
+  const char *paren = strrchr (buf, ')');
+  return !(paren && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X'));
+}
+
+/* --recover ID: opens the control device and checks that ID is a
+ * device we may take over, serving IMAGE as opened; its queues and
+ * depth into NR_QUEUES and DEPTH.  Dies, the device untouched, if not. */
+static const char *
+state_name (unsigned state)
+{
+  switch (state) {
+  case UBLK_S_DEV_DEAD: return "dead";
+  case UBLK_S_DEV_LIVE: return "live";
+  case UBLK_S_DEV_QUIESCED: return "quiesced";
+  default: return "unknown";
+  }
+}
+
+static void
+inspect_device (struct ublk_ctrl *ctrl, unsigned id, const char *image,
+                unsigned block_size, uint64_t dev_size, unsigned *nr_queues,
+                unsigned *depth)
+{
+  struct ublk_params p;
+  int r = ublk_ctrl_open (ctrl, opt_legacy);
+  if (r < 0)
+    die ("/dev/ublk-control: %s (is ublk_drv loaded?)", strerror (-r));
+  r = ublk_ctrl_get_info (ctrl, id);
+  if (r == -ENODEV)
+    die ("--recover %u: no ublk device %u", id, id);
+  if (r < 0)
+    die ("--recover %u: GET_DEV_INFO: %s", id, strerror (-r));
+  const struct ublksrv_ctrl_dev_info *info = &ctrl->info;
+  if (!(info->flags & UBLK_F_USER_RECOVERY))
+    die ("--recover %u: ublk device %u was added without user recovery "
+         "(mloop-ublk --recovery); it cannot be taken over", id, id);
+  if (info->state == UBLK_S_DEV_LIVE && pid_running (info->ublksrv_pid))
+    die ("--recover %u: ublk device %u is live, served by pid %d", id, id,
+         info->ublksrv_pid);
+  if (info->state == UBLK_S_DEV_DEAD)
+    die ("--recover %u: ublk device %u is stopped (state dead), not waiting "
+         "for a server", id, id);
+  /* QUIESCED, or LIVE with its server gone: the kernel is still
+   * quiescing it, and START_USER_RECOVERY waits for that. */
+  r = ublk_ctrl_get_params (ctrl, &p);
+  if (r < 0)
+    die ("--recover %u: GET_PARAMS: %s", id, strerror (-r));
+  uint64_t dev_sectors = p.basic.dev_sectors;
+  unsigned dev_bs = 1u << p.basic.logical_bs_shift;
+  if (dev_sectors != dev_size >> 9 || dev_bs != block_size)
+    die ("--recover %u: ublk device %u has %" PRIu64 " bytes in %u-byte "
+         "blocks, %s as given %" PRIu64 " in %u-byte blocks", id, id,
+         dev_sectors << 9, dev_bs, image, dev_size, block_size);
+  if (opt_read_only && !(p.basic.attrs & UBLK_ATTR_READ_ONLY))
+    die ("--recover %u: ublk device %u is writable, %s is served read-only",
+         id, id, image);
+  if (opt_queues && (unsigned) opt_queues != info->nr_hw_queues)
+    die ("--recover %u: --queues=%d, but ublk device %u has %u", id,
+         opt_queues, id, info->nr_hw_queues);
+  if (opt_depth && (unsigned) opt_depth != info->queue_depth)
+    die ("--recover %u: --depth=%d, but ublk device %u has %u", id,
+         opt_depth, id, info->queue_depth);
+  if (info->nr_hw_queues < 1 || info->nr_hw_queues > MAX_QUEUES)
+    die ("--recover %u: ublk device %u has %u queues, more than our %d", id,
+         id, info->nr_hw_queues, MAX_QUEUES);
+  *nr_queues = info->nr_hw_queues;
+  *depth = info->queue_depth;
+}
+
+/* START_USER_RECOVERY, retried while the kernel says EBUSY (the dead
+ * server's /dev/ublkcN not yet released), for RECOVER_WAIT_MS at most.
+ * How long it waited into WAITED_MS. */
+static int
+start_recovery (struct ublk_ctrl *ctrl, unsigned *waited_ms)
+{
+  struct timespec t0, t;
+  clock_gettime (CLOCK_MONOTONIC, &t0);
+  for (;;) {
+    int r = ublk_ctrl_start_recovery (ctrl);
+    clock_gettime (CLOCK_MONOTONIC, &t);
+    *waited_ms = (unsigned) ((t.tv_sec - t0.tv_sec) * 1000
+                             + (t.tv_nsec - t0.tv_nsec) / 1000000);
+    if (r != -EBUSY || *waited_ms >= RECOVER_WAIT_MS)
+      return r;
+    usleep (20000);
+  }
 }
 
 /* /dev/ublkcN appears when ADD_DEV returns, but give devtmpfs a moment. */
@@ -308,17 +435,30 @@ main (int argc, char *argv[])
     return EXIT_SUCCESS;
   }
   const char *image = argv[1];
-  unsigned nr_queues = (unsigned) opt_queues;
+  bool recover = opt_recover >= 0;
+  unsigned nr_queues = (unsigned) opt_queues, depth = (unsigned) opt_depth;
 
   struct mloop_engine engine;
   unsigned block_size;
   uint64_t dev_size;
   open_image (&engine, image, &block_size, &dev_size);
   mloop_engine_probe_features (&engine);
+  struct ublk_ctrl ctrl;
+  unsigned found_state = 0;
+  int found_pid = 0;
+  if (recover) {
+    inspect_device (&ctrl, (unsigned) opt_recover, image, block_size,
+                    dev_size, &nr_queues, &depth);
+    found_state = ctrl.info.state;
+    found_pid = ctrl.info.ublksrv_pid;
+  }
   struct mloop_aio_ring aio[MAX_QUEUES];
-  unsigned depth = open_aio (aio, nr_queues, (unsigned) opt_depth);
+  depth = open_aio (aio, nr_queues, depth, recover);
+  /* Taking over, the dead server's counters go on (counters.h). */
   struct mloop_stats *stats = NULL;
-  if (opt_stats_file && !(stats = mloop_stats_create (opt_stats_file)))
+  if (opt_stats_file &&
+      !(stats = recover ? ublk_counters_reopen (opt_stats_file)
+                        : mloop_stats_create (opt_stats_file)))
     die ("--stats-file %s: %s", opt_stats_file, strerror (errno));
 
   /* Blocked before any thread exists, so every thread inherits the mask
@@ -330,9 +470,14 @@ main (int argc, char *argv[])
   pthread_sigmask (SIG_BLOCK, &stop_sigs, NULL);
 
   struct ublk_queue queues[MAX_QUEUES];
-  struct ublk_ctrl ctrl;
-  unsigned inited = 0, started = 0, id = 0;
+  unsigned inited = 0, started = 0, id = 0, waited_ms = 0;
   bool added = false, dev_started = false, device_file = false, serving = false;
+  /* --recover: from START_USER_RECOVERY until we serve (the files
+   * written).  A failure then leaves the device neither stopped nor
+   * deleted: our rings and /dev/ublkcN closing is, to the kernel, one
+   * more dead server, and the device waits quiesced for another
+   * --recover. */
+  bool recovering = false;
   int cfd = -1;
   int r;
 
@@ -341,17 +486,36 @@ main (int argc, char *argv[])
     fail ("starting %d helper threads: %s", UBLK_HELPERS, strerror (errno));
     for (unsigned i = 0; i < nr_queues; i++)
       mloop_aio_ring_destroy (&aio[i]);
+    if (recover)
+      ublk_ctrl_close (&ctrl);
     goto close_engine;
   }
-  r = ublk_ctrl_open (&ctrl, opt_legacy);
+  r = recover ? 0 : ublk_ctrl_open (&ctrl, opt_legacy);
   if (r < 0) {
     fail ("/dev/ublk-control: %s (is ublk_drv loaded?)", strerror (-r));
     for (unsigned i = 0; i < nr_queues; i++)
       mloop_aio_ring_destroy (&aio[i]);
     goto stop_offload;
   }
-  r = ublk_ctrl_add (&ctrl, nr_queues, depth, MAX_IO_BYTES);
-  if (r < 0)
+  if (recover) {
+    id = (unsigned) opt_recover;
+    r = start_recovery (&ctrl, &waited_ms);
+    if (r == -EBUSY)
+      fail ("--recover %u: START_USER_RECOVERY still busy after %d s (its "
+            "old server, pid %d, still exiting?)", id, RECOVER_WAIT_MS / 1000,
+            ctrl.info.ublksrv_pid);
+    else if (r < 0)
+      fail ("--recover %u: START_USER_RECOVERY: %s", id, strerror (-r));
+    else {
+      recovering = true;
+      /* Only now: the kernel refuses a second opener, and START resets
+       * whom the descriptors may be mapped by. */
+      cfd = open_cdev (id);
+      if (cfd < 0)
+        fail ("/dev/ublkc%u: %s", id, strerror (errno));
+    }
+  } else if ((r = ublk_ctrl_add (&ctrl, nr_queues, depth, MAX_IO_BYTES,
+                                 opt_recovery)) < 0)
     fail ("/dev/ublk-control: ADD_DEV (%u queues of %u): %s", nr_queues,
           depth, strerror (-r));
   else {
@@ -372,7 +536,7 @@ main (int argc, char *argv[])
     mloop_aio_ring_destroy (&aio[i]);
   for (unsigned i = 0; i < inited && !failure[0]; i++)
     queues[i].stats = stats;
-  if (!failure[0]) {
+  if (!failure[0] && !recover) {
     unsigned shift = (unsigned) __builtin_ctz (block_size);
     r = ublk_ctrl_set_params (&ctrl, dev_size, shift, shift > 12 ? shift : 12,
                               opt_read_only,
@@ -385,7 +549,15 @@ main (int argc, char *argv[])
     if (r < 0)
       fail ("/dev/ublkc%u: queue %u: %s", id, started, strerror (-r));
   }
-  if (!failure[0]) {
+  if (!failure[0] && recover) {
+    /* Waits for the fetches as START_DEV does; then the requests held
+     * (and those the dead server had, reissued) come to our queues. */
+    r = ublk_ctrl_end_recovery (&ctrl);
+    if (r < 0)
+      fail (UBLK_BLOCK_PATH ": END_USER_RECOVERY: %s", id, strerror (-r));
+    else
+      dev_started = true;
+  } else if (!failure[0]) {
     /* Blocks until every queue has fetched its tags; the disk's
      * partition scan is served meanwhile. */
     r = ublk_ctrl_start (&ctrl);
@@ -411,12 +583,21 @@ main (int argc, char *argv[])
       fail ("--pid-file %s", err);
   }
   serving = !failure[0];
+  if (serving && recovering) {
+    recovering = false;
+    added = true;               /* ours now: SIGTERM deletes it */
+  }
   if (!failure[0]) {
+    if (recover)
+      fprintf (stderr, "mloop-ublk: recovered %s (found %s, its server pid "
+               "%d gone; START_USER_RECOVERY waited %u ms)\n", dev,
+               state_name (found_state), found_pid, waited_ms);
     fprintf (stderr, "mloop-ublk: serving %s as %s: %" PRIu64 " bytes, "
-             "%u-byte blocks, %u queue%s of %u, %s%s\n", image, dev, dev_size,
-             block_size, nr_queues, nr_queues > 1 ? "s" : "", depth,
+             "%u-byte blocks, %u queue%s of %u, %s%s%s\n", image, dev,
+             dev_size, block_size, nr_queues, nr_queues > 1 ? "s" : "", depth,
              engine.backing.direct ? "O_DIRECT" : "buffered",
-             opt_read_only ? ", read-only" : "");
+             opt_read_only ? ", read-only" : "",
+             opt_recovery || recover ? ", recoverable" : "");
     printf ("%s\n", dev);       /* for whoever reads our stdout */
     fflush (stdout);
     /* A queue is to ublk what a connection is to NBD. */
@@ -472,7 +653,8 @@ close_engine:
     mloop_stats_close (stats);
   mloop_engine_close (&engine);
   if (failure[0]) {
-    fprintf (stderr, "mloop-ublk: %s\n", failure);
+    fprintf (stderr, "mloop-ublk: %s%s\n", failure, recovering
+             ? "; the device is left quiesced for another --recover" : "");
     return EXIT_FAILURE;
   }
   return EXIT_SUCCESS;

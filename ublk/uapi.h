@@ -25,6 +25,17 @@
 #define UBLK_U_IO_FETCH_REQ         _IOWR('u', UBLK_IO_FETCH_REQ, struct ublksrv_io_cmd)
 #define UBLK_U_IO_COMMIT_AND_FETCH_REQ _IOWR('u', UBLK_IO_COMMIT_AND_FETCH_REQ, struct ublksrv_io_cmd)
 #endif
+/* User recovery (mloop-ublk --recovery / --recover N): 6.1 has the bare
+ * numbers and the flags, not these encoded forms. */
+#ifndef UBLK_U_CMD_GET_PARAMS
+#define UBLK_U_CMD_GET_PARAMS       _IOR('u', UBLK_CMD_GET_PARAMS, struct ublksrv_ctrl_cmd)
+#endif
+#ifndef UBLK_U_CMD_START_USER_RECOVERY
+#define UBLK_U_CMD_START_USER_RECOVERY _IOWR('u', UBLK_CMD_START_USER_RECOVERY, struct ublksrv_ctrl_cmd)
+#endif
+#ifndef UBLK_U_CMD_END_USER_RECOVERY
+#define UBLK_U_CMD_END_USER_RECOVERY _IOWR('u', UBLK_CMD_END_USER_RECOVERY, struct ublksrv_ctrl_cmd)
+#endif
 
 /* Feature bit (6.x): the driver takes ioctl-encoded command numbers.
  * Reported back by ADD_DEV in dev_info.flags. */

@@ -16,7 +16,18 @@ odd-sized image is served to its last whole sector, with a warning; a
 window (--offset, --sizelimit) and --read-only reach the device; a
 full fs.aio-max-nr refuses in one line or serves at a smaller depth.
 The legacy (bare) command numbers are tried once, to record which the
-kernel takes."""
+kernel takes.
+
+User recovery: a --recovery server SIGKILLed with a write in flight
+leaves /dev/ublkbN, IO held (a read issued then blocks); `--recover N`
+takes it over, the held write and read complete without error, the data
+written before and during the kill is on the device and in the image,
+the counters file goes on; killed again and recovered again it still
+serves; SIGTERM then removes it.  --recover refuses, in one line with
+exit 1 and the device untouched, a missing id, a device added without
+--recovery, and an image of another size; `--delete N` removes a
+quiesced device."""
+import struct
 import glob
 import os
 import signal
@@ -276,6 +287,163 @@ def aio_limit(cl, image, head):
     wait_until(lambda: not leftovers(), "the device to go")
 
 
+# nbd/stats.h, struct mloop_stats: magic, connections, connections_total,
+# requests[6], bytes_read, bytes_written, errors, in_flight.
+STATS = struct.Struct("<13Q")
+
+
+def read_stats(path):
+    with open(path, "rb") as f:
+        v = STATS.unpack(f.read(STATS.size))
+    return {"connections": v[1], "total": v[2], "writes": v[4],
+            "bytes_written": v[10], "in_flight": v[12]}
+
+
+def kill_server(s, settle=0.5):
+    """SIGKILL; the device must stay (quiesced, IO held)."""
+    s.p.kill()
+    s.p.wait()
+    s.stopped = True
+    for line in log_of(s.log).splitlines():
+        if line.startswith("mloop-ublk: "):
+            print(f"# {s.what} (killed): {line}", flush=True)
+    time.sleep(settle)
+    assert os.path.exists(s.dev), f"{s.dev} went away with its --recovery server"
+
+
+def recovered_line(s):
+    lines = [x for x in log_of(s.log).splitlines() if "recovered " in x]
+    assert lines and s.dev in lines[0], f"no 'recovered {s.dev}' line: {log_of(s.log)!r}"
+    return lines[0]
+
+
+def read_image(image, off, length):
+    with open(image, "rb") as f:
+        f.seek(off)
+        return f.read(length)
+
+
+def recover_refusals(cl, image):
+    """--recover refuses what it cannot take over, in one line, exit 1,
+    the device untouched; --delete removes a quiesced device."""
+    check_refused(cl, ["--recover", "97", image], "no ublk device 97")
+    s = Server(cl, image, ["--queues", "1"])
+    check_refused(cl, ["--recover", str(s.id), image], "without user recovery")
+    assert s.p.poll() is None and os.path.exists(s.dev), "--recover disturbed a live device"
+    check_refused(cl, ["--recovery", "--recover", str(s.id), image], "without user recovery")
+    s.stop()
+    wait_until(lambda: not leftovers(), "the device to go")
+
+    s = Server(cl, image, ["--queues", "1", "--recovery"])
+    check_refused(cl, ["--recover", str(s.id), image], "is live, served by pid")
+    kill_server(s)
+    small = make_image(cl, size=SIZE // 2, fill=0, seed=3)
+    check_refused(cl, ["--recover", str(s.id), small], "bytes")
+    check_refused(cl, ["--recover", str(s.id), "--queues", "2", image], "--queues=2")
+    # The device's depth is fixed: AIO contexts that cannot take it all
+    # are refused, not shrunk.
+    check_refused(cl, ["--recover", str(s.id), image], "aio-max-nr",
+                  env=dict(os.environ, MLOOP_TEST_AIO_MAX="40"))
+    # A failure after START_USER_RECOVERY (here the device file, written
+    # after END_USER_RECOVERY) leaves the device for another --recover.
+    check_refused(cl, ["--recover", str(s.id), "--device-file",
+                       "/nonexistent/dir/dev", image], "left quiesced")
+    assert os.path.exists(s.dev), "a refused --recover removed the device"
+    r = Server(cl, image, ["--recover", str(s.id)])
+    print(f"# after a failed --recover: {recovered_line(r)}", flush=True)
+    assert read_dev(r.dev, 0, MIB) == read_image(image, 0, MIB), "reads wrong after recovery"
+    kill_server(r)
+    p = run([ublk_bin(), "--delete", str(s.id)], check=False)
+    assert p.returncode == 0, f"--delete of a quiesced device: exit {p.returncode}: {p.stderr}"
+    wait_until(lambda: not leftovers(), f"quiesced ublk device {s.id} to go (left: {leftovers()})")
+
+
+def recovery(cl, image):
+    """SIGKILL with IO in flight, --recover, twice; nothing lost."""
+    stats_file = os.path.join(tmpdir(cl), "stats")
+    s = Server(cl, image, ["--queues", "2", "--recovery", "--stats-file", stats_file])
+    dev, dev_id = s.dev, s.id
+    cl.push(lambda: run([ublk_bin(), "--delete", str(dev_id)], check=False))
+    a_off, b_off, b_len = 16 * MIB, 24 * MIB, 16 * MIB
+    d = tmpdir(cl)
+    pattern_a = os.urandom(2 * MIB)
+    pattern_b = os.urandom(b_len)
+    fa, fb = os.path.join(d, "a"), os.path.join(d, "b")
+    for path, data in ((fa, pattern_a), (fb, pattern_b)):
+        with open(path, "wb") as f:
+            f.write(data)
+    run(["dd", f"if={fa}", f"of={dev}", "bs=1M", f"seek={a_off >> 20}",
+         "oflag=direct", "conv=fsync,notrunc", "status=none"])
+    before = read_stats(stats_file)
+    # A writer of many small synchronous writes: still running when the
+    # server is killed.
+    writer = subprocess.Popen(
+        ["dd", f"if={fb}", f"of={dev}", "bs=16k", f"seek={b_off // 16384}",
+         "oflag=direct,dsync", "conv=notrunc", "status=none"],
+        stderr=subprocess.PIPE, text=True)
+    cl.push(lambda: writer.poll() is None and writer.kill())
+    time.sleep(0.3)
+    in_flight = writer.poll() is None
+    kill_server(s)
+    t_kill = time.monotonic()
+    print(f"# recovery: writer {'still writing' if in_flight else 'done'} at the kill",
+          flush=True)
+    # A read with no server: held, not failed.
+    out = os.path.join(d, "read")
+    reader = subprocess.Popen(
+        ["dd", f"if={dev}", f"of={out}", "bs=1M", f"skip={a_off >> 20}", "count=2",
+         "iflag=direct", "status=none"], stderr=subprocess.PIPE, text=True)
+    cl.push(lambda: reader.poll() is None and reader.kill())
+    time.sleep(1)
+    assert reader.poll() is None, \
+        f"a read with no server did not wait: exit {reader.returncode}: {reader.stderr.read()}"
+    if in_flight:
+        assert writer.poll() is None, "the writer finished with no server"
+
+    r = Server(cl, image, ["--recover", str(dev_id), "--stats-file", stats_file])
+    took = time.monotonic() - t_kill
+    assert r.id == dev_id and r.dev == dev, f"--recover {dev_id} serves {r.dev}"
+    print(f"# recovery: {recovered_line(r)}; {took:.1f} s from kill to served", flush=True)
+    assert reader.wait(timeout=60) == 0, f"held read failed: {reader.stderr.read()}"
+    assert writer.wait(timeout=120) == 0, f"held write failed: {writer.stderr.read()}"
+    with open(out, "rb") as f:
+        assert f.read() == pattern_a, "the held read returned other bytes"
+    assert read_dev(dev, a_off, len(pattern_a)) == pattern_a, "pattern A lost"
+    assert read_dev(dev, b_off, b_len) == pattern_b, "the write loop's data lost"
+    after = read_stats(stats_file)
+    print(f"# recovery: counters before the kill {before}, after {after}", flush=True)
+    assert after["bytes_written"] >= before["bytes_written"] + b_len, \
+        "the counters restarted or missed the writes"
+    assert after["connections"] == 2, f"connections {after['connections']}, not 2 queues"
+
+    # Again: kill the recovered server with a write running, recover.
+    writer2 = subprocess.Popen(
+        ["dd", f"if={fa}", f"of={dev}", "bs=16k", f"seek={(a_off + 4 * MIB) // 16384}",
+         "oflag=direct,dsync", "conv=notrunc", "status=none"],
+        stderr=subprocess.PIPE, text=True)
+    cl.push(lambda: writer2.poll() is None and writer2.kill())
+    time.sleep(0.2)
+    # Recovered at once this time: how long the kernel says EBUSY.
+    kill_server(r, settle=0)
+    t_kill = time.monotonic()
+    r2 = Server(cl, image, ["--recover", str(dev_id), "--queues", "2"])
+    took = time.monotonic() - t_kill
+    print(f"# recovery 2: {recovered_line(r2)}; {took:.1f} s from kill to served",
+          flush=True)
+    assert writer2.wait(timeout=120) == 0, f"second held write failed: {writer2.stderr.read()}"
+    assert read_dev(dev, a_off + 4 * MIB, len(pattern_a)) == pattern_a, "second write lost"
+    assert read_dev(dev, b_off, b_len) == pattern_b, "data lost at the second recovery"
+    r2.stop()
+    wait_until(lambda: not leftovers(), f"{dev} to go after SIGTERM (left: {leftovers()})")
+    with open(image, "rb") as f:
+        f.seek(a_off)
+        assert f.read(len(pattern_a)) == pattern_a, "image lacks pattern A"
+        f.seek(a_off + 4 * MIB)
+        assert f.read(len(pattern_a)) == pattern_a, "image lacks the second write"
+        f.seek(b_off)
+        assert f.read(b_len) == pattern_b, "image lacks the write loop's data"
+
+
 def run_test(kind, cl):
     if not os.path.exists("/dev/ublk-control"):
         raise Skip("no /dev/ublk-control (ublk_drv: Linux 6.12 kernel tests only)")
@@ -296,6 +464,8 @@ def run_test(kind, cl):
     live_delete(cl, image)
     window_read_only(cl, image, head)
     odd_size(cl)
+    recover_refusals(cl, image)
+    recovery(cl, image)
 
     # The legacy (bare) command numbers: Debian's 6.12 still has
     # CONFIG_BLKDEV_UBLK_LEGACY_OPCODES; say which way it went.
