@@ -10,6 +10,13 @@
  * deletes the device and exits 0; the files are the starter's to
  * remove.  --delete N removes a device a killed mloop-ublk left behind.
  *
+ * User recovery (NOTES.md): --recovery adds the device so that, when we
+ * die, the kernel quiesces it and holds its IO; `--recover N IMAGE`
+ * takes it over — checks, START_USER_RECOVERY, the queues fetch, then
+ * END_USER_RECOVERY — and serves it as if it had added it.  Until it
+ * serves, a failure leaves the device quiesced (not deleted), and says
+ * so on its one line.
+ *
  * Order of start (NOTES.md): AIO contexts and helpers first (the room in
  * fs.aio-max-nr decides the depth ADD_DEV is given), ADD_DEV, SET_PARAMS,
  * the queue threads, then START_DEV, which blocks until every queue has
@@ -163,6 +170,8 @@ parse_size (const char *name, const char *value)
 static void
 check_options (int argc)
 {
+  if (opt_recover < -1)
+    die ("--recover=%d: must be a ublk device number", opt_recover);
   if (opt_delete >= 0) {
     if (argc != 1)
       die ("--delete N takes no IMAGE");
