@@ -314,9 +314,12 @@ def kill_server(s, settle=0.5):
 
 
 def recovered_line(s):
-    lines = [x for x in log_of(s.log).splitlines() if "recovered " in x]
-    assert lines and s.dev in lines[0], f"no 'recovered {s.dev}' line: {log_of(s.log)!r}"
-    return lines[0]
+    """The "recovered" line, written just after the pid file."""
+    def lines():
+        return [x for x in log_of(s.log).splitlines() if "recovered " in x]
+    wait_until(lambda: lines(), f"a 'recovered' line in {s.what}'s log", timeout=10)
+    assert s.dev in lines()[0], f"recovered another device: {lines()[0]}"
+    return lines()[0]
 
 
 def read_image(image, off, length):
