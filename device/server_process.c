@@ -146,19 +146,21 @@ spawn_and_wait (char **argv, const char *log_file, const char *pid_file,
 
 int
 mloop_process_start (char **argv, const char *log_file, const char *pid_file,
-                     const char *what, unsigned timeout_ms, pid_t *pid,
-                     char *err, size_t errlen)
+                     const char *what, unsigned timeout_ms, pid_t *child,
+                     pid_t *pid, char *err, size_t errlen)
 {
   g_autofree char *line = NULL;
   g_autofree char *prefix = NULL;
-  pid_t child;
+  pid_t spawned;
   int r;
 
   r = spawn_and_wait (argv, log_file, pid_file, false, what, timeout_ms,
-                      &child, pid, err, errlen);
+                      &spawned, pid, err, errlen);
+  if (child)
+    *child = spawned;
   /* A program that says "PROGRAM: why" has phrased it for the user. */
   prefix = g_strconcat (what, ": ", NULL);
-  if (r == -1 && child == 0 && (line = last_log_line (log_file)) &&
+  if (r == -1 && spawned == 0 && (line = last_log_line (log_file)) &&
       g_str_has_prefix (line, prefix))
     mloop_fail (err, errlen, "%s", line + strlen (prefix));
   return r;

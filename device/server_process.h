@@ -46,12 +46,14 @@ int mloop_server_start (const struct mloop_server_spec *spec,
                         char *err, size_t errlen);
 
 /* Starts ARGV detached, like a server, with its output in LOG_FILE, and
- * waits up to TIMEOUT_MS for PID_FILE to name a process (*PID).  WHAT
- * is the program's name: its own last words "WHAT: why" become ERR.
+ * waits up to TIMEOUT_MS for PID_FILE to name a process (*PID; *CHILD,
+ * unless NULL, is the process started, which may be another one that
+ * starts the one named).  WHAT is the program's name: its own last words
+ * "WHAT: why" become ERR.
  */
 int mloop_process_start (char **argv, const char *log_file,
                          const char *pid_file, const char *what,
-                         unsigned timeout_ms, pid_t *pid,
+                         unsigned timeout_ms, pid_t *child, pid_t *pid,
                          char *err, size_t errlen);
 
 /* Starts mloop-supervisor for device directory DIR, which starts the

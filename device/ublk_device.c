@@ -26,12 +26,20 @@ ublk_program (void)
 bool
 mloop_ublk_available (char *err, size_t errlen)
 {
-  if (access (UBLK_CONTROL, R_OK | W_OK) == 0)
-    return true;
-  mloop_fail (err, errlen, "%s: %s (the kernel's ublk driver is not loaded: "
-              "modprobe ublk_drv, Linux 6.0 or later)", UBLK_CONTROL,
-              strerror (errno));
-  return false;
+  g_autofree char *prog = ublk_program ();
+
+  if (access (UBLK_CONTROL, R_OK | W_OK) != 0) {
+    mloop_fail (err, errlen, "%s: %s (the kernel's ublk driver is not "
+                "loaded: modprobe ublk_drv, Linux 6.0 or later)",
+                UBLK_CONTROL, strerror (errno));
+    return false;
+  }
+  if (!g_file_test (prog, G_FILE_TEST_IS_EXECUTABLE)) {
+    mloop_fail (err, errlen, "%s is not installed (mloop was built without "
+                "liburing)", prog);
+    return false;
+  }
+  return true;
 }
 
 bool
@@ -96,25 +104,64 @@ sysfs_number (const char *name, const char *file)
   return g_ascii_strtoull (text, NULL, 10);
 }
 
-/* The device mloop-ublk wrote it made: "/dev/ublkbN". */
-static int
-read_device_file (const struct mloop_device_state *s, int *index,
-                  char *err, size_t errlen)
+int
+mloop_ublk_read_device_file (const char *dir, int *index, char *err,
+                             size_t errlen)
 {
-  g_autofree char *path = mloop_state_path (s, MLOOP_DIR_UBLK_DEVICE);
+  g_autofree char *path = g_build_filename (dir, MLOOP_DIR_UBLK_DEVICE,
+                                            NULL);
   g_autofree char *text = NULL;
+  const char *digits;
   char *end;
   long n;
 
   if (!g_file_get_contents (path, &text, NULL, NULL) ||
       !g_str_has_prefix (text, "/dev/ublkb"))
     return mloop_fail (err, errlen, "mloop-ublk named no device in %s", path);
-  n = strtol (text + strlen ("/dev/ublkb"), &end, 10);
-  if (end == text + strlen ("/dev/ublkb") || *end != '\n' || n < 0 ||
-      n > G_MAXINT)
+  digits = text + strlen ("/dev/ublkb");
+  n = strtol (digits, &end, 10);
+  if (end == digits || *end != '\n' || n < 0 || n > G_MAXINT)
     return mloop_fail (err, errlen, "%s: not a ublk device: %s", path, text);
   *index = (int) n;
   return 0;
+}
+
+char **
+mloop_ublk_command (const struct mloop_ublk_spec *spec, const char *dir,
+                    int recover)
+{
+  GPtrArray *argv = g_ptr_array_new ();
+
+  g_ptr_array_add (argv, ublk_program ());
+  if (recover >= 0)
+    g_ptr_array_add (argv, g_strdup_printf ("--recover=%d", recover));
+  else
+    g_ptr_array_add (argv, g_strdup ("--recovery"));
+  g_ptr_array_add (argv, g_strdup_printf ("--queues=%u", spec->queues));
+  /* The directory in its command line lets detach recognise it
+   * (mloop_server_stop).
+   */
+  g_ptr_array_add (argv, g_strdup_printf ("--device-file=%s/%s", dir,
+                                          MLOOP_DIR_UBLK_DEVICE));
+  g_ptr_array_add (argv, g_strdup_printf ("--pid-file=%s/%s", dir,
+                                          MLOOP_DIR_SERVER_PID));
+  g_ptr_array_add (argv, g_strdup_printf ("--stats-file=%s/%s", dir,
+                                          MLOOP_DIR_STATS));
+  if (spec->read_only)
+    g_ptr_array_add (argv, g_strdup ("--read-only"));
+  if (spec->block_size)
+    g_ptr_array_add (argv, g_strdup_printf ("--block-size=%u",
+                                            spec->block_size));
+  if (spec->offset)
+    g_ptr_array_add (argv, g_strdup_printf ("--offset=%" G_GUINT64_FORMAT,
+                                            spec->offset));
+  if (spec->sizelimit)
+    g_ptr_array_add (argv, g_strdup_printf ("--sizelimit=%" G_GUINT64_FORMAT,
+                                            spec->sizelimit));
+  g_ptr_array_add (argv, g_strdup ("--"));
+  g_ptr_array_add (argv, g_strdup (spec->image));
+  g_ptr_array_add (argv, NULL);
+  return (char **) g_ptr_array_free (argv, FALSE);
 }
 
 static unsigned
@@ -127,59 +174,64 @@ wanted_queues (const struct mloop_attach_request *req)
   return n > MLOOP_MAX_CONNECTIONS ? MLOOP_MAX_CONNECTIONS : n;
 }
 
-/* mloop-ublk's command line for REQ, on FILE, in S's directory. */
-static GPtrArray *
-ublk_command (const struct mloop_attach_request *req, const char *file,
-              const struct mloop_device_state *s, unsigned queues)
+/* mloop-supervisor --ublk for SPEC in DIR: it starts mloop-ublk, and
+ * *SUPERVISOR and *SERVER are their pids once the device serves.
+ */
+static int
+start_supervisor (const struct mloop_ublk_spec *spec, const char *dir,
+                  pid_t *supervisor, pid_t *server, char *err, size_t errlen)
 {
-  GPtrArray *argv = g_ptr_array_new_with_free_func (g_free);
+  g_autoptr (GPtrArray) argv = g_ptr_array_new_with_free_func (g_free);
+  g_autofree char *log_file = g_build_filename (dir, MLOOP_DIR_SUPERVISOR_LOG,
+                                                NULL);
+  g_autofree char *pid_file = g_build_filename (dir, MLOOP_DIR_SERVER_PID,
+                                                NULL);
 
-  g_ptr_array_add (argv, ublk_program ());
-  g_ptr_array_add (argv, g_strdup_printf ("--queues=%u", queues));
-  /* The directory in its command line lets detach recognise it
-   * (mloop_server_stop).
-   */
-  g_ptr_array_add (argv, g_strdup_printf ("--device-file=%s/%s", s->dir,
-                                          MLOOP_DIR_UBLK_DEVICE));
-  g_ptr_array_add (argv, g_strdup_printf ("--pid-file=%s/%s", s->dir,
-                                          MLOOP_DIR_SERVER_PID));
-  g_ptr_array_add (argv, g_strdup_printf ("--stats-file=%s/%s", s->dir,
-                                          MLOOP_DIR_STATS));
-  if (req->read_only)
+  g_ptr_array_add (argv, mloop_locate_program ("MLOOP_SUPERVISOR_BIN",
+                                               "supervisor/mloop-supervisor",
+                                               MLOOP_SBINDIR
+                                               "/mloop-supervisor"));
+  g_ptr_array_add (argv, g_strdup_printf ("--dir=%s", dir));
+  g_ptr_array_add (argv, g_strdup ("--ublk"));
+  g_ptr_array_add (argv, g_strdup_printf ("--queues=%u", spec->queues));
+  if (spec->read_only)
     g_ptr_array_add (argv, g_strdup ("--read-only"));
-  if (req->block_size)
+  if (spec->block_size)
     g_ptr_array_add (argv, g_strdup_printf ("--block-size=%u",
-                                            req->block_size));
-  if (req->offset)
+                                            spec->block_size));
+  if (spec->offset)
     g_ptr_array_add (argv, g_strdup_printf ("--offset=%" G_GUINT64_FORMAT,
-                                            req->offset));
-  if (req->sizelimit)
+                                            spec->offset));
+  if (spec->sizelimit)
     g_ptr_array_add (argv, g_strdup_printf ("--sizelimit=%" G_GUINT64_FORMAT,
-                                            req->sizelimit));
+                                            spec->sizelimit));
   g_ptr_array_add (argv, g_strdup ("--"));
-  g_ptr_array_add (argv, g_strdup (file));
+  g_ptr_array_add (argv, g_strdup (spec->image));
   g_ptr_array_add (argv, NULL);
-  return argv;
+  /* Its last words, "mloop-supervisor: why", are mloop-ublk's error. */
+  return mloop_process_start ((char **) argv->pdata, log_file, pid_file,
+                              "mloop-supervisor", UBLK_START_TIMEOUT_MS,
+                              supervisor, server, err, errlen);
 }
 
 int
 mloop_ublk_attach (const struct mloop_attach_request *req, const char *file,
                    struct mloop_device_state *s, char *err, size_t errlen)
 {
-  g_autofree char *pid_file = mloop_state_path (s, MLOOP_DIR_SERVER_PID);
-  g_autofree char *log_file = mloop_state_path (s, MLOOP_DIR_SERVER_LOG);
+  const struct mloop_ublk_spec spec = {
+    .image = file, .offset = req->offset, .sizelimit = req->sizelimit,
+    .queues = wanted_queues (req), .block_size = req->block_size,
+    .read_only = req->read_only,
+  };
   g_autofree char *name = NULL;
-  unsigned queues = wanted_queues (req);
-  g_autoptr (GPtrArray) argv = ublk_command (req, file, s, queues);
   char why[256];
 
   s->transport = MLOOP_TRANSPORT_UBLK;
   s->server = NULL;
-  if (mloop_process_start ((char **) argv->pdata, log_file, pid_file,
-                           "mloop-ublk", UBLK_START_TIMEOUT_MS,
-                           &s->server_pid, err, errlen) == -1)
+  if (start_supervisor (&spec, s->dir, &s->supervisor_pid, &s->server_pid,
+                        err, errlen) == -1)
     return -1;
-  if (read_device_file (s, &s->index, err, errlen) == -1) {
+  if (mloop_ublk_read_device_file (s->dir, &s->index, err, errlen) == -1) {
     mloop_ublk_detach (s, why, sizeof why);
     return -1;
   }
@@ -188,7 +240,7 @@ mloop_ublk_attach (const struct mloop_attach_request *req, const char *file,
   s->size = sysfs_number (name, "size") * 512;
   s->block_size = (uint32_t) sysfs_number (name, "queue/logical_block_size");
   s->read_only = sysfs_number (name, "ro") != 0;
-  s->connections = queues;
+  s->connections = spec.queues;
   s->partscan = true;           /* ublk_drv reads the table at start */
   if (mloop_state_save (s, err, errlen) == -1) {
     mloop_ublk_detach (s, why, sizeof why);
@@ -227,9 +279,12 @@ int
 mloop_ublk_detach (const struct mloop_device_state *s,
                    char *err, size_t errlen)
 {
-  /* SIGTERM: mloop-ublk stops the device, finishing what is in flight,
-   * and deletes it.
+  /* SIGTERM: the supervisor stops mloop-ublk, which stops the device,
+   * finishing what is in flight, and deletes it.  The supervisor first,
+   * or it would start another.
    */
+  if (s->supervisor_pid > 0)
+    mloop_server_stop (s->supervisor_pid, s->dir, 2 * UBLK_STOP_TIMEOUT_MS);
   if (s->server_pid > 0)
     mloop_server_stop (s->server_pid, s->dir, UBLK_STOP_TIMEOUT_MS);
   if (s->index >= 0 && ublk_device_exists (s->index))

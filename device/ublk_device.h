@@ -4,29 +4,44 @@
  * request of /dev/ublkbN to a process through io_uring: no socket, no
  * server protocol.  mloop-ublk (ublk/) is that process; it creates the
  * device, serves it on the IO engine the NBD servers use, and deletes
- * it when stopped.  Attach starts it detached, like a server, in the
- * device's directory (device_state.h); detach stops it, and deletes the
- * device itself if mloop-ublk was killed and left it behind.
+ * it when stopped.  As with NBD, the device's mloop-supervisor starts
+ * it, detached, in the device's directory (device_state.h), and starts
+ * another when it dies: the device is made with ublk's user recovery, so
+ * the kernel holds its IO meanwhile and gives the requests the dead one
+ * had to the next (mloop-ublk --recover).  Detach stops the supervisor,
+ * which stops mloop-ublk, and deletes the device itself if a killed
+ * mloop-ublk left it behind.
  *
  * Not yet for ublk: a remote image (NBD carries it), a chosen device
- * number, request timeouts, autoclear, queue settings, --no-partscan,
- * resize, and restarts after a crash (ublk's user recovery).  Each is
- * refused in one line.  Never prints.
+ * number, request timeouts, autoclear, queue settings, --no-partscan and
+ * resize.  Each is refused in one line.  Never prints.
  */
 #ifndef MLOOP_UBLK_DEVICE_H
 #define MLOOP_UBLK_DEVICE_H
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
+
+#include <glib.h>
 
 #include "attach.h"
 #include "device_state.h"
 
-/* The files mloop-ublk writes in the device directory. */
-#define MLOOP_DIR_UBLK_DEVICE "device"         /* "/dev/ublkbN" */
+/* The file mloop-ublk writes in the device directory: "/dev/ublkbN". */
+#define MLOOP_DIR_UBLK_DEVICE "device"
 
-/* Whether this kernel makes ublk devices (/dev/ublk-control exists);
- * if not, ERR says why.
+/* What mloop-ublk serves, and how: the same on every (re)start. */
+struct mloop_ublk_spec {
+  const char *image;
+  uint64_t offset, sizelimit;   /* the window served (attach.h) */
+  unsigned queues;              /* hardware queues */
+  uint32_t block_size;          /* 0: the image's */
+  bool read_only;
+};
+
+/* Whether this kernel makes ublk devices (/dev/ublk-control exists) and
+ * mloop-ublk is there; if not, ERR says why.
  */
 bool mloop_ublk_available (char *err, size_t errlen);
 
@@ -36,22 +51,33 @@ bool mloop_ublk_available (char *err, size_t errlen);
 bool mloop_ublk_refuses (const struct mloop_attach_request *req,
                          char *err, size_t errlen);
 
-/* Starts mloop-ublk on FILE in S's directory and records the device in
- * S (saved).  On failure nothing is left but the directory, which the
- * caller removes.
+/* mloop-ublk's command line for SPEC with its files in DIR, made
+ * recoverable; with RECOVER >= 0 it takes over device RECOVER, whose
+ * server died, instead of making one.  g_strfreev it.
+ */
+char **mloop_ublk_command (const struct mloop_ublk_spec *spec,
+                           const char *dir, int recover);
+
+/* The device mloop-ublk in DIR said it serves (its device file). */
+int mloop_ublk_read_device_file (const char *dir, int *index,
+                                 char *err, size_t errlen);
+
+/* Starts FILE's supervisor in S's directory, which starts mloop-ublk,
+ * and records the device in S (saved).  On failure nothing is left but
+ * the directory, which the caller removes.
  */
 int mloop_ublk_attach (const struct mloop_attach_request *req,
                        const char *file, struct mloop_device_state *s,
                        char *err, size_t errlen);
 
-/* Stops mloop-ublk (which deletes the device), or deletes a device a
- * killed one left.  The caller holds the state lock and removes the
- * directory.
+/* Stops the supervisor and mloop-ublk (which deletes the device), or
+ * deletes a device a killed one left.  The caller holds the state lock
+ * and removes the directory.
  */
 int mloop_ublk_detach (const struct mloop_device_state *s,
                        char *err, size_t errlen);
 
-/* Whether the kernel still has the device (/sys/block/ublkbN). */
+/* Whether the kernel has the disk /dev/ublkbINDEX. */
 bool mloop_ublk_device_present (int index);
 
 #endif /* MLOOP_UBLK_DEVICE_H */

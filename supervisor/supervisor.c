@@ -47,6 +47,10 @@
  * only heals connections (remote.h):
  *
  *   mloop-supervisor --dir DIR --remote nbd://HOST[:PORT]/NAME
+ *
+ * And one served through ublk by mloop-ublk, in a third mode (ublk.h):
+ *
+ *   mloop-supervisor --dir DIR --ublk [--queues N] [--block-size N] IMAGE
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -73,6 +77,7 @@
 #include "remote.h"
 #include "say.h"
 #include "server_process.h"
+#include "ublk.h"
 
 #define START_TIMEOUT_MS 60000
 #define STOP_TIMEOUT_MS 10000
@@ -648,8 +653,8 @@ int
 main (int argc, char **argv)
 {
   g_autofree char *server_kind = NULL, *remote = NULL;
-  gint threads = 0;
-  gboolean read_only = FALSE;
+  gint threads = 0, queues = 1, block_size = 0;
+  gboolean read_only = FALSE, ublk = FALSE;
   gint64 offset = 0, sizelimit = 0;
   GOptionEntry entries[] = {
     { "dir", 'd', 0, G_OPTION_ARG_FILENAME, &sv.dir,
@@ -667,6 +672,12 @@ main (int argc, char **argv)
     { "remote", 0, 0, G_OPTION_ARG_STRING, &remote,
       "No server: reconnect the device to this export (remote.h)",
       "nbd://HOST[:PORT]/NAME" },
+    { "ublk", 0, 0, G_OPTION_ARG_NONE, &ublk,
+      "Serve IMAGE through ublk with mloop-ublk (ublk.h)", NULL },
+    { "queues", 'q', 0, G_OPTION_ARG_INT, &queues,
+      "ublk: hardware queues", "N" },
+    { "block-size", 'b', 0, G_OPTION_ARG_INT, &block_size,
+      "ublk: logical block size", "BYTES" },
     G_OPTION_ENTRY_NULL
   };
   g_autoptr (GOptionContext) ctx = g_option_context_new ("IMAGE");
@@ -686,6 +697,20 @@ main (int argc, char **argv)
   }
   if (remote && argc == 1 && sv.dir)
     return mloop_supervise_remote (sv.dir, remote);
+  if (ublk) {
+    const struct mloop_ublk_spec spec = {
+      .image = argv[1], .offset = (uint64_t) offset,
+      .sizelimit = (uint64_t) sizelimit, .queues = (unsigned) queues,
+      .block_size = (uint32_t) block_size, .read_only = read_only,
+    };
+
+    if (argc != 2 || sv.dir == NULL || queues < 1 || block_size < 0) {
+      fprintf (stderr, "mloop-supervisor: --ublk needs --dir DIR, one IMAGE "
+               "and --queues of at least 1\n");
+      return EXIT_FAILURE;
+    }
+    return mloop_supervise_ublk (sv.dir, &spec);
+  }
   if (argc != 2 || sv.dir == NULL) {
     fprintf (stderr, "mloop-supervisor: need --dir DIR and one IMAGE, "
              "or --dir DIR and --remote URI\n");

@@ -6,12 +6,17 @@ import signal
 import time
 
 from kfix import sysfs, wait_until
+import kinds
 
 
 def attach(kind, cl, image, timeout):
     """Attaches with a short request timeout (also the dead-connection
     timeout): requests in flight on a killed server are requeued when it
-    expires, and a device without a server fails after it."""
+    expires, and a device without a server fails after it.  A ublk device
+    has no request timeout: the kernel holds its IO for the next server
+    and gives it what the dead one had taken."""
+    if isinstance(kind, kinds.MloopUblk):
+        return kind.attach(cl, image)
     return kind.attach(cl, image, args=kind.attach_args(image) + ["--timeout", str(timeout)])
 
 
@@ -50,5 +55,19 @@ def kill_server(kind, dev, timeout=30):
         return (s["restarts"] > before["restarts"] and s["server_running"]
                 and s["device"]["server_pid"] != pid
                 and s.get("connections_open") == kind.queues)
-    wait_until(back, f"{dev}'s server to be restarted and reconnected", timeout)
+    try:
+        wait_until(back, f"{dev}'s server to be restarted and reconnected", timeout)
+    except AssertionError as e:
+        raise AssertionError(f"{e}; status: {status(kind, dev)}; supervisor.log: "
+                             f"{supervisor_log(before)[-8:]}") from None
     return time.monotonic() - start
+
+
+def supervisor_log(st):
+    """The last lines of the supervisor's log, from a status()."""
+    path = os.path.join(os.path.dirname(st["device"]["server_log"]), "supervisor.log")
+    try:
+        with open(path, errors="replace") as f:
+            return f.read().splitlines()
+    except OSError as e:
+        return [str(e)]

@@ -1,0 +1,199 @@
+/* mloop-supervisor — the ublk mode (ublk.h). */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <glib.h>
+#include <glib-unix.h>
+#include <glib/gstdio.h>
+
+#include "device_state.h"
+#include "say.h"
+#include "server_process.h"
+#include "ublk.h"
+
+#define START_TIMEOUT_MS 60000
+#define STOP_TIMEOUT_MS 10000
+#define BACKOFF_MIN_MS 100
+#define BACKOFF_MAX_MS 2000
+/* A server that lived this long earns a quick restart again. */
+#define HEALTHY_US (30 * G_USEC_PER_SEC)
+
+static struct {
+  const char *dir;
+  const struct mloop_ublk_spec *spec;
+  char *pid_file, *log_file;
+  int index;                    /* /dev/ublkbINDEX, once it exists */
+  pid_t server;                 /* 0 while none serves */
+  int pidfd;
+  gint64 started_at;
+  unsigned restarts;
+  char *last_failure;
+  char *last_try_error;         /* the last failed recovery's, said once */
+  unsigned backoff_ms;
+  GMainLoop *loop;
+} su = { .index = -1, .pidfd = -1, .backoff_ms = BACKOFF_MIN_MS };
+
+static void
+record (void)
+{
+  struct mloop_supervisor_record r = {
+    .server_pid = su.server, .restarts = su.restarts,
+    .last_failure = su.last_failure,
+  };
+  char err[512];
+
+  if (mloop_state_save_supervisor (su.dir, &r, err, sizeof err) == -1)
+    say ("%s", err);
+}
+
+static gboolean on_server_exit (gint fd, GIOCondition c, gpointer unused);
+
+/* Starts mloop-ublk: a new device, or with RECOVER >= 0 the one whose
+ * server died.  Returns once it serves: 0, or -1 with ERR.
+ */
+static int
+start_server (int recover, char *err, size_t errlen)
+{
+  g_auto (GStrv) argv = mloop_ublk_command (su.spec, su.dir, recover);
+
+  /* A killed server's pid file would look like the new one's. */
+  g_unlink (su.pid_file);
+  if (mloop_process_start (argv, su.log_file, su.pid_file, "mloop-ublk",
+                           START_TIMEOUT_MS, NULL, &su.server, err,
+                           errlen) == -1) {
+    su.server = 0;
+    return -1;
+  }
+  su.pidfd = (int) syscall (SYS_pidfd_open, su.server, 0);
+  if (su.pidfd == -1) {
+    snprintf (err, errlen, "pidfd_open: %s", strerror (errno));
+    mloop_server_stop (su.server, su.dir, STOP_TIMEOUT_MS);
+    su.server = 0;
+    return -1;
+  }
+  g_unix_fd_add (su.pidfd, G_IO_IN, on_server_exit, NULL);
+  su.started_at = g_get_monotonic_time ();
+  record ();
+  return 0;
+}
+
+static gboolean
+recover (gpointer unused)
+{
+  char err[512];
+
+  if (start_server (su.index, err, sizeof err) == 0) {
+    say ("mloop-ublk pid %d serves /dev/ublkb%d again", (int) su.server,
+         su.index);
+    g_clear_pointer (&su.last_try_error, g_free);
+    return G_SOURCE_REMOVE;
+  }
+  /* The device holds its IO until one takes over: keep trying, but
+   * say each new reason once, not every try.
+   */
+  if (g_strcmp0 (err, su.last_try_error) != 0) {
+    say ("recovering /dev/ublkb%d failed: %s; trying again every %u ms "
+         "at most", su.index, err, BACKOFF_MAX_MS);
+    g_free (su.last_try_error);
+    su.last_try_error = g_strdup (err);
+  }
+  g_timeout_add (su.backoff_ms, recover, NULL);
+  su.backoff_ms = MIN (su.backoff_ms * 2, BACKOFF_MAX_MS);
+  return G_SOURCE_REMOVE;
+}
+
+static char *
+describe_exit (int status)
+{
+  if (WIFSIGNALED (status))
+    return g_strdup_printf ("killed by signal %d (%s)", WTERMSIG (status),
+                            strsignal (WTERMSIG (status)));
+  return g_strdup_printf ("exited with status %d", WEXITSTATUS (status));
+}
+
+static gboolean
+on_server_exit (gint fd, GIOCondition c, gpointer unused)
+{
+  int status = 0;
+
+  if (waitpid (su.server, &status, WNOHANG) != su.server)
+    status = 0;
+  close (su.pidfd);
+  su.pidfd = -1;
+  if (WIFEXITED (status) && WEXITSTATUS (status) == 0) {
+    /* Stopped by someone else (its device deleted): nothing to serve. */
+    say ("mloop-ublk pid %d exited: /dev/ublkb%d was stopped from outside; "
+         "not restarting", (int) su.server, su.index);
+    su.server = 0;
+    record ();
+    g_main_loop_quit (su.loop);
+    return G_SOURCE_REMOVE;
+  }
+  g_free (su.last_failure);
+  su.last_failure = g_strdup_printf ("mloop-ublk pid %d %s", (int) su.server,
+                                     describe_exit (status));
+  if (g_get_monotonic_time () - su.started_at > HEALTHY_US)
+    su.backoff_ms = BACKOFF_MIN_MS;
+  su.server = 0;
+  su.restarts++;
+  say ("%s; recovering /dev/ublkb%d (restart %u) in %u ms", su.last_failure,
+       su.index, su.restarts, su.backoff_ms);
+  record ();
+  g_timeout_add (su.backoff_ms, recover, NULL);
+  return G_SOURCE_REMOVE;
+}
+
+static gboolean
+on_stop_signal (gpointer unused)
+{
+  g_main_loop_quit (su.loop);
+  return G_SOURCE_REMOVE;
+}
+
+int
+mloop_supervise_ublk (const char *dir, const struct mloop_ublk_spec *spec)
+{
+  g_autofree char *pid_path = g_build_filename (dir, MLOOP_DIR_SUPERVISOR_PID,
+                                                NULL);
+  char err[512], pid_text[32];
+
+  su.dir = dir;
+  su.spec = spec;
+  su.pid_file = g_build_filename (dir, MLOOP_DIR_SERVER_PID, NULL);
+  su.log_file = g_build_filename (dir, MLOOP_DIR_SERVER_LOG, NULL);
+  snprintf (pid_text, sizeof pid_text, "%d\n", (int) getpid ());
+  g_file_set_contents (pid_path, pid_text, -1, NULL);
+
+  su.loop = g_main_loop_new (NULL, FALSE);
+  g_unix_signal_add (SIGTERM, on_stop_signal, NULL);
+  g_unix_signal_add (SIGINT, on_stop_signal, NULL);
+  /* The first start's failure is attach's failure: say it and leave. */
+  if (start_server (-1, err, sizeof err) == -1 ||
+      mloop_ublk_read_device_file (dir, &su.index, err, sizeof err) == -1) {
+    if (su.server > 0)
+      mloop_server_stop (su.server, dir, STOP_TIMEOUT_MS);
+    fprintf (stderr, "mloop-supervisor: %s\n", err);
+    g_unlink (pid_path);
+    return EXIT_FAILURE;
+  }
+  say ("mloop-ublk pid %d serves %s as /dev/ublkb%d", (int) su.server,
+       spec->image, su.index);
+  g_main_loop_run (su.loop);
+
+  /* SIGTERM: mloop-ublk stops the device and deletes it.  With none
+   * running (a recovery still failing), detach deletes it.
+   */
+  if (su.server > 0) {
+    say ("stopping mloop-ublk pid %d", (int) su.server);
+    mloop_server_stop (su.server, dir, STOP_TIMEOUT_MS);
+    waitpid (su.server, NULL, WNOHANG);
+  }
+  g_unlink (pid_path);
+  return EXIT_SUCCESS;
+}
