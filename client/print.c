@@ -185,6 +185,11 @@ mloop_print_status (FILE *f, const struct mloop_device_state *s,
              st->hardware_queues);
     fprintf (f, "  server:  mloop-ublk, pid %d, %s\n", (int) s->server_pid,
              st->server_running ? "running" : "NOT running");
+    fprintf (f, "  supervisor: pid %d, %s, %u recoveries%s%s\n",
+             (int) s->supervisor_pid,
+             st->supervisor_running ? "running" : "NOT running", s->restarts,
+             s->last_failure ? "; last failure: " : "",
+             s->last_failure ? s->last_failure : "");
     print_counters (f, st);
     return;
   }

@@ -57,8 +57,8 @@ mloop_ublk_refuses (const struct mloop_attach_request *req,
   else if (req->threads)
     what = "--threads (each hardware queue has its own thread: use "
       "--connections)";
-  else if (req->timeout || req->dead_timeout)
-    what = "--timeout and --dead-timeout";
+  else if (req->timeout)
+    what = "--timeout (no request times out: IO waits for a server)";
   else if (req->no_partscan)
     what = "--no-partscan";
   else if (req->autoclear)
@@ -179,7 +179,8 @@ wanted_queues (const struct mloop_attach_request *req)
  */
 static int
 start_supervisor (const struct mloop_ublk_spec *spec, const char *dir,
-                  pid_t *supervisor, pid_t *server, char *err, size_t errlen)
+                  unsigned dead_timeout, pid_t *supervisor, pid_t *server,
+                  char *err, size_t errlen)
 {
   g_autoptr (GPtrArray) argv = g_ptr_array_new_with_free_func (g_free);
   g_autofree char *log_file = g_build_filename (dir, MLOOP_DIR_SUPERVISOR_LOG,
@@ -194,6 +195,7 @@ start_supervisor (const struct mloop_ublk_spec *spec, const char *dir,
   g_ptr_array_add (argv, g_strdup_printf ("--dir=%s", dir));
   g_ptr_array_add (argv, g_strdup ("--ublk"));
   g_ptr_array_add (argv, g_strdup_printf ("--queues=%u", spec->queues));
+  g_ptr_array_add (argv, g_strdup_printf ("--dead-timeout=%u", dead_timeout));
   if (spec->read_only)
     g_ptr_array_add (argv, g_strdup ("--read-only"));
   if (spec->block_size)
@@ -228,8 +230,13 @@ mloop_ublk_attach (const struct mloop_attach_request *req, const char *file,
 
   s->transport = MLOOP_TRANSPORT_UBLK;
   s->server = NULL;
-  if (start_supervisor (&spec, s->dir, &s->supervisor_pid, &s->server_pid,
-                        err, errlen) == -1)
+  /* How long the device may be without a server: then its IO fails, as
+   * a local NBD device's does.
+   */
+  s->dead_timeout = req->dead_timeout ? req->dead_timeout
+    : MLOOP_DEFAULT_TIMEOUT;
+  if (start_supervisor (&spec, s->dir, s->dead_timeout, &s->supervisor_pid,
+                        &s->server_pid, err, errlen) == -1)
     return -1;
   if (mloop_ublk_read_device_file (s->dir, &s->index, err, errlen) == -1) {
     mloop_ublk_detach (s, why, sizeof why);
@@ -249,9 +256,8 @@ mloop_ublk_attach (const struct mloop_attach_request *req, const char *file,
   return 0;
 }
 
-/* `mloop-ublk --delete INDEX`: removes a device whose server is gone. */
-static int
-delete_leftover (int index, char *err, size_t errlen)
+int
+mloop_ublk_delete (int index, char *err, size_t errlen)
 {
   g_autofree char *prog = ublk_program ();
   g_autofree char *id = g_strdup_printf ("%d", index);
@@ -288,6 +294,6 @@ mloop_ublk_detach (const struct mloop_device_state *s,
   if (s->server_pid > 0)
     mloop_server_stop (s->server_pid, s->dir, UBLK_STOP_TIMEOUT_MS);
   if (s->index >= 0 && ublk_device_exists (s->index))
-    return delete_leftover (s->index, err, errlen);
+    return mloop_ublk_delete (s->index, err, errlen);
   return 0;
 }

@@ -12,6 +12,9 @@
  * which stops mloop-ublk, and deletes the device itself if a killed
  * mloop-ublk left it behind.
  *
+ * If none has taken the device over within the dead timeout, the
+ * supervisor stops it, so that its IO fails instead of waiting for ever.
+ *
  * Not yet for ublk: a remote image (NBD carries it), a chosen device
  * number, request timeouts, autoclear, queue settings, --no-partscan and
  * resize.  Each is refused in one line.  Never prints.
@@ -76,6 +79,11 @@ int mloop_ublk_attach (const struct mloop_attach_request *req,
  */
 int mloop_ublk_detach (const struct mloop_device_state *s,
                        char *err, size_t errlen);
+
+/* `mloop-ublk --delete INDEX`: stops device INDEX (its held IO fails)
+ * and deletes it; 0 also when it is gone already.
+ */
+int mloop_ublk_delete (int index, char *err, size_t errlen);
 
 /* Whether the kernel has the disk /dev/ublkbINDEX. */
 bool mloop_ublk_device_present (int index);

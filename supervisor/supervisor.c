@@ -653,7 +653,7 @@ int
 main (int argc, char **argv)
 {
   g_autofree char *server_kind = NULL, *remote = NULL;
-  gint threads = 0, queues = 1, block_size = 0;
+  gint threads = 0, queues = 1, block_size = 0, dead_timeout = 30;
   gboolean read_only = FALSE, ublk = FALSE;
   gint64 offset = 0, sizelimit = 0;
   GOptionEntry entries[] = {
@@ -678,6 +678,8 @@ main (int argc, char **argv)
       "ublk: hardware queues", "N" },
     { "block-size", 'b', 0, G_OPTION_ARG_INT, &block_size,
       "ublk: logical block size", "BYTES" },
+    { "dead-timeout", 0, 0, G_OPTION_ARG_INT, &dead_timeout,
+      "ublk: stop the device after this long without a server", "S" },
     G_OPTION_ENTRY_NULL
   };
   g_autoptr (GOptionContext) ctx = g_option_context_new ("IMAGE");
@@ -704,12 +706,13 @@ main (int argc, char **argv)
       .block_size = (uint32_t) block_size, .read_only = read_only,
     };
 
-    if (argc != 2 || sv.dir == NULL || queues < 1 || block_size < 0) {
-      fprintf (stderr, "mloop-supervisor: --ublk needs --dir DIR, one IMAGE "
-               "and --queues of at least 1\n");
+    if (argc != 2 || sv.dir == NULL || queues < 1 || block_size < 0 ||
+        dead_timeout < 1) {
+      fprintf (stderr, "mloop-supervisor: --ublk needs --dir DIR, one IMAGE, "
+               "--queues and --dead-timeout of at least 1\n");
       return EXIT_FAILURE;
     }
-    return mloop_supervise_ublk (sv.dir, &spec);
+    return mloop_supervise_ublk (sv.dir, &spec, (unsigned) dead_timeout);
   }
   if (argc != 2 || sv.dir == NULL) {
     fprintf (stderr, "mloop-supervisor: need --dir DIR and one IMAGE, "

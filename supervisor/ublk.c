@@ -36,6 +36,8 @@ static struct {
   char *last_failure;
   char *last_try_error;         /* the last failed recovery's, said once */
   unsigned backoff_ms;
+  unsigned dead_timeout_s;      /* give up recovering after this long */
+  guint give_up_source;         /* its timer, while no server serves */
   GMainLoop *loop;
 } su = { .index = -1, .pidfd = -1, .backoff_ms = BACKOFF_MIN_MS };
 
@@ -92,6 +94,7 @@ recover (gpointer unused)
     say ("mloop-ublk pid %d serves /dev/ublkb%d again", (int) su.server,
          su.index);
     g_clear_pointer (&su.last_try_error, g_free);
+    g_clear_handle_id (&su.give_up_source, g_source_remove);
     return G_SOURCE_REMOVE;
   }
   /* The device holds its IO until one takes over: keep trying, but
@@ -102,9 +105,39 @@ recover (gpointer unused)
          "at most", su.index, err, BACKOFF_MAX_MS);
     g_free (su.last_try_error);
     su.last_try_error = g_strdup (err);
+    g_free (su.last_failure);
+    su.last_failure = g_strdup_printf ("recovery failed: %s", err);
+    record ();
   }
   g_timeout_add (su.backoff_ms, recover, NULL);
   su.backoff_ms = MIN (su.backoff_ms * 2, BACKOFF_MAX_MS);
+  return G_SOURCE_REMOVE;
+}
+
+/* No mloop-ublk took the device over within the dead timeout (its image
+ * is gone, say): stop the device, so that its IO fails with EIO instead
+ * of waiting for ever, as an NBD device's does past its dead-connection
+ * timeout.  In Linux 6.12 stopping takes the disk away; detach then
+ * removes what is left.
+ */
+static gboolean
+give_up (gpointer unused)
+{
+  char err[512];
+
+  su.give_up_source = 0;
+  say ("no mloop-ublk took /dev/ublkb%d over in %u s (%s); stopping it: "
+       "its IO fails from now on", su.index, su.dead_timeout_s,
+       su.last_try_error ? su.last_try_error : "no try finished");
+  if (mloop_ublk_delete (su.index, err, sizeof err) == -1)
+    say ("%s", err);
+  g_free (su.last_failure);
+  su.last_failure = g_strdup_printf ("no server for %u s (%s): device "
+                                     "stopped", su.dead_timeout_s,
+                                     su.last_try_error ? su.last_try_error
+                                     : "no try finished");
+  record ();
+  g_main_loop_quit (su.loop);
   return G_SOURCE_REMOVE;
 }
 
@@ -146,6 +179,8 @@ on_server_exit (gint fd, GIOCondition c, gpointer unused)
        su.index, su.restarts, su.backoff_ms);
   record ();
   g_timeout_add (su.backoff_ms, recover, NULL);
+  su.give_up_source = g_timeout_add_seconds (su.dead_timeout_s, give_up,
+                                             NULL);
   return G_SOURCE_REMOVE;
 }
 
@@ -157,7 +192,8 @@ on_stop_signal (gpointer unused)
 }
 
 int
-mloop_supervise_ublk (const char *dir, const struct mloop_ublk_spec *spec)
+mloop_supervise_ublk (const char *dir, const struct mloop_ublk_spec *spec,
+                      unsigned dead_timeout_s)
 {
   g_autofree char *pid_path = g_build_filename (dir, MLOOP_DIR_SUPERVISOR_PID,
                                                 NULL);
@@ -165,6 +201,7 @@ mloop_supervise_ublk (const char *dir, const struct mloop_ublk_spec *spec)
 
   su.dir = dir;
   su.spec = spec;
+  su.dead_timeout_s = dead_timeout_s;
   su.pid_file = g_build_filename (dir, MLOOP_DIR_SERVER_PID, NULL);
   su.log_file = g_build_filename (dir, MLOOP_DIR_SERVER_LOG, NULL);
   snprintf (pid_text, sizeof pid_text, "%d\n", (int) getpid ());
@@ -187,7 +224,7 @@ mloop_supervise_ublk (const char *dir, const struct mloop_ublk_spec *spec)
   g_main_loop_run (su.loop);
 
   /* SIGTERM: mloop-ublk stops the device and deletes it.  With none
-   * running (a recovery still failing), detach deletes it.
+   * running (a recovery still failing, or given up), detach deletes it.
    */
   if (su.server > 0) {
     say ("stopping mloop-ublk pid %d", (int) su.server);

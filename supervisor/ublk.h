@@ -8,18 +8,24 @@
  * with backoff until one takes over (the kernel refuses a recovery until
  * the dead process has let go of /dev/ublkcN).  An mloop-ublk that
  * exits 0 was asked to stop by someone else and deleted its device:
- * then the supervisor stops too.  Restarts are recorded for
- * `mloop status`, as in the NBD modes.
+ * then the supervisor stops too.  When none has taken the device over
+ * within the dead timeout (the image is gone, say), it stops the device,
+ * so that its IO fails with EIO instead of waiting for ever, and stops
+ * too.  Restarts are recorded for `mloop status`, as in the NBD modes.
  *
  *   mloop-supervisor --dir DIR --ublk [--queues N] [--read-only]
- *                    [--block-size N] [--offset N] [--sizelimit N] IMAGE
+ *                    [--block-size N] [--offset N] [--sizelimit N]
+ *                    [--dead-timeout S] IMAGE
  */
 #ifndef MLOOP_SUPERVISOR_UBLK_H
 #define MLOOP_SUPERVISOR_UBLK_H
 
 #include "ublk_device.h"
 
-/* Runs until SIGTERM/SIGINT; returns the exit status. */
-int mloop_supervise_ublk (const char *dir, const struct mloop_ublk_spec *spec);
+/* Runs until SIGTERM/SIGINT; returns the exit status.  DEAD_TIMEOUT_S:
+ * how long the device may be without a server before it is stopped.
+ */
+int mloop_supervise_ublk (const char *dir, const struct mloop_ublk_spec *spec,
+                          unsigned dead_timeout_s);
 
 #endif /* MLOOP_SUPERVISOR_UBLK_H */

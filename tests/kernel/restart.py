@@ -14,9 +14,11 @@ def attach(kind, cl, image, timeout):
     timeout): requests in flight on a killed server are requeued when it
     expires, and a device without a server fails after it.  A ublk device
     has no request timeout: the kernel holds its IO for the next server
-    and gives it what the dead one had taken."""
+    and gives it what the dead one had taken; TIMEOUT is how long it may
+    be without one before its IO fails."""
     if isinstance(kind, kinds.MloopUblk):
-        return kind.attach(cl, image)
+        return kind.attach(cl, image,
+                           args=kind.attach_args(image) + ["--dead-timeout", str(timeout)])
     return kind.attach(cl, image, args=kind.attach_args(image) + ["--timeout", str(timeout)])
 
 

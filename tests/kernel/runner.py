@@ -51,7 +51,7 @@ GROUPS = ["main", "durable"]
 # What `mloop attach --transport ublk` runs beyond COMMON: the command
 # line's contract where it is the same for both transports, and a device
 # that survives its server (ublk's user recovery, through the supervisor).
-UBLK = ["ublk-cli", "restart-fio", "restart-fsync"]
+UBLK = ["ublk-cli", "restart-fio", "restart-fsync", "restart-dying"]
 
 
 def tests_for(kind, group="main"):

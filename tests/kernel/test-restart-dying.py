@@ -1,6 +1,8 @@
 """A server that cannot come back (its image is gone) makes the device
 fail reads with EIO once the dead-connection timeout passes, instead of
-hanging; mloop status names the failure, and detach still cleans up."""
+hanging; mloop status names the failure, and detach still cleans up.
+(A ublk device is stopped then, so it is opened before the kill, as a
+mounted filesystem holds it.)"""
 import errno
 import mmap
 import os
@@ -16,6 +18,7 @@ def run_test(kind, cl):
     image = make_image(cl, fill=1 << 20)
     att = attach(kind, cl, image, TIMEOUT)
     s = status(kind, att.device)
+    fd = os.open(att.device, os.O_RDONLY | os.O_DIRECT)
     os.unlink(image)                 # every restart will fail to open it
     sigkill_server(att.device, s["device"]["server_pid"])
     wait_until(lambda: status(kind, att.device)["last_failure"] is not None and
@@ -23,7 +26,6 @@ def run_test(kind, cl):
                "the supervisor to report the missing image", timeout=60)
 
     buf = mmap.mmap(-1, 4096)
-    fd = os.open(att.device, os.O_RDONLY | os.O_DIRECT)
     start = time.monotonic()
     try:
         os.preadv(fd, [buf], 0)

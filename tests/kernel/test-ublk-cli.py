@@ -1,9 +1,12 @@
 """mloop's command line is the same over ublk: list and status show the
 transport and the device, detach takes the device's name or the image,
-what only NBD does is refused in one line with nothing left behind, a
-device whose mloop-ublk was killed is still deleted by detach, and
---transport auto chooses ublk for a local image, NBD otherwise."""
+what only NBD does is refused in one line with nothing left behind,
+--transport auto chooses ublk for a local image and NBD otherwise, a
+killed mloop-ublk is replaced by the supervisor with the data intact,
+and a device whose server and supervisor were both killed is still
+deleted by detach."""
 import json
+import mmap
 import os
 import re
 import signal
@@ -81,17 +84,55 @@ def run_test(kind, cl):
     finally:
         kind.cli("detach", nbd, check=False)
 
-    # A killed mloop-ublk leaves the device to detach, which deletes it.
-    pid = kind.status(dev)["device"]["server_pid"]
+    # A killed mloop-ublk is replaced by its supervisor, which takes the
+    # device over (user recovery): what was written is still there.
+    block = os.urandom(4096)
+    write_block(dev, block)
+    before = kind.status(dev)
+    pid = before["device"]["server_pid"]
     os.kill(pid, signal.SIGKILL)
-    wait_until(lambda: not os.path.exists(f"/proc/{pid}/cmdline")
-               or open(f"/proc/{pid}/cmdline").read() == "", f"mloop-ublk {pid} to die")
+    wait_until(lambda: recovered(kind, dev, before), f"{dev} to be recovered", timeout=30)
+    assert read_block(dev) == block, f"{dev}: the block written before the kill changed"
+    # With its supervisor killed too, nothing recovers the device: detach
+    # deletes what the kernel kept.
     st = kind.status(dev)
-    assert not st["server_running"], f"status after SIGKILL: {st}"
-    kind.cli("detach", ublk_name(dev))
-    att.attached = False  # detached here, by its name
+    os.kill(st["supervisor_pid"], signal.SIGKILL)
+    os.kill(st["device"]["server_pid"], signal.SIGKILL)
+    wait_until(lambda: not kind.status(dev)["server_running"], "mloop-ublk to die")
     name = ublk_name(dev)
+    char = name.replace("ublkb", "ublkc")
+    assert os.path.exists(f"/sys/class/ublk-char/{char}"), \
+        f"{char} went with its server: the device was not made recoverable"
+    kind.cli("detach", name)
+    att.attached = False  # detached here, by its name
     wait_until(lambda: not os.path.exists(f"/sys/block/{name}")
-               and not os.path.exists(f"/sys/class/ublk-char/{name.replace('ublkb', 'ublkc')}"),
+               and not os.path.exists(f"/sys/class/ublk-char/{char}"),
                f"{dev} to be deleted")
     assert kind.state_entries() == [], f"detach left {kind.state_entries()}"
+
+
+def recovered(kind, dev, before):
+    s = kind.status(dev)
+    return (s["restarts"] == before["restarts"] + 1 and s["server_running"]
+            and s["device"]["server_pid"] != before["device"]["server_pid"])
+
+
+def write_block(dev, data):
+    buf = mmap.mmap(-1, len(data))
+    buf.write(data)
+    fd = os.open(dev, os.O_WRONLY | os.O_DIRECT)
+    try:
+        assert os.pwritev(fd, [buf], 0) == len(data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_block(dev, size=4096):
+    buf = mmap.mmap(-1, size)
+    fd = os.open(dev, os.O_RDONLY | os.O_DIRECT)
+    try:
+        assert os.preadv(fd, [buf], 0) == size
+    finally:
+        os.close(fd)
+    return bytes(buf)
