@@ -270,8 +270,9 @@ check_request (const struct mloop_device_state *s, bool have_size,
 
   if (s->transport == MLOOP_TRANSPORT_UBLK)
     return mloop_fail (err, errlen, "/dev/ublkb%d: resizing a ublk device "
-                       "is not supported yet; detach it and attach it "
-                       "again", s->index);
+                       "is not supported (Linux 6.12's ublk driver cannot "
+                       "change a live device's size); detach it and attach "
+                       "it again", s->index);
   if (s->remote)
     return mloop_fail (err, errlen, "/dev/nbd%d is a remote export (%s): its "
                        "size is its server's; detach and attach it again "

@@ -144,6 +144,17 @@ spawn_and_wait (char **argv, const char *log_file, const char *pid_file,
   }
 }
 
+void
+mloop_add_window_args (GPtrArray *argv, uint64_t offset, uint64_t sizelimit)
+{
+  if (offset)
+    g_ptr_array_add (argv, g_strdup_printf ("--offset=%" G_GUINT64_FORMAT,
+                                            offset));
+  if (sizelimit)
+    g_ptr_array_add (argv, g_strdup_printf ("--sizelimit=%" G_GUINT64_FORMAT,
+                                            sizelimit));
+}
+
 int
 mloop_process_start (char **argv, const char *log_file, const char *pid_file,
                      const char *what, unsigned timeout_ms, pid_t *child,
@@ -210,12 +221,7 @@ mloop_supervisor_start (const struct mloop_server_spec *spec,
   if (spec->read_only)
     g_ptr_array_add (argv, g_strdup ("--read-only"));
   /* Every restart serves the same window. */
-  if (spec->offset)
-    g_ptr_array_add (argv, g_strdup_printf ("--offset=%" G_GUINT64_FORMAT,
-                                            spec->offset));
-  if (spec->sizelimit)
-    g_ptr_array_add (argv, g_strdup_printf ("--sizelimit=%" G_GUINT64_FORMAT,
-                                            spec->sizelimit));
+  mloop_add_window_args (argv, spec->offset, spec->sizelimit);
   g_ptr_array_add (argv, g_strdup ("--"));
   g_ptr_array_add (argv, g_strdup (spec->image));
   g_ptr_array_add (argv, NULL);

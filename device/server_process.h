@@ -13,6 +13,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include <glib.h>
+
 #include "server_kind.h"
 
 /* The server behind a device: on a private Unix socket, in the
@@ -44,6 +46,12 @@ char *mloop_locate_program (const char *env_name, const char *build_relative,
 int mloop_server_start (const struct mloop_server_spec *spec,
                         unsigned timeout_ms, pid_t *pid,
                         char *err, size_t errlen);
+
+/* Appends --offset=N and --sizelimit=N to ARGV (of g_free()d strings),
+ * each only when not 0: the window options every program of ours takes.
+ */
+void mloop_add_window_args (GPtrArray *argv, uint64_t offset,
+                            uint64_t sizelimit);
 
 /* Starts ARGV detached, like a server, with its output in LOG_FILE, and
  * waits up to TIMEOUT_MS for PID_FILE to name a process (*PID; *CHILD,

@@ -126,6 +126,23 @@ mloop_ublk_read_device_file (const char *dir, int *index, char *err,
   return 0;
 }
 
+/* What both mloop-ublk and its supervisor are told about SPEC, the
+ * image last; ends ARGV.
+ */
+static void
+add_spec_args (GPtrArray *argv, const struct mloop_ublk_spec *spec)
+{
+  if (spec->read_only)
+    g_ptr_array_add (argv, g_strdup ("--read-only"));
+  if (spec->block_size)
+    g_ptr_array_add (argv, g_strdup_printf ("--block-size=%u",
+                                            spec->block_size));
+  mloop_add_window_args (argv, spec->offset, spec->sizelimit);
+  g_ptr_array_add (argv, g_strdup ("--"));
+  g_ptr_array_add (argv, g_strdup (spec->image));
+  g_ptr_array_add (argv, NULL);
+}
+
 char **
 mloop_ublk_command (const struct mloop_ublk_spec *spec, const char *dir,
                     int recover)
@@ -147,20 +164,7 @@ mloop_ublk_command (const struct mloop_ublk_spec *spec, const char *dir,
                                           MLOOP_DIR_SERVER_PID));
   g_ptr_array_add (argv, g_strdup_printf ("--stats-file=%s/%s", dir,
                                           MLOOP_DIR_STATS));
-  if (spec->read_only)
-    g_ptr_array_add (argv, g_strdup ("--read-only"));
-  if (spec->block_size)
-    g_ptr_array_add (argv, g_strdup_printf ("--block-size=%u",
-                                            spec->block_size));
-  if (spec->offset)
-    g_ptr_array_add (argv, g_strdup_printf ("--offset=%" G_GUINT64_FORMAT,
-                                            spec->offset));
-  if (spec->sizelimit)
-    g_ptr_array_add (argv, g_strdup_printf ("--sizelimit=%" G_GUINT64_FORMAT,
-                                            spec->sizelimit));
-  g_ptr_array_add (argv, g_strdup ("--"));
-  g_ptr_array_add (argv, g_strdup (spec->image));
-  g_ptr_array_add (argv, NULL);
+  add_spec_args (argv, spec);
   return (char **) g_ptr_array_free (argv, FALSE);
 }
 
@@ -196,20 +200,7 @@ start_supervisor (const struct mloop_ublk_spec *spec, const char *dir,
   g_ptr_array_add (argv, g_strdup ("--ublk"));
   g_ptr_array_add (argv, g_strdup_printf ("--queues=%u", spec->queues));
   g_ptr_array_add (argv, g_strdup_printf ("--dead-timeout=%u", dead_timeout));
-  if (spec->read_only)
-    g_ptr_array_add (argv, g_strdup ("--read-only"));
-  if (spec->block_size)
-    g_ptr_array_add (argv, g_strdup_printf ("--block-size=%u",
-                                            spec->block_size));
-  if (spec->offset)
-    g_ptr_array_add (argv, g_strdup_printf ("--offset=%" G_GUINT64_FORMAT,
-                                            spec->offset));
-  if (spec->sizelimit)
-    g_ptr_array_add (argv, g_strdup_printf ("--sizelimit=%" G_GUINT64_FORMAT,
-                                            spec->sizelimit));
-  g_ptr_array_add (argv, g_strdup ("--"));
-  g_ptr_array_add (argv, g_strdup (spec->image));
-  g_ptr_array_add (argv, NULL);
+  add_spec_args (argv, spec);
   /* Its last words, "mloop-supervisor: why", are mloop-ublk's error. */
   return mloop_process_start ((char **) argv->pdata, log_file, pid_file,
                               "mloop-supervisor", UBLK_START_TIMEOUT_MS,

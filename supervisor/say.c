@@ -1,6 +1,8 @@
 /* mloop-supervisor — its log lines. */
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
 
 #include "say.h"
 
@@ -16,4 +18,13 @@ say (const char *fmt, ...)
   vfprintf (stderr, fmt, ap);
   va_end (ap);
   fputc ('\n', stderr);
+}
+
+char *
+describe_exit (int status)
+{
+  if (WIFSIGNALED (status))
+    return g_strdup_printf ("killed by signal %d (%s)", WTERMSIG (status),
+                            strsignal (WTERMSIG (status)));
+  return g_strdup_printf ("exited with status %d", WEXITSTATUS (status));
 }

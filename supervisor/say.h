@@ -8,4 +8,7 @@
 
 void say (const char *fmt, ...) G_GNUC_PRINTF (1, 2);
 
+/* How a server ended, from its wait status, for the log (g_free it). */
+char *describe_exit (int status);
+
 #endif /* MLOOP_SUPERVISOR_SAY_H */

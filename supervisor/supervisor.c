@@ -239,18 +239,10 @@ restart (gpointer unused)
   return G_SOURCE_REMOVE;
 }
 
-static char *
-describe_exit (int status)
-{
-  if (WIFSIGNALED (status))
-    return g_strdup_printf ("killed by signal %d (%s)", WTERMSIG (status),
-                            strsignal (WTERMSIG (status)));
-  return g_strdup_printf ("exited with status %d", WEXITSTATUS (status));
-}
-
 static gboolean
 on_server_exit (gint fd, GIOCondition c, gpointer unused)
 {
+  g_autofree char *how = NULL;
   int status = 0;
 
   /* Ours to reap: our child, or adopted as subreaper. */
@@ -259,9 +251,10 @@ on_server_exit (gint fd, GIOCondition c, gpointer unused)
   close (sv.pidfd);
   sv.pidfd = -1;
   sv.pidfd_source = 0;
+  how = describe_exit (status);
   g_free (sv.last_failure);
   sv.last_failure = g_strdup_printf ("server pid %d %s", (int) sv.server,
-                                     describe_exit (status));
+                                     how);
   if (g_get_monotonic_time () - sv.started_at > HEALTHY_US)
     sv.backoff_ms = BACKOFF_MIN_MS;
   sv.server = 0;

@@ -141,18 +141,10 @@ give_up (gpointer unused)
   return G_SOURCE_REMOVE;
 }
 
-static char *
-describe_exit (int status)
-{
-  if (WIFSIGNALED (status))
-    return g_strdup_printf ("killed by signal %d (%s)", WTERMSIG (status),
-                            strsignal (WTERMSIG (status)));
-  return g_strdup_printf ("exited with status %d", WEXITSTATUS (status));
-}
-
 static gboolean
 on_server_exit (gint fd, GIOCondition c, gpointer unused)
 {
+  g_autofree char *how = NULL;
   int status = 0;
 
   if (waitpid (su.server, &status, WNOHANG) != su.server)
@@ -168,9 +160,10 @@ on_server_exit (gint fd, GIOCondition c, gpointer unused)
     g_main_loop_quit (su.loop);
     return G_SOURCE_REMOVE;
   }
+  how = describe_exit (status);
   g_free (su.last_failure);
   su.last_failure = g_strdup_printf ("mloop-ublk pid %d %s", (int) su.server,
-                                     describe_exit (status));
+                                     how);
   if (g_get_monotonic_time () - su.started_at > HEALTHY_US)
     su.backoff_ms = BACKOFF_MIN_MS;
   su.server = 0;

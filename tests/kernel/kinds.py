@@ -152,9 +152,13 @@ class MloopCli:
         return _attach(cl, dev, undo, self.queues)
 
     def leftovers(self, att, image):
-        problems = _nbd_leftovers(att.device)
-        for pid, cmdline in processes_mentioning(image):
-            problems.append(f"process {pid} still serves the image: {cmdline}")
+        return _nbd_leftovers(att.device) + self.process_and_state_leftovers(image)
+
+    def process_and_state_leftovers(self, image):
+        """Processes still serving IMAGE, and what the runtime dir still
+        holds."""
+        problems = [f"process {pid} still serves the image: {cmdline}"
+                    for pid, cmdline in processes_mentioning(image)]
         left = self.state_entries()
         if left:
             problems.append(f"runtime dir still holds {left}")
@@ -209,12 +213,7 @@ class MloopUblk(MloopCli):
         char = name.replace("ublkb", "ublkc")
         if os.path.exists(f"/sys/class/ublk-char/{char}"):
             problems.append(f"ublk still has {char} (the device was not deleted)")
-        for pid, cmdline in processes_mentioning(image):
-            problems.append(f"process {pid} still serves the image: {cmdline}")
-        left = self.state_entries()
-        if left:
-            problems.append(f"runtime dir still holds {left}")
-        return problems
+        return problems + self.process_and_state_leftovers(image)
 
 
 class StockClient:

@@ -48,10 +48,12 @@ REMOTE = ["remote-attach", "remote-restart"]
 GROUPS = ["main", "durable"]
 
 
-# What `mloop attach --transport ublk` runs beyond COMMON: the command
-# line's contract where it is the same for both transports, and a device
-# that survives its server (ublk's user recovery, through the supervisor).
-UBLK = ["ublk-cli", "restart-fio", "restart-fsync", "restart-dying"]
+# What `mloop attach --transport ublk` runs beyond COMMON: mloop-ublk on
+# its own (ublk-smoke: its contract, discard and zero, refusals, user
+# recovery), the command line's contract where it is the same for both
+# transports, and a device that survives its server (ublk's user
+# recovery, through the supervisor).
+UBLK = ["ublk-smoke", "ublk-cli", "restart-fio", "restart-fsync", "restart-dying"]
 
 
 def tests_for(kind, group="main"):

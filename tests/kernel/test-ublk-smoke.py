@@ -36,7 +36,7 @@ import signal
 import subprocess
 import time
 
-from kfix import Cleanup, Skip, make_image, run, tmpdir, wait_until  # noqa: F401
+from kfix import Skip, make_image, run, tmpdir, wait_until
 
 SIZE = 64 << 20
 PATTERN_OFF = 8 << 20
