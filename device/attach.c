@@ -264,15 +264,16 @@ prepare_device (const struct mloop_attach_request *req,
     .depth = queue_depth (s), .server_max_request = x->max_block,
     .options = req->queue_options,
   };
+  g_autofree char *name = g_strdup_printf ("nbd%d", index);
 
-  if (mloop_queue_configure (index, &plan, err, errlen) == -1 ||
-      mloop_partitions_scan (index, err, errlen) == -1)
+  if (mloop_queue_configure (name, &plan, err, errlen) == -1 ||
+      mloop_partitions_scan (name, err, errlen) == -1)
     return -1;
   /* The kernel would read the table on the first open anyway (the size
    * it was given marks it for reading), so --no-partscan reads it, which
    * clears the mark, and drops what it found.
    */
-  return req->no_partscan ? mloop_partitions_drop (index, err, errlen) : 0;
+  return req->no_partscan ? mloop_partitions_drop (name, err, errlen) : 0;
 }
 
 /* Waits up to TIMEOUT_MS for the kernel to let go of /dev/nbdINDEX, so
@@ -545,6 +546,7 @@ mloop_detach (const struct mloop_device_state *s, char *err, size_t errlen)
 {
   g_autofree char *dev = mloop_state_device_path (s);
   g_autofree char *mnt = mloop_device_mount_point (dev);
+  g_autofree char *name = NULL;
   bool connected = false;
   char why[512];
   int lock, r = 0;
@@ -571,7 +573,8 @@ mloop_detach (const struct mloop_device_state *s, char *err, size_t errlen)
    * Best effort: a partition still open by someone keeps its node, as
    * with a loop device.
    */
-  mloop_partitions_drop (s->index, why, sizeof why);
+  name = mloop_state_device_name (s);
+  mloop_partitions_drop (name, why, sizeof why);
   /* Tell the kernel first: it sends NBD_CMD_DISC on every connection
    * after the requests in flight, so the server sees clean goodbyes.
    */

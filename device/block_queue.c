@@ -1,4 +1,4 @@
-/* mloop — the request queue settings of an attached /dev/nbdN. */
+/* mloop — the request queue settings of an attached device. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -11,19 +11,19 @@
 #include "errmsg.h"
 
 static char *
-queue_path (int index, const char *name)
+queue_path (const char *dev, const char *name)
 {
-  return g_strdup_printf ("/sys/block/nbd%d/queue/%s", index, name);
+  return g_strdup_printf ("/sys/block/%s/queue/%s", dev, name);
 }
 
 /* Writes VALUE to the queue setting NAME.  sysfs reports a refused value
  * as the write's error, so it is one unbuffered write, checked.
  */
 static int
-write_setting (int index, const char *name, const char *value, char *err,
-               size_t errlen)
+write_setting (const char *dev, const char *name, const char *value,
+               char *err, size_t errlen)
 {
-  g_autofree char *path = queue_path (index, name);
+  g_autofree char *path = queue_path (dev, name);
   int fd = open (path, O_WRONLY | O_CLOEXEC);
   size_t len = strlen (value);
   ssize_t n;
@@ -31,23 +31,23 @@ write_setting (int index, const char *name, const char *value, char *err,
   if (fd == -1)
     return mloop_fail (err, errlen, "queue setting %s: %s%s", name,
                        strerror (errno), errno == ENOENT
-                       ? " (no such file in /sys/block/nbdN/queue)" : "");
+                       ? " (no such file in /sys/block/DEVICE/queue)" : "");
   n = write (fd, value, len);
   if (n != (ssize_t) len) {
     int e = n == -1 ? errno : EIO;
 
     close (fd);
-    return mloop_fail (err, errlen, "setting %s to %s on /dev/nbd%d: %s",
-                       name, value, index, strerror (e));
+    return mloop_fail (err, errlen, "setting %s to %s on /dev/%s: %s",
+                       name, value, dev, strerror (e));
   }
   close (fd);
   return 0;
 }
 
 static unsigned
-read_setting (int index, const char *name)
+read_setting (const char *dev, const char *name)
 {
-  g_autofree char *path = queue_path (index, name);
+  g_autofree char *path = queue_path (dev, name);
   g_autofree char *text = NULL;
 
   return g_file_get_contents (path, &text, NULL, NULL)
@@ -63,7 +63,7 @@ mloop_queue_options_check (char *const *options, char *err, size_t errlen)
 
     if (name == NULL || *name == '\0' || eq[1] == '\0')
       return mloop_fail (err, errlen, "--queue-option %s: must be NAME=VALUE "
-                         "(a file of /sys/block/nbdN/queue)", *o);
+                         "(a file of /sys/block/DEVICE/queue)", *o);
     if (strchr (name, '/') || strcmp (name, ".") == 0 ||
         strcmp (name, "..") == 0)
       return mloop_fail (err, errlen, "--queue-option %s: %s is not a queue "
@@ -76,10 +76,10 @@ mloop_queue_options_check (char *const *options, char *err, size_t errlen)
  * device (max_hw_sectors_kb) or the server (its maximum block size) take.
  */
 static unsigned
-max_request_kb (int index, uint32_t server_max_request)
+max_request_kb (const char *dev, uint32_t server_max_request)
 {
   unsigned kb = MLOOP_QUEUE_MAX_REQUEST_KB;
-  unsigned hw = read_setting (index, "max_hw_sectors_kb");
+  unsigned hw = read_setting (dev, "max_hw_sectors_kb");
 
   if (hw && hw < kb)
     kb = hw;
@@ -89,12 +89,26 @@ max_request_kb (int index, uint32_t server_max_request)
 }
 
 int
-mloop_queue_configure (int index, const struct mloop_queue_plan *p,
+mloop_queue_apply_options (const char *dev, char *const *options,
+                           char *err, size_t errlen)
+{
+  for (char *const *o = options; o && *o; o++) {
+    const char *eq = strchr (*o, '=');
+    g_autofree char *name = g_strndup (*o, (gsize) (eq - *o));
+
+    if (write_setting (dev, name, eq + 1, err, errlen) == -1)
+      return -1;
+  }
+  return 0;
+}
+
+int
+mloop_queue_configure (const char *dev, const struct mloop_queue_plan *p,
                        char *err, size_t errlen)
 {
   g_autofree char *depth = g_strdup_printf ("%u", p->depth);
   g_autofree char *request = g_strdup_printf ("%u", max_request_kb (
-                                                index, p->server_max_request));
+                                                dev, p->server_max_request));
   g_autofree char *ahead = g_strdup_printf ("%u", MLOOP_QUEUE_READ_AHEAD_KB);
   /* The scheduler first: choosing one sets nr_requests afresh. */
   const char *const ours[][2] = {
@@ -105,14 +119,7 @@ mloop_queue_configure (int index, const struct mloop_queue_plan *p,
   };
 
   for (size_t i = 0; i < G_N_ELEMENTS (ours); i++)
-    if (write_setting (index, ours[i][0], ours[i][1], err, errlen) == -1)
+    if (write_setting (dev, ours[i][0], ours[i][1], err, errlen) == -1)
       return -1;
-  for (char *const *o = p->options; o && *o; o++) {
-    const char *eq = strchr (*o, '=');
-    g_autofree char *name = g_strndup (*o, (gsize) (eq - *o));
-
-    if (write_setting (index, name, eq + 1, err, errlen) == -1)
-      return -1;
-  }
-  return 0;
+  return mloop_queue_apply_options (dev, p->options, err, errlen);
 }

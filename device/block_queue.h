@@ -36,11 +36,18 @@ struct mloop_queue_plan {
 int mloop_queue_options_check (char *const *options, char *err,
                                size_t errlen);
 
-/* Applies P to /dev/nbdINDEX: scheduler none, then the depth (switching
- * scheduler resets nr_requests), the request size and read-ahead, then
- * the user's options.  Fails naming the setting and the kernel's reason.
+/* Applies P to the nbd device DEV ("nbd3"): scheduler none, then the
+ * depth (switching scheduler resets nr_requests), the request size and
+ * read-ahead, then the user's options.  Fails naming the setting and the
+ * kernel's reason.
  */
-int mloop_queue_configure (int index, const struct mloop_queue_plan *p,
+int mloop_queue_configure (const char *dev, const struct mloop_queue_plan *p,
                            char *err, size_t errlen);
+
+/* Applies only the user's OPTIONS (checked) to DEV ("ublkb0"): a ublk
+ * device comes tuned by its own parameters.
+ */
+int mloop_queue_apply_options (const char *dev, char *const *options,
+                               char *err, size_t errlen);
 
 #endif /* MLOOP_BLOCK_QUEUE_H */

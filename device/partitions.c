@@ -1,4 +1,4 @@
-/* mloop — the partitions of an attached /dev/nbdN. */
+/* mloop — the partitions of an attached /dev/nbdN or /dev/ublkbN. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -14,9 +14,9 @@
 #include "partitions.h"
 
 static int
-open_device (int index, char *err, size_t errlen)
+open_device (const char *name, char *err, size_t errlen)
 {
-  g_autofree char *path = g_strdup_printf ("/dev/nbd%d", index);
+  g_autofree char *path = g_strdup_printf ("/dev/%s", name);
   int fd = open (path, O_RDONLY | O_CLOEXEC);
 
   if (fd == -1)
@@ -25,38 +25,38 @@ open_device (int index, char *err, size_t errlen)
 }
 
 int
-mloop_partitions_scan (int index, char *err, size_t errlen)
+mloop_partitions_scan (const char *name, char *err, size_t errlen)
 {
-  int fd = open_device (index, err, errlen);
+  int fd = open_device (name, err, errlen);
   int r = 0;
 
   if (fd == -1)
     return -1;
   /* EINVAL: the module gave the device no minors for partitions. */
   if (ioctl (fd, BLKRRPART) == -1 && errno != EINVAL)
-    r = mloop_fail (err, errlen, "/dev/nbd%d: reading the partition table: "
-                    "%s", index, strerror (errno));
+    r = mloop_fail (err, errlen, "/dev/%s: reading the partition table: "
+                    "%s", name, strerror (errno));
   close (fd);
   return r;
 }
 
-/* The partition numbers of /dev/nbdINDEX, from sysfs: each partition is
- * a directory /sys/block/nbdINDEX/nbdINDEXpK holding its number.
+/* The partition numbers of /dev/NAME, from sysfs: each partition is a
+ * directory /sys/block/NAME/NAMEpK holding its number.
  */
 static GArray *
-partition_numbers (int index)
+partition_numbers (const char *name)
 {
-  g_autofree char *dir_path = g_strdup_printf ("/sys/block/nbd%d", index);
-  g_autofree char *prefix = g_strdup_printf ("nbd%dp", index);
+  g_autofree char *dir_path = g_strdup_printf ("/sys/block/%s", name);
+  g_autofree char *prefix = g_strdup_printf ("%sp", name);
   GArray *numbers = g_array_new (FALSE, FALSE, sizeof (int));
   GDir *dir = g_dir_open (dir_path, 0, NULL);
-  const char *name;
+  const char *entry;
 
-  while (dir && (name = g_dir_read_name (dir))) {
-    const char *digits = name + strlen (prefix);
+  while (dir && (entry = g_dir_read_name (dir))) {
+    const char *digits = entry + strlen (prefix);
     int k;
 
-    if (!g_str_has_prefix (name, prefix) || !g_ascii_isdigit (*digits))
+    if (!g_str_has_prefix (entry, prefix) || !g_ascii_isdigit (*digits))
       continue;
     k = atoi (digits);
     g_array_append_val (numbers, k);
@@ -67,22 +67,22 @@ partition_numbers (int index)
 }
 
 unsigned
-mloop_partitions_count (int index)
+mloop_partitions_count (const char *name)
 {
-  g_autoptr (GArray) numbers = partition_numbers (index);
+  g_autoptr (GArray) numbers = partition_numbers (name);
 
   return numbers->len;
 }
 
 int
-mloop_partitions_drop (int index, char *err, size_t errlen)
+mloop_partitions_drop (const char *name, char *err, size_t errlen)
 {
-  g_autoptr (GArray) numbers = partition_numbers (index);
+  g_autoptr (GArray) numbers = partition_numbers (name);
   int fd, r = 0;
 
   if (numbers->len == 0)
     return 0;
-  fd = open_device (index, err, errlen);
+  fd = open_device (name, err, errlen);
   if (fd == -1)
     return -1;
   for (guint i = 0; i < numbers->len && r == 0; i++) {
@@ -92,7 +92,7 @@ mloop_partitions_drop (int index, char *err, size_t errlen)
     };
 
     if (ioctl (fd, BLKPG, &arg) == -1 && errno != ENXIO)
-      r = mloop_fail (err, errlen, "/dev/nbd%dp%d: %s", index, part.pno,
+      r = mloop_fail (err, errlen, "/dev/%sp%d: %s", name, part.pno,
                       errno == EBUSY ? "in use" : strerror (errno));
   }
   close (fd);

@@ -1,4 +1,4 @@
-/* mloop — the partitions of an attached /dev/nbdN.
+/* mloop — the partitions of an attached /dev/nbdN (or /dev/ublkbN).
  *
  * The NBD client marks a device's partition table for reading whenever
  * its size is set (drivers/block/nbd.c, nbd_set_size), but the kernel
@@ -15,19 +15,21 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-/* Reads /dev/nbdINDEX's partition table now (BLKRRPART), creating
- * /dev/nbdINDEXpN.  A device whose module was loaded with max_part=0
+/* NAME is the kernel's name of the device: "nbd3", "ublkb0". */
+
+/* Reads /dev/NAME's partition table now (BLKRRPART), creating
+ * /dev/NAMEpN.  A device whose module was loaded with max_part=0
  * cannot have partitions: that is not an error.
  */
-int mloop_partitions_scan (int index, char *err, size_t errlen);
+int mloop_partitions_scan (const char *name, char *err, size_t errlen);
 
-/* Removes the partitions the kernel made for /dev/nbdINDEX (BLKPG), for
+/* Removes the partitions the kernel made for /dev/NAME (BLKPG), for
  * --no-partscan and before a detach.  Fails naming the first partition
  * still in use.
  */
-int mloop_partitions_drop (int index, char *err, size_t errlen);
+int mloop_partitions_drop (const char *name, char *err, size_t errlen);
 
-/* How many partitions /dev/nbdINDEX has now. */
-unsigned mloop_partitions_count (int index);
+/* How many partitions /dev/NAME has now. */
+unsigned mloop_partitions_count (const char *name);
 
 #endif /* MLOOP_PARTITIONS_H */

@@ -326,6 +326,7 @@ mloop_resize (struct mloop_device_state *s, bool have_size,
               uint64_t want, char *err, size_t errlen)
 {
   uint64_t size = 0, file_size = 0;
+  g_autofree char *name = mloop_state_device_name (s);
   int fd = -1, lock, r;
   char why[512];
 
@@ -360,7 +361,7 @@ mloop_resize (struct mloop_device_state *s, bool have_size,
                     "failed: %s", why);
   /* --no-partscan: that open read the table the new size marked. */
   if (r == 0 && !s->partscan &&
-      mloop_partitions_drop (s->index, why, sizeof why) == -1)
+      mloop_partitions_drop (name, why, sizeof why) == -1)
     r = mloop_fail (err, errlen, "resized, but dropping the partitions "
                     "failed: %s", why);
   if (r == 0) {

@@ -6,7 +6,9 @@
 
 #include <glib.h>
 
+#include "block_queue.h"
 #include "errmsg.h"
+#include "partitions.h"
 #include "server_process.h"
 #include "ublk_device.h"
 
@@ -59,12 +61,8 @@ mloop_ublk_refuses (const struct mloop_attach_request *req,
       "--connections)";
   else if (req->timeout)
     what = "--timeout (no request times out: IO waits for a server)";
-  else if (req->no_partscan)
-    what = "--no-partscan";
   else if (req->autoclear)
     what = "--autoclear";
-  else if (req->queue_options && req->queue_options[0])
-    what = "--queue-option";
   if (what == NULL)
     return false;
   mloop_fail (err, errlen, "the ublk transport does not take %s", what);
@@ -168,13 +166,16 @@ mloop_ublk_command (const struct mloop_ublk_spec *spec, const char *dir,
   return (char **) g_ptr_array_free (argv, FALSE);
 }
 
+/* One queue per CPU by default; never more queues than CPUs, which is
+ * all ublk gives a device (NBD's connections may outnumber them).
+ */
 static unsigned
 wanted_queues (const struct mloop_attach_request *req)
 {
-  unsigned n = g_get_num_processors ();
+  unsigned cpus = g_get_num_processors ();
+  unsigned n = req->connections ? req->connections : cpus;
 
-  if (req->connections)
-    return req->connections;
+  n = MIN (n, cpus);
   return n > MLOOP_MAX_CONNECTIONS ? MLOOP_MAX_CONNECTIONS : n;
 }
 
@@ -239,8 +240,16 @@ mloop_ublk_attach (const struct mloop_attach_request *req, const char *file,
   s->block_size = (uint32_t) sysfs_number (name, "queue/logical_block_size");
   s->read_only = sysfs_number (name, "ro") != 0;
   s->connections = spec.queues;
-  s->partscan = true;           /* ublk_drv reads the table at start */
-  if (mloop_state_save (s, err, errlen) == -1) {
+  /* ublk_drv read the partition table when the disk was added:
+   * --no-partscan drops what it found.  The user's queue settings go on
+   * the driver's own (no scheduler with several queues, requests of up to
+   * mloop-ublk's buffer).
+   */
+  s->partscan = !req->no_partscan;
+  if (mloop_queue_apply_options (name, req->queue_options, err,
+                                 errlen) == -1 ||
+      (req->no_partscan && mloop_partitions_drop (name, err, errlen) == -1) ||
+      mloop_state_save (s, err, errlen) == -1) {
     mloop_ublk_detach (s, why, sizeof why);
     return -1;
   }
@@ -272,6 +281,20 @@ mloop_ublk_delete (int index, char *err, size_t errlen)
   return 0;
 }
 
+bool
+mloop_ublk_index_reused (const char *dir, int index)
+{
+  size_t n;
+  struct mloop_device_state *list = mloop_state_list (&n);
+  bool reused = false;
+
+  for (size_t i = 0; i < n; i++)
+    reused |= list[i].transport == MLOOP_TRANSPORT_UBLK &&
+      list[i].index == index && strcmp (list[i].dir, dir) != 0;
+  mloop_state_free_list (list, n);
+  return reused;
+}
+
 int
 mloop_ublk_detach (const struct mloop_device_state *s,
                    char *err, size_t errlen)
@@ -284,7 +307,12 @@ mloop_ublk_detach (const struct mloop_device_state *s,
     mloop_server_stop (s->supervisor_pid, s->dir, 2 * UBLK_STOP_TIMEOUT_MS);
   if (s->server_pid > 0)
     mloop_server_stop (s->server_pid, s->dir, UBLK_STOP_TIMEOUT_MS);
-  if (s->index >= 0 && ublk_device_exists (s->index))
+  /* A device that went away (stopped from outside, or given up) may have
+   * had its number given to a newer attach since: that one is not ours
+   * to delete.
+   */
+  if (s->index >= 0 && ublk_device_exists (s->index) &&
+      !mloop_ublk_index_reused (s->dir, s->index))
     return mloop_ublk_delete (s->index, err, errlen);
   return 0;
 }

@@ -16,8 +16,8 @@
  * supervisor stops it, so that its IO fails instead of waiting for ever.
  *
  * Not yet for ublk: a remote image (NBD carries it), a chosen device
- * number, request timeouts, autoclear, queue settings, --no-partscan and
- * resize.  Each is refused in one line.  Never prints.
+ * number, request timeouts, autoclear and resize.  Each is refused in
+ * one line.  Never prints.
  */
 #ifndef MLOOP_UBLK_DEVICE_H
 #define MLOOP_UBLK_DEVICE_H
@@ -84,6 +84,11 @@ int mloop_ublk_detach (const struct mloop_device_state *s,
  * and deletes it; 0 also when it is gone already.
  */
 int mloop_ublk_delete (int index, char *err, size_t errlen);
+
+/* Whether another device of ours than the one in DIR is /dev/ublkbINDEX
+ * now: the kernel gives a deleted device's number to the next one.
+ */
+bool mloop_ublk_index_reused (const char *dir, int index);
 
 /* Whether the kernel has the disk /dev/ublkbINDEX. */
 bool mloop_ublk_device_present (int index);

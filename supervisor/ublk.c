@@ -129,7 +129,10 @@ give_up (gpointer unused)
   say ("no mloop-ublk took /dev/ublkb%d over in %u s (%s); stopping it: "
        "its IO fails from now on", su.index, su.dead_timeout_s,
        su.last_try_error ? su.last_try_error : "no try finished");
-  if (mloop_ublk_delete (su.index, err, sizeof err) == -1)
+  if (mloop_ublk_index_reused (su.dir, su.index))
+    say ("/dev/ublkb%d is another device of ours now: not touching it",
+         su.index);
+  else if (mloop_ublk_delete (su.index, err, sizeof err) == -1)
     say ("%s", err);
   g_free (su.last_failure);
   su.last_failure = g_strdup_printf ("no server for %u s (%s): device "

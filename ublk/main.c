@@ -108,7 +108,8 @@ static GOptionEntry entries[] = {
     "Write the pid here once the device serves (after --device-file)",
     "FILE" },
   { "legacy-opcodes", 0, 0, G_OPTION_ARG_NONE, &opt_legacy,
-    "Send Linux 6.1's bare command numbers instead of the ioctl-encoded ones",
+    "Send Linux 6.1's bare control command numbers instead of the "
+    "ioctl-encoded ones (IO commands stay encoded)",
     NULL },
   { "delete", 0, 0, G_OPTION_ARG_INT, &opt_delete,
     "Stop and delete ublk device N (left behind by a killed mloop-ublk), "
@@ -186,6 +187,15 @@ check_options (int argc)
   if (opt_recover < 0 && opt_queues == 0) {
     long cpus = sysconf (_SC_NPROCESSORS_ONLN);
     opt_queues = cpus < 1 ? 1 : cpus > MAX_QUEUES ? MAX_QUEUES : (gint) cpus;
+  }
+  /* ADD_DEV gives a device no more queues than the kernel has CPUs, and
+   * a queue past those cannot be mapped: ask for what it will give. */
+  long cpus_conf = sysconf (_SC_NPROCESSORS_CONF);
+  if (opt_recover < 0 && cpus_conf >= 1 && opt_queues > cpus_conf) {
+    fprintf (stderr, "mloop-ublk: warning: --queues=%d: this machine has %ld "
+             "CPUs, and ublk no more queues than CPUs; using %ld\n",
+             opt_queues, cpus_conf, cpus_conf);
+    opt_queues = (gint) cpus_conf;
   }
   if (opt_recover < 0 && opt_depth == 0)
     opt_depth = DEPTH_DEFAULT;
@@ -316,6 +326,37 @@ pid_running (int pid)
   buf[n] = '\0';
   const char *paren = strrchr (buf, ')');
   return !(paren && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X'));
+}
+
+/* A queue of a recoverable device failed: STOP_DEV would wait for the
+ * requests that queue holds and no longer serves.  Exit instead, as a
+ * crash would: the kernel quiesces the device, puts those requests back,
+ * and the supervisor's next mloop-ublk --recover takes them. */
+static _Noreturn void
+leave_for_recovery (const char *dev, const struct ublk_queue *queues,
+                    unsigned n)
+{
+  for (unsigned i = 0; i < n; i++)
+    if (queues[i].err)
+      fprintf (stderr, "mloop-ublk: %s: queue %u: %s; leaving the device "
+               "for --recover\n", dev, i, strerror (-queues[i].err));
+  _exit (EXIT_FAILURE);
+}
+
+/* Before a stop: writes back what the page cache holds for the device.
+ * With user recovery, STOP_DEV aborts the device before the kernel's own
+ * write-back at its removal, so dirty pages of a buffered writer who did
+ * not fsync would be lost. */
+static void
+flush_device (const char *dev)
+{
+  int fd = open (dev, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return;
+  if (fsync (fd) < 0)
+    fprintf (stderr, "mloop-ublk: %s: fsync before stopping: %s\n", dev,
+             strerror (errno));
+  close (fd);
 }
 
 /* --recover ID: opens the control device and checks that ID is a
@@ -553,10 +594,13 @@ main (int argc, char *argv[])
     if (r < 0)
       fail ("/dev/ublkc%u: SET_PARAMS: %s", id, strerror (-r));
   }
+  /* STARTED counts threads that run: teardown joins exactly those. */
   for (; started < inited && !failure[0]; started++) {
     r = ublk_queue_start (&queues[started]);
-    if (r < 0)
+    if (r < 0) {
       fail ("/dev/ublkc%u: queue %u: %s", id, started, strerror (-r));
+      break;
+    }
   }
   if (!failure[0] && recover) {
     /* Waits for the fetches as START_DEV does; then the requests held
@@ -614,12 +658,18 @@ main (int argc, char *argv[])
     MLOOP_STATS_ADD (stats, connections_total, nr_queues);
     int sig;
     sigwait (&stop_sigs, &sig);
-    for (unsigned i = 0; i < started; i++)
-      if (atomic_load (&queues[i].ended) && !queues[i].err) {
-        fprintf (stderr, "mloop-ublk: %s was stopped from outside; "
-                 "deleting it\n", dev);
-        break;
-      }
+    bool outside = false, queue_failed = false;
+    for (unsigned i = 0; i < started; i++) {
+      outside |= atomic_load (&queues[i].ended) && !queues[i].err;
+      queue_failed |= queues[i].err != 0;
+    }
+    if (queue_failed && (opt_recovery || recover))
+      leave_for_recovery (dev, queues, started);
+    if (outside)
+      fprintf (stderr, "mloop-ublk: %s was stopped from outside; "
+               "deleting it\n", dev);
+    else
+      flush_device (dev);
   }
 
   /* Teardown.  STOP_DEV also on failure after ADD_DEV: harmless on a
@@ -662,8 +712,13 @@ close_engine:
     mloop_stats_close (stats);
   mloop_engine_close (&engine);
   if (failure[0]) {
-    fprintf (stderr, "mloop-ublk: %s%s\n", failure, recovering
-             ? "; the device is left quiesced for another --recover" : "");
+    /* A recovery that failed before every queue fetched cannot be
+     * started again on Linux 6.12 (START_USER_RECOVERY says EINVAL):
+     * then only --delete helps.  Past END_USER_RECOVERY it can. */
+    fprintf (stderr, "mloop-ublk: %s%s\n", failure, !recovering ? ""
+             : dev_started ? "; the device is left quiesced for another "
+             "--recover" : "; the device is left quiesced, but Linux 6.12 may "
+             "refuse another --recover of it (then: --delete)");
     return EXIT_FAILURE;
   }
   return EXIT_SUCCESS;

@@ -379,7 +379,10 @@ queue_main (void *arg)
   arm_aio_events (q);
   for (unsigned t = 0; t < q->depth; t++)
     queue_fetch (q, t, false, 0);
-  while (live > 0 && !q->err) {
+  /* q->stop is checked on every pass, not only when idle: a busy device
+   * being left without STOP_DEV (a failed --recover) must not keep its
+   * joiner waiting. */
+  while (live > 0 && !q->err && !atomic_load (&q->stop)) {
     flush_aio (q);
     int r = io_uring_submit (&q->ring);
     if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY) {

@@ -1,7 +1,10 @@
 """mloop's command line is the same over ublk: list and status show the
 transport and the device, detach takes the device's name or the image,
-what only NBD does is refused in one line with nothing left behind,
---transport auto chooses ublk for a local image and NBD otherwise, a
+partitions are read (or dropped with --no-partscan) and queue options
+applied, what only NBD does is refused in one line with nothing left
+behind,
+--transport auto chooses ublk for a local image and NBD otherwise,
+detach writes back what a buffered writer left in the page cache, a
 killed mloop-ublk is replaced by the supervisor with the data intact,
 and a device whose server and supervisor were both killed is still
 deleted by detach."""
@@ -11,7 +14,10 @@ import os
 import re
 import signal
 
-from kfix import CONNECTIONS, IMAGE_SIZE, make_image, wait_until
+from kfix import CONNECTIONS, IMAGE_SIZE, make_image, run, sysfs, wait_until
+
+# Two partitions, as test-partitions.py's MBR image.
+MBR_TABLE = "label: dos\nstart=2048, size=65536\nstart=67584, size=65536\n"
 
 
 def entries(kind):
@@ -53,6 +59,26 @@ def run_test(kind, cl):
     text = kind.cli("status", ublk_name(dev)).stdout
     assert text.startswith(f"{dev}: {image}") and "ublk" in text, f"status:\n{text}"
 
+    # Partitions: read at attach (ublkbNp1), or dropped with --no-partscan;
+    # --queue-option reaches the device's queue.
+    parted = make_image(cl, seed=5)
+    run(["sfdisk", "--quiet", parted], input=MBR_TABLE)
+    for extra, want in ((["--queue-option", "read_ahead_kb=512"], ["p1", "p2"]),
+                        (["--no-partscan"], [])):
+        # The image's own block size: the table counts 512-byte sectors.
+        pdev = kind.attach(cl, parted, args=["attach", parted, "--transport", "ublk",
+                                             "--connections", str(CONNECTIONS)] + extra)
+        name = ublk_name(pdev.device)
+        got = sorted(p[len(name):] for p in os.listdir(f"/sys/block/{name}")
+                     if p.startswith(f"{name}p"))
+        assert got == want, f"attach {' '.join(extra)}: partitions {got}, expected {want}"
+        if "--queue-option" in extra:
+            ahead = sysfs(pdev.device, "queue/read_ahead_kb")
+            assert ahead == "512", f"--queue-option read_ahead_kb=512: it is {ahead}"
+        assert kind.status(pdev.device)["device"]["partscan"] == (want != []), \
+            f"status does not say partscan {want != []}"
+        pdev.detach()
+
     # Attached once only; the message names the device.
     p = kind.cli("attach", image, "--transport", "ublk", check=False)
     assert p.returncode != 0 and f"already attached to {dev}" in p.stderr, \
@@ -74,9 +100,23 @@ def run_test(kind, cl):
     devices = [x["device"] for x in entries(kind)]
     assert devices == sorted([dev, auto], key=lambda d: int(d[len("/dev/ublkb"):])), \
         f"list shows {devices}"
-    # Detach by image path.
-    kind.cli("detach", other)
+    # Detach by image path, while a buffered writer holds the device open
+    # with its data still in the page cache: detach writes it back first.
+    data = os.urandom(64 << 10)
+    fd = os.open(auto, os.O_WRONLY)
+    try:
+        assert os.pwrite(fd, data, 1 << 20) == len(data)
+        kind.cli("detach", other)
+    finally:
+        try:
+            os.close(fd)
+        except OSError:
+            pass  # the device is gone: its pages were written back or lost
     wait_until(lambda: not os.path.exists(f"/sys/block/{ublk_name(auto)}"), f"{auto} to go")
+    with open(other, "rb") as f:
+        f.seek(1 << 20)
+        assert f.read(len(data)) == data, \
+            "data written (buffered, no fsync) before detach is not in the image"
     nbd = kind.cli("attach", other, "--transport", "auto", "--autoclear").stdout.strip()
     try:
         assert re.fullmatch(r"/dev/nbd\d+", nbd), \
