@@ -61,8 +61,35 @@ def kill_server(kind, dev, timeout=30):
         wait_until(back, f"{dev}'s server to be restarted and reconnected", timeout)
     except AssertionError as e:
         raise AssertionError(f"{e}; status: {status(kind, dev)}; supervisor.log: "
-                             f"{supervisor_log(before)[-8:]}") from None
+                             f"{supervisor_log(before)[-8:]}; server.log: "
+                             f"{server_log(before)[-6:]}; {stuck_servers()}") from None
     return time.monotonic() - start
+
+
+def server_log(st):
+    try:
+        with open(st["device"]["server_log"], errors="replace") as f:
+            return f.read().splitlines()
+    except OSError as e:
+        return [str(e)]
+
+
+def stuck_servers():
+    """Where each server process's threads wait in the kernel."""
+    out = []
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            if "mloop-ublk" not in cmd and "mloop-server" not in cmd:
+                continue
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/stack") as f:
+                    stack = " < ".join(l.split()[1] for l in f.read().splitlines()[:6])
+                out.append(f"{pid}/{tid} {cmd[:60]}: {stack}")
+        except OSError:
+            continue
+    return "stacks: " + " | ".join(out)
 
 
 def supervisor_log(st):
