@@ -43,7 +43,6 @@
 #include "counters.h"
 #include "delete.h"
 #include "engine.h"
-#include "files.h"
 #include "offload.h"
 #include "queue.h"
 #include "stats.h"
@@ -326,6 +325,21 @@ pid_running (int pid)
   buf[n] = '\0';
   const char *paren = strrchr (buf, ')');
   return !(paren && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X'));
+}
+
+/* Writes TEXT to PATH whole or not at all (a temporary file, then a
+ * rename: GLib's "consistent" mode, as device/device_state.c writes the
+ * state), so the starter never reads half a pid.  False after fail(). */
+static bool
+write_whole_file (const char *option, const char *path, const char *text)
+{
+  g_autoptr (GError) gerr = NULL;
+
+  if (g_file_set_contents_full (path, text, -1,
+                                G_FILE_SET_CONTENTS_CONSISTENT, 0644, &gerr))
+    return true;
+  fail ("%s %s", option, gerr->message);
+  return false;
 }
 
 /* A queue of a recoverable device failed: STOP_DEV would wait for the
@@ -624,16 +638,13 @@ main (int argc, char *argv[])
   if (!failure[0] && opt_device_file) {
     char text[80];
     snprintf (text, sizeof text, "%s\n", dev);
-    if (ublk_write_file_atomic (opt_device_file, text, err, sizeof err) < 0)
-      fail ("--device-file %s", err);
-    else
+    if (write_whole_file ("--device-file", opt_device_file, text))
       device_file = true;
   }
   if (!failure[0] && opt_pid_file) {
     char text[32];
     snprintf (text, sizeof text, "%d\n", (int) getpid ());
-    if (ublk_write_file_atomic (opt_pid_file, text, err, sizeof err) < 0)
-      fail ("--pid-file %s", err);
+    write_whole_file ("--pid-file", opt_pid_file, text);
   }
   serving = !failure[0];
   if (serving && recovering) {
