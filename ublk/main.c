@@ -373,9 +373,31 @@ flush_device (const char *dev)
   close (fd);
 }
 
-/* --recover ID: opens the control device and checks that ID is a
- * device we may take over, serving IMAGE as opened; its queues and
- * depth into NR_QUEUES and DEPTH.  Dies, the device untouched, if not. */
+/* Linux 6.12's ublk learns that its server died when the server's
+ * exit cancels the fetch commands it holds on each queue.  A queue whose
+ * every tag the server had taken holds no fetch: there only the request
+ * timeout (ublk_timeout: server dying, so abort and requeue) notices,
+ * after the block layer's default 30 s, and the quiesce that recovery
+ * waits for waits for that queue too.  While the server lives, ublk
+ * only rearms the timer, so a short one costs a timer, not an error. */
+#define REQUEST_TIMEOUT_MS 1000
+
+static void
+set_request_timeout (unsigned id)
+{
+  char path[96];
+  snprintf (path, sizeof path, "/sys/block/ublkb%u/queue/io_timeout", id);
+  int fd = open (path, O_WRONLY | O_CLOEXEC);
+  char text[16];
+  int n = snprintf (text, sizeof text, "%d", REQUEST_TIMEOUT_MS);
+  if (fd < 0 || write (fd, text, (size_t) n) != n)
+    fprintf (stderr, "mloop-ublk: warning: %s: %s; a killed server that "
+             "held every request of a queue is noticed only after 30 s\n",
+             path, strerror (errno));
+  if (fd >= 0)
+    close (fd);
+}
+
 static const char *
 state_name (unsigned state)
 {
@@ -387,6 +409,9 @@ state_name (unsigned state)
   }
 }
 
+/* --recover ID: opens the control device and checks that ID is a
+ * device we may take over, serving IMAGE as opened; its queues and
+ * depth into NR_QUEUES and DEPTH.  Dies, the device untouched, if not. */
 static void
 inspect_device (struct ublk_ctrl *ctrl, unsigned id, const char *image,
                 unsigned block_size, uint64_t dev_size, unsigned *nr_queues,
@@ -630,8 +655,11 @@ main (int argc, char *argv[])
     r = ublk_ctrl_start (&ctrl);
     if (r < 0)
       fail (UBLK_BLOCK_PATH ": START_DEV: %s", id, strerror (-r));
-    else
+    else {
       dev_started = true;
+      /* The disk keeps it across recoveries: set once, here. */
+      set_request_timeout (id);
+    }
   }
   char dev[64];
   snprintf (dev, sizeof dev, UBLK_BLOCK_PATH, id);

@@ -12,8 +12,9 @@ import kinds
 def attach(kind, cl, image, timeout):
     """Attaches with a short request timeout (also the dead-connection
     timeout): requests in flight on a killed server are requeued when it
-    expires, and a device without a server fails after it.  A ublk device
-    has no request timeout: the kernel holds its IO for the next server
+    expires, and a device without a server fails after it.  A ublk
+    device's request timeout is mloop-ublk's own (it only tells the
+    kernel of a dead server): the kernel holds its IO for the next server
     and gives it what the dead one had taken; TIMEOUT is how long it may
     be without one before its IO fails."""
     if isinstance(kind, kinds.MloopUblk):

@@ -53,7 +53,8 @@ GROUPS = ["main", "durable"]
 # recovery), the command line's contract where it is the same for both
 # transports, and a device that survives its server (ublk's user
 # recovery, through the supervisor).
-UBLK = ["ublk-smoke", "ublk-cli", "restart-fio", "restart-fsync", "restart-dying"]
+UBLK = ["ublk-smoke", "ublk-cli", "restart-fio", "restart-full-queue", "restart-fsync",
+        "restart-dying"]
 
 
 def tests_for(kind, group="main"):
