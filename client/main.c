@@ -79,7 +79,8 @@ cmd_attach (int argc, char **argv)
     { "find", 'f', 0, G_OPTION_ARG_NONE, &find,
       "Use the first free /dev/nbdN (the default without --device)", NULL },
     { "device", 'd', 0, G_OPTION_ARG_STRING, &device,
-      "Use this device", "/dev/nbdN" },
+      "Use this device (/dev/ublkbN: the ublk transport)",
+      "/dev/nbdN|/dev/ublkbN" },
     { "threads", 't', 0, G_OPTION_ARG_INT, &threads,
       "Server IO workers (default 4)", "N" },
     { "connections", 'c', 0, G_OPTION_ARG_INT, &connections,
@@ -126,8 +127,10 @@ cmd_attach (int argc, char **argv)
     return error ("attach: give exactly one FILE (see mloop attach --help)");
   if (find && device)
     return error ("attach: --find and --device exclude each other");
-  if (device && (req.index = mloop_device_index (device)) < 0)
-    return error ("attach: --device %s: not an nbd device name", device);
+  if (device &&
+      (req.index = mloop_device_index (device, &req.ublk_index)) < 0)
+    return error ("attach: --device %s: not a device name (/dev/nbdN or "
+                  "/dev/ublkbN)", device);
   if (threads != -1 && (threads < 1 || threads > 64))
     return error ("attach: --threads %d: must be 1..64", threads);
   if (connections != -1 &&
@@ -146,7 +149,10 @@ cmd_attach (int argc, char **argv)
   if (server &&
       (req.server = mloop_server_kind_find (server, err, sizeof err)) == NULL)
     return error ("attach: --server %s", err);
-  if (transport == NULL || strcmp (transport, "nbd") == 0)
+  /* --device /dev/ublkbN alone says which transport. */
+  if (transport == NULL && req.ublk_index)
+    req.transport = MLOOP_CHOOSE_UBLK;
+  else if (transport == NULL || strcmp (transport, "nbd") == 0)
     req.transport = MLOOP_CHOOSE_NBD;
   else if (strcmp (transport, "ublk") == 0)
     req.transport = MLOOP_CHOOSE_UBLK;

@@ -25,17 +25,19 @@
 #define SERVER_STOP_TIMEOUT_MS 10000
 
 int
-mloop_device_index (const char *name)
+mloop_device_index (const char *name, bool *ublk)
 {
+  const char *n = g_str_has_prefix (name, "/dev/") ? name + 5 : name;
+  const char *digits;
   char *end;
-  long n;
+  long n_index;
 
-  if (g_str_has_prefix (name, "/dev/"))
-    name += 5;
-  if (!g_str_has_prefix (name, "nbd") || !g_ascii_isdigit (name[3]))
+  *ublk = g_str_has_prefix (n, "ublkb");
+  digits = *ublk ? n + 5 : g_str_has_prefix (n, "nbd") ? n + 3 : NULL;
+  if (digits == NULL || !g_ascii_isdigit (digits[0]))
     return -1;
-  n = strtol (name + 3, &end, 10);
-  return *end || n > INT_MAX ? -1 : (int) n;
+  n_index = strtol (digits, &end, 10);
+  return *end || n_index > INT_MAX ? -1 : (int) n_index;
 }
 
 static bool
@@ -454,16 +456,24 @@ choose_ublk (const struct mloop_attach_request *req, char *err,
   char why[512];
 
   switch (req->transport) {
+  case MLOOP_CHOOSE_AUTO:
+    if (!req->ublk_index)
+      return !mloop_ublk_refuses (req, why, sizeof why) &&
+        mloop_ublk_available (why, sizeof why);
+    /* --device /dev/ublkbN: nothing else would do */
+    /* fall through */
   case MLOOP_CHOOSE_UBLK:
     if (mloop_ublk_refuses (req, err, errlen) ||
         !mloop_ublk_available (err, errlen))
       return -1;
     return 1;
-  case MLOOP_CHOOSE_AUTO:
-    return !mloop_ublk_refuses (req, why, sizeof why) &&
-      mloop_ublk_available (why, sizeof why);
   case MLOOP_CHOOSE_NBD:
   default:
+    if (req->index >= 0 && req->ublk_index) {
+      mloop_fail (err, errlen, "--device /dev/ublkb%d is a ublk device; "
+                  "the nbd transport makes /dev/nbdN", req->index);
+      return -1;
+    }
     return 0;
   }
 }

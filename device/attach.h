@@ -49,7 +49,11 @@ struct mloop_attach_request {
    * of one file that do not overlap may be attached at once.
    */
   uint64_t offset, sizelimit;
-  int index;                    /* /dev/nbdINDEX, or -1 for the first free */
+  /* The device asked for (--device): /dev/nbdINDEX, or /dev/ublkbINDEX
+   * if UBLK_INDEX; -1 for the first free.
+   */
+  int index;
+  bool ublk_index;
   unsigned threads;             /* server IO workers; 0 = its default */
   unsigned connections;         /* 0 = one per CPU, at most 16 */
   bool read_only;
@@ -92,7 +96,9 @@ int mloop_cleanup_incomplete (void);
  */
 char *mloop_device_mount_point (const char *device);
 
-/* Parses "/dev/nbdN" or "nbdN"; -1 when it is neither. */
-int mloop_device_index (const char *name);
+/* Parses "/dev/nbdN" or "/dev/ublkbN", with or without "/dev/": N, and
+ * in *UBLK which of the two; -1 when it is neither.
+ */
+int mloop_device_index (const char *name, bool *ublk);
 
 #endif /* MLOOP_ATTACH_H */

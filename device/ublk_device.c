@@ -52,8 +52,8 @@ mloop_ublk_refuses (const struct mloop_attach_request *req,
 
   if (strstr (req->file, "://"))
     what = "a remote export (NBD carries it: --transport nbd)";
-  else if (req->index >= 0)
-    what = "--device (the kernel numbers ublk devices)";
+  else if (req->index >= 0 && !req->ublk_index)
+    what = "--device /dev/nbdN (a ublk device is /dev/ublkbN)";
   else if (req->server)
     what = "--server (mloop-ublk serves a ublk device)";
   else if (req->threads)
@@ -130,6 +130,8 @@ mloop_ublk_read_device_file (const char *dir, int *index, char *err,
 static void
 add_spec_args (GPtrArray *argv, const struct mloop_ublk_spec *spec)
 {
+  if (spec->id >= 0)
+    g_ptr_array_add (argv, g_strdup_printf ("--id=%d", spec->id));
   if (spec->read_only)
     g_ptr_array_add (argv, g_strdup ("--read-only"));
   if (spec->block_size)
@@ -146,7 +148,11 @@ mloop_ublk_command (const struct mloop_ublk_spec *spec, const char *dir,
                     int recover)
 {
   GPtrArray *argv = g_ptr_array_new ();
+  struct mloop_ublk_spec made = *spec;
 
+  /* A device to recover has its number: --id is for adding one. */
+  if (recover >= 0)
+    made.id = -1;
   g_ptr_array_add (argv, ublk_program ());
   if (recover >= 0)
     g_ptr_array_add (argv, g_strdup_printf ("--recover=%d", recover));
@@ -162,7 +168,7 @@ mloop_ublk_command (const struct mloop_ublk_spec *spec, const char *dir,
                                           MLOOP_DIR_SERVER_PID));
   g_ptr_array_add (argv, g_strdup_printf ("--stats-file=%s/%s", dir,
                                           MLOOP_DIR_STATS));
-  add_spec_args (argv, spec);
+  add_spec_args (argv, &made);
   return (char **) g_ptr_array_free (argv, FALSE);
 }
 
@@ -214,12 +220,16 @@ mloop_ublk_attach (const struct mloop_attach_request *req, const char *file,
 {
   const struct mloop_ublk_spec spec = {
     .image = file, .offset = req->offset, .sizelimit = req->sizelimit,
-    .queues = wanted_queues (req), .block_size = req->block_size,
+    .queues = wanted_queues (req), .id = req->index,
+    .block_size = req->block_size,
     .read_only = req->read_only,
   };
   g_autofree char *name = NULL;
   char why[256];
 
+  if (spec.id >= 0 && ublk_device_exists (spec.id))
+    return mloop_fail (err, errlen, "/dev/ublkb%d is in use (the kernel "
+                       "has ublk device %d)", spec.id, spec.id);
   s->transport = MLOOP_TRANSPORT_UBLK;
   s->server = NULL;
   /* How long the device may be without a server: then its IO fails, as

@@ -39,6 +39,7 @@ struct mloop_ublk_spec {
   const char *image;
   uint64_t offset, sizelimit;   /* the window served (attach.h) */
   unsigned queues;              /* hardware queues */
+  int id;                       /* /dev/ublkbID, or -1: the first free */
   uint32_t block_size;          /* 0: the image's */
   bool read_only;
 };

@@ -50,7 +50,8 @@
  *
  * And one served through ublk by mloop-ublk, in a third mode (ublk.h):
  *
- *   mloop-supervisor --dir DIR --ublk [--queues N] [--block-size N] IMAGE
+ *   mloop-supervisor --dir DIR --ublk [--queues N] [--block-size N]
+ *                    [--id N] IMAGE
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -646,7 +647,7 @@ int
 main (int argc, char **argv)
 {
   g_autofree char *server_kind = NULL, *remote = NULL;
-  gint threads = 0, queues = 1, block_size = 0, dead_timeout = 30;
+  gint threads = 0, queues = 1, block_size = 0, dead_timeout = 30, id = -1;
   gboolean read_only = FALSE, ublk = FALSE;
   gint64 offset = 0, sizelimit = 0;
   GOptionEntry entries[] = {
@@ -671,6 +672,8 @@ main (int argc, char **argv)
       "ublk: hardware queues", "N" },
     { "block-size", 'b', 0, G_OPTION_ARG_INT, &block_size,
       "ublk: logical block size", "BYTES" },
+    { "id", 'n', 0, G_OPTION_ARG_INT, &id,
+      "ublk: add the device as /dev/ublkbN", "N" },
     { "dead-timeout", 0, 0, G_OPTION_ARG_INT, &dead_timeout,
       "ublk: stop the device after this long without a server", "S" },
     G_OPTION_ENTRY_NULL
@@ -696,11 +699,11 @@ main (int argc, char **argv)
     const struct mloop_ublk_spec spec = {
       .image = argv[1], .offset = (uint64_t) offset,
       .sizelimit = (uint64_t) sizelimit, .queues = (unsigned) queues,
-      .block_size = (uint32_t) block_size, .read_only = read_only,
+      .id = id, .block_size = (uint32_t) block_size, .read_only = read_only,
     };
 
     if (argc != 2 || sv.dir == NULL || queues < 1 || block_size < 0 ||
-        dead_timeout < 1) {
+        dead_timeout < 1 || id < -1) {
       fprintf (stderr, "mloop-supervisor: --ublk needs --dir DIR, one IMAGE, "
                "--queues and --dead-timeout of at least 1\n");
       return EXIT_FAILURE;

@@ -95,8 +95,8 @@ ublk_ctrl_get_info (struct ublk_ctrl *c, unsigned id)
 }
 
 int
-ublk_ctrl_add (struct ublk_ctrl *c, unsigned nr_queues, unsigned depth,
-               unsigned max_io_bytes, bool recovery)
+ublk_ctrl_add (struct ublk_ctrl *c, int id, unsigned nr_queues,
+               unsigned depth, unsigned max_io_bytes, bool recovery)
 {
   c->info = (struct ublksrv_ctrl_dev_info) {
     .nr_hw_queues = nr_queues,
@@ -104,7 +104,7 @@ ublk_ctrl_add (struct ublk_ctrl *c, unsigned nr_queues, unsigned depth,
     .max_io_buf_bytes = max_io_bytes,
     /* The kernel insists that the header's id and this one agree; -1
      * asks it to choose. */
-    .dev_id = -1,
+    .dev_id = (__u32) id,
     .flags = UBLK_F_CMD_IOCTL_ENCODE
              /* REISSUE: requests the dead server had taken are handed
               * to the next one (a write may land twice: harmless on an

@@ -22,12 +22,13 @@ int ublk_ctrl_open (struct ublk_ctrl *c, bool legacy);
  * commands below address (-ENODEV: no such device). */
 int ublk_ctrl_get_info (struct ublk_ctrl *c, unsigned id);
 void ublk_ctrl_close (struct ublk_ctrl *c);
-/* A new device with NR_QUEUES queues of DEPTH tags and requests of at
- * most MAX_IO_BYTES; its id is then in c->info.dev_id.  RECOVERY asks
- * for user recovery with reissue: when the server dies the device
- * waits, quiesced, for another to take it over (--recover). */
-int ublk_ctrl_add (struct ublk_ctrl *c, unsigned nr_queues, unsigned depth,
-                   unsigned max_io_bytes, bool recovery);
+/* A new device ID (-1: the kernel picks; -EEXIST if ID is taken) with
+ * NR_QUEUES queues of DEPTH tags and requests of at most MAX_IO_BYTES;
+ * its id is then in c->info.dev_id.  RECOVERY asks for user recovery
+ * with reissue: when the server dies the device waits, quiesced, for
+ * another to take it over (--recover). */
+int ublk_ctrl_add (struct ublk_ctrl *c, int id, unsigned nr_queues,
+                   unsigned depth, unsigned max_io_bytes, bool recovery);
 /* The device's parameters (after ublk_ctrl_get_info) into P. */
 int ublk_ctrl_get_params (struct ublk_ctrl *c, struct ublk_params *p);
 /* Taking over a device whose server died: -EBUSY while the old

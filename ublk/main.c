@@ -79,6 +79,7 @@ static gboolean opt_version;
 static gint opt_delete = -1;
 static gboolean opt_recovery;
 static gint opt_recover = -1;
+static gint opt_id = -1;         /* -1: the kernel picks the number */
 
 static GOptionEntry entries[] = {
   { "queues", 'q', 0, G_OPTION_ARG_INT, &opt_queues,
@@ -113,6 +114,8 @@ static GOptionEntry entries[] = {
   { "delete", 0, 0, G_OPTION_ARG_INT, &opt_delete,
     "Stop and delete ublk device N (left behind by a killed mloop-ublk), "
     "then exit", "N" },
+  { "id", 'n', 0, G_OPTION_ARG_INT, &opt_id,
+    "Add the device as /dev/ublkbN (default: the first free number)", "N" },
   { "recovery", 0, 0, G_OPTION_ARG_NONE, &opt_recovery,
     "Add the device with user recovery: if we die, it waits (IO held) for "
     "another mloop-ublk --recover N", NULL },
@@ -172,6 +175,11 @@ check_options (int argc)
 {
   if (opt_recover < -1)
     die ("--recover=%d: must be a ublk device number", opt_recover);
+  if (opt_id < -1)
+    die ("--id=%d: must be a ublk device number", opt_id);
+  if (opt_id >= 0 && (opt_recover >= 0 || opt_delete >= 0))
+    die ("--id is for a new device, not with --%s",
+         opt_recover >= 0 ? "recover" : "delete");
   if (opt_delete >= 0) {
     if (argc != 1)
       die ("--delete N takes no IMAGE");
@@ -603,10 +611,15 @@ main (int argc, char *argv[])
       if (cfd < 0)
         fail ("/dev/ublkc%u: %s", id, strerror (errno));
     }
-  } else if ((r = ublk_ctrl_add (&ctrl, nr_queues, depth, MAX_IO_BYTES,
-                                 opt_recovery)) < 0)
-    fail ("/dev/ublk-control: ADD_DEV (%u queues of %u): %s", nr_queues,
-          depth, strerror (-r));
+  } else if ((r = ublk_ctrl_add (&ctrl, opt_id, nr_queues, depth,
+                                 MAX_IO_BYTES, opt_recovery)) < 0) {
+    if (r == -EEXIST && opt_id >= 0)
+      fail ("--id=%d: ublk device %d exists already (/dev/ublkc%d)", opt_id,
+            opt_id, opt_id);
+    else
+      fail ("/dev/ublk-control: ADD_DEV (%u queues of %u): %s", nr_queues,
+            depth, strerror (-r));
+  }
   else {
     added = true;
     id = ctrl.info.dev_id;

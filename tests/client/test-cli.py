@@ -88,7 +88,8 @@ try:
     refused("--threads 65", ["attach", "--threads", "65", image], "--threads 65")
     refused("--block-size 1000", ["attach", "--block-size", "1000", image], "--block-size 1000")
     refused("--server foo", ["attach", "--server", "foo", image], "--server foo")
-    refused("--device /dev/sda", ["attach", "--device", "/dev/sda", image], "not an nbd device")
+    refused("--device /dev/sda", ["attach", "--device", "/dev/sda", image],
+            "--device /dev/sda: not a device name (/dev/nbdN or /dev/ublkbN)")
     refused("--find with --device", ["attach", "--find", "--device", "/dev/nbd0", image],
             "exclude each other")
     refused("--connections four", ["attach", "--connections", "four", image], "four")
@@ -104,10 +105,19 @@ try:
             "does not take --threads")
     refused("ublk for a remote export", ["attach", "--transport", "ublk", "nbd://127.0.0.1/x"],
             "does not take a remote export")
+    refused("ublk with an nbd --device", ["attach", "--transport", "ublk", "--device",
+                                          "/dev/nbd3", image],
+            "the ublk transport does not take --device /dev/nbdN")
+    refused("a ublk --device with --transport nbd",
+            ["attach", "--transport", "nbd", "--device", "/dev/ublkb3", image],
+            "--device /dev/ublkb3 is a ublk device; the nbd transport makes /dev/nbdN")
     if os.path.exists("/dev/ublk-control"):
         print("skip no-ublk-kernel refusal: this kernel has ublk")
     else:
         refused("kernel without ublk", ["attach", "--transport", "ublk", image],
+                "/dev/ublk-control: No such file or directory")
+        refused("a ublk --device on a kernel without ublk",
+                ["attach", "--device", "/dev/ublkb3", image],
                 "/dev/ublk-control: No such file or directory")
 
     nbd_here = os.path.exists("/sys/module/nbd") or \

@@ -1,8 +1,8 @@
 """mloop's command line is the same over ublk: list and status show the
 transport and the device, detach takes the device's name or the image,
 partitions are read (or dropped with --no-partscan) and queue options
-applied, what only NBD does is refused in one line with nothing left
-behind,
+applied, --device picks the number, what only NBD does is refused in
+one line with nothing left behind,
 --transport auto chooses ublk for a local image and NBD otherwise,
 detach writes back what a buffered writer left in the page cache, a
 killed mloop-ublk is replaced by the supervisor with the data intact,
@@ -84,10 +84,19 @@ def run_test(kind, cl):
     assert p.returncode != 0 and f"already attached to {dev}" in p.stderr, \
         f"a second attach of {image}: rc {p.returncode}, {p.stderr!r}"
 
+    # --device /dev/ublkbN, without --transport: that number; one in use
+    # is refused, naming it.
+    chosen = kind.attach(cl, other, args=["attach", other, "--device", "/dev/ublkb7",
+                                          "--connections", str(CONNECTIONS)])
+    assert chosen.device == "/dev/ublkb7", f"--device /dev/ublkb7 gave {chosen.device}"
+    assert kind.status("ublkb7")["device"]["file"] == other, "status ublkb7: not the image"
+    refused(kind, parted, "--device", dev, why=rf"{dev} is in use")
+    chosen.detach()
+
     # What ublk does not do (yet) is refused, naming the option.
     refused(kind, other, "--autoclear", why=r"ublk transport does not take --autoclear")
     refused(kind, other, "--server", "nbdkit", why=r"does not take --server")
-    refused(kind, other, "--device", "/dev/nbd3", why=r"does not take --device")
+    refused(kind, other, "--device", "/dev/nbd3", why=r"does not take --device /dev/nbdN")
     refused(kind, "nbd://127.0.0.1:10809/x", why=r"remote export")
     p = kind.cli("resize", dev, check=False)
     assert p.returncode != 0 and "not supported" in p.stderr \
