@@ -133,6 +133,34 @@ class _Follower:
         return [p.decode("utf-8", "replace").rstrip("\r") for p in parts]
 
 
+def boot_cpu_args(tree, kver):
+    """Kernel arguments that boot the guest on one vCPU; tests/vm/init
+    brings the others up once it has loaded its modules.
+
+    The kernel patches its own code while it boots and loads modules
+    (static keys: an int3 on an instruction's first byte, then the rest,
+    then the first byte, every CPU serialized in between).  Under qemu
+    7.2's multi-threaded TCG another vCPU sometimes runs that int3 after
+    the patch is done: "Oops: int3" in a jump label's NOP and a panic at
+    boot, about 1 boot in 20 of Debian's 6.12 on this project's machines
+    (a CI run died of it).  With one vCPU running, no other sees it.
+
+    A CPU brought up late measures its delay loop, about 2 s per vCPU
+    under TCG, unless lpj= gives it.  The guest's TSC is the host's
+    (TCG reads it), so loops per jiffy are the host's TSC rate (its
+    "cpu MHz", which can differ from the TSC under frequency scaling:
+    then only udelay's accuracy suffers) over the kernel's HZ."""
+    args = ["maxcpus=1"]
+    try:
+        with open(os.path.join(tree, "boot", f"config-{kver}")) as f:
+            hz = int(next(line.split("=")[1] for line in f if line.startswith("CONFIG_HZ=")))
+        with open("/proc/cpuinfo") as f:
+            mhz = float(next(line.split(":")[1] for line in f if line.startswith("cpu MHz")))
+    except (OSError, StopIteration, ValueError):
+        return args  # no lpj: the vCPUs measure it, slower but right
+    return args + [f"lpj={int(mhz * 1e6 / hz)}"]
+
+
 def run(guest_cmd, on_output, on_console, timeout, smp=4, memory_mb=2048, preserve=(),
         series=None, outdir=None, scratch_size=SCRATCH_SIZE):
     """Boots the VM with the kernel of SERIES, runs the shell script
@@ -176,7 +204,9 @@ def run(guest_cmd, on_output, on_console, timeout, smp=4, memory_mb=2048, preser
             # panic=-1 reboots at once on a panic, which -no-reboot turns
             # into qemu exiting; loglevel=5 keeps warnings and errors (nbd's
             # "Unexpected reply", oopses) on the console and boot chatter off.
-            "-append", "console=ttyS0 panic=-1 loglevel=5 rdinit=/init",
+            # maxcpus=1 and lpj: see boot_cpu_args.
+            "-append", "console=ttyS0 panic=-1 loglevel=5 rdinit=/init "
+                       + " ".join(boot_cpu_args(tree, kver)),
             "-virtfs", "local,path=/,mount_tag=host,security_model=none,"
                        "readonly=on,multidevs=remap",
             "-drive", f"file={scratch},format=raw,if=virtio,cache=unsafe",
