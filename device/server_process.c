@@ -85,22 +85,15 @@ pid_file_read (const char *pid_file)
   return pid > 1 && *end == '\n' ? (pid_t) pid : 0;
 }
 
-/* Spawns ARGV detached with its output in LOG_FILE and waits up to
- * TIMEOUT_MS for PID_FILE to name a process.  WHAT names the program in
- * errors.  When MAY_DAEMONIZE, the spawned process exiting 0 is a
- * daemon's fork, not a failure.  *CHILD is the spawned pid (0 once it
- * daemonized), *PID the one in the pid file.
- */
-static int
-spawn_and_wait (char **argv, const char *log_file, const char *pid_file,
-                bool may_daemonize, const char *what, unsigned timeout_ms,
-                pid_t *child, pid_t *pid, char *err, size_t errlen)
+int
+mloop_process_spawn (char **argv, const char *log_file, const char *what,
+                     pid_t *child, char *err, size_t errlen)
 {
   g_autoptr (GError) gerr = NULL;
-  bool daemonized = false;
-  int log_fd, status;
   GPid spawned;
+  int log_fd;
 
+  *child = 0;
   log_fd = open (log_file, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
   if (log_fd == -1)
     return mloop_fail (err, errlen, "cannot create %s: %s", log_file,
@@ -116,19 +109,64 @@ spawn_and_wait (char **argv, const char *log_file, const char *pid_file,
   }
   close (log_fd);
   *child = spawned;
+  return 0;
+}
 
+/* Why the program WHAT ended before it served: its own last words
+ * "WHAT: why" when it said them (phrased for the user), else its log's
+ * last line.
+ */
+static int
+start_failure (const char *log_file, const char *what, char *err,
+               size_t errlen)
+{
+  g_autofree char *line = last_log_line (log_file);
+  g_autofree char *prefix = g_strconcat (what, ": ", NULL);
+
+  if (line && g_str_has_prefix (line, prefix))
+    return mloop_fail (err, errlen, "%s", line + strlen (prefix));
+  return mloop_fail (err, errlen, "%s failed to start: %s", what,
+                     line ? line : "it exited without a message");
+}
+
+int
+mloop_process_check (pid_t child, const char *log_file, const char *pid_file,
+                     const char *what, pid_t *pid, char *err, size_t errlen)
+{
+  int status;
+
+  if (waitpid (child, &status, WNOHANG) == child)
+    return start_failure (log_file, what, err, errlen);
+  *pid = pid_file_read (pid_file);
+  return *pid != 0;
+}
+
+/* Spawns ARGV detached with its output in LOG_FILE and waits up to
+ * TIMEOUT_MS for PID_FILE to name a process.  WHAT names the program in
+ * errors.  When MAY_DAEMONIZE, the spawned process exiting 0 is a
+ * daemon's fork, not a failure.  *CHILD is the spawned pid (0 once it
+ * daemonized), *PID the one in the pid file.
+ */
+static int
+spawn_and_wait (char **argv, const char *log_file, const char *pid_file,
+                bool may_daemonize, const char *what, unsigned timeout_ms,
+                pid_t *child, pid_t *pid, char *err, size_t errlen)
+{
+  bool daemonized = false;
+  pid_t spawned;
+  int status;
+
+  if (mloop_process_spawn (argv, log_file, what, &spawned, err,
+                           errlen) == -1)
+    return -1;
+  *child = spawned;
   for (unsigned waited = 0; ; waited += POLL_INTERVAL_US / 1000) {
     if (!daemonized && waitpid (spawned, &status, WNOHANG) == spawned) {
-      g_autofree char *line = NULL;
-
       daemonized = may_daemonize && WIFEXITED (status) &&
         WEXITSTATUS (status) == 0;
       *child = 0;
-      if (!daemonized) {
-        line = last_log_line (log_file);
-        return mloop_fail (err, errlen, "%s failed to start: %s", what,
-                     line ? line : "it exited without a message");
-      }
+      if (!daemonized)
+        return start_failure (log_file, what, err, errlen);
     }
     if ((*pid = pid_file_read (pid_file)) != 0)
       return 0;
@@ -160,21 +198,28 @@ mloop_process_start (char **argv, const char *log_file, const char *pid_file,
                      const char *what, unsigned timeout_ms, pid_t *child,
                      pid_t *pid, char *err, size_t errlen)
 {
-  g_autofree char *line = NULL;
-  g_autofree char *prefix = NULL;
   pid_t spawned;
   int r;
 
-  r = spawn_and_wait (argv, log_file, pid_file, false, what, timeout_ms,
-                      &spawned, pid, err, errlen);
   if (child)
-    *child = spawned;
-  /* A program that says "PROGRAM: why" has phrased it for the user. */
-  prefix = g_strconcat (what, ": ", NULL);
-  if (r == -1 && spawned == 0 && (line = last_log_line (log_file)) &&
-      g_str_has_prefix (line, prefix))
-    mloop_fail (err, errlen, "%s", line + strlen (prefix));
-  return r;
+    *child = 0;
+  if (mloop_process_spawn (argv, log_file, what, &spawned, err, errlen) == -1)
+    return -1;
+  for (unsigned waited = 0; ; waited += POLL_INTERVAL_US / 1000) {
+    r = mloop_process_check (spawned, log_file, pid_file, what, pid, err,
+                             errlen);
+    if (r == 1 && child)
+      *child = spawned;
+    if (r != 0)
+      return r == 1 ? 0 : -1;
+    if (waited >= timeout_ms) {
+      kill (spawned, SIGKILL);
+      waitpid (spawned, NULL, 0);
+      return mloop_fail (err, errlen, "%s did not start within %u s", what,
+                         timeout_ms / 1000);
+    }
+    g_usleep (POLL_INTERVAL_US);
+  }
 }
 
 int

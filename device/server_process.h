@@ -64,6 +64,17 @@ int mloop_process_start (char **argv, const char *log_file,
                          unsigned timeout_ms, pid_t *child, pid_t *pid,
                          char *err, size_t errlen);
 
+/* mloop_process_start in two steps, for an event loop that must not wait:
+ * mloop_process_spawn starts ARGV (*CHILD), and mloop_process_check,
+ * called until it is not 0, says 1 once PID_FILE names a process (*PID),
+ * or -1 with ERR once CHILD has exited (reaped) without serving.
+ */
+int mloop_process_spawn (char **argv, const char *log_file, const char *what,
+                         pid_t *child, char *err, size_t errlen);
+int mloop_process_check (pid_t child, const char *log_file,
+                         const char *pid_file, const char *what, pid_t *pid,
+                         char *err, size_t errlen);
+
 /* Starts mloop-supervisor for device directory DIR, which starts the
  * server of SPEC (its files in DIR) and restarts it when it dies.  Waits,
  * like mloop_server_start, until the server listens; *SUPERVISOR and

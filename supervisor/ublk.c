@@ -21,6 +21,8 @@
 #define STOP_TIMEOUT_MS 10000
 #define BACKOFF_MIN_MS 100
 #define BACKOFF_MAX_MS 2000
+/* How often a recovery under way is looked at (its pid file, its exit). */
+#define ATTEMPT_POLL_MS 20
 /* A server that lived this long earns a quick restart again. */
 #define HEALTHY_US (30 * G_USEC_PER_SEC)
 
@@ -30,6 +32,9 @@ static struct {
   char *pid_file, *log_file;
   int index;                    /* /dev/ublkbINDEX, once it exists */
   pid_t server;                 /* 0 while none serves */
+  pid_t attempt;                /* a recovery under way, or 0 */
+  gint64 attempt_began;
+  guint attempt_source;         /* watch_attempt's timer */
   int pidfd;
   gint64 started_at;
   unsigned restarts;
@@ -56,22 +61,12 @@ record (void)
 
 static gboolean on_server_exit (gint fd, GIOCondition c, gpointer unused);
 
-/* Starts mloop-ublk: a new device, or with RECOVER >= 0 the one whose
- * server died.  Returns once it serves: 0, or -1 with ERR.
+/* PID serves the device: watch it die.  0, or -1 with ERR (PID stopped).
  */
 static int
-start_server (int recover, char *err, size_t errlen)
+serving (pid_t pid, char *err, size_t errlen)
 {
-  g_auto (GStrv) argv = mloop_ublk_command (su.spec, su.dir, recover);
-
-  /* A killed server's pid file would look like the new one's. */
-  g_unlink (su.pid_file);
-  if (mloop_process_start (argv, su.log_file, su.pid_file, "mloop-ublk",
-                           START_TIMEOUT_MS, NULL, &su.server, err,
-                           errlen) == -1) {
-    su.server = 0;
-    return -1;
-  }
+  su.server = pid;
   su.pidfd = (int) syscall (SYS_pidfd_open, su.server, 0);
   if (su.pidfd == -1) {
     snprintf (err, errlen, "pidfd_open: %s", strerror (errno));
@@ -85,21 +80,31 @@ start_server (int recover, char *err, size_t errlen)
   return 0;
 }
 
-static gboolean
-recover (gpointer unused)
+/* The first mloop-ublk, which makes the device: attach waits for it
+ * anyway.  Returns once it serves: 0, or -1 with ERR.
+ */
+static int
+start_server (char *err, size_t errlen)
 {
-  char err[512];
+  g_auto (GStrv) argv = mloop_ublk_command (su.spec, su.dir, -1);
+  pid_t pid;
 
-  if (start_server (su.index, err, sizeof err) == 0) {
-    say ("mloop-ublk pid %d serves /dev/ublkb%d again", (int) su.server,
-         su.index);
-    g_clear_pointer (&su.last_try_error, g_free);
-    g_clear_handle_id (&su.give_up_source, g_source_remove);
-    return G_SOURCE_REMOVE;
-  }
-  /* The device holds its IO until one takes over: keep trying, but
-   * say each new reason once, not every try.
-   */
+  g_unlink (su.pid_file);
+  if (mloop_process_start (argv, su.log_file, su.pid_file, "mloop-ublk",
+                           START_TIMEOUT_MS, NULL, &pid, err, errlen) == -1)
+    return -1;
+  return serving (pid, err, errlen);
+}
+
+static gboolean recover (gpointer unused);
+
+/* A recovery attempt failed with ERR: try again after the backoff.  The
+ * device holds its IO until one takes over, so keep trying (the dead
+ * timeout ends that), but say each new reason once, not every try.
+ */
+static void
+recovery_failed (const char *err)
+{
   if (g_strcmp0 (err, su.last_try_error) != 0) {
     say ("recovering /dev/ublkb%d failed: %s; trying again every %u ms "
          "at most", su.index, err, BACKOFF_MAX_MS);
@@ -111,6 +116,81 @@ recover (gpointer unused)
   }
   g_timeout_add (su.backoff_ms, recover, NULL);
   su.backoff_ms = MIN (su.backoff_ms * 2, BACKOFF_MAX_MS);
+}
+
+static void
+reap (GPid pid, gint status, gpointer unused)
+{
+  g_spawn_close_pid (pid);
+}
+
+/* Ends a recovery attempt still under way (SIGTERM, the dead timeout):
+ * SIGKILL, and reaping it is left to GLib, since a process stuck in
+ * the kernel (its image's IO hanging) dies only when that returns.
+ */
+static void
+abandon_attempt (void)
+{
+  if (su.attempt == 0)
+    return;
+  g_clear_handle_id (&su.attempt_source, g_source_remove);
+  kill (su.attempt, SIGKILL);
+  g_child_watch_add (su.attempt, reap, NULL);
+  su.attempt = 0;
+}
+
+/* Follows the attempt recover() started, without blocking the loop: so
+ * SIGTERM (detach) and the dead timeout are served while an attempt
+ * waits on the kernel or on its image.
+ */
+static gboolean
+watch_attempt (gpointer unused)
+{
+  char err[512];
+  pid_t pid = 0;
+  int r = mloop_process_check (su.attempt, su.log_file, su.pid_file,
+                               "mloop-ublk", &pid, err, sizeof err);
+
+  if (r == 0) {
+    if (g_get_monotonic_time () - su.attempt_began <
+        (gint64) START_TIMEOUT_MS * 1000)
+      return G_SOURCE_CONTINUE;
+    snprintf (err, sizeof err, "mloop-ublk --recover did not serve within "
+              "%d s", START_TIMEOUT_MS / 1000);
+    su.attempt_source = 0;      /* this source, ending */
+    abandon_attempt ();
+    recovery_failed (err);
+    return G_SOURCE_REMOVE;
+  }
+  su.attempt_source = 0;
+  su.attempt = 0;               /* reaped, or serving as su.server */
+  if (r == 1 && serving (pid, err, sizeof err) == 0) {
+    say ("mloop-ublk pid %d serves /dev/ublkb%d again", (int) su.server,
+         su.index);
+    g_clear_pointer (&su.last_try_error, g_free);
+    g_clear_handle_id (&su.give_up_source, g_source_remove);
+    return G_SOURCE_REMOVE;
+  }
+  recovery_failed (err);
+  return G_SOURCE_REMOVE;
+}
+
+/* Starts mloop-ublk --recover for the device; watch_attempt follows it. */
+static gboolean
+recover (gpointer unused)
+{
+  g_auto (GStrv) argv = mloop_ublk_command (su.spec, su.dir, su.index);
+  char err[512];
+
+  /* A killed server's pid file would look like the new one's. */
+  g_unlink (su.pid_file);
+  if (mloop_process_spawn (argv, su.log_file, "mloop-ublk", &su.attempt, err,
+                           sizeof err) == -1) {
+    recovery_failed (err);
+    return G_SOURCE_REMOVE;
+  }
+  su.attempt_began = g_get_monotonic_time ();
+  su.attempt_source = g_timeout_add (ATTEMPT_POLL_MS, watch_attempt, NULL);
   return G_SOURCE_REMOVE;
 }
 
@@ -126,6 +206,7 @@ give_up (gpointer unused)
   char err[512];
 
   su.give_up_source = 0;
+  abandon_attempt ();
   say ("no mloop-ublk took /dev/ublkb%d over in %u s (%s); stopping it: "
        "its IO fails from now on", su.index, su.dead_timeout_s,
        su.last_try_error ? su.last_try_error : "no try finished");
@@ -207,7 +288,7 @@ mloop_supervise_ublk (const char *dir, const struct mloop_ublk_spec *spec,
   g_unix_signal_add (SIGTERM, on_stop_signal, NULL);
   g_unix_signal_add (SIGINT, on_stop_signal, NULL);
   /* The first start's failure is attach's failure: say it and leave. */
-  if (start_server (-1, err, sizeof err) == -1 ||
+  if (start_server (err, sizeof err) == -1 ||
       mloop_ublk_read_device_file (dir, &su.index, err, sizeof err) == -1) {
     if (su.server > 0)
       mloop_server_stop (su.server, dir, STOP_TIMEOUT_MS);
@@ -220,8 +301,10 @@ mloop_supervise_ublk (const char *dir, const struct mloop_ublk_spec *spec,
   g_main_loop_run (su.loop);
 
   /* SIGTERM: mloop-ublk stops the device and deletes it.  With none
-   * running (a recovery still failing, or given up), detach deletes it.
+   * running (a recovery under way or still failing, or given up),
+   * detach deletes it.
    */
+  abandon_attempt ();
   if (su.server > 0) {
     say ("stopping mloop-ublk pid %d", (int) su.server);
     mloop_server_stop (su.server, dir, STOP_TIMEOUT_MS);

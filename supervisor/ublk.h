@@ -11,11 +11,14 @@
  * then the supervisor stops too.  When none has taken the device over
  * within the dead timeout (the image is gone, say), it stops the device,
  * so that its IO fails with EIO instead of waiting for ever, and stops
- * too.  Restarts are recorded for `mloop status`, as in the NBD modes.
+ * too.  A recovery runs beside the event loop, never inside it: one
+ * stuck in the kernel or on a hanging image does not hold up SIGTERM
+ * or the dead timeout.  Restarts are recorded for `mloop status`, as in
+ * the NBD modes.
  *
  *   mloop-supervisor --dir DIR --ublk [--queues N] [--read-only]
  *                    [--block-size N] [--offset N] [--sizelimit N]
- *                    [--dead-timeout S] IMAGE
+ *                    [--id N] [--dead-timeout S] IMAGE
  */
 #ifndef MLOOP_SUPERVISOR_UBLK_H
 #define MLOOP_SUPERVISOR_UBLK_H

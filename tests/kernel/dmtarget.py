@@ -19,7 +19,7 @@ from kfix import Skip, run
 
 
 def load(target):
-    """Makes the device-mapper TARGET (log-writes, flakey, delay) available,
+    """Makes the device-mapper TARGET (linear, log-writes, flakey, delay) available,
     or raises Skip saying why it cannot be."""
     if shutil.which("dmsetup") is None:
         raise Skip("dmsetup is not installed")
@@ -31,7 +31,9 @@ def load(target):
     # In the VM the guest kernel's modules are not under /lib/modules (the
     # host's are): tests/vm/init says where they are.
     moddir = os.environ.get("MLOOP_VM_MODDIR")
-    cmd = ["modprobe"] + (["-d", moddir] if moddir else []) + [f"dm-{target}"]
+    # linear is part of dm-mod itself.
+    module = "dm-mod" if target == "linear" else f"dm-{target}"
+    cmd = ["modprobe"] + (["-d", moddir] if moddir else []) + [module]
     p = run(cmd, check=False)
     if p.returncode != 0 or not have():
         raise Skip(f"no dm-{target} target: {(p.stderr or p.stdout).strip()}")

@@ -54,7 +54,7 @@ GROUPS = ["main", "durable"]
 # transports, and a device that survives its server (ublk's user
 # recovery, through the supervisor).
 UBLK = ["ublk-smoke", "ublk-cli", "restart-fio", "restart-full-queue", "restart-fsync",
-        "restart-dying"]
+        "restart-dying", "restart-hung-image"]
 
 
 def tests_for(kind, group="main"):
