@@ -1,6 +1,8 @@
 """Helpers for the supervision tests (mloop attach kinds only): kill a
 device's server and wait for its supervisor to bring the device back."""
+import errno
 import json
+import mmap
 import os
 import signal
 import time
@@ -65,6 +67,19 @@ def kill_server(kind, dev, timeout=30):
                              f"{supervisor_log(before)[-8:]}; server.log: "
                              f"{server_log(before)[-6:]}; {stuck_servers()}") from None
     return time.monotonic() - start
+
+
+def read_fails_eio(fd, what):
+    """Reads the first block of FD (O_DIRECT), which must fail with EIO;
+    returns the seconds that took.  WHAT describes the device."""
+    buf = mmap.mmap(-1, 4096)
+    start = time.monotonic()
+    try:
+        os.preadv(fd, [buf], 0)
+    except OSError as e:
+        assert e.errno == errno.EIO, f"read failed with {e}, expected EIO"
+        return time.monotonic() - start
+    raise AssertionError(f"a read from {what} succeeded")
 
 
 def server_log(st):
