@@ -606,16 +606,11 @@ mloop_detach (const struct mloop_device_state *s, char *err, size_t errlen)
 static bool
 device_name (const char *what, const char **name)
 {
-  const char *n = g_str_has_prefix (what, "/dev/") ? what + 5 : what;
-  const char *digits = g_str_has_prefix (n, "nbd") ? n + 3
-    : g_str_has_prefix (n, "ublkb") ? n + 5 : NULL;
+  bool ublk;
 
-  if (digits == NULL || *digits == '\0')
+  if (mloop_device_index (what, &ublk) < 0)
     return false;
-  for (const char *d = digits; *d; d++)
-    if (!g_ascii_isdigit (*d))
-      return false;
-  *name = n;
+  *name = g_str_has_prefix (what, "/dev/") ? what + 5 : what;
   return true;
 }
 

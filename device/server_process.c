@@ -198,28 +198,13 @@ mloop_process_start (char **argv, const char *log_file, const char *pid_file,
                      const char *what, unsigned timeout_ms, pid_t *child,
                      pid_t *pid, char *err, size_t errlen)
 {
-  pid_t spawned;
-  int r;
+  pid_t spawned = 0;
+  int r = spawn_and_wait (argv, log_file, pid_file, false, what, timeout_ms,
+                          &spawned, pid, err, errlen);
 
   if (child)
-    *child = 0;
-  if (mloop_process_spawn (argv, log_file, what, &spawned, err, errlen) == -1)
-    return -1;
-  for (unsigned waited = 0; ; waited += POLL_INTERVAL_US / 1000) {
-    r = mloop_process_check (spawned, log_file, pid_file, what, pid, err,
-                             errlen);
-    if (r == 1 && child)
-      *child = spawned;
-    if (r != 0)
-      return r == 1 ? 0 : -1;
-    if (waited >= timeout_ms) {
-      kill (spawned, SIGKILL);
-      waitpid (spawned, NULL, 0);
-      return mloop_fail (err, errlen, "%s did not start within %u s", what,
-                         timeout_ms / 1000);
-    }
-    g_usleep (POLL_INTERVAL_US);
-  }
+    *child = r == 0 ? spawned : 0;
+  return r;
 }
 
 int
