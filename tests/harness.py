@@ -202,6 +202,38 @@ def file_data_ranges(path, start, end):
     return out
 
 
+def _merged(ranges):
+    out = []
+    for start, end in sorted(ranges):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
+def files_equal(a, b):
+    """Whether files A and B hold the same bytes, read only where either
+    has data: where both have holes both read as zeroes.  cmp reads every
+    byte, 16 GiB of zeroes for two 8 GiB sparse images (a minute of a
+    test's time here)."""
+    size = os.path.getsize(a)
+    if os.path.getsize(b) != size:
+        return False
+    ranges = _merged(file_data_ranges(a, 0, size) + file_data_ranges(b, 0, size))
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        for start, end in ranges:
+            fa.seek(start)
+            fb.seek(start)
+            pos = start
+            while pos < end:
+                n = min(end - pos, 1 << 20)
+                if fa.read(n) != fb.read(n):
+                    return False
+                pos += n
+    return True
+
+
 def file_digest(path):
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -389,4 +421,4 @@ def nbdcopy_round_trip(srv, src, target):
         subprocess.run(["nbdcopy", "--connections=4", *args], check=True, timeout=300)
     srv.stop()
     for copy in (target, back):
-        subprocess.run(["cmp", src, copy], check=True)
+        assert files_equal(src, copy), f"{copy} differs from {src}"

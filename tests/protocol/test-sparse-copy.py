@@ -9,8 +9,6 @@ import harness
 
 if shutil.which("nbdcopy") is None:
     harness.skip("nbdcopy (libnbd-bin) is not installed")
-if shutil.which("cmp") is None:
-    harness.skip("cmp (diffutils) is not installed")
 
 SIZE = 8 << 30
 REGION = 8 << 20
@@ -42,6 +40,6 @@ allocated = os.stat(copy).st_blocks * 512
 assert allocated <= 2 * data, f"copy not sparse: {allocated} bytes allocated for {data} of data"
 assert read <= 2 * data, f"mloop read {read} bytes from the backing file for {data} of data"
 assert read >= data, f"read_bytes {read} < data {data}: the measure is not counting"
-subprocess.run(["cmp", image, copy], check=True, timeout=600)
+assert harness.files_equal(image, copy), "the copy differs from the image"
 print(f"ok: 8 GiB sparse image copied; {read >> 20} MiB read from the backing file "
       f"for {data >> 20} MiB of data; copy equal with {allocated >> 20} MiB allocated")
