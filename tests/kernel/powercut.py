@@ -15,8 +15,11 @@ each: the filesystem recovers (mount replays its journal), fsck -fn finds it
 clean, and every file whose sync returned before the last mark preceding
 that entry holds a version it may hold (see check_point).
 
-Used by test-power-cut.py (every entry, for every kind) and
-test-power-cut-early-ack.py (a server broken on purpose must fail it).
+Used by test-power-cut.py (for every kind) and test-power-cut-early-ack.py
+(a server broken on purpose must fail it).  The full tier
+(MLOOP_TEST_TIER=full) checks every point; the standard tier a
+deterministic sample (choose): every point where a sync's promise is first
+checkable, and an evenly spread set, placed by a seed that is printed.
 """
 import hashlib
 import mmap
@@ -271,54 +274,113 @@ def changes_data(e):
     return not e.flags & logwrites.MARK and e.nr_sectors > 0
 
 
-def check_every_point(d, log, base, ops):
-    """Rebuilds the image at every FLUSH and FUA entry of LOG in turn and
-    checks each (check_image), CHECKERS at a time.  Points with no data
-    logged between them leave the same image: only the last of such a run
-    is checked, with the most syncs returned by then, which promises the
-    most (a check that passes there passes at the earlier ones).  Returns
-    (the number of points, the number of distinct images checked, the
-    first failure as "entry ...: problems" or None); stops at the first
-    failure."""
+class Candidate:
+    """A replay point leaving an image of its own: POINT is the log entry
+    (the last FLUSH/FUA of a run that leaves one image: the one with the
+    most syncs returned, which promises the most, so a check that passes
+    there passes at the earlier ones), SEQ the syncs returned by the last
+    mark before it, FRESH whether a sync returned since the previous
+    candidate (its promise is checked here first)."""
+
+    __slots__ = ("point", "seq", "fresh")
+
+    def __init__(self, point, seq, fresh):
+        self.point, self.seq, self.fresh = point, seq, fresh
+
+
+def candidates(entries):
+    """(the number of FLUSH/FUA points, the Candidates) of ENTRIES."""
+    points = [e for e in entries if e.flags & (logwrites.FLUSH | logwrites.FUA)]
+    follows = dict(zip([p.index for p in points], points[1:]))
+    out, seq, last_seq, pos = [], -1, -1, 0
+    for p in points:
+        for e in entries[pos:p.index + 1]:
+            if e.mark and e.mark.startswith("seq"):
+                seq = int(e.mark[3:])
+        pos = p.index + 1
+        nxt = follows.get(p.index)
+        if nxt and not any(changes_data(e) for e in entries[p.index + 1:nxt.index + 1]):
+            continue  # the next point leaves this same image
+        out.append(Candidate(p, seq, seq > last_seq))
+        last_seq = seq
+    return len(points), out
+
+
+def tier_sample():
+    """How many points the standard tier checks beyond the fresh ones
+    (SPREAD, evenly spaced), and the seed placing them: MLOOP_TEST_TIER=full
+    checks every point (None)."""
+    if os.environ.get("MLOOP_TEST_TIER") == "full":
+        return None
+    return int(os.environ.get("MLOOP_POWERCUT_SEED", "1"))
+
+
+# Points the sample adds to the fresh ones, spread evenly over the log:
+# they check states between syncs (a journal mid-commit) wherever they are.
+SPREAD = 24
+
+
+def choose(cands, seed):
+    """The candidates a sample checks: every fresh one (each sync's
+    promise at the first image after it returned) and SPREAD more, evenly
+    spaced, the first placed by SEED.  SEED None: all of them."""
+    if seed is None:
+        return list(cands)
+    rest = [c for c in cands if not c.fresh]
+    picked = set()
+    if rest:
+        stride = max(1.0, len(rest) / SPREAD)
+        offset = random.Random(seed).random() * stride
+        k = 0
+        while offset + k * stride < len(rest) and k < SPREAD:
+            picked.add(rest[int(offset + k * stride)].point.index)
+            k += 1
+    return [c for c in cands if c.fresh or c.point.index in picked]
+
+
+def check_points(d, log, base, ops, seed=None, report=print):
+    """Rebuilds the image at FLUSH and FUA entries of LOG in turn and checks
+    each (check_image), CHECKERS at a time: every candidate (see
+    candidates) when SEED is None, else the sample choose() makes with it,
+    whose seed and entries REPORT is told (so a failure can be found
+    again).  Returns (the number of points, the number of candidates, the
+    number checked, the first failure as "entry ...: problems" or None);
+    stops at the first failure."""
     with logwrites.Log(log) as lw:
         entries = list(lw.entries())
-        points = [e for e in entries if e.flags & (logwrites.FLUSH | logwrites.FUA)]
-        # The point after each one, so a run of points leaving one image is
-        # checked at its last.
-        follows = dict(zip([p.index for p in points], points[1:]))
+        points, cands = candidates(entries)
+        chosen = choose(cands, seed)
+        if seed is not None:
+            report(f"# power-cut sample, seed {seed} (MLOOP_POWERCUT_SEED): "
+                   f"{len(chosen)} of {len(cands)} distinct images, at entries "
+                   + " ".join(str(c.point.index) for c in chosen))
         work = os.path.join(d, "work.img")
         run(["cp", "--sparse=always", base, work])
         # The copies each check recovers go to /tmp, a tmpfs in the VM.
         snaps = tempfile.mkdtemp(prefix="mloop-ktest-snap-")
-        done, seq, checked, failure = -1, -1, 0, None
-        pending = []  # (entry, seq, future), oldest first
+        done, checked, failure = -1, 0, None
+        pending = []  # (candidate, future), oldest first
 
         def settle(limit):
             nonlocal checked, failure
             while len(pending) > limit:
-                p, s, fut = pending.pop(0)
+                c, fut = pending.pop(0)
                 problems = fut.result()
                 checked += 1
                 if problems and failure is None:
-                    failure = f"entry {p!r} (syncs up to {s}): {problems[:10]}"
+                    failure = f"entry {c.point!r} (syncs up to {c.seq}): {problems[:10]}"
         try:
             with ThreadPoolExecutor(CHECKERS) as pool:
-                for p in points:
-                    lw.replay(work, p.index, start=done + 1, entries=entries)
-                    for e in entries[done + 1:p.index + 1]:
-                        if e.mark and e.mark.startswith("seq"):
-                            seq = int(e.mark[3:])
-                    done = p.index
-                    nxt = follows.get(p.index)
-                    if nxt and not any(changes_data(e) for e in entries[p.index + 1:nxt.index + 1]):
-                        continue  # the next point leaves this same image
-                    snap = os.path.join(snaps, f"snap{p.index}.img")
+                for c in chosen:
+                    lw.replay(work, c.point.index, start=done + 1, entries=entries)
+                    done = c.point.index
+                    snap = os.path.join(snaps, f"snap{c.point.index}.img")
                     run(["cp", "--sparse=always", work, snap])
-                    pending.append((p, seq, pool.submit(check_image, snap, seq, ops)))
+                    pending.append((c, pool.submit(check_image, snap, c.seq, ops)))
                     settle(CHECKERS)
                     if failure:
                         break
                 settle(0)
         finally:
             shutil.rmtree(snaps, True)
-    return len(points), checked, failure
+    return points, len(cands), checked, failure
