@@ -2,7 +2,7 @@
 result line per test, flushed at once; runs as root where the kernel has
 nbd and loop (in the test VM, or natively).
 
-  runner.py KIND [GROUP | TEST...]   (GROUP: main, the default, or durable)
+  runner.py KIND [GROUP | TEST...]   (GROUP: main, the default, durable or many)
 
 The plan line ("1..N") is left to run-kernel-tests, which also adds results
 for what it sees from outside (a VM that died, the kernel log).  Before each
@@ -13,6 +13,7 @@ import importlib.util
 import os
 import shutil
 import sys
+import threading
 import time
 import traceback
 
@@ -44,8 +45,10 @@ REMOTE = ["remote-attach", "remote-restart"]
 
 
 # The durability tests take a VM of their own (they alone take as long as
-# the rest together): run-kernel-tests KIND SERIES durable.
-GROUPS = ["main", "durable"]
+# the rest together): run-kernel-tests KIND SERIES durable.  "many" is
+# test-many-devices alone, for the full tier's 256 devices
+# (MLOOP_MANY_DEVICES), which take a VM of their own too.
+GROUPS = ["main", "durable", "many"]
 
 
 # What `mloop attach --transport ublk` runs beyond COMMON: mloop-ublk on
@@ -57,10 +60,48 @@ UBLK = ["ublk-smoke", "ublk-cli", "restart-fio", "restart-full-queue", "restart-
         "restart-dying", "restart-hung-image"]
 
 
+# The standard tier (MLOOP_TEST_TIER unset or "standard"; docs/testing.md)
+# runs the command line's own contract once: with the native server on
+# the default kernel (6.1), where every CLI test runs.  Elsewhere it keeps
+# what changes with the server or the kernel: what every kind runs, the
+# supervisor's restarts (each server dies and is restarted its own way)
+# and, for nbdkit, what nbdkit serves differently (resize restarts it;
+# the window is the server's; its AIO rings per device).  The full tier
+# runs every test of the group.  (kind name, kernel series) -> the
+# CLI_ONLY tests it keeps in the standard tier; one not named keeps all.
+STANDARD_CLI = {
+    ("native", "6.12"): [],
+    ("nbdkit", "6.1"): ["resize", "offset-window", "many-devices"],
+    ("nbdkit", "6.12"): ["resize", "offset-window", "many-devices"],
+    ("native", "6.1"): CLI_ONLY,
+}
+
+
+def full_tier():
+    return os.environ.get("MLOOP_TEST_TIER") == "full"
+
+
+def kernel_series():
+    """6.1 or 6.12: the running kernel's series."""
+    major, minor = os.uname().release.split(".")[:2]
+    return f"{major}.{minor.split('-')[0]}"
+
+
+def standard_leaves_out(kind, name):
+    """Whether the standard tier leaves test NAME out for KIND on this
+    kernel (see STANDARD_CLI)."""
+    if full_tier() or name not in CLI_ONLY:
+        return False
+    keep = STANDARD_CLI.get((getattr(kind, "name", ""), kernel_series()), CLI_ONLY)
+    return name not in keep
+
+
 def tests_for(kind, group="main"):
     ublk = isinstance(kind, kinds.MloopUblk)
     cli = isinstance(kind, kinds.MloopCli) and not ublk
     loop = isinstance(kind, kinds.Loop)
+    if group == "many":
+        return ["many-devices"] if cli else []
     if group == "durable":
         if ublk:  # no supervisor to reconnect a stalled device
             return [t for t in DURABLE if t != "stall-reconnect"]
@@ -86,8 +127,63 @@ def kmsg(text):
         pass  # only a help for reading the kernel log
 
 
+# A test quiet this long gets a line saying it still runs and what: on a
+# slow host a long test must not read as a hung guest.
+QUIET_REPORT = 120
+
+
+class StampedOutput:
+    """Standard output that notes when it was last written to (tests print
+    their own diagnostics too)."""
+
+    def __init__(self, f):
+        self.f = f
+        self.last = time.monotonic()
+
+    def write(self, text):
+        self.last = time.monotonic()
+        return self.f.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+
 def out(line):
     print(line, flush=True)
+
+
+def descendants():
+    """Command lines of this process's descendants, oldest first."""
+    children = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile, or a kernel thread
+        children.setdefault(ppid, []).append((int(pid), cmd))
+    found, todo = [], [os.getpid()]
+    while todo:
+        for pid, cmd in sorted(children.get(todo.pop(0), [])):
+            found.append(cmd or f"[{pid}]")
+            todo.append(pid)
+    return found
+
+
+def report_quiet(current, stop):
+    """While STOP is unset: after QUIET_REPORT seconds without output, says
+    which test runs (CURRENT[0], started at CURRENT[1]) and its processes."""
+    while not stop.wait(5):
+        quiet = time.monotonic() - sys.stdout.last
+        if quiet < QUIET_REPORT or current[0] is None:
+            continue
+        running = "; ".join(c[:120] for c in descendants()[:8]) or "no child process"
+        out(f"# {current[0]}: still running after "
+            f"{time.monotonic() - current[1]:.0f} s, quiet for {quiet:.0f} s: {running}")
 
 
 def connected_devices():
@@ -116,9 +212,16 @@ def main(argv):
         names = argv[2:] or tests_for(kind)
     reason = kind.unavailable() or kernel_lacks(kind)
     failed = 0
+    sys.stdout = StampedOutput(sys.stdout)
+    current, stop = [None, 0.0], threading.Event()
+    threading.Thread(target=report_quiet, args=(current, stop), daemon=True).start()
     for n, name in enumerate(names, 1):
         if reason:
             out(f"ok {n} - {name} # SKIP {reason}")
+            continue
+        if standard_leaves_out(kind, name):
+            out(f"ok {n} - {name} # SKIP full tier only for this kind and kernel "
+                f"(MLOOP_TEST_TIER=full; docs/testing.md)")
             continue
         if not isinstance(kind, (kinds.Loop, kinds.MloopUblk)):
             # Idle kworkers for nbd's receive work, so no connect depends
@@ -128,6 +231,7 @@ def main(argv):
                 out(f"# {name}: warming nbd's receive workers took {rounds} rounds")
         kmsg(f"{kind.name} {name}")
         start = time.monotonic()
+        current[:] = [name, start]
         busy_before = connected_devices()
         try:
             with kfix.Cleanup() as cl:
@@ -145,6 +249,7 @@ def main(argv):
         else:
             out(f"ok {n} - {name}")
         out(f"# {name}: {time.monotonic() - start:.1f} s")
+    stop.set()
     if getattr(kind, "runtime_dir", None):
         shutil.rmtree(kind.runtime_dir, ignore_errors=True)  # just .lock by now
     return 1 if failed else 0

@@ -161,15 +161,21 @@ def boot_cpu_args(tree, kver):
     return args + [f"lpj={int(mhz * 1e6 / hz)}"]
 
 
+# How long before it kills the VM run() warns that it will (on_deadline).
+DEADLINE_WARNING = 120
+
+
 def run(guest_cmd, on_output, on_console, timeout, smp=4, memory_mb=2048, preserve=(),
-        series=None, outdir=None, scratch_size=SCRATCH_SIZE):
+        series=None, outdir=None, scratch_size=SCRATCH_SIZE, on_deadline=None):
     """Boots the VM with the kernel of SERIES, runs the shell script
     GUEST_CMD chrooted into the host root, and calls ON_OUTPUT(line) for
     each line it prints and ON_CONSOLE(line) for each console line.  OUTDIR,
     if given, is shared writable with the guest at GUEST_OUT.  Kills the VM
     after TIMEOUT seconds.  SCRATCH_SIZE is the (sparse) scratch disk's
-    size, for images larger than the tests' (bench/kernel-path).  Returns
-    a Result."""
+    size, for images larger than the tests' (bench/kernel-path).
+    ON_DEADLINE(seconds_left), if given, is called once DEADLINE_WARNING
+    seconds before the VM is killed, so a log shows a run nearing its
+    limit before it is cut.  Returns a Result."""
     if shutil.which(QEMU) is None:
         raise VmError(f"{QEMU} is not installed (package qemu-system-x86)")
     busybox = initramfs.find_busybox()
@@ -232,7 +238,11 @@ def run(guest_cmd, on_output, on_console, timeout, smp=4, memory_mb=2048, preser
                 else:
                     on_output(line)
 
+        warned = on_deadline is None
         while proc.poll() is None:
+            if not warned and time.monotonic() > deadline - DEADLINE_WARNING:
+                warned = True
+                on_deadline(deadline - time.monotonic())
             if time.monotonic() > deadline:
                 result.timed_out = True
                 proc.kill()
