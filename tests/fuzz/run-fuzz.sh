@@ -2,7 +2,8 @@
 # A short libFuzzer run, as a test (tests/fuzz/meson.build):
 #   run-fuzz.sh TARGET SEEDS SECONDS CRASHDIR
 #   run-fuzz.sh --skip REASON
-# Runs every seed, then fuzzes for SECONDS.  New inputs go to a temporary
+# Runs every seed, then fuzzes for SECONDS (FULL_SECONDS in the full tier,
+# MLOOP_TEST_TIER=full: scripts/run-tests --full).  New inputs go to a temporary
 # directory, never to SEEDS (the tree).  Fails on any crash, leak, timeout
 # or sanitizer report, keeping the reproducer in CRASHDIR, and when the
 # target ran too few inputs to have tested anything.
@@ -12,6 +13,8 @@ if [ "${1:-}" = --skip ]; then
     exit 77
 fi
 target=$1 seeds=$2 seconds=$3 crashes=$4
+FULL_SECONDS=120
+[ "${MLOOP_TEST_TIER:-}" != full ] || seconds=$FULL_SECONDS
 work=$(mktemp -d "${TMPDIR:-/tmp}/mloop-fuzz.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 trap 'exit 1' INT TERM
