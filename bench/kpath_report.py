@@ -1,6 +1,6 @@
 """The report of bench/kernel-path: medians of the rounds per kernel,
 device kind and job, guest CPU per request beside them, ratios against
-both loop modes from the same VM run, and the issue's two targets.
+both loop modes from the same VM run, and the targets (PASS/MISS).
 Standard library only."""
 import statistics
 
@@ -19,10 +19,10 @@ LABEL = dict(KINDS)
 JOBS = [("randread", "4k randread QD64", "IOPS"),
         ("seqread4", "4 × seq 1 MiB readers", "MiB/s"),
         ("randwrite", "4k randwrite QD64", "IOPS")]
-# The issue's targets: (kind, job, reference kind, minimum ratio).
+# The targets: (kind, job, reference kind, minimum ratio).
 TARGETS = [("mloop-native", "randread", "loop-dio", 1.0),
            ("mloop-native", "seqread4", "loop-buffered", 2.0),
-           # Issue 15's, for ublk (Linux 6.12 only: 6.1 has no ublk_drv).
+           # ublk's (Linux 6.12 only: 6.1 has no ublk_drv).
            ("mloop-ublk", "randread", "loop-dio", 1.0),
            ("mloop-ublk", "seqread4", "loop-dio", 1.0),
            ("mloop-ublk", "seqread4", "loop-buffered", 2.0)]

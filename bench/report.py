@@ -425,7 +425,7 @@ def summarize(records):
         out.append(table(["server", "Cached growth MiB", "% of bytes read",
                           "read MiB/s"], rows) + "\n")
 
-        # 5. The native server against its issue's targets.
+        # 5. The native server against its targets.
         if "native" in present:
             out.append(native_targets(cell, best_peer, pcs))
 
@@ -547,7 +547,7 @@ def verdict(ok):
 
 
 def native_targets(cell, best_peer, pcs):
-    """Table of mloop-server's issue targets: figure, target, PASS/MISS."""
+    """Table of mloop-server's targets: figure, target, PASS/MISS."""
     rows = []
 
     def ratio(w, ref):

@@ -2,9 +2,9 @@
  * user recovery the kernel takes the disk away when the server's
  * io_uring goes (/dev/ublkbN disappears), but the ublk device itself,
  * /dev/ublkcN and its id, stays until someone sends DEL_DEV (see
- * NOTES.md).  With user recovery (--recovery) the disk stays too,
- * quiesced, its IO held; DEL_DEV fails that IO and removes both.
- * `mloop detach` calls this after a SIGKILL. */
+ * docs/design.md, "The ublk transport").  With user recovery
+ * (--recovery) the disk stays too, quiesced, its IO held; DEL_DEV fails
+ * that IO and removes both.  `mloop detach` calls this after a SIGKILL. */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>

@@ -1,5 +1,5 @@
 /* mloop-ublk — serves an image file or block device as /dev/ublkbN
- * through the kernel's ublk driver, on mloop's IO engine (issue 15).
+ * through the kernel's ublk driver, on mloop's IO engine.
  *
  * `mloop attach --transport ublk` starts it the way it starts
  * mloop-server: detached, stdout and stderr into a log.  The contract:
@@ -10,19 +10,19 @@
  * deletes the device and exits 0; the files are the starter's to
  * remove.  --delete N removes a device a killed mloop-ublk left behind.
  *
- * User recovery (NOTES.md): --recovery adds the device so that, when we
- * die, the kernel quiesces it and holds its IO; `--recover N IMAGE`
- * takes it over — checks, START_USER_RECOVERY, the queues fetch, then
- * END_USER_RECOVERY — and serves it as if it had added it.  Until it
- * serves, a failure leaves the device quiesced (not deleted), and says
- * so on its one line.
+ * User recovery (docs/design.md, "The ublk transport"): --recovery adds
+ * the device so that, when we die, the kernel quiesces it and holds its
+ * IO; `--recover N IMAGE` takes it over — checks, START_USER_RECOVERY,
+ * the queues fetch, then END_USER_RECOVERY — and serves it as if it had
+ * added it.  Until it serves, a failure leaves the device quiesced (not
+ * deleted), and says so on its one line.
  *
- * Order of start (NOTES.md): AIO contexts and helpers first (the room in
- * fs.aio-max-nr decides the depth ADD_DEV is given), ADD_DEV, SET_PARAMS,
- * the queue threads, then START_DEV, which blocks until every queue has
- * fetched every tag.  Teardown runs the other way round: STOP_DEV, join
- * the queues, stop the helpers, close /dev/ublkcN, DEL_DEV (which waits
- * for that close).
+ * Order of start (docs/design.md): AIO contexts and helpers first (the
+ * room in fs.aio-max-nr decides the depth ADD_DEV is given), ADD_DEV,
+ * SET_PARAMS, the queue threads, then START_DEV, which blocks until
+ * every queue has fetched every tag.  Teardown runs the other way round:
+ * STOP_DEV, join the queues, stop the helpers, close /dev/ublkcN,
+ * DEL_DEV (which waits for that close).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -59,8 +59,8 @@
  * instead of hanging. */
 #define DEL_TIMEOUT_MS 30000
 /* --recover: START_USER_RECOVERY says EBUSY until the dead server's
- * /dev/ublkcN is released and the device quiesced (NOTES.md has how
- * long that takes); retry that long. */
+ * /dev/ublkcN is released and the device quiesced (docs/design.md has
+ * how long that takes); retry that long. */
 #define RECOVER_WAIT_MS 10000
 
 static gint opt_queues;

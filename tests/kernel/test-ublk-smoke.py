@@ -1,5 +1,5 @@
-"""Smoke test of mloop-ublk (issue 15; not in runner.py's lists, run it
-with MLOOP_KERNEL_TESTS=ublk-smoke on the 6.12 kernel).
+"""Smoke test of mloop-ublk (runner.py's UBLK list: the mloop-ublk kind,
+on the 6.12 kernel, the one with ublk_drv).
 
 mloop-ublk is started the way `mloop attach --transport ublk` starts it
 (stdin /dev/null, stdout and stderr into a log, --device-file and
@@ -360,7 +360,7 @@ def recover_refusals(cl, image):
     kill_server(r)
     # (With a read held, --delete fails it: EIO, and a kernel "I/O
     # error" line, which the runner's log check counts against the test;
-    # seen by hand, NOTES.md.)
+    # docs/design.md, "The ublk transport".)
     p = run([ublk_bin(), "--delete", str(s.id)], check=False)
     assert p.returncode == 0, f"--delete of a quiesced device: exit {p.returncode}: {p.stderr}"
     wait_until(lambda: not leftovers(), f"quiesced ublk device {s.id} to go (left: {leftovers()})")
