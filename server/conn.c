@@ -186,6 +186,20 @@ conn_queue_reply (struct request *req, uint32_t nbd_error)
   mark_dirty (c);
 }
 
+/* Queues C to be read at the top of the event loop's next turn, for
+ * bytes epoll will not announce: already in our buffer, or decoded by
+ * TLS and held in its buffer rather than in the socket.
+ */
+static void
+mark_ready (struct conn *c)
+{
+  if (c->on_ready)
+    return;
+  c->on_ready = true;
+  c->next_ready = c->set->ready;
+  c->set->ready = c;
+}
+
 /* Lets C read again after a pause for lack of a slot, ring room or
  * budget.
  */
@@ -199,12 +213,9 @@ resume_reading (struct conn *c)
   c->reading_paused = false;
   conn_update_events (c);
   /* Bytes TLS has already decoded are not in the socket either. */
-  if (!c->on_ready && (c->in_end > c->in_start || c->receiving ||
-                       transport_pending (&c->session.transport))) {
-    c->on_ready = true;
-    c->next_ready = c->set->ready;
-    c->set->ready = c;
-  }
+  if (c->in_end > c->in_start || c->receiving ||
+      transport_pending (&c->session.transport))
+    mark_ready (c);
 }
 
 /* Gives REQ's buffer back: uncharged, then kept for the slot's next
@@ -701,6 +712,12 @@ conn_adopt (struct conn_set *s, int fd, const struct session *session)
   s->all = c;
   MLOOP_STATS_ADD (s->opts->stats, connections, 1);
   MLOOP_STATS_ADD (s->opts->stats, connections_total, 1);
+  /* The handshake's last TLS record may have carried the first requests
+   * too (a client pipelining after NBD_OPT_GO or EXPORT_NAME): GnuTLS
+   * holds them decoded, and the socket will never say they are there.
+   */
+  if (transport_pending (&c->session.transport))
+    mark_ready (c);
 }
 
 static void

@@ -265,6 +265,60 @@ for _ in range(N):
 check(f"over TLS: {N} pipelined 4 KiB READs return what was written",
       all(got.get(5000 + i) == (0, blocks[i]) for i in range(N)))
 w.close()
+
+
+def in_one_record(srv, option, option_data, requests):
+    """STARTTLS, then OPTION and REQUESTS sent in one TLS record (one
+    write under 16 KiB), as a client pipelining its first requests does:
+    the server decodes them with the option, and must not wait for the
+    socket to say they are there.  Returns the wire, the option answered."""
+    w = nw.Wire(srv.addr, timeout=5)
+    harness.on_exit(w.close)
+    w.greeting()
+    start_tls(w)
+    wrap(w)
+    w.s.sendall(struct.pack(">QII", nw.IHAVEOPT, option, len(option_data)) +
+                option_data + requests)
+    return w
+
+
+def read_request(cookie, offset, length):
+    return struct.pack(">IHHQQI", nw.REQ_MAGIC, 0, CMD_READ, cookie, offset, length)
+
+
+def answered(w, length):
+    """The READ reply's (error, cookie, data), or the exception."""
+    try:
+        return w.simple_reply(length)
+    except (OSError, EOFError) as e:
+        return repr(e)
+
+
+with open(image, "rb") as f:
+    f.seek(8192)
+    want = f.read(4096)
+go_data = struct.pack(">IH", 0, 0)
+w = in_one_record(srv, nw.OPT_GO, go_data, read_request(21, 8192, 4096))
+while w.reply()[1] == nw.REP_INFO:
+    pass
+check("TLS: a READ in the same record as GO is answered at once",
+      answered(w, 4096) == (0, 21, want))
+w.close()
+w = in_one_record(srv, nw.OPT_EXPORT_NAME, b"", read_request(22, 8192, 4096))
+w.recv_exact(10)  # size and flags (NO_ZEROES was agreed)
+check("TLS: a READ in the same record as EXPORT_NAME is answered at once",
+      answered(w, 4096) == (0, 22, want))
+w.close()
+w = in_one_record(srv, nw.OPT_GO, go_data,
+                  struct.pack(">IHHQQI", nw.REQ_MAGIC, 0, nw.CMD_DISC, 23, 0, 0))
+while w.reply()[1] == nw.REP_INFO:
+    pass
+try:
+    gone = closed(w, 5)
+except OSError:                 # TLS without close_notify: closed as well
+    gone = True
+check("TLS: a DISC in the same record as GO closes the connection", gone)
+w.close()
 srv.stop()
 
 # --tls on: what was negotiated in plaintext is forgotten when TLS starts.
