@@ -495,8 +495,16 @@ mloop_attach (const struct mloop_attach_request *req,
     return mloop_fail (err, errlen, "attach needs root: the kernel's NBD "
                        "netlink interface and ublk's control device need "
                        "CAP_SYS_ADMIN");
-  if (remote)
+  if (remote) {
+    struct mloop_nbd_address a;
+
+    /* A bad URI is the cause to name, whatever the kernel lacks. */
+    if (mloop_nbd_address_parse (req->file, MLOOP_NBD_ADDRESS_URI, &a,
+                                 err, errlen) == -1)
+      return -1;
+    mloop_nbd_address_clear (&a);
     file = g_strdup (req->file);
+  }
   else {
     if (check_image (req->file, req->read_only, &st, err, errlen) == -1)
       return -1;

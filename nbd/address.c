@@ -54,6 +54,30 @@ is_number (const char *s)
   return true;
 }
 
+/* PORT (digits) names a port one can listen on or connect to: 1-65535.
+ * getaddrinfo would take 99999 modulo 65536 and 0 as "any port", a
+ * listener nobody could be told of.
+ */
+static bool
+port_in_range (const char *port)
+{
+  size_t len = strlen (port);
+  unsigned long value;
+
+  while (len > 1 && *port == '0') {   /* leading zeroes: "08080" is 8080 */
+    port++;
+    len--;
+  }
+  value = len <= 5 ? strtoul (port, NULL, 10) : 0;
+  return value >= 1 && value <= 65535;
+}
+
+static int
+port_out_of_range (const char *text, const char *port, char *err, size_t errlen)
+{
+  return fail (err, errlen, "%s: port %s is out of range (1-65535)", text, port);
+}
+
 /* Splits HOSTPORT in place: "[v6]:PORT", "[v6]", "HOST:PORT" or "HOST"
  * (a bare IPv6 address takes its last group as the port).  *PORT is NULL
  * when there is none.  False when something follows "[v6]".
@@ -112,6 +136,12 @@ parse_tcp (const char *text, unsigned forms, struct mloop_nbd_address *a,
     mloop_nbd_address_clear (a);
     return expected (text, forms, err, errlen);
   }
+  if (!port_in_range (a->port)) {
+    int rv = port_out_of_range (text, a->port, err, errlen);
+
+    mloop_nbd_address_clear (a);
+    return rv;
+  }
   a->name = "";
   return 0;
 }
@@ -144,6 +174,12 @@ parse_uri (const char *text, unsigned forms, struct mloop_nbd_address *a,
   else if (!is_number (a->port)) {
     mloop_nbd_address_clear (a);
     return fail (err, errlen, "%s: the port must be a number", text);
+  }
+  else if (!port_in_range (a->port)) {
+    int rv = port_out_of_range (text, a->port, err, errlen);
+
+    mloop_nbd_address_clear (a);
+    return rv;
   }
   return 0;
 }

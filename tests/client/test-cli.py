@@ -105,6 +105,10 @@ try:
             "does not take --threads")
     refused("ublk for a remote export", ["attach", "--transport", "ublk", "nbd://127.0.0.1/x"],
             "does not take a remote export")
+    refused("a remote export's port past 65535", ["attach", "nbd://127.0.0.1:99999/x"],
+            "nbd://127.0.0.1:99999/x: port 99999 is out of range (1-65535)")
+    refused("a remote export's port 0", ["attach", "nbd://127.0.0.1:0/x"],
+            "port 0 is out of range (1-65535)")
     refused("ublk with an nbd --device", ["attach", "--transport", "ublk", "--device",
                                           "/dev/nbd3", image],
             "the ublk transport does not take --device /dev/nbdN")

@@ -247,6 +247,7 @@ try:
     for args, expect in [
             ([image], "--listen"),
             ([image, "--listen", "tcp:127.0.0.1"], "expected unix:PATH or tcp:HOST:PORT"),
+            ([image, "--listen", "tcp:127.0.0.1:65536"], "port 65536 is out of range"),
             ([image, "--listen", "unix:/x", "--tls", "require"], "--tls needs"),
             ([image, "--listen", "unix:/x", "--tls", "require", "--tls-psk", psk,
               "--tls-verify-peer"], "--tls-verify-peer needs --tls-certificates"),

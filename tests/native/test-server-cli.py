@@ -33,6 +33,12 @@ for args, message in [
     (["--listen", f"unix:{sock}", "--handshake-timeout", "0", image], "--handshake-timeout=0"),
     (["--listen", f"unix:{sock}", "--max-handshakes", "0", image], "--max-handshakes=0"),
     (["--listen", "carrier-pigeon", image], "expected unix:PATH or tcp:HOST:PORT"),
+    # Never a port other than the one asked for (99999 would be 34463, 0
+    # any port nobody is told of).
+    (["--listen", "tcp:127.0.0.1:99999", image], "port 99999 is out of range (1-65535)"),
+    (["--listen", "tcp:127.0.0.1:65536", image], "port 65536 is out of range (1-65535)"),
+    (["--listen", "tcp:127.0.0.1:0", image], "port 0 is out of range (1-65535)"),
+    (["--listen", "tcp:[::1]:123456789012", image], "out of range (1-65535)"),
 ]:
     p = subprocess.run([BIN, *args], capture_output=True, text=True, timeout=10)
     assert p.returncode == 1, f"{args}: exit {p.returncode}"
