@@ -6,10 +6,47 @@
 #include <string.h>
 #include <unistd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 
 #include "address.h"
 #include "listener.h"
+
+/* bind() found something at SUN's path.  A socket nobody listens on
+ * (connect is refused: left by a server that was killed, say by the OOM
+ * killer under a unit that restarts it) is removed, so the restart can
+ * listen; anything else is never touched: another server's live socket,
+ * or a file that is not a socket.  0 when removed; -1 with errno
+ * EADDRINUSE otherwise.  (A server between its bind and its listen is
+ * refused too: two servers started on one path at the same moment is
+ * the one case this cannot tell from a dead one.)
+ */
+static int
+replace_stale_socket (const struct sockaddr_un *sun, const char *spec)
+{
+  struct stat st;
+  int probe, refused;
+
+  if (lstat (sun->sun_path, &st) == -1 || !S_ISSOCK (st.st_mode)) {
+    errno = EADDRINUSE;
+    return -1;
+  }
+  probe = socket (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (probe == -1) {
+    errno = EADDRINUSE;
+    return -1;
+  }
+  refused = connect (probe, (const struct sockaddr *) sun, sizeof *sun) == -1 &&
+    errno == ECONNREFUSED;
+  close (probe);
+  if (!refused || unlink (sun->sun_path) == -1) {
+    errno = EADDRINUSE;
+    return -1;
+  }
+  fprintf (stderr, "mloop-server: --listen %s: replaced a stale socket "
+           "(nothing was listening on it)\n", spec);
+  return 0;
+}
 
 static int
 open_unix (struct listener *l, const char *spec, const char *path,
@@ -23,10 +60,9 @@ open_unix (struct listener *l, const char *spec, const char *path,
     snprintf (err, errlen, "socket: %s", strerror (errno));
     return -1;
   }
-  /* bind() fails with EADDRINUSE on an existing path: never remove a
-   * file we did not create (it may be another server's live socket).
-   */
-  if (bind (l->fd, (struct sockaddr *) &sun, sizeof sun) == -1) {
+  if (bind (l->fd, (struct sockaddr *) &sun, sizeof sun) == -1 &&
+      (errno != EADDRINUSE || replace_stale_socket (&sun, spec) == -1 ||
+       bind (l->fd, (struct sockaddr *) &sun, sizeof sun) == -1)) {
     snprintf (err, errlen, "--listen %s: %s", spec, strerror (errno));
     close (l->fd);
     return -1;

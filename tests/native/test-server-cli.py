@@ -54,6 +54,41 @@ assert p.returncode == 1 and "Address already in use" in p.stderr, p.stderr
 assert open(sock).read() == "not a socket"
 os.unlink(sock)
 
+# A socket nobody listens on (left by a server that was killed) is
+# replaced, so a restart comes back; a live one is never touched.
+import socket
+stale = socket.socket(socket.AF_UNIX)
+stale.bind(sock)
+stale.close()
+pidfile = os.path.join(d, "stale.pid")
+proc = subprocess.Popen([BIN, "--listen", f"unix:{sock}", "--pid-file", pidfile, image],
+                        stderr=subprocess.PIPE, text=True)
+harness.on_exit(lambda: proc.poll() is None and proc.kill())
+while not os.path.exists(pidfile):
+    assert proc.poll() is None, f"server died on a stale socket: {proc.stderr.read()!r}"
+    time.sleep(0.01)
+probe = socket.socket(socket.AF_UNIX)
+probe.connect(sock)
+probe.close()
+proc.send_signal(signal.SIGTERM)
+assert proc.wait(timeout=30) == 0
+err = proc.stderr.read()
+assert "replaced a stale socket" in err, err
+live = socket.socket(socket.AF_UNIX)
+live.bind(sock)
+live.listen()
+harness.on_exit(live.close)
+p = subprocess.run([BIN, "--listen", f"unix:{sock}", image], capture_output=True, text=True,
+                   timeout=10)
+lines = p.stderr.strip().splitlines()
+assert p.returncode == 1 and len(lines) == 1 and "Address already in use" in lines[0], p.stderr
+probe = socket.socket(socket.AF_UNIX)
+probe.connect(sock)             # the live socket still there, still listening
+probe.close()
+live.close()
+os.unlink(sock)
+print("ok: a stale socket is replaced, a live one and a file are not")
+
 # Pid file, quick start, SIGTERM with requests in flight.
 pidfile = os.path.join(d, "pid")
 start = time.monotonic()
