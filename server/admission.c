@@ -10,17 +10,7 @@
 #include <glib.h>
 
 #include "admission.h"
-
-/* The refusal log remembers at most this many addresses; past it, those
- * not refused within the interval are forgotten (a scan of addresses
- * must not grow the table without bound).
- */
-#define LOG_TABLE_PRUNE_AT 4096
-
-struct refusals {
-  gint64 logged_us;             /* when the last line for it was written */
-  unsigned unlogged;            /* refused since, without a line */
-};
+#include "log_limit.h"
 
 static struct {
   pthread_mutex_t lock;
@@ -28,7 +18,6 @@ static struct {
   unsigned total;
   GHashTable *per_client;       /* address → open connections */
   GHashTable *client_of;        /* fd → its address, when counted there */
-  GHashTable *refused;          /* address → struct refusals */
 } adm = { .lock = PTHREAD_MUTEX_INITIALIZER };
 
 void
@@ -39,8 +28,6 @@ admission_init (unsigned max_connections, unsigned max_per_client)
   adm.per_client = g_hash_table_new_full (g_str_hash, g_str_equal, g_free,
                                           NULL);
   adm.client_of = g_hash_table_new (g_direct_hash, g_direct_equal);
-  adm.refused = g_hash_table_new_full (g_str_hash, g_str_equal, g_free,
-                                       g_free);
 }
 
 /* FD's peer as text ("192.0.2.1", "2001:db8::1"; an IPv4 client of an
@@ -72,42 +59,16 @@ peer_address (int fd)
   return NULL;
 }
 
-static gboolean
-logged_long_ago (gpointer key, gpointer value, gpointer now_us)
-{
-  const struct refusals *r = value;
-
-  return *(gint64 *) now_us - r->logged_us >
-    ADMISSION_LOG_INTERVAL_S * G_USEC_PER_SEC;
-}
-
-/* Logs a refusal of a client at ADDRESS (NULL: a Unix socket's), at most
- * once per interval per address.  Called under the lock.
+/* Logs a refusal of a client at ADDRESS (NULL: a Unix socket's), under
+ * the bound on repeated lines: a client retrying in a loop, or clients
+ * from many addresses, cannot fill the log.
  */
 static void
 log_refusal (const char *address, unsigned open, const char *option,
              unsigned cap)
 {
-  const char *key = address ? address : "";
-  gint64 now = g_get_monotonic_time ();
-  struct refusals *r = g_hash_table_lookup (adm.refused, key);
-
-  if (r && now - r->logged_us < ADMISSION_LOG_INTERVAL_S * G_USEC_PER_SEC) {
-    r->unlogged++;
-    return;
-  }
-  if (r == NULL) {
-    if (g_hash_table_size (adm.refused) >= LOG_TABLE_PRUNE_AT)
-      g_hash_table_foreach_remove (adm.refused, logged_long_ago, &now);
-    r = g_new0 (struct refusals, 1);
-    g_hash_table_insert (adm.refused, g_strdup (key), r);
-  }
-  fprintf (stderr, "mloop-server: refused a connection from %s: %u open, "
-           "%s %u (%u more refused since the last such line; logged at "
-           "most every %d s)\n", address ? address : "a Unix socket client",
-           open, option, cap, r->unlogged, ADMISSION_LOG_INTERVAL_S);
-  r->logged_us = now;
-  r->unlogged = 0;
+  log_limited ("refused a connection from %s: %u open, %s %u",
+               address ? address : "a Unix socket client", open, option, cap);
 }
 
 bool

@@ -7,8 +7,8 @@
  * over a cap is closed as soon as it is accepted, before the greeting:
  * NBD has no way to say "busy", and a closed socket is what nbdkit's
  * limit filter and a full qemu-nbd --shared give too.  Each refusal is
- * logged once per address per ADMISSION_LOG_INTERVAL_S, not per attempt,
- * so a client retrying in a loop cannot fill the log.
+ * logged under the bound on repeated lines (log_limit.h), so clients
+ * retrying in a loop cannot fill the log.
  *
  * Every socket admitted here is closed through admission_close, which
  * counts it out; one mutex guards the counts (taken once per connection
@@ -18,8 +18,6 @@
 #define MLOOP_SERVER_ADMISSION_H
 
 #include <stdbool.h>
-
-#define ADMISSION_LOG_INTERVAL_S 10
 
 /* 0: no cap. */
 void admission_init (unsigned max_connections, unsigned max_per_client);

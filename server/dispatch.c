@@ -16,6 +16,7 @@
 #include "clock.h"
 #include "conn.h"
 #include "dispatch.h"
+#include "log_limit.h"
 #include "nbd_proto.h"
 #include "space.h"
 
@@ -36,8 +37,10 @@ command_name (uint16_t type)
   }
 }
 
-/* One log line per failed IO, naming the request (a refused fast zero
- * is an expected answer, not an error).
+/* A log line per failed IO, naming the request, under the bound on
+ * repeated lines: a client can make every request fail (a read past the
+ * end of an image shrunk under it).  A refused fast zero is an expected
+ * answer, not an error.
  */
 static void
 log_io_error (const struct request *req, uint64_t offset, uint64_t length,
@@ -45,9 +48,8 @@ log_io_error (const struct request *req, uint64_t offset, uint64_t length,
 {
   if (error == ENOTSUP && req->type == NBD_CMD_WRITE_ZEROES)
     return;
-  fprintf (stderr, "mloop-server: error: %s: %" PRIu64 " bytes at offset %"
-           PRIu64 ": %s\n", command_name (req->type), length, offset,
-           strerror (error));
+  log_limited ("error: %s: %" PRIu64 " bytes at offset %" PRIu64 ": %s",
+               command_name (req->type), length, offset, strerror (error));
 }
 
 /* The engine's completion of READ, WRITE and FLUSH, however they ran. */

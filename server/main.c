@@ -47,6 +47,7 @@
 #include "engine.h"
 #include "handshake.h"
 #include "listener.h"
+#include "log_limit.h"
 #include "memory_pressure.h"
 #include "nbd_proto.h"
 #include "offload.h"
@@ -653,9 +654,13 @@ main (int argc, char *argv[])
     struct pollfd p[2] = { { backoff ? -1 : listener.fd, POLLIN, 0 },
                            { sfd, POLLIN, 0 } };
     int wait = pending_expire ();
+    int log_due = log_limit_due_ms ();
 
     if (backoff && (wait == -1 || wait > ACCEPT_BACKOFF_MS))
       wait = ACCEPT_BACKOFF_MS;
+    /* Say how many log lines were suppressed once their window ends. */
+    if (log_due != -1 && (wait == -1 || wait > log_due))
+      wait = log_due;
     backoff = 0;
     if (poll (p, 2, wait) == -1 && errno != EINTR)
       break;
@@ -663,6 +668,7 @@ main (int argc, char *argv[])
       break;                    /* SIGTERM or SIGINT */
     if ((p[0].revents & POLLIN) && !accept_one (listener.fd, &attr))
       backoff = 1;
+    log_limit_report (0);
   }
 
   listener_close (&listener);
@@ -675,6 +681,7 @@ main (int argc, char *argv[])
     worker_stop (workers[i]);
   free (workers);
   offload_stop (offload);       /* idle: each worker waited for its jobs */
+  log_limit_report (1);
   if (opt_pid_file)
     unlink (opt_pid_file);
   mloop_engine_close (&engine);
