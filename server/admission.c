@@ -10,6 +10,7 @@
 #include <glib.h>
 
 #include "admission.h"
+#include "peer.h"
 #include "log_limit.h"
 
 static struct {
@@ -28,35 +29,6 @@ admission_init (unsigned max_connections, unsigned max_per_client)
   adm.per_client = g_hash_table_new_full (g_str_hash, g_str_equal, g_free,
                                           NULL);
   adm.client_of = g_hash_table_new (g_direct_hash, g_direct_equal);
-}
-
-/* FD's peer as text ("192.0.2.1", "2001:db8::1"; an IPv4 client of an
- * IPv6 socket as IPv4), or NULL for a Unix socket's client.
- */
-static char *
-peer_address (int fd)
-{
-  struct sockaddr_storage ss;
-  socklen_t len = sizeof ss;
-  char text[INET6_ADDRSTRLEN];
-
-  if (getpeername (fd, (struct sockaddr *) &ss, &len) == -1)
-    return NULL;
-  if (ss.ss_family == AF_INET) {
-    struct sockaddr_in *in = (struct sockaddr_in *) &ss;
-
-    return g_strdup (inet_ntop (AF_INET, &in->sin_addr, text, sizeof text));
-  }
-  if (ss.ss_family == AF_INET6) {
-    struct sockaddr_in6 *in6 = (struct sockaddr_in6 *) &ss;
-
-    if (IN6_IS_ADDR_V4MAPPED (&in6->sin6_addr))
-      return g_strdup (inet_ntop (AF_INET, &in6->sin6_addr.s6_addr[12],
-                                  text, sizeof text));
-    return g_strdup (inet_ntop (AF_INET6, &in6->sin6_addr, text,
-                                sizeof text));
-  }
-  return NULL;
 }
 
 /* Logs a refusal of a client at ADDRESS (NULL: a Unix socket's), under

@@ -426,6 +426,10 @@ setup_tls (void)
   if (tls_setup (&o, err, sizeof err) == -1)
     die ("%s", err);
   export.start_tls = tls_start;
+  if (export.tls == HANDSHAKE_TLS_ON)
+    fprintf (stderr, "mloop-server: warning: --tls on serves plaintext "
+             "clients too (nothing they send or read is encrypted); "
+             "--tls require refuses them\n");
 }
 
 /* --NAME=VALUE, on when not given. */
@@ -587,6 +591,10 @@ main (int argc, char *argv[])
   mloop_engine_probe_features (&engine);
 
   export.size = engine.backing.size;
+  if (export.size == 0)
+    fprintf (stderr, "mloop-server: warning: %s: the export is 0 bytes "
+             "(an empty image, or a window past its end): clients can "
+             "read and write nothing\n", argv[1]);
   export.transmission_flags = transmission_flags (discard);
   export.min_block = mloop_backing_min_block_size (&engine.backing);
   export.preferred_block = engine.backing.logical_block_size > 4096

@@ -9,12 +9,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include <sys/socket.h>
 
+#include <glib.h>
 #include <gnutls/gnutls.h>
 #include <gnutls/x509.h>
 
+#include "log_limit.h"
+#include "peer.h"
 #include "tls.h"
 
 /* The most plaintext one TLS record carries (RFC 8446, 5.1). */
@@ -178,6 +182,43 @@ check_pem (const char *path, bool key, char *err, size_t errlen)
   return 0;
 }
 
+/* Says at start when the server's certificate (the first in PATH, which
+ * GnuTLS loaded already) is expired or not yet valid: the server runs,
+ * as a client may not check dates, but every client that does refuses
+ * it, and the operator should hear why before the clients do.
+ */
+static void
+warn_if_not_valid_now (const char *path)
+{
+  gnutls_datum_t pem = { NULL, 0 };
+  gnutls_x509_crt_t crt;
+  time_t now = time (NULL), from, until;
+  char when[64];
+
+  if (gnutls_load_file (path, &pem) < 0)
+    return;
+  if (gnutls_x509_crt_init (&crt) == 0) {
+    if (gnutls_x509_crt_import (crt, &pem, GNUTLS_X509_FMT_PEM) == 0) {
+      from = gnutls_x509_crt_get_activation_time (crt);
+      until = gnutls_x509_crt_get_expiration_time (crt);
+      if (until != (time_t) -1 && until < now) {
+        strftime (when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", gmtime (&until));
+        fprintf (stderr, "mloop-server: warning: --tls-certificates %s: "
+                 "expired on %s: clients that check it refuse the server\n",
+                 path, when);
+      }
+      else if (from != (time_t) -1 && from > now) {
+        strftime (when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", gmtime (&from));
+        fprintf (stderr, "mloop-server: warning: --tls-certificates %s: "
+                 "not valid before %s: clients that check it refuse the "
+                 "server\n", path, when);
+      }
+    }
+    gnutls_x509_crt_deinit (crt);
+  }
+  gnutls_free (pem.data);
+}
+
 static int
 setup_x509 (const char *dir, bool verify, char *err, size_t errlen)
 {
@@ -220,6 +261,7 @@ setup_x509 (const char *dir, bool verify, char *err, size_t errlen)
     goto out;
   }
   gnutls_certificate_set_known_dh_params (x509_cred, GNUTLS_SEC_PARAM_MEDIUM);
+  warn_if_not_valid_now (cert);
   ret = 0;
 
  out:
@@ -470,6 +512,31 @@ static const struct transport_ops tls_ops = {
 
 /* ------------------------------------------------------------ start */
 
+/* A handshake that failed for another reason than the client going
+ * away or the deadline (a wrong key, a certificate the CA did not sign,
+ * none at all under --tls-verify-peer) is an authentication failure an
+ * operator must be able to see, credential guessing included: logged
+ * with the peer's address, under the bound on repeated lines.
+ */
+static void
+log_handshake_failure (int fd, int r)
+{
+  char *address;
+
+  switch (r) {
+  case GNUTLS_E_PULL_ERROR:
+  case GNUTLS_E_PUSH_ERROR:
+  case GNUTLS_E_PREMATURE_TERMINATION:
+  case GNUTLS_E_UNEXPECTED_PACKET_LENGTH:
+  case GNUTLS_E_TIMEDOUT:
+    return;                     /* gone, or cut off at the deadline */
+  }
+  address = peer_address (fd);
+  log_limited ("TLS handshake with %s failed: %s",
+               address ? address : "a Unix socket client", gnutls_strerror (r));
+  g_free (address);
+}
+
 int
 tls_start (int fd, struct transport *out)
 {
@@ -501,8 +568,10 @@ tls_start (int fd, struct transport *out)
   do
     r = gnutls_handshake (t->s);
   while (r < 0 && !gnutls_error_is_fatal (r) && r != GNUTLS_E_AGAIN);
-  if (r < 0)
+  if (r < 0) {
+    log_handshake_failure (fd, r);
     goto fail;
+  }
   out->ops = &tls_ops;
   out->ctx = t;
   return 0;

@@ -54,6 +54,22 @@ assert p.returncode == 1 and "Address already in use" in p.stderr, p.stderr
 assert open(sock).read() == "not a socket"
 os.unlink(sock)
 
+# A 0-byte image is served (an empty export is valid NBD) with a warning.
+empty = os.path.join(d, "empty.img")
+open(empty, "w").close()
+pidfile = os.path.join(d, "empty.pid")
+proc = subprocess.Popen([BIN, "--listen", f"unix:{sock}", "--pid-file", pidfile, empty],
+                        stderr=subprocess.PIPE, text=True)
+harness.on_exit(lambda: proc.poll() is None and proc.kill())
+while not os.path.exists(pidfile):
+    assert proc.poll() is None, f"server died on an empty image: {proc.stderr.read()!r}"
+    time.sleep(0.01)
+proc.send_signal(signal.SIGTERM)
+assert proc.wait(timeout=30) == 0
+err = proc.stderr.read()
+assert "empty.img: the export is 0 bytes" in err, err
+print("ok: a 0-byte image is served with a warning")
+
 # A socket nobody listens on (left by a server that was killed) is
 # replaced, so a restart comes back; a live one is never touched.
 import socket

@@ -149,6 +149,8 @@ check("psk require: a plaintext client is refused, libnbd says TLS",
       r.returncode != 0 and "TLS" in r.stderr, r.stderr)
 ok, r = nbdinfo_size(psk_uri(srv, wrong_psk))
 check("psk: a client with the wrong key is refused", not ok and r.returncode != 0)
+check("psk: the failed authentication is logged with the client's address",
+      "TLS handshake with 127.0.0.1 failed" in srv.log_text(), srv.log_text()[-500:])
 nbdcopy_round_trip(psk_uri(srv), "psk")
 qemu_round_trip(srv, f"tls-creds-psk,id=tls0,endpoint=client,dir={pskdir},username=alice",
                 "psk")
@@ -323,6 +325,8 @@ srv.stop()
 
 # --tls on: what was negotiated in plaintext is forgotten when TLS starts.
 srv = netserver.NetServer(image, ["--tls", "on", "--tls-certificates", certs])
+check("--tls on: a warning at start that plaintext clients are served",
+      "--tls on serves plaintext clients too" in srv.log_text(), srv.log_text())
 w = nw.Wire(srv.addr)
 harness.on_exit(w.close)
 w.greeting()
@@ -343,6 +347,8 @@ srv = netserver.NetServer(image, ["--tls", "require", "--tls-certificates", cert
                                   "--tls-verify-peer"])
 ok, r = nbdinfo_size(cert_uri(srv, trusting))
 check("verify-peer: a client without a certificate is refused", not ok and r.returncode != 0)
+check("verify-peer: the refusal is logged with the client's address",
+      "TLS handshake with 127.0.0.1 failed" in srv.log_text(), srv.log_text()[-500:])
 ok, r = nbdinfo_size(cert_uri(srv, with_cert))
 check("verify-peer: a client with a certificate the CA signed is served", ok, r.stderr)
 srv.stop()
@@ -430,6 +436,19 @@ def broken(name, **files):
                 out.write(content)
     return d
 
+
+# An expired server certificate: the server runs (a client may not check
+# dates) but says so at start.
+expired = broken("expired")
+subprocess.run(["openssl", "req", "-new", "-key", "server-key.pem", "-subj", "/CN=127.0.0.1",
+                "-out", "server.csr"], cwd=expired, check=True, capture_output=True)
+subprocess.run(["openssl", "x509", "-req", "-in", "server.csr", "-CA", "ca-cert.pem",
+                "-CAkey", "ca-key.pem", "-CAcreateserial", "-days", "-1",
+                "-out", "server-cert.pem"], cwd=expired, check=True, capture_output=True)
+srv = netserver.NetServer(image, ["--tls", "require", "--tls-certificates", expired])
+check("an expired server certificate: a warning at start naming it",
+      "server-cert.pem: expired on" in srv.log_text(), srv.log_text())
+srv.stop()
 
 bad_psk = os.path.join(work, "bad.psk")
 with open(bad_psk, "w") as f:
