@@ -25,6 +25,12 @@ budget_may_take (struct budget *b, uint64_t conn_held, uint64_t n)
     <= b->limit;
 }
 
+bool
+budget_may_keep (struct budget *b)
+{
+  return atomic_load_explicit (&b->held, memory_order_relaxed) <= b->limit / 2;
+}
+
 void
 budget_charge (struct budget *b, uint64_t n)
 {

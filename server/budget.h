@@ -19,7 +19,9 @@
  *   3. and the server's bytes within the server's limit.
  * So the server holds at most its limit plus 1 MiB per connection.
  * Buffers kept for reuse after a reply (at most BUDGET_KEEP_PER_CONN per
- * connection, each at most 1 MiB) are not charged.
+ * connection, each at most 1 MiB) stay charged to the server, and are
+ * kept only while it has used less than half its limit (budget_may_keep),
+ * so requests always have the other half.
  */
 #ifndef MLOOP_SERVER_BUDGET_H
 #define MLOOP_SERVER_BUDGET_H
@@ -31,8 +33,10 @@
 
 #define BUDGET_SERVER_DEFAULT  (1ull << 30)     /* --buffer-limit */
 #define BUDGET_CONN_DEFAULT    (256ull << 20)   /* --connection-buffer-limit */
-/* Small buffers a connection keeps for its next requests. */
-#define BUDGET_KEEP_PER_CONN   (4u << 20)
+/* Small buffers a connection keeps for its next requests: a 1 MiB read,
+ * or the 4 KiB buffers of 128 requests in flight.
+ */
+#define BUDGET_KEEP_PER_CONN   (1u << 20)
 
 struct budget {
   atomic_uint_fast64_t held;    /* bytes charged, every connection */
@@ -44,6 +48,9 @@ void budget_init (struct budget *b, uint64_t limit, uint64_t conn_limit);
 
 /* May a connection holding CONN_HELD bytes take N more?  Charges nothing. */
 bool budget_may_take (struct budget *b, uint64_t conn_held, uint64_t n);
+
+/* May a buffer that has served its request be kept (it stays charged)? */
+bool budget_may_keep (struct budget *b);
 
 void budget_charge (struct budget *b, uint64_t n);
 void budget_release (struct budget *b, uint64_t n);

@@ -218,21 +218,27 @@ resume_reading (struct conn *c)
     mark_ready (c);
 }
 
-/* Gives REQ's buffer back: uncharged, then kept for the slot's next
- * request if small and the connection keeps little, else freed.
+/* Gives REQ's buffer back, uncharged from its connection.  A small one
+ * is kept for the slot's next request, so the next request of a busy
+ * connection neither allocates nor faults its pages in again: up to
+ * BUDGET_KEEP_PER_CONN a connection, and only while the server's budget
+ * is less than half used, since a kept buffer stays charged to it (so
+ * --buffer-limit bounds kept buffers too).  Otherwise it is freed.
  */
 static void
 release_buffer (struct conn *c, struct request *req)
 {
+  struct budget *b = c->set->opts->budget;
+
   if (!req->charged)
     return;                     /* none, or already kept */
   req->charged = false;
   c->held -= req->cap;
-  budget_release (c->set->opts->budget, req->cap);
   if (req->cap <= MLOOP_KEEP_BUFFER &&
-      c->kept + req->cap <= BUDGET_KEEP_PER_CONN)
+      c->kept + req->cap <= BUDGET_KEEP_PER_CONN && budget_may_keep (b))
     c->kept += req->cap;
   else {
+    budget_release (b, req->cap);
     mloop_free_aligned (req->buf, req->cap);
     req->buf = NULL;
     req->cap = 0;
@@ -343,24 +349,36 @@ conn_set_flush (struct conn_set *s)
 
 /* ------------------------------------------------------------ requests */
 
-/* Gives REQ an aligned buffer of at least N bytes, charged to the
- * budget: the slot's kept buffer if big enough, else a new one.
+/* Gives REQ an aligned buffer of at least N bytes, charged to its
+ * connection and to the server: the slot's kept buffer if big enough
+ * (already charged to the server), else a new one.
  */
 static int
 ensure_buffer (struct conn *c, struct request *req, size_t n, uint32_t align)
 {
-  if (req->buf && !req->charged)
+  struct budget *b = c->set->opts->budget;
+
+  if (req->buf && !req->charged) {
     c->kept -= req->cap;        /* leaves the kept pool either way */
-  if (req->cap < n || req->buf == NULL) {
-    mloop_free_aligned (req->buf, req->cap);
-    req->buf = mloop_alloc_aligned (n, align);
-    req->cap = req->buf ? n : 0;
-    if (req->buf == NULL)
-      return -1;
+    req->charged = true;
+    c->held += req->cap;
   }
+  if (req->buf && req->cap >= n)
+    return 0;
+  if (req->charged) {
+    c->held -= req->cap;
+    budget_release (b, req->cap);
+    req->charged = false;
+  }
+  mloop_free_aligned (req->buf, req->cap);
+  req->buf = mloop_alloc_aligned (n, align);
+  req->cap = req->buf ? n : 0;
+  if (req->buf == NULL)
+    return -1;
+  c->set->heap_used = true;
   req->charged = true;
   c->held += req->cap;
-  budget_charge (c->set->opts->budget, req->cap);
+  budget_charge (b, req->cap);
   return 0;
 }
 
@@ -731,11 +749,14 @@ conn_free (struct conn *c)
   epoll_ctl (c->set->epfd, EPOLL_CTL_DEL, c->fd, NULL);
   transport_close (&c->session.transport);
   worker_close_client (c->set->opts, c->fd);
+  /* Every buffer a slot has is charged to the server: its request's, or
+   * kept.
+   */
   for (i = 0; i < CONN_SLOTS; i++) {
-    if (c->slots[i].charged)
-      budget_release (c->set->opts->budget, c->slots[i].cap);
+    budget_release (c->set->opts->budget, c->slots[i].cap);
     mloop_free_aligned (c->slots[i].buf, c->slots[i].cap);
   }
+  c->set->heap_used = true;
   if (c->budget_wait)
     c->set->budget_waiters--;
   free (c->in);

@@ -95,6 +95,8 @@ struct conn_set {
    */
   struct conn *ready;
   unsigned budget_waiters;      /* connections paused on the budget */
+  bool heap_used;               /* buffers allocated or freed since the
+                                   worker last gave the heap back */
 };
 
 struct conn {
@@ -108,7 +110,8 @@ struct conn {
                                    (counted by dispatch.c) */
   unsigned in_helpers;          /* offloaded, not yet back (dispatch.c) */
   uint64_t held;                /* buffer bytes charged to the budget */
-  uint64_t kept;                /* buffer bytes kept by free slots */
+  uint64_t kept;                /* buffer bytes kept by free slots (still
+                                   charged to the server's budget) */
 
   char *in;                     /* received bytes not yet parsed */
   size_t in_start, in_end;
