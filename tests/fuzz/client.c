@@ -40,12 +40,13 @@ client_main (void *arg)
     uint8_t buf[65536];
 
     if (!shut && sent == c->in_len) {
-      if (c->hang_up) {
+      if (c->end == FUZZ_CLIENT_HANG_UP) {
         shutdown (c->fd, SHUT_RDWR);    /* the server's sends now fail */
         break;
       }
-      shutdown (c->fd, SHUT_WR);
-      shut = true;
+      if (c->end == FUZZ_CLIENT_SHUT_WR)
+        shutdown (c->fd, SHUT_WR);
+      shut = true;              /* done sending, either way */
     }
     if (!shut)
       p.events |= POLLOUT;
@@ -77,13 +78,13 @@ client_main (void *arg)
 
 void
 fuzz_client_start (struct fuzz_client *c, int fd, const uint8_t *in,
-                   size_t in_len, bool hang_up)
+                   size_t in_len, enum fuzz_client_end end)
 {
   memset (c, 0, sizeof *c);
   c->fd = fd;
   c->in = in;
   c->in_len = in_len;
-  c->hang_up = hang_up;
+  c->end = end;
   if (pthread_create (&c->thread, NULL, client_main, c) != 0)
     abort ();
 }

@@ -283,12 +283,13 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
 
   if (socketpair (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == -1)
     abort ();
-  fuzz_client_start (&c, sv[1], data + 1, size - 1, data[0] & 16);
+  fuzz_client_start (&c, sv[1], data + 1, size - 1,
+                     (data[0] & 16) ? FUZZ_CLIENT_HANG_UP : FUZZ_CLIENT_SHUT_WR);
   result = mloop_handshake (sv[0], &x, &session);
   close (sv[0]);                /* the server's side is done either way */
   fuzz_client_join (&c);
 
-  if (c.hang_up)
+  if (c.end == FUZZ_CLIENT_HANG_UP)
     CHECK (result == 0 || result == -1);
   else
     check (c.in, c.in_len, c.out, c.out_len, &x, result, &session);

@@ -6,10 +6,20 @@
  * one byte of export properties (bit 0 read-only, bit 1 discard, bit 2
  * a max-request limit of 4096 rather than 1 MiB; bit 3, which
  * fuzz-request ignores: the connection negotiated structured replies and
- * base:allocation), 8 bytes of size
+ * base:allocation; bit 4, which fuzz-request reads otherwise: the TLS
+ * hand-off, below), 8 bytes of size
  * (ignored: the image is IMAGE_SIZE, an odd size, so the unaligned tail
  * is in play), then what the client sends.  The client sends it all,
  * shuts its side down and reads every reply until the worker closes.
+ *
+ * The TLS hand-off (bit 4): everything the client sends arrived with the
+ * handshake's last TLS record, so it waits already decoded in the
+ * connection's transport (here a stand-in for GnuTLS's buffer) and
+ * nothing more comes through the socket, where the client stays
+ * connected; the transport ends the stream once its bytes are read (an
+ * input with no bytes to send is served as without bit 4).
+ * A worker that waits for the socket to say there are requests never
+ * answers them, and the input times out.
  *
  * Workers persist across inputs (one per combination of options, all on
  * one image), each input a new connection.  Besides memory and
@@ -114,6 +124,71 @@ struct expect {
   uint64_t offset;
   uint32_t length;
   bool answered;
+};
+
+/* The stand-in for a TLS session holding decoded bytes (bit 4). */
+struct decoded {
+  int fd;
+  const uint8_t *data;
+  size_t len, pos;
+};
+
+static ssize_t
+decoded_recv (void *ctx, void *buf, size_t n)
+{
+  struct decoded *d = ctx;
+
+  if (n > d->len - d->pos)
+    n = d->len - d->pos;
+  memcpy (buf, d->data + d->pos, n);
+  d->pos += n;
+  return (ssize_t) n;           /* 0 once read: the stream ends */
+}
+
+static ssize_t
+decoded_sendv (void *ctx, const struct iovec *iov, size_t n)
+{
+  struct decoded *d = ctx;
+  struct msghdr m = { .msg_iov = (struct iovec *) iov, .msg_iovlen = n };
+
+  return sendmsg (d->fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+static bool
+decoded_pending (void *ctx)
+{
+  struct decoded *d = ctx;
+
+  return d->pos < d->len;
+}
+
+static void
+decoded_close (void *ctx)
+{
+  free (ctx);
+}
+
+static int
+decoded_full (void *ctx, void *buf, size_t n)
+{
+  (void) ctx, (void) buf, (void) n;
+  abort ();                     /* the handshake's: not in transmission */
+}
+
+static int
+decoded_send_full (void *ctx, const void *buf, size_t n)
+{
+  (void) ctx, (void) buf, (void) n;
+  abort ();
+}
+
+static const struct transport_ops decoded_ops = {
+  .recv_full = decoded_full,
+  .send_full = decoded_send_full,
+  .recv = decoded_recv,
+  .sendv = decoded_sendv,
+  .pending = decoded_pending,
+  .close = decoded_close,
 };
 
 static bool
@@ -240,7 +315,11 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
   bool cut = false;             /* ended mid-payload: replies may be lost */
   struct fuzz_client c;
   const bool sr = size && (data[0] & 8);
-  const struct session session = {
+  /* With nothing decoded there is nothing to hand off: in a real session
+   * the client's close would then reach the socket.
+   */
+  const bool handoff = size > 9 && (data[0] & 16);
+  struct session session = {
     .structured_replies = sr, .base_allocation = sr,
   };
   int sv[2];
@@ -287,7 +366,17 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
 
   if (socketpair (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == -1)
     abort ();
-  fuzz_client_start (&c, sv[1], wire + 9, size - 9, false);
+  if (handoff) {
+    struct decoded *d = malloc (sizeof *d);
+
+    if (d == NULL)
+      abort ();
+    *d = (struct decoded) { .fd = sv[0], .data = wire + 9, .len = size - 9 };
+    session.transport = (struct transport) { .ops = &decoded_ops, .ctx = d };
+    fuzz_client_start (&c, sv[1], NULL, 0, FUZZ_CLIENT_STAY_OPEN);
+  }
+  else
+    fuzz_client_start (&c, sv[1], wire + 9, size - 9, FUZZ_CLIENT_SHUT_WR);
   worker_add_connection (worker_for (bits), sv[0], &session);
   fuzz_client_join (&c);        /* the worker closed the connection */
 
