@@ -7,9 +7,8 @@
 #include <sys/socket.h>
 
 #include "clock.h"
+#include "log_limit.h"
 #include "pending.h"
-
-#define LOG_INTERVAL_MS 10000
 
 /* A few dozen bytes per connection, the only allocation before its
  * handshake completes besides the socket and the thread.  Only the accept
@@ -33,8 +32,6 @@ static struct pending *done;    /* left by their threads, to be freed */
 static unsigned listed;         /* on the list: negotiating, not dropped */
 static unsigned running;        /* handshake threads started, not ended */
 static bool stopping;
-static uint64_t last_log_ms;
-static unsigned dropped_since_log;
 
 static void
 unlink_entry (struct pending *p)
@@ -93,14 +90,8 @@ pending_begin (int fd)
   free_done ();
   if (listed >= max_listed) {
     drop (head);
-    dropped_since_log++;
-    if (last_log_ms == 0 || now - last_log_ms >= LOG_INTERVAL_MS) {
-      fprintf (stderr, "mloop-server: %u handshakes pending "
-               "(--max-handshakes): dropped the oldest (%u since the last "
-               "such line)\n", max_listed, dropped_since_log);
-      last_log_ms = now;
-      dropped_since_log = 0;
-    }
+    log_limited ("%u handshakes pending (--max-handshakes): dropped the "
+                 "oldest", max_listed);
   }
   p->prev = tail;
   if (tail)

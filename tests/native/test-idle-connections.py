@@ -8,7 +8,7 @@ or once their clients close them, fds and threads are back to baseline.
 The server starts with an open-files soft limit of 256 (it raises it to
 the hard limit itself).  With --max-handshakes 16, a flood of 40 idle
 connections keeps at most 16 threads and the 16 newest connections; the
-oldest are dropped (one log line), a prompt client still gets in, and
+oldest are dropped (logged within the bound on repeated lines), a prompt client still gets in, and
 SIGTERM drops those still pending and exits 0 at once."""
 import os
 import socket
@@ -157,7 +157,10 @@ for i, s in enumerate(socks[24:]):
         assert s.recv(1) != b"", f"connection {24 + i} dropped, though among the newest 16"
     except BlockingIOError:
         pass  # still open, as it should be
-assert srv.log_text().count("--max-handshakes") == 1, srv.log_text()
+# One line per drop, within the bound on repeated lines (log_limit.h:
+# 20 a window), counted as suppressed beyond it.
+drops = srv.log_text().count("--max-handshakes): dropped the oldest")
+assert 1 <= drops <= 20, srv.log_text()
 exercise(31)  # evicts one more idle connection to get in
 # SIGTERM with 15 connections still negotiating: they are dropped, and
 # the server exits 0 at once (not after their 60 s timeout).
@@ -169,6 +172,6 @@ for s in socks[25:]:
     netserver.wait_eof(s, 1)
 for s in socks:
     s.close()
-figures.append("--max-handshakes 16: 16 newest of 40 kept, 24 oldest dropped, one log line; "
+figures.append(f"--max-handshakes 16: 16 newest of 40 kept, 24 oldest dropped, {drops} log lines; "
                f"SIGTERM with 15 pending: exit 0 in {stopped:.2f} s")
 print("ok: " + "; ".join(figures))
