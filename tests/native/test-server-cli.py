@@ -54,19 +54,28 @@ assert p.returncode == 1 and "Address already in use" in p.stderr, p.stderr
 assert open(sock).read() == "not a socket"
 os.unlink(sock)
 
+
+
+def serves_then_says(img, what, while_up=lambda: None):
+    """Starts the server on SOCK with IMG, runs WHILE_UP once it listens,
+    stops it, and returns its stderr; WHAT names the case when it dies."""
+    pidfile = os.path.join(d, "case.pid")
+    proc = subprocess.Popen([BIN, "--listen", f"unix:{sock}", "--pid-file", pidfile, img],
+                            stderr=subprocess.PIPE, text=True)
+    harness.on_exit(lambda: proc.poll() is None and proc.kill())
+    while not os.path.exists(pidfile):
+        assert proc.poll() is None, f"server died on {what}: {proc.stderr.read()!r}"
+        time.sleep(0.01)
+    while_up()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    return proc.stderr.read()
+
+
 # A 0-byte image is served (an empty export is valid NBD) with a warning.
 empty = os.path.join(d, "empty.img")
 open(empty, "w").close()
-pidfile = os.path.join(d, "empty.pid")
-proc = subprocess.Popen([BIN, "--listen", f"unix:{sock}", "--pid-file", pidfile, empty],
-                        stderr=subprocess.PIPE, text=True)
-harness.on_exit(lambda: proc.poll() is None and proc.kill())
-while not os.path.exists(pidfile):
-    assert proc.poll() is None, f"server died on an empty image: {proc.stderr.read()!r}"
-    time.sleep(0.01)
-proc.send_signal(signal.SIGTERM)
-assert proc.wait(timeout=30) == 0
-err = proc.stderr.read()
+err = serves_then_says(empty, "an empty image")
 assert "empty.img: the export is 0 bytes" in err, err
 print("ok: a 0-byte image is served with a warning")
 
@@ -76,19 +85,15 @@ import socket
 stale = socket.socket(socket.AF_UNIX)
 stale.bind(sock)
 stale.close()
-pidfile = os.path.join(d, "stale.pid")
-proc = subprocess.Popen([BIN, "--listen", f"unix:{sock}", "--pid-file", pidfile, image],
-                        stderr=subprocess.PIPE, text=True)
-harness.on_exit(lambda: proc.poll() is None and proc.kill())
-while not os.path.exists(pidfile):
-    assert proc.poll() is None, f"server died on a stale socket: {proc.stderr.read()!r}"
-    time.sleep(0.01)
-probe = socket.socket(socket.AF_UNIX)
-probe.connect(sock)
-probe.close()
-proc.send_signal(signal.SIGTERM)
-assert proc.wait(timeout=30) == 0
-err = proc.stderr.read()
+
+
+def connects():
+    probe = socket.socket(socket.AF_UNIX)
+    probe.connect(sock)
+    probe.close()
+
+
+err = serves_then_says(image, "a stale socket", connects)
 assert "replaced a stale socket" in err, err
 live = socket.socket(socket.AF_UNIX)
 live.bind(sock)
@@ -98,9 +103,7 @@ p = subprocess.run([BIN, "--listen", f"unix:{sock}", image], capture_output=True
                    timeout=10)
 lines = p.stderr.strip().splitlines()
 assert p.returncode == 1 and len(lines) == 1 and "Address already in use" in lines[0], p.stderr
-probe = socket.socket(socket.AF_UNIX)
-probe.connect(sock)             # the live socket still there, still listening
-probe.close()
+connects()                      # the live socket still there, still listening
 live.close()
 os.unlink(sock)
 print("ok: a stale socket is replaced, a live one and a file are not")
