@@ -480,10 +480,16 @@ write_pid_file (void)
  * 4 x 1 MiB readers, page zeroing took more of the server's CPU than
  * copying the data (docs/benchmarks.md, kernel path).  So buffers up to
  * that size always come from the heap and freed ones stay for reuse, up
- * to MALLOC_TRIM_KEEP per heap; larger ones are private mappings of
- * their own (mloop_alloc_aligned), returned when freed.
+ * to MALLOC_TRIM_KEEP free at the top of each heap: a few requests'
+ * worth, so a steady stream reuses its pages, while what a burst of
+ * clients leaves goes back at once.  (glibc's malloc_trim releases the
+ * free pages inside every heap but the top of a thread's heap only
+ * through this threshold: at 64 MiB, 500 clients gone left 78 MiB
+ * resident; at 4 MiB, 8 MiB.)  A worker trims when it idles
+ * (server/worker.c).  Larger buffers are private mappings of their own
+ * (mloop_alloc_aligned), returned when freed.
  */
-#define MALLOC_TRIM_KEEP (64u << 20)
+#define MALLOC_TRIM_KEEP (4u << 20)
 
 static void
 keep_request_buffers (void)
