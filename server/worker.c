@@ -94,10 +94,11 @@ drop_unsent_replies (struct worker *w)
  * worker's connections used are freed and it has nothing to do: when
  * its last connection has closed, or after IDLE_TRIM_MS without an
  * event.  main.c keeps freed request buffers in the heap for reuse
- * (keep_request_buffers), and glibc returns only the top of a heap by
- * itself, so without this 500 clients that had each read 8 MiB left the
- * server at 1.9 GiB resident with none connected.  malloc_trim(0) also
- * releases the free pages inside every thread's heap.
+ * (keep_request_buffers); glibc gives back by itself only the top of a
+ * heap past M_TRIM_THRESHOLD, never the free pages inside it, so without
+ * this 500 clients that had each read 8 MiB left the server at 1.9 GiB
+ * resident with none connected.  malloc_trim(0) releases those free
+ * pages in every thread's heap.
  */
 static void
 trim_heap_if_idle (struct worker *w, bool timed_out)
