@@ -180,14 +180,26 @@ def descendants():
 
 def report_quiet(current, stop):
     """While STOP is unset: after QUIET_REPORT seconds without output, says
-    which test runs (CURRENT[0], started at CURRENT[1]) and its processes."""
+    which test runs (CURRENT[0], started at CURRENT[1]) and its processes,
+    or, between two short-lived ones (power-cut's checks), the last seen."""
+    seen, seen_at = [], 0.0
     while not stop.wait(5):
-        quiet = time.monotonic() - sys.stdout.last
+        now = time.monotonic()
+        procs = descendants()[:8]
+        if procs:
+            seen, seen_at = procs, now
+        quiet = now - sys.stdout.last
         if quiet < QUIET_REPORT or current[0] is None:
             continue
-        running = "; ".join(c[:120] for c in descendants()[:8]) or "no child process"
+        if procs:
+            running = "; ".join(c[:120] for c in procs)
+        elif seen:
+            running = (f"no child process now, {now - seen_at:.0f} s ago: "
+                       + "; ".join(c[:120] for c in seen))
+        else:
+            running = "no child process"
         out(f"# {current[0]}: still running after "
-            f"{time.monotonic() - current[1]:.0f} s, quiet for {quiet:.0f} s: {running}")
+            f"{now - current[1]:.0f} s, quiet for {quiet:.0f} s: {running}")
 
 
 def connected_devices():
