@@ -182,9 +182,11 @@ def report_quiet(current, stop):
     """While STOP is unset: after QUIET_REPORT seconds without output, says
     which test runs (CURRENT[0], started at CURRENT[1]) and its processes,
     or, between two short-lived ones (power-cut's checks), the last seen."""
-    seen, seen_at = [], 0.0
+    seen, seen_at, seen_in = [], 0.0, None
     while not stop.wait(5):
         now = time.monotonic()
+        if seen_in != current[0]:
+            seen, seen_in = [], current[0]    # a new test: nothing seen yet
         procs = descendants()[:8]
         if procs:
             seen, seen_at = procs, now
