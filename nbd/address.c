@@ -72,10 +72,21 @@ port_in_range (const char *port)
   return value >= 1 && value <= 65535;
 }
 
+/* A's port (digits) is refused outside 1-65535: -1 with ERR and A
+ * cleared, else 0.  TEXT is what was parsed.
+ */
 static int
-port_out_of_range (const char *text, const char *port, char *err, size_t errlen)
+check_port_range (const char *text, struct mloop_nbd_address *a,
+                  char *err, size_t errlen)
 {
-  return fail (err, errlen, "%s: port %s is out of range (1-65535)", text, port);
+  int rv;
+
+  if (port_in_range (a->port))
+    return 0;
+  rv = fail (err, errlen, "%s: port %s is out of range (1-65535)", text,
+             a->port);
+  mloop_nbd_address_clear (a);
+  return rv;
 }
 
 /* Splits HOSTPORT in place: "[v6]:PORT", "[v6]", "HOST:PORT" or "HOST"
@@ -136,12 +147,8 @@ parse_tcp (const char *text, unsigned forms, struct mloop_nbd_address *a,
     mloop_nbd_address_clear (a);
     return expected (text, forms, err, errlen);
   }
-  if (!port_in_range (a->port)) {
-    int rv = port_out_of_range (text, a->port, err, errlen);
-
-    mloop_nbd_address_clear (a);
-    return rv;
-  }
+  if (check_port_range (text, a, err, errlen) == -1)
+    return -1;
   a->name = "";
   return 0;
 }
@@ -175,12 +182,8 @@ parse_uri (const char *text, unsigned forms, struct mloop_nbd_address *a,
     mloop_nbd_address_clear (a);
     return fail (err, errlen, "%s: the port must be a number", text);
   }
-  else if (!port_in_range (a->port)) {
-    int rv = port_out_of_range (text, a->port, err, errlen);
-
-    mloop_nbd_address_clear (a);
-    return rv;
-  }
+  else if (check_port_range (text, a, err, errlen) == -1)
+    return -1;
   return 0;
 }
 
