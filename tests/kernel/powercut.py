@@ -310,10 +310,10 @@ def candidates(entries):
     return len(points), out
 
 
-def tier_sample():
-    """How many points the standard tier checks beyond the fresh ones
-    (SPREAD, evenly spaced), and the seed placing them: MLOOP_TEST_TIER=full
-    checks every point (None)."""
+def tier_seed():
+    """The seed placing the standard tier's sample (choose), from
+    MLOOP_POWERCUT_SEED, default 1; None in the full tier
+    (MLOOP_TEST_TIER=full), which checks every point."""
     if os.environ.get("MLOOP_TEST_TIER") == "full":
         return None
     return int(os.environ.get("MLOOP_POWERCUT_SEED", "1"))

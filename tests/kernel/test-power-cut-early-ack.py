@@ -24,7 +24,7 @@ def run_test(kind, cl):
     os.environ.pop(SWITCH)
     # The same sample as test-power-cut's: it must catch what that misses.
     points, distinct, checked, failure = powercut.check_points(
-        d, log, base, ops, powercut.tier_sample(), lambda line: print(line, flush=True))
+        d, log, base, ops, powercut.tier_seed(), lambda line: print(line, flush=True))
     print(f"# power-cut-early-ack: caught after {checked} checks ({distinct} distinct "
           f"images at {points} points): {failure}",
           flush=True)

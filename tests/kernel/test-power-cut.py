@@ -19,7 +19,7 @@ def run_test(kind, cl):
     d = tmpdir(cl)
     log, base, rec, ops = powercut.run_workload(kind, d)
     points, distinct, checked, failure = powercut.check_points(
-        d, log, base, ops, powercut.tier_sample(), lambda line: print(line, flush=True))
+        d, log, base, ops, powercut.tier_seed(), lambda line: print(line, flush=True))
     print(f"# power-cut: {points} flush/FUA points, {distinct} distinct images, "
           f"{checked} checked, {rec.seq} syncs", flush=True)
     assert failure is None, failure
