@@ -151,12 +151,21 @@ already_attached (const struct mloop_attach_request *req, const char *file,
   return r;
 }
 
+/* The kernel device's logical block size: --block-size, or by default
+ * the image's own.  mloop's servers advertise any request size as
+ * allowed (minimum 1) and the O_DIRECT alignment as preferred: the
+ * device takes that alignment, as loop does with direct IO, and a
+ * smaller --block-size is refused, since every write would then be a
+ * read-modify-write in the server.  A remote server may be anyone's:
+ * there the advertised minimum, at least 512, as nbd-client does.
+ */
 static int
-choose_block_size (const struct mloop_attach_request *req,
+choose_block_size (const struct mloop_attach_request *req, bool remote,
                    const struct mloop_nbd_export *x, uint32_t *bs,
                    char *err, size_t errlen)
 {
-  uint32_t min = x->min_block > 512 ? x->min_block : 512;
+  uint32_t need = remote ? x->min_block : x->preferred_block;
+  uint32_t min = need > 512 ? need : 512;
 
   if (req->block_size == 0) {
     *bs = min;
@@ -164,7 +173,7 @@ choose_block_size (const struct mloop_attach_request *req,
   }
   if (req->block_size < min)
     return mloop_fail (err, errlen, "--block-size %u is below the image's "
-                 "minimum block size %u", req->block_size, min);
+                 "block size %u", req->block_size, min);
   *bs = req->block_size;
   return 0;
 }
@@ -320,7 +329,7 @@ connect_kernel (const struct mloop_attach_request *req,
       return -1;
     if (o->read_only)
       x.flags |= NBD_FLAG_READ_ONLY;    /* the kernel then refuses writes */
-    if (choose_block_size (req, &x, &s->block_size, err, errlen) == -1) {
+    if (choose_block_size (req, s->remote, &x, &s->block_size, err, errlen) == -1) {
       mloop_nbd_close_all (fds, (unsigned) n);
       return -1;
     }

@@ -159,16 +159,20 @@ mloop_backing_window_alignment (const struct mloop_backing *b)
   return b->direct || b->is_block_device ? b->logical_block_size : 1;
 }
 
-/* The smallest request size to advertise to clients: the logical block
- * size, unless the image's size is not a multiple of it.  Then 1: the
- * NBD spec says the size SHOULD be a multiple of the minimum, and strict
- * clients (libnbd's default) could not otherwise reach the last bytes.
+/* The block sizes both servers advertise to clients.  The minimum is 1:
+ * the engine serves any request, those off the O_DIRECT alignment through
+ * its read-modify-write path (unaligned.h), so strict clients (libnbd's
+ * default) may send what they like and reach the last bytes of an image
+ * of any size.  The preferred size is that alignment, which clients that
+ * align for speed follow, and which mloop attach gives the kernel device
+ * as its logical block size, as loop does with direct IO.
  */
+#define MLOOP_MIN_BLOCK_SIZE 1
+
 static inline uint32_t
-mloop_backing_min_block_size (const struct mloop_backing *b)
+mloop_backing_preferred_block_size (const struct mloop_backing *b)
 {
-  return mloop_backing_size (b) % b->logical_block_size ? 1
-    : b->logical_block_size;
+  return b->logical_block_size;
 }
 
 #endif /* MLOOP_BACKING_H */

@@ -65,6 +65,7 @@
 #define NBD_FLAG_ROTATIONAL        (1u << 4)
 #define NBD_FLAG_SEND_TRIM         (1u << 5)
 #define NBD_FLAG_SEND_WRITE_ZEROES (1u << 6)
+#define NBD_FLAG_SEND_DF           (1u << 7)
 #define NBD_FLAG_CAN_MULTI_CONN    (1u << 8)
 #define NBD_FLAG_SEND_FAST_ZERO    (1u << 11)
 
@@ -79,6 +80,7 @@
 
 #define NBD_CMD_FLAG_FUA           (1u << 0)
 #define NBD_CMD_FLAG_NO_HOLE       (1u << 1)
+#define NBD_CMD_FLAG_DF            (1u << 2)
 #define NBD_CMD_FLAG_REQ_ONE       (1u << 3)
 #define NBD_CMD_FLAG_FAST_ZERO     (1u << 4)
 

@@ -33,11 +33,6 @@
 
 #define THREAD_MODEL NBDKIT_THREAD_MODEL_PARALLEL
 
-/* The preferred block size advertised to clients: a page, the unit the
- * kernel's page cache and most filesystems work in.
- */
-#define PREFERRED_BLOCK_SIZE 4096
-
 static char *filename;
 static struct mloop_engine_config config;
 static bool discard = true;             /* discard=on|off */
@@ -323,10 +318,8 @@ static int
 mloop_block_size (void *handle, uint32_t *minimum, uint32_t *preferred,
                   uint32_t *maximum)
 {
-  const uint32_t lbs = engine.backing.logical_block_size;
-
-  *minimum = mloop_backing_min_block_size (&engine.backing);
-  *preferred = lbs > PREFERRED_BLOCK_SIZE ? lbs : PREFERRED_BLOCK_SIZE;
+  *minimum = MLOOP_MIN_BLOCK_SIZE;
+  *preferred = mloop_backing_preferred_block_size (&engine.backing);
   *maximum = MLOOP_MAX_REQUEST;
   return 0;
 }

@@ -396,6 +396,7 @@ limits (const struct conn *c)
     .discard = opts->discard,
     .max_request = opts->max_request,
     .block_status = c->session.base_allocation,
+    .structured_replies = c->session.structured_replies,
   };
 }
 

@@ -82,15 +82,27 @@ reply (struct wire *w, uint32_t option, uint32_t type, const void *data, uint32_
   return len ? wire_send (w, data, len) : 0;
 }
 
+/* The export's transmission flags as this client gets them: with
+ * structured replies, also NBD_FLAG_SEND_DF, since every READ is answered
+ * with one chunk anyway (the spec forbids the flag without them).
+ */
+static uint16_t
+session_flags (const struct export_info *x, const struct negotiation *n)
+{
+  return x->transmission_flags |
+    (n->structured_replies ? NBD_FLAG_SEND_DF : 0);
+}
+
 static int
-reply_info_export (struct wire *w, uint32_t option, const struct export_info *x)
+reply_info_export (struct wire *w, uint32_t option, const struct export_info *x,
+                   const struct negotiation *n)
 {
   struct {
     uint16_t type;
     uint64_t size;
     uint16_t flags;
   } __attribute__((packed)) info = {
-    htobe16 (NBD_INFO_EXPORT), htobe64 (x->size), htobe16 (x->transmission_flags)
+    htobe16 (NBD_INFO_EXPORT), htobe64 (x->size), htobe16 (session_flags (x, n))
   };
 
   return reply (w, option, NBD_REP_INFO, &info, sizeof info);
@@ -169,7 +181,7 @@ info_or_go (struct wire *w, uint32_t option, const char *data, uint32_t len,
   /* NBD_INFO_BLOCK_SIZE is always sent: mloop prefers aligned requests
    * (O_DIRECT), and the spec names such servers as its reason to exist.
    */
-  if (reply_info_export (w, option, x) == -1 ||
+  if (reply_info_export (w, option, x, n) == -1 ||
       reply_info_block_size (w, option, x) == -1 ||
       reply (w, option, NBD_REP_ACK, NULL, 0) == -1)
     return -1;
@@ -300,7 +312,8 @@ meta_context (struct wire *w, uint32_t option, const char *data, uint32_t len,
  * NO_ZEROES was agreed) 124 bytes of zeroes.
  */
 static int
-export_name (struct wire *w, const struct export_info *x, bool no_zeroes)
+export_name (struct wire *w, const struct export_info *x,
+             const struct negotiation *n, bool no_zeroes)
 {
   struct {
     uint64_t size;
@@ -310,7 +323,7 @@ export_name (struct wire *w, const struct export_info *x, bool no_zeroes)
 
   memset (&r, 0, sizeof r);
   r.size = htobe64 (x->size);
-  r.flags = htobe16 (x->transmission_flags);
+  r.flags = htobe16 (session_flags (x, n));
   return wire_send (w, &r, no_zeroes ? 10 : sizeof r);
 }
 
@@ -406,7 +419,7 @@ negotiate (struct wire *w, const struct export_info *x, struct session *out)
       if (len > NBD_MAX_STRING || !name_matches (x, data, len))
         return -1;
       enter (&n, data, len, out);
-      return export_name (w, x, no_zeroes);
+      return export_name (w, x, &n, no_zeroes);
     case NBD_OPT_ABORT:
       reply (w, option, NBD_REP_ACK, NULL, 0);
       return -1;

@@ -240,7 +240,6 @@ handshake_thread (void *arg)
   bool ok;
 
   x.size = mloop_backing_size (&engine.backing);
-  x.min_block = mloop_backing_min_block_size (&engine.backing);
   ok = mloop_handshake (fd, &x, &session) == 0;
   if (!pending_leave (p) && ok) {
     transport_close (&session.transport);
@@ -602,9 +601,8 @@ main (int argc, char *argv[])
              "(an empty image, or a window past its end): clients can "
              "read and write nothing\n", argv[1]);
   export.transmission_flags = transmission_flags (discard);
-  export.min_block = mloop_backing_min_block_size (&engine.backing);
-  export.preferred_block = engine.backing.logical_block_size > 4096
-    ? engine.backing.logical_block_size : 4096;
+  export.min_block = MLOOP_MIN_BLOCK_SIZE;
+  export.preferred_block = mloop_backing_preferred_block_size (&engine.backing);
   export.max_block = MAX_REQUEST;
   export.name = opt_export_name;
 

@@ -71,7 +71,9 @@ request_check (const struct nbd_request *r, const struct request_limits *x,
   *error = 0;
   switch (r->type) {
   case NBD_CMD_READ:
-    if (f & ~NBD_CMD_FLAG_FUA)
+    /* DF asks for the data in one chunk: every READ is (conn.c). */
+    if (f & ~(NBD_CMD_FLAG_FUA |
+              (x->structured_replies ? NBD_CMD_FLAG_DF : 0)))
       return reply (error, NBD_EINVAL);
     if (!range_ok (x, r->offset, r->length) || r->length == 0)
       return reply (error, NBD_EINVAL);

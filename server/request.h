@@ -34,6 +34,7 @@ struct request_limits {
   bool discard;
   uint32_t max_request;         /* largest READ/WRITE accepted */
   bool block_status;            /* base:allocation negotiated */
+  bool structured_replies;      /* negotiated: NBD_CMD_FLAG_DF allowed */
 };
 
 enum request_verdict {

@@ -31,13 +31,15 @@ static const uint32_t max_requests[4] = {
 
 /* The flags each command defines (the NBD spec, as far as mloop serves). */
 static bool
-flags_allowed (uint16_t type, uint16_t flags)
+flags_allowed (uint16_t type, uint16_t flags, const struct request_limits *x)
 {
   uint16_t ok;
 
   switch (type) {
-  case NBD_CMD_READ: case NBD_CMD_WRITE: case NBD_CMD_FLUSH:
-  case NBD_CMD_TRIM:
+  case NBD_CMD_READ:
+    ok = NBD_CMD_FLAG_FUA | (x->structured_replies ? NBD_CMD_FLAG_DF : 0);
+    break;
+  case NBD_CMD_WRITE: case NBD_CMD_FLUSH: case NBD_CMD_TRIM:
     ok = NBD_CMD_FLAG_FUA;
     break;
   case NBD_CMD_WRITE_ZEROES:
@@ -79,7 +81,7 @@ judge (const struct nbd_request *r, const struct request_limits *x)
   if (v == REQUEST_PROCEED) {
     CHECK (error == 0);
     CHECK (known);
-    CHECK (flags_allowed (r->type, r->flags));
+    CHECK (flags_allowed (r->type, r->flags, x));
     CHECK (!(writes && x->read_only));
     CHECK (!(r->type == NBD_CMD_FLUSH && x->read_only));
     CHECK (!(r->type == NBD_CMD_TRIM && !x->discard));
@@ -93,7 +95,7 @@ judge (const struct nbd_request *r, const struct request_limits *x)
     return;
   }
   /* Refused or answered without IO: with the error the spec asks for. */
-  if (!known || !flags_allowed (r->type, r->flags))
+  if (!known || !flags_allowed (r->type, r->flags, x))
     CHECK (error == NBD_EINVAL);
   else if (writes && x->read_only)
     CHECK (error == NBD_EPERM);
@@ -125,6 +127,7 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
   x.discard = data[0] & 2;
   x.max_request = max_requests[(data[0] >> 2) & 3];
   x.block_status = data[0] & 16;
+  x.structured_replies = data[0] & 32;
   x.size = get_be (data + 1, 8);
 
   while (size - pos >= NBD_REQUEST_SIZE) {

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """nbdinfo shows exactly the flags mloop means to advertise: multi-conn,
-flush, FUA, trim, zero, fast zero, no cache, the block size constraints
+flush, FUA, trim, zero, fast zero, no cache, DF, the block size constraints
 and the base:allocation context; and read-only exports say so."""
 import json
 import shutil
@@ -24,13 +24,16 @@ e = info()
 expected = {
     "can_multi_conn": True, "can_flush": True, "can_fua": True,
     "can_trim": True, "can_zero": True, "can_fast_zero": True,
-    "can_cache": False, "is_read_only": False,
-    "block_size_minimum": 512, "block_size_preferred": 4096,
+    "can_cache": False, "is_read_only": False, "can_df": True,
+    "block_size_minimum": 1,
     "block_size_maximum": 64 << 20,
     "export-size": 16 << 20,
 }
 for k, v in expected.items():
     assert e.get(k) == v, f"{k}: nbdinfo says {e.get(k)!r}, expected {v!r}"
+# The O_DIRECT alignment of the filesystem the image is on.
+assert e.get("block_size_preferred") in (512, 1024, 2048, 4096), \
+    f"preferred block size {e.get('block_size_preferred')}"
 assert e.get("contexts") == ["base:allocation"], f"contexts: {e.get('contexts')}"
 
 e = info(["discard=off"])

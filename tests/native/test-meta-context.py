@@ -138,8 +138,10 @@ assert payload == struct.pack(">Q", DATA[0]) + b"\xab" * 4096
 for off, n in ((SIZE - 512, 1024), (SIZE, 512), (1 << 62, 512)):
     w.request(nw.CMD_READ, off, n, cookie=4)
     expect_error_chunk(w, 4)
-w.request(nw.CMD_READ, 0, 512, flags=1 << 2, cookie=5)   # DF: never offered
-expect_error_chunk(w, 5)
+w.request(nw.CMD_READ, 0, 512, flags=1 << 2, cookie=5)   # DF: one chunk
+flags, ctype, c, payload = w.chunk()
+assert (c, ctype, flags & nw.REPLY_FLAG_DONE) == (5, nw.REPLY_TYPE_OFFSET_DATA, 1)
+assert payload == struct.pack(">Q", 0) + bytes(512)
 # A FLUSH: a simple reply is still allowed and used.
 w.request(nw.CMD_FLUSH, cookie=6)
 assert w.simple_reply() == (0, 6, b"")

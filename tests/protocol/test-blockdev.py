@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """A block device as backing store (a loop device made by the test):
-size from BLKGETSIZE64, minimum block size from BLKSSZGET (512 and 4096),
+size from BLKGETSIZE64, preferred block size from BLKSSZGET (512 and 4096),
 reads and writes, TRIM through BLKDISCARD, zero through BLKZEROOUT, and
 no extents (all data)."""
 import os
@@ -33,8 +33,8 @@ for sector in (512, 4096):
     srv = harness.Server(dev)
     h = srv.connect()
     assert h.get_size() == SIZE, f"size {h.get_size()}"
-    assert h.get_block_size(nbd.SIZE_MINIMUM) == sector, \
-        f"minimum block size {h.get_block_size(nbd.SIZE_MINIMUM)} != {sector}"
+    assert h.get_block_size(nbd.SIZE_PREFERRED) == sector, \
+        f"preferred block size {h.get_block_size(nbd.SIZE_PREFERRED)} != {sector}"
     mirror = bytearray(harness.pattern(SIZE, sector))
     assert h.pread(SIZE, 0) == bytes(mirror)
     new = harness.pattern(1 << 20, 99)

@@ -27,6 +27,11 @@ static const struct request_limits meta = {
   .size = 10 * MiB, .read_only = true, .discard = false, .max_request = 32 * MiB,
   .block_status = true,
 };
+/* Structured replies negotiated: READ may carry DF. */
+static const struct request_limits structured = {
+  .size = 10 * MiB, .read_only = false, .discard = true, .max_request = 32 * MiB,
+  .structured_replies = true,
+};
 
 struct row {
   const struct request_limits *x;
@@ -50,6 +55,9 @@ static const struct row rows[] = {
   { &rw, NBD_CMD_READ, 0, 0, 32 * MiB, REQUEST_PROCEED, REQUEST_REPLY, NBD_EINVAL },
   { &rw, NBD_CMD_READ, 0, 0, 32 * MiB + 1, REQUEST_REPLY, REQUEST_REPLY, NBD_EINVAL },
   { &ro, NBD_CMD_READ, 0, 0, 512, REQUEST_PROCEED, REQUEST_PROCEED, 0 },
+  { &structured, NBD_CMD_READ, NBD_CMD_FLAG_DF, 0, 4096, REQUEST_PROCEED, REQUEST_PROCEED, 0 },
+  { &rw, NBD_CMD_READ, NBD_CMD_FLAG_DF, 0, 4096, REQUEST_PROCEED, REQUEST_REPLY, NBD_EINVAL },
+  { &structured, NBD_CMD_WRITE, NBD_CMD_FLAG_DF, 0, 4096, REQUEST_PROCEED, REQUEST_REPLY, NBD_EINVAL },
   /* WRITE */
   { &rw, NBD_CMD_WRITE, NBD_CMD_FLAG_FUA, 4096, 4096, REQUEST_PROCEED, REQUEST_PROCEED, 0 },
   { &rw, NBD_CMD_WRITE, NBD_CMD_FLAG_FAST_ZERO, 0, 1, REQUEST_PROCEED, REQUEST_REPLY, NBD_EINVAL },
