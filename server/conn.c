@@ -14,6 +14,7 @@
 #include "budget.h"
 #include "conn.h"
 #include "dispatch.h"
+#include "log_limit.h"
 #include "nbd_proto.h"
 #include "request.h"
 #include "transport.h"
@@ -30,6 +31,16 @@
  * Best effort: the kernel caps it at net.core.wmem_max.
  */
 #define SEND_BUFFER (4 << 20)
+
+static size_t
+page_size (void)
+{
+  static size_t page;
+
+  if (page == 0)
+    page = (size_t) sysconf (_SC_PAGESIZE);
+  return page;
+}
 
 static void
 conn_update_events (struct conn *c)
@@ -218,6 +229,20 @@ resume_reading (struct conn *c)
     mark_ready (c);
 }
 
+/* Makes REQ's buffer ours to write or free again: if the socket may
+ * still hold its pages (lent by splice_out), they are dropped from our
+ * mapping, so nothing we do to the buffer reaches the reader.
+ */
+static void
+settle_lent_buffer (struct conn *c, struct request *req)
+{
+  if (req->lent_until == 0)
+    return;
+  if (!splice_out_returned (&c->splice, c->fd, req->lent_until))
+    splice_out_forget (req->buf, req->cap);
+  req->lent_until = 0;
+}
+
 /* Gives REQ's buffer back, uncharged from its connection.  A small one
  * is kept for the slot's next request, so the next request of a busy
  * connection neither allocates nor faults its pages in again: up to
@@ -238,6 +263,7 @@ release_buffer (struct conn *c, struct request *req)
       c->kept + req->cap <= BUDGET_KEEP_PER_CONN && budget_may_keep (b))
     c->kept += req->cap;
   else {
+    settle_lent_buffer (c, req);
     budget_release (b, req->cap);
     mloop_free_aligned (req->buf, req->cap);
     req->buf = NULL;
@@ -256,13 +282,60 @@ release_slot (struct conn *c, struct request *req)
     resume_reading (c);
 }
 
-/* Sends as much of the reply queue as the socket takes, with one
- * sendmsg per SEND_IOVECS pieces.
+/* Whether REQ's data goes to the socket by page reference. */
+static bool
+reply_spliced (const struct conn *c, const struct request *req)
+{
+  return splice_out_enabled (&c->splice) && req->type == NBD_CMD_READ &&
+    req->error == 0 && req->data_len >= SPLICE_OUT_MIN;
+}
+
+/* Retires the replies at the head of the queue that are wholly out. */
+static void
+retire_sent (struct conn *c)
+{
+  while (c->out_head) {
+    struct request *head = c->out_head;
+    size_t whole = head->reply_len + head->data_len;
+
+    if (c->out_sent < whole)
+      break;
+    c->out_sent -= whole;
+    c->out_head = head->next;
+    if (!c->out_head)
+      c->out_tail = NULL;
+    TRACE_REQUEST (MLOOP_TRACE_REPLY, head, 0);
+    release_slot (c, head);
+  }
+}
+
+/* Lends the data of the head reply, whose header is out, to the pipe.
+ * Returns false when the connection broke.
+ */
+static bool
+lend_head_data (struct conn *c)
+{
+  struct request *req = c->out_head;
+  size_t done = c->out_sent - req->reply_len;
+  ssize_t n = splice_out_lend (&c->splice, (char *) req->buf + done,
+                               req->data_len - done);
+
+  if (n <= 0)
+    return false;               /* the pipe is empty here: never full */
+  c->out_sent += (size_t) n;
+  req->lent_until = c->splice.to_socket + c->splice.in_pipe;
+  retire_sent (c);
+  return true;
+}
+
+/* Sends as much of the reply queue as the socket takes: one sendmsg per
+ * SEND_IOVECS pieces, and for a spliced reply its header by sendmsg and
+ * its data through the pipe, which is emptied before anything else goes.
  */
 static void
 conn_flush (struct conn *c)
 {
-  while (c->out_head && !c->broken) {
+  while ((c->out_head || c->splice.in_pipe) && !c->broken) {
     struct iovec iov[SEND_IOVECS];
     struct msghdr msg = { .msg_iov = iov };
     struct request *req = c->out_head;
@@ -270,6 +343,20 @@ conn_flush (struct conn *c)
     int n = 0;
     ssize_t sent;
 
+    if (c->splice.in_pipe) {
+      int r = splice_out_drain (&c->splice, c->fd);
+
+      if (r == 1)
+        goto socket_full;
+      if (r == -1)
+        c->broken = c->closing = true;
+      continue;
+    }
+    if (reply_spliced (c, req) && skip >= req->reply_len) {
+      if (!lend_head_data (c))
+        c->broken = c->closing = true;
+      continue;
+    }
     for (; req && n + IOVECS_PER_REPLY <= SEND_IOVECS; req = req->next) {
       size_t hlen = req->reply_len;
 
@@ -280,6 +367,8 @@ conn_flush (struct conn *c)
       }
       else
         skip -= hlen;
+      if (reply_spliced (c, req))
+        break;                  /* its data goes through the pipe */
       if (req->data_len > skip) {
         iov[n].iov_base = (char *) req->buf + skip;
         iov[n++].iov_len = req->data_len - skip;
@@ -290,32 +379,15 @@ conn_flush (struct conn *c)
     sent = transport_sendmsg (&c->session.transport, c->fd, &msg);
     if (sent == -1 && errno == EINTR)
       continue;
-    if (sent == -1 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      if (!c->want_write) {
-        c->want_write = true;
-        conn_update_events (c);
-      }
-      return;
-    }
+    if (sent == -1 && (errno == EAGAIN || errno == EWOULDBLOCK))
+      goto socket_full;
     if (sent == -1) {
       c->broken = c->closing = true;   /* the client went away */
       break;
     }
-    /* Retire the replies sent in full. */
     c->out_sent += (size_t) sent;
-    while (c->out_head) {
-      struct request *head = c->out_head;
-      size_t whole = head->reply_len + head->data_len;
-
-      if (c->out_sent < whole)
-        break;
-      c->out_sent -= whole;
-      c->out_head = head->next;
-      if (!c->out_head)
-        c->out_tail = NULL;
-      TRACE_REQUEST (MLOOP_TRACE_REPLY, head, 0);
-      release_slot (c, head);
-    }
+    splice_out_count (&c->splice, (size_t) sent);
+    retire_sent (c);
   }
   if (c->broken) {
     /* Nobody to send to: drop the queue. */
@@ -329,8 +401,15 @@ conn_flush (struct conn *c)
     c->out_tail = NULL;
     c->out_sent = 0;
   }
-  if (c->want_write && !c->out_head) {
+  if (c->want_write && !c->out_head && !c->splice.in_pipe) {
     c->want_write = false;
+    conn_update_events (c);
+  }
+  return;
+
+ socket_full:
+  if (!c->want_write) {
+    c->want_write = true;
     conn_update_events (c);
   }
 }
@@ -358,6 +437,12 @@ ensure_buffer (struct conn *c, struct request *req, size_t n, uint32_t align)
 {
   struct budget *b = c->set->opts->budget;
 
+  /* A buffer that may be lent is whole pages: its pages can then be
+   * dropped while lent without touching a neighbour's (splice_out.h).
+   */
+  if (splice_out_enabled (&c->splice))
+    n = mloop_round_up (n, page_size ());
+  settle_lent_buffer (c, req);
   if (req->buf && !req->charged) {
     c->kept -= req->cap;        /* leaves the kept pool either way */
     req->charged = true;
@@ -715,12 +800,19 @@ conn_adopt (struct conn_set *s, int fd, const struct session *session)
   c->set = s;
   c->session = *session;
   setsockopt (fd, SOL_SOCKET, SO_SNDBUF, &(int) { SEND_BUFFER }, sizeof (int));
+  /* TLS encrypts into buffers of its own: nothing to lend. */
+  if (session->transport.ops != NULL)
+    c->splice = (struct splice_out) { .pipe_rd = -1, .pipe_wr = -1 };
+  else if (splice_out_open (&c->splice, fd) == -1)
+    log_limited ("a connection copies its read replies: no pipe to splice "
+                 "them: %s", strerror (errno));
   for (i = 0; i < CONN_SLOTS; i++) {
     c->slots[i].next = c->free;
     c->free = &c->slots[i];
   }
   ev.data.ptr = c;
   if (epoll_ctl (s->epfd, EPOLL_CTL_ADD, fd, &ev) == -1) {
+    splice_out_close (&c->splice);
     transport_close (&c->session.transport);
     free (c->in);
     free (c);
@@ -748,6 +840,9 @@ conn_free (struct conn *c)
   MLOOP_STATS_SUB (st, connections, 1);
 
   epoll_ctl (c->set->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+  for (i = 0; i < CONN_SLOTS; i++)
+    settle_lent_buffer (c, &c->slots[i]);
+  splice_out_close (&c->splice);
   transport_close (&c->session.transport);
   worker_close_client (c->set->opts, c->fd);
   /* Every buffer a slot has is charged to the server: its request's, or

@@ -7,7 +7,8 @@
  * pauses while the connection has no free slot, its worker's AIO context
  * no room, or the server's buffer budget no bytes to spare (budget.h).
  * Out: finished requests wait on the connection's reply queue, and one
- * sendmsg sends as many of them as the socket takes.  In between, a
+ * sendmsg sends as many of them as the socket takes; on a Unix socket the
+ * data of a large READ goes by page reference instead (splice_out.h).  In between, a
  * validated request belongs to dispatch.c, which hands it back with
  * conn_queue_reply().
  *
@@ -26,6 +27,7 @@
 #include "io.h"
 #include "offload.h"
 #include "session.h"
+#include "splice_out.h"
 #include "trace.h"
 #include "worker.h"
 
@@ -47,6 +49,9 @@ struct request {
   uint32_t error;               /* NBD error to reply with */
   void *buf;                    /* aligned; kept for reuse if small */
   size_t cap;
+  uint64_t lent_until;          /* buf's pages went into the socket by
+                                   reference, up to this stream position
+                                   (splice_out.h); 0: not lent */
   bool charged;                 /* buf counts in the budget (budget.h);
                                    else, if buf, in conn->kept */
   size_t data_len;              /* reply payload from buf: READ data,
@@ -119,7 +124,9 @@ struct conn {
   size_t payload_done;
 
   struct request *out_head, *out_tail;
-  size_t out_sent;              /* bytes of out_head already sent */
+  size_t out_sent;              /* bytes of out_head already sent (or
+                                   lent to the pipe) */
+  struct splice_out splice;     /* large READ data by page reference */
 
   bool reading_paused;          /* no slot, ring room or budget */
   bool budget_wait;             /* paused until the budget allows ... */
