@@ -75,8 +75,18 @@ asks_for (const uint8_t *data, uint32_t len, const char *name)
   return name == NULL || (n == strlen (name) && memcmp (data + 4, name, n) == 0);
 }
 
+/* The transmission flags a client gets: DF only with structured
+ * replies (the spec forbids it without).
+ */
+static uint16_t
+flags_for (const struct export_info *x, bool structured)
+{
+  return x->transmission_flags | (structured ? NBD_FLAG_SEND_DF : 0);
+}
+
 static void
-check_info (const uint8_t *p, uint32_t len, const struct export_info *x)
+check_info (const uint8_t *p, uint32_t len, const struct export_info *x,
+            bool structured)
 {
   uint16_t type;
 
@@ -85,7 +95,7 @@ check_info (const uint8_t *p, uint32_t len, const struct export_info *x)
   if (type == NBD_INFO_EXPORT) {
     CHECK (len == 12);
     CHECK (get_be (p + 2, 8) == x->size);
-    CHECK (get_be (p + 10, 2) == x->transmission_flags);
+    CHECK (get_be (p + 10, 2) == flags_for (x, structured));
   }
   else if (type == NBD_INFO_BLOCK_SIZE) {
     uint32_t min = (uint32_t) get_be (p + 2, 4);
@@ -167,7 +177,8 @@ check (const uint8_t *in, size_t in_len, const uint8_t *out, size_t out_len,
       CHECK (x->name == NULL ||
              (len == strlen (x->name) && memcmp (data, x->name, len) == 0));
       CHECK (take (&cout, n, &p));
-      CHECK (get_be (p, 8) == x->size && get_be (p + 8, 2) == x->transmission_flags);
+      CHECK (get_be (p, 8) == x->size &&
+             get_be (p + 8, 2) == flags_for (x, structured));
       for (size_t i = 10; i < n; i++)
         CHECK (p[i] == 0);
       CHECK (cout.left == 0 && result == 0);
@@ -225,7 +236,7 @@ check (const uint8_t *in, size_t in_len, const uint8_t *out, size_t out_len,
       }
       CHECK (type == NBD_REP_INFO);
       CHECK (option == NBD_OPT_INFO || option == NBD_OPT_GO);
-      check_info (p, rlen, x);
+      check_info (p, rlen, x, structured);
     }
 
     if (option == NBD_OPT_STRUCTURED_REPLY && acked) {
@@ -266,7 +277,7 @@ int
 LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
 {
   struct export_info x = {
-    .min_block = 512, .preferred_block = 4096, .max_block = 32u << 20,
+    .min_block = 1, .preferred_block = 4096, .max_block = 32u << 20,
   };
   struct fuzz_client c;
   struct session session;
