@@ -57,6 +57,23 @@ class MloopDefaults(kinds.MloopCli):
                                                "--connections", str(self.queues)])
 
 
+class MloopBaseline(MloopDefaults):
+    """The same with another build's mloop-server (BENCH_BASELINE on the
+    host): a change against what it replaces, in the same VM run."""
+
+    def __init__(self):
+        super().__init__("native")
+        self.name = "mloop-native-base"
+
+    def unavailable(self):
+        if not os.environ.get("MLOOP_BASE_SERVER_BIN"):
+            return "no BENCH_BASELINE build given"
+        return super().unavailable()
+
+    def env(self):
+        return dict(super().env(), MLOOP_SERVER_BIN=os.environ["MLOOP_BASE_SERVER_BIN"])
+
+
 class MloopUblkDefaults(kinds.MloopUblk):
     """`mloop attach --transport ublk` with its defaults, the hardware
     queues pinned like the NBD kinds' connections."""
@@ -120,7 +137,7 @@ class QemuNbd:
 
 
 KINDS = {k.name: k for k in [LoopDio(), LoopBuffered(), MloopDefaults("native"),
-                             MloopDefaults("nbdkit"), MloopUblkDefaults(), StockFile(),
+                             MloopBaseline(), MloopDefaults("nbdkit"), MloopUblkDefaults(), StockFile(),
                              QemuNbd()]}
 
 # ------------------------------------------------------------------- jobs

@@ -9,6 +9,7 @@ KINDS = [
     ("loop-dio", "loop --direct-io=on"),
     ("loop-buffered", "loop (buffered, losetup's default)"),
     ("mloop-native", "mloop attach --server native"),
+    ("mloop-native-base", "the same, BENCH_BASELINE's mloop-server"),
     ("mloop-nbdkit", "mloop attach --server nbdkit"),
     ("mloop-ublk", "mloop attach --transport ublk"),
     ("nbd-client-file", "nbd-client -C 4, nbdkit file"),
