@@ -229,18 +229,75 @@ resume_reading (struct conn *c)
     mark_ready (c);
 }
 
-/* Makes REQ's buffer ours to write or free again: if the socket may
- * still hold its pages (lent by splice_out), they are dropped from our
- * mapping, so nothing we do to the buffer reaches the reader.
+/* Frees a buffer the socket no longer holds, or whose pages are
+ * dropped from our mapping first (splice_out_forget) when it may.
  */
 static void
-settle_lent_buffer (struct conn *c, struct request *req)
+free_lent (struct conn *c, void *buf, size_t cap, bool returned)
 {
-  if (req->lent_until == 0)
-    return;
-  if (!splice_out_returned (&c->splice, c->fd, req->lent_until))
-    splice_out_forget (req->buf, req->cap);
+  if (!returned)
+    splice_out_forget (buf, cap);
+  budget_release (c->set->opts->budget, cap);
+  mloop_free_aligned (buf, cap);
+  c->set->heap_used = true;
+}
+
+/* Frees, oldest first, the parked buffers the socket has given back;
+ * with FORCE, all of them (the connection is going).
+ */
+static void
+free_returned_lent (struct conn *c, bool force)
+{
+  while (c->lent_count > 0) {
+    struct lent_buffer *l = &c->lent[c->lent_first];
+    bool returned = splice_out_returned (&c->splice, c->fd, l->until);
+
+    if (!returned && !force)
+      return;
+    free_lent (c, l->buf, l->cap, returned);
+    c->lent_first = (c->lent_first + 1) % CONN_LENT_MAX;
+    c->lent_count--;
+  }
+}
+
+/* Takes REQ's buffer from its slot while the socket may still hold its
+ * pages: parked until the socket gives them back, then freed into the
+ * heap, whose next allocation reuses them without a fault.  Dropping
+ * the pages at once instead would make the next buffer fault in and
+ * zero every page again (measured: more guest CPU per read than the copy
+ * this saves).  A full park drops the oldest's pages.  The budget stays
+ * charged meanwhile.
+ */
+static void
+park_lent (struct conn *c, struct request *req)
+{
+  if (c->lent_count == CONN_LENT_MAX) {
+    struct lent_buffer *old = &c->lent[c->lent_first];
+
+    free_lent (c, old->buf, old->cap,
+               splice_out_returned (&c->splice, c->fd, old->until));
+    c->lent_first = (c->lent_first + 1) % CONN_LENT_MAX;
+    c->lent_count--;
+  }
+  c->lent[(c->lent_first + c->lent_count++) % CONN_LENT_MAX] =
+    (struct lent_buffer) { req->buf, req->cap, req->lent_until };
+  req->buf = NULL;
+  req->cap = 0;
   req->lent_until = 0;
+  c->set->heap_used = true;     /* the idle trim frees it, if not before */
+}
+
+/* Whether REQ's buffer is ours to write again (not lent, or given
+ * back), forgetting that it was lent.
+ */
+static bool
+buffer_is_ours (struct conn *c, struct request *req)
+{
+  if (req->lent_until &&
+      !splice_out_returned (&c->splice, c->fd, req->lent_until))
+    return false;
+  req->lent_until = 0;
+  return true;
 }
 
 /* Gives REQ's buffer back, uncharged from its connection.  A small one
@@ -248,7 +305,8 @@ settle_lent_buffer (struct conn *c, struct request *req)
  * connection neither allocates nor faults its pages in again: up to
  * BUDGET_KEEP_PER_CONN a connection, and only while the server's budget
  * is less than half used, since a kept buffer stays charged to it (so
- * --buffer-limit bounds kept buffers too).  Otherwise it is freed.
+ * --buffer-limit bounds kept buffers too).  Otherwise it is freed, or
+ * parked while lent.
  */
 static void
 release_buffer (struct conn *c, struct request *req)
@@ -262,8 +320,9 @@ release_buffer (struct conn *c, struct request *req)
   if (req->cap <= MLOOP_KEEP_BUFFER &&
       c->kept + req->cap <= BUDGET_KEEP_PER_CONN && budget_may_keep (b))
     c->kept += req->cap;
+  else if (!buffer_is_ours (c, req))
+    park_lent (c, req);
   else {
-    settle_lent_buffer (c, req);
     budget_release (b, req->cap);
     mloop_free_aligned (req->buf, req->cap);
     req->buf = NULL;
@@ -405,6 +464,7 @@ conn_flush (struct conn *c)
     c->want_write = false;
     conn_update_events (c);
   }
+  free_returned_lent (c, false);
   return;
 
  socket_full:
@@ -442,7 +502,15 @@ ensure_buffer (struct conn *c, struct request *req, size_t n, uint32_t align)
    */
   if (splice_out_enabled (&c->splice))
     n = mloop_round_up (n, page_size ());
-  settle_lent_buffer (c, req);
+  if (req->buf && !buffer_is_ours (c, req)) {
+    if (req->charged) {
+      c->held -= req->cap;
+      req->charged = false;
+    }
+    else
+      c->kept -= req->cap;
+    park_lent (c, req);
+  }
   if (req->buf && !req->charged) {
     c->kept -= req->cap;        /* leaves the kept pool either way */
     req->charged = true;
@@ -841,7 +909,9 @@ conn_free (struct conn *c)
 
   epoll_ctl (c->set->epfd, EPOLL_CTL_DEL, c->fd, NULL);
   for (i = 0; i < CONN_SLOTS; i++)
-    settle_lent_buffer (c, &c->slots[i]);
+    if (!buffer_is_ours (c, &c->slots[i]))
+      splice_out_forget (c->slots[i].buf, c->slots[i].cap);
+  free_returned_lent (c, true);
   splice_out_close (&c->splice);
   transport_close (&c->session.transport);
   worker_close_client (c->set->opts, c->fd);
@@ -911,6 +981,15 @@ conn_set_free_closed (struct conn_set *s)
     else
       p = &c->next;
   }
+}
+
+void
+conn_set_free_returned (struct conn_set *s)
+{
+  struct conn *c;
+
+  for (c = s->all; c; c = c->next)
+    free_returned_lent (c, false);
 }
 
 bool

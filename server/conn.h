@@ -77,6 +77,19 @@ struct request {
   struct request *next;
 };
 
+/* Buffers a connection may hold back, lent, until the socket gives
+ * their pages back: about what its send buffer and pipe hold of 64 KiB
+ * replies.
+ */
+#define CONN_LENT_MAX 128
+
+/* A buffer no slot has any more, still lent to the socket. */
+struct lent_buffer {
+  void *buf;
+  size_t cap;                   /* charged to the server's budget */
+  uint64_t until;               /* stream position (splice_out.h) */
+};
+
 /* Descriptors one BLOCK_STATUS reply carries at most: the spec lets a
  * server answer less than asked (clients ask again from where it
  * ended), and a fixed size keeps the buffer small and reusable.
@@ -127,6 +140,11 @@ struct conn {
   size_t out_sent;              /* bytes of out_head already sent (or
                                    lent to the pipe) */
   struct splice_out splice;     /* large READ data by page reference */
+  /* Buffers waiting for the socket to give their pages back, oldest
+   * first, so freeing them in order never waits behind a later one.
+   */
+  struct lent_buffer lent[CONN_LENT_MAX];
+  unsigned lent_first, lent_count;
 
   bool reading_paused;          /* no slot, ring room or budget */
   bool budget_wait;             /* paused until the budget allows ... */
@@ -190,6 +208,12 @@ unsigned conn_set_break_all (struct conn_set *s);
 
 /* Frees the connections that are closing with nothing left in flight. */
 void conn_set_free_closed (struct conn_set *s);
+
+/* Frees the buffers connections parked while lent (splice_out.h) that
+ * their sockets have given back: for an idle worker, which flushes
+ * nothing that would do it.
+ */
+void conn_set_free_returned (struct conn_set *s);
 
 /* Whether some connection has bytes to parse or replies to send now. */
 bool conn_set_has_work (const struct conn_set *s);

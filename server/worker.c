@@ -130,6 +130,7 @@ trim_heap_if_idle (struct worker *w, bool timed_out)
   if (w->conns.all != NULL && !timed_out)
     return;
   w->conns.heap_used = false;
+  conn_set_free_returned (&w->conns);
   release_free_heap_pages ();
 }
 
