@@ -209,7 +209,9 @@ refusal (const struct expect *e, unsigned bits)     /* bits 0-3 */
 
   switch (e->type) {
   case NBD_CMD_READ:
-    if (e->length > max || (f & ~NBD_CMD_FLAG_FUA) ||
+    /* DF (one chunk: every READ is) with structured replies only. */
+    if (e->length > max ||
+        (f & ~(NBD_CMD_FLAG_FUA | ((bits & 8) ? NBD_CMD_FLAG_DF : 0))) ||
         !inside (e->offset, e->length) || e->length == 0)
       return NBD_EINVAL;
     return -1;
