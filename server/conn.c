@@ -242,31 +242,60 @@ free_lent (struct conn *c, void *buf, size_t cap, bool returned)
   c->set->heap_used = true;
 }
 
-/* Frees, oldest first, the parked buffers the socket has given back;
- * with FORCE, all of them (the connection is going).
+static void
+pop_lent (struct conn *c)
+{
+  c->lent_bytes -= c->lent[c->lent_first].cap;
+  c->lent_first = (c->lent_first + 1) % CONN_LENT_MAX;
+  c->lent_count--;
+}
+
+/* Frees, oldest first, the parked buffers the socket has given back,
+ * leaving KEEP bytes parked for reuse (take_returned); with FORCE, all
+ * of them, given back or not (the connection is going).
  */
 static void
-free_returned_lent (struct conn *c, bool force)
+free_returned_lent (struct conn *c, uint64_t keep, bool force)
 {
-  while (c->lent_count > 0) {
+  while (c->lent_count > 0 && (force || c->lent_bytes > keep)) {
     struct lent_buffer *l = &c->lent[c->lent_first];
     bool returned = splice_out_returned (&c->splice, c->fd, l->until);
 
     if (!returned && !force)
       return;
     free_lent (c, l->buf, l->cap, returned);
-    c->lent_first = (c->lent_first + 1) % CONN_LENT_MAX;
-    c->lent_count--;
+    pop_lent (c);
   }
 }
 
+/* The oldest parked buffer, if the socket gave it back and it fits a
+ * request of N bytes at ALIGN without wasting half of it: taken, still
+ * charged to the budget.
+ */
+static bool
+take_returned (struct conn *c, size_t n, uint32_t align, void **buf,
+               size_t *cap)
+{
+  struct lent_buffer *l = &c->lent[c->lent_first];
+
+  if (c->lent_count == 0 || l->cap < n || l->cap / 2 > n ||
+      (uintptr_t) l->buf % align ||
+      !splice_out_returned (&c->splice, c->fd, l->until))
+    return false;
+  *buf = l->buf;
+  *cap = l->cap;
+  pop_lent (c);
+  return true;
+}
+
 /* Takes REQ's buffer from its slot while the socket may still hold its
- * pages: parked until the socket gives them back, then freed into the
- * heap, whose next allocation reuses them without a fault.  Dropping
- * the pages at once instead would make the next buffer fault in and
- * zero every page again (measured: more guest CPU per read than the copy
- * this saves).  A full park drops the oldest's pages.  The budget stays
- * charged meanwhile.
+ * pages: parked until the socket gives them back, then reused for a
+ * later request (take_returned) or freed.  Dropping the pages at once
+ * instead would make the next buffer fault in and zero every page again
+ * (measured: more guest CPU per read than the copy this saves); so would
+ * freeing them into the heap, which glibc trims past 4 MiB (main.c).  A
+ * full park drops the oldest's pages.  The budget stays charged
+ * meanwhile.
  */
 static void
 park_lent (struct conn *c, struct request *req)
@@ -276,11 +305,11 @@ park_lent (struct conn *c, struct request *req)
 
     free_lent (c, old->buf, old->cap,
                splice_out_returned (&c->splice, c->fd, old->until));
-    c->lent_first = (c->lent_first + 1) % CONN_LENT_MAX;
-    c->lent_count--;
+    pop_lent (c);
   }
   c->lent[(c->lent_first + c->lent_count++) % CONN_LENT_MAX] =
     (struct lent_buffer) { req->buf, req->cap, req->lent_until };
+  c->lent_bytes += req->cap;
   req->buf = NULL;
   req->cap = 0;
   req->lent_until = 0;
@@ -464,7 +493,8 @@ conn_flush (struct conn *c)
     c->want_write = false;
     conn_update_events (c);
   }
-  free_returned_lent (c, false);
+  free_returned_lent (c, budget_may_keep (c->set->opts->budget)
+                      ? CONN_LENT_SPARE : 0, false);
   return;
 
  socket_full:
@@ -524,6 +554,11 @@ ensure_buffer (struct conn *c, struct request *req, size_t n, uint32_t align)
     req->charged = false;
   }
   mloop_free_aligned (req->buf, req->cap);
+  if (take_returned (c, n, align, &req->buf, &req->cap)) {
+    req->charged = true;        /* the budget has it already */
+    c->held += req->cap;
+    return 0;
+  }
   req->buf = mloop_alloc_aligned (n, align);
   req->cap = req->buf ? n : 0;
   if (req->buf == NULL)
@@ -911,7 +946,7 @@ conn_free (struct conn *c)
   for (i = 0; i < CONN_SLOTS; i++)
     if (!buffer_is_ours (c, &c->slots[i]))
       splice_out_forget (c->slots[i].buf, c->slots[i].cap);
-  free_returned_lent (c, true);
+  free_returned_lent (c, 0, true);
   splice_out_close (&c->splice);
   transport_close (&c->session.transport);
   worker_close_client (c->set->opts, c->fd);
@@ -989,7 +1024,7 @@ conn_set_free_returned (struct conn_set *s)
   struct conn *c;
 
   for (c = s->all; c; c = c->next)
-    free_returned_lent (c, false);
+    free_returned_lent (c, 0, false);
 }
 
 bool

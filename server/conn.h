@@ -82,6 +82,11 @@ struct request {
  * replies.
  */
 #define CONN_LENT_MAX 128
+/* Of those the socket gave back, how much a connection keeps for its
+ * next requests' buffers rather than freeing: a few 1 MiB requests'
+ * worth, so large reads cycle through the same pages.
+ */
+#define CONN_LENT_SPARE (8u << 20)
 
 /* A buffer no slot has any more, still lent to the socket. */
 struct lent_buffer {
@@ -145,6 +150,7 @@ struct conn {
    */
   struct lent_buffer lent[CONN_LENT_MAX];
   unsigned lent_first, lent_count;
+  uint64_t lent_bytes;          /* their size, all charged to the budget */
 
   bool reading_paused;          /* no slot, ring room or budget */
   bool budget_wait;             /* paused until the budget allows ... */
