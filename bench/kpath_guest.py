@@ -88,6 +88,23 @@ class MloopUblkDefaults(kinds.MloopUblk):
                                                "--connections", str(self.queues)])
 
 
+class MloopUblkBaseline(MloopUblkDefaults):
+    """The same with another build's mloop-ublk (BENCH_BASELINE on the
+    host)."""
+
+    def __init__(self):
+        super().__init__()
+        self.name = "mloop-ublk-base"
+
+    def unavailable(self):
+        if not os.environ.get("MLOOP_BASE_UBLK_BIN"):
+            return "no BENCH_BASELINE build given"
+        return super().unavailable()
+
+    def env(self):
+        return dict(super().env(), MLOOP_UBLK_BIN=os.environ["MLOOP_BASE_UBLK_BIN"])
+
+
 class StockFile(kinds.StockClient):
     """Stock nbd-client -C 4 on nbdkit's file plugin (page cache, as
     nbdkit serves files by default)."""
@@ -137,7 +154,8 @@ class QemuNbd:
 
 
 KINDS = {k.name: k for k in [LoopDio(), LoopBuffered(), MloopDefaults("native"),
-                             MloopBaseline(), MloopDefaults("nbdkit"), MloopUblkDefaults(), StockFile(),
+                             MloopBaseline(), MloopDefaults("nbdkit"), MloopUblkDefaults(),
+                             MloopUblkBaseline(), StockFile(),
                              QemuNbd()]}
 
 # ------------------------------------------------------------------- jobs

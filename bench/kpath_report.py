@@ -12,6 +12,7 @@ KINDS = [
     ("mloop-native-base", "the same, BENCH_BASELINE's mloop-server"),
     ("mloop-nbdkit", "mloop attach --server nbdkit"),
     ("mloop-ublk", "mloop attach --transport ublk"),
+    ("mloop-ublk-base", "the same, BENCH_BASELINE's mloop-ublk"),
     ("nbd-client-file", "nbd-client -C 4, nbdkit file"),
     ("qemu-nbd", "qemu-nbd -c (cache=none, aio=native)"),
 ]
