@@ -250,6 +250,18 @@ pop_lent (struct conn *c)
   c->lent_count--;
 }
 
+/* Frees the oldest parked buffer, which the socket has given back or
+ * not (RETURNED).
+ */
+static void
+free_oldest_lent (struct conn *c, bool returned)
+{
+  struct lent_buffer *l = &c->lent[c->lent_first];
+
+  free_lent (c, l->buf, l->cap, returned);
+  pop_lent (c);
+}
+
 /* Frees, oldest first, the parked buffers the socket has given back,
  * leaving KEEP bytes parked for reuse (take_returned); with FORCE, all
  * of them, given back or not (the connection is going).
@@ -258,13 +270,12 @@ static void
 free_returned_lent (struct conn *c, uint64_t keep, bool force)
 {
   while (c->lent_count > 0 && (force || c->lent_bytes > keep)) {
-    struct lent_buffer *l = &c->lent[c->lent_first];
-    bool returned = splice_out_returned (&c->splice, c->fd, l->until);
+    bool returned = splice_out_returned (&c->splice, c->fd,
+                                         c->lent[c->lent_first].until);
 
     if (!returned && !force)
       return;
-    free_lent (c, l->buf, l->cap, returned);
-    pop_lent (c);
+    free_oldest_lent (c, returned);
   }
 }
 
@@ -300,13 +311,9 @@ take_returned (struct conn *c, size_t n, uint32_t align, void **buf,
 static void
 park_lent (struct conn *c, struct request *req)
 {
-  if (c->lent_count == CONN_LENT_MAX) {
-    struct lent_buffer *old = &c->lent[c->lent_first];
-
-    free_lent (c, old->buf, old->cap,
-               splice_out_returned (&c->splice, c->fd, old->until));
-    pop_lent (c);
-  }
+  if (c->lent_count == CONN_LENT_MAX)
+    free_oldest_lent (c, splice_out_returned (&c->splice, c->fd,
+                                              c->lent[c->lent_first].until));
   c->lent[(c->lent_first + c->lent_count++) % CONN_LENT_MAX] =
     (struct lent_buffer) { req->buf, req->cap, req->lent_until };
   c->lent_bytes += req->cap;
