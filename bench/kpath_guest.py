@@ -57,21 +57,29 @@ class MloopDefaults(kinds.MloopCli):
                                                "--connections", str(self.queues)])
 
 
-class MloopBaseline(MloopDefaults):
-    """The same with another build's mloop-server (BENCH_BASELINE on the
-    host): a change against what it replaces, in the same VM run."""
+class Baseline:
+    """Mixed into a kind: the same with another build's binary
+    (BENCH_BASELINE on the host, passed in as the environment variable
+    BASE_VAR), handed to mloop attach as BIN_VAR: a change against what
+    it replaces, in the same VM run."""
 
-    def __init__(self):
-        super().__init__("native")
-        self.name = "mloop-native-base"
+    base_var = bin_var = ""
 
     def unavailable(self):
-        if not os.environ.get("MLOOP_BASE_SERVER_BIN"):
+        if not os.environ.get(self.base_var):
             return "no BENCH_BASELINE build given"
         return super().unavailable()
 
     def env(self):
-        return dict(super().env(), MLOOP_SERVER_BIN=os.environ["MLOOP_BASE_SERVER_BIN"])
+        return dict(super().env(), **{self.bin_var: os.environ[self.base_var]})
+
+
+class MloopBaseline(Baseline, MloopDefaults):
+    base_var, bin_var = "MLOOP_BASE_SERVER_BIN", "MLOOP_SERVER_BIN"
+
+    def __init__(self):
+        super().__init__("native")
+        self.name = "mloop-native-base"
 
 
 class MloopUblkDefaults(kinds.MloopUblk):
@@ -88,21 +96,12 @@ class MloopUblkDefaults(kinds.MloopUblk):
                                                "--connections", str(self.queues)])
 
 
-class MloopUblkBaseline(MloopUblkDefaults):
-    """The same with another build's mloop-ublk (BENCH_BASELINE on the
-    host)."""
+class MloopUblkBaseline(Baseline, MloopUblkDefaults):
+    base_var, bin_var = "MLOOP_BASE_UBLK_BIN", "MLOOP_UBLK_BIN"
 
     def __init__(self):
         super().__init__()
         self.name = "mloop-ublk-base"
-
-    def unavailable(self):
-        if not os.environ.get("MLOOP_BASE_UBLK_BIN"):
-            return "no BENCH_BASELINE build given"
-        return super().unavailable()
-
-    def env(self):
-        return dict(super().env(), MLOOP_UBLK_BIN=os.environ["MLOOP_BASE_UBLK_BIN"])
 
 
 class StockFile(kinds.StockClient):
