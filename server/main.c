@@ -458,16 +458,24 @@ parse_size (const char *name, const char *value, uint64_t dflt, uint64_t min)
   return n;
 }
 
-static void
-write_pid_file (void)
+/* The file appears whole (glib writes it aside and renames it into
+ * place): its existence means ready, so a reader must never find it
+ * empty.  Returns false with the reason in ERR.
+ */
+static bool
+write_pid_file (char *err, size_t errlen)
 {
-  FILE *f;
+  g_autoptr (GError) gerr = NULL;
+  char line[32];
 
   if (opt_pid_file == NULL)
-    return;
-  f = fopen (opt_pid_file, "w");
-  if (f == NULL || fprintf (f, "%d\n", (int) getpid ()) < 0 || fclose (f))
-    die ("--pid-file %s: %s", opt_pid_file, strerror (errno));
+    return true;
+  snprintf (line, sizeof line, "%d\n", (int) getpid ());
+  if (g_file_set_contents_full (opt_pid_file, line, -1,
+                                G_FILE_SET_CONTENTS_CONSISTENT, 0644, &gerr))
+    return true;
+  snprintf (err, errlen, "--pid-file %s", gerr->message);
+  return false;
 }
 
 /* Request buffers up to MLOOP_KEEP_BUFFER come from malloc and are freed
@@ -659,7 +667,10 @@ main (int argc, char *argv[])
   pthread_attr_setdetachstate (&attr, PTHREAD_CREATE_DETACHED);
   pthread_attr_setstacksize (&attr, export.tls == HANDSHAKE_TLS_OFF
                              ? HANDSHAKE_STACK : HANDSHAKE_STACK_TLS);
-  write_pid_file ();
+  if (!write_pid_file (err, sizeof err)) {
+    listener_close (&listener);       /* no socket left that nobody serves */
+    die ("%s", err);
+  }
 
   for (;;) {
     /* While backing off, the listener is left out (fd -1 is ignored). */

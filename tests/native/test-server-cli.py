@@ -46,6 +46,16 @@ for args, message in [
     assert len(lines) == 1 and message in lines[0], f"{args}: {p.stderr!r}"
 assert not os.path.exists(os.path.join(d, "missing.img"))
 
+# A pid file that cannot be written: refused after the socket is bound,
+# which must not stay behind with nobody serving it.
+p = subprocess.run([BIN, "--listen", f"unix:{sock}", "--pid-file",
+                    os.path.join(d, "no-such-dir", "pid"), image],
+                   capture_output=True, text=True, timeout=10)
+lines = [l for l in p.stderr.splitlines() if "PR_SET_IO_FLUSHER" not in l]
+assert p.returncode == 1 and len(lines) == 1 and "--pid-file" in lines[0] \
+    and "No such file" in lines[0], p.stderr
+assert not os.path.exists(sock), "a refused start left its socket behind"
+
 # An existing file at the socket path is not replaced.
 with open(sock, "w") as f:
     f.write("not a socket")
