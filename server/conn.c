@@ -405,9 +405,12 @@ retire_sent (struct conn *c)
 }
 
 /* Lends the data of the head reply, whose header is out, to the pipe.
- * Returns false when the connection broke.
+ * The pipe is empty here, so it takes something unless vmsplice itself
+ * fails, which nothing the client does can cause (the pipe is ours):
+ * then this connection copies its replies from here on, the rest of
+ * this one included, and nothing is lost.
  */
-static bool
+static void
 lend_head_data (struct conn *c)
 {
   struct request *req = c->out_head;
@@ -415,12 +418,15 @@ lend_head_data (struct conn *c)
   ssize_t n = splice_out_lend (&c->splice, (char *) req->buf + done,
                                req->data_len - done);
 
-  if (n <= 0)
-    return false;               /* the pipe is empty here: never full */
+  if (n <= 0) {
+    log_limited ("a connection copies its read replies from now on: "
+                 "vmsplice: %s", n == 0 ? "took nothing" : strerror (errno));
+    splice_out_close (&c->splice);
+    return;
+  }
   c->out_sent += (size_t) n;
   req->lent_until = c->splice.to_socket + c->splice.in_pipe;
   retire_sent (c);
-  return true;
 }
 
 /* Sends as much of the reply queue as the socket takes: one sendmsg per
@@ -448,8 +454,7 @@ conn_flush (struct conn *c)
       continue;
     }
     if (reply_spliced (c, req) && skip >= req->reply_len) {
-      if (!lend_head_data (c))
-        c->broken = c->closing = true;
+      lend_head_data (c);
       continue;
     }
     for (; req && n + IOVECS_PER_REPLY <= SEND_IOVECS; req = req->next) {
@@ -911,7 +916,7 @@ conn_adopt (struct conn_set *s, int fd, const struct session *session)
   c->session = *session;
   setsockopt (fd, SOL_SOCKET, SO_SNDBUF, &(int) { SEND_BUFFER }, sizeof (int));
   /* TLS encrypts into buffers of its own: nothing to lend. */
-  if (session->transport.ops != NULL)
+  if (session->transport.ops != NULL || !s->opts->splice_replies)
     c->splice = (struct splice_out) { .pipe_rd = -1, .pipe_wr = -1 };
   else if (splice_out_open (&c->splice, fd) == -1)
     log_limited ("a connection copies its read replies: no pipe to splice "

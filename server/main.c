@@ -52,6 +52,7 @@
 #include "nbd_proto.h"
 #include "offload.h"
 #include "pending.h"
+#include "splice_out.h"
 #include "stats.h"
 #include "tls.h"
 #include "trace.h"
@@ -635,7 +636,12 @@ main (int argc, char *argv[])
     .budget = &budget, .offload = offload,
     .drain_timeout = (unsigned) opt_drain_timeout,
     .close_client = admission_close,
+    .splice_replies = splice_out_works (),
   };
+  if (!wopts.splice_replies)
+    fprintf (stderr, "mloop-server: read replies are copied, not sent by "
+             "page reference: splicing into a Unix socket fails here: "
+             "%s\n", strerror (errno));
   if (opt_stats_file &&
       (wopts.stats = mloop_stats_create (opt_stats_file)) == NULL)
     die ("--stats-file %s: %s", opt_stats_file, strerror (errno));

@@ -4,6 +4,8 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 #include <linux/sockios.h>
 #include <sys/ioctl.h>
@@ -32,6 +34,45 @@ is_unix_stream (int fd)
     ss.ss_family == AF_UNIX &&
     getsockopt (fd, SOL_SOCKET, SO_TYPE, &type, &tlen) == 0 &&
     type == SOCK_STREAM;
+}
+
+bool
+splice_out_works (void)
+{
+  size_t page = (size_t) sysconf (_SC_PAGESIZE);
+  int sv[2] = { -1, -1 }, p[2] = { -1, -1 };
+  char *sent = NULL, *got = NULL;
+  struct iovec iov;
+  bool ok = false;
+  int saved;
+
+  if (socketpair (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == -1 ||
+      pipe2 (p, O_CLOEXEC) == -1 ||
+      posix_memalign ((void **) &sent, page, page) != 0 ||
+      (got = malloc (page)) == NULL)
+    goto out;
+  memset (sent, 0x5a, page);
+  iov = (struct iovec) { .iov_base = sent, .iov_len = page };
+  /* Blocking calls on fresh, empty ends: each moves the page whole. */
+  if (vmsplice (p[1], &iov, 1, 0) != (ssize_t) page ||
+      splice (p[0], NULL, sv[0], NULL, page, SPLICE_F_MOVE) != (ssize_t) page ||
+      recv (sv[1], got, page, MSG_WAITALL) != (ssize_t) page)
+    goto out;
+  ok = memcmp (sent, got, page) == 0;
+  if (!ok)
+    errno = EIO;
+ out:
+  saved = errno;
+  for (int i = 0; i < 2; i++) {
+    if (sv[i] != -1)
+      close (sv[i]);
+    if (p[i] != -1)
+      close (p[i]);
+  }
+  free (sent);
+  free (got);
+  errno = saved;
+  return ok;
 }
 
 int

@@ -41,6 +41,14 @@ struct splice_out {
   uint64_t to_socket;           /* bytes ever written into the socket */
 };
 
+/* Whether this process may splice into a Unix socket at all: one page
+ * lent and spliced through a socket pair, read back and compared.  A
+ * seccomp filter (systemd's SystemCallFilter=) or a kernel without
+ * vmsplice makes it fail; the reason is then in errno.  The server asks
+ * once at start and copies every reply if it may not.
+ */
+bool splice_out_works (void);
+
 /* Sets Z up for socket FD.  Returns 1 when Z splices; 0 when FD is not
  * a Unix stream socket, and -1 with errno when it is but no pipe could
  * be had: then Z copies (pipe_rd == -1).

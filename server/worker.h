@@ -35,6 +35,8 @@ struct worker_options {
   struct budget *budget;        /* request buffers, shared by all workers */
   struct offload *offload;      /* helpers for blocking commands */
   unsigned drain_timeout;       /* seconds to finish replies on stop */
+  bool splice_replies;          /* large READ data to Unix sockets by page
+                                   reference (splice_out.h), not copied */
   /* Closes a client's socket: the server's counts it out of its caps
    * (admission.h).  NULL: close(2).
    */

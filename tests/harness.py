@@ -316,7 +316,7 @@ class Server:
     """The server under test (nbdkit + plugin, or mloop-server) in the
     foreground on a private Unix socket."""
 
-    def __init__(self, image, params=(), nbdkit_args=()):
+    def __init__(self, image, params=(), nbdkit_args=(), preexec_fn=None):
         self.dir = tmpdir()
         self.sock = os.path.join(self.dir, "nbd.sock")
         self.log = os.path.join(self.dir, "server.log")
@@ -341,7 +341,8 @@ class Server:
         if VALGRIND:
             env["NBDKIT_VALGRIND"] = "1"  # nbdkit keeps the plugin mapped
         self.logf = open(self.log, "w")
-        self.proc = subprocess.Popen(cmd, stdout=self.logf, stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(cmd, stdout=self.logf, stderr=subprocess.STDOUT,
+                                     env=env, preexec_fn=preexec_fn)
         on_exit(self.stop)
         deadline = time.time() + (60 if VALGRIND else 10)
         while not os.path.exists(ready):
