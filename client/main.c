@@ -63,11 +63,18 @@ parse (const char *usage, const char *summary, GOptionEntry *entries,
   return true;
 }
 
+/* mloop attach --verbose: each step's time, as it ends. */
+static void
+print_step (const char *step, double ms, void *unused)
+{
+  fprintf (stderr, "mloop: attach: %-16s %8.1f ms\n", step, ms);
+}
+
 static int
 cmd_attach (int argc, char **argv)
 {
   gboolean find = FALSE, read_only = FALSE, partscan = FALSE;
-  gboolean no_partscan = FALSE, autoclear = FALSE;
+  gboolean no_partscan = FALSE, autoclear = FALSE, verbose = FALSE;
   g_auto (GStrv) queue_options = NULL;
   /* -1: not given, so the library's default applies. */
   gint threads = -1, connections = -1, block_size = 0, timeout = -1;
@@ -104,6 +111,8 @@ cmd_attach (int argc, char **argv)
       "Do not make /dev/nbdNpK devices for the image's partitions", NULL },
     { "autoclear", 0, 0, G_OPTION_ARG_NONE, &autoclear,
       "Detach when the last user closes the device", NULL },
+    { "verbose", 'v', 0, G_OPTION_ARG_NONE, &verbose,
+      "Say on stderr how long each step of the attach takes", NULL },
     { "queue-option", 'Q', 0, G_OPTION_ARG_STRING_ARRAY, &queue_options,
       "Set a file of /sys/block/nbdN/queue (repeatable)", "NAME=VALUE" },
     { "server", 's', 0, G_OPTION_ARG_STRING, &server,
@@ -115,8 +124,10 @@ cmd_attach (int argc, char **argv)
     G_OPTION_ENTRY_NULL
   };
   struct mloop_attach_request req = { .index = -1 };
+  struct mloop_steps steps = { .done = print_step };
   struct mloop_device_state st;
   char err[1024];
+  gint64 start;
 
   if (!parse ("FILE|nbd://HOST[:PORT]/NAME",
               "Attach FILE, or a remote export, as /dev/nbdN (or FILE as "
@@ -182,9 +193,17 @@ cmd_attach (int argc, char **argv)
   req.timeout = timeout == -1 ? 0 : timeout;
   req.dead_timeout = dead_timeout == -1 ? 0 : dead_timeout;
 
+  if (verbose) {
+    mloop_steps_start (&steps);
+    req.steps = &steps;
+  }
+  start = g_get_monotonic_time ();
   if (mloop_attach (&req, &st, err, sizeof err) == -1)
     return error ("attach %s: %s", req.file, err);
   dev = mloop_state_device_path (&st);
+  if (verbose)
+    print_step ("in all", (double) (g_get_monotonic_time () - start) / 1000.0,
+                NULL);
   printf ("%s\n", dev);
   mloop_state_clear (&st);
   return EXIT_SUCCESS;

@@ -116,38 +116,53 @@ windows_overlap (const struct mloop_attach_request *req,
   return req->offset < s->offset + s->size && s->offset < end;
 }
 
-/* Whether FILE (with identity ST), or the remote URI FILE when ST is
- * NULL, is attached already: for a local file, whether a window of it
- * overlapping REQ's is.
+/* Whether device S (attached, or being attached when CLAIMED) holds
+ * FILE (with identity ST), or the remote URI FILE when ST is NULL: for
+ * a local file, a window of it overlapping REQ's.
+ */
+static int
+conflicts (const struct mloop_attach_request *req, const char *file,
+           const struct stat *st, const struct mloop_device_state *s,
+           bool claimed, char *err, size_t errlen)
+{
+  g_autofree char *dev = NULL;
+
+  if (st ? !(s->file_dev == (uint64_t) st->st_dev &&
+             s->file_ino == (uint64_t) st->st_ino && !s->remote &&
+             windows_overlap (req, st, s))
+      : strcmp (s->file, file) != 0)
+    return 0;
+  dev = claimed ? g_strdup ("a device (an attach in progress)")
+    : mloop_state_device_path (s);
+  /* A claim's size is not known yet: its window's limit stands for it. */
+  if (s->offset || s->sizelimit || req->offset || req->sizelimit)
+    return mloop_fail (err, errlen, "%s is already attached to %s "
+                       "at offset %" G_GUINT64_FORMAT ", size %"
+                       G_GUINT64_FORMAT ": windows of one file must not "
+                       "overlap", s->file, dev, s->offset,
+                       claimed ? s->sizelimit : s->size);
+  return mloop_fail (err, errlen, "%s is already attached to %s", s->file,
+                     dev);
+}
+
+/* Whether FILE, or a window of it overlapping REQ's, is attached
+ * already or being attached (see conflicts).
  */
 static int
 already_attached (const struct mloop_attach_request *req, const char *file,
                   const struct stat *st, char *err, size_t errlen)
 {
-  size_t n;
+  size_t n, nc;
   struct mloop_device_state *list = mloop_state_list (&n);
+  struct mloop_device_state *claims = mloop_state_list_claims (&nc);
   int r = 0;
 
-  for (size_t i = 0; i < n && r == 0; i++) {
-    const struct mloop_device_state *s = &list[i];
-
-    if (st ? (s->file_dev == (uint64_t) st->st_dev &&
-              s->file_ino == (uint64_t) st->st_ino && !s->remote &&
-              windows_overlap (req, st, s))
-        : strcmp (s->file, file) == 0) {
-      g_autofree char *dev = mloop_state_device_path (s);
-
-      if (s->offset || s->sizelimit || req->offset || req->sizelimit)
-        r = mloop_fail (err, errlen, "%s is already attached to %s "
-                        "at offset %" G_GUINT64_FORMAT ", size %"
-                        G_GUINT64_FORMAT ": windows of one file must not "
-                        "overlap", s->file, dev, s->offset, s->size);
-      else
-        r = mloop_fail (err, errlen, "%s is already attached to %s",
-                        s->file, dev);
-    }
-  }
+  for (size_t i = 0; i < n && r == 0; i++)
+    r = conflicts (req, file, st, &list[i], false, err, errlen);
+  for (size_t i = 0; i < nc && r == 0; i++)
+    r = conflicts (req, file, st, &claims[i], true, err, errlen);
   mloop_state_free_list (list, n);
+  mloop_state_free_list (claims, nc);
   return r;
 }
 
@@ -277,9 +292,12 @@ prepare_device (const struct mloop_attach_request *req,
   };
   g_autofree char *name = g_strdup_printf ("nbd%d", index);
 
-  if (mloop_queue_configure (name, &plan, err, errlen) == -1 ||
-      mloop_partitions_scan (name, err, errlen) == -1)
+  if (mloop_queue_configure (name, &plan, err, errlen) == -1)
     return -1;
+  mloop_step_done (req->steps, "queue settings");
+  if (mloop_partitions_scan (name, err, errlen) == -1)
+    return -1;
+  mloop_step_done (req->steps, "partition scan");
   /* The kernel would read the table on the first open anyway (the size
    * it was given marks it for reading), so --no-partscan reads it, which
    * clears the mark, and drops what it found.
@@ -327,6 +345,7 @@ connect_kernel (const struct mloop_attach_request *req,
     n = o->open (o, fds, &x, err, errlen);
     if (n < 0)
       return -1;
+    mloop_step_done (req->steps, "handshakes");
     if (o->read_only)
       x.flags |= NBD_FLAG_READ_ONLY;    /* the kernel then refuses writes */
     if (choose_block_size (req, s->remote, &x, &s->block_size, err, errlen) == -1) {
@@ -337,16 +356,20 @@ connect_kernel (const struct mloop_attach_request *req,
                         s->dead_timeout, backend, &index, err,
                         errlen) == -1)
       return -1;
+    mloop_step_done (req->steps, "netlink connect");
     if (attempt == RECEIVERS_ATTEMPTS ||
         mloop_nbd_receivers_all_running (index, (unsigned) n,
                                          RECEIVERS_SETTLE_MS,
-                                         RECEIVERS_TIMEOUT_MS))
+                                         RECEIVERS_TIMEOUT_MS)) {
+      mloop_step_done (req->steps, "receive workers");
       break;
+    }
     /* Nothing was written yet: start again from nothing. */
     if (mloop_nbd_netlink_disconnect (index, why, sizeof why) < 0)
       return mloop_fail (err, errlen, "/dev/nbd%d: %s", index, why);
     mloop_nbd_receivers_wait_gone (index, RECEIVERS_TIMEOUT_MS);
     wait_disconnected (index, RECEIVERS_TIMEOUT_MS);
+    mloop_step_done (req->steps, "a receive worker missing: connect again");
   }
 
   if (prepare_device (req, s, index, &x, err, errlen) == -1) {
@@ -364,6 +387,7 @@ connect_kernel (const struct mloop_attach_request *req,
     mloop_nbd_netlink_disconnect (index, why, sizeof why);
     return -1;
   }
+  mloop_step_done (req->steps, "state saved");
   return 0;
 }
 
@@ -417,6 +441,7 @@ attach_local (const struct mloop_attach_request *req, const char *file,
                               &s->supervisor_pid, &s->server_pid,
                               err, errlen) == -1)
     return -1;
+  mloop_step_done (req->steps, "server start");
   if (connect_kernel (req, &o, file, s, err, errlen) == -1) {
     stop_processes (s);
     return -1;
@@ -447,6 +472,8 @@ attach_remote (const struct mloop_attach_request *req, const char *uri,
     return -1;
   r = mloop_supervisor_start_remote (uri, s->dir, SERVER_START_TIMEOUT_MS,
                                      &s->supervisor_pid, err, errlen);
+  if (r == 0)
+    mloop_step_done (req->steps, "supervisor start");
   if (r == 0 && (r = connect_kernel (req, &o, uri, s, err, errlen)) == -1)
     stop_processes (s);
   mloop_nbd_address_clear (&a);
@@ -487,6 +514,44 @@ choose_ublk (const struct mloop_attach_request *req, char *err,
   }
 }
 
+/* Under the state lock: refuses FILE if it is attached, or being
+ * attached, already; else makes OUT's directory, takes its lock
+ * (*DEVICE_LOCK) and records in it what OUT will attach, so the next
+ * attach sees it.  ST is FILE's identity, NULL for a remote URI.
+ */
+static int
+claim (const struct mloop_attach_request *req, const char *file,
+       const struct stat *st, struct mloop_device_state *out,
+       int *device_lock, char *err, size_t errlen)
+{
+  *device_lock = -1;
+  if (already_attached (req, file, st, err, errlen) == -1 ||
+      mloop_state_create (out, err, errlen) == -1)
+    return -1;
+  *device_lock = mloop_state_lock_device (out->dir, true);
+  if (*device_lock == -1) {
+    mloop_fail (err, errlen, "cannot lock %s: %s", out->dir,
+                strerror (errno));
+    mloop_state_remove (out->dir);
+    mloop_state_clear (out);
+    return -1;
+  }
+  out->file = g_strdup (file);
+  out->remote = st == NULL;
+  if (st) {
+    out->file_dev = st->st_dev;
+    out->file_ino = st->st_ino;
+    out->offset = req->offset;
+    out->sizelimit = req->sizelimit;
+  }
+  if (mloop_state_save_claim (out, err, errlen) == -1) {
+    mloop_state_remove (out->dir);
+    mloop_state_clear (out);
+    return -1;
+  }
+  return 0;
+}
+
 int
 mloop_attach (const struct mloop_attach_request *req,
               struct mloop_device_state *out, char *err, size_t errlen)
@@ -496,7 +561,7 @@ mloop_attach (const struct mloop_attach_request *req,
   bool busy = false;
   bool remote = strstr (req->file, "://") != NULL;
   char why[512];
-  int lock, r, ublk;
+  int lock, device_lock, r, ublk;
 
   memset (out, 0, sizeof *out);
   out->index = -1;
@@ -523,6 +588,11 @@ mloop_attach (const struct mloop_attach_request *req,
   }
   if ((ublk = choose_ublk (req, err, errlen)) == -1)
     return -1;
+  /* What the claim records says which server, or the transport. */
+  if (ublk)
+    out->transport = MLOOP_TRANSPORT_UBLK;
+  else if (!remote)
+    out->server = req->server ? req->server : mloop_server_kind_default ();
   if (!ublk && mloop_nbd_netlink_available (err, errlen) < 0)
     return -1;
   if (!ublk && req->index >= 0) {
@@ -535,35 +605,38 @@ mloop_attach (const struct mloop_attach_request *req,
                    req->index);
   }
 
+  mloop_step_done (req->steps, "checks");
   lock = mloop_state_lock (err, errlen);
   if (lock == -1)
     return -1;
-  r = already_attached (req, file, remote ? NULL : &st, err, errlen);
-  if (r == 0)
-    r = mloop_state_create (out, err, errlen);
+  mloop_step_done (req->steps, "state lock");
+  r = claim (req, file, remote ? NULL : &st, out, &device_lock, err, errlen);
+  /* The rest under the device's own lock only, so attaches of other
+   * images run meanwhile; but a ublk attach keeps the state lock: a ublk
+   * detach tells whether a device number is still its own from what is
+   * recorded (mloop_ublk_index_reused), and an attach in progress has
+   * recorded no number yet.
+   */
+  if (!ublk) {
+    mloop_state_unlock (lock);
+    lock = -1;
+  }
   if (r == 0) {
-    out->file = g_strdup (file);
-    if (remote) {
-      out->remote = true;
+    mloop_step_done (req->steps, "claim");
+    if (remote)
       r = attach_remote (req, file, out, err, errlen);
+    else if (ublk) {
+      r = mloop_ublk_attach (req, file, out, err, errlen);
+      mloop_step_done (req->steps, "ublk device");
     }
-    else {
-      out->file_dev = st.st_dev;
-      out->file_ino = st.st_ino;
-      out->offset = req->offset;
-      out->sizelimit = req->sizelimit;
-      if (ublk)
-        r = mloop_ublk_attach (req, file, out, err, errlen);
-      else {
-        out->server = req->server ? req->server : mloop_server_kind_default ();
-        r = attach_local (req, file, out, err, errlen);
-      }
-    }
+    else
+      r = attach_local (req, file, out, err, errlen);
     if (r < 0) {
       mloop_state_remove (out->dir);
       mloop_state_clear (out);
     }
   }
+  mloop_state_unlock (device_lock);
   mloop_state_unlock (lock);
   return r;
 }
@@ -574,16 +647,33 @@ mloop_detach (const struct mloop_device_state *s, char *err, size_t errlen)
   g_autofree char *dev = mloop_state_device_path (s);
   g_autofree char *mnt = mloop_device_mount_point (dev);
   g_autofree char *name = NULL;
+  g_autofree char *state = mloop_state_path (s, MLOOP_DIR_STATE);
   bool connected = false;
   char why[512];
-  int lock, r = 0;
+  int lock = -1, device_lock, r = 0;
 
   if (mnt)
     return mloop_fail (err, errlen, "%s is mounted on %s: unmount it "
                  "first", dev, mnt);
-  lock = mloop_state_lock (err, errlen);
-  if (lock == -1)
+  /* A ublk detach under the state lock too: see mloop_attach. */
+  if (s->transport == MLOOP_TRANSPORT_UBLK &&
+      (lock = mloop_state_lock (err, errlen)) == -1)
     return -1;
+  /* The device's own lock: no other detach, resize or reconnect of it
+   * meanwhile.  Whoever held it before may have detached it (autoclear,
+   * another mloop detach): then there is nothing left to do.
+   */
+  device_lock = mloop_state_lock_device (s->dir, true);
+  if (device_lock == -1 && errno != ENOENT) {
+    mloop_state_unlock (lock);
+    return mloop_fail (err, errlen, "cannot lock %s: %s", s->dir,
+                       strerror (errno));
+  }
+  if (device_lock == -1 || !g_file_test (state, G_FILE_TEST_EXISTS)) {
+    mloop_state_unlock (device_lock);
+    mloop_state_unlock (lock);
+    return 0;
+  }
   if (s->transport == MLOOP_TRANSPORT_UBLK) {
     /* The device goes with its server: nothing to disconnect first.
      * The state stays when the device could not be deleted, so detach
@@ -592,6 +682,7 @@ mloop_detach (const struct mloop_device_state *s, char *err, size_t errlen)
     r = mloop_ublk_detach (s, err, errlen);
     if (r == 0)
       mloop_state_remove (s->dir);
+    mloop_state_unlock (device_lock);
     mloop_state_unlock (lock);
     return r;
   }
@@ -608,12 +699,12 @@ mloop_detach (const struct mloop_device_state *s, char *err, size_t errlen)
   if (mloop_nbd_netlink_connected (s->index, &connected, why,
                                    sizeof why) == 0 && connected &&
       mloop_nbd_netlink_disconnect (s->index, why, sizeof why) < 0) {
-    mloop_state_unlock (lock);
+    mloop_state_unlock (device_lock);
     return mloop_fail (err, errlen, "/dev/nbd%d: %s", s->index, why);
   }
   stop_processes (s);
   mloop_state_remove (s->dir);
-  mloop_state_unlock (lock);
+  mloop_state_unlock (device_lock);
   return 0;
 }
 
@@ -682,17 +773,22 @@ mloop_cleanup_incomplete (void)
   lock = mloop_state_lock (err, sizeof err);
   if (lock == -1)
     return 0;
-  /* Under the lock no attach is in progress: whatever lacks a state
-   * file was abandoned.
+  /* An attach in progress holds its directory's lock: whatever lacks a
+   * state file and whose lock is free was abandoned.
    */
   dirs = mloop_state_list_incomplete ();
-  for (char **d = dirs; *d; d++, n++) {
+  for (char **d = dirs; *d; d++) {
     struct mloop_device_state s = { .dir = *d };
+    int device_lock = mloop_state_lock_device (*d, false);
 
+    if (device_lock == -1)
+      continue;
     s.supervisor_pid = read_pid (*d, MLOOP_DIR_SUPERVISOR_PID);
     s.server_pid = read_pid (*d, MLOOP_DIR_SERVER_PID);
     stop_processes (&s);
     mloop_state_remove (*d);
+    mloop_state_unlock (device_lock);
+    n++;
   }
   mloop_state_unlock (lock);
   return n;

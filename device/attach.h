@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "device_state.h"
+#include "steps.h"
 
 #define MLOOP_MAX_CONNECTIONS 16
 #define MLOOP_DEFAULT_TIMEOUT 30        /* seconds, like nbd-client */
@@ -68,6 +69,7 @@ struct mloop_attach_request {
   bool autoclear;               /* detach on last close (autoclear.h) */
   /* "NAME=VALUE" queue settings (block_queue.h), NULL-terminated or NULL */
   char *const *queue_options;
+  struct mloop_steps *steps;    /* each step's time (steps.h), or NULL */
 };
 
 /* Attaches; on success fills *OUT (the caller clears it). */

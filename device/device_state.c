@@ -63,13 +63,11 @@ mloop_state_lock (char *err, size_t errlen)
 }
 
 int
-mloop_state_trylock (void)
+mloop_state_lock_device (const char *dir, bool wait)
 {
-  g_autofree char *path = g_build_filename (mloop_runtime_dir (), LOCK_FILE,
-                                            NULL);
-  int fd = open (path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  int fd = open (dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 
-  if (fd != -1 && flock (fd, LOCK_EX | LOCK_NB) == -1) {
+  if (fd != -1 && flock (fd, LOCK_EX | (wait ? 0 : LOCK_NB)) == -1) {
     int saved = errno;
 
     close (fd);
@@ -164,12 +162,13 @@ write_key_file (GKeyFile *kf, const char *path, char *err, size_t errlen)
   return 0;
 }
 
-int
-mloop_state_save (const struct mloop_device_state *s, char *err,
-                  size_t errlen)
+/* Writes S's keys to its directory's file NAME. */
+static int
+save_as (const struct mloop_device_state *s, const char *name, char *err,
+         size_t errlen)
 {
   g_autoptr (GKeyFile) kf = g_key_file_new ();
-  g_autofree char *path = mloop_state_path (s, MLOOP_DIR_STATE);
+  g_autofree char *path = mloop_state_path (s, name);
 
   g_key_file_set_string (kf, GROUP, "transport",
                          mloop_state_transport_name (s));
@@ -193,6 +192,20 @@ mloop_state_save (const struct mloop_device_state *s, char *err,
   g_key_file_set_boolean (kf, GROUP, "partscan", s->partscan);
   g_key_file_set_boolean (kf, GROUP, "autoclear", s->autoclear);
   return write_key_file (kf, path, err, errlen);
+}
+
+int
+mloop_state_save (const struct mloop_device_state *s, char *err,
+                  size_t errlen)
+{
+  return save_as (s, MLOOP_DIR_STATE, err, errlen);
+}
+
+int
+mloop_state_save_claim (const struct mloop_device_state *s, char *err,
+                        size_t errlen)
+{
+  return save_as (s, MLOOP_DIR_CLAIM, err, errlen);
 }
 
 #define SUPERVISOR_GROUP "supervisor"
@@ -247,11 +260,12 @@ load_supervisor_record (const char *dir, struct mloop_device_state *s)
                                              "handover_error", NULL);
 }
 
-int
-mloop_state_load (const char *dir, struct mloop_device_state *s)
+/* Reads DIR's file NAME (state or claim) into S. */
+static int
+load_from (const char *dir, const char *name, struct mloop_device_state *s)
 {
   g_autoptr (GKeyFile) kf = g_key_file_new ();
-  g_autofree char *path = g_build_filename (dir, MLOOP_DIR_STATE, NULL);
+  g_autofree char *path = g_build_filename (dir, name, NULL);
   g_autofree char *server = NULL;
   g_autofree char *transport = NULL;
 
@@ -296,6 +310,14 @@ mloop_state_load (const char *dir, struct mloop_device_state *s)
     mloop_state_clear (s);
     return -1;
   }
+  return 0;
+}
+
+int
+mloop_state_load (const char *dir, struct mloop_device_state *s)
+{
+  if (load_from (dir, MLOOP_DIR_STATE, s) == -1)
+    return -1;
   load_supervisor_record (dir, s);
   return 0;
 }
@@ -346,6 +368,35 @@ mloop_state_list (size_t *n)
 
   for_each_dir (collect_complete, list);
   g_array_sort (list, by_index);
+  *n = list->len;
+  return (struct mloop_device_state *) g_array_free (list, FALSE);
+}
+
+static void
+collect_claim (const char *dir, void *arg)
+{
+  g_autofree char *state = g_build_filename (dir, MLOOP_DIR_STATE, NULL);
+  struct mloop_device_state s;
+  int lock;
+
+  if (g_file_test (state, G_FILE_TEST_EXISTS) ||
+      load_from (dir, MLOOP_DIR_CLAIM, &s) == -1)
+    return;
+  /* A claim nobody holds is an attach that died: it claims nothing. */
+  lock = mloop_state_lock_device (dir, false);
+  if (lock == -1 && errno == EWOULDBLOCK)
+    g_array_append_val (arg, s);
+  else
+    mloop_state_clear (&s);
+  mloop_state_unlock (lock);
+}
+
+struct mloop_device_state *
+mloop_state_list_claims (size_t *n)
+{
+  GArray *list = g_array_new (FALSE, TRUE, sizeof (struct mloop_device_state));
+
+  for_each_dir (collect_claim, list);
   *n = list->len;
   return (struct mloop_device_state *) g_array_free (list, FALSE);
 }

@@ -1,13 +1,19 @@
 /* mloop — what is attached: one directory per device in the runtime dir.
  *
  *   /run/mloop/              0700, root only (MLOOP_RUNTIME_DIR overrides)
- *     .lock                  flock()ed while a device is set up or torn down
- *     dev-XXXXXX/            one per attach, named before the device is known
+ *     .lock                  flock()ed while an attach claims its image
+ *     dev-XXXXXX/            one per attach, named before the device is known,
+ *                            flock()ed while the device is set up, changed
+ *                            or torn down (mloop_state_lock_device)
  *       sock, state, ...     the files MLOOP_DIR_* name, below
  *
- * A directory without "state" is an attach in progress, or one that died
- * half-way; its pid files let `mloop detach --all` clean it up.
- * Never prints.
+ * An attach holds .lock only while it checks that its image is not
+ * attached already and claims it (a "claim" file in a new directory, its
+ * lock held); the rest of the attach holds only its directory's lock, so
+ * attaches of different images run side by side.  A directory without
+ * "state" is an attach in progress (its lock held), or one that died
+ * half-way (nobody holds it); its pid files let `mloop detach --all`
+ * clean that up.  Never prints.
  */
 #ifndef MLOOP_DEVICE_STATE_H
 #define MLOOP_DEVICE_STATE_H
@@ -37,6 +43,9 @@
 #define MLOOP_DIR_SUPERVISOR_LOG "supervisor.log"
 #define MLOOP_DIR_STATE "state"
 #define MLOOP_DIR_SUPERVISOR "supervisor"
+/*   CLAIM           the image an attach in progress is attaching: the
+ *                   state's keys as far as they are known */
+#define MLOOP_DIR_CLAIM "claim"
 
 /* How the kernel reaches the image: the NBD client over sockets to a
  * server (/dev/nbdN), or ublk_drv's io_uring commands straight to
@@ -102,15 +111,18 @@ struct mloop_supervisor_record {
 const char *mloop_runtime_dir (void);
 int mloop_runtime_dir_create (char *err, size_t errlen);
 
-/* Serialises attach/detach between processes.  Returns an fd for
- * mloop_state_unlock, or -1.
+/* The runtime directory's lock: held while an attach claims its image
+ * (and throughout a ublk attach or detach), and while abandoned attaches
+ * are cleaned up.  Returns an fd for mloop_state_unlock, or -1.
  */
 int mloop_state_lock (char *err, size_t errlen);
-/* The same lock, unless another process holds it: then -1 with errno
- * EWOULDBLOCK (or another errno when the lock file cannot be used).
- */
-int mloop_state_trylock (void);
 void mloop_state_unlock (int fd);
+
+/* Takes device directory DIR's own lock (released by mloop_state_unlock):
+ * waiting for it when WAIT, else -1 with errno EWOULDBLOCK while someone
+ * holds it; -1 with errno ENOENT when DIR is gone.
+ */
+int mloop_state_lock_device (const char *dir, bool wait);
 
 /* Paths inside a device directory (g_free them). */
 char *mloop_state_path (const struct mloop_device_state *s, const char *name);
@@ -132,6 +144,9 @@ int mloop_state_create (struct mloop_device_state *s, char *err,
 /* Writes S->dir/state atomically. */
 int mloop_state_save (const struct mloop_device_state *s, char *err,
                       size_t errlen);
+/* Writes S->dir/claim likewise: what an attach in progress attaches. */
+int mloop_state_save_claim (const struct mloop_device_state *s, char *err,
+                            size_t errlen);
 /* Writes DIR/supervisor: the supervisor's own record, kept apart from
  * "state" so the two writers never race.
  */
@@ -144,7 +159,13 @@ int mloop_state_load (const char *dir, struct mloop_device_state *s);
  * ones, each sorted by index.
  */
 struct mloop_device_state *mloop_state_list (size_t *n);
-/* Directories without a state file (attaches that died half-way). */
+/* The claims of the attaches in progress (whose directories have a
+ * claim, no state, and their lock held).
+ */
+struct mloop_device_state *mloop_state_list_claims (size_t *n);
+/* Directories without a state file (attaches in progress, or that died
+ * half-way).
+ */
 char **mloop_state_list_incomplete (void);
 /* Removes a device directory and everything in it. */
 void mloop_state_remove (const char *dir);

@@ -331,13 +331,14 @@ mloop_resize (struct mloop_device_state *s, bool have_size,
   char why[512];
 
   err[0] = '\0';
-  /* Under the state lock: no attach or detach meanwhile, and the
+  /* Under the device's lock: no detach of it meanwhile, and its
    * supervisor does not hand the kernel connections checked against the
    * old size (its heal takes the lock too).
    */
-  lock = mloop_state_lock (err, errlen);
+  lock = mloop_state_lock_device (s->dir, true);
   if (lock == -1)
-    return -1;
+    return mloop_fail (err, errlen, "cannot lock %s: %s", s->dir,
+                       strerror (errno));
   r = check_request (s, have_size, want, &fd, &size, &file_size, err, errlen);
   if (r == 0 && size > s->size)
     /* Growing: the server before the kernel, which sends nothing past

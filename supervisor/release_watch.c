@@ -30,7 +30,7 @@ tick (gpointer unused)
   if (!released ())
     return G_SOURCE_CONTINUE;
   /* Never wait for the lock: a detach holding it is stopping us. */
-  lock = mloop_state_trylock ();
+  lock = mloop_state_lock_device (watched_dir, false);
   if (lock == -1)
     return G_SOURCE_CONTINUE;
   if (!released ()) {           /* looked again under the lock */

@@ -12,8 +12,9 @@
 #define RELEASE_POLL_MS 500
 
 /* Watches the device whose directory is DIR.  Once it is released, calls
- * RELEASED with the state lock held (mloop_state_lock's descriptor, for
- * the callee to unlock): no attach or detach runs until it is cleaned up.
+ * RELEASED with the device's lock held (mloop_state_lock_device's
+ * descriptor, for the callee to unlock): no detach or resize of it runs
+ * until it is cleaned up.
  */
 void mloop_release_watch (const char *dir, void (*released) (int lock));
 

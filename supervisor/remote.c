@@ -177,8 +177,8 @@ heal_done (const struct mloop_device_state *st, unsigned done)
   record ();
 }
 
-/* Offers the N negotiated sockets in FDS for dead slots, under the state
- * lock so no detach is under way.  How many the kernel took, -1 with ERR
+/* Offers the N negotiated sockets in FDS for dead slots, under the
+ * device's lock so no detach of it is under way.  How many the kernel took, -1 with ERR
  * when it refused, or -2 when the lock is busy (try again shortly).
  * *FULL says it had no dead slot left.
  */
@@ -189,7 +189,7 @@ offer (int *fds, unsigned n, bool *full, char *err, size_t errlen)
   int lock, r = 0, done = 0;
 
   *full = false;
-  lock = mloop_state_trylock ();
+  lock = mloop_state_lock_device (rv.dir, false);
   if (lock == -1 && errno == EWOULDBLOCK)
     return -2;
   /* A detach may have removed the device since it was looked at. */
@@ -210,9 +210,8 @@ offer (int *fds, unsigned n, bool *full, char *err, size_t errlen)
 
 /* Answers the announcements: opens as many connections as slots were
  * announced dead (all of them when some announcements were lost) and
- * hands them to the kernel.  Connecting happens without the state lock,
- * so an unreachable host does not hold up other devices' attach and
- * detach.
+ * hands them to the kernel.  Connecting happens without the device's
+ * lock, so an unreachable host does not hold up its detach.
  */
 static gboolean
 heal (gpointer unused)

@@ -444,12 +444,12 @@ heal (gpointer unused)
     dead_slots_forget (&sv.slots);
     return G_SOURCE_REMOVE;
   }
-  /* An attach or detach is under way (of this device or another): after
+  /* An attach, detach or resize of this device is under way: after
    * it.  A detach must not find its device given a new connection after
    * its disconnect (the kernel would take it into a slot the disconnect
    * killed, and clear its "disconnected" mark).
    */
-  lock = mloop_state_trylock ();
+  lock = mloop_state_lock_device (sv.dir, false);
   if (lock == -1 && errno == EWOULDBLOCK) {
     schedule_heal (HEAL_DELAY_MS);
     return G_SOURCE_REMOVE;

@@ -2,6 +2,9 @@
 16 distinct devices, each reading back what was written to it (and its
 data lands in its own image); 16 parallel detaches leave no device
 connected, no server or supervisor, nothing in the state directory.
+Four attaches of one image at once give one device and three one-line
+refusals (each attach claims its image under the state lock, then works
+under its device's own lock).
 
 What a device reserves of the kernel's AIO events (fs.aio-nr, limited
 system-wide by fs.aio-max-nr, 65536 by default) is measured while the
@@ -157,6 +160,36 @@ def run_test(kind, cl):
     print(f"# {kind.name}: {n} devices detached in {detach_time:.1f} s", flush=True)
 
     check_limit(kind, cl, images[0])
+    check_same_image(kind, pool, images[0])
+
+
+def check_same_image(kind, pool, image):
+    """Attaches of one image run side by side, each holding the state
+    lock only while it claims its image: of several at once exactly one
+    gets a device and the others are refused in one line; then two
+    detaches of that device at once leave nothing behind."""
+    results = list(pool.map(lambda _: kind.cli(*kind.attach_args(image), check=False),
+                            range(4)))
+    won = [p.stdout.strip() for p in results if p.returncode == 0]
+    refused = [p.stderr.strip() for p in results if p.returncode != 0]
+    assert len(won) == 1, f"{len(won)} of 4 attaches of one image succeeded: {won}"
+    for msg in refused:
+        assert len(msg.splitlines()) == 1 and "is already attached to" in msg, \
+            f"a losing attach said {msg!r}"
+    dev = won[0]
+    assert nbd_in_use(dev), f"{dev} is not connected"
+    results = list(pool.map(lambda _: kind.cli("detach", dev, check=False), range(2)))
+    for p in results:
+        # The second finds it detached by the first: done, or not attached.
+        assert p.returncode == 0 or "is not attached by mloop" in p.stderr, \
+            f"detach {dev} twice at once: {p.stderr.strip()!r}"
+    assert any(p.returncode == 0 for p in results), "neither detach succeeded"
+    wait_until(lambda: not nbd_in_use(dev), f"{dev} to disconnect")
+    left = [f"process {pid}: {cmd}" for pid, cmd in processes_mentioning(image)]
+    left += [f"state dir holds {e}" for e in kind.state_entries()]
+    assert not left, "; ".join(left)
+    print(f"# {kind.name}: 4 attaches of one image at once: one device, "
+          f"3 refused ({refused[0]})", flush=True)
 
 
 def meminfo():

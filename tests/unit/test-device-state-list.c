@@ -3,6 +3,7 @@
  * (attaches in progress or abandoned) are listed apart, and anything not
  * named dev-* is neither.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,6 +81,44 @@ main (void)
   CHECK (n == 2, "%zu devices after removing one", n);
   mloop_state_free_list (list, n);
 
-  printf ("ok: devices listed by index, incomplete ones apart\n");
+  /* Claims: only those of attaches in progress (their lock held) count;
+   * a claim nobody holds is an attach that died.
+   */
+  {
+    struct mloop_device_state live = { .index = -1,
+                                       .file = (char *) "/images/live.img",
+                                       .server = mloop_server_kind_default () };
+    struct mloop_device_state dead = live;
+    char err[256];
+    int lock;
+
+    dead.file = (char *) "/images/dead.img";
+    CHECK (mloop_state_create (&live, err, sizeof err) == 0, "%s", err);
+    CHECK (mloop_state_create (&dead, err, sizeof err) == 0, "%s", err);
+    lock = mloop_state_lock_device (live.dir, true);
+    CHECK (lock != -1, "locking %s: %s", live.dir, strerror (errno));
+    CHECK (mloop_state_save_claim (&live, err, sizeof err) == 0, "%s", err);
+    CHECK (mloop_state_save_claim (&dead, err, sizeof err) == 0, "%s", err);
+    CHECK (mloop_state_lock_device (live.dir, false) == -1 &&
+           errno == EWOULDBLOCK, "a held device lock was taken again");
+    list = mloop_state_list_claims (&n);
+    CHECK (n == 1 && strcmp (list[0].file, "/images/live.img") == 0,
+           "%zu claims listed (first %s), expected the live one only", n,
+           n ? list[0].file : "none");
+    mloop_state_free_list (list, n);
+    list = mloop_state_list (&n);
+    CHECK (n == 2, "claims listed as devices: %zu", n);
+    mloop_state_free_list (list, n);
+    mloop_state_remove (dead.dir);
+    CHECK (mloop_state_lock_device (dead.dir, false) == -1 && errno == ENOENT,
+           "locking a removed directory: %s", strerror (errno));
+    mloop_state_unlock (lock);
+    mloop_state_remove (live.dir);
+    g_free (live.dir);
+    g_free (dead.dir);
+  }
+
+  printf ("ok: devices listed by index, incomplete ones apart, claims "
+          "only while held\n");
   return 0;
 }
