@@ -222,6 +222,33 @@ detach_one (struct mloop_device_state *st)
   return r;
 }
 
+/* detach --all: devices detached this many at a time.  Most of a detach
+ * is waiting (for the kernel to send its disconnects, for the server to
+ * exit), and each holds only its own device's lock.
+ */
+#define DETACH_AT_ONCE 16
+
+static void
+detach_in_pool (gpointer data, gpointer failed)
+{
+  if (detach_one (data) != EXIT_SUCCESS)
+    g_atomic_int_set ((gint *) failed, 1);
+}
+
+/* Detaches every device in LIST (N of them), several at once. */
+static int
+detach_list (struct mloop_device_state *list, size_t n)
+{
+  gint failed = 0;
+  GThreadPool *pool = g_thread_pool_new (detach_in_pool, &failed,
+                                         DETACH_AT_ONCE, TRUE, NULL);
+
+  for (size_t i = 0; i < n; i++)
+    g_thread_pool_push (pool, &list[i], NULL);
+  g_thread_pool_free (pool, FALSE, TRUE);       /* waits for them all */
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
+
 static int
 cmd_detach (int argc, char **argv)
 {
@@ -243,9 +270,7 @@ cmd_detach (int argc, char **argv)
     return error ("detach: give DEVICE or FILE arguments, or --all");
   if (all) {
     list = mloop_state_list (&n);
-    for (size_t i = 0; i < n; i++)
-      if (detach_one (&list[i]) != EXIT_SUCCESS)
-        r = EXIT_FAILURE;
+    r = detach_list (list, n);
     g_free (list);
     mloop_cleanup_incomplete ();
     return r;
