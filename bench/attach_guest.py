@@ -1,0 +1,159 @@
+"""The guest half of bench/attach-speed: runs as root in the test VM (or
+on any machine whose kernel has nbd and loop) and times making and
+removing block devices from small images, one at a time and many at once.
+
+  attach_guest.py --rounds R --parallel P --kinds K,...
+
+Kinds: loop-dio (losetup --direct-io=on), mloop-native (mloop attach,
+mloop-server), mloop-ublk (mloop attach --transport ublk, where the
+kernel has ublk_drv).  Each round times one attach and one detach of
+every kind, kinds rotated; then P images are attached at once and
+detached at once, per kind.  mloop's attaches run with --verbose, so the
+report can say where their time goes.  Prints one line "ATTACH <json>"
+per record; anything else is progress.
+"""
+import argparse
+import concurrent.futures
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+CLI = os.environ.get("MLOOP_CLI", "")
+IMAGE_SIZE = 64 << 20
+STEP = re.compile(r"^mloop: attach: (.+?)\s+([0-9.]+) ms$")
+
+
+def emit(rec):
+    print("ATTACH " + json.dumps(rec), flush=True)
+
+
+def say(text):
+    print(text, flush=True)
+
+
+def run(cmd, env=None):
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: exit {p.returncode}: {p.stderr.strip()}")
+    return p
+
+
+class LoopDio:
+    name = "loop-dio"
+
+    def unavailable(self):
+        return None if shutil.which("losetup") else "losetup is not installed"
+
+    def attach(self, image):
+        return run(["losetup", "--find", "--show", "--direct-io=on", image]).stdout.strip(), {}
+
+    def detach(self, dev):
+        run(["losetup", "--detach", dev])
+
+
+class Mloop:
+    def __init__(self, name, args):
+        self.name, self.args = name, args
+        self.env = dict(os.environ, MLOOP_RUNTIME_DIR=f"/run/mloop-bench-{os.getpid()}")
+
+    def unavailable(self):
+        if not CLI or not os.path.exists(CLI):
+            return "build/client/mloop not built"
+        if "ublk" in self.args and not os.path.exists("/dev/ublk-control"):
+            return "the kernel has no ublk_drv"
+        return None
+
+    def attach(self, image):
+        p = run([CLI, "attach", "--verbose", *self.args, image], env=self.env)
+        steps = {}
+        for line in p.stderr.splitlines():
+            m = STEP.match(line)
+            if m:
+                steps[m.group(1)] = steps.get(m.group(1), 0.0) + float(m.group(2))
+        return p.stdout.strip(), steps
+
+    def detach(self, dev):
+        run([CLI, "detach", dev], env=self.env)
+
+
+KINDS = {k.name: k for k in (LoopDio(), Mloop("mloop-native", ["--server", "native"]),
+                             Mloop("mloop-ublk", ["--transport", "ublk"]))}
+
+
+def timed(fn, *args):
+    start = time.monotonic()
+    out = fn(*args)
+    return (time.monotonic() - start) * 1000, out
+
+
+def one_by_one(kind, image, rnd):
+    ms_attach, (dev, steps) = timed(kind.attach, image)
+    ms_detach, _ = timed(kind.detach, dev)
+    emit({"type": "single", "kind": kind.name, "round": rnd,
+          "attach_ms": ms_attach, "detach_ms": ms_detach, "steps": steps})
+
+
+def all_at_once(kind, images):
+    with concurrent.futures.ThreadPoolExecutor(len(images)) as pool:
+        start = time.monotonic()
+        devs = [dev for dev, _ in pool.map(kind.attach, images)]
+        ms_attach = (time.monotonic() - start) * 1000
+        if len(set(devs)) != len(devs):
+            raise RuntimeError(f"{kind.name}: devices given twice: {devs}")
+        start = time.monotonic()
+        list(pool.map(kind.detach, devs))
+        ms_detach = (time.monotonic() - start) * 1000
+    emit({"type": "parallel", "kind": kind.name, "devices": len(images),
+          "attach_ms": ms_attach, "detach_ms": ms_detach})
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--parallel", type=int, default=16)
+    ap.add_argument("--kinds", default=",".join(KINDS))
+    a = ap.parse_args()
+    emit({"type": "meta", "kernel": os.uname().release, "cpus": os.cpu_count()})
+    kinds = []
+    for n in a.kinds.split(","):
+        reason = KINDS[n].unavailable()
+        if reason:
+            emit({"type": "skip", "kind": n, "text": reason})
+        else:
+            kinds.append(KINDS[n])
+    failed = 0
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as d:
+        images = []
+        for i in range(a.parallel):
+            images.append(os.path.join(d, f"img{i}"))
+            with open(images[-1], "wb") as f:
+                f.truncate(IMAGE_SIZE)
+        # The first attach of each kind warms the page cache with its
+        # programs and libraries: not timed.
+        for kind in kinds:
+            kind.detach(kind.attach(images[0])[0])
+        for rnd in range(1, a.rounds + 1):
+            for kind in kinds[rnd % len(kinds):] + kinds[:rnd % len(kinds)]:
+                try:
+                    one_by_one(kind, images[0], rnd)
+                except Exception as e:
+                    failed += 1
+                    emit({"type": "error", "kind": kind.name, "text": str(e)[-500:]})
+        say("one at a time: done")
+        for kind in kinds:
+            try:
+                all_at_once(kind, images)
+            except Exception as e:
+                failed += 1
+                emit({"type": "error", "kind": kind.name, "text": str(e)[-500:]})
+            say(f"{kind.name}: {a.parallel} at once: done")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
