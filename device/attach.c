@@ -625,10 +625,8 @@ mloop_attach (const struct mloop_attach_request *req,
     mloop_step_done (req->steps, "claim");
     if (remote)
       r = attach_remote (req, file, out, err, errlen);
-    else if (ublk) {
+    else if (ublk)
       r = mloop_ublk_attach (req, file, out, err, errlen);
-      mloop_step_done (req->steps, "ublk device");
-    }
     else
       r = attach_local (req, file, out, err, errlen);
     if (r < 0) {

@@ -240,6 +240,7 @@ mloop_ublk_attach (const struct mloop_attach_request *req, const char *file,
   if (start_supervisor (&spec, s->dir, s->dead_timeout, &s->supervisor_pid,
                         &s->server_pid, err, errlen) == -1)
     return -1;
+  mloop_step_done (req->steps, "server and device");
   if (mloop_ublk_read_device_file (s->dir, &s->index, err, errlen) == -1) {
     mloop_ublk_detach (s, why, sizeof why);
     return -1;
@@ -263,6 +264,7 @@ mloop_ublk_attach (const struct mloop_attach_request *req, const char *file,
     mloop_ublk_detach (s, why, sizeof why);
     return -1;
   }
+  mloop_step_done (req->steps, "settings, state");
   return 0;
 }
 
