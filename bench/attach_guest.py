@@ -101,15 +101,20 @@ def one_by_one(kind, image, rnd):
 def all_at_once(kind, images):
     with concurrent.futures.ThreadPoolExecutor(len(images)) as pool:
         start = time.monotonic()
-        devs = [dev for dev, _ in pool.map(kind.attach, images)]
+        attached = list(pool.map(kind.attach, images))
         ms_attach = (time.monotonic() - start) * 1000
+        devs = [dev for dev, _ in attached]
+        steps = {}
+        for _, s in attached:
+            for step, ms in s.items():
+                steps[step] = steps.get(step, 0.0) + ms / len(images)
         if len(set(devs)) != len(devs):
             raise RuntimeError(f"{kind.name}: devices given twice: {devs}")
         start = time.monotonic()
         list(pool.map(kind.detach, devs))
         ms_detach = (time.monotonic() - start) * 1000
     emit({"type": "parallel", "kind": kind.name, "devices": len(images),
-          "attach_ms": ms_attach, "detach_ms": ms_detach})
+          "attach_ms": ms_attach, "detach_ms": ms_detach, "steps": steps})
 
 
 def main():

@@ -52,6 +52,11 @@ struct mloop_server_config {
   const char *tls_psk;          /* PSK file (nbdkit's format), or NULL */
   const char *tls_certificates; /* directory of PEM files, or NULL */
   bool tls_verify_peer;         /* clients need a certificate the CA signed */
+  /* The kernel's NBD client is the only client (a device's own server):
+   * mloop-server then sends large READ data by page reference (its
+   * --splice), which pays for the kernel's receive path.
+   */
+  bool kernel_client;
 };
 
 struct mloop_server_kind {

@@ -218,7 +218,7 @@ mloop_server_start (const struct mloop_server_spec *spec,
     .sizelimit = spec->sizelimit, .listen = &listen,
     .pid_file = spec->pid_file,
     .stats_file = spec->stats_file, .threads = spec->threads,
-    .read_only = spec->read_only,
+    .read_only = spec->read_only, .kernel_client = true,
   };
   g_auto (GStrv) argv = mloop_server_command (spec->kind, &c);
   g_autofree char *what = g_strdup_printf ("the %s server", spec->kind->name);

@@ -113,6 +113,7 @@ static gint opt_max_handshakes = 1024;
 static gboolean opt_read_only;
 static gchar *opt_direct;
 static gchar *opt_discard;
+static gchar *opt_splice;
 static gchar *opt_pid_file;
 static gchar *opt_stats_file;
 static gchar *opt_trace;
@@ -177,6 +178,9 @@ static GOptionEntry entries[] = {
     "O_DIRECT: auto (default), on or off", "MODE" },
   { "discard", 0, 0, G_OPTION_ARG_STRING, &opt_discard,
     "Honour TRIM: on (default) or off", "on|off" },
+  { "splice", 0, 0, G_OPTION_ARG_STRING, &opt_splice,
+    "Send large READ data to Unix-socket clients by page reference: "
+    "off (default) or on (for the kernel's NBD client)", "on|off" },
   { "offset", 'o', 0, G_OPTION_ARG_STRING, &opt_offset,
     "Serve the image from this byte on (like losetup --offset)", "SIZE" },
   { "sizelimit", 0, 0, G_OPTION_ARG_STRING, &opt_sizelimit,
@@ -519,7 +523,7 @@ main (int argc, char *argv[])
   pthread_attr_t attr;
   sigset_t sigs;
   int sfd, backoff = 0;
-  bool discard;
+  bool discard, splice;
   char err[512];
   unsigned i;
 
@@ -577,6 +581,7 @@ main (int argc, char *argv[])
                parse_size ("connection-buffer-limit", opt_conn_buffer_limit,
                            BUDGET_CONN_DEFAULT, MLOOP_KEEP_BUFFER));
   discard = parse_on_off ("discard", opt_discard);
+  splice = opt_splice && parse_on_off ("splice", opt_splice);
   setup_tls ();
   raise_nofile_limit ();
   if (opt_mlock && (errno = -mloop_lock_memory ()) != 0)
@@ -636,9 +641,9 @@ main (int argc, char *argv[])
     .budget = &budget, .offload = offload,
     .drain_timeout = (unsigned) opt_drain_timeout,
     .close_client = admission_close,
-    .splice_replies = splice_out_works (),
+    .splice_replies = splice,
   };
-  if (!wopts.splice_replies)
+  if (wopts.splice_replies && !(wopts.splice_replies = splice_out_works ()))
     fprintf (stderr, "mloop-server: read replies are copied, not sent by "
              "page reference: splicing into a Unix socket fails here: "
              "%s\n", strerror (errno));

@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """Where splicing is refused, read replies are copied and nothing breaks.
 
-mloop-server sends a large READ's data to a Unix socket by page reference
-(vmsplice, then splice: server/splice_out.h).  A systemd unit's
+mloop-server --splice on sends a large READ's data to a Unix socket by
+page reference (vmsplice, then splice: server/splice_out.h).  A systemd unit's
 SystemCallFilter= or a container's seccomp profile may refuse either
 call.  The server must then copy the replies: it says so once at start,
 and every read returns the image's bytes.  Here a real seccomp filter,
@@ -100,7 +100,8 @@ def pipes_held(srv):
 
 
 for name, nr in (("vmsplice", NR_VMSPLICE), ("splice", NR_SPLICE)):
-    srv = harness.Server(image, preexec_fn=refusing(nr, errno.ENOSYS))
+    srv = harness.Server(image, params=["splice=on"],
+                         preexec_fn=refusing(nr, errno.ENOSYS))
     # Valgrind holds pipes of its own: count the connections' pipes only.
     before = pipes_held(srv)
     w = nw.Wire(srv.sock, timeout=30)       # held open while counting pipes
@@ -117,8 +118,9 @@ for name, nr in (("vmsplice", NR_VMSPLICE), ("splice", NR_SPLICE)):
     assert held == 0, f"{name} refused: the server still holds {held} pipe ends"
     print(f"ok: {name} refused at start: replies copied, every byte right")
 
-srv = harness.Server(image, preexec_fn=refusing(NR_VMSPLICE, errno.ENOMEM,
-                                                arg3=SPLICE_F_NONBLOCK))
+srv = harness.Server(image, params=["splice=on"],
+                     preexec_fn=refusing(NR_VMSPLICE, errno.ENOMEM,
+                                         arg3=SPLICE_F_NONBLOCK))
 read_all(srv)
 read_all(srv)                               # and a fresh connection too
 srv.stop()
