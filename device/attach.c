@@ -134,13 +134,11 @@ conflicts (const struct mloop_attach_request *req, const char *file,
     return 0;
   dev = claimed ? g_strdup ("a device (an attach in progress)")
     : mloop_state_device_path (s);
-  /* A claim's size is not known yet: its window's limit stands for it. */
   if (s->offset || s->sizelimit || req->offset || req->sizelimit)
     return mloop_fail (err, errlen, "%s is already attached to %s "
                        "at offset %" G_GUINT64_FORMAT ", size %"
                        G_GUINT64_FORMAT ": windows of one file must not "
-                       "overlap", s->file, dev, s->offset,
-                       claimed ? s->sizelimit : s->size);
+                       "overlap", s->file, dev, s->offset, s->size);
   return mloop_fail (err, errlen, "%s is already attached to %s", s->file,
                      dev);
 }
@@ -514,6 +512,21 @@ choose_ublk (const struct mloop_attach_request *req, char *err,
   }
 }
 
+/* The most REQ's window of a file with identity ST can hold: the size
+ * a claim records, before the server has said what it serves (at least
+ * 1, so that an empty window still overlaps what starts where it does).
+ */
+static uint64_t
+window_size_at_most (const struct mloop_attach_request *req,
+                     const struct stat *st)
+{
+  uint64_t file_size = S_ISBLK (st->st_mode) ? UINT64_MAX
+    : st->st_size > 0 ? (uint64_t) st->st_size : 0;
+  uint64_t size = file_size > req->offset ? file_size - req->offset : 1;
+
+  return req->sizelimit && req->sizelimit < size ? req->sizelimit : size;
+}
+
 /* Under the state lock: refuses FILE if it is attached, or being
  * attached, already; else makes OUT's directory, takes its lock
  * (*DEVICE_LOCK) and records in it what OUT will attach, so the next
@@ -543,6 +556,7 @@ claim (const struct mloop_attach_request *req, const char *file,
     out->file_ino = st->st_ino;
     out->offset = req->offset;
     out->sizelimit = req->sizelimit;
+    out->size = window_size_at_most (req, st);
   }
   if (mloop_state_save_claim (out, err, errlen) == -1) {
     mloop_state_remove (out->dir);
