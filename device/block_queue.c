@@ -1,5 +1,6 @@
 /* mloop — the request queue settings of an attached device. */
 #include <errno.h>
+#include <stdbool.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +53,22 @@ read_setting (const char *dev, const char *name)
 
   return g_file_get_contents (path, &text, NULL, NULL)
     ? (unsigned) strtoul (text, NULL, 10) : 0;
+}
+
+/* Whether the queue setting NAME already reads VALUE: a number as
+ * written, or the scheduler in use, shown in brackets among the others.
+ */
+static bool
+setting_is (const char *dev, const char *name, const char *value)
+{
+  g_autofree char *path = queue_path (dev, name);
+  g_autofree char *text = NULL;
+  g_autofree char *chosen = g_strdup_printf ("[%s]", value);
+
+  if (!g_file_get_contents (path, &text, NULL, NULL))
+    return false;
+  g_strstrip (text);
+  return strcmp (text, value) == 0 || strstr (text, chosen) != NULL;
 }
 
 int
@@ -118,8 +135,13 @@ mloop_queue_configure (const char *dev, const struct mloop_queue_plan *p,
     { "read_ahead_kb", ahead },
   };
 
+  /* Only what differs: writing the scheduler or nr_requests freezes the
+   * queue (an RCU grace period) even to the value it has, and the
+   * kernel's defaults for a device of several queues are often ours.
+   */
   for (size_t i = 0; i < G_N_ELEMENTS (ours); i++)
-    if (write_setting (dev, ours[i][0], ours[i][1], err, errlen) == -1)
+    if (!setting_is (dev, ours[i][0], ours[i][1]) &&
+        write_setting (dev, ours[i][0], ours[i][1], err, errlen) == -1)
       return -1;
   return mloop_queue_apply_options (dev, p->options, err, errlen);
 }
