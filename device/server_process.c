@@ -5,7 +5,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <fcntl.h>
@@ -328,6 +330,39 @@ mloop_server_running (pid_t pid, const char *socket_path)
   return strstr (cmdline, socket_path) != NULL && process_alive (pid);
 }
 
+/* Waits up to TIMEOUT_MS for PID to end.  Its pidfd wakes us the moment
+ * it does (it need not be our child); without one (a kernel before
+ * 5.3), polls.  Returns whether it ended.
+ */
+static bool
+wait_gone (pid_t pid, unsigned timeout_ms)
+{
+  int pidfd = (int) syscall (SYS_pidfd_open, pid, 0);
+  int status;
+
+  if (pidfd != -1) {
+    struct pollfd p = { .fd = pidfd, .events = POLLIN };
+    gint64 deadline = g_get_monotonic_time () + (gint64) timeout_ms * 1000;
+    gint64 left;
+
+    while ((left = deadline - g_get_monotonic_time ()) > 0 &&
+           poll (&p, 1, (int) ((left + 999) / 1000)) == -1 && errno == EINTR)
+      ;
+    close (pidfd);
+    waitpid (pid, &status, WNOHANG);    /* reaps it if it is our child */
+    return !process_alive (pid);
+  }
+  for (unsigned waited = 0; ; waited += POLL_INTERVAL_US / 1000) {
+    /* Reaps it if we are its parent; harmless otherwise. */
+    waitpid (pid, &status, WNOHANG);
+    if (!process_alive (pid))
+      return true;
+    if (waited >= timeout_ms)
+      return false;
+    g_usleep (POLL_INTERVAL_US);
+  }
+}
+
 void
 mloop_server_stop (pid_t pid, const char *socket_path, unsigned timeout_ms)
 {
@@ -336,15 +371,8 @@ mloop_server_stop (pid_t pid, const char *socket_path, unsigned timeout_ms)
   if (!mloop_server_running (pid, socket_path))
     return;
   kill (pid, SIGTERM);
-  for (unsigned waited = 0; ; waited += POLL_INTERVAL_US / 1000) {
-    /* Reaps it if we are its parent; harmless otherwise. */
-    waitpid (pid, &status, WNOHANG);
-    if (!process_alive (pid))
-      return;
-    if (waited >= timeout_ms)
-      break;
-    g_usleep (POLL_INTERVAL_US);
-  }
+  if (wait_gone (pid, timeout_ms))
+    return;
   kill (pid, SIGKILL);
   while (process_alive (pid)) {
     waitpid (pid, &status, WNOHANG);
