@@ -27,12 +27,57 @@ mloop_engine_open (struct mloop_engine *e,
   int r;
 
   memset (e, 0, sizeof *e);
+  /* With an overlay the base is only read, and may be shared. */
   r = mloop_backing_open (&e->backing, cfg->path, cfg->direct,
-                          cfg->want_write, &cfg->window, err, errlen);
+                          cfg->want_write && cfg->overlay == NULL,
+                          &cfg->window, err, errlen);
   if (r < 0)
     return r;
+  if (cfg->overlay) {
+    e->overlay = malloc (sizeof *e->overlay);
+    r = e->overlay == NULL ? -ENOMEM
+      : mloop_overlay_open (e->overlay, cfg->overlay, &e->backing,
+                            e->backing.direct, err, errlen);
+    if (r < 0) {
+      if (r == -ENOMEM && e->overlay == NULL)
+        snprintf (err, errlen, "no memory for an overlay");
+      free (e->overlay);
+      e->overlay = NULL;
+      mloop_backing_close (&e->backing);
+      return r;
+    }
+    e->backing.writable = cfg->want_write;
+    if (e->backing.logical_block_size < MLOOP_OVERLAY_CLUSTER)
+      e->backing.logical_block_size = MLOOP_OVERLAY_CLUSTER;
+  }
   mloop_range_lock_init (&e->rmw_lock);
   return 0;
+}
+
+int
+mloop_engine_reprobe_size (struct mloop_engine *e, char *err, size_t errlen)
+{
+  if (e->overlay) {
+    snprintf (err, errlen, "the size of a device with an overlay is fixed "
+              "by the overlay");
+    return -ENOTSUP;
+  }
+  return mloop_backing_reprobe_size (&e->backing, err, errlen);
+}
+
+/* The descriptor writes go to. */
+static int
+write_fd (const struct mloop_engine *e)
+{
+  return e->overlay ? e->overlay->fd : e->backing.fd;
+}
+
+int
+mloop_engine_flush (struct mloop_engine *e)
+{
+  if (e->overlay)
+    return mloop_overlay_commit (e->overlay);
+  return fdatasync (e->backing.fd) == -1 ? -errno : 0;
 }
 
 /* Submits one probe iocb on a scratch ring and returns its result. */
@@ -69,10 +114,10 @@ mloop_engine_probe_features (struct mloop_engine *e)
   struct iovec iov = { NULL, 0 };
 
   if (e->backing.writable) {
-    io_prep_pwritev2 (&iocb, e->backing.fd, &iov, 0, 0, RWF_DSYNC);
+    io_prep_pwritev2 (&iocb, write_fd (e), &iov, 0, 0, RWF_DSYNC);
     e->fua_in_aio = probe_iocb (&iocb) >= 0;
   }
-  io_prep_fdsync (&iocb, e->backing.fd);
+  io_prep_fdsync (&iocb, write_fd (e));
   e->flush_in_aio = probe_iocb (&iocb) >= 0;
 }
 
@@ -80,6 +125,11 @@ void
 mloop_engine_close (struct mloop_engine *e)
 {
   mloop_range_lock_destroy (&e->rmw_lock);
+  if (e->overlay) {
+    mloop_overlay_close (e->overlay);
+    free (e->overlay);
+    e->overlay = NULL;
+  }
   mloop_backing_close (&e->backing);
 }
 
@@ -89,8 +139,7 @@ prep_remaining (struct mloop_engine *e, struct mloop_io *io)
 {
   char *data = (char *) (io->bounce ? io->bounce : io->buf) + io->done;
   size_t left = io->count - io->done;
-  long long offset = (long long)
-    mloop_backing_file_offset (&e->backing, io->offset + io->done);
+  long long offset = (long long) (io->file_base + io->offset + io->done);
   int rw_flags = 0;
 
   io->iov.iov_base = data;
@@ -123,6 +172,39 @@ finish (struct mloop_io *io, int error)
   io->complete (io, error);
 }
 
+/* With an overlay: whole clusters all in the overlay, or (reads) all in
+ * the base before its page-cache tail, go by AIO to the one descriptor
+ * that holds them, and so do whole-cluster writes (the clusters are
+ * marked when the write completes).  Everything else, and a FUA write
+ * that would change the map, is done synchronously by the overlay.
+ */
+static int
+route_through_overlay (struct mloop_engine *e, struct mloop_io *io)
+{
+  struct mloop_overlay *ov = e->overlay;
+  const bool whole = mloop_is_aligned (io->offset, MLOOP_OVERLAY_CLUSTER) &&
+                     mloop_is_aligned (io->count, MLOOP_OVERLAY_CLUSTER);
+  const enum mloop_overlay_where where =
+    mloop_overlay_where (ov, io->offset, io->count);
+
+  if (!whole)
+    return MLOOP_PREPARED_BLOCKING;
+  if (io->op == MLOOP_IO_WRITE) {
+    if ((io->flags & MLOOP_IO_FUA) && where != MLOOP_OVERLAY_IN_OVERLAY)
+      return MLOOP_PREPARED_BLOCKING;
+  }
+  else if (where == MLOOP_OVERLAY_MIXED ||
+           (where == MLOOP_OVERLAY_IN_BASE &&
+            io->offset + io->count >
+            mloop_backing_buffered_from (&e->backing)))
+    return MLOOP_PREPARED_BLOCKING;
+  else if (where == MLOOP_OVERLAY_IN_BASE)
+    return MLOOP_PREPARED_AIO;
+  io->fd = ov->fd;
+  io->file_base = ov->data_offset;
+  return MLOOP_PREPARED_AIO;
+}
+
 /* Checks a read or write and decides how it reaches the disk:
  *   aligned offset, length and buffer  → AIO on the O_DIRECT descriptor,
  *                                        zero copy;
@@ -151,10 +233,17 @@ prepare_rw (struct mloop_engine *e, struct mloop_io *io)
     return -EPERM;
 
   io->fd = b->fd;
+  io->file_base = b->offset;
   io->bounce = NULL;
   io->bounce_allocated = false;
   io->done = 0;
-  if (io->offset + io->count > mloop_backing_buffered_from (b))
+  if (e->overlay) {
+    int r = route_through_overlay (e, io);
+
+    if (r != MLOOP_PREPARED_AIO)
+      return r;
+  }
+  else if (io->offset + io->count > mloop_backing_buffered_from (b))
     /* Reaches the page-cache tail of an odd-sized file. */
     return MLOOP_PREPARED_BLOCKING;
   if (b->direct && !mloop_io_is_direct_safe (io->buf, io->count, io->offset,
@@ -208,6 +297,8 @@ mloop_engine_complete_event (struct mloop_engine *e, struct mloop_io *io,
       if (fdatasync (io->fd) == -1)
         error = errno;
     }
+    if (error == 0 && io->op == MLOOP_IO_WRITE && e->overlay)
+      mloop_overlay_mark (e->overlay, io->offset, io->count);
   }
   finish (io, error);
   return MLOOP_EVENT_DONE;
@@ -231,8 +322,9 @@ mloop_engine_prepare (struct mloop_engine *e, struct mloop_io *io)
   case MLOOP_IO_FLUSH:
     io->bounce = NULL;
     io->bounce_allocated = false;
-    io->fd = e->backing.fd;
-    if (!e->flush_in_aio)
+    io->fd = write_fd (e);
+    /* An overlay's flush also writes its map: no AIO form. */
+    if (!e->flush_in_aio || e->overlay)
       return MLOOP_PREPARED_BLOCKING;
     io_prep_fdsync (&io->iocb, io->fd);
     io->iocb.data = io;
@@ -246,7 +338,11 @@ int
 mloop_engine_perform_blocking (struct mloop_engine *e, struct mloop_io *io)
 {
   if (io->op == MLOOP_IO_FLUSH)
-    return fdatasync (io->fd) == -1 ? -errno : 0;
+    return mloop_engine_flush (e);
+  if (e->overlay)
+    return mloop_overlay_rw (e->overlay, &e->backing, &e->rmw_lock,
+                             io->op == MLOOP_IO_WRITE, io->buf, io->count,
+                             io->offset, io->flags & MLOOP_IO_FUA);
   return mloop_sync_rw (e, io);
 }
 
@@ -254,7 +350,7 @@ long
 mloop_engine_perform_event (struct mloop_engine *e, struct mloop_io *io)
 {
   /* prep_remaining() left io->iov and the offset of what remains. */
-  off_t offset = (off_t) (io->offset + io->done);
+  off_t offset = (off_t) (io->file_base + io->offset + io->done);
   int rw_flags = 0;
   ssize_t n;
 

@@ -30,6 +30,7 @@
 
 #include "backing.h"
 #include "io.h"
+#include "overlay.h"
 #include "range_lock.h"
 
 /* The largest request the engine accepts (nbdkit's own limit is 64 MiB). */
@@ -40,10 +41,21 @@ struct mloop_engine_config {
   enum mloop_direct_mode direct;
   bool want_write;
   struct mloop_window window;   /* all zero: the whole file */
+  /* A copy-on-write overlay (overlay.h) to write to, made when there is
+   * no file at this path; the store at 'path' is then only read.  NULL:
+   * none.
+   */
+  const char *overlay;
 };
 
 struct mloop_engine {
+  /* The store served: with an overlay, the read-only base, though
+   * backing.writable then says whether the device takes writes (they go
+   * to the overlay) and backing.logical_block_size is at least the
+   * overlay's cluster, the alignment of its fast path.
+   */
   struct mloop_backing backing;
+  struct mloop_overlay *overlay;        /* NULL: none */
   /* Kernel features, probed by mloop_engine_probe_features(). */
   bool fua_in_aio;              /* RWF_DSYNC on AIO writes (Linux ≥ 4.13) */
   bool flush_in_aio;            /* IOCB_CMD_FDSYNC (Linux ≥ 4.18) */
@@ -63,6 +75,19 @@ int mloop_engine_open (struct mloop_engine *e,
 void mloop_engine_probe_features (struct mloop_engine *e);
 
 void mloop_engine_close (struct mloop_engine *e);
+
+/* Makes every completed write durable, on the calling thread: for
+ * callers whose writes have all completed (pooled.h's flush) and for
+ * blocking flushes.  0 or a negative errno.
+ */
+int mloop_engine_flush (struct mloop_engine *e);
+
+/* Reads the size of the store again (mloop_backing_reprobe_size).  An
+ * overlay's device keeps the size the overlay was made with: -ENOTSUP,
+ * with the reason in ERR.
+ */
+int mloop_engine_reprobe_size (struct mloop_engine *e, char *err,
+                               size_t errlen);
 
 /* The path of one request:
  *

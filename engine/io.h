@@ -48,6 +48,7 @@ struct mloop_io {
   /* Engine private. */
   struct iocb iocb;
   int fd;                       /* descriptor chosen for this request */
+  uint64_t file_base;           /* fd's file offset of offset 0 */
   size_t done;                  /* bytes transferred, for short transfers */
   void *bounce;                 /* aligned copy of buf, when buf is not */
   bool bounce_allocated;        /* bounce is ours to free (not scratch) */

@@ -245,7 +245,5 @@ mloop_pooled_pwrite (struct mloop_pooled *p, const void *buf, size_t count,
 int
 mloop_pooled_flush (struct mloop_pooled *p)
 {
-  if (fdatasync (p->engine->backing.fd) == -1)
-    return -errno;
-  return 0;
+  return mloop_engine_flush (p->engine);
 }

@@ -15,6 +15,7 @@
 
 #include "align.h"
 #include "engine.h"
+#include "overlay.h"
 #include "space.h"
 #include "unaligned.h"
 
@@ -235,6 +236,9 @@ mloop_engine_trim (struct mloop_engine *e, uint64_t offset, uint64_t count,
 
   if (r < 0)
     return r;
+  if (e->overlay)
+    return mloop_overlay_trim (e->overlay, &e->backing, &e->rmw_lock,
+                               offset, count, flags);
   return space_change (e, SPACE_TRIM, offset, count, flags & MLOOP_IO_FUA);
 }
 
@@ -246,25 +250,21 @@ mloop_engine_zero (struct mloop_engine *e, uint64_t offset, uint64_t count,
 
   if (r < 0)
     return r;
+  if (e->overlay)
+    return mloop_overlay_zero (e->overlay, &e->backing, &e->rmw_lock,
+                               offset, count, flags);
   return space_change (e, SPACE_ZERO, offset, count, flags);
 }
 
 int
-mloop_engine_extents (struct mloop_engine *e, uint64_t offset,
-                      uint64_t count, bool req_one, mloop_extent_fn fn,
-                      void *opaque)
+mloop_file_extents (int fd, uint64_t base, bool is_block_device,
+                    uint64_t pos, uint64_t end, bool req_one,
+                    mloop_extent_fn fn, void *opaque)
 {
-  const int fd = e->backing.fd;
-  const uint64_t base = e->backing.offset;
-  const uint64_t size = mloop_backing_size (&e->backing);
-  uint64_t end, pos = offset;
   int r;
 
-  if (offset > size || count > size - offset)
-    return -EINVAL;
-  end = offset + count;
-  if (e->backing.is_block_device)
-    return count ? fn (opaque, offset, count, false) : 0;
+  if (is_block_device)
+    return end > pos ? fn (opaque, pos, end - pos, false) : 0;
 
   /* lseek speaks file offsets; everything past the window's end is
    * clipped to it, so an extent never reaches beyond the window.
@@ -304,4 +304,21 @@ mloop_engine_extents (struct mloop_engine *e, uint64_t offset,
       break;
   }
   return 0;
+}
+
+int
+mloop_engine_extents (struct mloop_engine *e, uint64_t offset,
+                      uint64_t count, bool req_one, mloop_extent_fn fn,
+                      void *opaque)
+{
+  const uint64_t size = mloop_backing_size (&e->backing);
+
+  if (offset > size || count > size - offset)
+    return -EINVAL;
+  if (e->overlay)
+    return mloop_overlay_extents (e->overlay, &e->backing, offset, count,
+                                  req_one, fn, opaque);
+  return mloop_file_extents (e->backing.fd, e->backing.offset,
+                             e->backing.is_block_device, offset,
+                             offset + count, req_one, fn, opaque);
 }

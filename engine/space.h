@@ -47,4 +47,12 @@ int mloop_engine_extents (struct mloop_engine *e, uint64_t offset,
                           uint64_t count, bool req_one, mloop_extent_fn fn,
                           void *opaque);
 
+/* The allocation of [pos, end) of an open file whose byte 0 is at file
+ * offset BASE, as mloop_engine_extents reports it (all data for a block
+ * device): for the engine's layers, which report several files as one.
+ */
+int mloop_file_extents (int fd, uint64_t base, bool is_block_device,
+                        uint64_t pos, uint64_t end, bool req_one,
+                        mloop_extent_fn fn, void *opaque);
+
 #endif /* MLOOP_SPACE_H */

@@ -38,6 +38,7 @@ static struct mloop_engine_config config;
 static bool discard = true;             /* discard=on|off */
 static char *stats_file;                /* stats=FILE, for mloop status */
 static char *trace_file;                /* trace=FILE, else $MLOOP_TRACE */
+static char *overlay_file;              /* overlay=FILE */
 static bool lock_memory;                /* mlock=on|off */
 static struct mloop_stats *stats;       /* its counters, or NULL */
 static struct mloop_engine engine;
@@ -67,6 +68,7 @@ mloop_unload (void)
   mloop_stats_close (stats);
   free (stats_file);
   free (trace_file);
+  free (overlay_file);
   free (filename);
 }
 
@@ -146,6 +148,13 @@ mloop_config (const char *key, const char *value)
       return -1;
     }
   }
+  else if (strcmp (key, "overlay") == 0) {
+    free (overlay_file);
+    overlay_file = nbdkit_absolute_path (value);
+    if (overlay_file == NULL)
+      return -1;
+    config.overlay = overlay_file;
+  }
   else if (strcmp (key, "direct") == 0) {
     if (mloop_direct_mode_parse (value, &config.direct) < 0) {
       nbdkit_error ("direct=%s: must be auto, on or off", value);
@@ -179,6 +188,8 @@ mloop_config_complete (void)
   "discard=on|off      Honour TRIM: punch holes / BLKDISCARD (default on).\n" \
   "offset=<SIZE>       Serve the image from this byte on (default 0).\n" \
   "sizelimit=<SIZE>    Serve at most this many bytes (default: to the end).\n" \
+  "overlay=FILE        Write to this copy-on-write overlay (made if absent);\n" \
+  "                    the file is then only read.\n" \
   "stats=FILE          Keep request counters in FILE (for mloop status).\n" \
   "trace=FILE          Append a line per request event to FILE\n" \
   "                    (default: $MLOOP_TRACE, else none).\n" \

@@ -122,6 +122,7 @@ static gboolean opt_version;
 static gchar *opt_buffer_limit;
 static gchar *opt_offset;
 static gchar *opt_sizelimit;
+static gchar *opt_overlay;
 static gchar *opt_conn_buffer_limit;
 static gint opt_helper_threads = OFFLOAD_THREADS_DEFAULT;
 static gint opt_drain_timeout = DRAIN_TIMEOUT_DEFAULT;
@@ -185,6 +186,9 @@ static GOptionEntry entries[] = {
     "Serve the image from this byte on (like losetup --offset)", "SIZE" },
   { "sizelimit", 0, 0, G_OPTION_ARG_STRING, &opt_sizelimit,
     "Serve at most this many bytes (like losetup --sizelimit)", "SIZE" },
+  { "overlay", 0, 0, G_OPTION_ARG_FILENAME, &opt_overlay,
+    "Write to this copy-on-write overlay (made if absent); the image is "
+    "only read", "FILE" },
   { "pid-file", 'P', 0, G_OPTION_ARG_FILENAME, &opt_pid_file,
     "Write the pid here once listening", "FILE" },
   { "stats-file", 0, 0, G_OPTION_ARG_FILENAME, &opt_stats_file,
@@ -276,7 +280,7 @@ on_signal (int sfd)
     return errno == EINTR || errno == EAGAIN;
   if (si.ssi_signo != SIGHUP)
     return false;
-  r = mloop_backing_reprobe_size (&engine.backing, err, sizeof err);
+  r = mloop_engine_reprobe_size (&engine, err, sizeof err);
   if (r < 0)
     fprintf (stderr, "mloop-server: SIGHUP: %s; still serving %" PRIu64
              " bytes\n", err, mloop_backing_size (&engine.backing));
@@ -601,6 +605,7 @@ main (int argc, char *argv[])
   if (opt_direct && mloop_direct_mode_parse (opt_direct, &cfg.direct) < 0)
     die ("--direct=%s: must be auto, on or off", opt_direct);
   cfg.window.offset = parse_size ("offset", opt_offset, 0, 0);
+  cfg.overlay = opt_overlay;
   cfg.window.sizelimit = parse_size ("sizelimit", opt_sizelimit, 0, 0);
   if (mloop_engine_open (&engine, &cfg, err, sizeof err) < 0)
     die ("%s", err);

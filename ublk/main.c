@@ -70,6 +70,7 @@ static gchar *opt_direct;
 static gboolean opt_buffered;
 static gchar *opt_offset;
 static gchar *opt_sizelimit;
+static gchar *opt_overlay;
 static gint opt_block_size;
 static gchar *opt_device_file;
 static gchar *opt_pid_file;
@@ -96,6 +97,9 @@ static GOptionEntry entries[] = {
     "Serve the image from this byte on (like losetup --offset)", "SIZE" },
   { "sizelimit", 0, 0, G_OPTION_ARG_STRING, &opt_sizelimit,
     "Serve at most this many bytes (like losetup --sizelimit)", "SIZE" },
+  { "overlay", 0, 0, G_OPTION_ARG_FILENAME, &opt_overlay,
+    "Write to this copy-on-write overlay (made if absent); the image is "
+    "only read", "FILE" },
   { "block-size", 0, 0, G_OPTION_ARG_INT, &opt_block_size,
     "Logical block size to offer: 512, 1024, 2048 or 4096 (default: the "
     "image's)", "BYTES" },
@@ -234,6 +238,7 @@ open_image (struct mloop_engine *engine, const char *image,
   if (opt_direct && mloop_direct_mode_parse (opt_direct, &cfg.direct) < 0)
     die ("--direct=%s: must be auto, on or off", opt_direct);
   cfg.window.offset = parse_size ("offset", opt_offset);
+  cfg.overlay = opt_overlay;
   cfg.window.sizelimit = parse_size ("sizelimit", opt_sizelimit);
   if (mloop_engine_open (engine, &cfg, err, sizeof err) < 0)
     die ("%s", err);

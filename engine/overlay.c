@@ -1,0 +1,774 @@
+/* mloop — a copy-on-write overlay over a read-only base.  See overlay.h
+ * and design.md, "Copy-on-write overlays".
+ */
+#include <endian.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "align.h"
+#include "io.h"
+#include "overlay.h"
+#include "range_lock.h"
+
+/* The header: the first MLOOP_OVERLAY_CLUSTER bytes, little-endian. */
+static const char overlay_magic[8] = { 'M', 'L', 'O', 'O', 'P', 'C', 'O', 'W' };
+#define OVERLAY_VERSION     1u
+#define HDR_MAGIC           0
+#define HDR_VERSION         8   /* u32 */
+#define HDR_CLUSTER         12  /* u32 */
+#define HDR_SIZE            16  /* u64: the virtual size */
+#define HDR_MAP_OFFSET      24  /* u64 */
+#define HDR_MAP_BYTES       32  /* u64 */
+#define HDR_DATA_OFFSET     40  /* u64 */
+#define HDR_BASE_PATH       64  /* NUL-terminated, informational */
+#define HDR_BYTES           MLOOP_OVERLAY_CLUSTER
+/* The data area starts on a 1 MiB boundary, so its clusters line up with
+ * the large pages and extents of the filesystem beneath.
+ */
+#define DATA_ALIGNMENT      (1u << 20)
+#define MAP_PAGE            4096u
+#define ZERO_CHUNK          (1u << 20)
+
+static const uint32_t C = MLOOP_OVERLAY_CLUSTER;
+
+static void
+put_le64 (unsigned char *p, uint64_t v)
+{
+  v = htole64 (v);
+  memcpy (p, &v, 8);
+}
+
+static uint64_t
+get_le64 (const unsigned char *p)
+{
+  uint64_t v;
+
+  memcpy (&v, p, 8);
+  return le64toh (v);
+}
+
+static void
+put_le32 (unsigned char *p, uint32_t v)
+{
+  v = htole32 (v);
+  memcpy (p, &v, 4);
+}
+
+static uint32_t
+get_le32 (const unsigned char *p)
+{
+  uint32_t v;
+
+  memcpy (&v, p, 4);
+  return le32toh (v);
+}
+
+/* Whole-buffer positional IO; a read that meets the end of the file
+ * fills the rest with zeroes.
+ */
+static int
+pread_or_zero (int fd, void *buf, size_t count, uint64_t pos)
+{
+  char *p = buf;
+
+  while (count > 0) {
+    ssize_t r = pread (fd, p, count, (off_t) pos);
+
+    if (r == -1 && errno == EINTR)
+      continue;
+    if (r == -1)
+      return -errno;
+    if (r == 0) {
+      memset (p, 0, count);
+      return 0;
+    }
+    p += r;
+    count -= (size_t) r;
+    pos += (uint64_t) r;
+  }
+  return 0;
+}
+
+static int
+pwrite_all (int fd, const void *buf, size_t count, uint64_t pos,
+            int rw_flags)
+{
+  const char *p = buf;
+
+  while (count > 0) {
+    struct iovec iov = { (void *) p, count };
+    ssize_t r = pwritev2 (fd, &iov, 1, (off_t) pos, rw_flags);
+
+    if (r == -1 && errno == EINTR)
+      continue;
+    if (r == -1)
+      return -errno;
+    if (r == 0)
+      return -EIO;
+    p += r;
+    count -= (size_t) r;
+    pos += (uint64_t) r;
+  }
+  return 0;
+}
+
+static int
+sync_fd (int fd)
+{
+  return fdatasync (fd) == -1 ? -errno : 0;
+}
+
+/* ---- the map ---- */
+
+static bool
+cluster_marked (const struct mloop_overlay *ov, uint64_t c)
+{
+  return (__atomic_load_n (&ov->map[c / 64], __ATOMIC_ACQUIRE)
+          >> (c % 64)) & 1;
+}
+
+enum mloop_overlay_where
+mloop_overlay_where (const struct mloop_overlay *ov, uint64_t offset,
+                     uint64_t count)
+{
+  const uint64_t first = offset / C;
+  const uint64_t last = (offset + count - 1) / C;
+  bool in_base = false, in_overlay = false;
+
+  for (uint64_t c = first; c <= last; c++) {
+    if (cluster_marked (ov, c))
+      in_overlay = true;
+    else
+      in_base = true;
+    if (in_base && in_overlay)
+      return MLOOP_OVERLAY_MIXED;
+  }
+  return in_overlay ? MLOOP_OVERLAY_IN_OVERLAY : MLOOP_OVERLAY_IN_BASE;
+}
+
+void
+mloop_overlay_mark (struct mloop_overlay *ov, uint64_t offset,
+                    uint64_t count)
+{
+  const uint64_t first = offset / C;
+  const uint64_t end = mloop_round_up (offset + count, C) / C;
+
+  for (uint64_t c = first; c < end; ) {
+    const uint64_t word = c / 64;
+    const uint64_t upto = end < (word + 1) * 64 ? end : (word + 1) * 64;
+    const uint64_t bits = upto - c;
+    const uint64_t mask = (bits == 64 ? ~0ull : ((1ull << bits) - 1))
+                          << (c % 64);
+    const uint64_t old = __atomic_fetch_or (&ov->map[word], mask,
+                                            __ATOMIC_ACQ_REL);
+
+    if ((old & mask) != mask) {
+      const uint64_t page = word * 8 / MAP_PAGE;
+
+      __atomic_fetch_or (&ov->dirty[page / 64], 1ull << (page % 64),
+                         __ATOMIC_ACQ_REL);
+    }
+    c = upto;
+  }
+}
+
+/* Writes the map pages named by DIRTY (a snapshot of ov->dirty) from
+ * SNAPSHOT, in runs of consecutive pages.
+ */
+static int
+write_map_pages (struct mloop_overlay *ov, const uint64_t *dirty,
+                 const char *snapshot)
+{
+  const uint64_t pages = ov->map_bytes / MAP_PAGE;
+  int r = 0;
+
+  for (uint64_t p = 0; p < pages && r == 0; ) {
+    uint64_t q = p;
+
+    while (q < pages && ((dirty[q / 64] >> (q % 64)) & 1))
+      q++;
+    if (q > p)
+      r = pwrite_all (ov->fd, snapshot + p * MAP_PAGE, (q - p) * MAP_PAGE,
+                      ov->map_offset + p * MAP_PAGE, 0);
+    p = q + 1;
+  }
+  return r;
+}
+
+int
+mloop_overlay_commit (struct mloop_overlay *ov)
+{
+  const uint64_t pages = ov->map_bytes / MAP_PAGE;
+  const uint64_t words = (pages + 63) / 64;
+  uint64_t *dirty;
+  char *snapshot = NULL;
+  bool any = false;
+  int r;
+
+  dirty = calloc (words, sizeof *dirty);
+  if (dirty == NULL)
+    return -ENOMEM;
+  pthread_mutex_lock (&ov->commit_lock);
+  /* The snapshot is taken before the data area is synced: a bit set after
+   * it may name a write not yet durable, and waits for the next commit.
+   */
+  for (uint64_t i = 0; i < words; i++) {
+    dirty[i] = __atomic_exchange_n (&ov->dirty[i], 0, __ATOMIC_ACQ_REL);
+    any = any || dirty[i] != 0;
+  }
+  if (any) {
+    snapshot = mloop_alloc_aligned (ov->map_bytes, MAP_PAGE);
+    if (snapshot == NULL) {
+      r = -ENOMEM;
+      goto restore;
+    }
+    for (uint64_t p = 0; p < pages; p++)
+      if ((dirty[p / 64] >> (p % 64)) & 1) {
+        uint64_t *to = (uint64_t *) (snapshot + p * MAP_PAGE);
+        const uint64_t *from = ov->map + p * (MAP_PAGE / 8);
+
+        for (unsigned w = 0; w < MAP_PAGE / 8; w++)
+          to[w] = __atomic_load_n (&from[w], __ATOMIC_ACQUIRE);
+      }
+  }
+  r = sync_fd (ov->fd);
+  if (r == 0 && any)
+    r = write_map_pages (ov, dirty, snapshot);
+  if (r == 0 && any)
+    r = sync_fd (ov->fd);
+ restore:
+  if (r < 0)
+    /* Nothing is lost: the pages stay dirty for the next commit. */
+    for (uint64_t i = 0; i < words; i++)
+      if (dirty[i])
+        __atomic_fetch_or (&ov->dirty[i], dirty[i], __ATOMIC_ACQ_REL);
+  pthread_mutex_unlock (&ov->commit_lock);
+  if (snapshot)
+    mloop_free_aligned (snapshot, ov->map_bytes);
+  free (dirty);
+  return r;
+}
+
+/* ---- data ---- */
+
+/* Reads [offset, offset + count) of the base, virtual coordinates, into
+ * BUF (aligned; OFFSET and COUNT whole clusters): the O_DIRECT descriptor
+ * before the page-cache tail, the buffered one in it (backing.h), zeroes
+ * past the end of the window.
+ */
+static int
+read_base (const struct mloop_backing *base, char *buf, uint64_t count,
+           uint64_t offset)
+{
+  const uint64_t size = mloop_backing_size (base);
+  const uint64_t tail = mloop_backing_buffered_from (base);
+  uint64_t end = offset + count;
+  int r = 0;
+
+  if (end > size) {
+    uint64_t from = offset > size ? offset : size;
+
+    memset (buf + (from - offset), 0, end - from);
+    end = from;
+  }
+  while (r == 0 && offset < end) {
+    const bool in_tail = offset >= tail;
+    const uint64_t upto = in_tail || end <= tail ? end : tail;
+
+    r = pread_or_zero (in_tail ? base->buffered_fd : base->fd, buf,
+                       upto - offset,
+                       mloop_backing_file_offset (base, offset));
+    buf += upto - offset;
+    offset = upto;
+  }
+  return r;
+}
+
+/* Reads whole clusters [start, end) as the device shows them. */
+static int
+read_clusters (struct mloop_overlay *ov, const struct mloop_backing *base,
+               char *buf, uint64_t start, uint64_t end)
+{
+  int r = 0;
+
+  for (uint64_t pos = start; pos < end && r == 0; ) {
+    const bool marked = cluster_marked (ov, pos / C);
+    uint64_t run = pos + C;
+
+    while (run < end && cluster_marked (ov, run / C) == marked)
+      run += C;
+    if (marked)
+      r = pread_or_zero (ov->fd, buf + (pos - start), run - pos,
+                         ov->data_offset + pos);
+    else
+      r = read_base (base, buf + (pos - start), run - pos, pos);
+    pos = run;
+  }
+  return r;
+}
+
+/* Writes whole clusters [start, start + count) into the data area and
+ * marks them.
+ */
+static int
+write_clusters (struct mloop_overlay *ov, const char *buf, uint64_t count,
+                uint64_t start, bool fua)
+{
+  int r = pwrite_all (ov->fd, buf, count, ov->data_offset + start,
+                      fua ? RWF_DSYNC : 0);
+
+  if (r == 0)
+    mloop_overlay_mark (ov, start, count);
+  return r;
+}
+
+int
+mloop_overlay_rw (struct mloop_overlay *ov, const struct mloop_backing *base,
+                  struct mloop_range_lock *lock, bool is_write, char *buf,
+                  size_t count, uint64_t offset, bool fua)
+{
+  const uint64_t start = mloop_round_down (offset, C);
+  const uint64_t end = mloop_round_up (offset + count, C);
+  const bool partial = offset != start || offset + count != end;
+  struct mloop_range range;
+  char *block;
+  int r = 0;
+
+  block = mloop_alloc_aligned (end - start, C);
+  if (block == NULL)
+    return -ENOMEM;
+  if (!is_write) {
+    r = read_clusters (ov, base, block, start, end);
+    if (r == 0)
+      memcpy (buf, block + (offset - start), count);
+    mloop_free_aligned (block, end - start);
+    return r;
+  }
+  /* A partial cluster's other bytes are copied up under the range lock,
+   * so a concurrent write to another part of it is not lost.
+   */
+  if (partial)
+    mloop_range_lock (lock, &range, start, end);
+  if (offset != start)
+    r = read_clusters (ov, base, block, start, start + C);
+  if (r == 0 && offset + count != end && (end - C != start || offset == start))
+    r = read_clusters (ov, base, block + (end - C - start), end - C, end);
+  if (r == 0) {
+    memcpy (block + (offset - start), buf, count);
+    r = write_clusters (ov, block, end - start, start, fua);
+  }
+  if (partial)
+    mloop_range_unlock (lock, &range);
+  mloop_free_aligned (block, end - start);
+  if (r == 0 && fua)
+    r = mloop_overlay_commit (ov);
+  return r;
+}
+
+/* ---- space ---- */
+
+/* The whole clusters inside [offset, offset + count); the image's last
+ * cluster counts as whole when the range reaches the image's end.
+ */
+static void
+whole_clusters (const struct mloop_overlay *ov, uint64_t offset,
+                uint64_t count, uint64_t *start, uint64_t *end)
+{
+  *start = mloop_round_up (offset, C);
+  *end = offset + count == ov->size
+    ? mloop_round_up (ov->size, C) : mloop_round_down (offset + count, C);
+  if (*end < *start)
+    *end = *start;
+}
+
+static int
+do_fallocate (int fd, int mode, uint64_t offset, uint64_t count)
+{
+  int r;
+
+  do
+    r = fallocate (fd, mode, (off_t) offset, (off_t) count);
+  while (r == -1 && errno == EINTR);
+  return r == -1 ? -errno : 0;
+}
+
+static bool
+is_unsupported (int err)
+{
+  return err == -EOPNOTSUPP || err == -ENOSYS || err == -EINVAL;
+}
+
+static int
+write_zero_clusters (struct mloop_overlay *ov, uint64_t start, uint64_t end)
+{
+  const size_t chunk = end - start < ZERO_CHUNK ? end - start : ZERO_CHUNK;
+  char *zeroes = mloop_alloc_aligned (chunk, C);
+  int r = 0;
+
+  if (zeroes == NULL)
+    return -ENOMEM;
+  memset (zeroes, 0, chunk);
+  for (uint64_t pos = start; pos < end && r == 0; pos += chunk) {
+    const uint64_t n = end - pos < chunk ? end - pos : chunk;
+
+    r = write_clusters (ov, zeroes, n, pos, false);
+  }
+  mloop_free_aligned (zeroes, chunk);
+  return r;
+}
+
+/* Zeroes a partial cluster's bytes by writing them. */
+static int
+zero_bytes (struct mloop_overlay *ov, const struct mloop_backing *base,
+            struct mloop_range_lock *lock, uint64_t offset, uint64_t count)
+{
+  char *zeroes;
+  int r;
+
+  if (count == 0)
+    return 0;
+  zeroes = calloc (1, count);
+  if (zeroes == NULL)
+    return -ENOMEM;
+  r = mloop_overlay_rw (ov, base, lock, true, zeroes, count, offset, false);
+  free (zeroes);
+  return r;
+}
+
+int
+mloop_overlay_trim (struct mloop_overlay *ov,
+                    const struct mloop_backing *base,
+                    struct mloop_range_lock *lock, uint64_t offset,
+                    uint64_t count, unsigned flags)
+{
+  /* As on a plain file, a trim is a zero that may punch, so trimmed
+   * bytes read back as zeroes and not as the base's.
+   */
+  return mloop_overlay_zero (ov, base, lock, offset, count,
+                             flags & MLOOP_IO_FUA);
+}
+
+int
+mloop_overlay_zero (struct mloop_overlay *ov,
+                    const struct mloop_backing *base,
+                    struct mloop_range_lock *lock, uint64_t offset,
+                    uint64_t count, unsigned flags)
+{
+  const int mode = (flags & MLOOP_ZERO_NO_HOLE)
+    ? FALLOC_FL_ZERO_RANGE
+    : FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE;
+  uint64_t start, end;
+  int r = 0;
+
+  whole_clusters (ov, offset, count, &start, &end);
+  if (end > start) {
+    r = do_fallocate (ov->fd, mode, ov->data_offset + start, end - start);
+    if (r == 0)
+      mloop_overlay_mark (ov, start, end - start);
+    else if (is_unsupported (r) && (flags & MLOOP_ZERO_FAST))
+      return -ENOTSUP;
+    else if (is_unsupported (r))
+      r = write_zero_clusters (ov, start, end);
+  }
+  else
+    start = end = offset;
+  /* The partial clusters at either end. */
+  if (r == 0)
+    r = zero_bytes (ov, base, lock, offset, start - offset);
+  if (r == 0 && end < offset + count)
+    r = zero_bytes (ov, base, lock, end, offset + count - end);
+  if (r == 0 && (flags & MLOOP_IO_FUA))
+    r = mloop_overlay_commit (ov);
+  return r;
+}
+
+int
+mloop_overlay_extents (struct mloop_overlay *ov,
+                       const struct mloop_backing *base, uint64_t offset,
+                       uint64_t count, bool req_one, mloop_extent_fn fn,
+                       void *opaque)
+{
+  const uint64_t end = offset + count;
+  int r = 0;
+
+  for (uint64_t pos = offset; pos < end && r == 0; ) {
+    const bool marked = cluster_marked (ov, pos / C);
+    uint64_t run = mloop_round_down (pos, C) + C;
+
+    while (run < end && cluster_marked (ov, run / C) == marked)
+      run += C;
+    if (run > end)
+      run = end;
+    if (marked)
+      r = mloop_file_extents (ov->fd, ov->data_offset, false, pos, run,
+                              req_one, fn, opaque);
+    else
+      r = mloop_file_extents (base->fd, base->offset, base->is_block_device,
+                              pos, run, req_one, fn, opaque);
+    if (req_one)
+      break;
+    pos = run;
+  }
+  return r;
+}
+
+/* ---- opening ---- */
+
+static void
+encode_header (unsigned char *h, const struct mloop_overlay *ov,
+               const char *base_path)
+{
+  memset (h, 0, HDR_BYTES);
+  memcpy (h + HDR_MAGIC, overlay_magic, sizeof overlay_magic);
+  put_le32 (h + HDR_VERSION, OVERLAY_VERSION);
+  put_le32 (h + HDR_CLUSTER, C);
+  put_le64 (h + HDR_SIZE, ov->size);
+  put_le64 (h + HDR_MAP_OFFSET, ov->map_offset);
+  put_le64 (h + HDR_MAP_BYTES, ov->map_bytes);
+  put_le64 (h + HDR_DATA_OFFSET, ov->data_offset);
+  snprintf ((char *) h + HDR_BASE_PATH, HDR_BYTES - HDR_BASE_PATH, "%s",
+            base_path);
+}
+
+/* The layout for a base of SIZE bytes. */
+static void
+lay_out (struct mloop_overlay *ov, uint64_t size)
+{
+  ov->size = size;
+  ov->clusters = mloop_round_up (size, C) / C;
+  ov->map_offset = HDR_BYTES;
+  ov->map_bytes = mloop_round_up ((ov->clusters + 7) / 8, MAP_PAGE);
+  if (ov->map_bytes == 0)
+    ov->map_bytes = MAP_PAGE;
+  ov->data_offset = mloop_round_up (ov->map_offset + ov->map_bytes,
+                                    DATA_ALIGNMENT);
+}
+
+static int
+sync_directory_of (const char *path)
+{
+  char *copy = strdup (path);
+  int fd, r = 0;
+
+  if (copy == NULL)
+    return -ENOMEM;
+  fd = open (dirname (copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd == -1 || fsync (fd) == -1)
+    r = -errno;
+  if (fd != -1)
+    close (fd);
+  free (copy);
+  return r;
+}
+
+/* Makes a new overlay at PATH: written whole under a temporary name and
+ * renamed into place, so a crash never leaves half an overlay at PATH.
+ */
+static int
+create_overlay (const char *path, const struct mloop_backing *base,
+                char *err, size_t errlen)
+{
+  struct mloop_overlay layout;
+  unsigned char header[HDR_BYTES];
+  size_t len = strlen (path);
+  char *tmp = malloc (len + sizeof ".new-XXXXXX");
+  int fd, r;
+
+  if (tmp == NULL)
+    return -ENOMEM;
+  memcpy (tmp, path, len);
+  memcpy (tmp + len, ".new-XXXXXX", sizeof ".new-XXXXXX");
+  fd = mkostemp (tmp, O_CLOEXEC);
+  if (fd == -1) {
+    r = -errno;
+    snprintf (err, errlen, "cannot create overlay %s: %s", path,
+              strerror (-r));
+    free (tmp);
+    return r;
+  }
+  memset (&layout, 0, sizeof layout);
+  lay_out (&layout, mloop_backing_size (base));
+  encode_header (header, &layout, base->path);
+  r = pwrite_all (fd, header, sizeof header, 0, 0);
+  if (r == 0 && ftruncate (fd, (off_t) (layout.data_offset +
+                                        layout.clusters * C)) == -1)
+    r = -errno;
+  if (r == 0 && fsync (fd) == -1)
+    r = -errno;
+  close (fd);
+  if (r == 0 && rename (tmp, path) == -1)
+    r = -errno;
+  if (r == 0)
+    r = sync_directory_of (path);
+  if (r < 0) {
+    snprintf (err, errlen, "cannot create overlay %s: %s", path,
+              strerror (-r));
+    unlink (tmp);
+  }
+  free (tmp);
+  return r;
+}
+
+static int
+read_header (struct mloop_overlay *ov, const struct mloop_backing *base,
+             char *err, size_t errlen)
+{
+  unsigned char *h = mloop_alloc_aligned (HDR_BYTES, HDR_BYTES);
+  struct mloop_overlay expect;
+  struct stat st;
+  int r;
+
+  if (h == NULL)
+    return -ENOMEM;
+  r = pread_or_zero (ov->fd, h, HDR_BYTES, 0);
+  if (r < 0)
+    snprintf (err, errlen, "overlay %s: %s", ov->path, strerror (-r));
+  else if (memcmp (h + HDR_MAGIC, overlay_magic, sizeof overlay_magic) != 0) {
+    snprintf (err, errlen, "%s is not an mloop overlay", ov->path);
+    r = -EINVAL;
+  }
+  else if (get_le32 (h + HDR_VERSION) != OVERLAY_VERSION ||
+           get_le32 (h + HDR_CLUSTER) != C) {
+    snprintf (err, errlen, "overlay %s has format version %u (cluster %u), "
+              "this mloop reads version %u (cluster %u)", ov->path,
+              get_le32 (h + HDR_VERSION), get_le32 (h + HDR_CLUSTER),
+              OVERLAY_VERSION, C);
+    r = -EINVAL;
+  }
+  if (r < 0)
+    goto out;
+  memset (&expect, 0, sizeof expect);
+  lay_out (&expect, get_le64 (h + HDR_SIZE));
+  h[HDR_BYTES - 1] = '\0';
+  ov->base_path = strdup ((char *) h + HDR_BASE_PATH);
+  if (ov->base_path == NULL) {
+    r = -ENOMEM;
+    goto out;
+  }
+  if (get_le64 (h + HDR_MAP_OFFSET) != expect.map_offset ||
+      get_le64 (h + HDR_MAP_BYTES) != expect.map_bytes ||
+      get_le64 (h + HDR_DATA_OFFSET) != expect.data_offset) {
+    snprintf (err, errlen, "overlay %s: its header is damaged", ov->path);
+    r = -EINVAL;
+  }
+  else if (expect.size != mloop_backing_size (base)) {
+    snprintf (err, errlen, "overlay %s was made for a base of %llu bytes "
+              "(%s); %s is %llu bytes", ov->path,
+              (unsigned long long) expect.size, ov->base_path, base->path,
+              (unsigned long long) mloop_backing_size (base));
+    r = -EINVAL;
+  }
+  else if (fstat (ov->fd, &st) == -1)
+    r = -errno;
+  else if ((uint64_t) st.st_size < expect.data_offset +
+           expect.clusters * C) {
+    snprintf (err, errlen, "overlay %s is truncated (%llu bytes, needs "
+              "%llu)", ov->path, (unsigned long long) st.st_size,
+              (unsigned long long) (expect.data_offset + expect.clusters * C));
+    r = -EINVAL;
+  }
+  if (r == 0) {
+    ov->size = expect.size;
+    ov->clusters = expect.clusters;
+    ov->map_offset = expect.map_offset;
+    ov->map_bytes = expect.map_bytes;
+    ov->data_offset = expect.data_offset;
+  }
+ out:
+  mloop_free_aligned (h, HDR_BYTES);
+  return r;
+}
+
+int
+mloop_overlay_open (struct mloop_overlay *ov, const char *path,
+                    const struct mloop_backing *base, bool direct,
+                    char *err, size_t errlen)
+{
+  const int flags = O_RDWR | O_CLOEXEC;
+  uint64_t pages;
+  int r;
+
+  memset (ov, 0, sizeof *ov);
+  ov->fd = -1;
+  ov->path = strdup (path);
+  if (ov->path == NULL)
+    return -ENOMEM;
+  if (access (path, F_OK) == -1 && errno == ENOENT &&
+      (r = create_overlay (path, base, err, errlen)) < 0)
+    goto fail;
+  ov->direct = direct;
+  ov->fd = open (path, flags | (direct ? O_DIRECT : 0));
+  if (ov->fd == -1 && direct && errno == EINVAL) {
+    /* A filesystem without O_DIRECT (tmpfs before 6.6): the page cache. */
+    ov->direct = false;
+    ov->fd = open (path, flags);
+  }
+  if (ov->fd == -1) {
+    r = -errno;
+    snprintf (err, errlen, "cannot open overlay %s: %s", path, strerror (-r));
+    goto fail;
+  }
+  /* One server per overlay: two would each believe their map. */
+  if (flock (ov->fd, LOCK_EX | LOCK_NB) == -1) {
+    r = -errno;
+    snprintf (err, errlen, "overlay %s is in use by another server", path);
+    goto fail;
+  }
+  if ((r = read_header (ov, base, err, errlen)) < 0)
+    goto fail;
+  pages = ov->map_bytes / MAP_PAGE;
+  ov->map = mloop_alloc_aligned (ov->map_bytes, MAP_PAGE);
+  ov->dirty = calloc ((pages + 63) / 64, sizeof *ov->dirty);
+  if (ov->map == NULL || ov->dirty == NULL) {
+    r = -ENOMEM;
+    snprintf (err, errlen, "overlay %s: no memory for its map", path);
+    goto fail;
+  }
+  r = pread_or_zero (ov->fd, ov->map, ov->map_bytes, ov->map_offset);
+  if (r < 0) {
+    snprintf (err, errlen, "cannot read the map of overlay %s: %s", path,
+              strerror (-r));
+    goto fail;
+  }
+  pthread_mutex_init (&ov->commit_lock, NULL);
+  return 0;
+
+ fail:
+  if (ov->map)
+    mloop_free_aligned (ov->map, ov->map_bytes);
+  free (ov->dirty);
+  if (ov->fd != -1)
+    close (ov->fd);
+  free (ov->base_path);
+  free (ov->path);
+  memset (ov, 0, sizeof *ov);
+  ov->fd = -1;
+  return r;
+}
+
+void
+mloop_overlay_close (struct mloop_overlay *ov)
+{
+  if (ov->fd == -1)
+    return;
+  /* An orderly stop keeps what was written, flushed or not, as the page
+   * cache does for a plain image.
+   */
+  (void) mloop_overlay_commit (ov);
+  pthread_mutex_destroy (&ov->commit_lock);
+  mloop_free_aligned (ov->map, ov->map_bytes);
+  free (ov->dirty);
+  close (ov->fd);
+  free (ov->base_path);
+  free (ov->path);
+  memset (ov, 0, sizeof *ov);
+  ov->fd = -1;
+}

@@ -1,0 +1,118 @@
+/* mloop — a copy-on-write overlay over a read-only base image.
+ *
+ * The overlay is one file: a header, a map with one bit per cluster
+ * (4 KiB) saying "this cluster's bytes are in the overlay", and a sparse
+ * data area the size of the base where cluster N lives at
+ * data_offset + N * cluster.  Writes go to the data area and set bits;
+ * reads of clusters whose bit is clear come from the base, which is
+ * opened read-only and may be shared by any number of overlays.  See
+ * design.md, "Copy-on-write overlays", for the format and why a crash
+ * loses nothing that was flushed.
+ *
+ * Durability: bits are set in memory when a write completes and reach
+ * the file only at a commit (a flush, a FUA request): the data area is
+ * synced first, then a snapshot of the changed map pages taken before
+ * that sync is written and synced.  Bits are only ever set, never
+ * cleared, so a torn map write leaves old bits or new ones, each of
+ * which names data that was durable before it.
+ *
+ * The engine calls this layer from its few entry points (engine.c,
+ * space.c) and nowhere else; front ends never see it.
+ */
+#ifndef MLOOP_OVERLAY_H
+#define MLOOP_OVERLAY_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backing.h"
+#include "space.h"
+
+/* The unit of copy-on-write: a write to part of a cluster not yet in the
+ * overlay first copies the rest of it up from the base.
+ */
+#define MLOOP_OVERLAY_CLUSTER 4096u
+
+struct mloop_overlay {
+  char *path;
+  char *base_path;              /* as recorded when it was made */
+  int fd;                       /* O_DIRECT when the base's is */
+  bool direct;
+  uint64_t size;                /* the virtual size: the base's window */
+  uint64_t clusters;
+  uint64_t map_offset;          /* file offsets of the map and data area */
+  uint64_t map_bytes;
+  uint64_t data_offset;
+  /* In memory: the map (one bit per cluster, set with atomics from any
+   * IO thread) and which 4 KiB pages of it changed since the last commit.
+   */
+  uint64_t *map;
+  uint64_t *dirty;
+  pthread_mutex_t commit_lock;  /* one commit at a time */
+};
+
+/* Opens the overlay at PATH for BASE (opened already, read-only), making
+ * it when there is no file at PATH.  DIRECT: O_DIRECT on the overlay,
+ * as on the base.  An existing overlay must have been made for a base of
+ * the same size.  0, or a negative errno with a one-line reason in ERR.
+ */
+int mloop_overlay_open (struct mloop_overlay *ov, const char *path,
+                        const struct mloop_backing *base, bool direct,
+                        char *err, size_t errlen);
+void mloop_overlay_close (struct mloop_overlay *ov);
+
+/* Where the bytes of [offset, offset + count) are. */
+enum mloop_overlay_where {
+  MLOOP_OVERLAY_IN_BASE,        /* every cluster still in the base */
+  MLOOP_OVERLAY_IN_OVERLAY,     /* every cluster in the overlay */
+  MLOOP_OVERLAY_MIXED,
+};
+enum mloop_overlay_where mloop_overlay_where (const struct mloop_overlay *ov,
+                                              uint64_t offset,
+                                              uint64_t count);
+
+/* Records that the whole clusters of [offset, offset + count) now hold
+ * their bytes in the overlay (written, zeroed or trimmed there).
+ */
+void mloop_overlay_mark (struct mloop_overlay *ov, uint64_t offset,
+                         uint64_t count);
+
+/* Makes every completed write durable: the data area, then the map. */
+int mloop_overlay_commit (struct mloop_overlay *ov);
+
+/* A read or write of any alignment, synchronously: clusters in the base
+ * are read from BASE; a write to part of a cluster copies the rest up
+ * first, under the range lock LOCK.  RW_FLAGS: RWF_DSYNC for FUA, which
+ * then also commits.  0 or a negative errno.
+ */
+struct mloop_range_lock;
+int mloop_overlay_rw (struct mloop_overlay *ov,
+                      const struct mloop_backing *base,
+                      struct mloop_range_lock *lock, bool is_write,
+                      char *buf, size_t count, uint64_t offset, bool fua);
+
+/* Trim and zero in the overlay (the base is never written): whole
+ * clusters become holes of the data area and are marked; partial
+ * clusters at either end are zeroed by writing.  A trim is a zero that
+ * may punch, as on a plain file.  FLAGS as for mloop_engine_zero.
+ */
+int mloop_overlay_trim (struct mloop_overlay *ov,
+                        const struct mloop_backing *base,
+                        struct mloop_range_lock *lock, uint64_t offset,
+                        uint64_t count, unsigned flags);
+int mloop_overlay_zero (struct mloop_overlay *ov,
+                        const struct mloop_backing *base,
+                        struct mloop_range_lock *lock, uint64_t offset,
+                        uint64_t count, unsigned flags);
+
+/* Allocation as clients see it: the overlay's data area where clusters
+ * are marked, the base's allocation elsewhere.
+ */
+int mloop_overlay_extents (struct mloop_overlay *ov,
+                           const struct mloop_backing *base,
+                           uint64_t offset, uint64_t count, bool req_one,
+                           mloop_extent_fn fn, void *opaque);
+
+#endif /* MLOOP_OVERLAY_H */
