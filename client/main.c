@@ -80,7 +80,7 @@ cmd_attach (int argc, char **argv)
   gint threads = -1, connections = -1, block_size = 0, timeout = -1;
   gint dead_timeout = -1;
   g_autofree char *device = NULL, *server = NULL, *transport = NULL;
-  g_autofree char *offset = NULL, *sizelimit = NULL;
+  g_autofree char *offset = NULL, *sizelimit = NULL, *overlay = NULL;
   g_autofree char *dev = NULL;
   GOptionEntry entries[] = {
     { "find", 'f', 0, G_OPTION_ARG_NONE, &find,
@@ -105,6 +105,9 @@ cmd_attach (int argc, char **argv)
       "Start this many bytes into FILE (like losetup)", "SIZE" },
     { "sizelimit", 0, 0, G_OPTION_ARG_STRING, &sizelimit,
       "Attach at most this many bytes of FILE (like losetup)", "SIZE" },
+    { "overlay", 0, 0, G_OPTION_ARG_FILENAME, &overlay,
+      "Write to this copy-on-write overlay (made if absent) and only read "
+      "FILE; temp: a new one, deleted at detach", "FILE|temp" },
     { "partscan", 'P', 0, G_OPTION_ARG_NONE, &partscan,
       "Read the partition table (the default)", NULL },
     { "no-partscan", 0, 0, G_OPTION_ARG_NONE, &no_partscan,
@@ -179,6 +182,7 @@ cmd_attach (int argc, char **argv)
     return error ("attach: --offset and --sizelimit need a local FILE, not "
                   "a remote export");
   req.file = argv[1];
+  req.overlay = overlay;
   req.threads = threads == -1 ? 0 : threads;
   req.connections = connections == -1 ? 0 : connections;
   req.read_only = read_only;

@@ -52,6 +52,10 @@ json_device (JsonBuilder *b, const struct mloop_device_state *s)
   member_int (b, "size", (gint64) s->size);
   member_int (b, "offset", (gint64) s->offset);
   member_int (b, "sizelimit", (gint64) s->sizelimit);
+  if (s->overlay) {
+    member_string (b, "overlay", s->overlay);
+    member_bool (b, "overlay_temporary", s->overlay_temporary);
+  }
   member_int (b, "block_size", s->block_size);
   member_bool (b, "read_only", s->read_only);
   member_bool (b, "autoclear", s->autoclear);
@@ -104,10 +108,11 @@ mloop_print_list (FILE *f, const struct mloop_device_state *list, size_t n,
     g_autofree char *dev = mloop_state_device_path (s);
 
     fprintf (f, "%-12s %14" PRIu64 " %14" PRIu64 " %14" PRIu64
-             " %2d %5u %7u %-6s %7d %s\n", dev, s->size, s->offset,
+             " %2d %5u %7u %-6s %7d %s%s%s%s\n", dev, s->size, s->offset,
              s->sizelimit, s->read_only, s->connections, s->threads,
              mloop_state_server_name (s), (int) s->server_pid,
-             s->file);
+             s->file, s->overlay ? " (overlay " : "",
+             s->overlay ? s->overlay : "", s->overlay ? ")" : "");
   }
 }
 
@@ -176,6 +181,9 @@ mloop_print_status (FILE *f, const struct mloop_device_state *s,
   if (s->offset || s->sizelimit)
     fprintf (f, "  window:  offset %" PRIu64 ", sizelimit %" PRIu64
              ", %" PRIu64 " bytes\n", s->offset, s->sizelimit, s->size);
+  if (s->overlay)
+    fprintf (f, "  overlay: %s%s (the image is only read)\n", s->overlay,
+             s->overlay_temporary ? ", deleted at detach" : "");
   if (s->transport == MLOOP_TRANSPORT_UBLK) {
     /* No socket, no connection: mloop-ublk is the server, and its
      * queues count as the connections do.

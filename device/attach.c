@@ -23,6 +23,8 @@
 /* TCG guests start nbdkit slowly: be patient before calling it failed. */
 #define SERVER_START_TIMEOUT_MS 60000
 #define SERVER_STOP_TIMEOUT_MS 10000
+/* Where --overlay temp makes its overlays. */
+#define MLOOP_TEMPORARY_OVERLAY_DIR "/var/tmp"
 
 int
 mloop_device_index (const char *name, bool *ublk)
@@ -95,6 +97,52 @@ check_image (const char *file, bool read_only, struct stat *st,
   return 0;
 }
 
+/* Removes the directory holding PATH, a temporary overlay's. */
+static void
+rmdir_parent (const char *path)
+{
+  g_autofree char *dir = g_path_get_dirname (path);
+
+  rmdir (dir);
+}
+
+/* Deletes S's overlay when it was made for S alone (--overlay temp):
+ * after its server stopped, so no write is lost that anyone could read.
+ */
+static void
+remove_temporary_overlay (const struct mloop_device_state *s)
+{
+  if (s->overlay == NULL || !s->overlay_temporary)
+    return;
+  unlink (s->overlay);
+  rmdir_parent (s->overlay);
+}
+
+/* The overlay's absolute path for --overlay WHAT: WHAT made absolute,
+ * or for MLOOP_OVERLAY_TEMPORARY a new private directory in /var/tmp
+ * (on disk, unlike /tmp and /run on many systems: an overlay holds every
+ * block the device writes) with the overlay to be made in it.  NULL with
+ * ERR on failure.
+ */
+static char *
+overlay_path (const char *what, const char *image, char *err, size_t errlen)
+{
+  g_autofree char *base = NULL;
+  g_autofree char *dir = NULL;
+
+  if (strcmp (what, MLOOP_OVERLAY_TEMPORARY) != 0)
+    return g_canonicalize_filename (what, NULL);
+  base = g_path_get_basename (image);
+  dir = g_strdup_printf ("%s/mloop-%s-XXXXXX", MLOOP_TEMPORARY_OVERLAY_DIR,
+                         base);
+  if (g_mkdtemp_full (dir, 0700) == NULL) {
+    mloop_fail (err, errlen, "cannot make a temporary overlay in %s: %s",
+                MLOOP_TEMPORARY_OVERLAY_DIR, strerror (errno));
+    return NULL;
+  }
+  return g_build_filename (dir, "overlay", NULL);
+}
+
 /* Whether the window REQ asks for overlaps device S's, both of one file
  * of ST's size.  The new window is taken at its largest (a size limit
  * the server rounds down only shrinks it).
@@ -122,11 +170,24 @@ windows_overlap (const struct mloop_attach_request *req,
  */
 static int
 conflicts (const struct mloop_attach_request *req, const char *file,
-           const struct stat *st, const struct mloop_device_state *s,
-           bool claimed, char *err, size_t errlen)
+           const char *overlay, const struct stat *st,
+           const struct mloop_device_state *s, bool claimed, char *err,
+           size_t errlen)
 {
   g_autofree char *dev = NULL;
 
+  if (overlay && s->overlay && strcmp (overlay, s->overlay) == 0) {
+    dev = claimed ? g_strdup ("a device (an attach in progress)")
+      : mloop_state_device_path (s);
+    return mloop_fail (err, errlen, "overlay %s is in use by %s", overlay,
+                       dev);
+  }
+  /* A base under overlays is only read: other overlays and read-only
+   * devices may share it.
+   */
+  if ((overlay && (s->overlay || s->read_only)) ||
+      (s->overlay && req->read_only))
+    return 0;
   if (st ? !(s->file_dev == (uint64_t) st->st_dev &&
              s->file_ino == (uint64_t) st->st_ino && !s->remote &&
              windows_overlap (req, st, s))
@@ -148,7 +209,8 @@ conflicts (const struct mloop_attach_request *req, const char *file,
  */
 static int
 already_attached (const struct mloop_attach_request *req, const char *file,
-                  const struct stat *st, char *err, size_t errlen)
+                  const char *overlay, const struct stat *st, char *err,
+                  size_t errlen)
 {
   size_t n, nc;
   struct mloop_device_state *list = mloop_state_list (&n);
@@ -156,9 +218,9 @@ already_attached (const struct mloop_attach_request *req, const char *file,
   int r = 0;
 
   for (size_t i = 0; i < n && r == 0; i++)
-    r = conflicts (req, file, st, &list[i], false, err, errlen);
+    r = conflicts (req, file, overlay, st, &list[i], false, err, errlen);
   for (size_t i = 0; i < nc && r == 0; i++)
-    r = conflicts (req, file, st, &claims[i], true, err, errlen);
+    r = conflicts (req, file, overlay, st, &claims[i], true, err, errlen);
   mloop_state_free_list (list, n);
   mloop_state_free_list (claims, nc);
   return r;
@@ -425,7 +487,7 @@ attach_local (const struct mloop_attach_request *req, const char *file,
   g_autofree char *stats_file = mloop_state_path (s, MLOOP_DIR_STATS);
   struct mloop_server_spec spec = {
     .kind = s->server, .image = file, .offset = req->offset,
-    .sizelimit = req->sizelimit, .socket_path = sock,
+    .sizelimit = req->sizelimit, .overlay = s->overlay, .socket_path = sock,
     .pid_file = pid_file, .log_file = log_file, .stats_file = stats_file,
     .threads = req->threads,
     .read_only = req->read_only,
@@ -534,11 +596,12 @@ window_size_at_most (const struct mloop_attach_request *req,
  */
 static int
 claim (const struct mloop_attach_request *req, const char *file,
-       const struct stat *st, struct mloop_device_state *out,
-       int *device_lock, char *err, size_t errlen)
+       const char *overlay, const struct stat *st,
+       struct mloop_device_state *out, int *device_lock, char *err,
+       size_t errlen)
 {
   *device_lock = -1;
-  if (already_attached (req, file, st, err, errlen) == -1 ||
+  if (already_attached (req, file, overlay, st, err, errlen) == -1 ||
       mloop_state_create (out, err, errlen) == -1)
     return -1;
   *device_lock = mloop_state_lock_device (out->dir, true);
@@ -550,6 +613,9 @@ claim (const struct mloop_attach_request *req, const char *file,
     return -1;
   }
   out->file = g_strdup (file);
+  out->overlay = g_strdup (overlay);
+  out->overlay_temporary = overlay && req->overlay &&
+                           strcmp (req->overlay, MLOOP_OVERLAY_TEMPORARY) == 0;
   out->remote = st == NULL;
   if (st) {
     out->file_dev = st->st_dev;
@@ -570,7 +636,7 @@ int
 mloop_attach (const struct mloop_attach_request *req,
               struct mloop_device_state *out, char *err, size_t errlen)
 {
-  g_autofree char *file = NULL;
+  g_autofree char *file = NULL, *overlay = NULL;
   struct stat st;
   bool busy = false;
   bool remote = strstr (req->file, "://") != NULL;
@@ -594,12 +660,23 @@ mloop_attach (const struct mloop_attach_request *req,
     file = g_strdup (req->file);
   }
   else {
-    if (check_image (req->file, req->read_only, &st, err, errlen) == -1)
+    /* Under an overlay the image is only read. */
+    if (check_image (req->file, req->read_only || req->overlay, &st, err,
+                     errlen) == -1)
       return -1;
     file = realpath (req->file, NULL);
     if (file == NULL)
       return mloop_fail (err, errlen, "%s: %s", req->file, strerror (errno));
   }
+  if (req->overlay && remote)
+    return mloop_fail (err, errlen, "--overlay needs a local image, not "
+                       "%s", req->file);
+  if (req->overlay && req->read_only)
+    return mloop_fail (err, errlen, "--overlay and --read-only: a device "
+                       "with an overlay is for writing");
+  if (req->overlay && (overlay = overlay_path (req->overlay, file, err,
+                                               errlen)) == NULL)
+    return -1;
   if ((ublk = choose_ublk (req, err, errlen)) == -1)
     return -1;
   /* What the claim records says which server, or the transport. */
@@ -624,7 +701,8 @@ mloop_attach (const struct mloop_attach_request *req,
   if (lock == -1)
     return -1;
   mloop_step_done (req->steps, "state lock");
-  r = claim (req, file, remote ? NULL : &st, out, &device_lock, err, errlen);
+  r = claim (req, file, overlay, remote ? NULL : &st, out, &device_lock,
+             err, errlen);
   /* The rest under the device's own lock only, so attaches of other
    * images run meanwhile; but a ublk attach keeps the state lock: a ublk
    * detach tells whether a device number is still its own from what is
@@ -644,10 +722,14 @@ mloop_attach (const struct mloop_attach_request *req,
     else
       r = attach_local (req, file, out, err, errlen);
     if (r < 0) {
+      remove_temporary_overlay (out);
       mloop_state_remove (out->dir);
       mloop_state_clear (out);
     }
   }
+  else if (overlay && req->overlay &&
+           strcmp (req->overlay, MLOOP_OVERLAY_TEMPORARY) == 0)
+    rmdir_parent (overlay);
   mloop_state_unlock (device_lock);
   mloop_state_unlock (lock);
   return r;
@@ -692,8 +774,10 @@ mloop_detach (const struct mloop_device_state *s, char *err, size_t errlen)
      * can be tried again.
      */
     r = mloop_ublk_detach (s, err, errlen);
-    if (r == 0)
+    if (r == 0) {
+      remove_temporary_overlay (s);
       mloop_state_remove (s->dir);
+    }
     mloop_state_unlock (device_lock);
     mloop_state_unlock (lock);
     return r;
@@ -715,6 +799,7 @@ mloop_detach (const struct mloop_device_state *s, char *err, size_t errlen)
     return mloop_fail (err, errlen, "/dev/nbd%d: %s", s->index, why);
   }
   stop_processes (s);
+  remove_temporary_overlay (s);
   mloop_state_remove (s->dir);
   mloop_state_unlock (device_lock);
   return 0;

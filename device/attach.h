@@ -50,6 +50,12 @@ struct mloop_attach_request {
    * of one file that do not overlap may be attached at once.
    */
   uint64_t offset, sizelimit;
+  /* A copy-on-write overlay to write to (made when absent), FILE then
+   * only read and shareable with other overlay devices;
+   * MLOOP_OVERLAY_TEMPORARY for one made for the device and deleted at
+   * detach; NULL: none.
+   */
+  const char *overlay;
   /* The device asked for (--device): /dev/nbdINDEX, or /dev/ublkbINDEX
    * if UBLK_INDEX; -1 for the first free.
    */
@@ -71,6 +77,8 @@ struct mloop_attach_request {
   char *const *queue_options;
   struct mloop_steps *steps;    /* each step's time (steps.h), or NULL */
 };
+
+#define MLOOP_OVERLAY_TEMPORARY "temp"
 
 /* Attaches; on success fills *OUT (the caller clears it). */
 int mloop_attach (const struct mloop_attach_request *req,

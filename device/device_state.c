@@ -179,6 +179,11 @@ save_as (const struct mloop_device_state *s, const char *name, char *err,
   g_key_file_set_uint64 (kf, GROUP, "offset", s->offset);
   g_key_file_set_uint64 (kf, GROUP, "sizelimit", s->sizelimit);
   g_key_file_set_uint64 (kf, GROUP, "size", s->size);
+  if (s->overlay) {
+    g_key_file_set_string (kf, GROUP, "overlay", s->overlay);
+    g_key_file_set_boolean (kf, GROUP, "overlay_temporary",
+                            s->overlay_temporary);
+  }
   g_key_file_set_uint64 (kf, GROUP, "block_size", s->block_size);
   g_key_file_set_boolean (kf, GROUP, "read_only", s->read_only);
   g_key_file_set_uint64 (kf, GROUP, "connections", s->connections);
@@ -284,6 +289,9 @@ load_from (const char *dir, const char *name, struct mloop_device_state *s)
   s->offset = g_key_file_get_uint64 (kf, GROUP, "offset", NULL);
   s->sizelimit = g_key_file_get_uint64 (kf, GROUP, "sizelimit", NULL);
   s->size = g_key_file_get_uint64 (kf, GROUP, "size", NULL);
+  s->overlay = g_key_file_get_string (kf, GROUP, "overlay", NULL);
+  s->overlay_temporary = g_key_file_get_boolean (kf, GROUP,
+                                                 "overlay_temporary", NULL);
   s->block_size = g_key_file_get_uint64 (kf, GROUP, "block_size", NULL);
   s->read_only = g_key_file_get_boolean (kf, GROUP, "read_only", NULL);
   s->connections = g_key_file_get_uint64 (kf, GROUP, "connections", NULL);
@@ -441,6 +449,7 @@ mloop_state_clear (struct mloop_device_state *s)
 {
   g_free (s->dir);
   g_free (s->file);
+  g_free (s->overlay);
   g_free (s->last_failure);
   g_free (s->last_reconnect);
   g_free (s->handover_error);

@@ -66,6 +66,12 @@ struct mloop_device_state {
    */
   uint64_t offset, sizelimit;
   uint64_t size;
+  /* The copy-on-write overlay the device writes to, an absolute path,
+   * or NULL: FILE is written.  TEMPORARY: made for this device and
+   * deleted at detach.
+   */
+  char *overlay;
+  bool overlay_temporary;
   uint32_t block_size;
   bool read_only;
   bool partscan;                /* partitions read (not --no-partscan) */

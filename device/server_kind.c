@@ -67,6 +67,8 @@ native_command (const struct mloop_server_config *c, GPtrArray *argv)
     add (argv, g_strdup_printf ("--offset=%" PRIu64, c->offset));
   if (c->sizelimit)
     add (argv, g_strdup_printf ("--sizelimit=%" PRIu64, c->sizelimit));
+  if (c->overlay)
+    add (argv, g_strdup_printf ("--overlay=%s", c->overlay));
   if (c->kernel_client)
     add (argv, g_strdup ("--splice=on"));
   add_tls (c, argv);
@@ -125,6 +127,8 @@ nbdkit_command (const struct mloop_server_config *c, GPtrArray *argv)
     add (argv, g_strdup_printf ("offset=%" PRIu64, c->offset));
   if (c->sizelimit)
     add (argv, g_strdup_printf ("sizelimit=%" PRIu64, c->sizelimit));
+  if (c->overlay)
+    add (argv, g_strdup_printf ("overlay=%s", c->overlay));
 }
 
 /* mloop-server reads up to its CONN_SLOTS (server/conn.h) requests of a

@@ -29,6 +29,10 @@ struct mloop_server_config {
    * most SIZELIMIT bytes (0: to the end).
    */
   uint64_t offset, sizelimit;
+  /* A copy-on-write overlay IMAGE's writes go to (engine/overlay.h), or
+   * NULL: IMAGE itself is written.
+   */
+  const char *overlay;
   const struct mloop_nbd_address *listen;  /* a Unix socket, or TCP */
   const char *pid_file;         /* written once listening, or NULL */
   const char *stats_file;       /* request counters (stats.h), or NULL */

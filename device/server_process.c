@@ -185,8 +185,11 @@ spawn_and_wait (char **argv, const char *log_file, const char *pid_file,
 }
 
 void
-mloop_add_window_args (GPtrArray *argv, uint64_t offset, uint64_t sizelimit)
+mloop_add_image_args (GPtrArray *argv, uint64_t offset, uint64_t sizelimit,
+                      const char *overlay)
 {
+  if (overlay)
+    g_ptr_array_add (argv, g_strdup_printf ("--overlay=%s", overlay));
   if (offset)
     g_ptr_array_add (argv, g_strdup_printf ("--offset=%" G_GUINT64_FORMAT,
                                             offset));
@@ -217,7 +220,8 @@ mloop_server_start (const struct mloop_server_spec *spec,
   const struct mloop_nbd_address listen = { .unix_path = spec->socket_path };
   const struct mloop_server_config c = {
     .image = spec->image, .offset = spec->offset,
-    .sizelimit = spec->sizelimit, .listen = &listen,
+    .sizelimit = spec->sizelimit, .overlay = spec->overlay,
+    .listen = &listen,
     .pid_file = spec->pid_file,
     .stats_file = spec->stats_file, .threads = spec->threads,
     .read_only = spec->read_only, .kernel_client = true,
@@ -252,8 +256,8 @@ mloop_supervisor_start (const struct mloop_server_spec *spec,
     g_ptr_array_add (argv, g_strdup_printf ("--threads=%u", spec->threads));
   if (spec->read_only)
     g_ptr_array_add (argv, g_strdup ("--read-only"));
-  /* Every restart serves the same window. */
-  mloop_add_window_args (argv, spec->offset, spec->sizelimit);
+  /* Every restart serves the same window and overlay. */
+  mloop_add_image_args (argv, spec->offset, spec->sizelimit, spec->overlay);
   g_ptr_array_add (argv, g_strdup ("--"));
   g_ptr_array_add (argv, g_strdup (spec->image));
   g_ptr_array_add (argv, NULL);

@@ -24,6 +24,7 @@ struct mloop_server_spec {
   const struct mloop_server_kind *kind;
   const char *image;
   uint64_t offset, sizelimit;   /* the window served (server_kind.h) */
+  const char *overlay;          /* copy-on-write overlay, or NULL */
   const char *socket_path;      /* Unix socket to listen on */
   const char *pid_file;         /* written by the server once listening */
   const char *log_file;         /* the server's stdout and stderr */
@@ -48,10 +49,11 @@ int mloop_server_start (const struct mloop_server_spec *spec,
                         char *err, size_t errlen);
 
 /* Appends --offset=N and --sizelimit=N to ARGV (of g_free()d strings),
- * each only when not 0: the window options every program of ours takes.
+ * each only when not 0, and --overlay=FILE when OVERLAY is not NULL:
+ * the options naming what is served that every program of ours takes.
  */
-void mloop_add_window_args (GPtrArray *argv, uint64_t offset,
-                            uint64_t sizelimit);
+void mloop_add_image_args (GPtrArray *argv, uint64_t offset,
+                           uint64_t sizelimit, const char *overlay);
 
 /* Starts ARGV detached, like a server, with its output in LOG_FILE, and
  * waits up to TIMEOUT_MS for PID_FILE to name a process (*PID; *CHILD,

@@ -137,7 +137,7 @@ add_spec_args (GPtrArray *argv, const struct mloop_ublk_spec *spec)
   if (spec->block_size)
     g_ptr_array_add (argv, g_strdup_printf ("--block-size=%u",
                                             spec->block_size));
-  mloop_add_window_args (argv, spec->offset, spec->sizelimit);
+  mloop_add_image_args (argv, spec->offset, spec->sizelimit, spec->overlay);
   g_ptr_array_add (argv, g_strdup ("--"));
   g_ptr_array_add (argv, g_strdup (spec->image));
   g_ptr_array_add (argv, NULL);
@@ -220,7 +220,7 @@ mloop_ublk_attach (const struct mloop_attach_request *req, const char *file,
 {
   const struct mloop_ublk_spec spec = {
     .image = file, .offset = req->offset, .sizelimit = req->sizelimit,
-    .queues = wanted_queues (req), .id = req->index,
+    .overlay = s->overlay, .queues = wanted_queues (req), .id = req->index,
     .block_size = req->block_size,
     .read_only = req->read_only,
   };

@@ -38,6 +38,7 @@
 struct mloop_ublk_spec {
   const char *image;
   uint64_t offset, sizelimit;   /* the window served (attach.h) */
+  const char *overlay;          /* copy-on-write overlay, or NULL */
   unsigned queues;              /* hardware queues */
   int id;                       /* /dev/ublkbID, or -1: the first free */
   uint32_t block_size;          /* 0: the image's */

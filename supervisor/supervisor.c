@@ -646,7 +646,7 @@ on_stop_signal (gpointer unused)
 int
 main (int argc, char **argv)
 {
-  g_autofree char *server_kind = NULL, *remote = NULL;
+  g_autofree char *server_kind = NULL, *remote = NULL, *overlay = NULL;
   gint threads = 0, queues = 1, block_size = 0, dead_timeout = 30, id = -1;
   gboolean read_only = FALSE, ublk = FALSE;
   gint64 offset = 0, sizelimit = 0;
@@ -663,6 +663,8 @@ main (int argc, char **argv)
       "Serve the image from this byte on", "BYTES" },
     { "sizelimit", 0, 0, G_OPTION_ARG_INT64, &sizelimit,
       "Serve at most this many bytes", "BYTES" },
+    { "overlay", 0, 0, G_OPTION_ARG_FILENAME, &overlay,
+      "Write to this copy-on-write overlay", "FILE" },
     { "remote", 0, 0, G_OPTION_ARG_STRING, &remote,
       "No server: reconnect the device to this export (remote.h)",
       "nbd://HOST[:PORT]/NAME" },
@@ -698,7 +700,8 @@ main (int argc, char **argv)
   if (ublk) {
     const struct mloop_ublk_spec spec = {
       .image = argv[1], .offset = (uint64_t) offset,
-      .sizelimit = (uint64_t) sizelimit, .queues = (unsigned) queues,
+      .sizelimit = (uint64_t) sizelimit, .overlay = overlay,
+      .queues = (unsigned) queues,
       .id = id, .block_size = (uint32_t) block_size, .read_only = read_only,
     };
 
@@ -727,6 +730,7 @@ main (int argc, char **argv)
   sv.spec.read_only = read_only;
   sv.spec.offset = (uint64_t) offset;
   sv.spec.sizelimit = (uint64_t) sizelimit;
+  sv.spec.overlay = overlay;
   sv.spec.socket_path = g_build_filename (sv.dir, MLOOP_DIR_SOCKET, NULL);
   sv.spec.pid_file = g_build_filename (sv.dir, MLOOP_DIR_SERVER_PID, NULL);
   sv.spec.log_file = g_build_filename (sv.dir, MLOOP_DIR_SERVER_LOG, NULL);

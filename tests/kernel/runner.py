@@ -28,7 +28,7 @@ COMMON = ["attach-geometry", "ext4-roundtrip", "fio-verify", "dd-readers",
 # The mloop command line's own contract, for the CLI kinds.
 CLI_ONLY = ["cli-block-size", "cli-list-status", "cli-detach-forms", "cli-errors",
             "attach-busy", "offset-window", "partitions", "queue-settings",
-            "autoclear", "resize", "many-devices"]
+            "autoclear", "resize", "many-devices", "overlay"]
 # A device that survives its server (mloop-supervisor), for the CLI kinds.
 SUPERVISED = ["restart-fio", "restart-fsync", "restart-dying", "restart-hostile-client",
               "io-flusher"]
@@ -57,7 +57,7 @@ GROUPS = ["main", "durable", "many"]
 # transports, and a device that survives its server (ublk's user
 # recovery, through the supervisor).
 UBLK = ["ublk-smoke", "ublk-cli", "restart-fio", "restart-full-queue", "restart-fsync",
-        "restart-dying", "restart-hung-image"]
+        "restart-dying", "restart-hung-image", "overlay"]
 
 
 # The standard tier (MLOOP_TEST_TIER unset or "standard"; docs/testing.md)

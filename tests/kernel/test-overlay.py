@@ -1,0 +1,70 @@
+"""mloop attach --overlay: two devices share one read-only base, one with
+a named overlay, one with a temporary one.  Each starts as the base's
+bytes; fio writes and verifies through both at once while the first's
+server is SIGKILLed (the supervisor restarts it on the same overlay), and
+the base's bytes never change.  The named overlay keeps the device's
+bytes across a detach and a new attach; the temporary one is deleted at
+detach; an overlay in use is refused in one line.  list --json and
+status show the overlay."""
+import os
+
+import fioverify
+import restart
+from kfix import digest, make_image, tmpdir
+
+MIB = 1 << 20
+SIZE = 64 * MIB
+
+
+def overlay_args(kind, image, overlay, timeout=10):
+    """Attach arguments with OVERLAY and a short timeout, as
+    restart.attach gives them, for a server that may be killed."""
+    flag = "--dead-timeout" if kind.name == "ublk" else "--timeout"
+    return kind.attach_args(image) + ["--overlay", overlay, flag, str(timeout)]
+
+
+def device_digest(dev):
+    return digest(dev, 0, SIZE)
+
+
+def run_test(kind, cl):
+    image = make_image(cl, size=SIZE, fill=SIZE, seed=11)
+    base = digest(image)
+    named = os.path.join(tmpdir(cl), "named.overlay")
+
+    a = kind.attach(cl, image, args=overlay_args(kind, image, named))
+    b = kind.attach(cl, image, args=overlay_args(kind, image, "temp"))
+    sa, sb = kind.status(a.device), kind.status(b.device)
+    assert sa["device"].get("overlay") == named, f"status: {sa['device']}"
+    temp = sb["device"].get("overlay")
+    assert temp and temp.startswith("/var/tmp/") and sb["device"].get("overlay_temporary"), \
+        f"status: {sb['device']}"
+    assert os.path.exists(named) and os.path.exists(temp), "an overlay was not made"
+    listed = kind.cli("list", "--json").stdout
+    assert named in listed and temp in listed, f"list --json: {listed}"
+    assert device_digest(a.device) == base == device_digest(b.device), \
+        "a fresh overlay device does not read as its base"
+
+    # Both written at once; the first's server is killed mid-round.
+    other = fioverify.start_round(b.device, cl)
+    took, _ = fioverify.under_kills(a.device, cl, 1,
+                                    lambda: restart.kill_server(kind, a.device))
+    fioverify.check_round(other)
+    assert digest(image) == base, "the base changed"
+
+    # A named overlay outlives its device.
+    p = kind.cli(*overlay_args(kind, image, named), check=False)
+    lines = p.stderr.splitlines()
+    assert p.returncode != 0 and len(lines) == 1 and "is in use by " + a.device in lines[0], \
+        f"a second device on one overlay: exit {p.returncode}, {p.stderr!r}"
+    written = device_digest(a.device)
+    a.detach()
+    a = kind.attach(cl, image, args=overlay_args(kind, image, named))
+    assert device_digest(a.device) == written, "the overlay lost writes across detach"
+    b.detach()
+    assert not os.path.exists(temp) and not os.path.exists(os.path.dirname(temp)), \
+        f"the temporary overlay {temp} stayed after detach"
+    a.detach()
+    assert digest(image) == base, "the base changed"
+    print(f"# overlay: server restarted in {took[0]:.1f} s under fio verify; "
+          "base unchanged, named overlay kept, temporary one deleted", flush=True)
