@@ -298,7 +298,7 @@ mloop_engine_complete_event (struct mloop_engine *e, struct mloop_io *io,
         error = errno;
     }
     if (error == 0 && io->op == MLOOP_IO_WRITE && e->overlay)
-      mloop_overlay_mark (e->overlay, io->offset, io->count);
+      error = -mloop_overlay_mark (e->overlay, io->offset, io->count);
   }
   finish (io, error);
   return MLOOP_EVENT_DONE;

@@ -154,51 +154,35 @@ mloop_overlay_where (const struct mloop_overlay *ov, uint64_t offset,
   return in_overlay ? MLOOP_OVERLAY_IN_OVERLAY : MLOOP_OVERLAY_IN_BASE;
 }
 
-void
+int
 mloop_overlay_mark (struct mloop_overlay *ov, uint64_t offset,
                     uint64_t count)
 {
   const uint64_t first = offset / C;
   const uint64_t end = mloop_round_up (offset + count, C) / C;
+  int r = 0;
 
-  for (uint64_t c = first; c < end; ) {
+  for (uint64_t c = first; c < end && r == 0; ) {
     const uint64_t word = c / 64;
     const uint64_t upto = end < (word + 1) * 64 ? end : (word + 1) * 64;
     const uint64_t bits = upto - c;
     const uint64_t mask = (bits == 64 ? ~0ull : ((1ull << bits) - 1))
                           << (c % 64);
-    const uint64_t old = __atomic_fetch_or (&ov->map[word], mask,
-                                            __ATOMIC_ACQ_REL);
 
-    if ((old & mask) != mask) {
-      const uint64_t page = word * 8 / MAP_PAGE;
+    if ((__atomic_load_n (&ov->map[word], __ATOMIC_ACQUIRE) & mask) != mask) {
+      uint64_t now;
 
-      __atomic_fetch_or (&ov->dirty[page / 64], 1ull << (page % 64),
-                         __ATOMIC_ACQ_REL);
+      /* Under the lock, so the file's copy of a word two writers change
+       * at once ends with both their bits.
+       */
+      pthread_mutex_lock (&ov->map_lock);
+      now = __atomic_or_fetch (&ov->map[word], mask, __ATOMIC_ACQ_REL);
+      now = htole64 (now);
+      r = pwrite_all (ov->map_fd, &now, sizeof now,
+                      ov->map_offset + word * sizeof now, 0);
+      pthread_mutex_unlock (&ov->map_lock);
     }
     c = upto;
-  }
-}
-
-/* Writes the map pages named by DIRTY (a snapshot of ov->dirty) from
- * SNAPSHOT, in runs of consecutive pages.
- */
-static int
-write_map_pages (struct mloop_overlay *ov, const uint64_t *dirty,
-                 const char *snapshot)
-{
-  const uint64_t pages = ov->map_bytes / MAP_PAGE;
-  int r = 0;
-
-  for (uint64_t p = 0; p < pages && r == 0; ) {
-    uint64_t q = p;
-
-    while (q < pages && ((dirty[q / 64] >> (q % 64)) & 1))
-      q++;
-    if (q > p)
-      r = pwrite_all (ov->fd, snapshot + p * MAP_PAGE, (q - p) * MAP_PAGE,
-                      ov->map_offset + p * MAP_PAGE, 0);
-    p = q + 1;
   }
   return r;
 }
@@ -206,55 +190,8 @@ write_map_pages (struct mloop_overlay *ov, const uint64_t *dirty,
 int
 mloop_overlay_commit (struct mloop_overlay *ov)
 {
-  const uint64_t pages = ov->map_bytes / MAP_PAGE;
-  const uint64_t words = (pages + 63) / 64;
-  uint64_t *dirty;
-  char *snapshot = NULL;
-  bool any = false;
-  int r;
-
-  dirty = calloc (words, sizeof *dirty);
-  if (dirty == NULL)
-    return -ENOMEM;
-  pthread_mutex_lock (&ov->commit_lock);
-  /* The snapshot is taken before the data area is synced: a bit set after
-   * it may name a write not yet durable, and waits for the next commit.
-   */
-  for (uint64_t i = 0; i < words; i++) {
-    dirty[i] = __atomic_exchange_n (&ov->dirty[i], 0, __ATOMIC_ACQ_REL);
-    any = any || dirty[i] != 0;
-  }
-  if (any) {
-    snapshot = mloop_alloc_aligned (ov->map_bytes, MAP_PAGE);
-    if (snapshot == NULL) {
-      r = -ENOMEM;
-      goto restore;
-    }
-    for (uint64_t p = 0; p < pages; p++)
-      if ((dirty[p / 64] >> (p % 64)) & 1) {
-        uint64_t *to = (uint64_t *) (snapshot + p * MAP_PAGE);
-        const uint64_t *from = ov->map + p * (MAP_PAGE / 8);
-
-        for (unsigned w = 0; w < MAP_PAGE / 8; w++)
-          to[w] = __atomic_load_n (&from[w], __ATOMIC_ACQUIRE);
-      }
-  }
-  r = sync_fd (ov->fd);
-  if (r == 0 && any)
-    r = write_map_pages (ov, dirty, snapshot);
-  if (r == 0 && any)
-    r = sync_fd (ov->fd);
- restore:
-  if (r < 0)
-    /* Nothing is lost: the pages stay dirty for the next commit. */
-    for (uint64_t i = 0; i < words; i++)
-      if (dirty[i])
-        __atomic_fetch_or (&ov->dirty[i], dirty[i], __ATOMIC_ACQ_REL);
-  pthread_mutex_unlock (&ov->commit_lock);
-  if (snapshot)
-    mloop_free_aligned (snapshot, ov->map_bytes);
-  free (dirty);
-  return r;
+  /* The data area and the map are one file: one fdatasync covers both. */
+  return sync_fd (ov->fd);
 }
 
 /* ---- data ---- */
@@ -326,7 +263,7 @@ write_clusters (struct mloop_overlay *ov, const char *buf, uint64_t count,
                       fua ? RWF_DSYNC : 0);
 
   if (r == 0)
-    mloop_overlay_mark (ov, start, count);
+    r = mloop_overlay_mark (ov, start, count);
   return r;
 }
 
@@ -472,7 +409,7 @@ mloop_overlay_zero (struct mloop_overlay *ov,
   if (end > start) {
     r = do_fallocate (ov->fd, mode, ov->data_offset + start, end - start);
     if (r == 0)
-      mloop_overlay_mark (ov, start, end - start);
+      r = mloop_overlay_mark (ov, start, end - start);
     else if (is_unsupported (r) && (flags & MLOOP_ZERO_FAST))
       return -ENOTSUP;
     else if (is_unsupported (r))
@@ -601,6 +538,13 @@ create_overlay (const char *path, const struct mloop_backing *base,
   if (r == 0 && ftruncate (fd, (off_t) (layout.data_offset +
                                         layout.clusters * C)) == -1)
     r = -errno;
+  /* The map's blocks now, so that no write's map update can meet a
+   * full filesystem later.
+   */
+  if (r == 0 && fallocate (fd, 0, (off_t) layout.map_offset,
+                           (off_t) layout.map_bytes) == -1 &&
+      errno != EOPNOTSUPP)
+    r = -errno;
   if (r == 0 && fsync (fd) == -1)
     r = -errno;
   close (fd);
@@ -693,11 +637,10 @@ mloop_overlay_open (struct mloop_overlay *ov, const char *path,
                     char *err, size_t errlen)
 {
   const int flags = O_RDWR | O_CLOEXEC;
-  uint64_t pages;
   int r;
 
   memset (ov, 0, sizeof *ov);
-  ov->fd = -1;
+  ov->fd = ov->map_fd = -1;
   ov->path = strdup (path);
   if (ov->path == NULL)
     return -ENOMEM;
@@ -724,33 +667,43 @@ mloop_overlay_open (struct mloop_overlay *ov, const char *path,
   }
   if ((r = read_header (ov, base, err, errlen)) < 0)
     goto fail;
-  pages = ov->map_bytes / MAP_PAGE;
-  ov->map = mloop_alloc_aligned (ov->map_bytes, MAP_PAGE);
-  ov->dirty = calloc ((pages + 63) / 64, sizeof *ov->dirty);
-  if (ov->map == NULL || ov->dirty == NULL) {
+  /* The map goes through the page cache, a word at a time (see
+   * mloop_overlay_mark); the data area never does when O_DIRECT is on,
+   * and the two never share a page.
+   */
+  ov->map_fd = open (path, flags);
+  if (ov->map_fd == -1) {
+    r = -errno;
+    snprintf (err, errlen, "cannot open overlay %s: %s", path, strerror (-r));
+    goto fail;
+  }
+  ov->map = calloc (ov->map_bytes / sizeof *ov->map, sizeof *ov->map);
+  if (ov->map == NULL) {
     r = -ENOMEM;
     snprintf (err, errlen, "overlay %s: no memory for its map", path);
     goto fail;
   }
-  r = pread_or_zero (ov->fd, ov->map, ov->map_bytes, ov->map_offset);
+  r = pread_or_zero (ov->map_fd, ov->map, ov->map_bytes, ov->map_offset);
   if (r < 0) {
     snprintf (err, errlen, "cannot read the map of overlay %s: %s", path,
               strerror (-r));
     goto fail;
   }
-  pthread_mutex_init (&ov->commit_lock, NULL);
+  for (uint64_t i = 0; i < ov->map_bytes / sizeof *ov->map; i++)
+    ov->map[i] = le64toh (ov->map[i]);
+  pthread_mutex_init (&ov->map_lock, NULL);
   return 0;
 
  fail:
-  if (ov->map)
-    mloop_free_aligned (ov->map, ov->map_bytes);
-  free (ov->dirty);
+  free (ov->map);
+  if (ov->map_fd != -1)
+    close (ov->map_fd);
   if (ov->fd != -1)
     close (ov->fd);
   free (ov->base_path);
   free (ov->path);
   memset (ov, 0, sizeof *ov);
-  ov->fd = -1;
+  ov->fd = ov->map_fd = -1;
   return r;
 }
 
@@ -763,12 +716,12 @@ mloop_overlay_close (struct mloop_overlay *ov)
    * cache does for a plain image.
    */
   (void) mloop_overlay_commit (ov);
-  pthread_mutex_destroy (&ov->commit_lock);
-  mloop_free_aligned (ov->map, ov->map_bytes);
-  free (ov->dirty);
+  pthread_mutex_destroy (&ov->map_lock);
+  free (ov->map);
+  close (ov->map_fd);
   close (ov->fd);
   free (ov->base_path);
   free (ov->path);
   memset (ov, 0, sizeof *ov);
-  ov->fd = -1;
+  ov->fd = ov->map_fd = -1;
 }

@@ -9,12 +9,12 @@
  * design.md, "Copy-on-write overlays", for the format and why a crash
  * loses nothing that was flushed.
  *
- * Durability: bits are set in memory when a write completes and reach
- * the file only at a commit (a flush, a FUA request): the data area is
- * synced first, then a snapshot of the changed map pages taken before
- * that sync is written and synced.  Bits are only ever set, never
- * cleared, so a torn map write leaves old bits or new ones, each of
- * which names data that was durable before it.
+ * Durability: when a write that fills clusters completes, their bits
+ * are written to the file (the page cache) before it is answered, so a
+ * server that dies (SIGKILL, the OOM killer) loses no answered write;
+ * a commit (FLUSH, FUA) is one fdatasync of the file, data area and map
+ * together, so a power cut loses nothing flushed.  Bits are only ever
+ * set, never cleared, so a torn map page holds old bits or new ones.
  *
  * The engine calls this layer from its few entry points (engine.c,
  * space.c) and nowhere else; front ends never see it.
@@ -39,18 +39,18 @@ struct mloop_overlay {
   char *path;
   char *base_path;              /* as recorded when it was made */
   int fd;                       /* O_DIRECT when the base's is */
+  int map_fd;                   /* buffered: the map's words */
   bool direct;
   uint64_t size;                /* the virtual size: the base's window */
   uint64_t clusters;
   uint64_t map_offset;          /* file offsets of the map and data area */
   uint64_t map_bytes;
   uint64_t data_offset;
-  /* In memory: the map (one bit per cluster, set with atomics from any
-   * IO thread) and which 4 KiB pages of it changed since the last commit.
+  /* The map in memory: one bit per cluster, read and set with atomics
+   * from any IO thread; each change goes to the file at once.
    */
   uint64_t *map;
-  uint64_t *dirty;
-  pthread_mutex_t commit_lock;  /* one commit at a time */
+  pthread_mutex_t map_lock;     /* orders the file's copy of a word */
 };
 
 /* Opens the overlay at PATH for BASE (opened already, read-only), making
@@ -74,12 +74,14 @@ enum mloop_overlay_where mloop_overlay_where (const struct mloop_overlay *ov,
                                               uint64_t count);
 
 /* Records that the whole clusters of [offset, offset + count) now hold
- * their bytes in the overlay (written, zeroed or trimmed there).
+ * their bytes in the overlay (written, zeroed or trimmed there), in
+ * memory and in the file's page cache.  0 or a negative errno (the file
+ * refused the map's update: the request must fail).
  */
-void mloop_overlay_mark (struct mloop_overlay *ov, uint64_t offset,
+int mloop_overlay_mark (struct mloop_overlay *ov, uint64_t offset,
                          uint64_t count);
 
-/* Makes every completed write durable: the data area, then the map. */
+/* Makes every completed write durable, data and map. */
 int mloop_overlay_commit (struct mloop_overlay *ov);
 
 /* A read or write of any alignment, synchronously: clusters in the base
