@@ -74,6 +74,21 @@ class Baseline:
         return dict(super().env(), **{self.bin_var: os.environ[self.base_var]})
 
 
+class MloopOverlay(MloopDefaults):
+    """`mloop attach --overlay` with a fresh overlay on the image, as a
+    sandbox gets one: reads come from the base until written."""
+
+    def __init__(self):
+        super().__init__("native")
+        self.name = "mloop-overlay"
+
+    def attach(self, cl, image, read_only=False, args=None):
+        overlay = os.path.join(kfix.tmpdir(cl), "device.overlay")
+        return kinds.MloopCli.attach(self, cl, image, args=[
+            "attach", image, "--server", self.server, "--connections", str(self.queues),
+            "--overlay", overlay])
+
+
 class MloopBaseline(Baseline, MloopDefaults):
     base_var, bin_var = "MLOOP_BASE_SERVER_BIN", "MLOOP_SERVER_BIN"
 
@@ -94,6 +109,20 @@ class MloopUblkDefaults(kinds.MloopUblk):
     def attach(self, cl, image, read_only=False, args=None):
         return super().attach(cl, image, args=["attach", image, "--transport", "ublk",
                                                "--connections", str(self.queues)])
+
+
+class MloopUblkOverlay(MloopUblkDefaults):
+    """The same fresh overlay behind ublk."""
+
+    def __init__(self):
+        super().__init__()
+        self.name = "mloop-ublk-overlay"
+
+    def attach(self, cl, image, read_only=False, args=None):
+        overlay = os.path.join(kfix.tmpdir(cl), "device.overlay")
+        return kinds.MloopUblk.attach(self, cl, image, args=[
+            "attach", image, "--transport", "ublk", "--connections", str(self.queues),
+            "--overlay", overlay])
 
 
 class MloopUblkBaseline(Baseline, MloopUblkDefaults):
@@ -124,6 +153,18 @@ class StockFile(kinds.StockClient):
             (["-r"] if read_only else []) + ["file", image]
 
 
+class StockCow(StockFile):
+    """Stock nbd-client -C 4 on nbdkit's cow filter over the file plugin:
+    nbdkit's copy-on-write overlay (a temporary file, 64 KiB blocks)."""
+
+    def __init__(self):
+        super().__init__()
+        self.name = "nbdkit-cow"
+
+    def server_cmd(self, sock, ready, image, read_only):
+        return ["nbdkit", "-f", "-U", sock, "-P", ready, "--filter=cow", "file", image]
+
+
 class QemuNbd:
     """qemu-nbd -c: qemu's server connects the device itself over one
     socket (the ioctl interface) and stays in the background;
@@ -136,12 +177,19 @@ class QemuNbd:
     def unavailable(self):
         return None if shutil.which("qemu-nbd") else "qemu-nbd is not installed"
 
+    image_format = "raw"
+
+    def served_file(self, cl, image):
+        """What qemu-nbd serves for IMAGE."""
+        return image
+
     def attach(self, cl, image, read_only=False):
         dev = free_nbd()
         # -k: its socket, by default under /var/lock, which the VM lacks.
         sock = os.path.join(kfix.tmpdir(cl), "qemu-nbd.sock")
-        run(["qemu-nbd", "-c", dev, "-k", sock, "-f", "raw", "--cache=none", "--aio=native"]
-            + (["--read-only"] if read_only else []) + [image])
+        image = self.served_file(cl, image)
+        run(["qemu-nbd", "-c", dev, "-k", sock, "-f", self.image_format, "--cache=none",
+             "--aio=native"] + (["--read-only"] if read_only else []) + [image])
         wait_until(lambda: nbd_in_use(dev), f"{dev} to connect")
 
         def undo():
@@ -152,7 +200,23 @@ class QemuNbd:
         return kinds._attach(cl, dev, undo, self.queues)
 
 
+class QemuNbdQcow2(QemuNbd):
+    """qemu-nbd -c on a fresh qcow2 overlay backed by the raw image
+    (qemu-img create -b): qemu's copy-on-write, as `qemu-nbd -s` makes
+    it."""
+
+    name = "qemu-nbd-qcow2"
+    image_format = "qcow2"
+
+    def served_file(self, cl, image):
+        overlay = os.path.join(kfix.tmpdir(cl), "overlay.qcow2")
+        run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", image, "-F", "raw", overlay])
+        return overlay
+
+
 KINDS = {k.name: k for k in [LoopDio(), LoopBuffered(), MloopDefaults("native"),
+                             MloopOverlay(), MloopUblkOverlay(), StockCow(),
+                             QemuNbdQcow2(),
                              MloopBaseline(), MloopDefaults("nbdkit"), MloopUblkDefaults(),
                              MloopUblkBaseline(), StockFile(),
                              QemuNbd()]}

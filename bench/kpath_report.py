@@ -15,6 +15,10 @@ KINDS = [
     ("mloop-ublk-base", "the same, BENCH_BASELINE's mloop-ublk"),
     ("nbd-client-file", "nbd-client -C 4, nbdkit file"),
     ("qemu-nbd", "qemu-nbd -c (cache=none, aio=native)"),
+    ("mloop-overlay", "mloop attach --overlay (native)"),
+    ("mloop-ublk-overlay", "mloop attach --overlay --transport ublk"),
+    ("qemu-nbd-qcow2", "qemu-nbd -c, qcow2 overlay (cache=none, aio=native)"),
+    ("nbdkit-cow", "nbd-client -C 4, nbdkit cow filter on file"),
 ]
 LABEL = dict(KINDS)
 # (job, heading, unit)
@@ -27,7 +31,12 @@ TARGETS = [("mloop-native", "randread", "loop-dio", 1.0),
            # ublk's (Linux 6.12 only: 6.1 has no ublk_drv).
            ("mloop-ublk", "randread", "loop-dio", 1.0),
            ("mloop-ublk", "seqread4", "loop-dio", 1.0),
-           ("mloop-ublk", "seqread4", "loop-buffered", 2.0)]
+           ("mloop-ublk", "seqread4", "loop-buffered", 2.0),
+           # Copy-on-write: twice the best of qemu's and nbdkit's overlays.
+           ("mloop-overlay", "randread", "qemu-nbd-qcow2", 2.0),
+           ("mloop-overlay", "randread", "nbdkit-cow", 2.0),
+           ("mloop-overlay", "randwrite", "qemu-nbd-qcow2", 2.0),
+           ("mloop-overlay", "randwrite", "nbdkit-cow", 2.0)]
 
 
 def median(values):
