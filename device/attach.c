@@ -97,27 +97,6 @@ check_image (const char *file, bool read_only, struct stat *st,
   return 0;
 }
 
-/* Removes the directory holding PATH, a temporary overlay's. */
-static void
-rmdir_parent (const char *path)
-{
-  g_autofree char *dir = g_path_get_dirname (path);
-
-  rmdir (dir);
-}
-
-/* Deletes S's overlay when it was made for S alone (--overlay temp):
- * after its server stopped, so no write is lost that anyone could read.
- */
-static void
-remove_temporary_overlay (const struct mloop_device_state *s)
-{
-  if (s->overlay == NULL || !s->overlay_temporary)
-    return;
-  unlink (s->overlay);
-  rmdir_parent (s->overlay);
-}
-
 /* The overlay's absolute path for --overlay WHAT: WHAT made absolute,
  * or for MLOOP_OVERLAY_TEMPORARY a new private directory in /var/tmp
  * (on disk, unlike /tmp and /run on many systems: an overlay holds every
@@ -722,14 +701,14 @@ mloop_attach (const struct mloop_attach_request *req,
     else
       r = attach_local (req, file, out, err, errlen);
     if (r < 0) {
-      remove_temporary_overlay (out);
+      mloop_state_remove_temporary_overlay (out);
       mloop_state_remove (out->dir);
       mloop_state_clear (out);
     }
   }
   else if (overlay && req->overlay &&
            strcmp (req->overlay, MLOOP_OVERLAY_TEMPORARY) == 0)
-    rmdir_parent (overlay);
+    mloop_remove_temporary_overlay_dir (overlay);
   mloop_state_unlock (device_lock);
   mloop_state_unlock (lock);
   return r;
@@ -775,7 +754,7 @@ mloop_detach (const struct mloop_device_state *s, char *err, size_t errlen)
      */
     r = mloop_ublk_detach (s, err, errlen);
     if (r == 0) {
-      remove_temporary_overlay (s);
+      mloop_state_remove_temporary_overlay (s);
       mloop_state_remove (s->dir);
     }
     mloop_state_unlock (device_lock);
@@ -799,7 +778,7 @@ mloop_detach (const struct mloop_device_state *s, char *err, size_t errlen)
     return mloop_fail (err, errlen, "/dev/nbd%d: %s", s->index, why);
   }
   stop_processes (s);
-  remove_temporary_overlay (s);
+  mloop_state_remove_temporary_overlay (s);
   mloop_state_remove (s->dir);
   mloop_state_unlock (device_lock);
   return 0;

@@ -445,6 +445,23 @@ mloop_state_remove (const char *dir)
 }
 
 void
+mloop_remove_temporary_overlay_dir (const char *overlay)
+{
+  g_autofree char *dir = g_path_get_dirname (overlay);
+
+  g_rmdir (dir);
+}
+
+void
+mloop_state_remove_temporary_overlay (const struct mloop_device_state *s)
+{
+  if (s->overlay == NULL || !s->overlay_temporary)
+    return;
+  g_unlink (s->overlay);
+  mloop_remove_temporary_overlay_dir (s->overlay);
+}
+
+void
 mloop_state_clear (struct mloop_device_state *s)
 {
   g_free (s->dir);

@@ -175,6 +175,15 @@ struct mloop_device_state *mloop_state_list_claims (size_t *n);
 char **mloop_state_list_incomplete (void);
 /* Removes a device directory and everything in it. */
 void mloop_state_remove (const char *dir);
+/* Deletes S's overlay when it was made for S alone (--overlay temp),
+ * with its private directory: call it once S's server has stopped, so no
+ * write anyone could still read is lost.
+ */
+void mloop_state_remove_temporary_overlay (const struct mloop_device_state *s);
+/* Removes the private directory a temporary overlay at OVERLAY was to
+ * be made in (empty: the overlay is gone or was never made).
+ */
+void mloop_remove_temporary_overlay_dir (const char *overlay);
 
 void mloop_state_clear (struct mloop_device_state *s);
 void mloop_state_free_list (struct mloop_device_state *list, size_t n);

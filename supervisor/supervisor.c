@@ -770,6 +770,15 @@ main (int argc, char **argv)
   if (sv.kmsg != -1)
     close (sv.kmsg);
   if (sv.released_lock != -1) {
+    struct mloop_device_state st;
+
+    /* Detached by its last close: as `mloop detach` would, drop a
+     * temporary overlay now that the server is gone.
+     */
+    if (mloop_state_load (sv.dir, &st) == 0) {
+      mloop_state_remove_temporary_overlay (&st);
+      mloop_state_clear (&st);
+    }
     mloop_state_remove (sv.dir);
     mloop_state_unlock (sv.released_lock);
   }

@@ -4,13 +4,14 @@ bytes; fio writes and verifies through both at once while the first's
 server is SIGKILLed (the supervisor restarts it on the same overlay), and
 the base's bytes never change.  The named overlay keeps the device's
 bytes across a detach and a new attach; the temporary one is deleted at
-detach; an overlay in use is refused in one line.  list --json and
+detach, by mloop detach or by autoclear; an overlay in use is refused
+in one line.  list --json and
 status show the overlay."""
 import os
 
 import fioverify
 import restart
-from kfix import digest, make_image, tmpdir
+from kfix import digest, make_image, tmpdir, wait_until
 
 MIB = 1 << 20
 SIZE = 64 * MIB
@@ -66,5 +67,17 @@ def run_test(kind, cl):
         f"the temporary overlay {temp} stayed after detach"
     a.detach()
     assert digest(image) == base, "the base changed"
+
+    # Detached by its last close (autoclear, NBD only): the temporary
+    # overlay goes too.
+    if kind.name != "ublk":
+        dev = kind.cli(*overlay_args(kind, image, "temp"), "--autoclear").stdout.strip()
+        cl.push(lambda: kind.cli("detach", dev, check=False))
+        temp = kind.status(dev)["device"]["overlay"]
+        with open(dev, "rb") as f:
+            f.read(4096)
+        wait_until(lambda: not os.path.exists(os.path.dirname(temp)),
+                   "an autoclear device's temporary overlay to go after its last close",
+                   timeout=20)
     print(f"# overlay: server restarted in {took[0]:.1f} s under fio verify; "
           "base unchanged, named overlay kept, temporary one deleted", flush=True)
