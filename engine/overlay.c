@@ -326,17 +326,6 @@ whole_clusters (const struct mloop_overlay *ov, uint64_t offset,
     *end = *start;
 }
 
-static int
-do_fallocate (int fd, int mode, uint64_t offset, uint64_t count)
-{
-  int r;
-
-  do
-    r = fallocate (fd, mode, (off_t) offset, (off_t) count);
-  while (r == -1 && errno == EINTR);
-  return r == -1 ? -errno : 0;
-}
-
 static bool
 is_unsupported (int err)
 {
@@ -407,7 +396,7 @@ mloop_overlay_zero (struct mloop_overlay *ov,
 
   whole_clusters (ov, offset, count, &start, &end);
   if (end > start) {
-    r = do_fallocate (ov->fd, mode, ov->data_offset + start, end - start);
+    r = mloop_fallocate (ov->fd, mode, ov->data_offset + start, end - start);
     if (r == 0)
       r = mloop_overlay_mark (ov, start, end - start);
     else if (is_unsupported (r) && (flags & MLOOP_ZERO_FAST))

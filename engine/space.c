@@ -48,8 +48,8 @@ is_unsupported (int err)
   return err == EOPNOTSUPP || err == ENOSYS || err == EINVAL;
 }
 
-static int
-do_fallocate (int fd, int mode, uint64_t offset, uint64_t count)
+int
+mloop_fallocate (int fd, int mode, uint64_t offset, uint64_t count)
 {
   int r;
 
@@ -115,13 +115,13 @@ zero_file_range (struct mloop_engine *e, uint64_t offset, uint64_t count,
 
   /* Without NO_HOLE, punching is the cheapest zero and frees space. */
   if (!(flags & MLOOP_ZERO_NO_HOLE)) {
-    r = do_fallocate (fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+    r = mloop_fallocate (fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
                       file_pos (e, offset), count);
     if (r == 0 || !is_unsupported (-r))
       return r;
   }
   /* Zero range keeps the blocks allocated (as unwritten extents). */
-  r = do_fallocate (fd, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE,
+  r = mloop_fallocate (fd, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE,
                     file_pos (e, offset), count);
   if (r == 0 || !is_unsupported (-r))
     return r;
@@ -146,7 +146,7 @@ zero_device_range (struct mloop_engine *e, uint64_t offset, uint64_t count,
 
     if (flags & MLOOP_ZERO_NO_HOLE)
       return -ENOTSUP;
-    r = do_fallocate (fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+    r = mloop_fallocate (fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
                       file_pos (e, offset), count);
     return r < 0 && is_unsupported (-r) ? -ENOTSUP : r;
   }

@@ -47,6 +47,11 @@ int mloop_engine_extents (struct mloop_engine *e, uint64_t offset,
                           uint64_t count, bool req_one, mloop_extent_fn fn,
                           void *opaque);
 
+/* fallocate(2) of [offset, offset + count) of FD, retried on EINTR:
+ * 0 or a negative errno.  For the engine's layers too.
+ */
+int mloop_fallocate (int fd, int mode, uint64_t offset, uint64_t count);
+
 /* The allocation of [pos, end) of an open file whose byte 0 is at file
  * offset BASE, as mloop_engine_extents reports it (all data for a block
  * device): for the engine's layers, which report several files as one.
