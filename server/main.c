@@ -48,6 +48,7 @@
 #include "handshake.h"
 #include "listener.h"
 #include "log_limit.h"
+#include "peer.h"
 #include "memory_pressure.h"
 #include "nbd_proto.h"
 #include "offload.h"
@@ -407,6 +408,7 @@ setup_tls (void)
   struct tls_options o = {
     .psk_file = opt_tls_psk, .cert_dir = opt_tls_certificates,
     .verify_peer = opt_tls_verify_peer,
+    .peer_address = peer_address, .log_limited = log_limited,
   };
   char err[512];
 
@@ -431,9 +433,8 @@ setup_tls (void)
     die ("--tls=%s needs --tls-psk FILE or --tls-certificates DIR", opt_tls);
   if (opt_tls_verify_peer && !opt_tls_certificates)
     die ("--tls-verify-peer needs --tls-certificates DIR");
-  if (tls_setup (&o, err, sizeof err) == -1)
+  if (tls_load (&o, &export.start_tls, err, sizeof err) == -1)
     die ("%s", err);
-  export.start_tls = tls_start;
   if (export.tls == HANDSHAKE_TLS_ON)
     fprintf (stderr, "mloop-server: warning: --tls on serves plaintext "
              "clients too (nothing they send or read is encrypted); "

@@ -1,4 +1,5 @@
-/* mloop-server — TLS with GnuTLS.  See tls.h.
+/* mloop-server — TLS with GnuTLS, the module mloop-server-tls.so.  See
+ * tls.h.
  *
  * The socket stays blocking as the handshake left it; our own pull and
  * push functions pass MSG_DONTWAIT once the stream is in transmission
@@ -17,8 +18,6 @@
 #include <gnutls/gnutls.h>
 #include <gnutls/x509.h>
 
-#include "log_limit.h"
-#include "peer.h"
 #include "tls.h"
 
 /* The most plaintext one TLS record carries (RFC 8446, 5.1). */
@@ -34,6 +33,8 @@ static gnutls_psk_server_credentials_t psk_cred;
 static gnutls_certificate_credentials_t x509_cred;
 static gnutls_priority_t priority;
 static bool verify_peer;
+static char *(*peer_address) (int fd);
+static void (*log_limited) (const char *fmt, ...);
 
 struct tls_stream {
   gnutls_session_t s;
@@ -278,6 +279,8 @@ tls_setup (const struct tls_options *o, char *err, size_t errlen)
   const char *prio = o->psk_file ? PRIORITY_PSK : PRIORITY_X509;
   int r;
 
+  peer_address = o->peer_address;
+  log_limited = o->log_limited;
   if (o->psk_file ? setup_psk (o->psk_file, err, errlen)
       : setup_x509 (o->cert_dir, o->verify_peer, err, errlen))
     return -1;

@@ -1,6 +1,12 @@
 /* mloop-server — TLS (GnuTLS): the server's credentials, and a
  * connection's TLS stream behind struct transport_ops.
  *
+ * tls.c is a module of its own, mloop-server-tls.so, that mloop-server
+ * loads (tls_load.c) only when --tls asks for it: GnuTLS and the seven
+ * libraries it needs cost each start about 100 ms under emulation (the
+ * test VM), most of mloop-server's start, on the way of every `mloop
+ * attach`, which never uses TLS.
+ *
  * Thread model: tls_setup runs once in main before any thread; the
  * credentials are then only read.  A connection's TLS session is used by
  * one thread at a time: its handshake thread (blocking, under the
@@ -21,7 +27,12 @@ struct tls_options {
                                    server-key.pem, ca-crl.pem; or NULL */
   bool verify_peer;             /* clients need a certificate the CA
                                    signed (cert_dir only) */
+  /* The server's, for the module's log lines (peer.h, log_limit.h). */
+  char *(*peer_address) (int fd);
+  void (*log_limited) (const char *fmt, ...);
 };
+
+/* In the module. */
 
 /* Loads and checks the credentials (exactly one of psk_file and
  * cert_dir).  Returns -1 with one line naming the file in ERR.
@@ -33,5 +44,15 @@ int tls_setup (const struct tls_options *o, char *err, size_t errlen);
  * away; nothing to free).
  */
 int tls_start (int fd, struct transport *t);
+
+typedef int tls_setup_fn (const struct tls_options *o, char *err,
+                          size_t errlen);
+typedef int tls_start_fn (int fd, struct transport *t);
+
+/* In mloop-server: loads the module and runs its tls_setup; *START is
+ * then its tls_start.  Returns -1 with one line in ERR.
+ */
+int tls_load (const struct tls_options *o, tls_start_fn **start, char *err,
+              size_t errlen);
 
 #endif /* MLOOP_SERVER_TLS_H */

@@ -482,4 +482,20 @@ for args, expect in [
           r.returncode != 0 and len(lines) == 1 and expect in lines[0]
           and not os.path.exists(sock), r.stderr)
 
+# TLS is a module the server loads for --tls only: without it, one line
+# naming it; without --tls the server never needs it.
+no_module = dict(os.environ, MLOOP_SERVER_TLS_MODULE=os.path.join(work, "none.so"))
+r = run(harness.SERVER_BIN, "--listen", f"unix:{sock}", "--tls", "on", "--tls-psk", psk,
+        image, env=no_module)
+lines = r.stderr.strip().splitlines()
+check("refused at startup: the TLS module missing, named",
+      r.returncode != 0 and len(lines) == 1 and "none.so, which did not load" in lines[0]
+      and not os.path.exists(sock), r.stderr)
+srv = netserver.NetServer(image)
+with open(f"/proc/{srv.pid}/maps") as f:
+    maps = f.read()
+check("without --tls neither the TLS module nor GnuTLS is loaded",
+      "mloop-server-tls" not in maps and "libgnutls" not in maps)
+srv.stop()
+
 harness.exit_if_failed()
