@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <poll.h>
+#include <sys/inotify.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -17,6 +18,7 @@
 #include "device_state.h"
 #include "errmsg.h"
 #include "server_process.h"
+#include "side_by_side.h"
 
 #define POLL_INTERVAL_US 20000
 
@@ -143,45 +145,122 @@ mloop_process_check (pid_t child, const char *log_file, const char *pid_file,
   return *pid != 0;
 }
 
+/* Wakes wait_for_change when a file in PID_FILE's directory is written
+ * or renamed into place: servers write their pid file once they listen,
+ * so the wait ends the moment they do.  -1 without inotify; the wait then
+ * looks again every POLL_INTERVAL_US.
+ */
+static int
+watch_dir_of (const char *pid_file)
+{
+  g_autofree char *dir = g_path_get_dirname (pid_file);
+  int fd = inotify_init1 (IN_CLOEXEC | IN_NONBLOCK);
+
+  if (fd != -1 &&
+      inotify_add_watch (fd, dir, IN_CLOSE_WRITE | IN_MOVED_TO) == -1) {
+    close (fd);
+    fd = -1;
+  }
+  return fd;
+}
+
+/* Sleeps until WATCH (watch_dir_of) or the child's PIDFD says something
+ * changed, or MS milliseconds pass.  Either may be -1.
+ */
+static void
+wait_for_change (int watch, int pidfd, int ms)
+{
+  struct pollfd p[2] = {
+    { .fd = watch, .events = POLLIN }, { .fd = pidfd, .events = POLLIN },
+  };
+  char events[4096];
+
+  if (watch == -1)
+    ms = MIN (ms, POLL_INTERVAL_US / 1000);
+  if (poll (p, 2, ms) > 0 && (p[0].revents & POLLIN))
+    while (read (watch, events, sizeof events) > 0)
+      ;
+}
+
+/* Waits up to TIMEOUT_MS for PID_FILE to name a process, while *CHILD
+ * (started to write it, or to have it written) lives.  WHAT names the
+ * program in errors, LOG_FILE holds its words.  When MAY_DAEMONIZE,
+ * *CHILD exiting 0 is a daemon's fork, not a failure.  *CHILD becomes 0
+ * once it has ended, so a failure with *CHILD still set is a timeout and
+ * the caller's to end; *PID is the pid in the file.
+ */
+static int
+await_pid_file (pid_t *child, const char *pid_file, bool may_daemonize,
+                const char *log_file, const char *what, unsigned timeout_ms,
+                pid_t *pid, char *err, size_t errlen)
+{
+  gint64 deadline = g_get_monotonic_time () + (gint64) timeout_ms * 1000;
+  int watch = watch_dir_of (pid_file);
+  int pidfd = *child > 0 ? (int) syscall (SYS_pidfd_open, *child, 0) : -1;
+  int status, r;
+
+  for (;;) {
+    gint64 left;
+
+    if (*child > 0 && waitpid (*child, &status, WNOHANG) == *child) {
+      bool daemonized = may_daemonize && WIFEXITED (status) &&
+        WEXITSTATUS (status) == 0;
+
+      *child = 0;
+      if (pidfd != -1)
+        close (pidfd);
+      pidfd = -1;
+      if (!daemonized) {
+        r = start_failure (log_file, what, err, errlen);
+        break;
+      }
+    }
+    if ((*pid = pid_file_read (pid_file)) != 0) {
+      r = 0;
+      break;
+    }
+    left = deadline - g_get_monotonic_time ();
+    if (left <= 0) {
+      r = mloop_fail (err, errlen, "%s did not start listening within %u s",
+                      what, timeout_ms / 1000);
+      break;
+    }
+    wait_for_change (watch, pidfd, (int) ((left + 999) / 1000));
+  }
+  if (watch != -1)
+    close (watch);
+  if (pidfd != -1)
+    close (pidfd);
+  return r;
+}
+
+/* Ends *CHILD, still starting at a timeout, and reaps it. */
+static void
+kill_child (pid_t *child)
+{
+  if (*child > 0) {
+    kill (*child, SIGKILL);
+    waitpid (*child, NULL, 0);
+    *child = 0;
+  }
+}
+
 /* Spawns ARGV detached with its output in LOG_FILE and waits up to
- * TIMEOUT_MS for PID_FILE to name a process.  WHAT names the program in
- * errors.  When MAY_DAEMONIZE, the spawned process exiting 0 is a
- * daemon's fork, not a failure.  *CHILD is the spawned pid (0 once it
- * daemonized), *PID the one in the pid file.
+ * TIMEOUT_MS for PID_FILE to name a process (await_pid_file).  *CHILD is
+ * the spawned pid (0 once it ended), *PID the one in the pid file.
  */
 static int
 spawn_and_wait (char **argv, const char *log_file, const char *pid_file,
                 bool may_daemonize, const char *what, unsigned timeout_ms,
                 pid_t *child, pid_t *pid, char *err, size_t errlen)
 {
-  bool daemonized = false;
-  pid_t spawned;
-  int status;
-
-  if (mloop_process_spawn (argv, log_file, what, &spawned, err,
-                           errlen) == -1)
+  if (mloop_process_spawn (argv, log_file, what, child, err, errlen) == -1)
     return -1;
-  *child = spawned;
-  for (unsigned waited = 0; ; waited += POLL_INTERVAL_US / 1000) {
-    if (!daemonized && waitpid (spawned, &status, WNOHANG) == spawned) {
-      daemonized = may_daemonize && WIFEXITED (status) &&
-        WEXITSTATUS (status) == 0;
-      *child = 0;
-      if (!daemonized)
-        return start_failure (log_file, what, err, errlen);
-    }
-    if ((*pid = pid_file_read (pid_file)) != 0)
-      return 0;
-    if (waited >= timeout_ms) {
-      if (!daemonized) {
-        kill (spawned, SIGKILL);
-        waitpid (spawned, &status, 0);
-      }
-      return mloop_fail (err, errlen, "%s did not start listening within %u s",
-                   what, timeout_ms / 1000);
-    }
-    g_usleep (POLL_INTERVAL_US);
-  }
+  if (await_pid_file (child, pid_file, may_daemonize, log_file, what,
+                      timeout_ms, pid, err, errlen) == 0)
+    return 0;
+  kill_child (child);
+  return -1;
 }
 
 void
@@ -212,10 +291,11 @@ mloop_process_start (char **argv, const char *log_file, const char *pid_file,
   return r;
 }
 
-int
-mloop_server_start (const struct mloop_server_spec *spec,
-                    unsigned timeout_ms, pid_t *pid,
-                    char *err, size_t errlen)
+/* The command line of SPEC's server, listening on its socket for the
+ * kernel's client.
+ */
+static char **
+server_argv (const struct mloop_server_spec *spec)
 {
   const struct mloop_nbd_address listen = { .unix_path = spec->socket_path };
   const struct mloop_server_config c = {
@@ -226,14 +306,104 @@ mloop_server_start (const struct mloop_server_spec *spec,
     .stats_file = spec->stats_file, .threads = spec->threads,
     .read_only = spec->read_only, .kernel_client = true,
   };
-  g_auto (GStrv) argv = mloop_server_command (spec->kind, &c);
-  g_autofree char *what = g_strdup_printf ("the %s server", spec->kind->name);
+
+  return mloop_server_command (spec->kind, &c);
+}
+
+static char *
+server_name (const struct mloop_server_spec *spec)
+{
+  return g_strdup_printf ("the %s server", spec->kind->name);
+}
+
+int
+mloop_process_await (pid_t child, const char *pid_file, bool may_daemonize,
+                     const char *log_file, const char *what,
+                     unsigned timeout_ms, pid_t *pid, char *err,
+                     size_t errlen)
+{
+  if (await_pid_file (&child, pid_file, may_daemonize, log_file, what,
+                      timeout_ms, pid, err, errlen) == 0)
+    return 0;
+  kill_child (&child);
+  return -1;
+}
+
+int
+mloop_server_await (const struct mloop_server_spec *spec, pid_t child,
+                    unsigned timeout_ms, pid_t *pid, char *err, size_t errlen)
+{
+  g_autofree char *what = server_name (spec);
+
+  return mloop_process_await (child, spec->pid_file, spec->kind->daemonizes,
+                              spec->log_file, what, timeout_ms, pid, err,
+                              errlen);
+}
+
+int
+mloop_server_start (const struct mloop_server_spec *spec,
+                    unsigned timeout_ms, pid_t *pid,
+                    char *err, size_t errlen)
+{
+  g_auto (GStrv) argv = server_argv (spec);
+  g_autofree char *what = server_name (spec);
   pid_t child;
 
   /* Each start's messages follow the last one's in the log. */
-  return spawn_and_wait (argv, spec->log_file, spec->pid_file,
-                         spec->kind->daemonizes, what, timeout_ms, &child,
-                         pid, err, errlen);
+  if (mloop_process_spawn (argv, spec->log_file, what, &child, err,
+                           errlen) == -1)
+    return -1;
+  return mloop_server_await (spec, child, timeout_ms, pid, err, errlen);
+}
+
+/* The supervisor's own last words are the server's error, already
+ * phrased for the user: passes them on without our wrapping.
+ */
+static void
+supervisor_failure (const char *log_file, char *err, size_t errlen)
+{
+  g_autofree char *line = last_log_line (log_file);
+
+  if (line && g_str_has_prefix (line, "mloop-supervisor: "))
+    mloop_fail (err, errlen, "%s", line + strlen ("mloop-supervisor: "));
+}
+
+int
+mloop_supervised_start (GPtrArray *supervisor_argv, char **server_argv,
+                        const char *server_log, const char *server_pid_file,
+                        const char *dir, unsigned timeout_ms,
+                        pid_t *supervisor, pid_t *server,
+                        char *err, size_t errlen)
+{
+  g_autofree char *log_file = g_build_filename (dir, MLOOP_DIR_SUPERVISOR_LOG,
+                                                NULL);
+  g_autofree char *pid_file = g_build_filename (dir, MLOOP_DIR_SUPERVISOR_PID,
+                                                NULL);
+  pid_t ignored;
+  int r;
+
+  *server = 0;
+  if (mloop_spawn_side_by_side (supervisor_argv, log_file, server_argv,
+                                server_log, supervisor, err, errlen) == -1)
+    return -1;
+  /* Serving once the server is ready and the supervisor, listening for
+   * the kernel's announcements before the device exists, has written
+   * its pid file.
+   */
+  r = await_pid_file (supervisor, server_pid_file, false, log_file,
+                      "the supervisor", timeout_ms, server, err, errlen);
+  if (r == 0)
+    r = await_pid_file (supervisor, pid_file, false, log_file,
+                        "the supervisor", timeout_ms, &ignored, err, errlen);
+  if (r == -1 && *supervisor == 0)
+    supervisor_failure (log_file, err, errlen);
+  if (r == -1 && *supervisor > 0) {
+    /* A timeout: asked to stop, the supervisor stops its server too. */
+    mloop_server_stop (*supervisor, dir, timeout_ms);
+    waitpid (*supervisor, NULL, WNOHANG);
+    *supervisor = 0;
+  }
+  return r;
 }
 
 int
@@ -243,9 +413,7 @@ mloop_supervisor_start (const struct mloop_server_spec *spec,
                         char *err, size_t errlen)
 {
   g_autoptr (GPtrArray) argv = g_ptr_array_new_with_free_func (g_free);
-  g_autofree char *log_file = g_build_filename (dir, MLOOP_DIR_SUPERVISOR_LOG, NULL);
-  g_autofree char *line = NULL;
-  int r;
+  g_auto (GStrv) srv_argv = server_argv (spec);
 
   g_ptr_array_add (argv, mloop_locate_program ("MLOOP_SUPERVISOR_BIN",
                                  "supervisor/mloop-supervisor",
@@ -261,17 +429,9 @@ mloop_supervisor_start (const struct mloop_server_spec *spec,
   g_ptr_array_add (argv, g_strdup ("--"));
   g_ptr_array_add (argv, g_strdup (spec->image));
   g_ptr_array_add (argv, NULL);
-
-  r = spawn_and_wait ((char **) argv->pdata, log_file, spec->pid_file, false,
-                      "the supervisor", timeout_ms, supervisor, server,
-                      err, errlen);
-  /* The supervisor's own last words are the server's error, already
-   * phrased for the user: pass them on without our wrapping.
-   */
-  if (r == -1 && *supervisor == 0 && (line = last_log_line (log_file)) &&
-      g_str_has_prefix (line, "mloop-supervisor: "))
-    mloop_fail (err, errlen, "%s", line + strlen ("mloop-supervisor: "));
-  return r;
+  return mloop_supervised_start (argv, srv_argv, spec->log_file,
+                                 spec->pid_file, dir, timeout_ms, supervisor,
+                                 server, err, errlen);
 }
 
 int
@@ -283,7 +443,6 @@ mloop_supervisor_start_remote (const char *uri, const char *dir,
                                                 NULL);
   g_autofree char *pid_file = g_build_filename (dir, MLOOP_DIR_SUPERVISOR_PID,
                                                 NULL);
-  g_autofree char *line = NULL;
   char *argv[] = {
     mloop_locate_program ("MLOOP_SUPERVISOR_BIN",
                           "supervisor/mloop-supervisor",
@@ -296,9 +455,8 @@ mloop_supervisor_start_remote (const char *uri, const char *dir,
 
   r = spawn_and_wait (argv, log_file, pid_file, false, "the supervisor",
                       timeout_ms, &child, supervisor, err, errlen);
-  if (r == -1 && child == 0 && (line = last_log_line (log_file)) &&
-      g_str_has_prefix (line, "mloop-supervisor: "))
-    mloop_fail (err, errlen, "%s", line + strlen ("mloop-supervisor: "));
+  if (r == -1 && child == 0)
+    supervisor_failure (log_file, err, errlen);
   for (char **a = argv; *a; a++)
     g_free (*a);
   return r;

@@ -52,6 +52,24 @@ int mloop_server_start (const struct mloop_server_spec *spec,
  * each only when not 0, and --overlay=FILE when OVERLAY is not NULL:
  * the options naming what is served that every program of ours takes.
  */
+/* Waits up to TIMEOUT_MS for CHILD, started to write PID_FILE (or, when
+ * MAY_DAEMONIZE, to exit 0 leaving a daemon that writes it), to do so:
+ * 0 with *PID, the pid in the file, or -1 with ERR, CHILD's own last words
+ * in LOG_FILE ("WHAT: why") when it ended.  Kills CHILD at the timeout.
+ */
+int mloop_process_await (pid_t child, const char *pid_file,
+                         bool may_daemonize, const char *log_file,
+                         const char *what, unsigned timeout_ms, pid_t *pid,
+                         char *err, size_t errlen);
+
+/* Waits up to TIMEOUT_MS for a server spawned as CHILD from SPEC's
+ * command to write its pid file (*PID).  Kills CHILD at the timeout.
+ * 0, or -1 with ERR: why it ended, in its own words where it said them.
+ */
+int mloop_server_await (const struct mloop_server_spec *spec, pid_t child,
+                        unsigned timeout_ms, pid_t *pid,
+                        char *err, size_t errlen);
+
 void mloop_add_image_args (GPtrArray *argv, uint64_t offset,
                            uint64_t sizelimit, const char *overlay);
 
@@ -77,10 +95,23 @@ int mloop_process_check (pid_t child, const char *log_file,
                          const char *pid_file, const char *what, pid_t *pid,
                          char *err, size_t errlen);
 
-/* Starts mloop-supervisor for device directory DIR, which starts the
- * server of SPEC (its files in DIR) and restarts it when it dies.  Waits,
- * like mloop_server_start, until the server listens; *SUPERVISOR and
- * *SERVER are their pids.
+/* Starts a supervisor (SUPERVISOR_ARGV, ended by NULL) and its first
+ * server (SERVER_ARGV, output to SERVER_LOG) side by side
+ * (side_by_side.h) and waits up to TIMEOUT_MS for the server to write
+ * SERVER_PID_FILE and the supervisor its own pid file in DIR, the
+ * device's directory.  *SUPERVISOR and *SERVER are their pids.  0, or -1
+ * with ERR in the supervisor's words (the server's error, when it failed).
+ */
+int mloop_supervised_start (GPtrArray *supervisor_argv, char **server_argv,
+                            const char *server_log,
+                            const char *server_pid_file, const char *dir,
+                            unsigned timeout_ms, pid_t *supervisor,
+                            pid_t *server, char *err, size_t errlen);
+
+/* Starts mloop-supervisor for device directory DIR and the server of
+ * SPEC (its files in DIR) beside it (mloop_supervised_start); the
+ * supervisor restarts the server when it dies.  *SUPERVISOR and *SERVER
+ * are their pids once the server listens.
  */
 int mloop_supervisor_start (const struct mloop_server_spec *spec,
                             const char *dir, unsigned timeout_ms,

@@ -185,8 +185,9 @@ wanted_queues (const struct mloop_attach_request *req)
   return n > MLOOP_MAX_CONNECTIONS ? MLOOP_MAX_CONNECTIONS : n;
 }
 
-/* mloop-supervisor --ublk for SPEC in DIR: it starts mloop-ublk, and
- * *SUPERVISOR and *SERVER are their pids once the device serves.
+/* mloop-supervisor --ublk for SPEC in DIR and the first mloop-ublk
+ * beside it, which makes the device; *SUPERVISOR and *SERVER are their
+ * pids once the device serves.
  */
 static int
 start_supervisor (const struct mloop_ublk_spec *spec, const char *dir,
@@ -194,7 +195,8 @@ start_supervisor (const struct mloop_ublk_spec *spec, const char *dir,
                   char *err, size_t errlen)
 {
   g_autoptr (GPtrArray) argv = g_ptr_array_new_with_free_func (g_free);
-  g_autofree char *log_file = g_build_filename (dir, MLOOP_DIR_SUPERVISOR_LOG,
+  g_auto (GStrv) server_argv = mloop_ublk_command (spec, dir, -1);
+  g_autofree char *log_file = g_build_filename (dir, MLOOP_DIR_SERVER_LOG,
                                                 NULL);
   g_autofree char *pid_file = g_build_filename (dir, MLOOP_DIR_SERVER_PID,
                                                 NULL);
@@ -208,10 +210,9 @@ start_supervisor (const struct mloop_ublk_spec *spec, const char *dir,
   g_ptr_array_add (argv, g_strdup_printf ("--queues=%u", spec->queues));
   g_ptr_array_add (argv, g_strdup_printf ("--dead-timeout=%u", dead_timeout));
   add_spec_args (argv, spec);
-  /* Its last words, "mloop-supervisor: why", are mloop-ublk's error. */
-  return mloop_process_start ((char **) argv->pdata, log_file, pid_file,
-                              "mloop-supervisor", UBLK_START_TIMEOUT_MS,
-                              supervisor, server, err, errlen);
+  return mloop_supervised_start (argv, server_argv, log_file, pid_file, dir,
+                                 UBLK_START_TIMEOUT_MS, supervisor, server,
+                                 err, errlen);
 }
 
 int

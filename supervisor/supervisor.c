@@ -1,7 +1,8 @@
 /* mloop-supervisor — keeps the server of one attached device alive.
  *
- * `mloop attach` starts one per device (device/server_process.c); it starts
- * the device's server and, whenever that server dies, starts a new one
+ * `mloop attach` starts one per device with the device's first server
+ * beside it as its child (--adopt, device/side_by_side.c); the
+ * supervisor watches that server and, whenever it dies, starts a new one
  * with backoff and hands the kernel fresh connections to it
  * (NBD_CMD_RECONFIGURE).  The device is attached with a dead-connection
  * timeout, so while the server is down the kernel holds IO instead of
@@ -170,6 +171,22 @@ start_server (char *err, size_t errlen)
   g_unlink (sv.spec.pid_file);
   g_unlink (sv.spec.socket_path);
   if (mloop_server_start (&sv.spec, START_TIMEOUT_MS, &sv.server,
+                          err, errlen) == -1)
+    return -1;
+  if (watch_server (err, errlen) == -1) {
+    mloop_server_stop (sv.server, sv.spec.socket_path, STOP_TIMEOUT_MS);
+    return -1;
+  }
+  return 0;
+}
+
+/* Watches the first server, started beside us as our child ADOPTED
+ * (mloop_supervisor_start), once it listens.  0, or -1 with ERR.
+ */
+static int
+adopt_server (pid_t adopted, char *err, size_t errlen)
+{
+  if (mloop_server_await (&sv.spec, adopted, START_TIMEOUT_MS, &sv.server,
                           err, errlen) == -1)
     return -1;
   if (watch_server (err, errlen) == -1) {
@@ -648,6 +665,7 @@ main (int argc, char **argv)
 {
   g_autofree char *server_kind = NULL, *remote = NULL, *overlay = NULL;
   gint threads = 0, queues = 1, block_size = 0, dead_timeout = 30, id = -1;
+  gint adopt = 0;
   gboolean read_only = FALSE, ublk = FALSE;
   gint64 offset = 0, sizelimit = 0;
   GOptionEntry entries[] = {
@@ -665,6 +683,9 @@ main (int argc, char **argv)
       "Serve at most this many bytes", "BYTES" },
     { "overlay", 0, 0, G_OPTION_ARG_FILENAME, &overlay,
       "Write to this copy-on-write overlay", "FILE" },
+    { "adopt", 0, 0, G_OPTION_ARG_INT, &adopt,
+      "The first server, started as our child: wait for it to listen",
+      "PID" },
     { "remote", 0, 0, G_OPTION_ARG_STRING, &remote,
       "No server: reconnect the device to this export (remote.h)",
       "nbd://HOST[:PORT]/NAME" },
@@ -711,7 +732,8 @@ main (int argc, char **argv)
                "--queues and --dead-timeout of at least 1\n");
       return EXIT_FAILURE;
     }
-    return mloop_supervise_ublk (sv.dir, &spec, (unsigned) dead_timeout);
+    return mloop_supervise_ublk (sv.dir, &spec, (unsigned) dead_timeout,
+                                 (pid_t) adopt);
   }
   if (argc != 2 || sv.dir == NULL) {
     fprintf (stderr, "mloop-supervisor: need --dir DIR and one IMAGE, "
@@ -738,10 +760,6 @@ main (int argc, char **argv)
 
   /* Orphans (nbdkit's daemon) become our children, so we can reap them. */
   prctl (PR_SET_CHILD_SUBREAPER, 1);
-  pid_path = g_build_filename (sv.dir, MLOOP_DIR_SUPERVISOR_PID, NULL);
-  snprintf (pid_text, sizeof pid_text, "%d\n", (int) getpid ());
-  g_file_set_contents (pid_path, pid_text, -1, NULL);
-
   sv.loop = g_main_loop_new (NULL, FALSE);
   g_unix_signal_add (SIGTERM, on_stop_signal, NULL);
   g_unix_signal_add (SIGINT, on_stop_signal, NULL);
@@ -750,8 +768,15 @@ main (int argc, char **argv)
   kmsg_open ();
   dead_slots_listen (&sv.slots, device_index, heal_soon,
                      "connections the kernel drops will not be reconnected");
+  /* `mloop attach` connects the device once this file exists: we are
+   * listening by then.
+   */
+  pid_path = g_build_filename (sv.dir, MLOOP_DIR_SUPERVISOR_PID, NULL);
+  snprintf (pid_text, sizeof pid_text, "%d\n", (int) getpid ());
+  g_file_set_contents (pid_path, pid_text, -1, NULL);
   /* The first start's failure is attach's failure: say it and leave. */
-  if (start_server (err, sizeof err) == -1) {
+  if ((adopt > 0 ? adopt_server ((pid_t) adopt, err, sizeof err)
+       : start_server (err, sizeof err)) == -1) {
     fprintf (stderr, "mloop-supervisor: %s\n", err);
     g_unlink (pid_path);
     return EXIT_FAILURE;

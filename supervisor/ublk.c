@@ -81,19 +81,27 @@ serving (pid_t pid, char *err, size_t errlen)
 }
 
 /* The first mloop-ublk, which makes the device: attach waits for it
- * anyway.  Returns once it serves: 0, or -1 with ERR.
+ * anyway.  ADOPTED, when not 0, is one already started as our child
+ * (side_by_side.h).  Returns once it serves: 0, or -1 with ERR.
  */
 static int
-start_server (char *err, size_t errlen)
+start_server (pid_t adopted, char *err, size_t errlen)
 {
-  g_auto (GStrv) argv = mloop_ublk_command (su.spec, su.dir, -1);
+  g_auto (GStrv) argv = NULL;
   pid_t pid;
+  int r;
 
-  g_unlink (su.pid_file);
-  if (mloop_process_start (argv, su.log_file, su.pid_file, "mloop-ublk",
-                           START_TIMEOUT_MS, NULL, &pid, err, errlen) == -1)
-    return -1;
-  return serving (pid, err, errlen);
+  if (adopted > 0)
+    r = mloop_process_await (adopted, su.pid_file, false, su.log_file,
+                             "mloop-ublk", START_TIMEOUT_MS, &pid, err,
+                             errlen);
+  else {
+    argv = mloop_ublk_command (su.spec, su.dir, -1);
+    g_unlink (su.pid_file);
+    r = mloop_process_start (argv, su.log_file, su.pid_file, "mloop-ublk",
+                             START_TIMEOUT_MS, NULL, &pid, err, errlen);
+  }
+  return r == -1 ? -1 : serving (pid, err, errlen);
 }
 
 static gboolean recover (gpointer unused);
@@ -270,7 +278,7 @@ on_stop_signal (gpointer unused)
 
 int
 mloop_supervise_ublk (const char *dir, const struct mloop_ublk_spec *spec,
-                      unsigned dead_timeout_s)
+                      unsigned dead_timeout_s, pid_t adopted)
 {
   g_autofree char *pid_path = g_build_filename (dir, MLOOP_DIR_SUPERVISOR_PID,
                                                 NULL);
@@ -288,7 +296,7 @@ mloop_supervise_ublk (const char *dir, const struct mloop_ublk_spec *spec,
   g_unix_signal_add (SIGTERM, on_stop_signal, NULL);
   g_unix_signal_add (SIGINT, on_stop_signal, NULL);
   /* The first start's failure is attach's failure: say it and leave. */
-  if (start_server (err, sizeof err) == -1 ||
+  if (start_server (adopted, err, sizeof err) == -1 ||
       mloop_ublk_read_device_file (dir, &su.index, err, sizeof err) == -1) {
     if (su.server > 0)
       mloop_server_stop (su.server, dir, STOP_TIMEOUT_MS);

@@ -27,8 +27,9 @@
 
 /* Runs until SIGTERM/SIGINT; returns the exit status.  DEAD_TIMEOUT_S:
  * how long the device may be without a server before it is stopped.
+ * ADOPTED, unless 0: the first mloop-ublk, started as our child.
  */
 int mloop_supervise_ublk (const char *dir, const struct mloop_ublk_spec *spec,
-                          unsigned dead_timeout_s);
+                          unsigned dead_timeout_s, pid_t adopted);
 
 #endif /* MLOOP_SUPERVISOR_UBLK_H */
