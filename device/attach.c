@@ -859,9 +859,16 @@ mloop_cleanup_incomplete (void)
 
     if (device_lock == -1)
       continue;
+    struct mloop_device_state claimed;
+
     s.supervisor_pid = read_pid (*d, MLOOP_DIR_SUPERVISOR_PID);
     s.server_pid = read_pid (*d, MLOOP_DIR_SERVER_PID);
     stop_processes (&s);
+    /* The temporary overlay it made goes with it, as at detach. */
+    if (mloop_state_load_claim (*d, &claimed) == 0) {
+      mloop_state_remove_temporary_overlay (&claimed);
+      mloop_state_clear (&claimed);
+    }
     mloop_state_remove (*d);
     mloop_state_unlock (device_lock);
     n++;

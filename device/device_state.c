@@ -322,6 +322,12 @@ load_from (const char *dir, const char *name, struct mloop_device_state *s)
 }
 
 int
+mloop_state_load_claim (const char *dir, struct mloop_device_state *s)
+{
+  return load_from (dir, MLOOP_DIR_CLAIM, s);
+}
+
+int
 mloop_state_load (const char *dir, struct mloop_device_state *s)
 {
   if (load_from (dir, MLOOP_DIR_STATE, s) == -1)

@@ -161,6 +161,10 @@ int mloop_state_save_supervisor (const char *dir,
                                  char *err, size_t errlen);
 /* Reads DIR/state (and DIR/supervisor, which overrides server_pid) into S (which owns copies); -1 if it has none. */
 int mloop_state_load (const char *dir, struct mloop_device_state *s);
+/* Reads DIR's claim into S: what an attach in progress (or one that died
+ * half-way) was making.  0, or -1.
+ */
+int mloop_state_load_claim (const char *dir, struct mloop_device_state *s);
 /* Every device directory with a state file: nbd devices, then ublk
  * ones, each sorted by index.
  */

@@ -2,7 +2,8 @@
  * of attaches that died half-way, those without a state file, and stops
  * the server their pid file names; it leaves attached devices alone, and
  * a pid file's process alone when its command line does not name the
- * directory's socket (the pid was reused).  In a temporary
+ * directory's socket (the pid was reused).  The temporary overlay the
+ * half-made attach had claimed is removed with its directory.  In a temporary
  * MLOOP_RUNTIME_DIR, with this program re-run as the "server": no root.
  */
 #include <errno.h>
@@ -94,7 +95,7 @@ main (int argc, char **argv)
     .server = mloop_server_kind_default (),
   };
   struct mloop_device_state half = { .index = -1 }, got;
-  g_autofree char *half_sock = NULL;
+  g_autofree char *half_sock = NULL, *overlay_dir = NULL;
   char err[256];
   int status;
 
@@ -104,6 +105,15 @@ main (int argc, char **argv)
   CHECK (mloop_state_save (&attached, err, sizeof err) == 0, "%s", err);
   CHECK (mloop_state_create (&half, err, sizeof err) == 0, "%s", err);
   half_sock = mloop_state_path (&half, MLOOP_DIR_SOCKET);
+  /* It had claimed its image with a temporary overlay, made already. */
+  overlay_dir = g_build_filename (run, "..", "mloop-half-XXXXXX", NULL);
+  CHECK (g_mkdtemp (overlay_dir) != NULL, "mkdtemp: %s", strerror (errno));
+  half.file = g_strdup ("/images/half.img");
+  half.server = mloop_server_kind_default ();
+  half.overlay = g_build_filename (overlay_dir, "overlay", NULL);
+  half.overlay_temporary = true;
+  CHECK (g_file_set_contents (half.overlay, "map", -1, NULL), "overlay");
+  CHECK (mloop_state_save_claim (&half, err, sizeof err) == 0, "%s", err);
 
   /* The half-made attach's server, started with its socket ... */
   children[0] = start_child (half_sock);
@@ -118,6 +128,9 @@ main (int argc, char **argv)
 
   CHECK (!g_file_test (half.dir, G_FILE_TEST_EXISTS),
          "the half-made attach's %s is still there", half.dir);
+  CHECK (!g_file_test (overlay_dir, G_FILE_TEST_EXISTS),
+         "the half-made attach's temporary overlay %s is still there",
+         half.overlay);
   /* Its server was stopped: a zombie now, unless the library reaped it. */
   pid_t r = waitpid (children[0], &status, WNOHANG);
   CHECK ((r == children[0] && WIFSIGNALED (status)) ||
@@ -136,6 +149,8 @@ main (int argc, char **argv)
 
   g_free (attached.dir);
   g_free (half.dir);
+  g_free (half.overlay);
+  g_free (half.file);
   printf ("ok: a half-made attach removed and its server stopped\n");
   return 0;
 }
