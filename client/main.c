@@ -18,6 +18,7 @@
 #include "parse.h"
 #include "block_queue.h"
 #include "mount_cmd.h"
+#include "overlay_cmd.h"
 #include "print.h"
 #include "resize.h"
 #include "serve.h"
@@ -471,6 +472,7 @@ static const struct {
   { "serve", cmd_serve, "serve FILE to other machines (TCP, TLS)" },
   { "mount", mloop_cmd_mount, "attach FILE and mount it (autoclear)" },
   { "umount", mloop_cmd_umount, "unmount DIR and detach its device" },
+  { "overlay", mloop_cmd_overlay, "commit or discard an overlay file" },
 };
 
 static int

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "align.h"
+#include "fileio.h"
 #include "io.h"
 #include "overlay.h"
 #include "range_lock.h"
@@ -69,55 +70,6 @@ get_le32 (const unsigned char *p)
 
   memcpy (&v, p, 4);
   return le32toh (v);
-}
-
-/* Whole-buffer positional IO; a read that meets the end of the file
- * fills the rest with zeroes.
- */
-static int
-pread_or_zero (int fd, void *buf, size_t count, uint64_t pos)
-{
-  char *p = buf;
-
-  while (count > 0) {
-    ssize_t r = pread (fd, p, count, (off_t) pos);
-
-    if (r == -1 && errno == EINTR)
-      continue;
-    if (r == -1)
-      return -errno;
-    if (r == 0) {
-      memset (p, 0, count);
-      return 0;
-    }
-    p += r;
-    count -= (size_t) r;
-    pos += (uint64_t) r;
-  }
-  return 0;
-}
-
-static int
-pwrite_all (int fd, const void *buf, size_t count, uint64_t pos,
-            int rw_flags)
-{
-  const char *p = buf;
-
-  while (count > 0) {
-    struct iovec iov = { (void *) p, count };
-    ssize_t r = pwritev2 (fd, &iov, 1, (off_t) pos, rw_flags);
-
-    if (r == -1 && errno == EINTR)
-      continue;
-    if (r == -1)
-      return -errno;
-    if (r == 0)
-      return -EIO;
-    p += r;
-    count -= (size_t) r;
-    pos += (uint64_t) r;
-  }
-  return 0;
 }
 
 static int
@@ -178,7 +130,7 @@ mloop_overlay_mark (struct mloop_overlay *ov, uint64_t offset,
       pthread_mutex_lock (&ov->map_lock);
       now = __atomic_or_fetch (&ov->map[word], mask, __ATOMIC_ACQ_REL);
       now = htole64 (now);
-      r = pwrite_all (ov->map_fd, &now, sizeof now,
+      r = mloop_pwrite_all (ov->map_fd, &now, sizeof now,
                       ov->map_offset + word * sizeof now, 0);
       pthread_mutex_unlock (&ov->map_lock);
     }
@@ -220,7 +172,7 @@ read_base (const struct mloop_backing *base, char *buf, uint64_t count,
     const bool in_tail = offset >= tail;
     const uint64_t upto = in_tail || end <= tail ? end : tail;
 
-    r = pread_or_zero (in_tail ? base->buffered_fd : base->fd, buf,
+    r = mloop_pread_or_zero (in_tail ? base->buffered_fd : base->fd, buf,
                        upto - offset,
                        mloop_backing_file_offset (base, offset));
     buf += upto - offset;
@@ -243,7 +195,7 @@ read_clusters (struct mloop_overlay *ov, const struct mloop_backing *base,
     while (run < end && cluster_marked (ov, run / C) == marked)
       run += C;
     if (marked)
-      r = pread_or_zero (ov->fd, buf + (pos - start), run - pos,
+      r = mloop_pread_or_zero (ov->fd, buf + (pos - start), run - pos,
                          ov->data_offset + pos);
     else
       r = read_base (base, buf + (pos - start), run - pos, pos);
@@ -259,7 +211,7 @@ static int
 write_clusters (struct mloop_overlay *ov, const char *buf, uint64_t count,
                 uint64_t start, bool fua)
 {
-  int r = pwrite_all (ov->fd, buf, count, ov->data_offset + start,
+  int r = mloop_pwrite_all (ov->fd, buf, count, ov->data_offset + start,
                       fua ? RWF_DSYNC : 0);
 
   if (r == 0)
@@ -523,7 +475,7 @@ create_overlay (const char *path, const struct mloop_backing *base,
   memset (&layout, 0, sizeof layout);
   lay_out (&layout, mloop_backing_size (base));
   encode_header (header, &layout, base->path);
-  r = pwrite_all (fd, header, sizeof header, 0, 0);
+  r = mloop_pwrite_all (fd, header, sizeof header, 0, 0);
   if (r == 0 && ftruncate (fd, (off_t) (layout.data_offset +
                                         layout.clusters * C)) == -1)
     r = -errno;
@@ -561,7 +513,7 @@ read_header (struct mloop_overlay *ov, const struct mloop_backing *base,
 
   if (h == NULL)
     return -ENOMEM;
-  r = pread_or_zero (ov->fd, h, HDR_BYTES, 0);
+  r = mloop_pread_or_zero (ov->fd, h, HDR_BYTES, 0);
   if (r < 0)
     snprintf (err, errlen, "overlay %s: %s", ov->path, strerror (-r));
   else if (memcmp (h + HDR_MAGIC, overlay_magic, sizeof overlay_magic) != 0) {
@@ -592,7 +544,7 @@ read_header (struct mloop_overlay *ov, const struct mloop_backing *base,
     snprintf (err, errlen, "overlay %s: its header is damaged", ov->path);
     r = -EINVAL;
   }
-  else if (expect.size != mloop_backing_size (base)) {
+  else if (base && expect.size != mloop_backing_size (base)) {
     snprintf (err, errlen, "overlay %s was made for a base of %llu bytes "
               "(%s); %s is %llu bytes", ov->path,
               (unsigned long long) expect.size, ov->base_path, base->path,
@@ -618,6 +570,32 @@ read_header (struct mloop_overlay *ov, const struct mloop_backing *base,
  out:
   mloop_free_aligned (h, HDR_BYTES);
   return r;
+}
+
+int
+mloop_overlay_inspect (const char *path, char **base_path, uint64_t *size,
+                       char *err, size_t errlen)
+{
+  struct mloop_overlay ov;
+  int r;
+
+  memset (&ov, 0, sizeof ov);
+  ov.path = (char *) path;
+  ov.fd = open (path, O_RDONLY | O_CLOEXEC);
+  if (ov.fd == -1) {
+    r = -errno;
+    snprintf (err, errlen, "cannot open overlay %s: %s", path, strerror (-r));
+    return r;
+  }
+  r = read_header (&ov, NULL, err, errlen);
+  close (ov.fd);
+  if (r < 0) {
+    free (ov.base_path);
+    return r;
+  }
+  *base_path = ov.base_path;
+  *size = ov.size;
+  return 0;
 }
 
 int
@@ -672,7 +650,7 @@ mloop_overlay_open (struct mloop_overlay *ov, const char *path,
     snprintf (err, errlen, "overlay %s: no memory for its map", path);
     goto fail;
   }
-  r = pread_or_zero (ov->map_fd, ov->map, ov->map_bytes, ov->map_offset);
+  r = mloop_pread_or_zero (ov->map_fd, ov->map, ov->map_bytes, ov->map_offset);
   if (r < 0) {
     snprintf (err, errlen, "cannot read the map of overlay %s: %s", path,
               strerror (-r));

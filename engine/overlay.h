@@ -63,6 +63,25 @@ int mloop_overlay_open (struct mloop_overlay *ov, const char *path,
                         char *err, size_t errlen);
 void mloop_overlay_close (struct mloop_overlay *ov);
 
+/* Reads the header of the overlay at PATH only: the base it was made
+ * for (*BASE_PATH, to free) and its size.  0, or a negative errno with a
+ * one-line reason in ERR.
+ */
+int mloop_overlay_inspect (const char *path, char **base_path,
+                           uint64_t *size, char *err, size_t errlen);
+
+/* Copies every cluster the overlay at PATH holds into the image
+ * BASE_PATH, whose whole size it must have been made for, then makes the
+ * base durable (overlay_merge.c).  The overlay is left as it was: it
+ * adds nothing to the base any more, and removing it is the caller's
+ * choice.  Nothing else may use either meanwhile: the overlay's lock
+ * refuses a server on it, the base is the caller's to guard.  Stopped
+ * half-way it can run again: the overlay still reads the same over the
+ * base.  0, or a negative errno with a one-line reason in ERR.
+ */
+int mloop_overlay_merge (const char *path, const char *base_path,
+                         char *err, size_t errlen);
+
 /* Where the bytes of [offset, offset + count) are. */
 enum mloop_overlay_where {
   MLOOP_OVERLAY_IN_BASE,        /* every cluster still in the base */

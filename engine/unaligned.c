@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "align.h"
+#include "fileio.h"
 #include "engine.h"
 #include "unaligned.h"
 
@@ -47,23 +48,8 @@ static int
 full_pwrite (const struct mloop_backing *b, int fd, const char *buf,
              size_t count, uint64_t offset, int rw_flags)
 {
-  while (count > 0) {
-    struct iovec iov = { (void *) buf, count };
-    ssize_t r = pwritev2 (fd, &iov, 1,
-                          (off_t) mloop_backing_file_offset (b, offset),
-                          rw_flags);
-
-    if (r == -1 && errno == EINTR)
-      continue;
-    if (r == -1)
-      return -errno;
-    if (r == 0)
-      return -EIO;
-    buf += r;
-    count -= (size_t) r;
-    offset += (uint64_t) r;
-  }
-  return 0;
+  return mloop_pwrite_all (fd, buf, count,
+                           mloop_backing_file_offset (b, offset), rw_flags);
 }
 
 /* Writes BUF (COUNT bytes at OFFSET, within the O_DIRECT part) into the

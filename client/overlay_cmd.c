@@ -1,0 +1,43 @@
+/* mloop — the overlay command.  See overlay_cmd.h. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <glib.h>
+
+#include "overlay_cmd.h"
+#include "overlay_file.h"
+#include "print.h"
+
+#define fail mloop_print_error
+
+int
+mloop_cmd_overlay (int argc, char **argv)
+{
+  GOptionEntry entries[] = { G_OPTION_ENTRY_NULL };
+  g_autoptr (GOptionContext) ctx =
+    g_option_context_new ("commit|discard OVERLAY");
+  g_autoptr (GError) gerr = NULL;
+  g_autofree char *base = NULL;
+  char err[1024];
+
+  g_option_context_set_summary (ctx, "An overlay file no device uses: "
+                                "commit copies its writes into the base it "
+                                "was made for, then removes it; discard "
+                                "removes it, its writes lost.");
+  g_option_context_add_main_entries (ctx, entries, NULL);
+  if (!g_option_context_parse (ctx, &argc, &argv, &gerr))
+    return fail ("%s", gerr->message);
+  if (argc != 3 || (strcmp (argv[1], "commit") != 0 &&
+                    strcmp (argv[1], "discard") != 0))
+    return fail ("overlay: give commit or discard, and one OVERLAY file");
+  if (strcmp (argv[1], "commit") == 0) {
+    if (mloop_overlay_file_commit (argv[2], &base, err, sizeof err) == -1)
+      return fail ("overlay commit: %s", err);
+    printf ("%s\n", base);
+    return EXIT_SUCCESS;
+  }
+  if (mloop_overlay_file_discard (argv[2], err, sizeof err) == -1)
+    return fail ("overlay discard: %s", err);
+  return EXIT_SUCCESS;
+}

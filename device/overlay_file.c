@@ -1,0 +1,118 @@
+/* mloop — an overlay file no device uses.  See overlay_file.h. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <glib.h>
+
+#include "device_state.h"
+#include "errmsg.h"
+#include "overlay.h"
+#include "overlay_file.h"
+
+static bool
+same_file (const char *a, const struct stat *b)
+{
+  struct stat st;
+
+  return a && stat (a, &st) == 0 && st.st_dev == b->st_dev &&
+    st.st_ino == b->st_ino;
+}
+
+/* Whether a device or an attach in progress uses OVERLAY or, unless NULL,
+ * BASE (as its image or the base under its overlay): -1 with ERR naming
+ * it, else 0.  Called under the state lock.
+ */
+static int
+check_unused (const char *overlay, const struct stat *ov_st,
+              const char *base, const struct stat *base_st, char *err,
+              size_t errlen)
+{
+  size_t n[2];
+  struct mloop_device_state *lists[2] = {
+    mloop_state_list (&n[0]), mloop_state_list_claims (&n[1]),
+  };
+  int r = 0;
+
+  for (int l = 0; l < 2; l++)
+    for (size_t i = 0; i < n[l] && r == 0; i++) {
+      const struct mloop_device_state *s = &lists[l][i];
+      g_autofree char *dev = l == 0 ? mloop_state_device_path (s)
+        : g_strdup ("a device being attached");
+
+      if (same_file (s->overlay, ov_st))
+        r = mloop_fail (err, errlen, "overlay %s is in use by %s", overlay,
+                        dev);
+      else if (base && !s->remote && same_file (s->file, base_st))
+        r = mloop_fail (err, errlen, "%s, the overlay's base, is in use by "
+                        "%s: detach it first", base, dev);
+    }
+  mloop_state_free_list (lists[0], n[0]);
+  mloop_state_free_list (lists[1], n[1]);
+  return r;
+}
+
+int
+mloop_overlay_file_commit (const char *path, char **base, char *err,
+                           size_t errlen)
+{
+  struct stat ov_st, base_st;
+  uint64_t size;
+  int lock, r;
+
+  *base = NULL;
+  if (stat (path, &ov_st) == -1)
+    return mloop_fail (err, errlen, "%s: %s", path, strerror (errno));
+  if (mloop_overlay_inspect (path, base, &size, err, errlen) < 0)
+    return -1;
+  if (stat (*base, &base_st) == -1)
+    return mloop_fail (err, errlen, "%s, the overlay's base: %s", *base,
+                       strerror (errno));
+  lock = mloop_state_lock (err, errlen);
+  if (lock == -1)
+    return -1;
+  r = check_unused (path, &ov_st, *base, &base_st, err, errlen);
+  if (r == 0 && mloop_overlay_merge (path, *base, err, errlen) < 0)
+    r = -1;
+  /* The base holds it all now, durably: the overlay adds nothing. */
+  if (r == 0 && unlink (path) == -1)
+    r = mloop_fail (err, errlen, "committed, but %s stays: %s", path,
+                    strerror (errno));
+  mloop_state_unlock (lock);
+  return r;
+}
+
+int
+mloop_overlay_file_discard (const char *path, char *err, size_t errlen)
+{
+  g_autofree char *base = NULL;
+  struct stat st;
+  uint64_t size;
+  int lock, fd, r;
+
+  if (stat (path, &st) == -1)
+    return mloop_fail (err, errlen, "%s: %s", path, strerror (errno));
+  /* Never any file but an overlay. */
+  if (mloop_overlay_inspect (path, &base, &size, err, errlen) < 0)
+    return -1;
+  lock = mloop_state_lock (err, errlen);
+  if (lock == -1)
+    return -1;
+  r = check_unused (path, &st, NULL, NULL, err, errlen);
+  /* A server started by hand holds the overlay's lock. */
+  fd = r == 0 ? open (path, O_RDONLY | O_CLOEXEC) : -1;
+  if (r == 0 && (fd == -1 || flock (fd, LOCK_EX | LOCK_NB) == -1))
+    r = mloop_fail (err, errlen, "overlay %s is in use by a server", path);
+  if (r == 0 && unlink (path) == -1)
+    r = mloop_fail (err, errlen, "cannot remove %s: %s", path,
+                    strerror (errno));
+  if (fd != -1)
+    close (fd);
+  mloop_state_unlock (lock);
+  return r;
+}

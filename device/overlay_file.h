@@ -1,0 +1,25 @@
+/* mloop — an overlay file no device uses: `mloop overlay commit` folds
+ * it into its base, `mloop overlay discard` drops it.
+ */
+#ifndef MLOOP_OVERLAY_FILE_H
+#define MLOOP_OVERLAY_FILE_H
+
+#include <stddef.h>
+
+/* Copies what the overlay at PATH holds into the base image it was made
+ * for, makes the base durable, then removes the overlay.  Refused while
+ * a device (or an attach in progress) uses the overlay or the base, and
+ * for an overlay made for a window of its base.  Holds the state lock
+ * throughout, so no attach takes either meanwhile.  *BASE is the base
+ * written (to free).  0, or -1 with one line in ERR.
+ */
+int mloop_overlay_file_commit (const char *path, char **base, char *err,
+                               size_t errlen);
+
+/* Removes the overlay at PATH, its writes lost.  Refused while a device
+ * or a server uses it, and for a file that is not an mloop overlay.
+ * 0, or -1 with one line in ERR.
+ */
+int mloop_overlay_file_discard (const char *path, char *err, size_t errlen);
+
+#endif /* MLOOP_OVERLAY_FILE_H */

@@ -1,0 +1,109 @@
+/* mloop — folding a copy-on-write overlay into its base (`mloop overlay
+ * commit`).  See overlay.h.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backing.h"
+#include "fileio.h"
+#include "overlay.h"
+
+/* Copied a run of clusters at a time, at most this much. */
+#define MERGE_CHUNK (1u << 20)
+
+static uint64_t
+cluster_bytes (const struct mloop_overlay *ov, uint64_t pos)
+{
+  return ov->size - pos < MLOOP_OVERLAY_CLUSTER ? ov->size - pos
+    : MLOOP_OVERLAY_CLUSTER;
+}
+
+static bool
+in_overlay (const struct mloop_overlay *ov, uint64_t pos)
+{
+  return mloop_overlay_where (ov, pos, cluster_bytes (ov, pos)) ==
+    MLOOP_OVERLAY_IN_OVERLAY;
+}
+
+/* Copies the marked clusters, a run of at most MERGE_CHUNK at a time:
+ * what the data area holds there (holes, trimmed or zeroed clusters,
+ * read as zeroes) goes to the same place in BASE.
+ */
+static int
+copy_marked (const struct mloop_overlay *ov, const struct mloop_backing *base,
+             char *buf, char *err, size_t errlen)
+{
+  uint64_t pos = 0;
+  int r;
+
+  while (pos < ov->size) {
+    uint64_t end;
+
+    if (!in_overlay (ov, pos)) {
+      pos += MLOOP_OVERLAY_CLUSTER;
+      continue;
+    }
+    end = pos;
+    while (end < ov->size && end - pos < MERGE_CHUNK && in_overlay (ov, end))
+      end += cluster_bytes (ov, end);
+    r = mloop_pread_or_zero (ov->fd, buf, end - pos, ov->data_offset + pos);
+    if (r < 0) {
+      snprintf (err, errlen, "cannot read overlay %s: %s", ov->path,
+                strerror (-r));
+      return r;
+    }
+    r = mloop_pwrite_all (base->fd, buf, end - pos, pos, 0);
+    if (r < 0) {
+      snprintf (err, errlen, "cannot write %s: %s", base->path,
+                strerror (-r));
+      return r;
+    }
+    pos = end;
+  }
+  return 0;
+}
+
+int
+mloop_overlay_merge (const char *path, const char *base_path, char *err,
+                     size_t errlen)
+{
+  const struct mloop_window whole = { 0, 0 };
+  struct mloop_backing base;
+  struct mloop_overlay ov;
+  char *buf;
+  int r;
+
+  /* Opening a missing overlay would make one. */
+  if (access (path, F_OK) == -1) {
+    r = -errno;
+    snprintf (err, errlen, "overlay %s: %s", path, strerror (-r));
+    return r;
+  }
+  r = mloop_backing_open (&base, base_path, MLOOP_DIRECT_OFF, true, &whole,
+                          err, errlen);
+  if (r < 0)
+    return r;
+  r = mloop_overlay_open (&ov, path, &base, false, err, errlen);
+  if (r < 0) {
+    mloop_backing_close (&base);
+    return r;
+  }
+  buf = malloc (MERGE_CHUNK);
+  if (buf == NULL) {
+    r = -ENOMEM;
+    snprintf (err, errlen, "overlay %s: out of memory", path);
+  }
+  else
+    r = copy_marked (&ov, &base, buf, err, errlen);
+  if (r == 0 && fdatasync (base.fd) == -1) {
+    r = -errno;
+    snprintf (err, errlen, "cannot sync %s: %s", base_path, strerror (-r));
+  }
+  free (buf);
+  mloop_overlay_close (&ov);
+  mloop_backing_close (&base);
+  return r;
+}

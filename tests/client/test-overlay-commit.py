@@ -1,0 +1,104 @@
+#!/usr/bin/python3
+"""`mloop overlay commit` and `mloop overlay discard` on this host, with
+mloop-server writing the overlay (the kernel suite's test-overlay.py adds
+the refusals for an attached device).
+
+commit: after unaligned writes, a zero and a trim through the server,
+the base reads exactly as the device did, the overlay is gone, and the
+base's path is printed.  discard: the overlay is gone and the base
+untouched.  Refused in one line, with the overlay and the base left as
+they were: an overlay a server holds, a file that is not an overlay
+(discard never removes it), a missing file, an overlay made for a
+window of its base.  About 2 s."""
+import os
+import subprocess
+
+import harness
+from harness import check
+
+MLOOP = os.environ["MLOOP_CLI"]
+SIZE = 8 << 20
+if harness.SERVER_KIND != "native":
+    harness.skip("drives mloop-server's --overlay")
+
+d = harness.tmpdir()
+env = dict(os.environ, MLOOP_RUNTIME_DIR=os.path.join(d, "run"))
+
+
+def mloop(*args):
+    return subprocess.run([MLOOP, *args], capture_output=True, text=True, timeout=120,
+                          env=env)
+
+
+def refused(name, args, expect):
+    p = mloop(*args)
+    lines = p.stderr.strip().splitlines()
+    check(f"{name}: one line naming the cause, exit non-zero",
+          p.returncode != 0 and len(lines) == 1 and expect in lines[0], p.stderr)
+
+
+def digest(path):
+    return harness.file_digest(path)
+
+
+def written_overlay(base, overlay):
+    """Writes through a server on BASE with OVERLAY; returns the device's
+    bytes as a file."""
+    srv = harness.Server(base, [f"overlay={overlay}"])
+    h = srv.connect(strict=False)
+    h.pwrite(harness.pattern(1 << 20, 7), 3 * (1 << 20) + 512)
+    h.pwrite(b"\x55" * 100, SIZE - 100)
+    h.zero(8192, 65536)
+    h.trim(1 << 20, 6 * (1 << 20) + 4096)
+    h.flush()
+    device = os.path.join(d, "device.img")
+    subprocess.run(["nbdcopy", srv.uri, device], check=True)
+    h.shutdown()
+    srv.stop()
+    return device
+
+
+base = harness.make_image(SIZE, harness.pattern(SIZE, 3), directory=d)
+base_before = digest(base)
+overlay = os.path.join(d, "one.overlay")
+device = written_overlay(base, overlay)
+check("the device differs from its base", digest(device) != base_before)
+
+# Refusals leave both as they were.
+overlay_before = digest(overlay)
+srv = harness.Server(base, [f"overlay={overlay}"])
+refused("commit of an overlay a server holds", ["overlay", "commit", overlay],
+        "is in use by another server")
+refused("discard of an overlay a server holds", ["overlay", "discard", overlay],
+        "is in use by a server")
+srv.stop()
+refused("discard of a file that is not an overlay", ["overlay", "discard", base],
+        "is not an mloop overlay")
+refused("commit of a missing overlay", ["overlay", "commit", os.path.join(d, "none")],
+        "No such file")
+refused("an unknown overlay command", ["overlay", "merge", overlay], "commit or discard")
+check("refusals changed neither base nor overlay",
+      digest(base) == base_before and digest(overlay) == overlay_before)
+
+# An overlay of a window has other bytes than the whole base.
+window = os.path.join(d, "window.overlay")
+srv = harness.Server(base, [f"overlay={window}", "sizelimit=4194304"])
+srv.stop()
+refused("commit of an overlay made for a window", ["overlay", "commit", window],
+        "was made for a base of 4194304 bytes")
+
+p = mloop("overlay", "commit", overlay)
+check("commit succeeds and prints the base", p.returncode == 0 and
+      p.stdout.strip() == os.path.realpath(base), p.stdout + p.stderr)
+check("the base now reads as the device did", harness.files_equal(base, device))
+check("the overlay is gone", not os.path.exists(overlay))
+
+committed = digest(base)
+other = os.path.join(d, "two.overlay")
+written_overlay(base, other)
+p = mloop("overlay", "discard", other)
+check("discard succeeds", p.returncode == 0 and p.stderr == "", p.stderr)
+check("discard removed the overlay and left the base", not os.path.exists(other)
+      and digest(base) == committed)
+
+harness.exit_if_failed()
