@@ -214,14 +214,17 @@ def check_files(mnt, seq, ops):
 
 
 
-def run_workload(kind, d):
-    """Makes the logged image in directory D, attaches it with KIND, runs
-    the writers on ext4 over it and tears everything down (so the log is
-    complete).  Returns (log path, base image path, Record, ops keyed by
-    paths relative to the filesystem's root)."""
+def run_workload(kind, d, attach=None, data_size=DATA_SIZE):
+    """Makes the logged image in directory D (DATA_SIZE bytes, ext4),
+    attaches it with KIND, runs the writers on ext4 over it and tears
+    everything down (so the log is complete).  ATTACH(cleanup, logged
+    device), when given, attaches instead and returns the attachment
+    (test-power-cut-overlay.py: the logged filesystem holds an overlay).
+    Returns (log path, base image path, Record, ops keyed by paths
+    relative to the filesystem's root)."""
     dmtarget.load("log-writes")
     data, log, base = (os.path.join(d, n) for n in ("data.img", "log.img", "base.img"))
-    for path, size in ((data, DATA_SIZE), (log, LOG_SIZE)):
+    for path, size in ((data, data_size), (log, LOG_SIZE)):
         with open(path, "wb") as f:
             f.truncate(size)
     # The filesystem is made before logging starts, so the replay starts
@@ -235,7 +238,7 @@ def run_workload(kind, d):
         data_dev, log_dev = dmtarget.losetup(wcl, data), dmtarget.losetup(wcl, log)
         dm = dmtarget.Dm.create(wcl, "log-writes", f"0 {dmtarget.sectors(data_dev)} "
                                 f"log-writes {data_dev} {log_dev}")
-        att = kind.attach(wcl, dm.path)
+        att = attach(wcl, dm.path) if attach else kind.attach(wcl, dm.path)
         mnt = mount(wcl, att.device)
         rec, errors, stop = Record(), [], threading.Event()
         mk = threading.Thread(target=marker, args=(dm, rec, stop, errors))
@@ -324,7 +327,7 @@ def tier_seed():
 SPREAD = 24
 
 
-def choose(cands, seed):
+def choose(cands, seed, spread=SPREAD):
     """The candidates a sample checks: every fresh one (each sync's
     promise at the first image after it returned) and SPREAD more, evenly
     spaced, the first placed by SEED.  SEED None: all of them."""
@@ -333,18 +336,20 @@ def choose(cands, seed):
     rest = [c for c in cands if not c.fresh]
     picked = set()
     if rest:
-        stride = max(1.0, len(rest) / SPREAD)
+        stride = max(1.0, len(rest) / spread)
         offset = random.Random(seed).random() * stride
         k = 0
-        while offset + k * stride < len(rest) and k < SPREAD:
+        while offset + k * stride < len(rest) and k < spread:
             picked.add(rest[int(offset + k * stride)].point.index)
             k += 1
     return [c for c in cands if c.fresh or c.point.index in picked]
 
 
-def check_points(d, log, base, ops, seed=None, report=print):
+def check_points(d, log, base, ops, seed=None, report=print, check=check_image,
+                 spread=SPREAD):
     """Rebuilds the image at FLUSH and FUA entries of LOG in turn and checks
-    each (check_image), CHECKERS at a time: every candidate (see
+    each (CHECK, check_image by default, which must remove the copy it is
+    given), CHECKERS at a time: every candidate (see
     candidates) when SEED is None, else the sample choose() makes with it,
     whose seed and entries REPORT is told (so a failure can be found
     again).  Returns (the number of points, the number of candidates, the
@@ -353,7 +358,7 @@ def check_points(d, log, base, ops, seed=None, report=print):
     with logwrites.Log(log) as lw:
         entries = list(lw.entries())
         points, cands = candidates(entries)
-        chosen = choose(cands, seed)
+        chosen = choose(cands, seed, spread)
         if seed is not None:
             report(f"# power-cut sample, seed {seed} (MLOOP_POWERCUT_SEED): "
                    f"{len(chosen)} of {len(cands)} distinct images, at entries "
@@ -380,7 +385,7 @@ def check_points(d, log, base, ops, seed=None, report=print):
                     done = c.point.index
                     snap = os.path.join(snaps, f"snap{c.point.index}.img")
                     run(["cp", "--sparse=always", work, snap])
-                    pending.append((c, pool.submit(check_image, snap, c.seq, ops)))
+                    pending.append((c, pool.submit(check, snap, c.seq, ops)))
                     settle(CHECKERS)
                     if failure:
                         break

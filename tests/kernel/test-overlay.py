@@ -6,7 +6,9 @@ the base's bytes never change.  The named overlay keeps the device's
 bytes across a detach and a new attach; the temporary one is deleted at
 detach, by mloop detach or by autoclear; an overlay in use is refused
 in one line.  list --json and
-status show the overlay."""
+status show the overlay.  mloop overlay commit is refused while a device
+uses the overlay or its base, then makes the base read as the overlay
+device did."""
 import os
 
 import fioverify
@@ -79,5 +81,28 @@ def run_test(kind, cl):
         wait_until(lambda: not os.path.exists(os.path.dirname(temp)),
                    "an autoclear device's temporary overlay to go after its last close",
                    timeout=20)
+
+    # mloop overlay commit: refused while a device uses the overlay or
+    # its base; then the base takes the overlay's bytes.
+    a = kind.attach(cl, image, args=overlay_args(kind, image, named))
+    refused(kind, ["overlay", "commit", named], "is in use by " + a.device)
+    a.detach()
+    b = kind.attach(cl, image, args=overlay_args(kind, image, "temp"))
+    refused(kind, ["overlay", "commit", named], "the overlay's base, is in use by " + b.device)
+    refused(kind, ["overlay", "discard", kind.status(b.device)["device"]["overlay"]],
+            "is in use by " + b.device)
+    b.detach()
+    assert digest(image) == base, "a refused commit changed the base"
+    kind.cli("overlay", "commit", named)
+    assert digest(image) == written and not os.path.exists(named), \
+        "after commit the base does not read as the overlay device did"
     print(f"# overlay: server restarted in {took[0]:.1f} s under fio verify; "
-          "base unchanged, named overlay kept, temporary one deleted", flush=True)
+          "base unchanged, named overlay kept, temporary one deleted, "
+          "committed into the base", flush=True)
+
+
+def refused(kind, args, expect):
+    p = kind.cli(*args, check=False)
+    lines = p.stderr.splitlines()
+    assert p.returncode != 0 and len(lines) == 1 and expect in lines[0], \
+        f"mloop {' '.join(args)}: exit {p.returncode}, {p.stderr!r}"
