@@ -94,7 +94,7 @@ def missing_reason(with_mgr=True):
 
 
 class StartError(RuntimeError):
-    pass
+    """A daemon did not come up, or a command got no answer, in time."""
 
 
 def _free_port():
@@ -241,9 +241,10 @@ class Cluster:
         return ["-c", self.conf, "--id", "admin"]
 
     def env(self):
-        """An environment in which librados clients (rbd, rados, qemu,
-        mloop) find this cluster as the test client: CEPH_CONF and
-        CEPH_ARGS, which librados reads (rados_conf_parse_env)."""
+        """An environment in which Ceph's tools (rbd, rados, ceph) and
+        librados programs that call rados_conf_parse_env() find this
+        cluster as the test client, with no options: CEPH_CONF and
+        CEPH_ARGS."""
         env = dict(os.environ)
         env["CEPH_CONF"] = self.conf
         env["CEPH_ARGS"] = f"--id {self.client_id}"
