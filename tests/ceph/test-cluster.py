@@ -6,9 +6,9 @@ cephx, takes IO through the rbd command and librbd's Python binding
 keeps its data across an OSD restart and an OSD crash, and leaves no
 process or file behind.  SKIPs (77) without the Ceph packages.
 
-Cost on the project machine (2 cores): 17-27 s, measured while other
-tests loaded both cores: start 6-10 s, IO and snapshot checks 4 s, the
-two OSD restarts 3-5 s each, stop 0.1 s.
+Cost on the project machine (2 cores): 15-17 s, 17-27 s while other
+tests load both cores: start 5-10 s, IO and snapshot checks 4 s, the
+two OSD restarts 2.5-5 s each, stop 0.1 s.
 """
 import json
 import os
