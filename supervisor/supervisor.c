@@ -161,33 +161,29 @@ watch_server (char *err, size_t errlen)
   return 0;
 }
 
-/* Starts a server and watches it.  0, or -1 with ERR. */
-static int
-start_server (char *err, size_t errlen)
-{
-  /* A killed server leaves its pid file and socket behind: the pid file
-   * would look like the new server's, and the socket path must be free.
-   */
-  g_unlink (sv.spec.pid_file);
-  g_unlink (sv.spec.socket_path);
-  if (mloop_server_start (&sv.spec, START_TIMEOUT_MS, &sv.server,
-                          err, errlen) == -1)
-    return -1;
-  if (watch_server (err, errlen) == -1) {
-    mloop_server_stop (sv.server, sv.spec.socket_path, STOP_TIMEOUT_MS);
-    return -1;
-  }
-  return 0;
-}
-
-/* Watches the first server, started beside us as our child ADOPTED
- * (mloop_supervisor_start), once it listens.  0, or -1 with ERR.
+/* Starts a server and watches it; ADOPTED, when not 0, is the first
+ * one, started beside us as our child (mloop_supervisor_start): then
+ * only waits for it to listen.  0, or -1 with ERR.
  */
 static int
-adopt_server (pid_t adopted, char *err, size_t errlen)
+start_server (pid_t adopted, char *err, size_t errlen)
 {
-  if (mloop_server_await (&sv.spec, adopted, START_TIMEOUT_MS, &sv.server,
-                          err, errlen) == -1)
+  int r;
+
+  if (adopted > 0)
+    r = mloop_server_await (&sv.spec, adopted, START_TIMEOUT_MS, &sv.server,
+                            err, errlen);
+  else {
+    /* A killed server leaves its pid file and socket behind: the pid
+     * file would look like the new server's, and the socket path must
+     * be free.
+     */
+    g_unlink (sv.spec.pid_file);
+    g_unlink (sv.spec.socket_path);
+    r = mloop_server_start (&sv.spec, START_TIMEOUT_MS, &sv.server,
+                            err, errlen);
+  }
+  if (r == -1)
     return -1;
   if (watch_server (err, errlen) == -1) {
     mloop_server_stop (sv.server, sv.spec.socket_path, STOP_TIMEOUT_MS);
@@ -232,7 +228,7 @@ restart (gpointer unused)
 {
   char err[512];
 
-  if (start_server (err, sizeof err) == 0 &&
+  if (start_server (0, err, sizeof err) == 0 &&
       reconnect_device (err, sizeof err) == 0) {
     /* The new set filled every dead slot: what was announced is done. */
     sv.restarting = FALSE;
@@ -775,8 +771,7 @@ main (int argc, char **argv)
   snprintf (pid_text, sizeof pid_text, "%d\n", (int) getpid ());
   g_file_set_contents (pid_path, pid_text, -1, NULL);
   /* The first start's failure is attach's failure: say it and leave. */
-  if ((adopt > 0 ? adopt_server ((pid_t) adopt, err, sizeof err)
-       : start_server (err, sizeof err)) == -1) {
+  if (start_server ((pid_t) adopt, err, sizeof err) == -1) {
     fprintf (stderr, "mloop-supervisor: %s\n", err);
     g_unlink (pid_path);
     return EXIT_FAILURE;
