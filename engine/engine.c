@@ -1,15 +1,12 @@
-/* mloop — the IO engine: request preparation and completion. */
+/* mloop — the IO engine: opening a store, and every call forwarded to it.
+ * See engine.h and store.h.
+ */
 #include <errno.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/uio.h>
-#include <unistd.h>
 
-#include "aio_ring.h"
-#include "align.h"
 #include "engine.h"
-#include "unaligned.h"
+#include "file_store.h"
+#include "rbd_load.h"
 
 void
 mloop_engine_config_init (struct mloop_engine_config *cfg)
@@ -24,358 +21,107 @@ mloop_engine_open (struct mloop_engine *e,
                    const struct mloop_engine_config *cfg,
                    char *err, size_t errlen)
 {
-  int r;
-
-  memset (e, 0, sizeof *e);
-  /* With an overlay the base is only read, and may be shared. */
-  r = mloop_backing_open (&e->backing, cfg->path, cfg->direct,
-                          cfg->want_write && cfg->overlay == NULL,
-                          &cfg->window, err, errlen);
-  if (r < 0)
-    return r;
-  if (cfg->overlay) {
-    e->overlay = malloc (sizeof *e->overlay);
-    r = e->overlay == NULL ? -ENOMEM
-      : mloop_overlay_open (e->overlay, cfg->overlay, &e->backing,
-                            e->backing.direct, err, errlen);
-    if (r < 0) {
-      if (r == -ENOMEM && e->overlay == NULL)
-        snprintf (err, errlen, "no memory for an overlay");
-      free (e->overlay);
-      e->overlay = NULL;
-      mloop_backing_close (&e->backing);
-      return r;
-    }
-    e->backing.writable = cfg->want_write;
-    if (e->backing.logical_block_size < MLOOP_OVERLAY_CLUSTER)
-      e->backing.logical_block_size = MLOOP_OVERLAY_CLUSTER;
-  }
-  mloop_range_lock_init (&e->rmw_lock);
-  return 0;
+  e->store = NULL;
+  if (strncmp (cfg->path, MLOOP_RBD_PREFIX, strlen (MLOOP_RBD_PREFIX)) == 0)
+    return mloop_rbd_store_open (&e->store, cfg, err, errlen);
+  return mloop_file_store_open (&e->store, cfg, err, errlen);
 }
 
-int
-mloop_engine_reprobe_size (struct mloop_engine *e, char *err, size_t errlen)
-{
-  if (e->overlay) {
-    snprintf (err, errlen, "the size of a device with an overlay is fixed "
-              "by the overlay");
-    return -ENOTSUP;
-  }
-  return mloop_backing_reprobe_size (&e->backing, err, errlen);
-}
-
-/* The descriptor writes go to. */
-static int
-write_fd (const struct mloop_engine *e)
-{
-  return e->overlay ? e->overlay->fd : e->backing.fd;
-}
-
-int
-mloop_engine_flush (struct mloop_engine *e)
-{
-  if (e->overlay)
-    return mloop_overlay_commit (e->overlay);
-  return fdatasync (e->backing.fd) == -1 ? -errno : 0;
-}
-
-/* Submits one probe iocb on a scratch ring and returns its result. */
-static long
-probe_iocb (struct iocb *iocb)
-{
-  struct mloop_aio_ring ring;
-  struct io_event ev;
-  long res;
-  int r;
-
-  r = mloop_aio_ring_init (&ring, 1);
-  if (r < 0)
-    return r;
-  r = mloop_aio_ring_submit (&ring, &iocb, 1);
-  if (r != 1)
-    res = r < 0 ? r : -EIO;
-  else {
-    r = mloop_aio_ring_reap (&ring, 1, &ev, 1, NULL);
-    res = r == 1 ? (long) ev.res : -EIO;
-  }
-  mloop_aio_ring_destroy (&ring);
-  return res;
-}
-
-/* Asks the kernel whether it takes RWF_DSYNC on AIO writes and
- * IOCB_CMD_FDSYNC, with harmless requests: a zero-length write and a
- * flush of an idle file.
- */
 void
 mloop_engine_probe_features (struct mloop_engine *e)
 {
-  struct iocb iocb;
-  struct iovec iov = { NULL, 0 };
-
-  if (e->backing.writable) {
-    io_prep_pwritev2 (&iocb, write_fd (e), &iov, 0, 0, RWF_DSYNC);
-    e->fua_in_aio = probe_iocb (&iocb) >= 0;
-  }
-  io_prep_fdsync (&iocb, write_fd (e));
-  e->flush_in_aio = probe_iocb (&iocb) >= 0;
+  e->store->ops->probe_features (e->store);
 }
 
 void
 mloop_engine_close (struct mloop_engine *e)
 {
-  mloop_range_lock_destroy (&e->rmw_lock);
-  if (e->overlay) {
-    mloop_overlay_close (e->overlay);
-    free (e->overlay);
-    e->overlay = NULL;
-  }
-  mloop_backing_close (&e->backing);
+  if (e->store)
+    e->store->ops->close (e->store);
+  e->store = NULL;
 }
 
-/* Points the iocb at what remains of the transfer after io->done bytes. */
-static void
-prep_remaining (struct mloop_engine *e, struct mloop_io *io)
+int
+mloop_engine_flush (struct mloop_engine *e)
 {
-  char *data = (char *) (io->bounce ? io->bounce : io->buf) + io->done;
-  size_t left = io->count - io->done;
-  long long offset = (long long) (io->file_base + io->offset + io->done);
-  int rw_flags = 0;
-
-  io->iov.iov_base = data;
-  io->iov.iov_len = left;
-  if (io->op == MLOOP_IO_READ)
-    io_prep_preadv2 (&io->iocb, io->fd, &io->iov, 1, offset, 0);
-  else {
-    if ((io->flags & MLOOP_IO_FUA) && e->fua_in_aio)
-      rw_flags = RWF_DSYNC;
-    io_prep_pwritev2 (&io->iocb, io->fd, &io->iov, 1, offset, rw_flags);
-  }
-  io->iocb.data = io;
+  return e->store->ops->flush (e->store);
 }
 
-static void
-release_bounce (struct mloop_io *io)
+int
+mloop_engine_reprobe_size (struct mloop_engine *e, char *err, size_t errlen)
 {
-  if (io->bounce_allocated)
-    mloop_free_aligned (io->bounce, io->count);
-  io->bounce = NULL;
-  io->bounce_allocated = false;
+  return e->store->ops->reprobe_size (e->store, err, errlen);
 }
 
-static void
-finish (struct mloop_io *io, int error)
+uint64_t
+mloop_engine_size (const struct mloop_engine *e)
 {
-  if (io->bounce && error == 0 && io->op == MLOOP_IO_READ)
-    memcpy (io->buf, io->bounce, io->count);
-  release_bounce (io);
-  io->complete (io, error);
+  return e->store->ops->size (e->store);
 }
 
-/* With an overlay: whole clusters all in the overlay, or (reads) all in
- * the base before its page-cache tail, go by AIO to the one descriptor
- * that holds them, and so do whole-cluster writes (the clusters are
- * marked when the write completes).  Everything else, and a FUA write
- * that would change the map, is done synchronously by the overlay.
- */
-static int
-route_through_overlay (struct mloop_engine *e, struct mloop_io *io)
+void
+mloop_engine_describe (const struct mloop_engine *e, char *buf, size_t len)
 {
-  struct mloop_overlay *ov = e->overlay;
-  const bool whole = mloop_is_aligned (io->offset, MLOOP_OVERLAY_CLUSTER) &&
-                     mloop_is_aligned (io->count, MLOOP_OVERLAY_CLUSTER);
-  const enum mloop_overlay_where where =
-    mloop_overlay_where (ov, io->offset, io->count);
-
-  if (!whole)
-    return MLOOP_PREPARED_BLOCKING;
-  if (io->op == MLOOP_IO_WRITE) {
-    if ((io->flags & MLOOP_IO_FUA) && where != MLOOP_OVERLAY_IN_OVERLAY)
-      return MLOOP_PREPARED_BLOCKING;
-  }
-  else if (where == MLOOP_OVERLAY_MIXED ||
-           (where == MLOOP_OVERLAY_IN_BASE &&
-            io->offset + io->count >
-            mloop_backing_buffered_from (&e->backing)))
-    return MLOOP_PREPARED_BLOCKING;
-  else if (where == MLOOP_OVERLAY_IN_BASE)
-    return MLOOP_PREPARED_AIO;
-  io->fd = ov->fd;
-  io->file_base = ov->data_offset;
-  return MLOOP_PREPARED_AIO;
-}
-
-/* Checks a read or write and decides how it reaches the disk:
- *   aligned offset, length and buffer  → AIO on the O_DIRECT descriptor,
- *                                        zero copy;
- *   aligned offset and length only     → AIO through an aligned bounce
- *                                        buffer (one copy);
- *   unaligned offset or length         → read-modify-write, synchronously
- *                                        (unaligned.c);
- *   any byte in the page-cache tail    → the buffered descriptor for
- *                                        those bytes, synchronously.
- * Returns MLOOP_PREPARED_AIO when the iocb is ready to submit,
- * MLOOP_PREPARED_BLOCKING for the synchronous paths, or a negative errno.
- */
-static int
-prepare_rw (struct mloop_engine *e, struct mloop_io *io)
-{
-  const struct mloop_backing *b = &e->backing;
-  uint32_t lbs = b->logical_block_size;
-  bool is_write = io->op == MLOOP_IO_WRITE;
-  const uint64_t size = mloop_backing_size (b);
-
-  if (io->count > MLOOP_MAX_REQUEST)
-    return -EINVAL;
-  if (io->offset > size || io->count > size - io->offset)
-    return is_write ? -ENOSPC : -EINVAL;
-  if (is_write && !b->writable)
-    return -EPERM;
-
-  io->fd = b->fd;
-  io->file_base = b->offset;
-  io->bounce = NULL;
-  io->bounce_allocated = false;
-  io->done = 0;
-  if (e->overlay) {
-    int r = route_through_overlay (e, io);
-
-    if (r != MLOOP_PREPARED_AIO)
-      return r;
-  }
-  else if (io->offset + io->count > mloop_backing_buffered_from (b))
-    /* Reaches the page-cache tail of an odd-sized file. */
-    return MLOOP_PREPARED_BLOCKING;
-  if (b->direct && !mloop_io_is_direct_safe (io->buf, io->count, io->offset,
-                                             lbs)) {
-    if (mloop_is_aligned (io->offset, lbs) &&
-        mloop_is_aligned (io->count, lbs)) {
-      if (io->scratch && io->scratch_size >= io->count &&
-          mloop_is_aligned ((uintptr_t) io->scratch, lbs))
-        io->bounce = io->scratch;
-      else {
-        io->bounce = mloop_alloc_aligned (io->count, lbs);
-        if (io->bounce == NULL)
-          return -ENOMEM;
-        io->bounce_allocated = true;
-      }
-      if (is_write)
-        memcpy (io->bounce, io->buf, io->count);
-    }
-    else
-      return MLOOP_PREPARED_BLOCKING;
-  }
-  prep_remaining (e, io);
-  return MLOOP_PREPARED_AIO;
-}
-
-enum mloop_event_result
-mloop_engine_complete_event (struct mloop_engine *e, struct mloop_io *io,
-                             long res)
-{
-  int error = 0;
-
-  if (res < 0)
-    error = (int) -res;
-  else if (io->op != MLOOP_IO_FLUSH) {
-    io->done += (size_t) res;
-    if (io->done < io->count) {
-      if (res == 0 ||
-          !mloop_is_aligned (io->done, mloop_backing_alignment (&e->backing)))
-        /* End of file before the end of the request (O_DIRECT stops short
-         * only there): the backing file shrank under us.
-         */
-        error = EIO;
-      else {
-        prep_remaining (e, io);
-        return MLOOP_EVENT_RESUBMIT;
-      }
-    }
-    else if (io->op == MLOOP_IO_WRITE && (io->flags & MLOOP_IO_FUA) &&
-             !e->fua_in_aio) {
-      /* Old kernel: FUA as write then fdatasync, on this thread. */
-      if (fdatasync (io->fd) == -1)
-        error = errno;
-    }
-    if (error == 0 && io->op == MLOOP_IO_WRITE && e->overlay)
-      error = -mloop_overlay_mark (e->overlay, io->offset, io->count);
-  }
-  finish (io, error);
-  return MLOOP_EVENT_DONE;
+  e->store->ops->describe (e->store, buf, len);
 }
 
 int
 mloop_engine_prepare (struct mloop_engine *e, struct mloop_io *io)
 {
-  switch (io->op) {
-  case MLOOP_IO_READ:
-  case MLOOP_IO_WRITE:
-    if (io->count == 0) {
-      if (io->op == MLOOP_IO_WRITE && !e->backing.writable)
-        return -EPERM;
-      io->bounce = NULL;
-      io->bounce_allocated = false;
-      finish (io, 0);
-      return MLOOP_PREPARED_DONE;
-    }
-    return prepare_rw (e, io);
-  case MLOOP_IO_FLUSH:
-    io->bounce = NULL;
-    io->bounce_allocated = false;
-    io->fd = write_fd (e);
-    /* An overlay's flush also writes its map: no AIO form. */
-    if (!e->flush_in_aio || e->overlay)
-      return MLOOP_PREPARED_BLOCKING;
-    io_prep_fdsync (&io->iocb, io->fd);
-    io->iocb.data = io;
-    return MLOOP_PREPARED_AIO;
-  default:
-    return -EINVAL;
-  }
+  return e->store->ops->prepare (e->store, io);
 }
 
 int
 mloop_engine_perform_blocking (struct mloop_engine *e, struct mloop_io *io)
 {
-  if (io->op == MLOOP_IO_FLUSH)
-    return mloop_engine_flush (e);
-  if (e->overlay)
-    return mloop_overlay_rw (e->overlay, &e->backing, &e->rmw_lock,
-                             io->op == MLOOP_IO_WRITE, io->buf, io->count,
-                             io->offset, io->flags & MLOOP_IO_FUA);
-  return mloop_sync_rw (e, io);
-}
-
-long
-mloop_engine_perform_event (struct mloop_engine *e, struct mloop_io *io)
-{
-  /* prep_remaining() left io->iov and the offset of what remains. */
-  off_t offset = (off_t) (io->file_base + io->offset + io->done);
-  int rw_flags = 0;
-  ssize_t n;
-
-  if (io->op == MLOOP_IO_FLUSH)
-    return fdatasync (io->fd) == -1 ? -errno : 0;
-  if (io->op == MLOOP_IO_WRITE && (io->flags & MLOOP_IO_FUA) &&
-      e->fua_in_aio)
-    rw_flags = RWF_DSYNC;
-  do
-    n = io->op == MLOOP_IO_READ
-      ? preadv2 (io->fd, &io->iov, 1, offset, 0)
-      : pwritev2 (io->fd, &io->iov, 1, offset, rw_flags);
-  while (n == -1 && errno == EINTR);
-  return n == -1 ? -errno : (long) n;
+  return e->store->ops->perform_blocking (e->store, io);
 }
 
 void
 mloop_engine_complete_blocking (struct mloop_engine *e, struct mloop_io *io,
                                 int result)
 {
-  finish (io, -result);
+  e->store->ops->complete_blocking (e->store, io, result);
+}
+
+long
+mloop_engine_perform_event (struct mloop_engine *e, struct mloop_io *io)
+{
+  return e->store->ops->perform_event (e->store, io);
 }
 
 void
 mloop_engine_abandon (struct mloop_engine *e, struct mloop_io *io)
 {
-  release_bounce (io);
+  e->store->ops->abandon (e->store, io);
+}
+
+enum mloop_event_result
+mloop_engine_complete_event (struct mloop_engine *e, struct mloop_io *io,
+                             long res)
+{
+  return e->store->ops->complete_event (e->store, io, res);
+}
+
+int
+mloop_engine_trim (struct mloop_engine *e, uint64_t offset, uint64_t count,
+                   unsigned flags)
+{
+  return e->store->ops->trim (e->store, offset, count, flags);
+}
+
+int
+mloop_engine_zero (struct mloop_engine *e, uint64_t offset, uint64_t count,
+                   unsigned flags)
+{
+  return e->store->ops->zero (e->store, offset, count, flags);
+}
+
+int
+mloop_engine_extents (struct mloop_engine *e, uint64_t offset,
+                      uint64_t count, bool req_one, mloop_extent_fn fn,
+                      void *opaque)
+{
+  return e->store->ops->extents (e->store, offset, count, req_one, fn,
+                                 opaque);
 }

@@ -1,15 +1,16 @@
-/* mloop — the IO engine: a backing store served through kernel AIO.
+/* mloop — the IO engine: a backing store served through asynchronous IO.
  *
- * This is the interface every front end stands on.  The engine decides
- * how each request reaches the disk (AIO on the O_DIRECT descriptor, a
- * bounce buffer, a read-modify-write, the page-cache tail) and completes
- * it; it owns no AIO context and no thread.  Who submits and reaps is the
+ * This is the interface every front end stands on.  The engine serves one
+ * store (store.h): an image file or block device through kernel AIO
+ * (file_store.h), or a Ceph RBD image through librbd (rbd_store.c).  It
+ * decides how each request reaches the store and completes it; it owns
+ * no AIO context and no thread of its own.  Who submits and reaps is the
  * front end's choice: mloop-server's event loops own one AIO context
  * each; the nbdkit plugin's threads submit to a pool of them (pooled.h).
  *
  *   mloop_engine_open()   at configuration time: opens and probes the
- *                         backing store (no threads, no AIO contexts, so it
- *                         is safe before a daemonizing fork);
+ *                         store (for files: no threads, no AIO contexts,
+ *                         so it is safe before a daemonizing fork);
  *   mloop_engine_probe_features()  in the process that will serve;
  *   mloop_engine_prepare() ... mloop_engine_complete_event()  per request;
  *   mloop_engine_close().
@@ -31,13 +32,19 @@
 #include "backing.h"
 #include "io.h"
 #include "overlay.h"
-#include "range_lock.h"
+#include "port.h"
+#include "store.h"
 
 /* The largest request the engine accepts (nbdkit's own limit is 64 MiB). */
 #define MLOOP_MAX_REQUEST          (64u * 1024 * 1024)
 
+/* Names of the form "rbd:POOL/IMAGE[@SNAP]" are Ceph RBD images; any
+ * other path is a file or block device ("./rbd:x" is a file).
+ */
+#define MLOOP_RBD_PREFIX "rbd:"
+
 struct mloop_engine_config {
-  const char *path;
+  const char *path;             /* a file, a block device or an rbd: name */
   enum mloop_direct_mode direct;
   bool want_write;
   struct mloop_window window;   /* all zero: the whole file */
@@ -46,21 +53,19 @@ struct mloop_engine_config {
    * none.
    */
   const char *overlay;
+  /* For an rbd: store.  NULL: what librados finds by itself
+   * ($CEPH_CONF, /etc/ceph/ceph.conf; client.admin or $CEPH_ARGS).
+   */
+  const char *ceph_conf;
+  const char *ceph_id;          /* the cephx user, without "client." */
+  /* Serve without taking the image's exclusive lock: another writer may
+   * use the image at the same time (a cluster filesystem's business).
+   */
+  bool shared;
 };
 
 struct mloop_engine {
-  /* The store served: with an overlay, the read-only base, though
-   * backing.writable then says whether the device takes writes (they go
-   * to the overlay) and backing.logical_block_size is at least the
-   * overlay's cluster, the alignment of its fast path.
-   */
-  struct mloop_backing backing;
-  struct mloop_overlay *overlay;        /* NULL: none */
-  /* Kernel features, probed by mloop_engine_probe_features(). */
-  bool fua_in_aio;              /* RWF_DSYNC on AIO writes (Linux ≥ 4.13) */
-  bool flush_in_aio;            /* IOCB_CMD_FDSYNC (Linux ≥ 4.18) */
-  /* Serializes read-modify-write of partial blocks (unaligned.c). */
-  struct mloop_range_lock rmw_lock;
+  struct mloop_store *store;
 };
 
 void mloop_engine_config_init (struct mloop_engine_config *cfg);
@@ -68,9 +73,10 @@ void mloop_engine_config_init (struct mloop_engine_config *cfg);
 int mloop_engine_open (struct mloop_engine *e,
                        const struct mloop_engine_config *cfg,
                        char *err, size_t errlen);
-/* Probes the kernel for RWF_DSYNC on AIO writes and AIO fdatasync
- * (sets fua_in_aio, flush_in_aio), with AIO of its own: call it in the
- * process that will serve, before the first request.
+/* Probes what the store can do asynchronously (for files, whether the
+ * kernel takes RWF_DSYNC on AIO writes and AIO fdatasync), with IO of
+ * its own: call it in the process that will serve, before the first
+ * request.
  */
 void mloop_engine_probe_features (struct mloop_engine *e);
 
@@ -88,6 +94,17 @@ int mloop_engine_flush (struct mloop_engine *e);
  */
 int mloop_engine_reprobe_size (struct mloop_engine *e, char *err,
                                size_t errlen);
+
+/* What front ends need to know of the store (store.h's info). */
+uint64_t mloop_engine_size (const struct mloop_engine *e);
+static inline const struct mloop_store_info *
+mloop_engine_info (const struct mloop_engine *e)
+{
+  return &e->store->info;
+}
+/* One line saying what is served and how, for a start-up log. */
+void mloop_engine_describe (const struct mloop_engine *e, char *buf,
+                            size_t len);
 
 /* The path of one request:
  *
@@ -122,6 +139,7 @@ enum {
   MLOOP_PREPARED_DONE = 0,
   MLOOP_PREPARED_AIO = 1,
   MLOOP_PREPARED_BLOCKING = 2,
+  MLOOP_PREPARED_QUEUED = 3,
 };
 int mloop_engine_prepare (struct mloop_engine *e, struct mloop_io *io);
 int mloop_engine_perform_blocking (struct mloop_engine *e,

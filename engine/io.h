@@ -24,6 +24,7 @@ enum mloop_io_op {
 #define MLOOP_IO_FUA  (1u << 0)  /* write: durable before completion */
 
 struct mloop_io;
+struct mloop_port;
 typedef void (*mloop_io_complete_fn) (struct mloop_io *io, int error);
 
 struct mloop_io {
@@ -44,6 +45,11 @@ struct mloop_io {
    */
   void *scratch;
   size_t scratch_size;
+  /* Where the store posts IO's completion when it completes on a thread
+   * of its own (port.h, MLOOP_PREPARED_QUEUED).  Required by stores that
+   * do (RBD); files never use it.
+   */
+  struct mloop_port *port;
 
   /* Engine private. */
   struct iocb iocb;
@@ -53,6 +59,8 @@ struct mloop_io {
   void *bounce;                 /* aligned copy of buf, when buf is not */
   bool bounce_allocated;        /* bounce is ours to free (not scratch) */
   struct iovec iov;
+  struct mloop_io *posted_next; /* a port's queue (port.h) */
+  long posted_res;              /* the result the store posted */
 };
 
 /* What the kernel's completion of an IO leaves to do. */

@@ -148,7 +148,7 @@ scratch_key_create (void)
 static void
 attach_scratch (struct mloop_engine *e, struct mloop_io *io)
 {
-  uint32_t align = mloop_backing_alignment (&e->backing);
+  uint32_t align = mloop_engine_info (e)->buffer_alignment;
   struct scratch *s;
 
   if (align == 1 || mloop_is_aligned ((uintptr_t) io->buf, align) ||

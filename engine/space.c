@@ -15,6 +15,7 @@
 
 #include "align.h"
 #include "engine.h"
+#include "file_store.h"
 #include "overlay.h"
 #include "space.h"
 #include "unaligned.h"
@@ -23,7 +24,7 @@
 #define ZERO_CHUNK (1u << 20)
 
 static int
-check_range (const struct mloop_engine *e, uint64_t offset, uint64_t count,
+check_range (const struct mloop_file_store *e, uint64_t offset, uint64_t count,
              int past_end_error)
 {
   const uint64_t size = mloop_backing_size (&e->backing);
@@ -37,7 +38,7 @@ check_range (const struct mloop_engine *e, uint64_t offset, uint64_t count,
 
 /* The file offset of window offset OFFSET. */
 static uint64_t
-file_pos (const struct mloop_engine *e, uint64_t offset)
+file_pos (const struct mloop_file_store *e, uint64_t offset)
 {
   return mloop_backing_file_offset (&e->backing, offset);
 }
@@ -70,7 +71,7 @@ do_range_ioctl (int fd, unsigned long request, uint64_t offset,
 
 /* The slow path: write zeroes over an aligned range. */
 static int
-write_zeroes (struct mloop_engine *e, uint64_t offset, uint64_t count)
+write_zeroes (struct mloop_file_store *e, uint64_t offset, uint64_t count)
 {
   size_t chunk = count < ZERO_CHUNK ? (size_t) count : ZERO_CHUNK;
   void *zeroes = mloop_alloc_aligned (chunk, e->backing.logical_block_size);
@@ -107,7 +108,7 @@ write_zeroes (struct mloop_engine *e, uint64_t offset, uint64_t count)
 
 /* Zeroes an aligned range of a regular file. */
 static int
-zero_file_range (struct mloop_engine *e, uint64_t offset, uint64_t count,
+zero_file_range (struct mloop_file_store *e, uint64_t offset, uint64_t count,
                  unsigned flags)
 {
   int fd = e->backing.fd;
@@ -132,7 +133,7 @@ zero_file_range (struct mloop_engine *e, uint64_t offset, uint64_t count,
 
 /* Zeroes an aligned range of a block device. */
 static int
-zero_device_range (struct mloop_engine *e, uint64_t offset, uint64_t count,
+zero_device_range (struct mloop_file_store *e, uint64_t offset, uint64_t count,
                    unsigned flags)
 {
   int fd = e->backing.fd;
@@ -158,7 +159,7 @@ zero_device_range (struct mloop_engine *e, uint64_t offset, uint64_t count,
  * read-modify-write, leaving the aligned middle to the caller.
  */
 static int
-zero_partial_blocks (struct mloop_engine *e, uint64_t offset, uint64_t count,
+zero_partial_blocks (struct mloop_file_store *e, uint64_t offset, uint64_t count,
                      uint64_t mid_start, uint64_t mid_end)
 {
   static const char zeroes[65536];
@@ -186,7 +187,7 @@ zero_partial_blocks (struct mloop_engine *e, uint64_t offset, uint64_t count,
 enum space_op { SPACE_TRIM, SPACE_ZERO };
 
 static int
-space_change (struct mloop_engine *e, enum space_op op, uint64_t offset,
+space_change (struct mloop_file_store *e, enum space_op op, uint64_t offset,
               uint64_t count, unsigned flags)
 {
   /* Block device ioctls want logical-block alignment even without
@@ -229,7 +230,7 @@ space_change (struct mloop_engine *e, enum space_op op, uint64_t offset,
 }
 
 int
-mloop_engine_trim (struct mloop_engine *e, uint64_t offset, uint64_t count,
+mloop_file_store_trim (struct mloop_file_store *e, uint64_t offset, uint64_t count,
                    unsigned flags)
 {
   int r = check_range (e, offset, count, EINVAL);
@@ -243,7 +244,7 @@ mloop_engine_trim (struct mloop_engine *e, uint64_t offset, uint64_t count,
 }
 
 int
-mloop_engine_zero (struct mloop_engine *e, uint64_t offset, uint64_t count,
+mloop_file_store_zero (struct mloop_file_store *e, uint64_t offset, uint64_t count,
                    unsigned flags)
 {
   int r = check_range (e, offset, count, ENOSPC);
@@ -307,7 +308,7 @@ mloop_file_extents (int fd, uint64_t base, bool is_block_device,
 }
 
 int
-mloop_engine_extents (struct mloop_engine *e, uint64_t offset,
+mloop_file_store_extents (struct mloop_file_store *e, uint64_t offset,
                       uint64_t count, bool req_one, mloop_extent_fn fn,
                       void *opaque)
 {

@@ -9,6 +9,7 @@
 #include "align.h"
 #include "fileio.h"
 #include "engine.h"
+#include "file_store.h"
 #include "unaligned.h"
 
 /* Reads [offset, offset+count) of aligned blocks (window coordinates,
@@ -58,7 +59,7 @@ full_pwrite (const struct mloop_backing *b, int fd, const char *buf,
  * other bytes of those blocks are not lost.
  */
 static int
-write_merged (struct mloop_engine *e, const char *buf, size_t count,
+write_merged (struct mloop_file_store *e, const char *buf, size_t count,
               uint64_t offset, int rw_flags, char *block,
               uint64_t start, uint64_t end)
 {
@@ -87,7 +88,7 @@ write_merged (struct mloop_engine *e, const char *buf, size_t count,
  * descriptor through an aligned buffer covering them.
  */
 static int
-direct_rw (struct mloop_engine *e, enum mloop_io_op op, char *buf,
+direct_rw (struct mloop_file_store *e, enum mloop_io_op op, char *buf,
            size_t count, uint64_t offset, int rw_flags, uint64_t tail)
 {
   const uint32_t lbs = e->backing.logical_block_size;
@@ -121,7 +122,7 @@ direct_rw (struct mloop_engine *e, enum mloop_io_op op, char *buf,
  * writers to different bytes of a page apart.
  */
 static int
-tail_rw (struct mloop_engine *e, enum mloop_io_op op, char *buf,
+tail_rw (struct mloop_file_store *e, enum mloop_io_op op, char *buf,
          size_t count, uint64_t offset, int rw_flags)
 {
   const int fd = e->backing.buffered_fd;
@@ -132,7 +133,7 @@ tail_rw (struct mloop_engine *e, enum mloop_io_op op, char *buf,
 }
 
 int
-mloop_sync_rw (struct mloop_engine *e, struct mloop_io *io)
+mloop_sync_rw (struct mloop_file_store *e, struct mloop_io *io)
 {
   const uint64_t tail = mloop_backing_buffered_from (&e->backing);
   const uint64_t end = io->offset + io->count;

@@ -19,9 +19,9 @@
 
 #include "io.h"
 
-struct mloop_engine;
+struct mloop_file_store;
 
 /* Performs IO; returns 0 or a negative errno.  Does not complete IO. */
-int mloop_sync_rw (struct mloop_engine *e, struct mloop_io *io);
+int mloop_sync_rw (struct mloop_file_store *e, struct mloop_io *io);
 
 #endif /* MLOOP_UNALIGNED_H */

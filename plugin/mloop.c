@@ -201,7 +201,7 @@ mloop_config_complete (void)
 static int
 mloop_get_ready (void)
 {
-  char err[512];
+  char err[512], what[512];
 
   config.path = filename;
   config.want_write = true;
@@ -232,19 +232,15 @@ mloop_get_ready (void)
     nbdkit_error ("trace=%s: %m", trace_file);
     return -1;
   }
-  if (engine.backing.direct_fallback)
+  if (mloop_engine_info (&engine)->direct_fell_back)
     /* nbdkit has no warning call; stderr is still the terminal here,
      * before the daemonizing fork.
      */
     fprintf (stderr, "nbdkit: mloop: warning: file=%s: O_DIRECT not "
              "supported here, using buffered IO (direct=on would refuse "
              "to start)\n", filename);
-  nbdkit_debug ("mloop: %s: size %" PRIu64 " at offset %" PRIu64 ", "
-                "logical block %u, %s, %s",
-                filename, engine.backing.size, engine.backing.offset,
-                engine.backing.logical_block_size,
-                engine.backing.direct ? "O_DIRECT" : "buffered",
-                engine.backing.writable ? "read-write" : "read-only");
+  mloop_engine_describe (&engine, what, sizeof what);
+  nbdkit_debug ("mloop: %s", what);
   return 0;
 }
 
@@ -272,12 +268,9 @@ mloop_after_fork (void)
     mloop_aio_limit_message (err, sizeof err, rings * (queue_depth + 1));
     nbdkit_error ("%s; serving with smaller AIO rings", err);
   }
-  nbdkit_debug ("mloop: %u AIO rings (%s), queue depth %u, FUA %s, flush %s",
-                rings,
+  nbdkit_debug ("mloop: %u AIO rings (%s), queue depth %u", rings,
                 mloop_debug_reaper_threads ? "reaper threads" : "callers reap",
-                queue_depth,
-                engine.fua_in_aio ? "RWF_DSYNC" : "write+fdatasync",
-                engine.flush_in_aio ? "AIO" : "fdatasync");
+                queue_depth);
   return 0;
 }
 
@@ -322,7 +315,7 @@ mloop_close (void *handle)
 static int64_t
 mloop_get_size (void *handle)
 {
-  return (int64_t) engine.backing.size;
+  return (int64_t) mloop_engine_size (&engine);
 }
 
 static int
@@ -330,7 +323,7 @@ mloop_block_size (void *handle, uint32_t *minimum, uint32_t *preferred,
                   uint32_t *maximum)
 {
   *minimum = MLOOP_MIN_BLOCK_SIZE;
-  *preferred = mloop_backing_preferred_block_size (&engine.backing);
+  *preferred = mloop_engine_info (&engine)->preferred_block_size;
   *maximum = MLOOP_MAX_REQUEST;
   return 0;
 }
@@ -338,7 +331,7 @@ mloop_block_size (void *handle, uint32_t *minimum, uint32_t *preferred,
 static int
 mloop_can_write (void *handle)
 {
-  return engine.backing.writable;
+  return mloop_engine_info (&engine)->writable;
 }
 
 static int
@@ -356,7 +349,7 @@ mloop_can_fua (void *handle)
 static int
 mloop_can_trim (void *handle)
 {
-  return discard && engine.backing.writable;
+  return discard && mloop_engine_info (&engine)->writable;
 }
 
 static int
@@ -378,7 +371,7 @@ mloop_can_fast_zero (void *handle)
 static int
 mloop_can_extents (void *handle)
 {
-  return !engine.backing.is_block_device;
+  return mloop_engine_info (&engine)->can_extents;
 }
 
 /* NBD_CMD_CACHE is not advertised: mloop reads with O_DIRECT, so a

@@ -591,7 +591,7 @@ limits (const struct conn *c)
   const struct worker_options *opts = c->set->opts;
 
   return (struct request_limits) {
-    .size = mloop_backing_size (&opts->engine->backing),
+    .size = mloop_engine_size (opts->engine),
     .read_only = opts->read_only,
     .discard = opts->discard,
     .max_request = opts->max_request,
@@ -697,7 +697,7 @@ parse_header (struct conn *c)
   length_needed = request_buffer (c, &h);
   if (length_needed > 0 &&
       ensure_buffer (c, req, length_needed,
-                     opts->engine->backing.logical_block_size) == -1) {
+                     mloop_engine_info (opts->engine)->preferred_block_size) == -1) {
     if (type == NBD_CMD_WRITE) {
       conn_close_when_idle (c);
       MLOOP_STATS_SUB (opts->stats, in_flight, 1);      /* never answered */

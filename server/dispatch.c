@@ -241,6 +241,25 @@ reap_ring (struct dispatch *d, struct mloop_aio_ring *ring,
   } while (n == REAP_BATCH);
 }
 
+/* Completes what the store posted to the port (port.h). */
+static void
+take_posted (struct dispatch *d)
+{
+  struct mloop_io *io = mloop_port_queue_take (&d->port);
+
+  while (io) {
+    struct mloop_io *next = io->posted_next;
+    struct request *req = (struct request *) io;
+
+    req->conn->in_kernel--;
+    d->in_kernel--;
+    if (mloop_engine_complete_event (d->engine, io, io->posted_res)
+        == MLOOP_EVENT_RESUBMIT)
+      add_to_batch (d, req);
+    io = next;
+  }
+}
+
 void
 dispatch_reap (struct dispatch *d)
 {
@@ -258,6 +277,7 @@ dispatch_reap (struct dispatch *d)
   }
   if (d->ring.ctx)
     reap_ring (d, &d->ring, &d->ring_in_flight);
+  take_posted (d);
   dispatch_submit (d);          /* short-transfer resubmissions */
 }
 
@@ -453,9 +473,15 @@ start_io (struct dispatch *d, struct request *req, enum mloop_io_op op,
   io->offset = offset;
   io->complete = io_complete;
   io->opaque = req;
+  io->port = &d->port.port;
   r = mloop_engine_prepare (d->engine, io);
   if (r == MLOOP_PREPARED_AIO)
     add_to_batch (d, req);
+  else if (r == MLOOP_PREPARED_QUEUED) {
+    /* In flight as AIO is: the depth limit and idleness count it. */
+    req->conn->in_kernel++;
+    d->in_kernel++;
+  }
   else if (r == MLOOP_PREPARED_BLOCKING)
     offload_request (d, req, run_blocking);
   else if (r < 0)
@@ -551,6 +577,7 @@ dispatch_init (struct dispatch *d, struct mloop_engine *engine,
   d->aio_efd = eventfd (0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (d->aio_efd == -1 || offload_inbox_init (&d->done) == -1)
     goto fail;
+  mloop_port_queue_init (&d->port, d->aio_efd);
   /* The AIO context waits for the first request (open_ring): a worker
    * no connection reaches, of a device nobody uses, reserves nothing.
    */

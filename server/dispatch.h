@@ -51,6 +51,10 @@ struct dispatch {
   int64_t retry_ms;             /* the limit refused a ring: not again
                                    before this (CLOCK_MONOTONIC) */
   int aio_efd;                  /* signalled by the kernel per completion */
+  /* Completions of a store with threads of its own (RBD), announced on
+   * aio_efd too.
+   */
+  struct mloop_port_queue port;
   struct iocb **batch;          /* prepared, not yet submitted */
   unsigned batch_len;
   unsigned in_kernel;           /* requests submitted, not reaped */

@@ -116,6 +116,9 @@ static gchar *opt_direct;
 static gchar *opt_discard;
 static gchar *opt_splice;
 static gchar *opt_pid_file;
+static gchar *opt_ceph_conf;
+static gchar *opt_ceph_id;
+static gboolean opt_shared;
 static gchar *opt_stats_file;
 static gchar *opt_trace;
 static gboolean opt_mlock;
@@ -190,6 +193,15 @@ static GOptionEntry entries[] = {
   { "overlay", 0, 0, G_OPTION_ARG_FILENAME, &opt_overlay,
     "Write to this copy-on-write overlay (made if absent); the image is "
     "only read", "FILE" },
+  { "ceph-conf", 0, 0, G_OPTION_ARG_FILENAME, &opt_ceph_conf,
+    "For rbd:POOL/IMAGE: the Ceph configuration (default: $CEPH_CONF, "
+    "/etc/ceph/ceph.conf)", "FILE" },
+  { "ceph-id", 0, 0, G_OPTION_ARG_STRING, &opt_ceph_id,
+    "For rbd:POOL/IMAGE: the cephx user, without \"client.\" (default "
+    "admin); its keyring from the usual places", "NAME" },
+  { "shared", 0, 0, G_OPTION_ARG_NONE, &opt_shared,
+    "For rbd:POOL/IMAGE: write without the image's exclusive lock, "
+    "alongside other writers", NULL },
   { "pid-file", 'P', 0, G_OPTION_ARG_FILENAME, &opt_pid_file,
     "Write the pid here once listening", "FILE" },
   { "stats-file", 0, 0, G_OPTION_ARG_FILENAME, &opt_stats_file,
@@ -249,7 +261,7 @@ handshake_thread (void *arg)
   struct session session;
   bool ok;
 
-  x.size = mloop_backing_size (&engine.backing);
+  x.size = mloop_engine_size (&engine);
   ok = mloop_handshake (fd, &x, &session) == 0;
   if (!pending_leave (p) && ok) {
     transport_close (&session.transport);
@@ -284,10 +296,10 @@ on_signal (int sfd)
   r = mloop_engine_reprobe_size (&engine, err, sizeof err);
   if (r < 0)
     fprintf (stderr, "mloop-server: SIGHUP: %s; still serving %" PRIu64
-             " bytes\n", err, mloop_backing_size (&engine.backing));
+             " bytes\n", err, mloop_engine_size (&engine));
   else
     fprintf (stderr, "mloop-server: SIGHUP: serving %" PRIu64 " bytes\n",
-             mloop_backing_size (&engine.backing));
+             mloop_engine_size (&engine));
   return true;
 }
 
@@ -608,12 +620,15 @@ main (int argc, char *argv[])
   cfg.window.offset = parse_size ("offset", opt_offset, 0, 0);
   cfg.overlay = opt_overlay;
   cfg.window.sizelimit = parse_size ("sizelimit", opt_sizelimit, 0, 0);
+  cfg.ceph_conf = opt_ceph_conf;
+  cfg.ceph_id = opt_ceph_id;
+  cfg.shared = opt_shared;
   if (mloop_engine_open (&engine, &cfg, err, sizeof err) < 0)
     die ("%s", err);
-  if (engine.backing.direct_fallback)
+  if (mloop_engine_info (&engine)->direct_fell_back)
     fprintf (stderr, "mloop-server: warning: %s: O_DIRECT not supported "
              "here, using buffered IO\n", argv[1]);
-  if (!engine.backing.writable)
+  if (!mloop_engine_info (&engine)->writable)
     opt_read_only = TRUE;       /* e.g. a file on a read-only mount */
   /* The workers open their AIO contexts when their first request comes;
    * a system with no room even for the smallest one (fs.aio-max-nr) is
@@ -623,14 +638,14 @@ main (int argc, char *argv[])
     die ("%s", err);
   mloop_engine_probe_features (&engine);
 
-  export.size = engine.backing.size;
+  export.size = mloop_engine_size (&engine);
   if (export.size == 0)
     fprintf (stderr, "mloop-server: warning: %s: the export is 0 bytes "
              "(an empty image, or a window past its end): clients can "
              "read and write nothing\n", argv[1]);
   export.transmission_flags = transmission_flags (discard);
   export.min_block = MLOOP_MIN_BLOCK_SIZE;
-  export.preferred_block = mloop_backing_preferred_block_size (&engine.backing);
+  export.preferred_block = mloop_engine_info (&engine)->preferred_block_size;
   export.max_block = MAX_REQUEST;
   export.name = opt_export_name;
 

@@ -242,17 +242,17 @@ open_image (struct mloop_engine *engine, const char *image,
   cfg.window.sizelimit = parse_size ("sizelimit", opt_sizelimit);
   if (mloop_engine_open (engine, &cfg, err, sizeof err) < 0)
     die ("%s", err);
-  if (engine->backing.direct_fallback)
+  if (mloop_engine_info (engine)->direct_fell_back)
     fprintf (stderr, "mloop-ublk: warning: %s: O_DIRECT not supported "
              "here, using buffered IO\n", image);
-  if (!engine->backing.writable)
+  if (!mloop_engine_info (engine)->writable)
     opt_read_only = TRUE;       /* e.g. a file on a read-only mount */
 
   /* With O_DIRECT the kernel's requests must meet the image's alignment;
    * ublk's requests are whole logical blocks, so a block size below it
    * would have every small write go through a read-modify-write. */
-  uint32_t align = mloop_backing_alignment (&engine->backing);
-  uint32_t lbs = engine->backing.logical_block_size;
+  uint32_t align = mloop_engine_info (engine)->buffer_alignment;
+  uint32_t lbs = mloop_engine_info (engine)->preferred_block_size;
   *block_size = opt_block_size ? (unsigned) opt_block_size : lbs < 512 ? 512 : lbs;
   if (*block_size > 4096 || *block_size < align) {
     mloop_engine_close (engine);
@@ -266,7 +266,7 @@ open_image (struct mloop_engine *engine, const char *image,
    * device ends at the last whole block, as `mloop attach` over NBD ends
    * at the last whole sector (design.md, "The tail of an odd-sized
    * image").  Said once, not refused: the bytes before it are served. */
-  uint64_t size = mloop_backing_size (&engine->backing);
+  uint64_t size = mloop_engine_size (engine);
   *dev_size = size - size % *block_size;
   if (*dev_size == 0) {
     mloop_engine_close (engine);
@@ -713,7 +713,7 @@ main (int argc, char *argv[])
     fprintf (stderr, "mloop-ublk: serving %s as %s: %" PRIu64 " bytes, "
              "%u-byte blocks, %u queue%s of %u, %s%s%s\n", image, dev,
              dev_size, block_size, nr_queues, nr_queues > 1 ? "s" : "", depth,
-             engine.backing.direct ? "O_DIRECT" : "buffered",
+             mloop_engine_info (&engine)->direct ? "direct" : "buffered",
              opt_read_only ? ", read-only" : "",
              opt_recovery || recover ? ", recoverable" : "");
     printf ("%s\n", dev);       /* for whoever reads our stdout */

@@ -17,6 +17,7 @@ direct_image_open (struct mloop_engine *e, const unsigned char *contents,
 {
   static char path[4096];
   struct mloop_engine_config cfg;
+  const struct mloop_backing *b;
   char err[256];
   int fd;
 
@@ -32,19 +33,26 @@ direct_image_open (struct mloop_engine *e, const unsigned char *contents,
   cfg.direct = MLOOP_DIRECT_AUTO;
   cfg.want_write = true;
   CHECK (mloop_engine_open (e, &cfg, err, sizeof err) == 0, "engine: %s", err);
-  if (!e->backing.direct) {
+  b = &direct_image_store (e)->backing;
+  if (!b->direct) {
     mloop_engine_close (e);
     unit_skip ("%s refuses O_DIRECT", IMAGE_DIR);
   }
-  CHECK (e->backing.writable, "%s opened read-only", path);
-  CHECK (e->backing.size == size, "size %llu, expected %zu",
-         (unsigned long long) e->backing.size, size);
+  CHECK (b->writable, "%s opened read-only", path);
+  CHECK (b->size == size, "size %llu, expected %zu",
+         (unsigned long long) b->size, size);
   /* An aligned size: no page-cache tail, every byte goes through the
    * O_DIRECT descriptor.
    */
-  CHECK (e->backing.buffered_from == size, "a page-cache tail at %llu",
-         (unsigned long long) e->backing.buffered_from);
+  CHECK (b->buffered_from == size, "a page-cache tail at %llu",
+         (unsigned long long) b->buffered_from);
   return path;
+}
+
+struct mloop_file_store *
+direct_image_store (struct mloop_engine *e)
+{
+  return (struct mloop_file_store *) e->store;
 }
 
 void

@@ -11,12 +11,16 @@
 #include <stdint.h>
 
 #include "engine.h"
+#include "file_store.h"
 
 /* Writes SIZE bytes of CONTENTS to a new image and opens it writable
  * through E with O_DIRECT.  Returns the image's path.
  */
 const char *direct_image_open (struct mloop_engine *e,
                                const unsigned char *contents, size_t size);
+
+/* The file store under E, for tests of its internals (unaligned.c). */
+struct mloop_file_store *direct_image_store (struct mloop_engine *e);
 
 /* The image's bytes as they are on disk, read on a descriptor of its
  * own, with O_DIRECT so that no page cache stands between.  Into BUF,

@@ -197,7 +197,7 @@ test_refusals (void)
   struct mloop_pooled *e = open_engine (MLOOP_POOL_CALLER_REAPS, false, 1);
   char buf[4096];
 
-  assert (!e->engine->backing.writable);
+  assert (!mloop_engine_info (e->engine)->writable);
   assert (mloop_pooled_pread (e, buf, 4096, FILE_SIZE) == -EINVAL);
   assert (mloop_pooled_pread (e, buf, 4096, UINT64_MAX - 100) == -EINVAL);
   assert (mloop_pooled_pwrite (e, buf, 4096, 0, 0) == -EPERM);

@@ -50,7 +50,7 @@ writer_main (void *arg)
     int r;
 
     buf[0] = written (i, round_no);
-    r = mloop_sync_rw (&e, &io);
+    r = mloop_sync_rw (direct_image_store (&e), &io);
     CHECK (r == 0, "writer %u: byte %llu: %s", id, (unsigned long long) i,
            strerror (-r));
   }
@@ -69,7 +69,7 @@ main (void)
   for (size_t i = 0; i < IMAGE_SIZE; i++)
     before[i] = (unsigned char) (i ^ (i >> 8));
   path = direct_image_open (&e, before, IMAGE_SIZE);
-  lbs = e.backing.logical_block_size;
+  lbs = direct_image_store (&e)->backing.logical_block_size;
   /* Three blocks, from the middle of one to the middle of the fourth:
    * writers' bytes meet in partial heads, tails and whole blocks.
    */

@@ -54,7 +54,7 @@ main (void)
   for (size_t i = 0; i < IMAGE_SIZE; i++)
     expected[i] = byte_at (i);
   path = direct_image_open (&e, expected, IMAGE_SIZE);
-  lbs = e.backing.logical_block_size;
+  lbs = direct_image_store (&e)->backing.logical_block_size;
 
   for (size_t c = 0; c <= n; c++) {
     /* After the table, the image's last byte. */
@@ -73,7 +73,7 @@ main (void)
 
     for (size_t i = 0; i < count; i++)
       buf[1 + i] = expected[offset + i] = (unsigned char) ~expected[offset + i];
-    r = mloop_sync_rw (&e, &io);
+    r = mloop_sync_rw (direct_image_store (&e), &io);
     CHECK (r == 0, "%s: write of %zu bytes at %llu: %s", what, count,
            (unsigned long long) offset, strerror (-r));
 

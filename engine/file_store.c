@@ -1,0 +1,483 @@
+/* mloop — the file store: an image file or block device through kernel
+ * AIO.  See file_store.h.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "aio_ring.h"
+#include "align.h"
+#include "engine.h"
+#include "file_store.h"
+#include "unaligned.h"
+
+static int
+file_reprobe_size (struct mloop_store *store, char *err, size_t errlen)
+{
+  struct mloop_file_store *e = (struct mloop_file_store *) store;
+
+  if (e->overlay) {
+    snprintf (err, errlen, "the size of a device with an overlay is fixed "
+              "by the overlay");
+    return -ENOTSUP;
+  }
+  return mloop_backing_reprobe_size (&e->backing, err, errlen);
+}
+
+/* The descriptor writes go to. */
+static int
+write_fd (const struct mloop_file_store *e)
+{
+  return e->overlay ? e->overlay->fd : e->backing.fd;
+}
+
+static int
+file_flush (struct mloop_store *store)
+{
+  struct mloop_file_store *e = (struct mloop_file_store *) store;
+
+  if (e->overlay)
+    return mloop_overlay_commit (e->overlay);
+  return fdatasync (e->backing.fd) == -1 ? -errno : 0;
+}
+
+/* Submits one probe iocb on a scratch ring and returns its result. */
+static long
+probe_iocb (struct iocb *iocb)
+{
+  struct mloop_aio_ring ring;
+  struct io_event ev;
+  long res;
+  int r;
+
+  r = mloop_aio_ring_init (&ring, 1);
+  if (r < 0)
+    return r;
+  r = mloop_aio_ring_submit (&ring, &iocb, 1);
+  if (r != 1)
+    res = r < 0 ? r : -EIO;
+  else {
+    r = mloop_aio_ring_reap (&ring, 1, &ev, 1, NULL);
+    res = r == 1 ? (long) ev.res : -EIO;
+  }
+  mloop_aio_ring_destroy (&ring);
+  return res;
+}
+
+/* Asks the kernel whether it takes RWF_DSYNC on AIO writes and
+ * IOCB_CMD_FDSYNC, with harmless requests: a zero-length write and a
+ * flush of an idle file.
+ */
+static void
+file_probe_features (struct mloop_store *store)
+{
+  struct mloop_file_store *e = (struct mloop_file_store *) store;
+  struct iocb iocb;
+  struct iovec iov = { NULL, 0 };
+
+  if (e->backing.writable) {
+    io_prep_pwritev2 (&iocb, write_fd (e), &iov, 0, 0, RWF_DSYNC);
+    e->fua_in_aio = probe_iocb (&iocb) >= 0;
+  }
+  io_prep_fdsync (&iocb, write_fd (e));
+  e->flush_in_aio = probe_iocb (&iocb) >= 0;
+}
+
+static void
+file_close (struct mloop_store *store)
+{
+  struct mloop_file_store *e = (struct mloop_file_store *) store;
+
+  mloop_range_lock_destroy (&e->rmw_lock);
+  if (e->overlay) {
+    mloop_overlay_close (e->overlay);
+    free (e->overlay);
+  }
+  mloop_backing_close (&e->backing);
+  free (e);
+}
+
+/* Points the iocb at what remains of the transfer after io->done bytes. */
+static void
+prep_remaining (struct mloop_file_store *e, struct mloop_io *io)
+{
+  char *data = (char *) (io->bounce ? io->bounce : io->buf) + io->done;
+  size_t left = io->count - io->done;
+  long long offset = (long long) (io->file_base + io->offset + io->done);
+  int rw_flags = 0;
+
+  io->iov.iov_base = data;
+  io->iov.iov_len = left;
+  if (io->op == MLOOP_IO_READ)
+    io_prep_preadv2 (&io->iocb, io->fd, &io->iov, 1, offset, 0);
+  else {
+    if ((io->flags & MLOOP_IO_FUA) && e->fua_in_aio)
+      rw_flags = RWF_DSYNC;
+    io_prep_pwritev2 (&io->iocb, io->fd, &io->iov, 1, offset, rw_flags);
+  }
+  io->iocb.data = io;
+}
+
+static void
+release_bounce (struct mloop_io *io)
+{
+  if (io->bounce_allocated)
+    mloop_free_aligned (io->bounce, io->count);
+  io->bounce = NULL;
+  io->bounce_allocated = false;
+}
+
+static void
+finish (struct mloop_io *io, int error)
+{
+  if (io->bounce && error == 0 && io->op == MLOOP_IO_READ)
+    memcpy (io->buf, io->bounce, io->count);
+  release_bounce (io);
+  io->complete (io, error);
+}
+
+/* With an overlay: whole clusters all in the overlay, or (reads) all in
+ * the base before its page-cache tail, go by AIO to the one descriptor
+ * that holds them, and so do whole-cluster writes (the clusters are
+ * marked when the write completes).  Everything else, and a FUA write
+ * that would change the map, is done synchronously by the overlay.
+ */
+static int
+route_through_overlay (struct mloop_file_store *e, struct mloop_io *io)
+{
+  struct mloop_overlay *ov = e->overlay;
+  const bool whole = mloop_is_aligned (io->offset, MLOOP_OVERLAY_CLUSTER) &&
+                     mloop_is_aligned (io->count, MLOOP_OVERLAY_CLUSTER);
+  const enum mloop_overlay_where where =
+    mloop_overlay_where (ov, io->offset, io->count);
+
+  if (!whole)
+    return MLOOP_PREPARED_BLOCKING;
+  if (io->op == MLOOP_IO_WRITE) {
+    if ((io->flags & MLOOP_IO_FUA) && where != MLOOP_OVERLAY_IN_OVERLAY)
+      return MLOOP_PREPARED_BLOCKING;
+  }
+  else if (where == MLOOP_OVERLAY_MIXED ||
+           (where == MLOOP_OVERLAY_IN_BASE &&
+            io->offset + io->count >
+            mloop_backing_buffered_from (&e->backing)))
+    return MLOOP_PREPARED_BLOCKING;
+  else if (where == MLOOP_OVERLAY_IN_BASE)
+    return MLOOP_PREPARED_AIO;
+  io->fd = ov->fd;
+  io->file_base = ov->data_offset;
+  return MLOOP_PREPARED_AIO;
+}
+
+/* Checks a read or write and decides how it reaches the disk:
+ *   aligned offset, length and buffer  → AIO on the O_DIRECT descriptor,
+ *                                        zero copy;
+ *   aligned offset and length only     → AIO through an aligned bounce
+ *                                        buffer (one copy);
+ *   unaligned offset or length         → read-modify-write, synchronously
+ *                                        (unaligned.c);
+ *   any byte in the page-cache tail    → the buffered descriptor for
+ *                                        those bytes, synchronously.
+ * Returns MLOOP_PREPARED_AIO when the iocb is ready to submit,
+ * MLOOP_PREPARED_BLOCKING for the synchronous paths, or a negative errno.
+ */
+static int
+prepare_rw (struct mloop_file_store *e, struct mloop_io *io)
+{
+  const struct mloop_backing *b = &e->backing;
+  uint32_t lbs = b->logical_block_size;
+  bool is_write = io->op == MLOOP_IO_WRITE;
+  const uint64_t size = mloop_backing_size (b);
+
+  if (io->count > MLOOP_MAX_REQUEST)
+    return -EINVAL;
+  if (io->offset > size || io->count > size - io->offset)
+    return is_write ? -ENOSPC : -EINVAL;
+  if (is_write && !b->writable)
+    return -EPERM;
+
+  io->fd = b->fd;
+  io->file_base = b->offset;
+  io->bounce = NULL;
+  io->bounce_allocated = false;
+  io->done = 0;
+  if (e->overlay) {
+    int r = route_through_overlay (e, io);
+
+    if (r != MLOOP_PREPARED_AIO)
+      return r;
+  }
+  else if (io->offset + io->count > mloop_backing_buffered_from (b))
+    /* Reaches the page-cache tail of an odd-sized file. */
+    return MLOOP_PREPARED_BLOCKING;
+  if (b->direct && !mloop_io_is_direct_safe (io->buf, io->count, io->offset,
+                                             lbs)) {
+    if (mloop_is_aligned (io->offset, lbs) &&
+        mloop_is_aligned (io->count, lbs)) {
+      if (io->scratch && io->scratch_size >= io->count &&
+          mloop_is_aligned ((uintptr_t) io->scratch, lbs))
+        io->bounce = io->scratch;
+      else {
+        io->bounce = mloop_alloc_aligned (io->count, lbs);
+        if (io->bounce == NULL)
+          return -ENOMEM;
+        io->bounce_allocated = true;
+      }
+      if (is_write)
+        memcpy (io->bounce, io->buf, io->count);
+    }
+    else
+      return MLOOP_PREPARED_BLOCKING;
+  }
+  prep_remaining (e, io);
+  return MLOOP_PREPARED_AIO;
+}
+
+static enum mloop_event_result
+file_complete_event (struct mloop_store *store, struct mloop_io *io,
+                             long res)
+{
+  struct mloop_file_store *e = (struct mloop_file_store *) store;
+  int error = 0;
+
+  if (res < 0)
+    error = (int) -res;
+  else if (io->op != MLOOP_IO_FLUSH) {
+    io->done += (size_t) res;
+    if (io->done < io->count) {
+      if (res == 0 ||
+          !mloop_is_aligned (io->done, mloop_backing_alignment (&e->backing)))
+        /* End of file before the end of the request (O_DIRECT stops short
+         * only there): the backing file shrank under us.
+         */
+        error = EIO;
+      else {
+        prep_remaining (e, io);
+        return MLOOP_EVENT_RESUBMIT;
+      }
+    }
+    else if (io->op == MLOOP_IO_WRITE && (io->flags & MLOOP_IO_FUA) &&
+             !e->fua_in_aio) {
+      /* Old kernel: FUA as write then fdatasync, on this thread. */
+      if (fdatasync (io->fd) == -1)
+        error = errno;
+    }
+    if (error == 0 && io->op == MLOOP_IO_WRITE && e->overlay)
+      error = -mloop_overlay_mark (e->overlay, io->offset, io->count);
+  }
+  finish (io, error);
+  return MLOOP_EVENT_DONE;
+}
+
+static int
+file_prepare (struct mloop_store *store, struct mloop_io *io)
+{
+  struct mloop_file_store *e = (struct mloop_file_store *) store;
+
+  switch (io->op) {
+  case MLOOP_IO_READ:
+  case MLOOP_IO_WRITE:
+    if (io->count == 0) {
+      if (io->op == MLOOP_IO_WRITE && !e->backing.writable)
+        return -EPERM;
+      io->bounce = NULL;
+      io->bounce_allocated = false;
+      finish (io, 0);
+      return MLOOP_PREPARED_DONE;
+    }
+    return prepare_rw (e, io);
+  case MLOOP_IO_FLUSH:
+    io->bounce = NULL;
+    io->bounce_allocated = false;
+    io->fd = write_fd (e);
+    /* An overlay's flush also writes its map: no AIO form. */
+    if (!e->flush_in_aio || e->overlay)
+      return MLOOP_PREPARED_BLOCKING;
+    io_prep_fdsync (&io->iocb, io->fd);
+    io->iocb.data = io;
+    return MLOOP_PREPARED_AIO;
+  default:
+    return -EINVAL;
+  }
+}
+
+static int
+file_perform_blocking (struct mloop_store *store, struct mloop_io *io)
+{
+  struct mloop_file_store *e = (struct mloop_file_store *) store;
+
+  if (io->op == MLOOP_IO_FLUSH)
+    return file_flush (store);
+  if (e->overlay)
+    return mloop_overlay_rw (e->overlay, &e->backing, &e->rmw_lock,
+                             io->op == MLOOP_IO_WRITE, io->buf, io->count,
+                             io->offset, io->flags & MLOOP_IO_FUA);
+  return mloop_sync_rw (e, io);
+}
+
+static long
+file_perform_event (struct mloop_store *store, struct mloop_io *io)
+{
+  struct mloop_file_store *e = (struct mloop_file_store *) store;
+
+  /* prep_remaining() left io->iov and the offset of what remains. */
+  off_t offset = (off_t) (io->file_base + io->offset + io->done);
+  int rw_flags = 0;
+  ssize_t n;
+
+  if (io->op == MLOOP_IO_FLUSH)
+    return fdatasync (io->fd) == -1 ? -errno : 0;
+  if (io->op == MLOOP_IO_WRITE && (io->flags & MLOOP_IO_FUA) &&
+      e->fua_in_aio)
+    rw_flags = RWF_DSYNC;
+  do
+    n = io->op == MLOOP_IO_READ
+      ? preadv2 (io->fd, &io->iov, 1, offset, 0)
+      : pwritev2 (io->fd, &io->iov, 1, offset, rw_flags);
+  while (n == -1 && errno == EINTR);
+  return n == -1 ? -errno : (long) n;
+}
+
+static void
+file_complete_blocking (struct mloop_store *store, struct mloop_io *io,
+                                int result)
+{
+  (void) store;
+  finish (io, -result);
+}
+
+static void
+file_abandon (struct mloop_store *store, struct mloop_io *io)
+{
+  (void) store;
+  release_bounce (io);
+}
+
+static uint64_t
+file_size (const struct mloop_store *store)
+{
+  const struct mloop_file_store *e = (const struct mloop_file_store *) store;
+
+  return mloop_backing_size (&e->backing);
+}
+
+static void
+file_describe (const struct mloop_store *store, char *buf, size_t len)
+{
+  const struct mloop_file_store *e = (const struct mloop_file_store *) store;
+  const struct mloop_backing *b = &e->backing;
+
+  snprintf (buf, len, "%s: %" PRIu64 " bytes at offset %" PRIu64
+            ", block size %" PRIu32 ", %s, %s%s",
+            b->path, mloop_backing_size (b), b->offset,
+            b->logical_block_size, b->direct ? "O_DIRECT" : "buffered",
+            e->base.info.writable ? "read-write" : "read-only",
+            e->overlay ? ", with an overlay" : "");
+}
+
+static int
+file_trim (struct mloop_store *store, uint64_t offset, uint64_t count,
+           unsigned flags)
+{
+  return mloop_file_store_trim ((struct mloop_file_store *) store, offset,
+                                count, flags);
+}
+
+static int
+file_zero (struct mloop_store *store, uint64_t offset, uint64_t count,
+           unsigned flags)
+{
+  return mloop_file_store_zero ((struct mloop_file_store *) store, offset,
+                                count, flags);
+}
+
+static int
+file_extents (struct mloop_store *store, uint64_t offset, uint64_t count,
+              bool req_one, mloop_extent_fn fn, void *opaque)
+{
+  return mloop_file_store_extents ((struct mloop_file_store *) store, offset,
+                                   count, req_one, fn, opaque);
+}
+
+static const struct mloop_store_ops file_ops = {
+  .kind = "file",
+  .probe_features = file_probe_features,
+  .close = file_close,
+  .prepare = file_prepare,
+  .perform_blocking = file_perform_blocking,
+  .complete_blocking = file_complete_blocking,
+  .perform_event = file_perform_event,
+  .abandon = file_abandon,
+  .complete_event = file_complete_event,
+  .flush = file_flush,
+  .trim = file_trim,
+  .zero = file_zero,
+  .extents = file_extents,
+  .reprobe_size = file_reprobe_size,
+  .size = file_size,
+  .describe = file_describe,
+};
+
+/* What front ends read of a file store (store.h). */
+static void
+describe_info (struct mloop_file_store *e)
+{
+  struct mloop_store_info *info = &e->base.info;
+  const struct mloop_backing *b = &e->backing;
+
+  info->writable = b->writable;
+  info->preferred_block_size = mloop_backing_preferred_block_size (b);
+  info->buffer_alignment = mloop_backing_alignment (b);
+  info->direct = b->direct;
+  info->direct_fell_back = b->direct_fallback;
+  info->can_extents = !b->is_block_device;
+  info->is_block_device = b->is_block_device;
+}
+
+int
+mloop_file_store_open (struct mloop_store **out,
+                       const struct mloop_engine_config *cfg,
+                       char *err, size_t errlen)
+{
+  struct mloop_file_store *e = calloc (1, sizeof *e);
+  int r;
+
+  if (e == NULL) {
+    snprintf (err, errlen, "no memory for the store");
+    return -ENOMEM;
+  }
+  e->base.ops = &file_ops;
+  /* With an overlay the base is only read, and may be shared. */
+  r = mloop_backing_open (&e->backing, cfg->path, cfg->direct,
+                          cfg->want_write && cfg->overlay == NULL,
+                          &cfg->window, err, errlen);
+  if (r < 0) {
+    free (e);
+    return r;
+  }
+  if (cfg->overlay) {
+    e->overlay = malloc (sizeof *e->overlay);
+    r = e->overlay == NULL ? -ENOMEM
+      : mloop_overlay_open (e->overlay, cfg->overlay, &e->backing,
+                            e->backing.direct, err, errlen);
+    if (r < 0) {
+      if (r == -ENOMEM && e->overlay == NULL)
+        snprintf (err, errlen, "no memory for an overlay");
+      free (e->overlay);
+      mloop_backing_close (&e->backing);
+      free (e);
+      return r;
+    }
+    e->backing.writable = cfg->want_write;
+    if (e->backing.logical_block_size < MLOOP_OVERLAY_CLUSTER)
+      e->backing.logical_block_size = MLOOP_OVERLAY_CLUSTER;
+  }
+  mloop_range_lock_init (&e->rmw_lock);
+  describe_info (e);
+  *out = &e->base;
+  return 0;
+}

@@ -1,0 +1,81 @@
+/* mloop — loading the RBD store module.  See rbd_load.h. */
+#include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine.h"
+#include "rbd_load.h"
+
+#define MODULE "mloop-store-rbd.so"
+
+#ifdef MLOOP_HAVE_RBD
+
+/* The build tree's module: this object is linked into a front end in a
+ * sibling of engine/ (server/, ublk/, plugin/).  Empty when not found.
+ */
+static void
+build_tree_module (char *path, size_t len)
+{
+  Dl_info info;
+  const char *slash;
+
+  path[0] = '\0';
+  if (dladdr ((void *) mloop_rbd_store_open, &info) == 0 ||
+      info.dli_fname == NULL || (slash = strrchr (info.dli_fname, '/')) == NULL)
+    return;
+  snprintf (path, len, "%.*s/../engine/%s", (int) (slash - info.dli_fname),
+            info.dli_fname, MODULE);
+  if (access (path, R_OK) != 0)
+    path[0] = '\0';
+}
+
+int
+mloop_rbd_store_open (struct mloop_store **out,
+                      const struct mloop_engine_config *cfg,
+                      char *err, size_t errlen)
+{
+  static void *module;          /* never closed: stores live in it */
+  const char *env = getenv ("MLOOP_RBD_MODULE");
+  char path[PATH_MAX];
+  mloop_rbd_open_fn *open_fn;
+
+  if (env && *env)
+    snprintf (path, sizeof path, "%s", env);
+  else {
+    build_tree_module (path, sizeof path);
+    if (path[0] == '\0')
+      snprintf (path, sizeof path, "%s/%s", MLOOP_PKGLIBDIR, MODULE);
+  }
+  if (module == NULL)
+    module = dlopen (path, RTLD_NOW | RTLD_LOCAL);
+  if (module == NULL) {
+    snprintf (err, errlen, "%s: RBD images need %s, which did not load: %s",
+              cfg->path, path, dlerror ());
+    return -ENOENT;
+  }
+  open_fn = (mloop_rbd_open_fn *) dlsym (module, MLOOP_RBD_OPEN_SYMBOL);
+  if (open_fn == NULL) {
+    snprintf (err, errlen, "%s is not mloop's RBD module (no %s)", path,
+              MLOOP_RBD_OPEN_SYMBOL);
+    return -ENOENT;
+  }
+  return open_fn (out, cfg, err, errlen);
+}
+
+#else
+
+int
+mloop_rbd_store_open (struct mloop_store **out,
+                      const struct mloop_engine_config *cfg,
+                      char *err, size_t errlen)
+{
+  snprintf (err, errlen, "%s: this mloop was built without RBD support "
+            "(librbd; Debian: librbd-dev)", cfg->path);
+  return -ENOTSUP;
+}
+
+#endif

@@ -1,0 +1,620 @@
+/* mloop — the RBD store: a Ceph RBD image through librbd's asynchronous
+ * API (store.h's second kind), built as the module rbd_load.h loads.
+ *
+ * Names: "rbd:[POOL/]IMAGE[@SNAP]", as qemu and the rbd command spell
+ * them (POOL defaults to "rbd").  A snapshot is served read-only.
+ *
+ * The request path: reads, writes and flushes go to rbd_aio_*; librbd
+ * completes them on its own threads, where the completion callback posts
+ * the request to io->port (port.h), so an event loop gets it through the
+ * eventfd it already polls.  A front end that names no port gets the
+ * synchronous calls on a thread that may block instead.
+ *
+ * Durability: librbd's cache is turned off (rbd_cache=false), as a file
+ * is served with O_DIRECT: a write librbd completes is then on the OSDs
+ * (an OSD acknowledges a write once it is committed on every replica),
+ * so FUA needs nothing more, and FLUSH is rbd_aio_flush, which the
+ * cache-less image completes at once.
+ *
+ * Exclusive use: a writable image is served under librbd's exclusive
+ * lock, acquired explicitly (rbd_lock_acquire), which librbd then never
+ * hands to another client that asks for it; a second writer is refused
+ * at open with the holder named, unless both chose to share
+ * (mloop_engine_config.shared).  Read-only opens take no lock.
+ *
+ * Trim is rbd_discard, partial objects included, so the range then reads
+ * as zeroes, as a trimmed file does; zero is
+ * rbd_write_zeroes, which frees whole objects and zeroes the rest
+ * sparsely on the OSD, so a fast zero is refused only when the range
+ * must stay allocated (thick provisioning writes every byte).  Extents
+ * come from the image's allocation (rbd_diff_iterate2 from the start of
+ * time, parent included).  Resizes made elsewhere (`rbd resize`) reach
+ * the store's size through librbd's update watch.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <rados/librados.h>
+#include <rbd/librbd.h>
+
+#include "engine.h"
+#include "rbd_load.h"
+#include "store.h"
+
+#define DEFAULT_POOL "rbd"
+
+/* How long librados waits for the monitors at start-up before saying
+ * so, unless the configuration sets client_mount_timeout (its default,
+ * 300 s, would leave an attach hanging for five minutes on a typo).
+ */
+#define MOUNT_TIMEOUT "30"
+
+/* The logical block size advertised, as rbd-nbd and krbd do: librbd
+ * takes any byte range, so this only guides clients.
+ */
+#define RBD_BLOCK_SIZE 512
+
+struct rbd_store {
+  struct mloop_store base;
+  char *name;                   /* "rbd:POOL/IMAGE[@SNAP]", for messages */
+  char *pool, *image, *snap;    /* snap: NULL for the image itself */
+  rados_t cluster;
+  rados_ioctx_t ioctx;
+  rbd_image_t rbd;
+  uint64_t size;                /* atomic: the update watch changes it */
+  bool locked;                  /* we hold the exclusive lock */
+  bool watching;
+  uint64_t watch_handle;
+};
+
+static struct rbd_store *
+store_of (const struct mloop_store *s)
+{
+  return (struct rbd_store *) s;
+}
+
+/* ------------------------------------------------------------ requests */
+
+static uint64_t
+store_size (const struct mloop_store *s)
+{
+  return __atomic_load_n (&store_of (s)->size, __ATOMIC_ACQUIRE);
+}
+
+/* The range and permission checks every request passes, with the file
+ * store's errors: out of range is EINVAL for reads, ENOSPC for writes.
+ */
+static int
+check_request (const struct rbd_store *st, bool is_write, uint64_t offset,
+               uint64_t count)
+{
+  const uint64_t size = store_size (&st->base);
+
+  if (count > MLOOP_MAX_REQUEST && !is_write)
+    return -EINVAL;
+  if (offset > size || count > size - offset)
+    return is_write ? -ENOSPC : -EINVAL;
+  if (is_write && !st->base.info.writable)
+    return -EPERM;
+  return 0;
+}
+
+static void
+on_rbd_complete (rbd_completion_t c, void *arg)
+{
+  struct mloop_io *io = arg;
+  long res = (long) rbd_aio_get_return_value (c);
+
+  rbd_aio_release (c);
+  io->port->post (io->port, io, res);
+}
+
+static int
+store_prepare (struct mloop_store *s, struct mloop_io *io)
+{
+  struct rbd_store *st = store_of (s);
+  rbd_completion_t c;
+  int r;
+
+  if (io->op != MLOOP_IO_FLUSH) {
+    if (io->count > MLOOP_MAX_REQUEST)
+      return -EINVAL;
+    r = check_request (st, io->op == MLOOP_IO_WRITE, io->offset, io->count);
+    if (r < 0)
+      return r;
+    if (io->count == 0) {
+      io->complete (io, 0);
+      return MLOOP_PREPARED_DONE;
+    }
+  }
+  if (io->port == NULL)
+    return MLOOP_PREPARED_BLOCKING;
+  r = rbd_aio_create_completion (io, on_rbd_complete, &c);
+  if (r < 0)
+    return r;
+  switch (io->op) {
+  case MLOOP_IO_READ:
+    r = rbd_aio_read (st->rbd, io->offset, io->count, io->buf, c);
+    break;
+  case MLOOP_IO_WRITE:
+    r = rbd_aio_write (st->rbd, io->offset, io->count, io->buf, c);
+    break;
+  case MLOOP_IO_FLUSH:
+    r = rbd_aio_flush (st->rbd, c);
+    break;
+  default:
+    r = -EINVAL;
+  }
+  if (r < 0) {
+    rbd_aio_release (c);
+    return r;
+  }
+  return MLOOP_PREPARED_QUEUED;
+}
+
+/* RES: librbd's return value: a negative errno, or for a read the
+ * bytes read (0 for an asynchronous write, the bytes for rbd_write).
+ */
+static int
+result_error (const struct mloop_io *io, long res)
+{
+  if (res < 0)
+    return (int) -res;
+  if (io->op == MLOOP_IO_READ && (size_t) res != io->count)
+    return EIO;                 /* the image shrank under the request */
+  return 0;
+}
+
+static enum mloop_event_result
+store_complete_event (struct mloop_store *s, struct mloop_io *io, long res)
+{
+  io->complete (io, result_error (io, res));
+  return MLOOP_EVENT_DONE;
+}
+
+static int
+store_perform_blocking (struct mloop_store *s, struct mloop_io *io)
+{
+  struct rbd_store *st = store_of (s);
+  ssize_t n;
+
+  switch (io->op) {
+  case MLOOP_IO_READ:
+    n = rbd_read (st->rbd, io->offset, io->count, io->buf);
+    break;
+  case MLOOP_IO_WRITE:
+    n = rbd_write (st->rbd, io->offset, io->count, io->buf);
+    break;
+  case MLOOP_IO_FLUSH:
+    return rbd_flush (st->rbd);
+  default:
+    return -EINVAL;
+  }
+  return -result_error (io, (long) n);
+}
+
+static void
+store_complete_blocking (struct mloop_store *s, struct mloop_io *io,
+                       int result)
+{
+  io->complete (io, -result);
+}
+
+/* Never prepared for AIO: nothing to perform or give back. */
+static long
+store_perform_event (struct mloop_store *s, struct mloop_io *io)
+{
+  return -EINVAL;
+}
+
+static void
+store_abandon (struct mloop_store *s, struct mloop_io *io)
+{
+}
+
+static int
+store_flush_now (struct mloop_store *s)
+{
+  return rbd_flush (store_of (s)->rbd);
+}
+
+/* ------------------------------------------------------------ space */
+
+static int
+store_trim (struct mloop_store *s, uint64_t offset, uint64_t count,
+          unsigned flags)
+{
+  struct rbd_store *st = store_of (s);
+  int r = st->base.info.writable ? 0 : -EPERM;
+
+  if (r == 0 && (offset > store_size (s) || count > store_size (s) - offset))
+    r = -EINVAL;
+  if (r == 0 && count > 0)
+    r = rbd_discard (st->rbd, offset, count);
+  return r < 0 ? r : 0;
+}
+
+static int
+store_zero (struct mloop_store *s, uint64_t offset, uint64_t count,
+          unsigned flags)
+{
+  struct rbd_store *st = store_of (s);
+  int zero_flags = 0;
+  ssize_t n;
+  int r = check_request (st, true, offset, 0);
+
+  if (r == 0 && count > store_size (s) - offset)
+    r = -ENOSPC;
+  if (r < 0 || count == 0)
+    return r;
+  if (flags & MLOOP_ZERO_NO_HOLE) {
+    if (flags & MLOOP_ZERO_FAST)
+      return -ENOTSUP;          /* thick provisioning writes every byte */
+    zero_flags = RBD_WRITE_ZEROES_FLAG_THICK_PROVISION;
+  }
+  /* rbd_write_zeroes takes a size_t and answers in an ssize_t: in steps
+   * that fit both, whatever the platform.
+   */
+  while (count > 0) {
+    size_t step = count > (1ull << 30) ? (size_t) 1 << 30 : (size_t) count;
+
+    n = rbd_write_zeroes (st->rbd, offset, step, zero_flags, 0);
+    if (n < 0)
+      return (int) n;
+    offset += step;
+    count -= step;
+  }
+  return 0;
+}
+
+/* rbd_diff_iterate2 names only the allocated extents: the walk fills
+ * the gaps with holes, so FN sees the whole range, in order.
+ */
+struct extent_walk {
+  uint64_t pos, end;
+  bool req_one;
+  mloop_extent_fn fn;
+  void *opaque;
+  int error;                    /* FN's, which stopped the walk */
+};
+
+#define WALK_DONE 1             /* stops rbd_diff_iterate2, not an error */
+
+static int
+walk_emit (struct extent_walk *w, uint64_t to, bool hole)
+{
+  int r;
+
+  if (to > w->end)
+    to = w->end;
+  if (to <= w->pos)
+    return 0;
+  r = w->fn (w->opaque, w->pos, to - w->pos, hole);
+  w->pos = to;
+  if (r < 0) {
+    w->error = r;
+    return -1;
+  }
+  return w->req_one ? WALK_DONE : 0;
+}
+
+static int
+on_diff_extent (uint64_t offset, size_t length, int exists, void *arg)
+{
+  struct extent_walk *w = arg;
+  int r = walk_emit (w, offset, true);
+
+  if (r != 0)
+    return r;
+  return walk_emit (w, offset + length, !exists);
+}
+
+static int
+store_extents (struct mloop_store *s, uint64_t offset, uint64_t count,
+             bool req_one, mloop_extent_fn fn, void *opaque)
+{
+  struct rbd_store *st = store_of (s);
+  struct extent_walk w = {
+    .pos = offset, .end = offset + count, .req_one = req_one,
+    .fn = fn, .opaque = opaque,
+  };
+  int r;
+
+  if (offset > store_size (s) || count > store_size (s) - offset)
+    return -EINVAL;
+  r = rbd_diff_iterate2 (st->rbd, NULL, offset, count, 1, 0, on_diff_extent,
+                         &w);
+  if (w.error)
+    return w.error;
+  if (r == WALK_DONE || (req_one && w.pos > offset))
+    return 0;
+  if (r < 0)
+    return r;
+  walk_emit (&w, w.end, true);
+  return w.error;
+}
+
+/* ------------------------------------------------------------ size */
+
+static int
+read_size (struct rbd_store *st)
+{
+  uint64_t size;
+  int r = rbd_get_size (st->rbd, &size);
+
+  if (r == 0)
+    __atomic_store_n (&st->size, size, __ATOMIC_RELEASE);
+  return r;
+}
+
+static int
+store_reprobe_size (struct mloop_store *s, char *err, size_t errlen)
+{
+  struct rbd_store *st = store_of (s);
+  int r = read_size (st);
+
+  if (r < 0)
+    snprintf (err, errlen, "%s: reading the size: %s", st->name,
+              strerror (-r));
+  return r;
+}
+
+/* librbd's update watch: the image's header changed (a resize, a
+ * snapshot, a feature), here or elsewhere.  Requests checked after this
+ * see the new size.
+ */
+static void
+on_image_update (void *arg)
+{
+  read_size (arg);
+}
+
+/* ------------------------------------------------------------ open */
+
+static void
+store_describe (const struct mloop_store *s, char *buf, size_t len)
+{
+  const struct rbd_store *st = store_of (s);
+
+  snprintf (buf, len, "%s: %" PRIu64 " bytes, %s%s", st->name, store_size (s),
+            s->info.writable ? "read-write" : "read-only",
+            st->locked ? ", exclusive lock held"
+            : s->info.writable ? ", shared" : "");
+}
+
+static void
+store_probe_features (struct mloop_store *s)
+{
+}
+
+static void
+store_close (struct mloop_store *s)
+{
+  struct rbd_store *st = store_of (s);
+
+  if (st->rbd) {
+    if (st->watching)
+      rbd_update_unwatch (st->rbd, st->watch_handle);
+    if (st->locked)
+      rbd_lock_release (st->rbd);
+    rbd_close (st->rbd);
+  }
+  if (st->ioctx)
+    rados_ioctx_destroy (st->ioctx);
+  if (st->cluster)
+    rados_shutdown (st->cluster);
+  free (st->name);
+  free (st->pool);
+  free (st->image);
+  free (st->snap);
+  free (st);
+}
+
+static const struct mloop_store_ops rbd_ops = {
+  .kind = "rbd",
+  .probe_features = store_probe_features,
+  .close = store_close,
+  .prepare = store_prepare,
+  .perform_blocking = store_perform_blocking,
+  .complete_blocking = store_complete_blocking,
+  .perform_event = store_perform_event,
+  .abandon = store_abandon,
+  .complete_event = store_complete_event,
+  .flush = store_flush_now,
+  .trim = store_trim,
+  .zero = store_zero,
+  .extents = store_extents,
+  .reprobe_size = store_reprobe_size,
+  .size = store_size,
+  .describe = store_describe,
+};
+
+/* Splits "rbd:[POOL/]IMAGE[@SNAP]" into ST's pool, image and snap. */
+static int
+parse_name (struct rbd_store *st, const char *name, char *err, size_t errlen)
+{
+  const char *spec = name + strlen (MLOOP_RBD_PREFIX);
+  const char *slash = strchr (spec, '/');
+  const char *at;
+
+  st->pool = slash ? strndup (spec, (size_t) (slash - spec))
+    : strdup (DEFAULT_POOL);
+  spec = slash ? slash + 1 : spec;
+  at = strchr (spec, '@');
+  st->image = at ? strndup (spec, (size_t) (at - spec)) : strdup (spec);
+  st->snap = at ? strdup (at + 1) : NULL;
+  if (st->pool == NULL || st->image == NULL || (at && st->snap == NULL)) {
+    snprintf (err, errlen, "no memory for %s", name);
+    return -ENOMEM;
+  }
+  if (st->pool[0] == '\0' || st->image[0] == '\0' || strchr (spec, '/') ||
+      (st->snap && (st->snap[0] == '\0' || strchr (st->snap, '@')))) {
+    snprintf (err, errlen, "%s: expected rbd:POOL/IMAGE or "
+              "rbd:POOL/IMAGE@SNAPSHOT", name);
+    return -EINVAL;
+  }
+  return 0;
+}
+
+/* Connects to the cluster as CFG says: its configuration file (or
+ * librados's own search), $CEPH_ARGS, the cephx user.
+ */
+static int
+connect_cluster (struct rbd_store *st, const struct mloop_engine_config *cfg,
+                 char *err, size_t errlen)
+{
+  const char *who = cfg->ceph_id ? cfg->ceph_id : "admin";
+  int r = rados_create (&st->cluster, cfg->ceph_id);
+
+  if (r < 0) {
+    st->cluster = NULL;
+    snprintf (err, errlen, "%s: librados: %s", st->name, strerror (-r));
+    return r;
+  }
+  rados_conf_set (st->cluster, "client_mount_timeout", MOUNT_TIMEOUT);
+  r = rados_conf_read_file (st->cluster, cfg->ceph_conf);
+  if (r < 0) {
+    if (cfg->ceph_conf)
+      snprintf (err, errlen, "%s: reading Ceph configuration %s: %s",
+                st->name, cfg->ceph_conf, strerror (-r));
+    else
+      snprintf (err, errlen, "%s: no Ceph configuration found ($CEPH_CONF, "
+                "/etc/ceph/ceph.conf; or say --ceph-conf)", st->name);
+    return r;
+  }
+  rados_conf_parse_env (st->cluster, NULL);
+  /* No cache between the device and the OSDs (see the top); a trim of
+   * part of an object zeroes it, as a trim of a file does, rather than
+   * being skipped.
+   */
+  rados_conf_set (st->cluster, "rbd_cache", "false");
+  rados_conf_set (st->cluster, "rbd_skip_partial_discard", "false");
+  r = rados_connect (st->cluster);
+  if (r < 0) {
+    snprintf (err, errlen, "%s: connecting to the Ceph cluster as "
+              "client.%s: %s", st->name, who,
+              r == -ENOENT ? "no keyring for that user"
+              : r == -ETIMEDOUT ? "no monitor answered"
+              : r == -EACCES || r == -EPERM ? "cephx refused the key"
+              : strerror (-r));
+    return r;
+  }
+  r = rados_ioctx_create (st->cluster, st->pool, &st->ioctx);
+  if (r < 0) {
+    st->ioctx = NULL;
+    snprintf (err, errlen, "%s: %s", st->name,
+              r == -ENOENT ? "no such pool" : strerror (-r));
+    return r;
+  }
+  return 0;
+}
+
+/* Takes the image's exclusive lock, or says who holds it. */
+static int
+take_lock (struct rbd_store *st, char *err, size_t errlen)
+{
+  uint64_t features = 0;
+  rbd_lock_mode_t mode;
+  char *owners[4];
+  size_t n = 4;
+  int r;
+
+  if (rbd_get_features (st->rbd, &features) == 0 &&
+      !(features & RBD_FEATURE_EXCLUSIVE_LOCK)) {
+    snprintf (err, errlen, "%s: the image has no exclusive-lock feature, "
+              "so its use by one writer cannot be ensured (`rbd feature "
+              "enable IMAGE exclusive-lock`, or --shared)", st->name);
+    return -EINVAL;
+  }
+  r = rbd_lock_acquire (st->rbd, RBD_LOCK_MODE_EXCLUSIVE);
+  if (r == 0) {
+    st->locked = true;
+    return 0;
+  }
+  if (rbd_lock_get_owners (st->rbd, &mode, owners, &n) == 0 && n > 0) {
+    snprintf (err, errlen, "%s is in use: %s holds its exclusive lock "
+              "(--shared to write it alongside)", st->name, owners[0]);
+    rbd_lock_get_owners_cleanup (owners, n);
+  }
+  else
+    snprintf (err, errlen, "%s: taking its exclusive lock: %s", st->name,
+              strerror (-r));
+  return r;
+}
+
+static int
+open_image (struct rbd_store *st, const struct mloop_engine_config *cfg,
+            char *err, size_t errlen)
+{
+  const bool writable = cfg->want_write && st->snap == NULL;
+  int r = writable ? rbd_open (st->ioctx, st->image, &st->rbd, NULL)
+    : rbd_open_read_only (st->ioctx, st->image, &st->rbd, st->snap);
+
+  if (r < 0) {
+    st->rbd = NULL;
+    if (r == -ENOENT && st->snap)
+      snprintf (err, errlen, "%s: no such image or snapshot", st->name);
+    else
+      snprintf (err, errlen, "%s: %s", st->name,
+                r == -ENOENT ? "no such image" : strerror (-r));
+    return r;
+  }
+  if (writable && !cfg->shared && (r = take_lock (st, err, errlen)) < 0)
+    return r;
+  if ((r = read_size (st)) < 0) {
+    snprintf (err, errlen, "%s: reading its size: %s", st->name,
+              strerror (-r));
+    return r;
+  }
+  if (rbd_update_watch (st->rbd, &st->watch_handle, on_image_update, st)
+      == 0)
+    st->watching = true;
+  st->base.info = (struct mloop_store_info) {
+    .writable = writable,
+    .preferred_block_size = RBD_BLOCK_SIZE,
+    .buffer_alignment = 1,
+    .direct = true,
+    .can_extents = true,
+  };
+  return 0;
+}
+
+int mloop_rbd_store_module_open (struct mloop_store **out,
+                                 const struct mloop_engine_config *cfg,
+                                 char *err, size_t errlen);
+
+/* The module's entry point (rbd_load.h). */
+int
+mloop_rbd_store_module_open (struct mloop_store **out,
+                             const struct mloop_engine_config *cfg,
+                             char *err, size_t errlen)
+{
+  struct rbd_store *st = calloc (1, sizeof *st);
+  int r;
+
+  if (st == NULL || (st->name = strdup (cfg->path)) == NULL) {
+    free (st);
+    snprintf (err, errlen, "no memory for %s", cfg->path);
+    return -ENOMEM;
+  }
+  st->base.ops = &rbd_ops;
+  r = parse_name (st, cfg->path, err, errlen);
+  if (r == 0 && cfg->overlay) {
+    snprintf (err, errlen, "%s: an overlay over an RBD image is not "
+              "supported (an RBD clone is Ceph's own)", st->name);
+    r = -ENOTSUP;
+  }
+  if (r == 0)
+    r = connect_cluster (st, cfg, err, errlen);
+  if (r == 0)
+    r = open_image (st, cfg, err, errlen);
+  if (r < 0) {
+    store_close (&st->base);
+    return r;
+  }
+  *out = &st->base;
+  return 0;
+}
