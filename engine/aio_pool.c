@@ -72,6 +72,13 @@ mloop_pool_waiter_done (struct mloop_pool_waiter *w)
 }
 
 void
+mloop_pool_waiter_wait (struct mloop_pool_waiter *w)
+{
+  while (!atomic_load (&w->done))
+    sem_wait (&w->wake);        /* EINTR: look again */
+}
+
+void
 mloop_pool_waiter_destroy (struct mloop_pool_waiter *w)
 {
   sem_destroy (&w->wake);

@@ -61,6 +61,8 @@ struct mloop_pool_waiter {
 
 void mloop_pool_waiter_init (struct mloop_pool_waiter *w);
 void mloop_pool_waiter_done (struct mloop_pool_waiter *w);
+/* Sleeps until W is done: for a request completed off the rings. */
+void mloop_pool_waiter_wait (struct mloop_pool_waiter *w);
 void mloop_pool_waiter_destroy (struct mloop_pool_waiter *w);
 
 /* Starts RINGS rings with QUEUE_DEPTH requests in flight each.  Short

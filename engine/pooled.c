@@ -38,6 +38,17 @@ on_event (void *opaque, struct mloop_io *io, long res)
   return mloop_engine_complete_event (opaque, io, res);
 }
 
+/* A store's completion, on its thread: completes IO there (io->complete
+ * only wakes the waiting caller or hands the reply to nbdkit).
+ */
+static void
+post_at_once (struct mloop_port *port, struct mloop_io *io, long res)
+{
+  struct mloop_pooled *p = (struct mloop_pooled *) port;
+
+  mloop_engine_complete_event (p->engine, io, res);
+}
+
 int
 mloop_pooled_start (struct mloop_pooled *p, struct mloop_engine *e,
                     unsigned rings, unsigned queue_depth,
@@ -48,6 +59,7 @@ mloop_pooled_start (struct mloop_pooled *p, struct mloop_engine *e,
   if (r < 0)
     return r;
   memset (p, 0, sizeof *p);
+  p->port.post = post_at_once;
   mloop_engine_probe_features (e);
   p->engine = e;
   p->rings = rings;
@@ -88,6 +100,11 @@ submit_prepared (struct mloop_pooled *p, struct mloop_io *io, int prepared,
                                     mloop_engine_perform_blocking (e, io));
     return 0;
   }
+  if (prepared == MLOOP_PREPARED_QUEUED) {
+    if (waiter)
+      mloop_pool_waiter_wait (waiter);
+    return 0;
+  }
   if (prepared != MLOOP_PREPARED_AIO)
     return prepared;            /* done already, or refused */
   r = waiter ? mloop_aio_pool_submit_and_wait (p->pool, io, waiter)
@@ -100,6 +117,7 @@ submit_prepared (struct mloop_pooled *p, struct mloop_io *io, int prepared,
 int
 mloop_pooled_submit (struct mloop_pooled *p, struct mloop_io *io)
 {
+  io->port = &p->port;
   return submit_prepared (p, io, mloop_engine_prepare (p->engine, io), NULL);
 }
 
@@ -107,6 +125,7 @@ int
 mloop_pooled_submit_and_wait (struct mloop_pooled *p, struct mloop_io *io,
                               struct mloop_pool_waiter *waiter)
 {
+  io->port = &p->port;
   return submit_prepared (p, io, mloop_engine_prepare (p->engine, io),
                           waiter);
 }

@@ -24,6 +24,10 @@
 #define MLOOP_RINGS_MAX     64
 
 struct mloop_pooled {
+  /* Where a store with threads of its own (RBD) completes requests: on
+   * its thread, at once (the callers wait on their own requests).
+   */
+  struct mloop_port port;
   struct mloop_engine *engine;
   struct mloop_aio_pool *pool;
   unsigned rings;

@@ -39,6 +39,9 @@ static bool discard = true;             /* discard=on|off */
 static char *stats_file;                /* stats=FILE, for mloop status */
 static char *trace_file;                /* trace=FILE, else $MLOOP_TRACE */
 static char *overlay_file;              /* overlay=FILE */
+static char *ceph_conf;                 /* ceph-conf=FILE */
+static char *ceph_id;                   /* ceph-id=NAME */
+static bool is_rbd;                     /* rbd=POOL/IMAGE, not file= */
 static bool lock_memory;                /* mlock=on|off */
 static struct mloop_stats *stats;       /* its counters, or NULL */
 static struct mloop_engine engine;
@@ -69,6 +72,8 @@ mloop_unload (void)
   free (stats_file);
   free (trace_file);
   free (overlay_file);
+  free (ceph_conf);
+  free (ceph_id);
   free (filename);
 }
 
@@ -98,6 +103,35 @@ mloop_config (const char *key, const char *value)
     filename = realpath (value, NULL);
     if (filename == NULL) {
       nbdkit_error ("file=%s: %m", value);
+      return -1;
+    }
+  }
+  else if (strcmp (key, "rbd") == 0) {
+    free (filename);
+    if (asprintf (&filename, "%s%s", MLOOP_RBD_PREFIX, value) == -1) {
+      filename = NULL;
+      nbdkit_error ("rbd=%s: %m", value);
+      return -1;
+    }
+    is_rbd = true;
+  }
+  else if (strcmp (key, "ceph-conf") == 0) {
+    free (ceph_conf);
+    if ((ceph_conf = nbdkit_absolute_path (value)) == NULL)
+      return -1;
+    config.ceph_conf = ceph_conf;
+  }
+  else if (strcmp (key, "ceph-id") == 0) {
+    free (ceph_id);
+    if ((ceph_id = strdup (value)) == NULL) {
+      nbdkit_error ("ceph-id=%s: %m", value);
+      return -1;
+    }
+    config.ceph_id = ceph_id;
+  }
+  else if (strcmp (key, "shared") == 0) {
+    if (mloop_on_off_parse (value, &config.shared) < 0) {
+      nbdkit_error ("shared=%s: must be on or off", value);
       return -1;
     }
   }
@@ -172,15 +206,19 @@ static int
 mloop_config_complete (void)
 {
   if (filename == NULL) {
-    nbdkit_error ("file=: the image file or block device to serve is "
-                  "required");
+    nbdkit_error ("file= or rbd=: the image file, block device or RBD "
+                  "image to serve is required");
     return -1;
   }
   return 0;
 }
 
 #define mloop_config_help \
-  "file=<FILENAME>     (required) Image file or block device to serve.\n" \
+  "file=<FILENAME>     Image file or block device to serve, or:\n" \
+  "rbd=POOL/IMAGE[@SNAP]  a Ceph RBD image (a snapshot is read-only).\n" \
+  "ceph-conf=FILE      For rbd=: the Ceph configuration (default: librados's).\n" \
+  "ceph-id=NAME        For rbd=: the cephx user, without client. (default admin).\n" \
+  "shared=on|off       For rbd=: write without the exclusive lock (default off).\n" \
   "threads=<N>         AIO rings (kernel AIO contexts), 1..64 (default 4).\n" \
   "queue-depth=<N>     AIO requests in flight per ring (default 32).\n" \
   "direct=auto|on|off  O_DIRECT: auto falls back to buffered IO with a\n" \
@@ -195,11 +233,8 @@ mloop_config_complete (void)
   "                    (default: $MLOOP_TRACE, else none).\n" \
   "mlock=on|off        Lock the server's memory with mlockall (default off)."
 
-/* Opens the backing store before nbdkit forks, so that a missing or
- * unusable file makes nbdkit exit at startup.
- */
 static int
-mloop_get_ready (void)
+open_engine (void)
 {
   char err[512], what[512];
 
@@ -210,6 +245,22 @@ mloop_get_ready (void)
     return -1;
   }
   engine_open = true;
+  mloop_engine_describe (&engine, what, sizeof what);
+  nbdkit_debug ("mloop: %s", what);
+  return 0;
+}
+
+/* Opens a file before nbdkit forks, so that a missing or unusable file
+ * makes nbdkit exit at startup.  An RBD image is opened after the fork
+ * (.after_fork): librados starts threads, which a fork does not keep.
+ */
+static int
+mloop_get_ready (void)
+{
+  char err[512];
+
+  if (!is_rbd && open_engine () < 0)
+    return -1;
   /* The rings are opened after the fork: a system at fs.aio-max-nr is
    * refused here, while our messages still reach the caller.
    */
@@ -232,15 +283,13 @@ mloop_get_ready (void)
     nbdkit_error ("trace=%s: %m", trace_file);
     return -1;
   }
-  if (mloop_engine_info (&engine)->direct_fell_back)
+  if (engine_open && mloop_engine_info (&engine)->direct_fell_back)
     /* nbdkit has no warning call; stderr is still the terminal here,
      * before the daemonizing fork.
      */
     fprintf (stderr, "nbdkit: mloop: warning: file=%s: O_DIRECT not "
              "supported here, using buffered IO (direct=on would refuse "
              "to start)\n", filename);
-  mloop_engine_describe (&engine, what, sizeof what);
-  nbdkit_debug ("mloop: %s", what);
   return 0;
 }
 
@@ -252,6 +301,8 @@ mloop_after_fork (void)
   enum mloop_pool_mode mode = mloop_debug_reaper_threads
     ? MLOOP_POOL_REAPER_THREADS : MLOOP_POOL_CALLER_REAPS;
 
+  if (!engine_open && open_engine () < 0)
+    return -1;
   /* Here, not in .get_ready: memory locks are not inherited across
    * nbdkit's daemonizing fork.
    */

@@ -545,8 +545,8 @@ main (int argc, char *argv[])
   unsigned i;
 
   keep_request_buffers ();
-  ctx = g_option_context_new ("IMAGE - serve an image file or block device "
-                              "over NBD");
+  ctx = g_option_context_new ("IMAGE - serve an image file, block device "
+                              "or rbd:POOL/IMAGE[@SNAP] over NBD");
   g_option_context_add_main_entries (ctx, entries, NULL);
   g_option_context_set_description (ctx,
     "Example: mloop-server --listen unix:/run/mloop.sock disk.img\n"

@@ -71,6 +71,9 @@ static gboolean opt_buffered;
 static gchar *opt_offset;
 static gchar *opt_sizelimit;
 static gchar *opt_overlay;
+static gchar *opt_ceph_conf;
+static gchar *opt_ceph_id;
+static gboolean opt_shared;
 static gint opt_block_size;
 static gchar *opt_device_file;
 static gchar *opt_pid_file;
@@ -100,6 +103,14 @@ static GOptionEntry entries[] = {
   { "overlay", 0, 0, G_OPTION_ARG_FILENAME, &opt_overlay,
     "Write to this copy-on-write overlay (made if absent); the image is "
     "only read", "FILE" },
+  { "ceph-conf", 0, 0, G_OPTION_ARG_FILENAME, &opt_ceph_conf,
+    "For rbd:POOL/IMAGE: the Ceph configuration (default: $CEPH_CONF, "
+    "/etc/ceph/ceph.conf)", "FILE" },
+  { "ceph-id", 0, 0, G_OPTION_ARG_STRING, &opt_ceph_id,
+    "For rbd:POOL/IMAGE: the cephx user, without \"client.\" (default "
+    "admin)", "NAME" },
+  { "shared", 0, 0, G_OPTION_ARG_NONE, &opt_shared,
+    "For rbd:POOL/IMAGE: write without the image's exclusive lock", NULL },
   { "block-size", 0, 0, G_OPTION_ARG_INT, &opt_block_size,
     "Logical block size to offer: 512, 1024, 2048 or 4096 (default: the "
     "image's)", "BYTES" },
@@ -239,6 +250,9 @@ open_image (struct mloop_engine *engine, const char *image,
     die ("--direct=%s: must be auto, on or off", opt_direct);
   cfg.window.offset = parse_size ("offset", opt_offset);
   cfg.overlay = opt_overlay;
+  cfg.ceph_conf = opt_ceph_conf;
+  cfg.ceph_id = opt_ceph_id;
+  cfg.shared = opt_shared;
   cfg.window.sizelimit = parse_size ("sizelimit", opt_sizelimit);
   if (mloop_engine_open (engine, &cfg, err, sizeof err) < 0)
     die ("%s", err);
@@ -517,8 +531,8 @@ main (int argc, char *argv[])
   GError *gerr = NULL;
   char err[512];
 
-  ctx = g_option_context_new ("IMAGE - serve an image file or block device "
-                              "as a ublk block device");
+  ctx = g_option_context_new ("IMAGE - serve an image file, block device "
+                              "or rbd:POOL/IMAGE as a ublk block device");
   g_option_context_add_main_entries (ctx, entries, NULL);
   g_option_context_set_description (ctx,
     "Example: mloop-ublk --pid-file /run/u.pid --device-file /run/u.dev disk.img\n"

@@ -72,6 +72,7 @@ ublk_queue_init (struct ublk_queue *q, int cdev_fd,
   q->efd = eventfd (0, EFD_CLOEXEC);
   if (q->efd < 0)
     return -errno;
+  mloop_port_queue_init (&q->port, q->efd);
   int r = pthread_mutex_init (&q->inbox.lock, NULL);
   if (r)
     return -r;
@@ -332,6 +333,7 @@ queue_request (struct ublk_queue *q, unsigned tag)
     .offset = op == UBLK_IO_OP_FLUSH ? 0 : off,
     .complete = tag_complete,
     .opaque = &q->tags[tag],
+    .port = &q->port.port,
   };
   r = mloop_engine_prepare (q->engine, io);
   switch (r) {
@@ -339,6 +341,8 @@ queue_request (struct ublk_queue *q, unsigned tag)
     return 0;
   case MLOOP_PREPARED_AIO:
     submit_aio (q, io);
+    return 0;
+  case MLOOP_PREPARED_QUEUED:   /* the store posts it to q->port */
     return 0;
   case MLOOP_PREPARED_BLOCKING:
     offload_tag (q, t);
@@ -366,6 +370,11 @@ reap_aio (struct ublk_queue *q)
   } while (n == 64);
   if (n < 0 && !q->err)
     q->err = n;
+  for (struct mloop_io *io = mloop_port_queue_take (&q->port), *next;
+       io; io = next) {
+    next = io->posted_next;
+    mloop_engine_complete_event (q->engine, io, io->posted_res);
+  }
   take_jobs (q);
   arm_aio_events (q);
 }

@@ -47,6 +47,9 @@ struct ublk_queue {
   struct mloop_stats *stats;
   struct ublk_inbox inbox;      /* their finished jobs; inbox.efd == efd */
   bool inbox_open;
+  /* Completions of a store with threads of its own (RBD): posted here,
+   * announced on efd like AIO's (engine/port.h). */
+  struct mloop_port_queue port;
   struct iocb **pending;        /* prepared, for the next io_submit */
   unsigned npending;
   int efd;

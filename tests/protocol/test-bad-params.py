@@ -15,7 +15,7 @@ sock = os.path.join(d, "s.sock")
 harness.on_exit(lambda: os.path.exists(sock) and os.unlink(sock))
 
 cases = [
-    ([], "file=: the image file or block device to serve is required"),
+    ([], "file= or rbd=: the image file, block device or RBD image to serve is required"),
     ([f"file={missing}"], f"file={missing}: No such file or directory"),
     ([f"file={d}"], "is a directory"),
     ([f"file={image}", "threads=0"], "threads=0: must be between 1 and 64"),
