@@ -612,6 +612,16 @@ main (int argc, char *argv[])
   if (opt_mlock && (errno = -mloop_lock_memory ()) != 0)
     die ("--mlock: mlockall: %s", strerror (errno));
 
+  /* Block the signals before any thread exists (an RBD store's librados
+   * starts its own as it opens), so every thread inherits the mask and
+   * only the signalfd sees them.
+   */
+  sigemptyset (&sigs);
+  sigaddset (&sigs, SIGTERM);
+  sigaddset (&sigs, SIGINT);
+  sigaddset (&sigs, SIGHUP);
+  pthread_sigmask (SIG_BLOCK, &sigs, NULL);
+
   mloop_engine_config_init (&cfg);
   cfg.path = argv[1];
   cfg.want_write = !opt_read_only;
@@ -649,14 +659,6 @@ main (int argc, char *argv[])
   export.max_block = MAX_REQUEST;
   export.name = opt_export_name;
 
-  /* Block the signals before any thread exists, so every thread inherits
-   * the mask and only the signalfd sees them.
-   */
-  sigemptyset (&sigs);
-  sigaddset (&sigs, SIGTERM);
-  sigaddset (&sigs, SIGINT);
-  sigaddset (&sigs, SIGHUP);
-  pthread_sigmask (SIG_BLOCK, &sigs, NULL);
   signal (SIGPIPE, SIG_IGN);
   sfd = signalfd (-1, &sigs, SFD_CLOEXEC);
 

@@ -562,6 +562,15 @@ main (int argc, char *argv[])
   bool recover = opt_recover >= 0;
   unsigned nr_queues = (unsigned) opt_queues, depth = (unsigned) opt_depth;
 
+  /* Blocked before any thread exists (an RBD store's librados starts
+   * its own as it opens), so every thread inherits the mask and only the
+   * sigwait below takes them. */
+  sigset_t stop_sigs;
+  sigemptyset (&stop_sigs);
+  sigaddset (&stop_sigs, SIGTERM);
+  sigaddset (&stop_sigs, SIGINT);
+  pthread_sigmask (SIG_BLOCK, &stop_sigs, NULL);
+
   struct mloop_engine engine;
   unsigned block_size;
   uint64_t dev_size;
@@ -585,13 +594,6 @@ main (int argc, char *argv[])
                         : mloop_stats_create (opt_stats_file)))
     die ("--stats-file %s: %s", opt_stats_file, strerror (errno));
 
-  /* Blocked before any thread exists, so every thread inherits the mask
-   * and only the sigwait below takes them. */
-  sigset_t stop_sigs;
-  sigemptyset (&stop_sigs);
-  sigaddset (&stop_sigs, SIGTERM);
-  sigaddset (&stop_sigs, SIGINT);
-  pthread_sigmask (SIG_BLOCK, &stop_sigs, NULL);
 
   struct ublk_queue queues[MAX_QUEUES];
   unsigned inited = 0, started = 0, id = 0, waited_ms = 0;

@@ -1,0 +1,645 @@
+#!/usr/bin/python3
+"""mloop-server serving Ceph RBD images (rbd:POOL/IMAGE[@SNAP]) from a real
+one-node cluster (tests/ceph/cluster.py), checked against what Ceph holds:
+
+1. data written through the server at odd offsets and lengths, on an
+   image of an odd size (64 MiB + 4097) to its last byte, reads back the
+   same through the server and, once it has stopped, through `rbd export`;
+2. FUA writes and FLUSH succeed; TRIM (unaligned and of whole objects)
+   and WRITE_ZEROES (plain, NO_HOLE, FAST_ZERO) read back as zeroes;
+   BLOCK_STATUS base:allocation follows the image's allocation (written
+   data: flags 0; never written and trimmed objects: HOLE|ZERO); CACHE,
+   when offered, succeeds; size and block sizes (minimum 1, preferred
+   512) are the image's;
+3. a snapshot (@SNAP) serves the data it was taken with, read-only
+   (EPERM, can_write false), while a writer changes the image; `-r` on
+   the image serves it read-only; neither takes the exclusive lock;
+4. a writable server holds the image's exclusive lock from its start and
+   releases it when stopped; a second writer is refused in one line
+   naming the holder, and the first keeps serving; two `--shared`
+   servers both serve the image; a missing image, pool or snapshot, a
+   bad spec, a missing ceph.conf and a --ceph-id with no keyring or a
+   key the cluster does not know are each refused quickly in one line;
+5. a writer killed with SIGKILL while serving: a new server on the image
+   starts once librbd has broken the dead one's lock (the OSD drops the
+   dead client's watch after osd_client_watch_timeout, 30 s), and what
+   was flushed before the kill is there;
+6. no server, daemon or file is left.
+
+SKIPs (77) without the Ceph packages or python3-libnbd.  Fails at once,
+before starting a cluster, when mloop-server has no --ceph-conf option.
+
+Run by hand from the repository root:
+  MLOOP_SERVER_BIN=build/server/mloop-server PYTHONPATH=tests:tests/ceph \\
+      /usr/bin/python3 tests/ceph/test-rbd-server.py
+
+Cost on the project machine (2 cores): 45 s: the cluster's start 5-8 s,
+the restart after SIGKILL 30 s (librbd breaks a dead writer's lock only
+once the OSD has dropped its watch, after osd_client_watch_timeout, 30 s
+by default), every other section under 2.5 s.  A server that dies on
+SIGTERM instead of closing the image leaves its lock to time out the
+same way: then `rbd snap create` in the snapshot section waits 30 s more.
+"""
+import errno
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import cluster  # tests/ceph, beside this file
+
+reason = cluster.missing_reason()
+if reason:
+    print(f"SKIP: {reason}")
+    sys.exit(77)
+
+# RBD images are served by mloop-server only.
+os.environ.setdefault("MLOOP_SERVER", "native")
+import harness  # tests/: skips without python3-libnbd or MLOOP_SERVER_BIN
+import nbd
+
+if harness.SERVER_KIND != "native":
+    harness.skip("rbd: images are served by mloop-server only (MLOOP_SERVER=native)")
+
+from harness import check
+
+SERVER_BIN = harness.SERVER_BIN
+MiB = 1 << 20
+HOLE = nbd.STATE_HOLE | nbd.STATE_ZERO
+START_LIMIT = 30      # seconds a server may take to start on a live image
+REFUSE_LIMIT = 10     # seconds a refusal may take (librados answers in ms)
+RESTART_LIMIT = 45    # seconds to start after a SIGKILLed writer (~30 expected)
+RESTART_WAIT = 120    # how long to wait for it before giving up
+
+# A server without RBD support fails here, in a second, not after a cluster.
+helptext = subprocess.run([SERVER_BIN, "--help"], capture_output=True, text=True).stdout
+if "--ceph-conf" not in helptext:
+    check("mloop-server has RBD support", False,
+          f"{SERVER_BIN} --help lists no --ceph-conf option (built without librbd?)")
+    harness.exit_if_failed()
+
+
+class Abort(Exception):
+    """Ends a section whose next step cannot run (its check already failed)."""
+
+
+def first_difference(a, b):
+    if a == b:
+        return "equal"
+    if len(a) != len(b):
+        return f"lengths {len(a)} and {len(b)}"
+    for i in range(0, len(a), 4096):
+        if a[i:i + 4096] != b[i:i + 4096]:
+            j = next(k for k in range(i, min(i + 4096, len(a))) if a[k] != b[k])
+            return f"first difference at byte {j}: {a[j]:#x} != {b[j]:#x}"
+    return "equal"
+
+
+def same(name, got, want):
+    return check(name, got == want, first_difference(got, want))
+
+
+servers = []
+
+
+class RbdServer:
+    """mloop-server on an rbd: spec, in the foreground on a private Unix
+    socket; stderr kept apart from stdout (a refusal must be one line)."""
+
+    def __init__(self, spec, *opts, ceph_id=None, conf=None):
+        self.dir = c.path("test", f"server{len(servers)}")
+        os.mkdir(self.dir)
+        self.sock = os.path.join(self.dir, "nbd.sock")
+        self.pid_file = os.path.join(self.dir, "server.pid")
+        self.err_path = os.path.join(self.dir, "stderr")
+        self.spec = spec
+        self.handles = []
+        cmd = [SERVER_BIN, "--listen", f"unix:{self.sock}", "--pid-file", self.pid_file,
+               f"--ceph-conf={conf or c.conf}", f"--ceph-id={ceph_id or c.client_id}",
+               *opts, spec]
+        with open(os.path.join(self.dir, "stdout"), "wb") as out, \
+                open(self.err_path, "wb") as err:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out,
+                                         stderr=err,
+                                         preexec_fn=cluster._die_with(os.getpid()))
+        self.started = time.monotonic()
+        self.elapsed = None
+        servers.append(self)
+
+    def stderr(self):
+        with open(self.err_path, errors="replace") as f:
+            return f.read()
+
+    def wait_ready(self, timeout=START_LIMIT):
+        """Whether it listens (wrote its pid file) within TIMEOUT; sets
+        elapsed either way (at its exit if it exited)."""
+        deadline = self.started + timeout
+        while not os.path.exists(self.pid_file):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.elapsed = time.monotonic() - self.started
+                return False
+            time.sleep(0.02)
+        self.elapsed = time.monotonic() - self.started
+        return True
+
+    def wait_exit(self, timeout):
+        """Its exit status, or None if it still runs after TIMEOUT."""
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        self.elapsed = time.monotonic() - self.started
+        return self.proc.poll()
+
+    def why(self):
+        state = (f"exited {self.proc.returncode}" if self.proc.poll() is not None
+                 else "still running, not listening")
+        return f"{state} after {self.elapsed:.1f} s; stderr: {self.stderr().strip()!r}"
+
+    def connect(self, strict=True):
+        h = nbd.NBD()
+        if not strict:
+            h.set_strict_mode(0)  # let refused requests reach the server
+        h.add_meta_context(nbd.CONTEXT_BASE_ALLOCATION)
+        h.connect_unix(self.sock)
+        self.handles.append(h)
+        return h
+
+    def stop(self, timeout=30):
+        """SIGTERM, as a user stops it; SIGKILL after TIMEOUT.  Returns the
+        exit status (negative: killed)."""
+        for h in self.handles:
+            try:
+                h.shutdown()
+            except nbd.Error:
+                pass
+        self.handles = []
+        if not harness.terminate(self.proc, timeout):
+            print(f"# {self.spec}: no exit within {timeout} s of SIGTERM: killed")
+        return self.proc.returncode
+
+
+def start(what, spec, *opts, timeout=START_LIMIT, **kw):
+    """A server that must start; Abort (after a failed check) if it does not."""
+    s = RbdServer(spec, *opts, **kw)
+    ok = s.wait_ready(timeout)
+    if not check(f"{what} starts ({s.elapsed:.1f} s)", ok, s.why() if not ok else ""):
+        s.stop(5)
+        raise Abort(what)
+    return s
+
+
+def stop(what, s):
+    rc = s.stop()
+    check(f"{what} exits 0 on SIGTERM and removes its socket",
+          rc == 0 and not os.path.exists(s.sock),
+          f"exit {rc}, socket {'left' if os.path.exists(s.sock) else 'removed'}; "
+          f"stderr: {s.stderr().strip()!r}")
+
+
+def locks(image):
+    """The image's locks as `rbd lock ls` lists them (the exclusive lock is
+    one, id "auto COOKIE"): [{"id", "locker", "address"}]."""
+    return json.loads(c.rbd("lock", "ls", "--format", "json", c.spec(image)).strip() or "[]")
+
+
+def export(spec):
+    path = c.path("test", "export")
+    c.rbd("export", "--no-progress", spec, path)
+    with open(path, "rb") as f:
+        data = f.read()
+    os.unlink(path)
+    return data
+
+
+def read_all(h, size):
+    return b"".join(h.pread(min(4 * MiB, size - o), o) for o in range(0, size, 4 * MiB))
+
+
+def extents(h, start, end):
+    """base:allocation as [(offset, length, flags)] covering [START, END)."""
+    out, pos = [], start
+    while pos < end:
+        got = []
+
+        def cb(metacontext, offset, entries, err):
+            if metacontext == nbd.CONTEXT_BASE_ALLOCATION:
+                got.extend(entries)
+        h.block_status(end - pos, pos, cb)
+        if not got or 0 in got[0::2]:
+            raise AssertionError(f"BLOCK_STATUS at {pos}: no progress: {got!r}")
+        for i in range(0, len(got), 2):
+            out.append((pos, got[i], got[i + 1]))
+            pos += got[i]
+    return out
+
+
+def covered(ext, start, end, flags):
+    """Whether every extent overlapping [START, END) has FLAGS."""
+    return all(f == flags for o, n, f in ext if o < end and o + n > start)
+
+
+def show(ext, start, end):
+    return [(o, n, f) for o, n, f in ext if o < end and o + n > start]
+
+
+def write(h, model, off, data, flags=0):
+    h.pwrite(data, off, flags)
+    model[off:off + len(data)] = data
+
+
+def refused_in_one_line(what, s, words, limit=REFUSE_LIMIT):
+    """S must exit non-zero within LIMIT with one line on stderr holding
+    one of WORDS (case-insensitive), and leave no socket or pid file."""
+    rc = s.wait_exit(60)
+    if rc is None:
+        s.stop(5)
+    err = s.stderr().strip()
+    lines = err.splitlines()
+    print(f"# {what}: {err!r}")
+    check(f"{what}: refused, exit non-zero ({s.elapsed:.2f} s)",
+          rc is not None and rc > 0, s.why())
+    check(f"{what}: refused within {limit} s", s.elapsed < limit, f"{s.elapsed:.1f} s")
+    check(f"{what}: one line on stderr naming the cause",
+          len(lines) == 1 and any(w.lower() in err.lower() for w in words),
+          f"wanted one line with one of {words}: {err!r}")
+    check(f"{what}: leaves no socket or pid file",
+          not os.path.exists(s.sock) and not os.path.exists(s.pid_file))
+    return err
+
+
+# --- 1 and 2: data, commands and allocation ------------------------------
+
+SIZE = 64 * MiB + 4097
+# (offset, length): odd ones, object (4 MiB) boundaries crossed, the
+# partial last object, the last byte, and an overwrite inside an earlier one.
+WRITES = [(0, 1), (511, 2), (4095, 8193), (4096 + 100, 50), (4 * MiB - 3, 7),
+          (7 * MiB + 12345, MiB + 4097), (33 * MiB + 1, 5 * MiB + 1),
+          (SIZE - 4097 - 3, 4100), (SIZE - 1, 1)]
+WRITTEN_AT = (12 * MiB + 100, MiB)        # before anything else: a fresh image
+NEVER_WRITTEN = (52 * MiB, 60 * MiB)      # stays a hole to the end
+TRIM_UNALIGNED = (30 * MiB + 1000, 2 * MiB + 333)
+TRIM_OBJECTS = (40 * MiB, 48 * MiB)       # two whole objects
+ZEROES = [("plain", 20 * MiB + 7, 2 * MiB + 9, 0),
+          ("NO_HOLE", 24 * MiB - 5, MiB + 10, nbd.CMD_FLAG_NO_HOLE),
+          ("FAST_ZERO", 26 * MiB + 1, 3 * MiB, nbd.CMD_FLAG_FAST_ZERO)]
+
+
+def section_data():
+    c.create_image("disk", SIZE)
+    model = bytearray(SIZE)
+    rng = random.Random(1)
+    w = start("a writable server on a fresh image", f"rbd:{c.spec('disk')}")
+    lk = locks("disk")
+    check("the writable server holds the image's exclusive lock from its start",
+          len(lk) == 1 and lk[0]["id"].startswith("auto "), repr(lk))
+    h = w.connect()
+    check("the export is the image's size, 64 MiB + 4097", h.get_size() == SIZE,
+          f"{h.get_size()}")
+    check("minimum block size 1, preferred 512",
+          (h.get_block_size(nbd.SIZE_MINIMUM), h.get_block_size(nbd.SIZE_PREFERRED))
+          == (1, 512),
+          f"{h.get_block_size(nbd.SIZE_MINIMUM)}, {h.get_block_size(nbd.SIZE_PREFERRED)}")
+    offered = {"write": not h.is_read_only(), "flush": h.can_flush(), "FUA": h.can_fua(),
+               "trim": h.can_trim(), "write zeroes": h.can_zero(),
+               "fast zero": h.can_fast_zero(),
+               "base:allocation": h.can_meta_context(nbd.CONTEXT_BASE_ALLOCATION)}
+    check("offers write, flush, FUA, trim, write zeroes, fast zero, base:allocation",
+          all(offered.values()), repr(offered))
+
+    # Allocation of a fresh image with one write.
+    off, n = WRITTEN_AT
+    write(h, model, off, rng.randbytes(n))
+    h.flush()
+    ext = extents(h, 0, SIZE)
+    check("BLOCK_STATUS: the written range is data (flags 0)",
+          covered(ext, off, off + n, 0), repr(show(ext, off, off + n)))
+    check("BLOCK_STATUS: a never-written range is HOLE|ZERO",
+          covered(ext, *NEVER_WRITTEN, HOLE), repr(show(ext, *NEVER_WRITTEN)))
+    check("BLOCK_STATUS: the never-written partial last object is HOLE|ZERO",
+          covered(ext, 64 * MiB, SIZE, HOLE), repr(show(ext, 64 * MiB, SIZE)))
+    check("BLOCK_STATUS covers the export exactly",
+          sum(n for _, n, _ in ext) == SIZE, repr(ext[-3:]))
+
+    # Odd writes, each read back.
+    for off, n in WRITES:
+        write(h, model, off, rng.randbytes(n))
+    bad = [(off, n) for off, n in WRITES if h.pread(n, off) != model[off:off + n]]
+    check(f"{len(WRITES)} writes at odd offsets and lengths read back", not bad, repr(bad))
+    check("the last byte reads back", h.pread(1, SIZE - 1) == model[-1:])
+
+    # FUA and FLUSH.
+    off = 17 * MiB - 1
+    data = rng.randbytes(MiB + 3)
+    try:
+        write(h, model, off, data, nbd.CMD_FLAG_FUA)
+        h.flush()
+        ok, detail = h.pread(len(data), off) == data, "read back differs"
+    except nbd.Error as e:
+        ok, detail = False, str(e)
+    check("a FUA write and a FLUSH succeed and the write reads back", ok, detail)
+
+    # TRIM: unaligned (librbd skips partial objects unless told not to),
+    # then whole objects.
+    for what, (start_, end) in (("unaligned", (TRIM_UNALIGNED[0], sum(TRIM_UNALIGNED))),
+                                ("of whole objects", TRIM_OBJECTS)):
+        write(h, model, start_, rng.randbytes(end - start_))
+        h.flush()
+        h.trim(end - start_, start_)
+        model[start_:end] = bytes(end - start_)
+        got = h.pread(end - start_, start_)
+        same(f"TRIM {what} [{start_}, {end}) reads back as zeroes", got, model[start_:end])
+    ext = extents(h, *TRIM_OBJECTS)
+    check("BLOCK_STATUS: trimmed whole objects are HOLE|ZERO",
+          covered(ext, *TRIM_OBJECTS, HOLE), repr(show(ext, *TRIM_OBJECTS)))
+
+    # WRITE_ZEROES over data.
+    for what, off, n, flags in ZEROES:
+        write(h, model, off, rng.randbytes(n))
+        try:
+            h.zero(n, off, flags)
+            model[off:off + n] = bytes(n)
+            same(f"WRITE_ZEROES ({what}) reads back as zeroes", h.pread(n, off),
+                 model[off:off + n])
+        except nbd.Error as e:
+            check(f"WRITE_ZEROES ({what}) succeeds", False, str(e))
+            model[off:off + n] = h.pread(n, off)  # whatever it left
+
+    if h.can_cache():
+        try:
+            h.cache(8 * MiB, 0)
+            check("CACHE succeeds", True)
+        except nbd.Error as e:
+            check("CACHE succeeds", False, str(e))
+    else:
+        print("# CACHE is not offered")
+
+    ext = extents(h, 0, SIZE)
+    check("BLOCK_STATUS: the never-written range is still HOLE|ZERO at the end",
+          covered(ext, *NEVER_WRITTEN, HOLE), repr(show(ext, *NEVER_WRITTEN)))
+    same("the whole export reads back as written", read_all(h, SIZE), bytes(model))
+    h.flush()
+    stop("the writable server", w)
+    check("it released the exclusive lock", locks("disk") == [], repr(locks("disk")))
+    same("rbd export of the image equals what was written through the server",
+         export(c.spec("disk")), bytes(model))
+
+
+# --- 3: a snapshot, and -r ------------------------------------------------
+
+SIZE2 = 16 * MiB + 513
+
+
+def section_snapshot():
+    c.create_image("snapimg", SIZE2)
+    rng = random.Random(2)
+    a = bytearray(SIZE2)
+    w = start("a writer of data A", f"rbd:{c.spec('snapimg')}")
+    h = w.connect()
+    for off, n in ((MiB - 7, 3 * MiB), (SIZE2 - 600, 600)):
+        write(h, a, off, rng.randbytes(n))
+    h.flush()
+    stop("the writer of A", w)
+    c.rbd("snap", "create", c.spec("snapimg", "s1"))
+
+    b = bytearray(a)
+    w = start("a writer of data B over A", f"rbd:{c.spec('snapimg')}")
+    h = w.connect()
+    for off, n in ((2 * MiB, 3 * MiB + 11), (SIZE2 - 100, 100)):
+        write(h, b, off, rng.randbytes(n))
+    h.flush()
+    held = locks("snapimg")
+    snap = start("a server of @s1 beside the writer", f"rbd:{c.spec('snapimg', 's1')}")
+    ro = start("a -r server of the image beside the writer", f"rbd:{c.spec('snapimg')}", "-r")
+    check("neither read-only server took or broke the writer's lock",
+          locks("snapimg") == held and len(held) == 1, f"{held!r} -> {locks('snapimg')!r}")
+
+    hs = snap.connect(strict=False)
+    check("@s1: can_write is false", hs.is_read_only())
+    check("@s1: the export is the image's size", hs.get_size() == SIZE2, f"{hs.get_size()}")
+    same("@s1 reads A, not the B written after it", read_all(hs, SIZE2), bytes(a))
+    for name, fn, args in (("WRITE", hs.pwrite, (b"x" * 512, 0)),
+                           ("WRITE_ZEROES", hs.zero, (512, 0)),
+                           ("TRIM", hs.trim, (512, 0))):
+        try:
+            harness.expect_error(errno.EPERM, fn, *args)
+            check(f"@s1: {name} fails with EPERM", True)
+        except AssertionError as e:
+            check(f"@s1: {name} fails with EPERM", False, str(e))
+    hr = ro.connect(strict=False)
+    check("-r: can_write is false", hr.is_read_only())
+    same("-r reads the image's B", read_all(hr, SIZE2), bytes(b))
+    try:
+        harness.expect_error(errno.EPERM, hr.pwrite, b"x" * 512, 0)
+        check("-r: WRITE fails with EPERM", True)
+    except AssertionError as e:
+        check("-r: WRITE fails with EPERM", False, str(e))
+
+    # The writer still writes: it kept its lock.
+    off = 9 * MiB + 3
+    data = rng.randbytes(4099)
+    write(h, b, off, data)
+    h.flush()
+    check("the writer still writes beside them", h.pread(len(data), off) == data)
+    stop("the writer of B", w)
+    check("with only read-only servers left, the image has no lock",
+          locks("snapimg") == [], repr(locks("snapimg")))
+    same("@s1 still reads A after the writer's last write", read_all(hs, SIZE2), bytes(a))
+    stop("the @s1 server", snap)
+    stop("the -r server", ro)
+    same("rbd export of the image is B", export(c.spec("snapimg")), bytes(b))
+    same("rbd export of @s1 is A", export(c.spec("snapimg", "s1")), bytes(a))
+
+
+# --- 4: the exclusive lock, --shared, and refusals ------------------------
+
+SIZE3 = 8 * MiB + 1
+
+
+def section_lock():
+    c.create_image("lockimg", SIZE3)
+    rng = random.Random(3)
+    w1 = start("a first writer", f"rbd:{c.spec('lockimg')}")
+    held = locks("lockimg")
+    if not check("the first writer holds the exclusive lock", len(held) == 1, repr(held)):
+        raise Abort("no lock")
+    holder = held[0]
+    w2 = RbdServer(f"rbd:{c.spec('lockimg')}")
+    err = refused_in_one_line("a second writer", w2, ["lock"])
+    check("the second writer's refusal names the lock's holder",
+          holder["locker"] in err or holder["address"] in err,
+          f"holder {holder['locker']} at {holder['address']}: {err!r}")
+    check("the first writer still holds the lock", locks("lockimg") == held,
+          repr(locks("lockimg")))
+    h = w1.connect()
+    data = rng.randbytes(10000)
+    h.pwrite(data, 12345)
+    h.flush()
+    check("the first writer still writes", h.pread(len(data), 12345) == data)
+    stop("the first writer", w1)
+
+
+def section_shared():
+    c.create_image("sharedimg", SIZE3)
+    rng = random.Random(5)
+    s1 = start("a --shared writer", f"rbd:{c.spec('sharedimg')}", "--shared")
+    s2 = start("a second --shared writer", f"rbd:{c.spec('sharedimg')}", "--shared")
+    h1, h2 = s1.connect(), s2.connect()
+    check("both --shared servers are writable", not h1.is_read_only() and not h2.is_read_only())
+    x, y = rng.randbytes(5000), rng.randbytes(7000)
+    t = time.monotonic()
+    try:
+        h1.pwrite(x, 2 * MiB + 1)
+        h1.flush()
+        ok1 = h2.pread(len(x), 2 * MiB + 1) == x
+        h2.pwrite(y, 6 * MiB - 3)
+        h2.flush()
+        ok2 = h1.pread(len(y), 6 * MiB - 3) == y
+        detail = ""
+    except nbd.Error as e:
+        ok1 = ok2 = False
+        detail = str(e)
+    check("--shared: what one writes and flushes the other reads", ok1, detail)
+    check(f"--shared: and the other way ({time.monotonic() - t:.2f} s for both)", ok2, detail)
+    stop("the first --shared server", s1)
+    stop("the second --shared server", s2)
+    got = export(c.spec("sharedimg"))
+    check("rbd export has both --shared servers' writes",
+          got[2 * MiB + 1:2 * MiB + 1 + len(x)] == x and got[6 * MiB - 3:6 * MiB - 3 + len(y)] == y)
+
+
+def section_refusals():
+    """Bad input: each refused quickly, in one line."""
+    c.create_image("refimg", SIZE3)
+    ghost_keyring = c.path("test", "client.ghost.keyring")
+    subprocess.run(["ceph-authtool", "--create-keyring", ghost_keyring, "--gen-key",
+                    "-n", "client.ghost"], check=True, capture_output=True)
+    ghost_conf = c.path("test", "ghost.conf")
+    with open(c.conf) as f, open(ghost_conf, "w") as g:
+        g.write(f.read() + f"\n[client.ghost]\nkeyring = {ghost_keyring}\n")
+    pool = c.pool
+    for what, spec, kw, words in [
+            ("a missing image", f"rbd:{pool}/nosuch", {}, ["nosuch"]),
+            ("a missing pool", "rbd:nopool/refimg", {}, ["nopool"]),
+            ("a missing snapshot", f"rbd:{pool}/refimg@nosnap", {}, ["nosnap"]),
+            ("the spec rbd:", "rbd:", {}, ["rbd:", "spec", "pool", "image"]),
+            (f"the spec rbd:{pool}/", f"rbd:{pool}/", {}, ["rbd:", "spec", "image"]),
+            (f"the spec rbd:{pool}/refimg@", f"rbd:{pool}/refimg@", {},
+             ["rbd:", "spec", "snap"]),
+            ("a missing --ceph-conf file", f"rbd:{pool}/refimg",
+             {"conf": c.path("test", "nosuch.conf")}, ["nosuch.conf"]),
+            ("--ceph-id with no keyring", f"rbd:{pool}/refimg",
+             {"ceph_id": "nobody"}, ["nobody", "keyring"]),
+            ("--ceph-id with a key the cluster does not know", f"rbd:{pool}/refimg",
+             {"ceph_id": "ghost", "conf": ghost_conf},
+             ["ghost", "auth", "permission", "denied"])]:
+        refused_in_one_line(what, RbdServer(spec, **kw), words)
+
+
+# --- 5: a writer killed --------------------------------------------------
+
+SIZE4 = 32 * MiB + 1
+
+
+def section_kill():
+    c.create_image("crash", SIZE4)
+    rng = random.Random(4)
+    k = start("a writer to be killed", f"rbd:{c.spec('crash')}")
+    h = k.connect()
+    flushed = [(0, rng.randbytes(5 * MiB + 3)), (9 * MiB + 1, rng.randbytes(MiB))]
+    h.pwrite(flushed[0][1], flushed[0][0])
+    h.flush()
+    h.pwrite(flushed[1][1], flushed[1][0], nbd.CMD_FLAG_FUA)
+    # Writes in flight at the kill, to a range not checked.
+    for i in range(4):
+        h.aio_pwrite(nbd.Buffer.from_bytearray(bytearray(rng.randbytes(MiB))),
+                     20 * MiB + i * MiB)
+    dead = locks("crash")
+    k.proc.send_signal(signal.SIGKILL)
+    k.proc.wait()
+    check("the writer died of SIGKILL", k.proc.returncode == -signal.SIGKILL,
+          f"exit {k.proc.returncode}")
+    k.handles = []  # its connection is gone with it
+
+    k2 = RbdServer(f"rbd:{c.spec('crash')}")
+    ok = k2.wait_ready(RESTART_WAIT)
+    check(f"a new writer starts after the SIGKILL ({k2.elapsed:.1f} s)", ok, k2.why())
+    if not ok:
+        k2.stop(5)
+        raise Abort("no restart")
+    check(f"it starts within {RESTART_LIMIT} s (librbd breaks the dead writer's lock)",
+          k2.elapsed < RESTART_LIMIT, f"{k2.elapsed:.1f} s")
+    now = locks("crash")
+    check("the new writer holds the lock, not the dead one",
+          len(now) == 1 and len(dead) == 1 and now[0]["address"] != dead[0]["address"],
+          f"{dead!r} -> {now!r}")
+    h = k2.connect()
+    bad = [off for off, data in flushed if h.pread(len(data), off) != data]
+    check("what was flushed (and FUA-written) before the kill reads back", not bad,
+          f"differs at {bad}")
+    data = rng.randbytes(3 * MiB)
+    h.pwrite(data, 25 * MiB)
+    h.flush()
+    flushed.append((25 * MiB, data))
+    check("the new writer writes", h.pread(len(data), 25 * MiB) == data)
+    stop("the new writer", k2)
+    got = export(c.spec("crash"))
+    bad = [off for off, data in flushed if got[off:off + len(data)] != data]
+    check("rbd export has everything flushed, before the kill and after", not bad,
+          f"differs at {bad}")
+
+
+# --- run ------------------------------------------------------------------
+
+
+def section(name, fn):
+    t = time.monotonic()
+    first = len(servers)
+    print(f"# {name}")
+    try:
+        fn()
+    except Abort:
+        pass
+    except Exception as e:  # nbd.Error, a failed rbd command: this section ends
+        check(f"{name}: runs to its end", False, f"{type(e).__name__}: {e}")
+        for s in servers[first:]:
+            err = s.stderr().strip().splitlines()
+            if err:
+                print(f"# stderr of the server of {s.spec} (last lines):")
+                print("\n".join("#   " + line for line in err[-10:]))
+    print(f"# {name}: {time.monotonic() - t:.1f} s")
+
+
+t0 = time.monotonic()
+c = cluster.Cluster()
+daemon_pids, cluster_dir = [], None
+try:
+    c.start()
+    print(f"# cluster started in {c.times['start']:.1f} s")
+    daemon_pids = [d.proc.pid for d in c.daemons.values()]
+    cluster_dir = c.dir
+    os.mkdir(c.path("test"))
+    section("data through the server, and its commands", section_data)
+    section("a snapshot and -r", section_snapshot)
+    section("the exclusive lock", section_lock)
+    section("two --shared writers", section_shared)
+    section("bad input", section_refusals)
+    section("a writer killed with SIGKILL", section_kill)
+finally:
+    # The servers first: with the cluster gone, librbd's close would wait.
+    for s in servers:
+        if s.proc.poll() is None:
+            s.stop(10)
+    c.stop()
+
+print(f"# whole test {time.monotonic() - t0:.1f} s")
+alive = [s.proc.pid for s in servers if s.proc.poll() is None]
+check("no server is left running", alive == [], repr(alive))
+alive = [pid for pid in daemon_pids if os.path.exists(f"/proc/{pid}")]
+check("no Ceph daemon is left running", alive == [], repr(alive))
+check("no file is left", cluster_dir is None or not os.path.exists(cluster_dir),
+      cluster_dir)
+harness.exit_if_failed()
