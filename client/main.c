@@ -22,6 +22,7 @@
 #include "print.h"
 #include "resize.h"
 #include "serve.h"
+#include "store_name.h"
 
 /* Every message of the command goes through mloop_print_error. */
 #define error mloop_print_error
@@ -45,6 +46,35 @@ parse_window (const char *command, const char *offset, const char *sizelimit,
     return false;
   }
   return true;
+}
+
+/* The options attach and serve take for an RBD image. */
+#define CEPH_OPTIONS(conf, id) \
+  { "ceph-conf", 0, 0, G_OPTION_ARG_FILENAME, &conf, \
+    "For rbd:POOL/IMAGE: the Ceph configuration (default: $CEPH_CONF, " \
+    "/etc/ceph/ceph.conf)", "FILE" }, \
+  { "ceph-id", 0, 0, G_OPTION_ARG_STRING, &id, \
+    "For rbd:POOL/IMAGE: the cephx user, without \"client.\" (default " \
+    "admin; its keyring from the usual places)", "NAME" }
+
+/* The name COMMAND serves FILE by: with --ceph-conf CONF and --ceph-id
+ * ID recorded in it (store_name.h), so that a restarted server connects
+ * as the first did.  Returns false after saying what is wrong.
+ */
+static bool
+ceph_name (const char *command, const char *file, const char *conf,
+           const char *id, char **name)
+{
+  char err[512];
+
+  if (conf == NULL && id == NULL) {
+    *name = g_strdup (file);
+    return true;
+  }
+  *name = mloop_rbd_name_with (file, conf, id, err, sizeof err);
+  if (*name == NULL)
+    error ("%s: %s", command, err);
+  return *name != NULL;
 }
 
 /* Parses the options of one command; removes them from argv. */
@@ -82,7 +112,8 @@ cmd_attach (int argc, char **argv)
   gint dead_timeout = -1;
   g_autofree char *device = NULL, *server = NULL, *transport = NULL;
   g_autofree char *offset = NULL, *sizelimit = NULL, *overlay = NULL;
-  g_autofree char *dev = NULL;
+  g_autofree char *dev = NULL, *ceph_conf = NULL, *ceph_id = NULL;
+  g_autofree char *name = NULL;
   GOptionEntry entries[] = {
     { "find", 'f', 0, G_OPTION_ARG_NONE, &find,
       "Use the first free /dev/nbdN (the default without --device)", NULL },
@@ -125,6 +156,7 @@ cmd_attach (int argc, char **argv)
     { "transport", 'T', 0, G_OPTION_ARG_STRING, &transport,
       "nbd (/dev/nbdN, the default), ublk (/dev/ublkbN, no socket) or "
       "auto (ublk where the kernel has it and FILE is local)", "NAME" },
+    CEPH_OPTIONS (ceph_conf, ceph_id),
     G_OPTION_ENTRY_NULL
   };
   struct mloop_attach_request req = { .index = -1 };
@@ -133,9 +165,10 @@ cmd_attach (int argc, char **argv)
   char err[1024];
   gint64 start;
 
-  if (!parse ("FILE|nbd://HOST[:PORT]/NAME",
-              "Attach FILE, or a remote export, as /dev/nbdN (or FILE as "
-              "/dev/ublkbN) and print the device.",
+  if (!parse ("FILE|rbd:POOL/IMAGE[@SNAP]|nbd://HOST[:PORT]/NAME",
+              "Attach FILE, an RBD image or a remote export as /dev/nbdN "
+              "(or FILE or an RBD image as /dev/ublkbN) and print the "
+              "device.",
               entries, &argc, &argv))
     return EXIT_FAILURE;
   if (argc != 2)
@@ -179,10 +212,13 @@ cmd_attach (int argc, char **argv)
   if (!parse_window ("attach", offset, sizelimit, &req.offset,
                      &req.sizelimit))
     return EXIT_FAILURE;
-  if ((req.offset || req.sizelimit) && strstr (argv[1], "://"))
+  if ((req.offset || req.sizelimit) &&
+      (strstr (argv[1], "://") || mloop_is_rbd_name (argv[1])))
     return error ("attach: --offset and --sizelimit need a local FILE, not "
-                  "a remote export");
-  req.file = argv[1];
+                  "%s", argv[1]);
+  if (!ceph_name ("attach", argv[1], ceph_conf, ceph_id, &name))
+    return EXIT_FAILURE;
+  req.file = name;
   req.overlay = overlay;
   req.threads = threads == -1 ? 0 : threads;
   req.connections = connections == -1 ? 0 : connections;
@@ -379,6 +415,7 @@ cmd_serve (int argc, char **argv)
   g_autofree char *listen = NULL, *export_name = NULL, *tls = NULL;
   g_autofree char *psk = NULL, *certs = NULL, *server = NULL;
   g_autofree char *offset = NULL, *sizelimit = NULL, *keepalive = NULL;
+  g_autofree char *ceph_conf = NULL, *ceph_id = NULL, *name = NULL;
   GOptionEntry entries[] = {
     { "listen", 'l', 0, G_OPTION_ARG_STRING, &listen,
       "unix:PATH or tcp:HOST:PORT (only that address)", "ADDR" },
@@ -412,13 +449,16 @@ cmd_serve (int argc, char **argv)
     { "keepalive", 0, 0, G_OPTION_ARG_STRING, &keepalive,
       "TCP keepalive IDLE:INTERVAL:COUNT seconds, or off (native server; "
       "default 30:10:3)", "SPEC" },
+    CEPH_OPTIONS (ceph_conf, ceph_id),
     G_OPTION_ENTRY_NULL
   };
   struct mloop_serve_request req = { 0 };
   char err[1024];
   char **cmd;
 
-  if (!parse ("FILE", "Serve FILE over NBD to other machines (foreground).",
+  if (!parse ("FILE|rbd:POOL/IMAGE[@SNAP]",
+              "Serve FILE or an RBD image over NBD to other machines "
+              "(foreground).",
               entries, &argc, &argv))
     return EXIT_FAILURE;
   if (argc != 2)
@@ -436,7 +476,9 @@ cmd_serve (int argc, char **argv)
     return error ("serve: --server %s", err);
   if (!parse_window ("serve", offset, sizelimit, &req.offset, &req.sizelimit))
     return EXIT_FAILURE;
-  req.file = argv[1];
+  if (!ceph_name ("serve", argv[1], ceph_conf, ceph_id, &name))
+    return EXIT_FAILURE;
+  req.file = name;
   req.listen = listen;
   req.export_name = export_name;
   req.read_only = read_only;

@@ -18,6 +18,7 @@
 #include "nbd_receivers.h"
 #include "nbd_proto.h"
 #include "partitions.h"
+#include "store_name.h"
 #include "ublk_device.h"
 
 /* TCG guests start nbdkit slowly: be patient before calling it failed. */
@@ -143,6 +144,16 @@ windows_overlap (const struct mloop_attach_request *req,
   return req->offset < s->offset + s->size && s->offset < end;
 }
 
+/* Whether names A and B, neither a local file's, name one image. */
+static bool
+same_image (const char *a, const char *b)
+{
+  g_autofree char *ia = mloop_image_identity (a);
+  g_autofree char *ib = mloop_image_identity (b);
+
+  return strcmp (ia, ib) == 0;
+}
+
 /* Whether device S (attached, or being attached when CLAIMED) holds
  * FILE (with identity ST), or the remote URI FILE when ST is NULL: for
  * a local file, a window of it overlapping REQ's.
@@ -170,7 +181,7 @@ conflicts (const struct mloop_attach_request *req, const char *file,
   if (st ? !(s->file_dev == (uint64_t) st->st_dev &&
              s->file_ino == (uint64_t) st->st_ino && !s->remote &&
              windows_overlap (req, st, s))
-      : strcmp (s->file, file) != 0)
+      : !same_image (s->file, file))
     return 0;
   dev = claimed ? g_strdup ("a device (an attach in progress)")
     : mloop_state_device_path (s);
@@ -571,11 +582,12 @@ window_size_at_most (const struct mloop_attach_request *req,
 /* Under the state lock: refuses FILE if it is attached, or being
  * attached, already; else makes OUT's directory, takes its lock
  * (*DEVICE_LOCK) and records in it what OUT will attach, so the next
- * attach sees it.  ST is FILE's identity, NULL for a remote URI.
+ * attach sees it.  ST is FILE's identity, NULL for a remote URI or an
+ * RBD image; REMOTE says which.
  */
 static int
 claim (const struct mloop_attach_request *req, const char *file,
-       const char *overlay, const struct stat *st,
+       const char *overlay, const struct stat *st, bool remote,
        struct mloop_device_state *out, int *device_lock, char *err,
        size_t errlen)
 {
@@ -595,7 +607,7 @@ claim (const struct mloop_attach_request *req, const char *file,
   out->overlay = g_strdup (overlay);
   out->overlay_temporary = overlay && req->overlay &&
                            strcmp (req->overlay, MLOOP_OVERLAY_TEMPORARY) == 0;
-  out->remote = st == NULL;
+  out->remote = remote;
   if (st) {
     out->file_dev = st->st_dev;
     out->file_ino = st->st_ino;
@@ -619,6 +631,7 @@ mloop_attach (const struct mloop_attach_request *req,
   struct stat st;
   bool busy = false;
   bool remote = strstr (req->file, "://") != NULL;
+  bool rbd = mloop_is_rbd_name (req->file);
   char why[512];
   int lock, device_lock, r, ublk;
 
@@ -638,6 +651,8 @@ mloop_attach (const struct mloop_attach_request *req,
     mloop_nbd_address_clear (&a);
     file = g_strdup (req->file);
   }
+  else if (rbd)
+    file = g_strdup (req->file);    /* the server names what is wrong */
   else {
     /* Under an overlay the image is only read. */
     if (check_image (req->file, req->read_only || req->overlay, &st, err,
@@ -647,7 +662,7 @@ mloop_attach (const struct mloop_attach_request *req,
     if (file == NULL)
       return mloop_fail (err, errlen, "%s: %s", req->file, strerror (errno));
   }
-  if (req->overlay && remote)
+  if (req->overlay && (remote || rbd))
     return mloop_fail (err, errlen, "--overlay needs a local image, not "
                        "%s", req->file);
   if (req->overlay && req->read_only)
@@ -680,8 +695,8 @@ mloop_attach (const struct mloop_attach_request *req,
   if (lock == -1)
     return -1;
   mloop_step_done (req->steps, "state lock");
-  r = claim (req, file, overlay, remote ? NULL : &st, out, &device_lock,
-             err, errlen);
+  r = claim (req, file, overlay, remote || rbd ? NULL : &st, remote, out,
+             &device_lock, err, errlen);
   /* The rest under the device's own lock only, so attaches of other
    * images run meanwhile; but a ublk attach keeps the state lock: a ublk
    * detach tells whether a device number is still its own from what is
@@ -805,7 +820,8 @@ mloop_lookup (const char *what, struct mloop_device_state *out,
   const char *name = NULL;
   bool by_device = device_name (what, &name);
   g_autofree char *file = by_device ? NULL
-    : strstr (what, "://") ? g_strdup (what) : realpath (what, NULL);
+    : strstr (what, "://") || mloop_is_rbd_name (what) ? g_strdup (what)
+    : realpath (what, NULL);
   struct mloop_device_state *list;
   size_t n;
   int r = -1;
@@ -818,7 +834,7 @@ mloop_lookup (const char *what, struct mloop_device_state *out,
     g_autofree char *dev = mloop_state_device_name (&list[i]);
 
     if (r == -1 && (by_device ? strcmp (dev, name) == 0
-                    : strcmp (list[i].file, file) == 0)) {
+                    : same_image (list[i].file, file))) {
       *out = list[i];
       memset (&list[i], 0, sizeof list[i]);
       r = 0;

@@ -13,6 +13,7 @@
 #include "address.h"
 #include "errmsg.h"
 #include "serve.h"
+#include "store_name.h"
 
 int
 mloop_tls_mode_parse (const char *s, enum mloop_tls_mode *mode)
@@ -54,12 +55,15 @@ check_request (const struct mloop_serve_request *r, char *err, size_t errlen)
   const struct mloop_server_kind *kind;
   int fd;
 
-  fd = open (r->file, (r->read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC);
+  /* An RBD image's server says what is wrong with it. */
+  fd = mloop_is_rbd_name (r->file) ? -2
+    : open (r->file, (r->read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC);
   if (fd == -1) {
     mloop_fail (err, errlen, "%s: %s", r->file, strerror (errno));
     return NULL;
   }
-  close (fd);
+  if (fd >= 0)
+    close (fd);
   if (r->listen == NULL) {
     mloop_fail (err, errlen, "--listen unix:PATH or tcp:HOST:PORT is required");
     return NULL;

@@ -7,6 +7,8 @@
 #include "errmsg.h"
 #include "server_kind.h"
 #include "server_process.h"
+#include "engine.h"
+#include "store_name.h"
 
 static void
 add (GPtrArray *argv, char *arg)
@@ -116,7 +118,11 @@ nbdkit_command (const struct mloop_server_config *c, GPtrArray *argv)
     add (argv, g_strdup ("--filter=limit"));
   add (argv, mloop_locate_program ("MLOOP_PLUGIN",
                                    "plugin/nbdkit-mloop-plugin.so", "mloop"));
-  add (argv, g_strdup_printf ("file=%s", c->image));
+  if (mloop_is_rbd_name (c->image))
+    add (argv, g_strdup_printf ("rbd=%s",
+                                c->image + strlen (MLOOP_RBD_PREFIX)));
+  else
+    add (argv, g_strdup_printf ("file=%s", c->image));
   if (c->max_connections)
     add (argv, g_strdup_printf ("limit=%u", c->max_connections));
   if (c->threads)

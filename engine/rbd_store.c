@@ -1,8 +1,10 @@
 /* mloop — the RBD store: a Ceph RBD image through librbd's asynchronous
  * API (store.h's second kind), built as the module rbd_load.h loads.
  *
- * Names: "rbd:[POOL/]IMAGE[@SNAP]", as qemu and the rbd command spell
- * them (POOL defaults to "rbd").  A snapshot is served read-only.
+ * Names: "rbd:[POOL/]IMAGE[@SNAP][:id=NAME][:conf=FILE][:shared=on]",
+ * as qemu spells them (POOL defaults to "rbd"; the options stand in for
+ * the configuration's ceph_id, ceph_conf and shared).  A snapshot is
+ * served read-only.
  *
  * The request path: reads, writes and flushes go to rbd_aio_*; librbd
  * completes them on its own threads, where the completion callback posts
@@ -61,6 +63,8 @@ struct rbd_store {
   struct mloop_store base;
   char *name;                   /* "rbd:POOL/IMAGE[@SNAP]", for messages */
   char *pool, *image, *snap;    /* snap: NULL for the image itself */
+  char *id, *conf;              /* NULL: librados's defaults */
+  bool shared;                  /* no exclusive lock */
   rados_t cluster;
   rados_ioctx_t ioctx;
   rbd_image_t rbd;
@@ -410,6 +414,8 @@ store_close (struct mloop_store *s)
   free (st->pool);
   free (st->image);
   free (st->snap);
+  free (st->id);
+  free (st->conf);
   free (st);
 }
 
@@ -432,42 +438,107 @@ static const struct mloop_store_ops rbd_ops = {
   .describe = store_describe,
 };
 
-/* Splits "rbd:[POOL/]IMAGE[@SNAP]" into ST's pool, image and snap. */
+/* The options a name may carry after the image, as qemu spells them:
+ * ":id=NAME", ":conf=FILE", ":shared=on|off".  They win over the
+ * configuration's (mloop attach records the device's this way, so that
+ * every server restarted for it connects the same).
+ */
 static int
-parse_name (struct rbd_store *st, const char *name, char *err, size_t errlen)
+parse_option (struct rbd_store *st, const char *opt, char *err,
+              size_t errlen)
 {
-  const char *spec = name + strlen (MLOOP_RBD_PREFIX);
-  const char *slash = strchr (spec, '/');
-  const char *at;
+  const char *eq = strchr (opt, '=');
+  const char *value = eq ? eq + 1 : "";
+  const size_t key_len = eq ? (size_t) (eq - opt) : strlen (opt);
+  char **to = NULL;
 
-  st->pool = slash ? strndup (spec, (size_t) (slash - spec))
-    : strdup (DEFAULT_POOL);
-  spec = slash ? slash + 1 : spec;
-  at = strchr (spec, '@');
-  st->image = at ? strndup (spec, (size_t) (at - spec)) : strdup (spec);
-  st->snap = at ? strdup (at + 1) : NULL;
-  if (st->pool == NULL || st->image == NULL || (at && st->snap == NULL)) {
-    snprintf (err, errlen, "no memory for %s", name);
-    return -ENOMEM;
+  if (key_len == 2 && strncmp (opt, "id", 2) == 0)
+    to = &st->id;
+  else if (key_len == 4 && strncmp (opt, "conf", 4) == 0)
+    to = &st->conf;
+  else if (key_len == 6 && strncmp (opt, "shared", 6) == 0) {
+    if (strcmp (value, "on") != 0 && strcmp (value, "off") != 0) {
+      snprintf (err, errlen, "%s: shared=%s: must be on or off", st->name,
+                value);
+      return -EINVAL;
+    }
+    st->shared = strcmp (value, "on") == 0;
+    return 0;
   }
-  if (st->pool[0] == '\0' || st->image[0] == '\0' || strchr (spec, '/') ||
-      (st->snap && (st->snap[0] == '\0' || strchr (st->snap, '@')))) {
-    snprintf (err, errlen, "%s: expected rbd:POOL/IMAGE or "
-              "rbd:POOL/IMAGE@SNAPSHOT", name);
+  if (to == NULL || *value == '\0') {
+    snprintf (err, errlen, "%s: '%s': expected id=NAME, conf=FILE or "
+              "shared=on|off after the image", st->name, opt);
     return -EINVAL;
   }
+  free (*to);
+  if ((*to = strdup (value)) == NULL)
+    return -ENOMEM;
   return 0;
+}
+
+/* Splits "rbd:[POOL/]IMAGE[@SNAP][:OPTION...]" into ST's pool, image,
+ * snap and options, over CFG's defaults.
+ */
+static int
+parse_name (struct rbd_store *st, const struct mloop_engine_config *cfg,
+            char *err, size_t errlen)
+{
+  char *spec = strdup (st->name + strlen (MLOOP_RBD_PREFIX));
+  char *options, *slash, *at, *image;
+  int r = 0;
+
+  st->shared = cfg->shared;
+  st->id = cfg->ceph_id ? strdup (cfg->ceph_id) : NULL;
+  st->conf = cfg->ceph_conf ? strdup (cfg->ceph_conf) : NULL;
+  if (spec == NULL || (cfg->ceph_id && st->id == NULL) ||
+      (cfg->ceph_conf && st->conf == NULL)) {
+    free (spec);
+    snprintf (err, errlen, "no memory for %s", st->name);
+    return -ENOMEM;
+  }
+  options = strchr (spec, ':');
+  if (options)
+    *options++ = '\0';
+  slash = strchr (spec, '/');
+  image = slash ? slash + 1 : spec;
+  if (slash)
+    *slash = '\0';
+  at = strchr (image, '@');
+  if (at)
+    *at++ = '\0';
+  st->pool = strdup (slash ? spec : DEFAULT_POOL);
+  st->image = strdup (image);
+  st->snap = at ? strdup (at) : NULL;
+  if (st->pool == NULL || st->image == NULL || (at && st->snap == NULL))
+    r = -ENOMEM;
+  else if (st->pool[0] == '\0' || st->image[0] == '\0' ||
+           strchr (image, '/') || (at && (*at == '\0' || strchr (at, '@')))) {
+    snprintf (err, errlen, "%s: expected rbd:POOL/IMAGE or "
+              "rbd:POOL/IMAGE@SNAPSHOT", st->name);
+    r = -EINVAL;
+  }
+  while (r == 0 && options) {
+    char *next = strchr (options, ':');
+
+    if (next)
+      *next++ = '\0';
+    r = parse_option (st, options, err, errlen);
+    options = next;
+  }
+  if (r == -ENOMEM)
+    snprintf (err, errlen, "no memory for %s", st->name);
+  free (spec);
+  return r;
 }
 
 /* Connects to the cluster as CFG says: its configuration file (or
  * librados's own search), $CEPH_ARGS, the cephx user.
  */
 static int
-connect_cluster (struct rbd_store *st, const struct mloop_engine_config *cfg,
-                 char *err, size_t errlen)
+connect_cluster (struct rbd_store *st, char *err, size_t errlen)
 {
-  const char *who = cfg->ceph_id ? cfg->ceph_id : "admin";
-  int r = rados_create (&st->cluster, cfg->ceph_id);
+  const char *who = st->id ? st->id : "admin";
+  int r = rados_create (&st->cluster, st->id);
 
   if (r < 0) {
     st->cluster = NULL;
@@ -475,11 +546,11 @@ connect_cluster (struct rbd_store *st, const struct mloop_engine_config *cfg,
     return r;
   }
   rados_conf_set (st->cluster, "client_mount_timeout", MOUNT_TIMEOUT);
-  r = rados_conf_read_file (st->cluster, cfg->ceph_conf);
+  r = rados_conf_read_file (st->cluster, st->conf);
   if (r < 0) {
-    if (cfg->ceph_conf)
+    if (st->conf)
       snprintf (err, errlen, "%s: reading Ceph configuration %s: %s",
-                st->name, cfg->ceph_conf, strerror (-r));
+                st->name, st->conf, strerror (-r));
     else
       snprintf (err, errlen, "%s: no Ceph configuration found ($CEPH_CONF, "
                 "/etc/ceph/ceph.conf; or say --ceph-conf)", st->name);
@@ -562,7 +633,7 @@ open_image (struct rbd_store *st, const struct mloop_engine_config *cfg,
                 r == -ENOENT ? "no such image" : strerror (-r));
     return r;
   }
-  if (writable && !cfg->shared && (r = take_lock (st, err, errlen)) < 0)
+  if (writable && !st->shared && (r = take_lock (st, err, errlen)) < 0)
     return r;
   if ((r = read_size (st)) < 0) {
     snprintf (err, errlen, "%s: reading its size: %s", st->name,
@@ -601,14 +672,14 @@ mloop_rbd_store_module_open (struct mloop_store **out,
     return -ENOMEM;
   }
   st->base.ops = &rbd_ops;
-  r = parse_name (st, cfg->path, err, errlen);
+  r = parse_name (st, cfg, err, errlen);
   if (r == 0 && cfg->overlay) {
     snprintf (err, errlen, "%s: an overlay over an RBD image is not "
               "supported (an RBD clone is Ceph's own)", st->name);
     r = -ENOTSUP;
   }
   if (r == 0)
-    r = connect_cluster (st, cfg, err, errlen);
+    r = connect_cluster (st, err, errlen);
   if (r == 0)
     r = open_image (st, cfg, err, errlen);
   if (r < 0) {

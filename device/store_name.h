@@ -1,0 +1,28 @@
+/* mloop — names of images that are not local files.
+ *
+ * An RBD image is named as the engine takes it (engine.h):
+ * "rbd:[POOL/]IMAGE[@SNAP]", and what a device needs to reach it again
+ * (the Ceph configuration, the cephx user) rides along as qemu's options
+ * do, ":conf=FILE:id=NAME".  The whole name is what a device records and
+ * every server restarted for it is given, so a restart connects the same
+ * way; the image itself, for telling whether it is attached already, is
+ * the part before the options.
+ */
+#ifndef MLOOP_STORE_NAME_H
+#define MLOOP_STORE_NAME_H
+
+#include <stdbool.h>
+
+/* Whether NAME is an RBD image's ("rbd:..."). */
+bool mloop_is_rbd_name (const char *name);
+
+/* NAME with ":conf=CONF" (made absolute) and ":id=ID" added for those
+ * not NULL; NULL with ERR when NAME is no RBD image's.
+ */
+char *mloop_rbd_name_with (const char *name, const char *conf,
+                           const char *id, char *err, size_t errlen);
+
+/* The image NAME names, without options (g_free it): for comparing. */
+char *mloop_image_identity (const char *name);
+
+#endif /* MLOOP_STORE_NAME_H */
