@@ -475,9 +475,12 @@ attach_local (const struct mloop_attach_request *req, const char *file,
   g_autofree char *pid_file = mloop_state_path (s, MLOOP_DIR_SERVER_PID);
   g_autofree char *log_file = mloop_state_path (s, MLOOP_DIR_SERVER_LOG);
   g_autofree char *stats_file = mloop_state_path (s, MLOOP_DIR_STATS);
+  g_autofree char *lock_record = mloop_is_rbd_name (file)
+    ? mloop_state_path (s, MLOOP_DIR_RBD_LOCK) : NULL;
   struct mloop_server_spec spec = {
     .kind = s->server, .image = file, .offset = req->offset,
-    .sizelimit = req->sizelimit, .overlay = s->overlay, .socket_path = sock,
+    .sizelimit = req->sizelimit, .overlay = s->overlay,
+    .lock_record = lock_record, .socket_path = sock,
     .pid_file = pid_file, .log_file = log_file, .stats_file = stats_file,
     .threads = req->threads,
     .read_only = req->read_only,

@@ -39,6 +39,9 @@
 #define MLOOP_DIR_SERVER_PID "server.pid"
 #define MLOOP_DIR_SERVER_LOG "server.log"
 #define MLOOP_DIR_STATS "stats"
+/*   RBD_LOCK        an RBD image's: its exclusive lock's holder, as its
+ *                   servers record it (engine.h, lock_record) */
+#define MLOOP_DIR_RBD_LOCK "rbd-lock"
 #define MLOOP_DIR_SUPERVISOR_PID "supervisor.pid"
 #define MLOOP_DIR_SUPERVISOR_LOG "supervisor.log"
 #define MLOOP_DIR_STATE "state"

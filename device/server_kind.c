@@ -73,6 +73,8 @@ native_command (const struct mloop_server_config *c, GPtrArray *argv)
     add (argv, g_strdup_printf ("--overlay=%s", c->overlay));
   if (c->kernel_client)
     add (argv, g_strdup ("--splice=on"));
+  if (c->lock_record)
+    add (argv, g_strdup_printf ("--lock-record=%s", c->lock_record));
   add_tls (c, argv);
   add (argv, g_strdup ("--"));
   add (argv, g_strdup (c->image));
@@ -135,6 +137,8 @@ nbdkit_command (const struct mloop_server_config *c, GPtrArray *argv)
     add (argv, g_strdup_printf ("sizelimit=%" PRIu64, c->sizelimit));
   if (c->overlay)
     add (argv, g_strdup_printf ("overlay=%s", c->overlay));
+  if (c->lock_record)
+    add (argv, g_strdup_printf ("lock-record=%s", c->lock_record));
 }
 
 /* mloop-server reads up to its CONN_SLOTS (server/conn.h) requests of a

@@ -33,6 +33,10 @@ struct mloop_server_config {
    * NULL: IMAGE itself is written.
    */
   const char *overlay;
+  /* For an RBD image: where its servers record the exclusive lock's
+   * holder (engine.h's lock_record), or NULL.
+   */
+  const char *lock_record;
   const struct mloop_nbd_address *listen;  /* a Unix socket, or TCP */
   const char *pid_file;         /* written once listening, or NULL */
   const char *stats_file;       /* request counters (stats.h), or NULL */

@@ -301,7 +301,7 @@ server_argv (const struct mloop_server_spec *spec)
   const struct mloop_server_config c = {
     .image = spec->image, .offset = spec->offset,
     .sizelimit = spec->sizelimit, .overlay = spec->overlay,
-    .listen = &listen,
+    .lock_record = spec->lock_record, .listen = &listen,
     .pid_file = spec->pid_file,
     .stats_file = spec->stats_file, .threads = spec->threads,
     .read_only = spec->read_only, .kernel_client = true,

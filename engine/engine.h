@@ -62,6 +62,13 @@ struct mloop_engine_config {
    * use the image at the same time (a cluster filesystem's business).
    */
   bool shared;
+  /* Where the servers of one device record the holder of an rbd:
+   * image's exclusive lock, or NULL.  A server that finds the lock held
+   * by the holder recorded there (its predecessor, killed) breaks it at
+   * once, where librbd would wait for the OSD to time the dead holder's
+   * watch out (30 s: longer than IO waits for a restart).
+   */
+  const char *lock_record;
 };
 
 struct mloop_engine {

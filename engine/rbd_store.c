@@ -583,9 +583,66 @@ connect_cluster (struct rbd_store *st, char *err, size_t errlen)
   return 0;
 }
 
+/* The lock holder recorded in PATH by a server before us, in OWNER. */
+static bool
+read_record (const char *path, char *owner, size_t len)
+{
+  FILE *f = path ? fopen (path, "re") : NULL;
+  bool ok = f && fgets (owner, (int) len, f) != NULL;
+
+  if (f)
+    fclose (f);
+  if (ok)
+    owner[strcspn (owner, "\n")] = '\0';
+  return ok && owner[0] != '\0';
+}
+
+/* Records us, the lock's holder now, in PATH (best effort: without it a
+ * successor waits for librbd instead).
+ */
+static void
+write_record (struct rbd_store *st, const char *path)
+{
+  rbd_lock_mode_t mode;
+  char *owners[1];
+  size_t n = 1;
+  FILE *f;
+
+  if (path == NULL || rbd_lock_get_owners (st->rbd, &mode, owners, &n) != 0)
+    return;
+  if (n == 1 && (f = fopen (path, "we")) != NULL) {
+    fprintf (f, "%s\n", owners[0]);
+    fclose (f);
+  }
+  rbd_lock_get_owners_cleanup (owners, n);
+}
+
+/* When the lock's holder is the one recorded in PATH, breaks its lock
+ * (which also blocklists it: were it alive after all, it could write no
+ * more) so that the caller can take it.
+ */
+static void
+break_recorded (struct rbd_store *st, const char *path)
+{
+  char recorded[256];
+  rbd_lock_mode_t mode;
+  char *owners[4];
+  size_t n = 4;
+  bool match;
+
+  if (!read_record (path, recorded, sizeof recorded) ||
+      rbd_lock_get_owners (st->rbd, &mode, owners, &n) != 0)
+    return;
+  match = n == 1 && strcmp (owners[0], recorded) == 0;
+  rbd_lock_get_owners_cleanup (owners, n);
+  if (match)
+    rbd_lock_break (st->rbd, RBD_LOCK_MODE_EXCLUSIVE, recorded);
+}
+
 /* Takes the image's exclusive lock, or says who holds it. */
 static int
-take_lock (struct rbd_store *st, char *err, size_t errlen)
+take_lock (struct rbd_store *st, const char *record, char *err,
+           size_t errlen)
 {
   uint64_t features = 0;
   rbd_lock_mode_t mode;
@@ -600,9 +657,14 @@ take_lock (struct rbd_store *st, char *err, size_t errlen)
               "enable IMAGE exclusive-lock`, or --shared)", st->name);
     return -EINVAL;
   }
+  /* First: asked for the lock, a dead holder would keep librbd waiting
+   * for its answer (rbd_request_timed_out_seconds, 30 s).
+   */
+  break_recorded (st, record);
   r = rbd_lock_acquire (st->rbd, RBD_LOCK_MODE_EXCLUSIVE);
   if (r == 0) {
     st->locked = true;
+    write_record (st, record);
     return 0;
   }
   if (rbd_lock_get_owners (st->rbd, &mode, owners, &n) == 0 && n > 0) {
@@ -633,7 +695,8 @@ open_image (struct rbd_store *st, const struct mloop_engine_config *cfg,
                 r == -ENOENT ? "no such image" : strerror (-r));
     return r;
   }
-  if (writable && !st->shared && (r = take_lock (st, err, errlen)) < 0)
+  if (writable && !st->shared &&
+      (r = take_lock (st, cfg->lock_record, err, errlen)) < 0)
     return r;
   if ((r = read_size (st)) < 0) {
     snprintf (err, errlen, "%s: reading its size: %s", st->name,

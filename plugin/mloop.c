@@ -41,6 +41,7 @@ static char *trace_file;                /* trace=FILE, else $MLOOP_TRACE */
 static char *overlay_file;              /* overlay=FILE */
 static char *ceph_conf;                 /* ceph-conf=FILE */
 static char *ceph_id;                   /* ceph-id=NAME */
+static char *lock_record;               /* lock-record=FILE */
 static bool is_rbd;                     /* rbd=POOL/IMAGE, not file= */
 static bool lock_memory;                /* mlock=on|off */
 static struct mloop_stats *stats;       /* its counters, or NULL */
@@ -74,6 +75,7 @@ mloop_unload (void)
   free (overlay_file);
   free (ceph_conf);
   free (ceph_id);
+  free (lock_record);
   free (filename);
 }
 
@@ -128,6 +130,12 @@ mloop_config (const char *key, const char *value)
       return -1;
     }
     config.ceph_id = ceph_id;
+  }
+  else if (strcmp (key, "lock-record") == 0) {
+    free (lock_record);
+    if ((lock_record = nbdkit_absolute_path (value)) == NULL)
+      return -1;
+    config.lock_record = lock_record;
   }
   else if (strcmp (key, "shared") == 0) {
     if (mloop_on_off_parse (value, &config.shared) < 0) {
@@ -219,6 +227,7 @@ mloop_config_complete (void)
   "ceph-conf=FILE      For rbd=: the Ceph configuration (default: librados's).\n" \
   "ceph-id=NAME        For rbd=: the cephx user, without client. (default admin).\n" \
   "shared=on|off       For rbd=: write without the exclusive lock (default off).\n" \
+  "lock-record=FILE    For rbd=: record the lock's holder; break a dead one's.\n" \
   "threads=<N>         AIO rings (kernel AIO contexts), 1..64 (default 4).\n" \
   "queue-depth=<N>     AIO requests in flight per ring (default 32).\n" \
   "direct=auto|on|off  O_DIRECT: auto falls back to buffered IO with a\n" \

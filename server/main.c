@@ -119,6 +119,7 @@ static gchar *opt_pid_file;
 static gchar *opt_ceph_conf;
 static gchar *opt_ceph_id;
 static gboolean opt_shared;
+static gchar *opt_lock_record;
 static gchar *opt_stats_file;
 static gchar *opt_trace;
 static gboolean opt_mlock;
@@ -202,6 +203,10 @@ static GOptionEntry entries[] = {
   { "shared", 0, 0, G_OPTION_ARG_NONE, &opt_shared,
     "For rbd:POOL/IMAGE: write without the image's exclusive lock, "
     "alongside other writers", NULL },
+  { "lock-record", 0, 0, G_OPTION_ARG_FILENAME, &opt_lock_record,
+    "For rbd:POOL/IMAGE: record the exclusive lock's holder here, and "
+    "break the lock of the holder recorded before (a killed predecessor)",
+    "FILE" },
   { "pid-file", 'P', 0, G_OPTION_ARG_FILENAME, &opt_pid_file,
     "Write the pid here once listening", "FILE" },
   { "stats-file", 0, 0, G_OPTION_ARG_FILENAME, &opt_stats_file,
@@ -633,6 +638,7 @@ main (int argc, char *argv[])
   cfg.ceph_conf = opt_ceph_conf;
   cfg.ceph_id = opt_ceph_id;
   cfg.shared = opt_shared;
+  cfg.lock_record = opt_lock_record;
   if (mloop_engine_open (&engine, &cfg, err, sizeof err) < 0)
     die ("%s", err);
   if (mloop_engine_info (&engine)->direct_fell_back)

@@ -79,6 +79,7 @@
 #include "remote.h"
 #include "say.h"
 #include "server_process.h"
+#include "store_name.h"
 #include "ublk.h"
 
 #define START_TIMEOUT_MS 60000
@@ -753,6 +754,8 @@ main (int argc, char **argv)
   sv.spec.pid_file = g_build_filename (sv.dir, MLOOP_DIR_SERVER_PID, NULL);
   sv.spec.log_file = g_build_filename (sv.dir, MLOOP_DIR_SERVER_LOG, NULL);
   sv.spec.stats_file = g_build_filename (sv.dir, MLOOP_DIR_STATS, NULL);
+  if (mloop_is_rbd_name (sv.spec.image))
+    sv.spec.lock_record = g_build_filename (sv.dir, MLOOP_DIR_RBD_LOCK, NULL);
 
   /* Orphans (nbdkit's daemon) become our children, so we can reap them. */
   prctl (PR_SET_CHILD_SUBREAPER, 1);
