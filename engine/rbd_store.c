@@ -736,6 +736,11 @@ mloop_rbd_store_module_open (struct mloop_store **out,
   }
   st->base.ops = &rbd_ops;
   r = parse_name (st, cfg, err, errlen);
+  if (r == 0 && (cfg->window.offset || cfg->window.sizelimit)) {
+    snprintf (err, errlen, "%s: --offset and --sizelimit are for files: "
+              "an RBD image is served whole", st->name);
+    r = -EINVAL;
+  }
   if (r == 0 && cfg->overlay) {
     snprintf (err, errlen, "%s: an overlay over an RBD image is not "
               "supported (an RBD clone is Ceph's own)", st->name);

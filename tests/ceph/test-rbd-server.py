@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """mloop-server serving Ceph RBD images (rbd:POOL/IMAGE[@SNAP]) from a real
-one-node cluster (tests/ceph/cluster.py), checked against what Ceph holds:
+one-node cluster (tests/ceph/cluster.py), checked against what Ceph holds,
+and the same images through nbdkit's plugin (rbd=) and `mloop serve`:
 
 1. data written through the server at odd offsets and lengths, on an
    image of an odd size (64 MiB + 4097) to its last byte, reads back the
@@ -24,26 +25,56 @@ one-node cluster (tests/ceph/cluster.py), checked against what Ceph holds:
    starts once librbd has broken the dead one's lock (the OSD drops the
    dead client's watch after osd_client_watch_timeout, 30 s), and what
    was flushed before the kill is there;
-6. no server, daemon or file is left.
+6. nbdkit -f with the plugin's rbd=POOL/IMAGE (ceph-conf=, ceph-id=):
+   the image's size, writes across an object boundary and at its last
+   bytes read back after FLUSH, a trimmed object reads as zeroes and is
+   HOLE|ZERO as a never-written one is, written data flags 0; it holds
+   the exclusive lock and releases it on SIGTERM; `rbd export` has what
+   it wrote; rbd=POOL/IMAGE@SNAP serves the snapshot's data read-only
+   (EPERM) beside a writer; a missing image makes nbdkit exit non-zero
+   with one line;
+7. options in the name (rbd:POOL/IMAGE:conf=FILE:id=NAME): mloop-server
+   serves it with no --ceph-conf or --ceph-id, and the options win over
+   a --ceph-conf of a missing file and a --ceph-id with no keyring;
+   :shared=on takes no lock at the start and two servers write beside
+   each other; an unknown option (:foo=1) and shared=maybe are refused
+   in one line, and so are --offset and --sizelimit (a window is a
+   file's); nbdkit's rbd= takes the options too (and refuses :foo=1);
+8. `mloop serve --ceph-conf C --ceph-id ID --listen unix:S rbd:POOL/IMAGE`
+   with --server native and --server nbdkit: each reads the other's
+   writes and `rbd export` has both; `mloop serve --ceph-conf C FILE` is
+   refused in one line saying the option is for RBD images;
+9. no server, daemon or file is left.
+
+nbdkit 1.32 leaves its -U socket and pid file when it exits: 6 to 8 do
+not ask nbdkit to remove them.
 
 SKIPs (77) without the Ceph packages or python3-libnbd.  Fails at once,
 before starting a cluster, when mloop-server has no --ceph-conf option.
+Without nbdkit or the built plugin (MLOOP_PLUGIN) the nbdkit checks of
+6 to 8 are skipped, and without the built mloop (MLOOP_CLI) those of 8,
+each saying so; the rest runs.
 
 Run by hand from the repository root:
-  MLOOP_SERVER_BIN=build/server/mloop-server PYTHONPATH=tests:tests/ceph \\
+  MLOOP_SERVER_BIN=build/server/mloop-server \\
+      MLOOP_PLUGIN=build/plugin/nbdkit-mloop-plugin.so \\
+      MLOOP_CLI=build/client/mloop PYTHONPATH=tests:tests/ceph \\
       /usr/bin/python3 tests/ceph/test-rbd-server.py
 
-Cost on the project machine (2 cores): 45 s: the cluster's start 5-8 s,
-the restart after SIGKILL 30 s (librbd breaks a dead writer's lock only
-once the OSD has dropped its watch, after osd_client_watch_timeout, 30 s
-by default), every other section under 2.5 s.  A server that dies on
-SIGTERM instead of closing the image leaves its lock to time out the
-same way: then `rbd snap create` in the snapshot section waits 30 s more.
+Cost on the project machine (2 cores): 42 s alone: the cluster's start
+5-8 s, the restart after SIGKILL 30 s (librbd breaks a dead writer's lock
+only once the OSD has dropped its watch, after osd_client_watch_timeout,
+30 s by default), every other section under 2.5 s (6 to 8 together 3 s);
+47-60 s beside test-cluster.py, which `meson test` runs at the same time
+(6 to 8 then 4-6 s).  A server that dies on SIGTERM instead of closing the image leaves
+its lock to time out the same way: then `rbd snap create` in the
+snapshot sections waits 30 s more.
 """
 import errno
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -56,13 +87,14 @@ if reason:
     print(f"SKIP: {reason}")
     sys.exit(77)
 
-# RBD images are served by mloop-server only.
+# The harness checks for mloop-server; nbdkit and the plugin are looked
+# for by their own checks (6 to 8), which skip without them.
 os.environ.setdefault("MLOOP_SERVER", "native")
 import harness  # tests/: skips without python3-libnbd or MLOOP_SERVER_BIN
 import nbd
 
 if harness.SERVER_KIND != "native":
-    harness.skip("rbd: images are served by mloop-server only (MLOOP_SERVER=native)")
+    harness.skip("this test drives mloop-server first (MLOOP_SERVER=native)")
 
 from harness import check
 
@@ -109,21 +141,30 @@ class RbdServer:
     """mloop-server on an rbd: spec, in the foreground on a private Unix
     socket; stderr kept apart from stdout (a refusal must be one line)."""
 
-    def __init__(self, spec, *opts, ceph_id=None, conf=None):
+    def __init__(self, spec, *opts, ceph_id=None, conf=None, argv=None, env=None,
+                 ready_on_socket=False):
+        """ARGV(self), when given, is the command instead (nbdkit, `mloop
+        serve`, mloop-server without --ceph-*), SPEC then only its label;
+        READY_ON_SOCKET: it writes no pid file, it is ready once its
+        socket is there."""
         self.dir = c.path("test", f"server{len(servers)}")
         os.mkdir(self.dir)
         self.sock = os.path.join(self.dir, "nbd.sock")
         self.pid_file = os.path.join(self.dir, "server.pid")
+        self.ready_path = self.sock if ready_on_socket else self.pid_file
         self.err_path = os.path.join(self.dir, "stderr")
         self.spec = spec
         self.handles = []
-        cmd = [SERVER_BIN, "--listen", f"unix:{self.sock}", "--pid-file", self.pid_file,
-               f"--ceph-conf={conf or c.conf}", f"--ceph-id={ceph_id or c.client_id}",
-               *opts, spec]
+        if argv:
+            cmd = argv(self)
+        else:
+            cmd = [SERVER_BIN, "--listen", f"unix:{self.sock}", "--pid-file", self.pid_file,
+                   f"--ceph-conf={conf or c.conf}", f"--ceph-id={ceph_id or c.client_id}",
+                   *opts, spec]
         with open(os.path.join(self.dir, "stdout"), "wb") as out, \
                 open(self.err_path, "wb") as err:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out,
-                                         stderr=err,
+                                         stderr=err, env=env,
                                          preexec_fn=cluster._die_with(os.getpid()))
         self.started = time.monotonic()
         self.elapsed = None
@@ -137,7 +178,7 @@ class RbdServer:
         """Whether it listens (wrote its pid file) within TIMEOUT; sets
         elapsed either way (at its exit if it exited)."""
         deadline = self.started + timeout
-        while not os.path.exists(self.pid_file):
+        while not os.path.exists(self.ready_path):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.elapsed = time.monotonic() - self.started
                 return False
@@ -160,11 +201,21 @@ class RbdServer:
         return f"{state} after {self.elapsed:.1f} s; stderr: {self.stderr().strip()!r}"
 
     def connect(self, strict=True):
-        h = nbd.NBD()
-        if not strict:
-            h.set_strict_mode(0)  # let refused requests reach the server
-        h.add_meta_context(nbd.CONTEXT_BASE_ALLOCATION)
-        h.connect_unix(self.sock)
+        deadline = time.monotonic() + 5
+        while True:
+            h = nbd.NBD()
+            if not strict:
+                h.set_strict_mode(0)  # let refused requests reach the server
+            h.add_meta_context(nbd.CONTEXT_BASE_ALLOCATION)
+            try:
+                h.connect_unix(self.sock)
+                break
+            except nbd.Error as e:
+                # Ready on its socket: bound, maybe not listening yet.
+                if (e.errno != "ECONNREFUSED" or self.proc.poll() is not None
+                        or time.monotonic() > deadline):
+                    raise
+                time.sleep(0.02)
         self.handles.append(h)
         return h
 
@@ -192,11 +243,14 @@ def start(what, spec, *opts, timeout=START_LIMIT, **kw):
     return s
 
 
-def stop(what, s):
+def stop(what, s, removes_socket=True):
+    """Stops S, which must exit 0 on SIGTERM and (if REMOVES_SOCKET: not
+    nbdkit 1.32, which leaves its -U socket) remove its socket."""
     rc = s.stop()
-    check(f"{what} exits 0 on SIGTERM and removes its socket",
-          rc == 0 and not os.path.exists(s.sock),
-          f"exit {rc}, socket {'left' if os.path.exists(s.sock) else 'removed'}; "
+    left = os.path.exists(s.sock)
+    check(f"{what} exits 0 on SIGTERM" + (" and removes its socket" if removes_socket else ""),
+          rc == 0 and not (removes_socket and left),
+          f"exit {rc}, socket {'left' if left else 'removed'}; "
           f"stderr: {s.stderr().strip()!r}")
 
 
@@ -251,9 +305,10 @@ def write(h, model, off, data, flags=0):
     model[off:off + len(data)] = data
 
 
-def refused_in_one_line(what, s, words, limit=REFUSE_LIMIT):
+def refused_in_one_line(what, s, words, limit=REFUSE_LIMIT, cleans_up=True):
     """S must exit non-zero within LIMIT with one line on stderr holding
-    one of WORDS (case-insensitive), and leave no socket or pid file."""
+    one of WORDS (case-insensitive), and (if CLEANS_UP: not nbdkit 1.32,
+    which leaves its -U socket and pid file) leave no socket or pid file."""
     rc = s.wait_exit(60)
     if rc is None:
         s.stop(5)
@@ -266,8 +321,9 @@ def refused_in_one_line(what, s, words, limit=REFUSE_LIMIT):
     check(f"{what}: one line on stderr naming the cause",
           len(lines) == 1 and any(w.lower() in err.lower() for w in words),
           f"wanted one line with one of {words}: {err!r}")
-    check(f"{what}: leaves no socket or pid file",
-          not os.path.exists(s.sock) and not os.path.exists(s.pid_file))
+    if cleans_up:
+        check(f"{what}: leaves no socket or pid file",
+              not os.path.exists(s.sock) and not os.path.exists(s.pid_file))
     return err
 
 
@@ -539,6 +595,244 @@ def section_refusals():
         refused_in_one_line(what, RbdServer(spec, **kw), words)
 
 
+# --- 6, 7 and 8: the nbdkit plugin, options in the name, `mloop serve` ----
+
+PLUGIN = os.environ.get("MLOOP_PLUGIN")
+MLOOP_CLI = os.environ.get("MLOOP_CLI")
+if shutil.which("nbdkit") is None:
+    PLUGIN_MISSING = "nbdkit is not installed"
+elif not PLUGIN or not os.path.exists(PLUGIN):
+    PLUGIN_MISSING = "MLOOP_PLUGIN does not name the built plugin"
+else:
+    PLUGIN_MISSING = ""
+SIZE5 = 16 * MiB + 7
+
+
+def ceph_params():
+    return [f"ceph-conf={c.conf}", f"ceph-id={c.client_id}"]
+
+
+def with_options(image, **opts):
+    """POOL/IMAGE with qemu-style options: POOL/IMAGE:conf=C:id=ID..."""
+    return c.spec(image) + "".join(f":{k}={v}" for k, v in opts.items())
+
+
+def nbdkit_argv(rbd, *params):
+    """nbdkit in the foreground serving rbd=RBD with the plugin.  It
+    writes its pid file before .after_fork opens the image: a server that
+    cannot open it exits then (and resets the connections waiting)."""
+    return lambda s: ["nbdkit", "-f", "-U", s.sock, "-P", s.pid_file, PLUGIN,
+                      f"rbd={rbd}", *params]
+
+
+def server_argv(name, *opts):
+    """mloop-server on NAME with only OPTS (no --ceph-conf, --ceph-id)."""
+    return lambda s: [SERVER_BIN, "--listen", f"unix:{s.sock}", "--pid-file", s.pid_file,
+                      *opts, name]
+
+
+def serve_argv(*args):
+    """`mloop serve --listen unix:SOCK ARGS`: it execs the server."""
+    return lambda s: [MLOOP_CLI, "serve", "--listen", f"unix:{s.sock}", *args]
+
+
+def plugin(what, rbd, *params):
+    return start(what, f"nbdkit rbd={rbd}", argv=nbdkit_argv(rbd, *params),
+                 env=harness.nbdkit_env())
+
+
+def expect_eperm(what, fn, *args):
+    try:
+        harness.expect_error(errno.EPERM, fn, *args)
+        check(f"{what} fails with EPERM", True)
+    except AssertionError as e:
+        check(f"{what} fails with EPERM", False, str(e))
+
+
+def section_plugin():
+    """nbdkit with the plugin's rbd=: data, trim and allocation, a
+    snapshot, a missing image."""
+    if PLUGIN_MISSING:
+        print(f"# SKIP the nbdkit plugin's checks: {PLUGIN_MISSING}")
+        return
+    c.create_image("plugimg", SIZE5)
+    rng = random.Random(6)
+    model = bytearray(SIZE5)
+    p = plugin("nbdkit with rbd=", c.spec("plugimg"), *ceph_params())
+    h = p.connect()
+    check("nbdkit rbd=: the export is the image's size, writable, with trim and "
+          "base:allocation",
+          (h.get_size(), h.is_read_only(), h.can_trim(), h.can_flush(),
+           h.can_meta_context(nbd.CONTEXT_BASE_ALLOCATION)) == (SIZE5, False, True, True, True),
+          f"size {h.get_size()}, read-only {h.is_read_only()}, trim {h.can_trim()}, "
+          f"flush {h.can_flush()}")
+    lk = locks("plugimg")
+    check("nbdkit rbd=: holds the image's exclusive lock",
+          len(lk) == 1 and lk[0]["id"].startswith("auto "), repr(lk))
+    # Across the first object boundary, and the image's last 3 bytes.
+    crossing = (4 * MiB - 4097, 8193)
+    for off, n in (crossing, (SIZE5 - 3, 3)):
+        write(h, model, off, rng.randbytes(n))
+    h.flush()
+    same("nbdkit rbd=: writes at odd offsets read back after FLUSH",
+         b"".join(h.pread(n, off) for off, n in (crossing, (SIZE5 - 3, 3))),
+         b"".join(model[off:off + n] for off, n in (crossing, (SIZE5 - 3, 3))))
+    trimmed = (8 * MiB, 12 * MiB)
+    write(h, model, trimmed[0], rng.randbytes(trimmed[1] - trimmed[0]))
+    h.flush()
+    h.trim(trimmed[1] - trimmed[0], trimmed[0])
+    model[trimmed[0]:trimmed[1]] = bytes(trimmed[1] - trimmed[0])
+    same("nbdkit rbd=: TRIM of a whole object reads back as zeroes",
+         h.pread(trimmed[1] - trimmed[0], trimmed[0]), model[trimmed[0]:trimmed[1]])
+    ext = extents(h, 0, SIZE5)
+    check("nbdkit rbd=: BLOCK_STATUS: the written range is data (flags 0)",
+          covered(ext, crossing[0], sum(crossing), 0), repr(show(ext, crossing[0], sum(crossing))))
+    check("nbdkit rbd=: BLOCK_STATUS: the trimmed object is HOLE|ZERO",
+          covered(ext, *trimmed, HOLE), repr(show(ext, *trimmed)))
+    check("nbdkit rbd=: BLOCK_STATUS: a never-written object is HOLE|ZERO",
+          covered(ext, 12 * MiB, 16 * MiB, HOLE), repr(show(ext, 12 * MiB, 16 * MiB)))
+    same("nbdkit rbd=: the whole export reads back as written", read_all(h, SIZE5),
+         bytes(model))
+    stop("nbdkit rbd=", p, removes_socket=False)
+    check("nbdkit rbd=: released the exclusive lock on SIGTERM", locks("plugimg") == [],
+          repr(locks("plugimg")))
+    same("nbdkit rbd=: rbd export equals what was written through it",
+         export(c.spec("plugimg")), bytes(model))
+
+    c.rbd("snap", "create", c.spec("plugimg", "ps"))
+    w = start("a mloop-server writer beside nbdkit rbd=@SNAP", f"rbd:{c.spec('plugimg')}")
+    hw = w.connect()
+    hw.pwrite(rng.randbytes(MiB), 3 * MiB)   # after the snapshot: not in it
+    hw.flush()
+    p = plugin("nbdkit with rbd=POOL/IMAGE@SNAP", c.spec("plugimg", "ps"), *ceph_params())
+    hs = p.connect(strict=False)
+    check("nbdkit rbd=@SNAP: can_write is false", hs.is_read_only())
+    same("nbdkit rbd=@SNAP reads the data it was taken with, not what came after",
+         read_all(hs, SIZE5), bytes(model))
+    expect_eperm("nbdkit rbd=@SNAP: WRITE", hs.pwrite, b"x" * 512, 0)
+    stop("nbdkit rbd=@SNAP", p, removes_socket=False)
+    stop("the writer beside it", w)
+
+    s = RbdServer(f"nbdkit rbd={c.pool}/nosuch",
+                  argv=nbdkit_argv(f"{c.pool}/nosuch", *ceph_params()),
+                  env=harness.nbdkit_env())
+    refused_in_one_line("nbdkit rbd= of a missing image", s, ["nosuch"], cleans_up=False)
+
+
+def section_name_options():
+    """conf=, id= and shared= in the name, for mloop-server and the plugin."""
+    c.create_image("optimg", SIZE3)
+    rng = random.Random(7)
+    name = "rbd:" + with_options("optimg", conf=c.conf, id=c.client_id)
+    s = start("mloop-server on rbd:POOL/IMAGE:conf=C:id=ID, no --ceph-conf or --ceph-id",
+              name, argv=server_argv(name))
+    h = s.connect()
+    data = rng.randbytes(5001)
+    h.pwrite(data, 4 * MiB - 99)
+    h.flush()
+    check("name options: what is written reads back", h.pread(len(data), 4 * MiB - 99) == data)
+    lk = locks("optimg")
+    check("name options: without shared= the server holds the exclusive lock",
+          len(lk) == 1, repr(lk))
+    stop("the server on the name with options", s)
+
+    # The name's options win: these alone would be refused.
+    s = start("mloop-server on the name with options, --ceph-conf of a missing file, "
+              "--ceph-id with no keyring", name,
+              argv=server_argv(name, f"--ceph-conf={c.path('test', 'nosuch.conf')}",
+                               "--ceph-id=nobody"))
+    h = s.connect()
+    check("name options win over --ceph-conf and --ceph-id: the data reads back",
+          h.pread(len(data), 4 * MiB - 99) == data)
+    stop("the server whose options won", s)
+
+    shared = name + ":shared=on"
+    # librbd still passes the lock between writers as they write; a
+    # server with shared=on only does not take it at its start.
+    s1 = start("a server on NAME:shared=on", shared, argv=server_argv(shared))
+    check("shared=on in the name: the server did not take the exclusive lock at its start",
+          locks("optimg") == [], repr(locks("optimg")))
+    s2 = start("a second server on NAME:shared=on beside it", shared, argv=server_argv(shared))
+    h1, h2 = s1.connect(), s2.connect()
+    x = rng.randbytes(3000)
+    h1.pwrite(x, MiB + 1)
+    h1.flush()
+    check("shared=on in the name: both writable, one reads what the other wrote",
+          not h1.is_read_only() and not h2.is_read_only() and h2.pread(len(x), MiB + 1) == x)
+    stop("the first shared=on server", s1)
+    stop("the second shared=on server", s2)
+
+    for what, suffix, words in (("an unknown option :foo=1", ":foo=1", ["foo=1"]),
+                                ("shared=maybe", ":shared=maybe", ["shared=maybe"])):
+        refused_in_one_line(f"mloop-server on a name with {what}",
+                            RbdServer(name + suffix, argv=server_argv(name + suffix)), words)
+    # A window (losetup's --offset, --sizelimit) is a file's: served
+    # whole, the image would be written where the client does not think.
+    for opt in ("--offset=1M", "--sizelimit=2M"):
+        refused_in_one_line(f"mloop-server {opt} on an RBD image",
+                            RbdServer(name, argv=server_argv(name, opt)),
+                            ["--offset and --sizelimit are for files"])
+
+    if PLUGIN_MISSING:
+        print(f"# SKIP the nbdkit plugin's name options: {PLUGIN_MISSING}")
+        return
+    rbd = with_options("optimg", conf=c.conf, id=c.client_id)
+    p = plugin("nbdkit rbd=POOL/IMAGE:conf=C:id=ID, no ceph-conf= or ceph-id=", rbd)
+    h = p.connect()
+    check("nbdkit, name options: the data reads back", h.pread(len(data), 4 * MiB - 99) == data)
+    stop("nbdkit on the name with options", p, removes_socket=False)
+    s = RbdServer(f"nbdkit rbd={rbd}:foo=1", argv=nbdkit_argv(rbd + ":foo=1"),
+                  env=harness.nbdkit_env())
+    refused_in_one_line("nbdkit rbd= with an unknown option :foo=1", s, ["foo=1"],
+                        cleans_up=False)
+
+
+def section_serve():
+    """`mloop serve --ceph-conf --ceph-id rbd:...` with each server."""
+    if not MLOOP_CLI or not os.path.exists(MLOOP_CLI):
+        print("# SKIP `mloop serve`: MLOOP_CLI does not name the built mloop")
+        return
+    c.create_image("serveimg", SIZE3)
+    rng = random.Random(8)
+    kinds = ["native"]
+    if PLUGIN_MISSING:
+        print(f"# SKIP `mloop serve --server nbdkit`: {PLUGIN_MISSING}")
+    else:
+        kinds.append("nbdkit")
+    written = []
+    for i, kind in enumerate(kinds):
+        s = start(f"mloop serve --server {kind} --ceph-conf C --ceph-id ID rbd:POOL/IMAGE",
+                  f"mloop serve --server {kind} rbd:{c.spec('serveimg')}",
+                  argv=serve_argv("--server", kind, "--ceph-conf", c.conf,
+                                  "--ceph-id", c.client_id, f"rbd:{c.spec('serveimg')}"),
+                  env=harness.nbdkit_env(), ready_on_socket=True)
+        h = s.connect()
+        if written:
+            bad = [off for off, data in written if h.pread(len(data), off) != data]
+            check(f"mloop serve --server {kind}: reads what the server before it wrote",
+                  not bad, f"differs at {bad}")
+        off, data = 2 * MiB * (i + 1) + 4093, rng.randbytes(3 * 4096 + 5)
+        h.pwrite(data, off)
+        h.flush()
+        written.append((off, data))
+        check(f"mloop serve --server {kind}: a write at an odd offset reads back",
+              h.pread(len(data), off) == data)
+        stop(f"mloop serve --server {kind}", s, removes_socket=kind != "nbdkit")
+    got = export(c.spec("serveimg"))
+    bad = [off for off, data in written if got[off:off + len(data)] != data]
+    check("rbd export has what each `mloop serve` wrote", not bad, f"differs at {bad}")
+
+    plain = c.path("test", "plain.img")
+    with open(plain, "wb") as f:
+        f.truncate(MiB)
+    s = RbdServer(f"mloop serve --ceph-conf {plain}",
+                  argv=serve_argv("--ceph-conf", c.conf, plain), ready_on_socket=True)
+    err = refused_in_one_line("mloop serve --ceph-conf with a plain file", s,
+                              ["--ceph-conf"])
+    check("mloop serve --ceph-conf with a plain file: says it is for RBD images and names "
+          "the file", "RBD" in err and plain in err, repr(err))
+
+
 # --- 5: a writer killed --------------------------------------------------
 
 SIZE4 = 32 * MiB + 1
@@ -627,6 +921,9 @@ try:
     section("the exclusive lock", section_lock)
     section("two --shared writers", section_shared)
     section("bad input", section_refusals)
+    section("the nbdkit plugin's rbd=", section_plugin)
+    section("options in the name", section_name_options)
+    section("mloop serve", section_serve)
     section("a writer killed with SIGKILL", section_kill)
 finally:
     # The servers first: with the cluster gone, librbd's close would wait.
