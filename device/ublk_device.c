@@ -10,6 +10,7 @@
 #include "errmsg.h"
 #include "partitions.h"
 #include "server_process.h"
+#include "store_name.h"
 #include "ublk_device.h"
 
 #define UBLK_CONTROL "/dev/ublk-control"
@@ -168,6 +169,10 @@ mloop_ublk_command (const struct mloop_ublk_spec *spec, const char *dir,
                                           MLOOP_DIR_SERVER_PID));
   g_ptr_array_add (argv, g_strdup_printf ("--stats-file=%s/%s", dir,
                                           MLOOP_DIR_STATS));
+  /* A recovering server takes the killed one's lock over at once. */
+  if (mloop_is_rbd_name (spec->image))
+    g_ptr_array_add (argv, g_strdup_printf ("--lock-record=%s/%s", dir,
+                                            MLOOP_DIR_RBD_LOCK));
   add_spec_args (argv, &made);
   return (char **) g_ptr_array_free (argv, FALSE);
 }

@@ -74,6 +74,7 @@ static gchar *opt_overlay;
 static gchar *opt_ceph_conf;
 static gchar *opt_ceph_id;
 static gboolean opt_shared;
+static gchar *opt_lock_record;
 static gint opt_block_size;
 static gchar *opt_device_file;
 static gchar *opt_pid_file;
@@ -111,6 +112,10 @@ static GOptionEntry entries[] = {
     "admin)", "NAME" },
   { "shared", 0, 0, G_OPTION_ARG_NONE, &opt_shared,
     "For rbd:POOL/IMAGE: write without the image's exclusive lock", NULL },
+  { "lock-record", 0, 0, G_OPTION_ARG_FILENAME, &opt_lock_record,
+    "For rbd:POOL/IMAGE: record the exclusive lock's holder here, and "
+    "break the lock of the holder recorded before (a killed predecessor)",
+    "FILE" },
   { "block-size", 0, 0, G_OPTION_ARG_INT, &opt_block_size,
     "Logical block size to offer: 512, 1024, 2048 or 4096 (default: the "
     "image's)", "BYTES" },
@@ -253,6 +258,7 @@ open_image (struct mloop_engine *engine, const char *image,
   cfg.ceph_conf = opt_ceph_conf;
   cfg.ceph_id = opt_ceph_id;
   cfg.shared = opt_shared;
+  cfg.lock_record = opt_lock_record;
   cfg.window.sizelimit = parse_size ("sizelimit", opt_sizelimit);
   if (mloop_engine_open (engine, &cfg, err, sizeof err) < 0)
     die ("%s", err);

@@ -470,6 +470,10 @@ osd_data = {d}/osd/$id
 keyring = {d}/osd/$id/keyring
 log_file = {d}/log/$name.log
 osd_objectstore = bluestore
+# Where the OSD puts itself in CRUSH, named here: by default the host's
+# name, which a test VM may not have (the OSD then exits at boot, "unable
+# to update_crush_location").
+crush_location = root=default host=mloop-test
 bluestore_block_create = true
 bluestore_block_size = {self.osd_size}
 # mkfs checks the store it has just made: half a second of nothing to find.

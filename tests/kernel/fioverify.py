@@ -20,11 +20,11 @@ REGION = 8 << 20
 ROUND_START = 1
 
 
-def start_round(dev, cl):
+def start_round(dev, cl, region=REGION):
     fio = subprocess.Popen(
         ["fio", "--name=verify-under-kills", f"--filename={dev}", "--ioengine=libaio",
          "--direct=1", "--rw=randwrite", "--bs=4k", "--iodepth=16",
-         f"--numjobs={JOBS}", f"--size={REGION}", f"--offset_increment={REGION}",
+         f"--numjobs={JOBS}", f"--size={region}", f"--offset_increment={region}",
          "--verify=crc32c", "--verify_fatal=1", "--verify_state_save=0",
          "--output-format=json"],
         cwd=tmpdir(cl), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -32,33 +32,34 @@ def start_round(dev, cl):
     return fio
 
 
-def check_round(fio):
-    """Waits for FIO's round and asserts every block was written and
-    verified without an error."""
+def check_round(fio, region=REGION):
+    """Waits for FIO's round (of REGION bytes per job) and asserts every
+    block was written and verified without an error."""
     out, err = fio.communicate(timeout=COMMAND_TIMEOUT)
     assert fio.returncode == 0, f"fio exit {fio.returncode}: {err.strip()[-2000:]}"
     assert "verify" not in err, f"fio reported: {err.strip()[-2000:]}"
     jobs = json.loads(out[out.index("{"):])["jobs"]
     for j in jobs:
         assert j["error"] == 0, f"fio job {j['jobname']} error {j['error']}"
-        assert j["write"]["io_bytes"] == REGION and j["read"]["io_bytes"] == REGION, \
+        assert j["write"]["io_bytes"] == region and j["read"]["io_bytes"] == region, \
             f"job wrote {j['write']['io_bytes']} and verified {j['read']['io_bytes']} bytes"
 
 
-def under_kills(dev, cl, kills, kill_once, pause=3):
-    """Runs verify rounds on DEV and calls KILL_ONCE() KILLS times, PAUSE
-    seconds apart, each while a round is running; checks every round.
-    Returns KILL_ONCE's results and the number of rounds."""
-    fio = start_round(dev, cl)
+def under_kills(dev, cl, kills, kill_once, pause=3, region=REGION):
+    """Runs verify rounds (REGION bytes per job) on DEV and calls
+    KILL_ONCE() KILLS times, PAUSE seconds apart, each while a round is
+    running; checks every round.  Returns KILL_ONCE's results and the
+    number of rounds."""
+    fio = start_round(dev, cl, region)
     rounds, results = 1, []
     for _ in range(kills):
         time.sleep(pause)
         if fio.poll() is not None:
-            check_round(fio)
-            fio = start_round(dev, cl)
+            check_round(fio, region)
+            fio = start_round(dev, cl, region)
             rounds += 1
             time.sleep(ROUND_START)
             assert fio.poll() is None, "a fio round ended within a second of its start"
         results.append(kill_once())
-    check_round(fio)
+    check_round(fio, region)
     return results, rounds

@@ -112,6 +112,17 @@ def digest(path, offset=0, length=None):
     return h.hexdigest()
 
 
+def file_digests(directory):
+    """The sha256 of each regular file in DIRECTORY, by name."""
+    got = {}
+    for name in os.listdir(directory):
+        path = os.path.join(directory, name)
+        if os.path.isfile(path):
+            with open(path, "rb") as f:
+                got[name] = hashlib.sha256(f.read()).hexdigest()
+    return got
+
+
 def sysfs(dev, attr):
     """/sys/block/<name>/ATTR for DEV (/dev/nbd0), stripped; None if absent."""
     try:

@@ -4,7 +4,7 @@ import hashlib
 import os
 import random
 
-from kfix import make_image, mount, reattach_clean, run
+from kfix import file_digests, make_image, mount, reattach_clean, run
 
 
 def run_test(kind, cl):
@@ -27,12 +27,7 @@ def run_test(kind, cl):
     att.detach()
 
     mnt = reattach_clean(kind, cl, image)
-    got = {}
-    for name in os.listdir(mnt):
-        path = os.path.join(mnt, name)
-        if os.path.isfile(path):
-            with open(path, "rb") as f:
-                got[name] = hashlib.sha256(f.read()).hexdigest()
+    got = file_digests(mnt)
     assert got == want, f"files differ after re-attach: " \
         f"{sorted(k for k in want if got.get(k) != want[k])} {sorted(set(got) - set(want))}"
     assert os.path.isdir(os.path.join(mnt, "dir")), "the directory is gone"
