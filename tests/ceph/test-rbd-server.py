@@ -22,9 +22,10 @@ and the same images through nbdkit's plugin (rbd=) and `mloop serve`:
    bad spec, a missing ceph.conf and a --ceph-id with no keyring or a
    key the cluster does not know are each refused quickly in one line;
 5. a writer killed with SIGKILL while serving: a new server on the image
-   starts once librbd has broken the dead one's lock (the OSD drops the
-   dead client's watch after osd_client_watch_timeout, 30 s), and what
-   was flushed before the kill is there;
+   with the same --lock-record (as a device's restarted server has)
+   breaks the dead one's lock and starts at once, where librbd would
+   wait for the OSD to drop the dead client's watch (30 s), and what was
+   flushed before the kill is there;
 6. nbdkit -f with the plugin's rbd=POOL/IMAGE (ceph-conf=, ceph-id=):
    the image's size, writes across an object boundary and at its last
    bytes read back after FLUSH, a trimmed object reads as zeroes and is
@@ -61,12 +62,9 @@ Run by hand from the repository root:
       MLOOP_CLI=build/client/mloop PYTHONPATH=tests:tests/ceph \\
       /usr/bin/python3 tests/ceph/test-rbd-server.py
 
-Cost on the project machine (2 cores): 42 s alone: the cluster's start
-5-8 s, the restart after SIGKILL 30 s (librbd breaks a dead writer's lock
-only once the OSD has dropped its watch, after osd_client_watch_timeout,
-30 s by default), every other section under 2.5 s (6 to 8 together 3 s);
-47-60 s beside test-cluster.py, which `meson test` runs at the same time
-(6 to 8 then 4-6 s).  A server that dies on SIGTERM instead of closing the image leaves
+Cost on the project machine (2 cores): about 15 s alone: the cluster's
+start 5-8 s, every section under 2.5 s (6 to 8 together 3 s); about
+30 s beside test-cluster.py, which `meson test` runs at the same time.  A server that dies on SIGTERM instead of closing the image leaves
 its lock to time out the same way: then `rbd snap create` in the
 snapshot sections waits 30 s more.
 """
@@ -103,7 +101,7 @@ MiB = 1 << 20
 HOLE = nbd.STATE_HOLE | nbd.STATE_ZERO
 START_LIMIT = 30      # seconds a server may take to start on a live image
 REFUSE_LIMIT = 10     # seconds a refusal may take (librados answers in ms)
-RESTART_LIMIT = 45    # seconds to start after a SIGKILLed writer (~30 expected)
+RESTART_LIMIT = 5     # seconds to start after a SIGKILLed writer (its lock broken)
 RESTART_WAIT = 120    # how long to wait for it before giving up
 
 # A server without RBD support fails here, in a second, not after a cluster.
@@ -841,7 +839,8 @@ SIZE4 = 32 * MiB + 1
 def section_kill():
     c.create_image("crash", SIZE4)
     rng = random.Random(4)
-    k = start("a writer to be killed", f"rbd:{c.spec('crash')}")
+    record = c.path("test", "crash-lock-record")
+    k = start("a writer to be killed", f"rbd:{c.spec('crash')}", f"--lock-record={record}")
     h = k.connect()
     flushed = [(0, rng.randbytes(5 * MiB + 3)), (9 * MiB + 1, rng.randbytes(MiB))]
     h.pwrite(flushed[0][1], flushed[0][0])
@@ -858,18 +857,22 @@ def section_kill():
           f"exit {k.proc.returncode}")
     k.handles = []  # its connection is gone with it
 
-    k2 = RbdServer(f"rbd:{c.spec('crash')}")
+    k2 = RbdServer(f"rbd:{c.spec('crash')}", f"--lock-record={record}")
     ok = k2.wait_ready(RESTART_WAIT)
     check(f"a new writer starts after the SIGKILL ({k2.elapsed:.1f} s)", ok, k2.why())
     if not ok:
         k2.stop(5)
         raise Abort("no restart")
-    check(f"it starts within {RESTART_LIMIT} s (librbd breaks the dead writer's lock)",
+    check(f"it starts within {RESTART_LIMIT} s (it broke the recorded dead writer's lock)",
           k2.elapsed < RESTART_LIMIT, f"{k2.elapsed:.1f} s")
     now = locks("crash")
     check("the new writer holds the lock, not the dead one",
           len(now) == 1 and len(dead) == 1 and now[0]["address"] != dead[0]["address"],
           f"{dead!r} -> {now!r}")
+    with open(record) as f:
+        recorded = f.read().strip()
+    check("the lock record names the new holder",
+          len(now) == 1 and recorded == now[0]["address"], f"{recorded!r} vs {now!r}")
     h = k2.connect()
     bad = [off for off, data in flushed if h.pread(len(data), off) != data]
     check("what was flushed (and FUA-written) before the kill reads back", not bad,
