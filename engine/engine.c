@@ -34,6 +34,13 @@ mloop_engine_probe_features (struct mloop_engine *e)
 }
 
 void
+mloop_engine_quiesce (struct mloop_engine *e)
+{
+  if (e->store && e->store->ops->quiesce)
+    e->store->ops->quiesce (e->store);
+}
+
+void
 mloop_engine_close (struct mloop_engine *e)
 {
   if (e->store)

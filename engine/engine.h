@@ -87,6 +87,12 @@ int mloop_engine_open (struct mloop_engine *e,
  */
 void mloop_engine_probe_features (struct mloop_engine *e);
 
+/* Waits until no request the store took (MLOOP_PREPARED_QUEUED) is
+ * still to be posted to its port: for a front end whose threads stopped
+ * with requests in flight, before its ports go away.
+ */
+void mloop_engine_quiesce (struct mloop_engine *e);
+
 void mloop_engine_close (struct mloop_engine *e);
 
 /* Makes every completed write durable, on the calling thread: for

@@ -25,6 +25,7 @@ enum mloop_io_op {
 
 struct mloop_io;
 struct mloop_port;
+struct mloop_store;
 typedef void (*mloop_io_complete_fn) (struct mloop_io *io, int error);
 
 struct mloop_io {
@@ -59,6 +60,7 @@ struct mloop_io {
   void *bounce;                 /* aligned copy of buf, when buf is not */
   bool bounce_allocated;        /* bounce is ours to free (not scratch) */
   struct iovec iov;
+  struct mloop_store *taken_by; /* the store that took IO (QUEUED) */
   struct mloop_io *posted_next; /* a port's queue (port.h) */
   long posted_res;              /* the result the store posted */
 };

@@ -38,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <rados/librados.h>
 #include <rbd/librbd.h>
@@ -72,6 +73,7 @@ struct rbd_store {
   bool locked;                  /* we hold the exclusive lock */
   bool watching;
   uint64_t watch_handle;
+  unsigned in_flight;           /* atomic: taken, not yet posted */
 };
 
 static struct rbd_store *
@@ -106,14 +108,17 @@ check_request (const struct rbd_store *st, bool is_write, uint64_t offset,
   return 0;
 }
 
+/* On a librbd thread.  In flight until posted: quiesce waits for that. */
 static void
 on_rbd_complete (rbd_completion_t c, void *arg)
 {
   struct mloop_io *io = arg;
+  struct rbd_store *st = store_of (io->taken_by);
   long res = (long) rbd_aio_get_return_value (c);
 
   rbd_aio_release (c);
   io->port->post (io->port, io, res);
+  __atomic_sub_fetch (&st->in_flight, 1, __ATOMIC_RELEASE);
 }
 
 static int
@@ -139,6 +144,8 @@ store_prepare (struct mloop_store *s, struct mloop_io *io)
   r = rbd_aio_create_completion (io, on_rbd_complete, &c);
   if (r < 0)
     return r;
+  io->taken_by = s;
+  __atomic_add_fetch (&st->in_flight, 1, __ATOMIC_RELAXED);
   switch (io->op) {
   case MLOOP_IO_READ:
     r = rbd_aio_read (st->rbd, io->offset, io->count, io->buf, c);
@@ -154,6 +161,7 @@ store_prepare (struct mloop_store *s, struct mloop_io *io)
   }
   if (r < 0) {
     rbd_aio_release (c);
+    __atomic_sub_fetch (&st->in_flight, 1, __ATOMIC_RELAXED);
     return r;
   }
   return MLOOP_PREPARED_QUEUED;
@@ -394,6 +402,18 @@ store_probe_features (struct mloop_store *s)
 {
 }
 
+/* Polls: only a front end stopping with requests in flight waits here,
+ * once, and librbd gives no way to wait for them all but rbd_close.
+ */
+static void
+store_quiesce (struct mloop_store *s)
+{
+  const struct timespec tick = { 0, 1000000 };
+
+  while (__atomic_load_n (&store_of (s)->in_flight, __ATOMIC_ACQUIRE))
+    nanosleep (&tick, NULL);
+}
+
 static void
 store_close (struct mloop_store *s)
 {
@@ -422,6 +442,7 @@ store_close (struct mloop_store *s)
 static const struct mloop_store_ops rbd_ops = {
   .kind = "rbd",
   .probe_features = store_probe_features,
+  .quiesce = store_quiesce,
   .close = store_close,
   .prepare = store_prepare,
   .perform_blocking = store_perform_blocking,

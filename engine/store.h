@@ -29,6 +29,10 @@ struct mloop_store_ops {
   const char *kind;             /* "file", "rbd": for messages */
 
   void (*probe_features) (struct mloop_store *s);
+  /* Waits until every request the store took (MLOOP_PREPARED_QUEUED) has
+   * been posted to its port; NULL for a store that takes none.
+   */
+  void (*quiesce) (struct mloop_store *s);
   void (*close) (struct mloop_store *s);
 
   /* The request path (engine.h). */

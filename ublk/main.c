@@ -775,8 +775,10 @@ main (int argc, char *argv[])
       fail ("%s: queue %u: %s", dev, i, strerror (-queues[i].err));
 stop_offload:
   /* After the queues stopped submitting, before their memory goes: a
-   * helper may still hold one of their jobs. */
+   * helper may still hold one of their jobs, and a store with threads of
+   * its own (RBD) may still post to their ports. */
   ublk_offload_stop (offload);
+  mloop_engine_quiesce (&engine);
   for (unsigned i = 0; i < inited; i++)
     ublk_queue_free (&queues[i]);
   if (cfd >= 0)
