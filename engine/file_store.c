@@ -239,7 +239,7 @@ prepare_rw (struct mloop_file_store *e, struct mloop_io *io)
 
 static enum mloop_event_result
 file_complete_event (struct mloop_store *store, struct mloop_io *io,
-                             long res)
+                     long res)
 {
   struct mloop_file_store *e = (struct mloop_file_store *) store;
   int error = 0;
@@ -344,7 +344,7 @@ file_perform_event (struct mloop_store *store, struct mloop_io *io)
 
 static void
 file_complete_blocking (struct mloop_store *store, struct mloop_io *io,
-                                int result)
+                        int result)
 {
   (void) store;
   finish (io, -result);

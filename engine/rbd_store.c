@@ -99,8 +99,6 @@ check_request (const struct rbd_store *st, bool is_write, uint64_t offset,
 {
   const uint64_t size = store_size (&st->base);
 
-  if (count > MLOOP_MAX_REQUEST && !is_write)
-    return -EINVAL;
   if (offset > size || count > size - offset)
     return is_write ? -ENOSPC : -EINVAL;
   if (is_write && !st->base.info.writable)
@@ -237,13 +235,13 @@ store_flush_now (struct mloop_store *s)
 
 static int
 store_trim (struct mloop_store *s, uint64_t offset, uint64_t count,
-          unsigned flags)
+            unsigned flags)
 {
   struct rbd_store *st = store_of (s);
-  int r = st->base.info.writable ? 0 : -EPERM;
+  int r = check_request (st, true, offset, count);
 
-  if (r == 0 && (offset > store_size (s) || count > store_size (s) - offset))
-    r = -EINVAL;
+  if (r == -ENOSPC)
+    return -EINVAL;             /* a trim past the end, as for files */
   if (r == 0 && count > 0)
     r = rbd_discard (st->rbd, offset, count);
   return r < 0 ? r : 0;
@@ -251,15 +249,13 @@ store_trim (struct mloop_store *s, uint64_t offset, uint64_t count,
 
 static int
 store_zero (struct mloop_store *s, uint64_t offset, uint64_t count,
-          unsigned flags)
+            unsigned flags)
 {
   struct rbd_store *st = store_of (s);
   int zero_flags = 0;
   ssize_t n;
-  int r = check_request (st, true, offset, 0);
+  int r = check_request (st, true, offset, count);
 
-  if (r == 0 && count > store_size (s) - offset)
-    r = -ENOSPC;
   if (r < 0 || count == 0)
     return r;
   if (flags & MLOOP_ZERO_NO_HOLE) {

@@ -230,8 +230,8 @@ space_change (struct mloop_file_store *e, enum space_op op, uint64_t offset,
 }
 
 int
-mloop_file_store_trim (struct mloop_file_store *e, uint64_t offset, uint64_t count,
-                   unsigned flags)
+mloop_file_store_trim (struct mloop_file_store *e, uint64_t offset,
+                       uint64_t count, unsigned flags)
 {
   int r = check_range (e, offset, count, EINVAL);
 
@@ -244,8 +244,8 @@ mloop_file_store_trim (struct mloop_file_store *e, uint64_t offset, uint64_t cou
 }
 
 int
-mloop_file_store_zero (struct mloop_file_store *e, uint64_t offset, uint64_t count,
-                   unsigned flags)
+mloop_file_store_zero (struct mloop_file_store *e, uint64_t offset,
+                       uint64_t count, unsigned flags)
 {
   int r = check_range (e, offset, count, ENOSPC);
 
@@ -309,8 +309,8 @@ mloop_file_extents (int fd, uint64_t base, bool is_block_device,
 
 int
 mloop_file_store_extents (struct mloop_file_store *e, uint64_t offset,
-                      uint64_t count, bool req_one, mloop_extent_fn fn,
-                      void *opaque)
+                          uint64_t count, bool req_one, mloop_extent_fn fn,
+                          void *opaque)
 {
   const uint64_t size = mloop_backing_size (&e->backing);
 
