@@ -142,9 +142,8 @@ finish (struct mloop_io *io, int error)
 
 /* With an overlay: whole clusters all in the overlay, or (reads) all in
  * the base before its page-cache tail, go by AIO to the one descriptor
- * that holds them, and so do whole-cluster writes (the clusters are
- * marked when the write completes).  Everything else, and a FUA write
- * that would change the map, is done synchronously by the overlay.
+ * that holds them.  Everything else, and every write that would change
+ * the map (a cluster's first), is done synchronously by the overlay.
  */
 static int
 route_through_overlay (struct mloop_file_store *e, struct mloop_io *io)
@@ -158,7 +157,10 @@ route_through_overlay (struct mloop_file_store *e, struct mloop_io *io)
   if (!whole)
     return MLOOP_PREPARED_BLOCKING;
   if (io->op == MLOOP_IO_WRITE) {
-    if ((io->flags & MLOOP_IO_FUA) && where != MLOOP_OVERLAY_IN_OVERLAY)
+    /* A write that changes the map syncs its data first (overlay.h,
+     * mloop_overlay_mark): a helper's work, not the loop's.
+     */
+    if (where != MLOOP_OVERLAY_IN_OVERLAY)
       return MLOOP_PREPARED_BLOCKING;
   }
   else if (where == MLOOP_OVERLAY_MIXED ||

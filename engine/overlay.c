@@ -106,6 +106,16 @@ mloop_overlay_where (const struct mloop_overlay *ov, uint64_t offset,
   return in_overlay ? MLOOP_OVERLAY_IN_OVERLAY : MLOOP_OVERLAY_IN_BASE;
 }
 
+/* Whether marking clusters [first, end) sets a bit not yet set. */
+static bool
+marks_new (struct mloop_overlay *ov, uint64_t first, uint64_t end)
+{
+  for (uint64_t c = first; c < end; c++)
+    if (!cluster_marked (ov, c))
+      return true;
+  return false;
+}
+
 int
 mloop_overlay_mark (struct mloop_overlay *ov, uint64_t offset,
                     uint64_t count)
@@ -114,6 +124,14 @@ mloop_overlay_mark (struct mloop_overlay *ov, uint64_t offset,
   const uint64_t end = mloop_round_up (offset + count, C) / C;
   int r = 0;
 
+  /* A cluster's first data must be durable before its bit can be: the
+   * map's page may reach the disk whenever the kernel writes it back,
+   * and a bit there without its data (its blocks not yet allocated in
+   * the overlay file when the power went) would make the cluster read
+   * as zeroes, neither its old bytes nor its new ones.
+   */
+  if (marks_new (ov, first, end))
+    r = sync_fd (ov->fd);
   for (uint64_t c = first; c < end && r == 0; ) {
     const uint64_t word = c / 64;
     const uint64_t upto = end < (word + 1) * 64 ? end : (word + 1) * 64;

@@ -9,9 +9,11 @@
  * design.md, "Copy-on-write overlays", for the format and why a crash
  * loses nothing that was flushed.
  *
- * Durability: when a write that fills clusters completes, their bits
- * are written to the file (the page cache) before it is answered, so a
- * server that dies (SIGKILL, the OOM killer) loses no answered write;
+ * Durability: when a write that fills clusters completes, the file is
+ * synced if any of them is new to the overlay (so no bit can reach the
+ * disk before its cluster's data), then their bits are written to the
+ * file (the page cache) before it is answered, so a server that dies
+ * (SIGKILL, the OOM killer) loses no answered write;
  * a commit (FLUSH, FUA) is one fdatasync of the file, data area and map
  * together, so a power cut loses nothing flushed.  Bits are only ever
  * set, never cleared, so a torn map page holds old bits or new ones.
