@@ -22,7 +22,8 @@ import kinds
 import recvwork
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# Every kind runs these (a-f of the issue).
+# Every kind runs these: the device's geometry, a filesystem, verified IO,
+# concurrent readers, read-only and a clean detach.
 COMMON = ["attach-geometry", "ext4-roundtrip", "fio-verify", "dd-readers",
           "read-only", "detach-clean"]
 # The mloop command line's own contract, for the CLI kinds.
