@@ -217,6 +217,19 @@ dispatch_ring_full (struct dispatch *d)
   return d->in_kernel >= d->depth && !grow_ring (d);
 }
 
+/* Hands the engine the result RES of REQ, which was in flight (in an AIO
+ * context, or taken by the store); a short transfer goes round again.
+ */
+static void
+complete_in_flight (struct dispatch *d, struct request *req, long res)
+{
+  req->conn->in_kernel--;
+  d->in_kernel--;
+  if (mloop_engine_complete_event (d->engine, &req->io, res)
+      == MLOOP_EVENT_RESUBMIT)
+    add_to_batch (d, req);
+}
+
 /* Reaps what RING completed; *IN_FLIGHT counts what it holds. */
 static void
 reap_ring (struct dispatch *d, struct mloop_aio_ring *ring,
@@ -228,15 +241,8 @@ reap_ring (struct dispatch *d, struct mloop_aio_ring *ring,
   do {
     n = mloop_aio_ring_reap (ring, 0, events, REAP_BATCH, NULL);
     for (i = 0; i < n; i++) {
-      struct request *req = events[i].data;
-
       (*in_flight)--;
-      req->conn->in_kernel--;
-      d->in_kernel--;
-      if (mloop_engine_complete_event (d->engine, &req->io,
-                                       (long) events[i].res)
-          == MLOOP_EVENT_RESUBMIT)
-        add_to_batch (d, req);
+      complete_in_flight (d, events[i].data, (long) events[i].res);
     }
   } while (n == REAP_BATCH);
 }
@@ -249,13 +255,8 @@ take_posted (struct dispatch *d)
 
   while (io) {
     struct mloop_io *next = io->posted_next;
-    struct request *req = (struct request *) io;
 
-    req->conn->in_kernel--;
-    d->in_kernel--;
-    if (mloop_engine_complete_event (d->engine, io, io->posted_res)
-        == MLOOP_EVENT_RESUBMIT)
-      add_to_batch (d, req);
+    complete_in_flight (d, (struct request *) io, io->posted_res);
     io = next;
   }
 }
