@@ -381,30 +381,6 @@ file_describe (const struct mloop_store *store, char *buf, size_t len)
             e->overlay ? ", with an overlay" : "");
 }
 
-static int
-file_trim (struct mloop_store *store, uint64_t offset, uint64_t count,
-           unsigned flags)
-{
-  return mloop_file_store_trim ((struct mloop_file_store *) store, offset,
-                                count, flags);
-}
-
-static int
-file_zero (struct mloop_store *store, uint64_t offset, uint64_t count,
-           unsigned flags)
-{
-  return mloop_file_store_zero ((struct mloop_file_store *) store, offset,
-                                count, flags);
-}
-
-static int
-file_extents (struct mloop_store *store, uint64_t offset, uint64_t count,
-              bool req_one, mloop_extent_fn fn, void *opaque)
-{
-  return mloop_file_store_extents ((struct mloop_file_store *) store, offset,
-                                   count, req_one, fn, opaque);
-}
-
 static const struct mloop_store_ops file_ops = {
   .kind = "file",
   .probe_features = file_probe_features,
@@ -416,9 +392,9 @@ static const struct mloop_store_ops file_ops = {
   .abandon = file_abandon,
   .complete_event = file_complete_event,
   .flush = file_flush,
-  .trim = file_trim,
-  .zero = file_zero,
-  .extents = file_extents,
+  .trim = mloop_file_store_trim,
+  .zero = mloop_file_store_zero,
+  .extents = mloop_file_store_extents,
   .reprobe_size = file_reprobe_size,
   .size = file_size,
   .describe = file_describe,

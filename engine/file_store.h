@@ -42,12 +42,14 @@ int mloop_file_store_open (struct mloop_store **out,
                            const struct mloop_engine_config *cfg,
                            char *err, size_t errlen);
 
-/* space.c: the store's trim, zero and extents (space.h's contracts). */
-int mloop_file_store_trim (struct mloop_file_store *e, uint64_t offset,
+/* space.c: the store's trim, zero and extents operations (store.h),
+ * for a file store only, with space.h's contracts.
+ */
+int mloop_file_store_trim (struct mloop_store *store, uint64_t offset,
                            uint64_t count, unsigned flags);
-int mloop_file_store_zero (struct mloop_file_store *e, uint64_t offset,
+int mloop_file_store_zero (struct mloop_store *store, uint64_t offset,
                            uint64_t count, unsigned flags);
-int mloop_file_store_extents (struct mloop_file_store *e, uint64_t offset,
+int mloop_file_store_extents (struct mloop_store *store, uint64_t offset,
                               uint64_t count, bool req_one,
                               mloop_extent_fn fn, void *opaque);
 

@@ -32,8 +32,9 @@ mloop_port_queue_init (struct mloop_port_queue *q, int efd)
   q->efd = efd;
 }
 
-struct mloop_io *
-mloop_port_queue_take (struct mloop_port_queue *q)
+void
+mloop_port_queue_drain (struct mloop_port_queue *q, mloop_port_fn fn,
+                        void *opaque)
 {
   struct mloop_io *newest = __atomic_exchange_n (&q->head, NULL,
                                                  __ATOMIC_ACQUIRE);
@@ -46,5 +47,10 @@ mloop_port_queue_take (struct mloop_port_queue *q)
     oldest = newest;
     newest = next;
   }
-  return oldest;
+  while (oldest) {              /* FN may reuse posted_next */
+    struct mloop_io *next = oldest->posted_next;
+
+    fn (opaque, oldest, oldest->posted_res);
+    oldest = next;
+  }
 }

@@ -41,10 +41,14 @@ struct mloop_port_queue {
 /* Completions posted to Q are announced on EFD (not owned). */
 void mloop_port_queue_init (struct mloop_port_queue *q, int efd);
 
-/* Takes every request posted so far, oldest first, linked through
- * posted_next, each with its posted_res; NULL when none.  On the owning
- * thread, after the eventfd woke it.
+/* Hands every request posted to Q so far to FN, oldest first, with the
+ * result its store posted (what mloop_engine_complete_event() takes).
+ * On the owning thread, after the eventfd woke it.  FN may submit the
+ * request again (a short transfer's rest) or post to Q: what arrives
+ * meanwhile is left for the next drain, which the eventfd announces.
  */
-struct mloop_io *mloop_port_queue_take (struct mloop_port_queue *q);
+typedef void (*mloop_port_fn) (void *opaque, struct mloop_io *io, long res);
+void mloop_port_queue_drain (struct mloop_port_queue *q, mloop_port_fn fn,
+                             void *opaque);
 
 #endif /* MLOOP_PORT_H */

@@ -230,9 +230,10 @@ space_change (struct mloop_file_store *e, enum space_op op, uint64_t offset,
 }
 
 int
-mloop_file_store_trim (struct mloop_file_store *e, uint64_t offset,
+mloop_file_store_trim (struct mloop_store *store, uint64_t offset,
                        uint64_t count, unsigned flags)
 {
+  struct mloop_file_store *e = (struct mloop_file_store *) store;
   int r = check_range (e, offset, count, EINVAL);
 
   if (r < 0)
@@ -244,9 +245,10 @@ mloop_file_store_trim (struct mloop_file_store *e, uint64_t offset,
 }
 
 int
-mloop_file_store_zero (struct mloop_file_store *e, uint64_t offset,
+mloop_file_store_zero (struct mloop_store *store, uint64_t offset,
                        uint64_t count, unsigned flags)
 {
+  struct mloop_file_store *e = (struct mloop_file_store *) store;
   int r = check_range (e, offset, count, ENOSPC);
 
   if (r < 0)
@@ -308,10 +310,11 @@ mloop_file_extents (int fd, uint64_t base, bool is_block_device,
 }
 
 int
-mloop_file_store_extents (struct mloop_file_store *e, uint64_t offset,
+mloop_file_store_extents (struct mloop_store *store, uint64_t offset,
                           uint64_t count, bool req_one, mloop_extent_fn fn,
                           void *opaque)
 {
+  struct mloop_file_store *e = (struct mloop_file_store *) store;
   const uint64_t size = mloop_backing_size (&e->backing);
 
   if (offset > size || count > size - offset)

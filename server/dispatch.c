@@ -217,12 +217,16 @@ dispatch_ring_full (struct dispatch *d)
   return d->in_kernel >= d->depth && !grow_ring (d);
 }
 
-/* Hands the engine the result RES of REQ, which was in flight (in an AIO
- * context, or taken by the store); a short transfer goes round again.
+/* Hands the engine the result RES of IO, a request of dispatch OPAQUE
+ * that was in flight (in an AIO context, or taken by the store and
+ * posted to the port); a short transfer goes round again.
  */
 static void
-complete_in_flight (struct dispatch *d, struct request *req, long res)
+complete_in_flight (void *opaque, struct mloop_io *io, long res)
 {
+  struct dispatch *d = opaque;
+  struct request *req = (struct request *) io;
+
   req->conn->in_kernel--;
   d->in_kernel--;
   if (mloop_engine_complete_event (d->engine, &req->io, res)
@@ -247,20 +251,6 @@ reap_ring (struct dispatch *d, struct mloop_aio_ring *ring,
   } while (n == REAP_BATCH);
 }
 
-/* Completes what the store posted to the port (port.h). */
-static void
-take_posted (struct dispatch *d)
-{
-  struct mloop_io *io = mloop_port_queue_take (&d->port);
-
-  while (io) {
-    struct mloop_io *next = io->posted_next;
-
-    complete_in_flight (d, (struct request *) io, io->posted_res);
-    io = next;
-  }
-}
-
 void
 dispatch_reap (struct dispatch *d)
 {
@@ -278,7 +268,7 @@ dispatch_reap (struct dispatch *d)
   }
   if (d->ring.ctx)
     reap_ring (d, &d->ring, &d->ring_in_flight);
-  take_posted (d);
+  mloop_port_queue_drain (&d->port, complete_in_flight, d);  /* the store's */
   dispatch_submit (d);          /* short-transfer resubmissions */
 }
 

@@ -352,6 +352,18 @@ queue_request (struct ublk_queue *q, unsigned tag)
   }
 }
 
+/* Hands the engine the result RES of IO, which queue OPAQUE had in
+ * flight (in its AIO context, or taken by the store and posted to the
+ * port). */
+static void
+complete_in_flight (void *opaque, struct mloop_io *io, long res)
+{
+  struct ublk_queue *q = opaque;
+  if (mloop_engine_complete_event (q->engine, io, res)
+      == MLOOP_EVENT_RESUBMIT)
+    submit_aio (q, io);         /* a short transfer: the rest */
+}
+
 /* Completes whatever AIO has finished, and waits for the next signal. */
 static void
 reap_aio (struct ublk_queue *q)
@@ -361,20 +373,12 @@ reap_aio (struct ublk_queue *q)
   int n;
   do {
     n = mloop_aio_ring_reap (&q->aio, 0, events, 64, &now);
-    for (int i = 0; i < n; i++) {
-      struct mloop_io *io = events[i].data;
-      if (mloop_engine_complete_event (q->engine, io, (long) events[i].res)
-          == MLOOP_EVENT_RESUBMIT)
-        submit_aio (q, io);     /* a short transfer: the rest */
-    }
+    for (int i = 0; i < n; i++)
+      complete_in_flight (q, events[i].data, (long) events[i].res);
   } while (n == 64);
   if (n < 0 && !q->err)
     q->err = n;
-  for (struct mloop_io *io = mloop_port_queue_take (&q->port), *next;
-       io; io = next) {
-    next = io->posted_next;
-    mloop_engine_complete_event (q->engine, io, io->posted_res);
-  }
+  mloop_port_queue_drain (&q->port, complete_in_flight, q);
   take_jobs (q);
   arm_aio_events (q);
 }
