@@ -20,6 +20,7 @@
 #include "mount_cmd.h"
 #include "overlay_cmd.h"
 #include "print.h"
+#include "rbd_options.h"
 #include "resize.h"
 #include "serve.h"
 #include "store_name.h"
@@ -47,15 +48,6 @@ parse_window (const char *command, const char *offset, const char *sizelimit,
   }
   return true;
 }
-
-/* The options attach and serve take for an RBD image. */
-#define CEPH_OPTIONS(conf, id) \
-  { "ceph-conf", 0, 0, G_OPTION_ARG_FILENAME, &conf, \
-    "For rbd:POOL/IMAGE: the Ceph configuration (default: $CEPH_CONF, " \
-    "/etc/ceph/ceph.conf)", "FILE" }, \
-  { "ceph-id", 0, 0, G_OPTION_ARG_STRING, &id, \
-    "For rbd:POOL/IMAGE: the cephx user, without \"client.\" (default " \
-    "admin; its keyring from the usual places)", "NAME" }
 
 /* The name COMMAND serves FILE by: with --ceph-conf CONF and --ceph-id
  * ID recorded in it (store_name.h), so that a restarted server connects
@@ -156,7 +148,7 @@ cmd_attach (int argc, char **argv)
     { "transport", 'T', 0, G_OPTION_ARG_STRING, &transport,
       "nbd (/dev/nbdN, the default), ublk (/dev/ublkbN, no socket) or "
       "auto (ublk where the kernel has it and FILE is local)", "NAME" },
-    CEPH_OPTIONS (ceph_conf, ceph_id),
+    MLOOP_CEPH_OPTION_ENTRIES (ceph_conf, ceph_id),
     G_OPTION_ENTRY_NULL
   };
   struct mloop_attach_request req = { .index = -1 };
@@ -449,7 +441,7 @@ cmd_serve (int argc, char **argv)
     { "keepalive", 0, 0, G_OPTION_ARG_STRING, &keepalive,
       "TCP keepalive IDLE:INTERVAL:COUNT seconds, or off (native server; "
       "default 30:10:3)", "SPEC" },
-    CEPH_OPTIONS (ceph_conf, ceph_id),
+    MLOOP_CEPH_OPTION_ENTRIES (ceph_conf, ceph_id),
     G_OPTION_ENTRY_NULL
   };
   struct mloop_serve_request req = { 0 };

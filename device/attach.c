@@ -293,10 +293,9 @@ struct opener {
 static int
 hand_to_kernel (const struct mloop_attach_request *req, int *fds,
                 unsigned n, const struct mloop_nbd_export *x,
-                uint32_t block_size, unsigned dead_timeout,
+                uint32_t block_size, unsigned timeout, unsigned dead_timeout,
                 const char *backend, int *index, char *err, size_t errlen)
 {
-  unsigned timeout = req->timeout ? req->timeout : MLOOP_DEFAULT_TIMEOUT;
   /* The dead-connection timeout makes IO wait, instead of failing at
    * once, when every connection is gone: time for a restarted server
    * to be reconnected (NBD_CMD_RECONFIGURE).
@@ -388,9 +387,6 @@ connect_kernel (const struct mloop_attach_request *req,
   char why[512];
   int n, index = -1;
 
-  s->timeout = req->timeout ? req->timeout : MLOOP_DEFAULT_TIMEOUT;
-  s->dead_timeout = req->dead_timeout ? req->dead_timeout
-    : s->remote ? MLOOP_REMOTE_DEAD_TIMEOUT : s->timeout;
   for (unsigned attempt = 1; ; attempt++) {
     n = o->open (o, fds, &x, err, errlen);
     if (n < 0)
@@ -403,7 +399,7 @@ connect_kernel (const struct mloop_attach_request *req,
       return -1;
     }
     if (hand_to_kernel (req, fds, (unsigned) n, &x, s->block_size,
-                        s->dead_timeout, backend, &index, err,
+                        s->timeout, s->dead_timeout, backend, &index, err,
                         errlen) == -1)
       return -1;
     mloop_step_done (req->steps, "netlink connect");
@@ -464,6 +460,35 @@ wanted_connections (const struct mloop_attach_request *req)
   return req->connections ? req->connections : default_connections ();
 }
 
+/* An RBD image's server fails a request the cluster has not answered
+ * in the device's dead timeout, as the device's IO fails when its server
+ * stays dead that long (an unreachable cluster is a dead server to the
+ * device).  The kernel's request timeout must be longer than that: timed
+ * out first, the kernel would send the request again on another
+ * connection, where it waits again, before the server's EIO came, and
+ * the IO would wait for ever.
+ */
+#define RBD_REQUEST_TIMEOUT_MARGIN 5
+
+/* The device's request and dead-connection timeouts, and its server's
+ * IO timeout (0: none).
+ */
+static unsigned
+settle_timeouts (const struct mloop_attach_request *req, const char *file,
+                 struct mloop_device_state *s)
+{
+  unsigned io_timeout = 0;
+
+  s->timeout = req->timeout ? req->timeout : MLOOP_DEFAULT_TIMEOUT;
+  s->dead_timeout = req->dead_timeout ? req->dead_timeout
+    : s->remote ? MLOOP_REMOTE_DEAD_TIMEOUT : s->timeout;
+  if (!s->remote && mloop_is_rbd_name (file)) {
+    io_timeout = s->dead_timeout;
+    s->timeout = MAX (s->timeout, io_timeout + RBD_REQUEST_TIMEOUT_MARGIN);
+  }
+  return io_timeout;
+}
+
 /* A local image: its supervisor starts its server on a private socket.
  * On failure stops them; the caller removes the directory.
  */
@@ -477,6 +502,7 @@ attach_local (const struct mloop_attach_request *req, const char *file,
   g_autofree char *stats_file = mloop_state_path (s, MLOOP_DIR_STATS);
   g_autofree char *lock_record = mloop_is_rbd_name (file)
     ? mloop_state_path (s, MLOOP_DIR_RBD_LOCK) : NULL;
+  const unsigned io_timeout = settle_timeouts (req, file, s);
   struct mloop_server_spec spec = {
     .kind = s->server, .image = file, .offset = req->offset,
     .sizelimit = req->sizelimit, .overlay = s->overlay,
@@ -484,6 +510,7 @@ attach_local (const struct mloop_attach_request *req, const char *file,
     .pid_file = pid_file, .log_file = log_file, .stats_file = stats_file,
     .threads = req->threads,
     .read_only = req->read_only,
+    .io_timeout = io_timeout,
   };
   const struct opener o = {
     .open = open_local, .socket_path = sock, .n = wanted_connections (req),
@@ -523,6 +550,7 @@ attach_remote (const struct mloop_attach_request *req, const char *uri,
   if (mloop_nbd_address_parse (uri, MLOOP_NBD_ADDRESS_URI, &a,
                                err, errlen) == -1)
     return -1;
+  settle_timeouts (req, uri, s);
   r = mloop_supervisor_start_remote (uri, s->dir, SERVER_START_TIMEOUT_MS,
                                      &s->supervisor_pid, err, errlen);
   if (r == 0)

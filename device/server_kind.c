@@ -75,6 +75,8 @@ native_command (const struct mloop_server_config *c, GPtrArray *argv)
     add (argv, g_strdup ("--splice=on"));
   if (c->lock_record)
     add (argv, g_strdup_printf ("--lock-record=%s", c->lock_record));
+  if (c->io_timeout)
+    add (argv, g_strdup_printf ("--io-timeout=%u", c->io_timeout));
   add_tls (c, argv);
   add (argv, g_strdup ("--"));
   add (argv, g_strdup (c->image));
@@ -139,6 +141,8 @@ nbdkit_command (const struct mloop_server_config *c, GPtrArray *argv)
     add (argv, g_strdup_printf ("overlay=%s", c->overlay));
   if (c->lock_record)
     add (argv, g_strdup_printf ("lock-record=%s", c->lock_record));
+  if (c->io_timeout)
+    add (argv, g_strdup_printf ("io-timeout=%u", c->io_timeout));
 }
 
 /* mloop-server reads up to its CONN_SLOTS (server/conn.h) requests of a

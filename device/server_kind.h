@@ -37,6 +37,10 @@ struct mloop_server_config {
    * holder (engine.h's lock_record), or NULL.
    */
   const char *lock_record;
+  /* For an RBD image: fail a request the cluster has not answered in
+   * this many seconds with EIO (engine.h's io_timeout); 0: wait.
+   */
+  unsigned io_timeout;
   const struct mloop_nbd_address *listen;  /* a Unix socket, or TCP */
   const char *pid_file;         /* written once listening, or NULL */
   const char *stats_file;       /* request counters (stats.h), or NULL */

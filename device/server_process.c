@@ -301,7 +301,8 @@ server_argv (const struct mloop_server_spec *spec)
   const struct mloop_server_config c = {
     .image = spec->image, .offset = spec->offset,
     .sizelimit = spec->sizelimit, .overlay = spec->overlay,
-    .lock_record = spec->lock_record, .listen = &listen,
+    .lock_record = spec->lock_record, .io_timeout = spec->io_timeout,
+    .listen = &listen,
     .pid_file = spec->pid_file,
     .stats_file = spec->stats_file, .threads = spec->threads,
     .read_only = spec->read_only, .kernel_client = true,
@@ -424,6 +425,9 @@ mloop_supervisor_start (const struct mloop_server_spec *spec,
     g_ptr_array_add (argv, g_strdup_printf ("--threads=%u", spec->threads));
   if (spec->read_only)
     g_ptr_array_add (argv, g_strdup ("--read-only"));
+  if (spec->io_timeout)
+    g_ptr_array_add (argv, g_strdup_printf ("--io-timeout=%u",
+                                            spec->io_timeout));
   /* Every restart serves the same window and overlay. */
   mloop_add_image_args (argv, spec->offset, spec->sizelimit, spec->overlay);
   g_ptr_array_add (argv, g_strdup ("--"));

@@ -26,6 +26,7 @@ struct mloop_server_spec {
   uint64_t offset, sizelimit;   /* the window served (server_kind.h) */
   const char *overlay;          /* copy-on-write overlay, or NULL */
   const char *lock_record;      /* an RBD image's (server_kind.h), or NULL */
+  unsigned io_timeout;          /* an RBD image's (server_kind.h), or 0 */
   const char *socket_path;      /* Unix socket to listen on */
   const char *pid_file;         /* written by the server once listening */
   const char *log_file;         /* the server's stdout and stderr */

@@ -138,6 +138,9 @@ add_spec_args (GPtrArray *argv, const struct mloop_ublk_spec *spec)
   if (spec->block_size)
     g_ptr_array_add (argv, g_strdup_printf ("--block-size=%u",
                                             spec->block_size));
+  if (spec->io_timeout)
+    g_ptr_array_add (argv, g_strdup_printf ("--io-timeout=%u",
+                                            spec->io_timeout));
   mloop_add_image_args (argv, spec->offset, spec->sizelimit, spec->overlay);
   g_ptr_array_add (argv, g_strdup ("--"));
   g_ptr_array_add (argv, g_strdup (spec->image));
@@ -224,11 +227,15 @@ int
 mloop_ublk_attach (const struct mloop_attach_request *req, const char *file,
                    struct mloop_device_state *s, char *err, size_t errlen)
 {
+  const unsigned dead_timeout = req->dead_timeout ? req->dead_timeout
+    : MLOOP_DEFAULT_TIMEOUT;
   const struct mloop_ublk_spec spec = {
     .image = file, .offset = req->offset, .sizelimit = req->sizelimit,
     .overlay = s->overlay, .queues = wanted_queues (req), .id = req->index,
     .block_size = req->block_size,
     .read_only = req->read_only,
+    /* An unreachable cluster fails IO after as long as a dead server. */
+    .io_timeout = mloop_is_rbd_name (file) ? dead_timeout : 0,
   };
   g_autofree char *name = NULL;
   char why[256];
@@ -241,8 +248,7 @@ mloop_ublk_attach (const struct mloop_attach_request *req, const char *file,
   /* How long the device may be without a server: then its IO fails, as
    * a local NBD device's does.
    */
-  s->dead_timeout = req->dead_timeout ? req->dead_timeout
-    : MLOOP_DEFAULT_TIMEOUT;
+  s->dead_timeout = dead_timeout;
   if (start_supervisor (&spec, s->dir, s->dead_timeout, &s->supervisor_pid,
                         &s->server_pid, err, errlen) == -1)
     return -1;

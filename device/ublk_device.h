@@ -43,6 +43,7 @@ struct mloop_ublk_spec {
   int id;                       /* /dev/ublkbID, or -1: the first free */
   uint32_t block_size;          /* 0: the image's */
   bool read_only;
+  unsigned io_timeout;          /* an RBD image's (server_kind.h), or 0 */
 };
 
 /* Whether this kernel makes ublk devices (/dev/ublk-control exists) and

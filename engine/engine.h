@@ -69,6 +69,19 @@ struct mloop_engine_config {
    * watch out (30 s: longer than IO waits for a restart).
    */
   const char *lock_record;
+  /* Seconds a request may wait for a store whose IO can wait on a
+   * network (an rbd: image's cluster) before it fails with EIO; 0: wait
+   * as long as the store does (librados: until the cluster answers).
+   * The file store ignores it: a local disk's requests end by
+   * themselves, or the kernel's own timeouts end them.
+   */
+  unsigned io_timeout;
+  /* Where a store says, in one line without a newline, how it fares
+   * while it serves: an rbd: store that its cluster did not answer
+   * within io_timeout, and that it answers again.  Once per change, not
+   * per request; on any thread (librbd's among them).  NULL: unsaid.
+   */
+  void (*notice) (const char *line);
 };
 
 struct mloop_engine {

@@ -24,6 +24,11 @@
  * at open with the holder named, unless both chose to share
  * (mloop_engine_config.shared).  Read-only opens take no lock.
  *
+ * A cluster gone: librados waits for it, and so does every request,
+ * unless the configuration sets io_timeout (--io-timeout): then a
+ * request the cluster has not answered in that time fails with EIO,
+ * and the same open image serves again once it answers ("timeouts").
+ *
  * Trim is rbd_discard, partial objects included, so the range then reads
  * as zeroes, as a trimmed file does; zero is
  * rbd_write_zeroes, which frees whole objects and zeroes the rest
@@ -35,6 +40,8 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,6 +81,16 @@ struct rbd_store {
   bool watching;
   uint64_t watch_handle;
   unsigned in_flight;           /* atomic: taken, not yet posted */
+  /* Requests the cluster did not answer in time (see "timeouts"):
+   * io_timeout in seconds, --io-timeout's, else the configuration's
+   * rados_osd_op_timeout; 0: none.
+   */
+  unsigned io_timeout;
+  void (*notice) (const char *line);
+  bool silent;                  /* atomic: said so, not yet that it answers */
+  pthread_mutex_t silence_lock; /* the rest, and the notices' order */
+  uint64_t last_timeout_ms;     /* monotonic */
+  unsigned timed_out;           /* requests failed since it was said */
 };
 
 static struct rbd_store *
@@ -104,6 +121,90 @@ check_request (const struct rbd_store *st, bool is_write, uint64_t offset,
   if (is_write && !st->base.info.writable)
     return -EPERM;
   return 0;
+}
+
+/* ------------------------------------------------------------ timeouts */
+
+/* With io_timeout set, librados fails a request the cluster has not
+ * answered in that time with -ETIMEDOUT (rados_osd_op_timeout,
+ * rados_mon_op_timeout), and the same open image serves again once the
+ * cluster answers.  NBD has no ETIMEDOUT, and a block device's user
+ * knows only EIO: the request fails with EIO, and a notice says why.
+ *
+ * One notice when a request first times out, one when the cluster
+ * answers again: when a request succeeds and none has timed out for
+ * io_timeout seconds.  A cluster that answers some requests and not
+ * others (one OSD of many gone) is not answering again, and two lines
+ * at every other request would flood the log.
+ */
+static void
+say (struct rbd_store *st, const char *fmt, ...)
+  __attribute__ ((format (printf, 2, 3)));
+
+static void
+say (struct rbd_store *st, const char *fmt, ...)
+{
+  char line[512];
+  va_list ap;
+
+  if (st->notice == NULL)
+    return;
+  va_start (ap, fmt);
+  vsnprintf (line, sizeof line, fmt, ap);
+  va_end (ap);
+  st->notice (line);
+}
+
+static uint64_t
+monotonic_ms (void)
+{
+  struct timespec now;
+
+  clock_gettime (CLOCK_MONOTONIC, &now);
+  return (uint64_t) now.tv_sec * 1000 + (uint64_t) now.tv_nsec / 1000000;
+}
+
+static void
+note_timeout (struct rbd_store *st)
+{
+  pthread_mutex_lock (&st->silence_lock);
+  st->last_timeout_ms = monotonic_ms ();
+  st->timed_out++;
+  if (!__atomic_load_n (&st->silent, __ATOMIC_RELAXED)) {
+    __atomic_store_n (&st->silent, true, __ATOMIC_RELAXED);
+    say (st, "%s: the cluster did not answer in %u s: requests fail with "
+         "EIO until it does", st->name, st->io_timeout);
+  }
+  pthread_mutex_unlock (&st->silence_lock);
+}
+
+static void
+note_answer (struct rbd_store *st)
+{
+  pthread_mutex_lock (&st->silence_lock);
+  if (__atomic_load_n (&st->silent, __ATOMIC_RELAXED) &&
+      monotonic_ms () - st->last_timeout_ms >= st->io_timeout * 1000ull) {
+    __atomic_store_n (&st->silent, false, __ATOMIC_RELAXED);
+    say (st, "%s: the cluster answers again (%u request%s failed with EIO "
+         "meanwhile)", st->name, st->timed_out, st->timed_out == 1 ? "" : "s");
+    st->timed_out = 0;
+  }
+  pthread_mutex_unlock (&st->silence_lock);
+}
+
+/* R: what librbd answered a request (a negative errno, or not).
+ * Returns it, with a timeout made EIO.
+ */
+static long
+answered (struct rbd_store *st, long r)
+{
+  if (r == -ETIMEDOUT) {
+    note_timeout (st);
+    return -EIO;
+  }
+  if (__atomic_load_n (&st->silent, __ATOMIC_RELAXED))
+    note_answer (st);
+  return r;
 }
 
 /* On a librbd thread.  In flight until posted: quiesce waits for that. */
@@ -181,7 +282,7 @@ result_error (const struct mloop_io *io, long res)
 static enum mloop_event_result
 store_complete_event (struct mloop_store *s, struct mloop_io *io, long res)
 {
-  io->complete (io, result_error (io, res));
+  io->complete (io, result_error (io, answered (store_of (s), res)));
   return MLOOP_EVENT_DONE;
 }
 
@@ -199,11 +300,11 @@ store_perform_blocking (struct mloop_store *s, struct mloop_io *io)
     n = rbd_write (st->rbd, io->offset, io->count, io->buf);
     break;
   case MLOOP_IO_FLUSH:
-    return rbd_flush (st->rbd);
+    return (int) answered (st, rbd_flush (st->rbd));
   default:
     return -EINVAL;
   }
-  return -result_error (io, (long) n);
+  return -result_error (io, answered (st, (long) n));
 }
 
 static void
@@ -228,7 +329,7 @@ store_abandon (struct mloop_store *s, struct mloop_io *io)
 static int
 store_flush_now (struct mloop_store *s)
 {
-  return rbd_flush (store_of (s)->rbd);
+  return (int) answered (store_of (s), rbd_flush (store_of (s)->rbd));
 }
 
 /* ------------------------------------------------------------ space */
@@ -243,7 +344,7 @@ store_trim (struct mloop_store *s, uint64_t offset, uint64_t count,
   if (r == -ENOSPC)
     return -EINVAL;             /* a trim past the end, as for files */
   if (r == 0 && count > 0)
-    r = rbd_discard (st->rbd, offset, count);
+    r = (int) answered (st, rbd_discard (st->rbd, offset, count));
   return r < 0 ? r : 0;
 }
 
@@ -269,7 +370,8 @@ store_zero (struct mloop_store *s, uint64_t offset, uint64_t count,
   while (count > 0) {
     size_t step = count > (1ull << 30) ? (size_t) 1 << 30 : (size_t) count;
 
-    n = rbd_write_zeroes (st->rbd, offset, step, zero_flags, 0);
+    n = answered (st, rbd_write_zeroes (st->rbd, offset, step, zero_flags,
+                                        0));
     if (n < 0)
       return (int) n;
     offset += step;
@@ -333,8 +435,8 @@ store_extents (struct mloop_store *s, uint64_t offset, uint64_t count,
 
   if (offset > store_size (s) || count > store_size (s) - offset)
     return -EINVAL;
-  r = rbd_diff_iterate2 (st->rbd, NULL, offset, count, 1, 0, on_diff_extent,
-                         &w);
+  r = (int) answered (st, rbd_diff_iterate2 (st->rbd, NULL, offset, count, 1,
+                                             0, on_diff_extent, &w));
   if (w.error)
     return w.error;
   if (r == WALK_DONE || (req_one && w.pos > offset))
@@ -426,6 +528,7 @@ store_close (struct mloop_store *s)
     rados_ioctx_destroy (st->ioctx);
   if (st->cluster)
     rados_shutdown (st->cluster);
+  pthread_mutex_destroy (&st->silence_lock);
   free (st->name);
   free (st->pool);
   free (st->image);
@@ -580,6 +683,16 @@ connect_cluster (struct rbd_store *st, char *err, size_t errlen)
    */
   rados_conf_set (st->cluster, "rbd_cache", "false");
   rados_conf_set (st->cluster, "rbd_skip_partial_discard", "false");
+  /* --io-timeout, over the configuration's: a request to an OSD, or to
+   * a monitor (a map, a lock), fails with -ETIMEDOUT in that time.
+   */
+  if (st->io_timeout) {
+    char secs[16];
+
+    snprintf (secs, sizeof secs, "%u", st->io_timeout);
+    rados_conf_set (st->cluster, "rados_osd_op_timeout", secs);
+    rados_conf_set (st->cluster, "rados_mon_op_timeout", secs);
+  }
   r = rados_connect (st->cluster);
   if (r < 0) {
     snprintf (err, errlen, "%s: connecting to the Ceph cluster as "
@@ -589,6 +702,14 @@ connect_cluster (struct rbd_store *st, char *err, size_t errlen)
               : r == -EACCES || r == -EPERM ? "cephx refused the key"
               : strerror (-r));
     return r;
+  }
+  /* Without it, a timeout the configuration sets, for the notices. */
+  if (st->io_timeout == 0) {
+    char secs[32];
+
+    if (rados_conf_get (st->cluster, "rados_osd_op_timeout", secs,
+                        sizeof secs) == 0)
+      st->io_timeout = (unsigned) strtoul (secs, NULL, 10);
   }
   r = rados_ioctx_create (st->cluster, st->pool, &st->ioctx);
   if (r < 0) {
@@ -752,6 +873,9 @@ mloop_rbd_store_module_open (struct mloop_store **out,
     return -ENOMEM;
   }
   st->base.ops = &rbd_ops;
+  st->io_timeout = cfg->io_timeout;
+  st->notice = cfg->notice;
+  pthread_mutex_init (&st->silence_lock, NULL);
   r = parse_name (st, cfg, err, errlen);
   if (r == 0 && (cfg->window.offset || cfg->window.sizelimit)) {
     snprintf (err, errlen, "%s: --offset and --sizelimit are for files: "

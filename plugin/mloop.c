@@ -14,6 +14,7 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,10 +58,21 @@ static bool engine_open;
  */
 NBDKIT_DLL_PUBLIC int mloop_debug_reaper_threads = 0;
 
+/* The store's notices (engine.h): nbdkit has no call for a warning,
+ * and its error call is the one that reaches its log (stderr, or
+ * syslog once it has daemonized).
+ */
+static void
+say_notice (const char *line)
+{
+  nbdkit_error ("mloop: %s", line);
+}
+
 static void
 mloop_load (void)
 {
   mloop_engine_config_init (&config);
+  config.notice = say_notice;
 }
 
 static void
@@ -143,6 +155,8 @@ mloop_config (const char *key, const char *value)
       return -1;
     }
   }
+  else if (strcmp (key, "io-timeout") == 0)
+    return parse_bounded (key, value, 0, INT_MAX, &config.io_timeout);
   else if (strcmp (key, "threads") == 0)
     return parse_bounded (key, value, 1, MLOOP_RINGS_MAX, &rings);
   else if (strcmp (key, "queue-depth") == 0)
@@ -228,6 +242,8 @@ mloop_config_complete (void)
   "ceph-id=NAME        For rbd=: the cephx user, without client. (default admin).\n" \
   "shared=on|off       For rbd=: write without the exclusive lock (default off).\n" \
   "lock-record=FILE    For rbd=: record the lock's holder; break a dead one's.\n" \
+  "io-timeout=SECONDS  For rbd=: fail a request with EIO when the cluster\n" \
+  "                    has not answered it in this time (default 0: wait).\n" \
   "threads=<N>         AIO rings (kernel AIO contexts), 1..64 (default 4).\n" \
   "queue-depth=<N>     AIO requests in flight per ring (default 32).\n" \
   "direct=auto|on|off  O_DIRECT: auto falls back to buffered IO with a\n" \

@@ -53,6 +53,7 @@
 #include "nbd_proto.h"
 #include "offload.h"
 #include "pending.h"
+#include "rbd_options.h"
 #include "splice_out.h"
 #include "stats.h"
 #include "tls.h"
@@ -120,6 +121,7 @@ static gchar *opt_ceph_conf;
 static gchar *opt_ceph_id;
 static gboolean opt_shared;
 static gchar *opt_lock_record;
+static gint opt_io_timeout;
 static gchar *opt_stats_file;
 static gchar *opt_trace;
 static gboolean opt_mlock;
@@ -194,19 +196,8 @@ static GOptionEntry entries[] = {
   { "overlay", 0, 0, G_OPTION_ARG_FILENAME, &opt_overlay,
     "Write to this copy-on-write overlay (made if absent); the image is "
     "only read", "FILE" },
-  { "ceph-conf", 0, 0, G_OPTION_ARG_FILENAME, &opt_ceph_conf,
-    "For rbd:POOL/IMAGE: the Ceph configuration (default: $CEPH_CONF, "
-    "/etc/ceph/ceph.conf)", "FILE" },
-  { "ceph-id", 0, 0, G_OPTION_ARG_STRING, &opt_ceph_id,
-    "For rbd:POOL/IMAGE: the cephx user, without \"client.\" (default "
-    "admin); its keyring from the usual places", "NAME" },
-  { "shared", 0, 0, G_OPTION_ARG_NONE, &opt_shared,
-    "For rbd:POOL/IMAGE: write without the image's exclusive lock, "
-    "alongside other writers", NULL },
-  { "lock-record", 0, 0, G_OPTION_ARG_FILENAME, &opt_lock_record,
-    "For rbd:POOL/IMAGE: record the exclusive lock's holder here, and "
-    "break the lock of the holder recorded before (a killed predecessor)",
-    "FILE" },
+  MLOOP_RBD_SERVER_OPTION_ENTRIES (opt_ceph_conf, opt_ceph_id, opt_shared,
+                                   opt_lock_record, opt_io_timeout),
   { "pid-file", 'P', 0, G_OPTION_ARG_FILENAME, &opt_pid_file,
     "Write the pid here once listening", "FILE" },
   { "stats-file", 0, 0, G_OPTION_ARG_FILENAME, &opt_stats_file,
@@ -249,6 +240,15 @@ die (const char *fmt, ...)
   va_end (ap);
   fputc ('\n', stderr);
   exit (EXIT_FAILURE);
+}
+
+/* The store's notices (engine.h): a state that changed, once, so
+ * written directly rather than under the bound on repeated lines.
+ */
+static void
+say_notice (const char *line)
+{
+  fprintf (stderr, "mloop-server: %s\n", line);
 }
 
 /* A connection's own thread: negotiate, then hand it to a worker.  The
@@ -596,6 +596,8 @@ main (int argc, char *argv[])
   if (opt_drain_timeout < 0 || opt_drain_timeout > DRAIN_TIMEOUT_MAX)
     die ("--drain-timeout=%d: must be between 0 and %d seconds",
          opt_drain_timeout, DRAIN_TIMEOUT_MAX);
+  if (opt_io_timeout < 0)
+    die ("--io-timeout=%d: must be 0 (wait) or more seconds", opt_io_timeout);
   if (opt_max_connections < 0 || opt_max_connections > MAX_CONNECTIONS_MAX)
     die ("--max-connections=%d: must be between 0 (no cap) and %d",
          opt_max_connections, MAX_CONNECTIONS_MAX);
@@ -639,6 +641,8 @@ main (int argc, char *argv[])
   cfg.ceph_id = opt_ceph_id;
   cfg.shared = opt_shared;
   cfg.lock_record = opt_lock_record;
+  cfg.io_timeout = (unsigned) opt_io_timeout;
+  cfg.notice = say_notice;
   if (mloop_engine_open (&engine, &cfg, err, sizeof err) < 0)
     die ("%s", err);
   if (mloop_engine_info (&engine)->direct_fell_back)

@@ -662,7 +662,7 @@ main (int argc, char **argv)
 {
   g_autofree char *server_kind = NULL, *remote = NULL, *overlay = NULL;
   gint threads = 0, queues = 1, block_size = 0, dead_timeout = 30, id = -1;
-  gint adopt = 0;
+  gint adopt = 0, io_timeout = 0;
   gboolean read_only = FALSE, ublk = FALSE;
   gint64 offset = 0, sizelimit = 0;
   GOptionEntry entries[] = {
@@ -696,6 +696,9 @@ main (int argc, char **argv)
       "ublk: add the device as /dev/ublkbN", "N" },
     { "dead-timeout", 0, 0, G_OPTION_ARG_INT, &dead_timeout,
       "ublk: stop the device after this long without a server", "S" },
+    { "io-timeout", 0, 0, G_OPTION_ARG_INT, &io_timeout,
+      "An RBD image's servers fail requests the cluster has not answered "
+      "in this long", "S" },
     G_OPTION_ENTRY_NULL
   };
   g_autoptr (GOptionContext) ctx = g_option_context_new ("IMAGE");
@@ -708,9 +711,9 @@ main (int argc, char **argv)
     fprintf (stderr, "mloop-supervisor: %s\n", gerr->message);
     return EXIT_FAILURE;
   }
-  if (offset < 0 || sizelimit < 0) {
-    fprintf (stderr, "mloop-supervisor: --offset and --sizelimit must not "
-             "be negative\n");
+  if (offset < 0 || sizelimit < 0 || io_timeout < 0) {
+    fprintf (stderr, "mloop-supervisor: --offset, --sizelimit and "
+             "--io-timeout must not be negative\n");
     return EXIT_FAILURE;
   }
   if (remote && argc == 1 && sv.dir)
@@ -721,6 +724,7 @@ main (int argc, char **argv)
       .sizelimit = (uint64_t) sizelimit, .overlay = overlay,
       .queues = (unsigned) queues,
       .id = id, .block_size = (uint32_t) block_size, .read_only = read_only,
+      .io_timeout = (unsigned) io_timeout,
     };
 
     if (argc != 2 || sv.dir == NULL || queues < 1 || block_size < 0 ||
@@ -750,6 +754,7 @@ main (int argc, char **argv)
   sv.spec.offset = (uint64_t) offset;
   sv.spec.sizelimit = (uint64_t) sizelimit;
   sv.spec.overlay = overlay;
+  sv.spec.io_timeout = (unsigned) io_timeout;
   sv.spec.socket_path = g_build_filename (sv.dir, MLOOP_DIR_SOCKET, NULL);
   sv.spec.pid_file = g_build_filename (sv.dir, MLOOP_DIR_SERVER_PID, NULL);
   sv.spec.log_file = g_build_filename (sv.dir, MLOOP_DIR_SERVER_LOG, NULL);

@@ -45,6 +45,7 @@
 #include "engine.h"
 #include "offload.h"
 #include "queue.h"
+#include "rbd_options.h"
 #include "stats.h"
 
 #define MAX_QUEUES 16
@@ -75,6 +76,7 @@ static gchar *opt_ceph_conf;
 static gchar *opt_ceph_id;
 static gboolean opt_shared;
 static gchar *opt_lock_record;
+static gint opt_io_timeout;
 static gint opt_block_size;
 static gchar *opt_device_file;
 static gchar *opt_pid_file;
@@ -104,18 +106,8 @@ static GOptionEntry entries[] = {
   { "overlay", 0, 0, G_OPTION_ARG_FILENAME, &opt_overlay,
     "Write to this copy-on-write overlay (made if absent); the image is "
     "only read", "FILE" },
-  { "ceph-conf", 0, 0, G_OPTION_ARG_FILENAME, &opt_ceph_conf,
-    "For rbd:POOL/IMAGE: the Ceph configuration (default: $CEPH_CONF, "
-    "/etc/ceph/ceph.conf)", "FILE" },
-  { "ceph-id", 0, 0, G_OPTION_ARG_STRING, &opt_ceph_id,
-    "For rbd:POOL/IMAGE: the cephx user, without \"client.\" (default "
-    "admin)", "NAME" },
-  { "shared", 0, 0, G_OPTION_ARG_NONE, &opt_shared,
-    "For rbd:POOL/IMAGE: write without the image's exclusive lock", NULL },
-  { "lock-record", 0, 0, G_OPTION_ARG_FILENAME, &opt_lock_record,
-    "For rbd:POOL/IMAGE: record the exclusive lock's holder here, and "
-    "break the lock of the holder recorded before (a killed predecessor)",
-    "FILE" },
+  MLOOP_RBD_SERVER_OPTION_ENTRIES (opt_ceph_conf, opt_ceph_id, opt_shared,
+                                   opt_lock_record, opt_io_timeout),
   { "block-size", 0, 0, G_OPTION_ARG_INT, &opt_block_size,
     "Logical block size to offer: 512, 1024, 2048 or 4096 (default: the "
     "image's)", "BYTES" },
@@ -236,6 +228,15 @@ check_options (int argc)
     die ("--block-size=%d: must be 512, 1024, 2048 or 4096", opt_block_size);
   if (opt_buffered && opt_direct && strcmp (opt_direct, "off") != 0)
     die ("--buffered and --direct=%s exclude each other", opt_direct);
+  if (opt_io_timeout < 0)
+    die ("--io-timeout=%d: must be 0 (wait) or more seconds", opt_io_timeout);
+}
+
+/* The store's notices (engine.h): a state that changed, once. */
+static void
+say_notice (const char *line)
+{
+  fprintf (stderr, "mloop-ublk: %s\n", line);
 }
 
 /* The engine, the block size to offer, and the size the device gets. */
@@ -259,6 +260,8 @@ open_image (struct mloop_engine *engine, const char *image,
   cfg.ceph_id = opt_ceph_id;
   cfg.shared = opt_shared;
   cfg.lock_record = opt_lock_record;
+  cfg.io_timeout = (unsigned) opt_io_timeout;
+  cfg.notice = say_notice;
   cfg.window.sizelimit = parse_size ("sizelimit", opt_sizelimit);
   if (mloop_engine_open (engine, &cfg, err, sizeof err) < 0)
     die ("%s", err);

@@ -45,15 +45,28 @@ and the same images through nbdkit's plugin (rbd=) and `mloop serve`:
    with --server native and --server nbdkit: each reads the other's
    writes and `rbd export` has both; `mloop serve --ceph-conf C FILE` is
    refused in one line saying the option is for RBD images;
-9. no server, daemon or file is left.
+9. the cluster lost: with --io-timeout 3, while every daemon is
+   paused (SIGSTOP: nothing answers, connections stay open) a READ and a
+   WRITE fail with EIO in 3-5 s, and so does a READ through nbdkit's
+   io-timeout=3, while a server without --io-timeout keeps its READ
+   waiting; once the daemons resume, that READ completes with the data,
+   and each server's same connection reads what was written before and
+   writes again; the server says once that the cluster did not answer in
+   3 s and once that it answers again.  Then the cluster is shut down
+   (SIGTERM, the OSD first): a READ fails with EIO in 3-5 s; started again
+   on its data, the same connection reads and writes again and the
+   server still holds the image's exclusive lock.  --io-timeout -1 and
+   --io-timeout x, io-timeout=-1 and io-timeout=x, are refused in one
+   line naming the option;
+10. no server, daemon or file is left.
 
-nbdkit 1.32 leaves its -U socket and pid file when it exits: 6 to 8 do
+nbdkit 1.32 leaves its -U socket and pid file when it exits: 6 to 9 do
 not ask nbdkit to remove them.
 
 SKIPs (77) without the Ceph packages or python3-libnbd.  Fails at once,
 before starting a cluster, when mloop-server has no --ceph-conf option.
 Without nbdkit or the built plugin (MLOOP_PLUGIN) the nbdkit checks of
-6 to 8 are skipped, and without the built mloop (MLOOP_CLI) those of 8,
+6 to 9 are skipped, and without the built mloop (MLOOP_CLI) those of 8,
 each saying so; the rest runs.
 
 Run by hand from the repository root:
@@ -62,11 +75,14 @@ Run by hand from the repository root:
       MLOOP_CLI=build/client/mloop PYTHONPATH=tests:tests/ceph \\
       /usr/bin/python3 tests/ceph/test-rbd-server.py
 
-Cost on the project machine (2 cores): about 15 s alone: the cluster's
-start 5-8 s, every section under 2.5 s (6 to 8 together 3 s); about
-30 s beside test-cluster.py, which `meson test` runs at the same time.  A server that dies on SIGTERM instead of closing the image leaves
-its lock to time out the same way: then `rbd snap create` in the
-snapshot sections waits 30 s more.
+Cost on the project machine (2 cores): about 26 s alone: the cluster's
+start 5-8 s, every section under 2.5 s (6 to 8 together 3 s) but 9,
+about 13 s (two waits of the 3 s timeout, 3 s more for the server to
+say the cluster answers again, the shut-down cluster's start 3-8 s);
+about 65 s beside test-cluster.py, which `meson test` runs at the same
+time (9 then takes up to 20 s).  A server that dies on SIGTERM instead
+of closing the image leaves its lock to time out the same way: then
+`rbd snap create` in the snapshot sections waits 30 s more.
 """
 import errno
 import json
@@ -86,7 +102,7 @@ if reason:
     sys.exit(77)
 
 # The harness checks for mloop-server; nbdkit and the plugin are looked
-# for by their own checks (6 to 8), which skip without them.
+# for by their own checks (6 to 9), which skip without them.
 os.environ.setdefault("MLOOP_SERVER", "native")
 import harness  # tests/: skips without python3-libnbd or MLOOP_SERVER_BIN
 import nbd
@@ -889,6 +905,196 @@ def section_kill():
           f"differs at {bad}")
 
 
+# --- 10: the cluster lost -------------------------------------------------
+
+SIZE6 = 8 * MiB + 1
+IO_TIMEOUT = 3        # the --io-timeout of section 10's servers
+LOSS_MARGIN = 2       # seconds past it a request may take to fail
+RESTART_SERVES_LIMIT = 20  # seconds to serve again once the daemons restarted
+# Known data and the writes that fail, all in the image's first object:
+# one already written, so a write needs one answer from the cluster (the
+# first write to an object also updates the object map: two).  A write
+# that failed may still land once the cluster answers, as on a disk that
+# failed it: it goes where no check reads.
+KNOWN_AT = 4096 - 3
+LOST_WRITE_AT = 2 * MiB
+
+
+def await_commands(cmds, limit):
+    """CMDS: [(name, handle, cookie)] of commands in flight.  Polls their
+    handles until each has completed or LIMIT seconds have passed; returns
+    {name: (outcome, seconds)} of those that completed, outcome "ok" or
+    the errno name (EIO)."""
+    t = time.monotonic()
+    done = {}
+    while len(done) < len(cmds) and time.monotonic() - t < limit:
+        for name, h, cookie in cmds:
+            if name in done:
+                continue
+            h.poll(10)
+            try:
+                if h.aio_command_completed(cookie):
+                    done[name] = ("ok", time.monotonic() - t)
+            except nbd.Error as e:
+                done[name] = (e.errno, time.monotonic() - t)
+    return done
+
+
+def fails_in_time(what, outcome):
+    """OUTCOME (outcome, seconds) or None: an EIO after IO_TIMEOUT, within
+    IO_TIMEOUT + LOSS_MARGIN."""
+    got, secs = outcome or ("still waiting", IO_TIMEOUT + LOSS_MARGIN)
+    return check(f"{what} fails with EIO in {IO_TIMEOUT}-{IO_TIMEOUT + LOSS_MARGIN} s "
+                 f"({secs:.2f} s)",
+                 got == "EIO" and IO_TIMEOUT - 0.1 <= secs <= IO_TIMEOUT + LOSS_MARGIN,
+                 f"{got} after {secs:.2f} s")
+
+
+def notices(s):
+    """S's lines about its cluster: did not answer, answers again."""
+    return [line for line in s.stderr().splitlines()
+            if "the cluster did not answer" in line or "the cluster answers again" in line]
+
+
+def serves_again(what, h, known, rng, at, within=0):
+    """H, connected before the loss, reads KNOWN and writes (at AT) again.
+    WITHIN: seconds the first read may fail with EIO, tried again (a
+    client whose monitor was gone looks for it at growing intervals, and
+    learns of the OSD's return from it)."""
+    t = time.monotonic()
+    tries = 1
+    try:
+        while True:
+            try:
+                got = h.pread(len(known), KNOWN_AT)
+                break
+            except nbd.Error as e:
+                if e.errno != "EIO" or time.monotonic() - t > within:
+                    raise
+                tries += 1
+        if within:
+            print(f"# {what}: read again after {time.monotonic() - t:.1f} s, "
+                  f"{tries} tr{'y' if tries == 1 else 'ies'}")
+        same(f"{what}: the same connection reads what was written before the loss",
+             got, known)
+        data = rng.randbytes(70001)
+        h.pwrite(data, at)
+        h.flush()
+        same(f"{what}: a write on it then reads back", h.pread(len(data), at), data)
+    except nbd.Error as e:
+        check(f"{what}: the same connection serves again", False, str(e))
+
+
+def section_cluster_loss():
+    """--io-timeout while the whole cluster is paused, then shut down."""
+    rng = random.Random(10)
+    known = rng.randbytes(MiB + 5)
+    c.create_image("lost", SIZE6)
+    c.create_image("waits", SIZE6)
+    a = start(f"a server with --io-timeout {IO_TIMEOUT}", f"rbd:{c.spec('lost')}",
+              "--io-timeout", str(IO_TIMEOUT))
+    b = start("a server without --io-timeout", f"rbd:{c.spec('waits')}")
+    ha, hb = a.connect(), b.connect()
+    handles = [("mloop-server --io-timeout", ha), ("mloop-server, no timeout", hb)]
+    p = None
+    if PLUGIN_MISSING:
+        print(f"# SKIP nbdkit's io-timeout=: {PLUGIN_MISSING}")
+    else:
+        c.create_image("lostplug", SIZE6)
+        p = plugin(f"nbdkit rbd= io-timeout={IO_TIMEOUT}", c.spec("lostplug"),
+                   *ceph_params(), f"io-timeout={IO_TIMEOUT}")
+        handles.append((f"nbdkit io-timeout={IO_TIMEOUT}", p.connect()))
+    for _, h in handles:
+        h.pwrite(known, KNOWN_AT)
+        h.pwrite(rng.randbytes(4096), LOST_WRITE_AT)   # the object exists
+        h.flush()
+
+    # Paused: nothing answers, every connection stays open.
+    c.pause()
+    try:
+        wait_buf = nbd.Buffer(len(known))
+        cmds = [("read", ha, ha.aio_pread(nbd.Buffer(len(known)), KNOWN_AT)),
+                ("write", ha, ha.aio_pwrite(
+                    nbd.Buffer.from_bytearray(bytearray(rng.randbytes(65536))),
+                    LOST_WRITE_AT)),
+                ("waiting read", hb, hb.aio_pread(wait_buf, KNOWN_AT))]
+        if p:
+            hp = handles[2][1]
+            cmds.append(("nbdkit read", hp, hp.aio_pread(nbd.Buffer(len(known)), KNOWN_AT)))
+        done = await_commands([x for x in cmds if x[0] != "waiting read"],
+                              IO_TIMEOUT + LOSS_MARGIN)
+        done.update(await_commands([cmds[2]], 0.1))
+        fails_in_time(f"--io-timeout {IO_TIMEOUT}, the cluster paused: a READ",
+                      done.get("read"))
+        fails_in_time(f"--io-timeout {IO_TIMEOUT}, the cluster paused: a WRITE",
+                      done.get("write"))
+        if p:
+            fails_in_time(f"nbdkit io-timeout={IO_TIMEOUT}, the cluster paused: a READ",
+                          done.get("nbdkit read"))
+        check(f"without --io-timeout, a READ still waits after {IO_TIMEOUT} s",
+              "waiting read" not in done, repr(done.get("waiting read")))
+    finally:
+        c.resume()
+    t = time.monotonic()
+    waited = await_commands([cmds[2]], 30)
+    check(f"without --io-timeout, the waiting READ completes once the cluster answers "
+          f"({time.monotonic() - t:.2f} s)",
+          waited.get("waiting read", ("none",))[0] == "ok"
+          and bytes(wait_buf.to_bytearray()) == known, repr(waited))
+    for i, (what, h) in enumerate(handles):
+        serves_again(f"{what}, the cluster resumed", h, known, rng, 5 * MiB + i * MiB)
+    if p:
+        said = notices(p)
+        check("nbdkit said that the cluster did not answer",
+              len(said) >= 1 and f"did not answer in {IO_TIMEOUT} s" in said[0], repr(said))
+        stop(f"nbdkit io-timeout={IO_TIMEOUT}", p, removes_socket=False)
+    stop("the server without --io-timeout", b)
+    check("the server without --io-timeout said nothing of the cluster", notices(b) == [],
+          repr(notices(b)))
+    # "Answers again" once a request succeeds with none timed out for
+    # IO_TIMEOUT seconds.
+    time.sleep(max(0, IO_TIMEOUT + 0.2 - (time.monotonic() - t)))
+    ha.pread(512, 0)
+    said = notices(a)
+    check("the server said once that the cluster did not answer in "
+          f"{IO_TIMEOUT} s, and once that it answers again",
+          len(said) == 2 and f"did not answer in {IO_TIMEOUT} s" in said[0]
+          and "answers again" in said[1], repr(said))
+
+    # Shut down, its daemons started again on their data.
+    c.stop_daemons()
+    try:
+        t = time.monotonic()
+        try:
+            ha.pread(len(known), KNOWN_AT)
+            outcome = ("ok", time.monotonic() - t)
+        except nbd.Error as e:
+            outcome = (e.errno, time.monotonic() - t)
+        fails_in_time(f"--io-timeout {IO_TIMEOUT}, the cluster shut down: a READ", outcome)
+    finally:
+        t = time.monotonic()
+        c.start_daemons()
+        print(f"# the cluster started again in {time.monotonic() - t:.1f} s")
+    serves_again("--io-timeout, the cluster started again", ha, known, rng, 7 * MiB,
+                 within=RESTART_SERVES_LIMIT)
+    lk = locks("lost")
+    check("the server still holds the image's exclusive lock", len(lk) == 1, repr(lk))
+    stop(f"the server with --io-timeout {IO_TIMEOUT}", a)
+
+    for value in ("-1", "x"):
+        refused_in_one_line(f"--io-timeout {value}",
+                            RbdServer(f"rbd:{c.spec('lost')}", "--io-timeout", value),
+                            ["--io-timeout"])
+    if p:
+        for value in ("-1", "x"):
+            s = RbdServer(f"nbdkit io-timeout={value}",
+                          argv=nbdkit_argv(c.spec("lost"), *ceph_params(),
+                                           f"io-timeout={value}"),
+                          env=harness.nbdkit_env())
+            refused_in_one_line(f"nbdkit io-timeout={value}", s, ["io-timeout"],
+                                cleans_up=False)
+
+
 # --- run ------------------------------------------------------------------
 
 
@@ -928,6 +1134,7 @@ try:
     section("options in the name", section_name_options)
     section("mloop serve", section_serve)
     section("a writer killed with SIGKILL", section_kill)
+    section("cluster loss", section_cluster_loss)
 finally:
     # The servers first: with the cluster gone, librbd's close would wait.
     for s in servers:
