@@ -5,14 +5,12 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/ioctl.h>
-#include <sys/stat.h>
 #include <unistd.h>
-#include <linux/fs.h>
 
 #include <glib.h>
 
 #include "attach.h"
+#include "engine.h"
 #include "errmsg.h"
 #include "nbd_connect.h"
 #include "nbd_netlink.h"
@@ -37,42 +35,59 @@ mloop_device_open_for_partition_scan (int index, char *err, size_t errlen)
   return 0;
 }
 
-/* The image's size as it is now. */
+/* The image, opened through the engine (store.h) for its size, its
+ * allocation and its resize: one path for a file and an RBD image.  An
+ * RBD image is opened shared, without its exclusive lock: the device's
+ * server holds that, and librbd hands our resize to the holder.
+ */
 static int
-image_size (int fd, const struct stat *st, uint64_t *size, const char *file,
-            char *err, size_t errlen)
+open_image (const struct mloop_device_state *s, bool for_write,
+            struct mloop_engine *e, char *err, size_t errlen)
 {
-  if (S_ISBLK (st->st_mode)) {
-    if (ioctl (fd, BLKGETSIZE64, size) == -1)
-      return mloop_fail (err, errlen, "%s: BLKGETSIZE64: %s", file,
-                         strerror (errno));
-  }
-  else
-    *size = (uint64_t) st->st_size;
+  struct mloop_engine_config cfg;
+
+  mloop_engine_config_init (&cfg);
+  cfg.path = s->file;
+  cfg.want_write = for_write;
+  cfg.direct = MLOOP_DIRECT_OFF;        /* reads no data */
+  cfg.shared = true;
+  return mloop_engine_open (e, &cfg, err, errlen) < 0 ? -1 : 0;
+}
+
+/* Keeps the offset of the first extent of data in *OPAQUE. */
+static int
+note_first_data (void *opaque, uint64_t offset, uint64_t length, bool hole)
+{
+  uint64_t *first = opaque;
+
+  if (!hole && offset < *first)
+    *first = offset;
   return 0;
 }
 
-/* Refuses to cut off data: the first byte at or past FROM that the file
- * stores (SEEK_DATA; a filesystem without holes says every byte is data).
+/* Refuses to cut off data: the first byte at or past FROM that the image
+ * stores (a filesystem without holes says every byte is data).
  */
 static int
-check_no_data_past (int fd, uint64_t from, uint64_t file_size,
-                    const char *file, char *err, size_t errlen)
+check_no_data_past (struct mloop_engine *e, uint64_t from, const char *file,
+                    char *err, size_t errlen)
 {
-  off_t at;
+  const uint64_t size = mloop_engine_size (e);
+  uint64_t first = size;
+  int r;
 
-  if (from >= file_size)
+  if (from >= size)
     return 0;
-  at = lseek (fd, (off_t) from, SEEK_DATA);
-  if (at == -1 && errno == ENXIO)
-    return 0;
-  if (at == -1)
+  r = mloop_engine_extents (e, from, size - from, false, note_first_data, &first);
+  if (r < 0)
     return mloop_fail (err, errlen, "%s: looking for data past byte %"
-                       PRIu64 ": %s", file, from, strerror (errno));
+                       PRIu64 ": %s", file, from, strerror (-r));
+  if (first == size)
+    return 0;
   return mloop_fail (err, errlen, "shrinking to %" PRIu64 " bytes would cut "
                      "off data: byte %" PRIu64 " of %s is in use (the first "
-                     "past the new size); nothing was changed", from,
-                     (uint64_t) at, file);
+                     "past the new size); nothing was changed", from, first,
+                     file);
 }
 
 /* Refuses to cut a partition of /dev/nbdINDEX short. */
@@ -215,7 +230,13 @@ server_take_size (const struct mloop_device_state *s, uint64_t size,
   uint64_t now = 0;
   char why[512] = "";
 
-  if (served_size (sock, &now, why, sizeof why) == 0 && now == size)
+  /* A fresh handshake may announce the new size while older
+   * connections keep the one they negotiated: nbdkit's do, when the
+   * plugin's store followed a resize made elsewhere.  Those need the
+   * restart all the same.
+   */
+  if (served_size (sock, &now, why, sizeof why) == 0 && now == size &&
+      (s->server->resizes_on_sighup || size == s->size))
     return 0;
   if (ask_server (s, sock, err, errlen) == -1)
     return -1;
@@ -245,28 +266,30 @@ kernel_take_size (const struct mloop_device_state *s, uint64_t size,
   return 0;
 }
 
-/* Grows or truncates the image file to SIZE when it is not that already. */
+/* Makes the image SIZE bytes when it is not that already.  E is NULL
+ * when the image was not opened: it has the size already.
+ */
 static int
-set_file_size (int fd, uint64_t now, uint64_t size, const char *file,
-               char *err, size_t errlen)
+set_image_size (struct mloop_engine *e, uint64_t size, char *err,
+                size_t errlen)
 {
-  if (now != size && ftruncate (fd, (off_t) size) == -1)
-    return mloop_fail (err, errlen, "%s: setting its size to %" PRIu64
-                       " bytes: %s", file, size, strerror (errno));
-  return 0;
+  if (e == NULL || mloop_engine_size (e) == size)
+    return 0;
+  return mloop_engine_set_size (e, size, err, errlen) < 0 ? -1 : 0;
 }
 
-/* Everything that can refuse, before anything changes.  Opens the image
- * into *FD and returns the device's new size in *SIZE and the image's
- * current one in *FILE_SIZE.
+/* Everything that can refuse, before anything changes.  Returns the
+ * device's new size in *SIZE: WANT with HAVE_SIZE, else SERVED when not
+ * 0, else the image's; opens the image into E (*OPENED) when that is
+ * needed.
  */
 static int
 check_request (const struct mloop_device_state *s, bool have_size,
-               uint64_t want, int *fd, uint64_t *size, uint64_t *file_size,
-               char *err, size_t errlen)
+               uint64_t want, uint64_t served, struct mloop_engine *e,
+               bool *opened, uint64_t *size, char *err, size_t errlen)
 {
   g_autofree char *mnt = NULL;
-  struct stat st;
+  uint64_t image_size;
 
   if (s->transport == MLOOP_TRANSPORT_UBLK)
     return mloop_fail (err, errlen, "/dev/ublkb%d: resizing a ublk device "
@@ -285,27 +308,26 @@ check_request (const struct mloop_device_state *s, bool have_size,
   if (geteuid () != 0)
     return mloop_fail (err, errlen, "resize needs root: the kernel's NBD "
                        "netlink interface needs CAP_SYS_ADMIN");
-  *fd = open (s->file, (have_size ? O_RDWR : O_RDONLY) | O_CLOEXEC);
-  if (*fd == -1)
-    return mloop_fail (err, errlen, "%s: %s", s->file, strerror (errno));
-  if (fstat (*fd, &st) == -1 ||
-      image_size (*fd, &st, file_size, s->file, err, errlen) == -1) {
-    if (errno && !err[0])
-      mloop_fail (err, errlen, "%s: %s", s->file, strerror (errno));
-    return -1;
+  if (served && !have_size)
+    image_size = served;
+  else {
+    if (open_image (s, have_size, e, err, errlen) == -1)
+      return -1;
+    *opened = true;
+    if (have_size && mloop_engine_info (e)->is_block_device)
+      return mloop_fail (err, errlen, "--size: %s is a block device; resize "
+                         "it, then run mloop resize without --size", s->file);
+    image_size = mloop_engine_size (e);
   }
-  if (have_size && S_ISBLK (st.st_mode))
-    return mloop_fail (err, errlen, "--size: %s is a block device; resize "
-                       "it, then run mloop resize without --size", s->file);
-  *size = have_size ? want : *file_size;
+  *size = have_size ? want : image_size;
   if (*size == 0)
     return mloop_fail (err, errlen, "%s: a device of 0 bytes is not "
                        "possible", have_size ? "--size" : s->file);
   if (have_size && *size % s->block_size)
     return mloop_fail (err, errlen, "--size %" PRIu64 ": not a multiple of "
                        "the device's block size %u", *size, s->block_size);
-  if (have_size && *size < *file_size &&
-      check_no_data_past (*fd, *size, *file_size, s->file, err, errlen) == -1)
+  if (have_size && *size < image_size &&
+      check_no_data_past (e, *size, s->file, err, errlen) == -1)
     return -1;
   if (*size < s->size) {
     g_autofree char *dev = g_strdup_printf ("/dev/nbd%d", s->index);
@@ -321,41 +343,56 @@ check_request (const struct mloop_device_state *s, bool have_size,
   return 0;
 }
 
-int
-mloop_resize (struct mloop_device_state *s, bool have_size,
-              uint64_t want, char *err, size_t errlen)
+/* Makes the server serve SIZE: asks it (RESTART NULL: `mloop resize`),
+ * or, for the supervisor following a size its server announces already,
+ * nothing for mloop-server (its size is one variable, read by every
+ * connection) and RESTART for nbdkit (whose older connections keep the
+ * size they negotiated; the supervisor cannot signal itself).
+ */
+static int
+server_step (const struct mloop_device_state *s, uint64_t size,
+             mloop_restart_fn restart, char *err, size_t errlen)
 {
-  uint64_t size = 0, file_size = 0;
+  if (restart == NULL)
+    return server_take_size (s, size, err, errlen);
+  if (s->server->resizes_on_sighup)
+    return 0;
+  return restart (err, errlen);
+}
+
+/* The resize, under the device's lock (see check_request for SERVED,
+ * server_step for RESTART).
+ */
+static int
+resize_locked (struct mloop_device_state *s, bool have_size, uint64_t want,
+               uint64_t served, mloop_restart_fn restart, char *err,
+               size_t errlen)
+{
+  uint64_t size = 0;
   g_autofree char *name = mloop_state_device_name (s);
-  int fd = -1, lock, r;
+  struct mloop_engine image;
+  bool opened = false;
+  int r;
   char why[512];
 
-  err[0] = '\0';
-  /* Under the device's lock: no detach of it meanwhile, and its
-   * supervisor does not hand the kernel connections checked against the
-   * old size (its heal takes the lock too).
-   */
-  lock = mloop_state_lock_device (s->dir, true);
-  if (lock == -1)
-    return mloop_fail (err, errlen, "cannot lock %s: %s", s->dir,
-                       strerror (errno));
-  r = check_request (s, have_size, want, &fd, &size, &file_size, err, errlen);
+  r = check_request (s, have_size, want, served, &image, &opened, &size,
+                     err, errlen);
   if (r == 0 && size > s->size)
     /* Growing: the server before the kernel, which sends nothing past
      * the old end until it knows the new one.
      */
-    r = (set_file_size (fd, file_size, size, s->file, err, errlen) == 0 &&
-         server_take_size (s, size, err, errlen) == 0 &&
+    r = (set_image_size (opened ? &image : NULL, size, err, errlen) == 0 &&
+         server_step (s, size, restart, err, errlen) == 0 &&
          kernel_take_size (s, size, err, errlen) == 0) ? 0 : -1;
   else if (r == 0)
     /* Shrinking (or the same size): the kernel first.  Requests it sent
-     * before it knew still find the old size in the file and the server.
+     * before it knew still find the old size in the image and the server.
      */
     r = (kernel_take_size (s, size, err, errlen) == 0 &&
-         set_file_size (fd, file_size, size, s->file, err, errlen) == 0 &&
-         server_take_size (s, size, err, errlen) == 0) ? 0 : -1;
-  if (fd != -1)
-    close (fd);
+         set_image_size (opened ? &image : NULL, size, err, errlen) == 0 &&
+         server_step (s, size, restart, err, errlen) == 0) ? 0 : -1;
+  if (opened)
+    mloop_engine_close (&image);
   if (r == 0 && mloop_device_open_for_partition_scan (s->index, why,
                                                       sizeof why) == -1)
     r = mloop_fail (err, errlen, "resized, but re-reading the partitions "
@@ -369,6 +406,62 @@ mloop_resize (struct mloop_device_state *s, bool have_size,
     s->size = size;
     r = mloop_state_save (s, err, errlen);
   }
+  return r;
+}
+
+int
+mloop_resize (struct mloop_device_state *s, bool have_size,
+              uint64_t want, char *err, size_t errlen)
+{
+  int lock, r;
+
+  err[0] = '\0';
+  /* Under the device's lock: no detach of it meanwhile, and its
+   * supervisor does not hand the kernel connections checked against the
+   * old size (its heal takes the lock too).
+   */
+  lock = mloop_state_lock_device (s->dir, true);
+  if (lock == -1)
+    return mloop_fail (err, errlen, "cannot lock %s: %s", s->dir,
+                       strerror (errno));
+  r = resize_locked (s, have_size, want, 0, NULL, err, errlen);
+  mloop_state_unlock (lock);
+  return r;
+}
+
+int
+mloop_resize_follow (const char *dir, mloop_restart_fn restart,
+                     uint64_t *old_size, uint64_t *new_size,
+                     char *err, size_t errlen)
+{
+  struct mloop_device_state s;
+  g_autofree char *sock = g_build_filename (dir, MLOOP_DIR_SOCKET, NULL);
+  uint64_t served;
+  char why[512];
+  int lock, r;
+
+  err[0] = '\0';
+  /* A server restarting or not yet up: the next look. */
+  if (served_size (sock, &served, why, sizeof why) == -1)
+    return 0;
+  /* Never waits: a detach holding the lock waits for our caller. */
+  lock = mloop_state_lock_device (dir, false);
+  if (lock == -1)
+    return errno == EWOULDBLOCK ? 0
+      : mloop_fail (err, errlen, "cannot lock %s: %s", dir, strerror (errno));
+  /* No state: attach has not recorded the device yet. */
+  if (mloop_state_load (dir, &s) == -1) {
+    mloop_state_unlock (lock);
+    return 0;
+  }
+  r = 0;
+  if (served != s.size) {
+    *old_size = s.size;
+    *new_size = served;
+    r = resize_locked (&s, false, 0, served, restart, err, errlen) == 0
+      ? 1 : -1;
+  }
+  mloop_state_clear (&s);
   mloop_state_unlock (lock);
   return r;
 }

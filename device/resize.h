@@ -11,6 +11,11 @@
  * SIGUSR1) and the kernel is handed new connections.  Either way the
  * resize waits until a fresh handshake on the device's socket announces
  * the new size.  Never prints.
+ *
+ * The image is reached through the engine (engine.h), so a file and a
+ * Ceph RBD image resize alike: a file is truncated or extended, an RBD
+ * image resized through librbd (its server, which holds the image's
+ * exclusive lock, performs it for us).
  */
 #ifndef MLOOP_RESIZE_H
 #define MLOOP_RESIZE_H
@@ -22,8 +27,8 @@
 #include "device_state.h"
 
 /* Resizes the device in S (as mloop_lookup found it) to NEW_SIZE when
- * HAVE_SIZE: the image file is grown (or, when nothing is stored past
- * NEW_SIZE, truncated) to it first.  Without HAVE_SIZE the device takes
+ * HAVE_SIZE: the image is grown (or, when nothing is stored past
+ * NEW_SIZE, cut short) to it first.  Without HAVE_SIZE the device takes
  * the image's current size.  Refuses remote devices, --size on a block
  * device, a size that is not a multiple of the device's block size,
  * shrinking a mounted device, shrinking below a partition or below data
@@ -32,6 +37,24 @@
  */
 int mloop_resize (struct mloop_device_state *s, bool have_size,
                   uint64_t new_size, char *err, size_t errlen);
+
+/* Replaces the device's nbdkit with a new one, whose connections all
+ * negotiate the image's size now: 0, or -1 with ERR.
+ */
+typedef int (*mloop_restart_fn) (char *err, size_t errlen);
+
+/* For the supervisor of the device in DIR: when its server announces a
+ * size other than the device's (an RBD image resized elsewhere, which
+ * the server learns through librbd's update watch), gives the kernel
+ * that size, with mloop_resize's refusals (a shrink under a mount or a
+ * partition); RESTART does an nbdkit's part.  Never waits for the
+ * device's lock.  Returns 1 when the device was resized (*OLD_SIZE and
+ * *NEW_SIZE say from what to what), 0 when there was nothing to do or
+ * no way to look now, -1 with ERR.
+ */
+int mloop_resize_follow (const char *dir, mloop_restart_fn restart,
+                         uint64_t *old_size, uint64_t *new_size,
+                         char *err, size_t errlen);
 
 /* Opens /dev/nbdINDEX read-only and closes it again.  A resize marks the
  * disk for a partition scan on its next open (Linux: nbd_set_size sets

@@ -60,6 +60,13 @@ mloop_engine_reprobe_size (struct mloop_engine *e, char *err, size_t errlen)
   return e->store->ops->reprobe_size (e->store, err, errlen);
 }
 
+int
+mloop_engine_set_size (struct mloop_engine *e, uint64_t size, char *err,
+                       size_t errlen)
+{
+  return e->store->ops->set_size (e->store, size, err, errlen);
+}
+
 uint64_t
 mloop_engine_size (const struct mloop_engine *e)
 {

@@ -121,6 +121,15 @@ int mloop_engine_flush (struct mloop_engine *e);
 int mloop_engine_reprobe_size (struct mloop_engine *e, char *err,
                                size_t errlen);
 
+/* Makes the image itself SIZE bytes, for `mloop resize --size` (a file
+ * is truncated or extended, an RBD image resized); the engine serves the
+ * new size at once.  A block device, a window (--offset/--sizelimit) or
+ * an overlay's device cannot be resized this way: -ENOTSUP.  0, or a
+ * negative errno with a one-line reason in ERR.
+ */
+int mloop_engine_set_size (struct mloop_engine *e, uint64_t size, char *err,
+                           size_t errlen);
+
 /* What front ends need to know of the store (store.h's info). */
 uint64_t mloop_engine_size (const struct mloop_engine *e);
 static inline const struct mloop_store_info *

@@ -28,6 +28,34 @@ file_reprobe_size (struct mloop_store *store, char *err, size_t errlen)
   return mloop_backing_reprobe_size (&e->backing, err, errlen);
 }
 
+static int
+file_set_size (struct mloop_store *store, uint64_t size, char *err,
+               size_t errlen)
+{
+  struct mloop_file_store *e = (struct mloop_file_store *) store;
+  const struct mloop_backing *b = &e->backing;
+  const char *why = NULL;
+
+  if (e->overlay)
+    why = "the size of a device with an overlay is fixed by the overlay";
+  else if (b->is_block_device)
+    why = "it is a block device: resize that device instead";
+  else if (b->offset || b->sizelimit)
+    why = "it is served through a window (--offset/--sizelimit)";
+  if (why) {
+    snprintf (err, errlen, "%s: cannot set its size: %s", b->path, why);
+    return -ENOTSUP;
+  }
+  if (ftruncate (b->buffered_fd, (off_t) size) == -1) {
+    int r = -errno;
+
+    snprintf (err, errlen, "%s: setting its size to %" PRIu64 " bytes: %s",
+              b->path, size, strerror (-r));
+    return r;
+  }
+  return mloop_backing_reprobe_size (&e->backing, err, errlen);
+}
+
 /* The descriptor writes go to. */
 static int
 write_fd (const struct mloop_file_store *e)
@@ -396,6 +424,7 @@ static const struct mloop_store_ops file_ops = {
   .zero = mloop_file_store_zero,
   .extents = mloop_file_store_extents,
   .reprobe_size = file_reprobe_size,
+  .set_size = file_set_size,
   .size = file_size,
   .describe = file_describe,
 };

@@ -472,6 +472,31 @@ store_reprobe_size (struct mloop_store *s, char *err, size_t errlen)
   return r;
 }
 
+/* Resizes the image.  When another client (the device's server) holds
+ * the exclusive lock, librbd hands the resize to that holder, which
+ * performs it and so serves the new size at once.
+ */
+static int
+store_set_size (struct mloop_store *s, uint64_t size, char *err,
+                size_t errlen)
+{
+  struct rbd_store *st = store_of (s);
+  int r;
+
+  if (!s->info.writable) {
+    snprintf (err, errlen, "%s: cannot set its size: %s", st->name,
+              st->snap ? "a snapshot is read-only" : "opened read-only");
+    return -EROFS;
+  }
+  r = rbd_resize (st->rbd, size);
+  if (r == 0)
+    r = read_size (st);
+  if (r < 0)
+    snprintf (err, errlen, "%s: resizing to %" PRIu64 " bytes: %s",
+              st->name, size, strerror (-r));
+  return r;
+}
+
 /* librbd's update watch: the image's header changed (a resize, a
  * snapshot, a feature), here or elsewhere.  Requests checked after this
  * see the new size.
@@ -554,6 +579,7 @@ static const struct mloop_store_ops rbd_ops = {
   .zero = store_zero,
   .extents = store_extents,
   .reprobe_size = store_reprobe_size,
+  .set_size = store_set_size,
   .size = store_size,
   .describe = store_describe,
 };

@@ -59,6 +59,11 @@ struct mloop_store_ops {
   uint64_t (*size) (const struct mloop_store *s);
   /* One line for a server's start-up log: what is served and how. */
   void (*describe) (const struct mloop_store *s, char *buf, size_t len);
+  /* Makes the image SIZE bytes (`mloop resize --size`): grows it, or
+   * cuts off its end.  0, or a negative errno with the reason in ERR.
+   */
+  int (*set_size) (struct mloop_store *s, uint64_t size, char *err,
+                   size_t errlen);
 };
 
 /* What a store settles when it opens and front ends ask about. */

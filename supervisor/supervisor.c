@@ -34,6 +34,11 @@
  * request timeout expires, as after any death, and a write sent again is
  * only written again.  It is not counted as a failure.
  *
+ * For an RBD image it also follows resizes made elsewhere (`rbd
+ * resize`): every SIZE_POLL_S it asks the server's socket for the size,
+ * which the server learns from librbd, and gives a new one to the
+ * kernel as `mloop resize` would (resize.h, mloop_resize_follow).
+ *
  * It is a child subreaper, so a daemonizing nbdkit's daemon becomes its
  * child and its exit status can be reaped.  A glib main loop waits on the
  * server's pidfd, the kernel's announcements, the restart and reconnect
@@ -56,6 +61,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -77,6 +83,7 @@
 #include "nbd_receivers.h"
 #include "release_watch.h"
 #include "remote.h"
+#include "resize.h"
 #include "say.h"
 #include "server_process.h"
 #include "store_name.h"
@@ -98,6 +105,11 @@
 /* After reconnecting: how long to look for the new receive works. */
 #define RECEIVERS_SETTLE_MS 500
 #define RECEIVERS_TIMEOUT_MS 2000
+/* How often an RBD device's server is asked for the image's size: a
+ * resize made elsewhere (`rbd resize`) reaches the server through
+ * librbd's update watch, and the kernel only through us.
+ */
+#define SIZE_POLL_S 2
 /* Kernel log lines older than this are not about the drop at hand. */
 #define KMSG_WINDOW_US (120 * G_USEC_PER_SEC)
 
@@ -127,6 +139,7 @@ static struct {
   gint64 kernel_reason_at;
   GMainLoop *loop;
   int released_lock;            /* autoclear: the kernel let the device go */
+  char *size_refusal;           /* why the device did not follow, once said */
 } sv = { .released_lock = -1, .pidfd = -1, .backoff_ms = BACKOFF_MIN_MS, .index = -1,
          .heal_retry_ms = HEAL_RETRY_MIN_MS, .kmsg = -1 };
 
@@ -525,6 +538,45 @@ heal_soon (void)
   schedule_heal (HEAL_DELAY_MS);
 }
 
+static void replace_server (void);
+
+/* An nbdkit's part in following a resize (mloop_restart_fn). */
+static int
+restart_for_size (char *err, size_t errlen)
+{
+  replace_server ();
+  if (sv.handover_error == NULL)
+    return 0;
+  snprintf (err, errlen, "%s", sv.handover_error);
+  return -1;
+}
+
+/* An RBD image resized elsewhere: the device follows (resize.h). */
+static gboolean
+follow_image_size (gpointer unused)
+{
+  uint64_t from = 0, to = 0;
+  char err[512];
+  int r;
+
+  if (sv.restarting)
+    return G_SOURCE_CONTINUE;
+  r = mloop_resize_follow (sv.dir, restart_for_size, &from, &to, err,
+                           sizeof err);
+  if (r == 1) {
+    say ("/dev/nbd%d: the image was resized elsewhere; the device follows, "
+         "%" PRIu64 " -> %" PRIu64 " bytes", device_index (), from, to);
+    g_clear_pointer (&sv.size_refusal, g_free);
+  }
+  else if (r == -1 && g_strcmp0 (err, sv.size_refusal) != 0) {
+    say ("/dev/nbd%d: the image was resized elsewhere, but the device "
+         "keeps its size: %s", device_index (), err);
+    g_free (sv.size_refusal);
+    sv.size_refusal = g_strdup (err);
+  }
+  return G_SOURCE_CONTINUE;
+}
+
 /* An autoclear device's last user closed it and the kernel disconnected
  * it: stop, and remove the device's directory (under LOCK) on the way out.
  */
@@ -565,8 +617,8 @@ handover_done (const char *error)
   record ();
 }
 
-/* A planned restart (SIGUSR1, see the top): the next server first, on
- * SOCKET.next, then the handover.  The next server's command line names
+/* A planned restart (SIGUSR1, see the top): the next server first (but
+ * see old_first), on SOCKET.next, then the handover.  The next server's command line names
  * SOCKET.next, which contains SOCKET, so mloop_server_running still
  * knows it by the device's socket path.  If the next server does not
  * start, the old one serves on and `mloop resize` says so.
@@ -584,6 +636,13 @@ replace_server (void)
   g_autofree char *failed = NULL;
   struct mloop_server_spec next = sv.spec;
   pid_t old = sv.server, pid;
+  /* An RBD image's exclusive lock has one holder: started first, the
+   * next server would break the lock of one still answering requests
+   * (librbd blocklists it, failing the writes it has in flight).  So the
+   * old one goes first, as in a crash; the next takes its lock over at
+   * once (lock_record) while the kernel holds IO.
+   */
+  const bool old_first = sv.spec.lock_record != NULL;
   char err[512];
 
   next.socket_path = sock;
@@ -592,14 +651,29 @@ replace_server (void)
   g_unlink (sock);
   g_unlink (pid_file);
   g_unlink (stats);
+  if (old_first) {
+    g_source_remove (sv.pidfd_source);
+    kill_old_server (old, sv.pidfd);
+    sv.server = 0;
+    sv.pidfd = -1;
+  }
   if (mloop_server_start (&next, START_TIMEOUT_MS, &pid, err,
                           sizeof err) == -1) {
-    failed = g_strdup_printf ("the next server did not start: %s; server "
-                              "pid %d serves on", err, (int) old);
+    if (!old_first) {
+      failed = g_strdup_printf ("the next server did not start: %s; server "
+                                "pid %d serves on", err, (int) old);
+      goto out;
+    }
+    failed = g_strdup_printf ("the next server did not start: %s; "
+                              "restarting it", err);
+    sv.restarting = TRUE;
+    g_timeout_add (sv.backoff_ms, restart, NULL);
     goto out;
   }
-  g_source_remove (sv.pidfd_source);
-  kill_old_server (old, sv.pidfd);
+  if (!old_first) {
+    g_source_remove (sv.pidfd_source);
+    kill_old_server (old, sv.pidfd);
+  }
   sv.server = pid;
   if (watch_server (err, sizeof err) == -1) {
     failed = g_strdup (err);
@@ -786,6 +860,8 @@ main (int argc, char **argv)
   }
   say ("server pid %d started for %s", (int) sv.server, sv.spec.image);
   mloop_release_watch (sv.dir, on_released);
+  if (mloop_is_rbd_name (sv.spec.image))
+    g_timeout_add_seconds (SIZE_POLL_S, follow_image_size, NULL);
   g_main_loop_run (sv.loop);
 
   say ("stopping server pid %d", (int) sv.server);

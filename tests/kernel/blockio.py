@@ -35,6 +35,24 @@ def fill(dev, start, end):
         buf.close()
 
 
+def odirect_block(dev, offset, data=None):
+    """Writes DATA (one block) at OFFSET of DEV with O_DIRECT, or reads
+    one block there."""
+    buf = mmap.mmap(-1, BLOCK)
+    fd = os.open(dev, (os.O_RDWR if data else os.O_RDONLY) | os.O_DIRECT)
+    try:
+        if data:
+            buf.write(data)
+            assert os.pwrite(fd, buf, offset) == BLOCK
+            os.fsync(fd)
+            return None
+        assert os.preadv(fd, [buf], offset) == BLOCK
+        return bytes(buf)
+    finally:
+        os.close(fd)
+        buf.close()
+
+
 def kernel_log_around(token):
     """The kernel log before and after the line holding TOKEN (a mark the
     test wrote to /dev/kmsg)."""

@@ -10,27 +10,52 @@ rbd:POOL/IMAGE` serves an image of it through librbd, over NBD or ublk.
    lock at once (else librbd would wait 30 s for the dead holder) and the
    device goes on with no IO error and no verify mismatch;
 3. the OSD stopped under a fio verify round and started again: the IO
-   waits for it and completes, verified.
+   waits for it and completes, verified;
+4. the cluster unreachable (every daemon SIGSTOPped) with --dead-timeout
+   5: a read and a write each fail with EIO after about the dead timeout
+   (the server's --io-timeout), and once the cluster answers, a block
+   written before reads back and writes work;
+5. over NBD, resizes: `mloop resize --size` grows the image (librbd hands
+   the resize to the server, which holds the exclusive lock) and the
+   device, whose new last block takes a write the image's RADOS object
+   then holds; a resize made elsewhere (`rbd resize`) reaches the device by
+   itself within a few seconds (the server follows librbd's update
+   watch, the supervisor gives the kernel the new size), growing and
+   shrinking; `mloop resize --size` below the data ext4 left is refused
+   and changes nothing; the same two resizes with nbdkit serving (it is
+   replaced, the old one killed first as the lock has one holder).  Over
+   ublk, `mloop resize` is refused in one line (6.12's ublk cannot change
+   a live device's size).
 
 SKIPs without the Ceph packages or without the RBD module in the build.
-Cost under TCG: the cluster's start 35-40 s, then about a minute.
+Cost under TCG: the cluster's start 35-40 s, then about a minute and a
+half (the resizes about 15 s of it).
 """
+import errno
 import hashlib
+import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import time
 
+from blockio import BLOCK, odirect_block
 from kfix import Skip, file_digests, mount, run
 import fioverify
-from restart import attach, kill_server
+from restart import attach, kill_mark, kill_server
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                 "..", "ceph"))
 import cluster  # noqa: E402  (tests/ceph/cluster.py)
+import kinds  # noqa: E402
 
 IMAGE_SIZE = 256 << 20
+LOST_DEAD_TIMEOUT = 5   # --dead-timeout while the cluster is away
+LOST_SLACK = 20         # seconds past it an EIO may take under TCG
+MiB = 1 << 20
+FOLLOW_LIMIT = 15       # seconds for a resize made elsewhere to reach the device
 KILLS = 2
 RESUME_LIMIT = 15       # seconds from SIGKILL to a reconnected device
 TIMEOUT_FACTOR = 6      # the cluster's start limits, scaled for TCG
@@ -123,4 +148,137 @@ def run_test(kind, cl):
     c.start_osd()
     fioverify.check_round(fio, REGION)
     print("# a verify round waited for the OSD's restart and passed", flush=True)
+    att.detach()
+
+    # 4. The cluster unreachable (every daemon stopped with SIGSTOP).
+    check_cluster_loss(kind, cl, c, name)
+
+    # 5. Resizes (the image holds section 1's ext4).
+    att = kind.attach(cl, name)
+    dev = att.device
+    if isinstance(kind, kinds.MloopUblk):
+        p = kind.cli("resize", "--size", str(IMAGE_SIZE + 64 * MiB), dev, check=False)
+        msg = p.stderr.strip()
+        assert p.returncode != 0 and len(msg.splitlines()) == 1 and "ublk" in msg, \
+            f"mloop resize of a ublk device: exit {p.returncode}, {msg!r}"
+        att.detach()
+        return
+    check_resizes(kind, c, dev)
+    att.detach()
+    if shutil.which("nbdkit"):
+        args = kind.attach_args(name)
+        args[args.index("--server") + 1] = "nbdkit"
+        att = kind.attach(cl, name, args=args)
+        check_nbdkit_resizes(kind, c, att.device)
+        att.detach()
+
+
+def device_size(dev):
+    with open(f"/sys/block/{os.path.basename(dev)}/size") as f:
+        return int(f.read()) * 512
+
+
+def image_info(c):
+    return json.loads(c.rbd("info", "--format", "json", c.spec("disk")))
+
+
+def image_size(c):
+    return image_info(c)["size"]
+
+
+def stored(c, offset, length):
+    """What the cluster holds at OFFSET of the image, read from the RADOS
+    object itself (an `rbd export` of the whole image is slow under TCG)."""
+    info = image_info(c)
+    size = info["object_size"]
+    assert offset // size == (offset + length - 1) // size, "spans two objects"
+    obj = f"{info['block_name_prefix']}.{offset // size:016x}"
+    data = subprocess.run(["rados", *c.client_args(), "-p", c.pool, "get", obj, "-"],
+                          stdout=subprocess.PIPE, check=True, timeout=60).stdout
+    return data[offset % size:offset % size + length]
+
+
+def wait_device_size(dev, want):
+    deadline = time.monotonic() + FOLLOW_LIMIT
+    while device_size(dev) != want:
+        assert time.monotonic() < deadline, \
+            f"{dev} is {device_size(dev)} bytes {FOLLOW_LIMIT} s after the image " \
+            f"became {want}"
+        time.sleep(0.2)
+
+
+def check_resizes(kind, c, dev):
+    grown = IMAGE_SIZE + 64 * MiB
+    kind.cli("resize", "--size", str(grown), dev)
+    assert image_size(c) == grown, f"the image is {image_size(c)} bytes, not {grown}"
+    assert device_size(dev) == grown, f"{dev} is {device_size(dev)} bytes, not {grown}"
+    last = os.urandom(BLOCK)
+    odirect_block(dev, grown - BLOCK, last)
+    assert stored(c, grown - BLOCK, BLOCK) == last, "the new last block is not in the image"
+
+    # Elsewhere: `rbd resize` while the server holds the lock.
+    t = time.monotonic()
+    c.rbd("resize", "--size", f"{(grown + 64 * MiB) // MiB}M", c.spec("disk"))
+    wait_device_size(dev, grown + 64 * MiB)
+    took = time.monotonic() - t
+    c.rbd("resize", "--allow-shrink", "--size", f"{grown // MiB}M", c.spec("disk"))
+    wait_device_size(dev, grown)
+    print(f"# a resize made elsewhere reached {dev} in {took:.1f} s", flush=True)
+
+    # Below the data: refused, nothing changed.
+    p = kind.cli("resize", "--size", str(IMAGE_SIZE // 4), dev, check=False)
+    msg = p.stderr.strip()
+    assert p.returncode != 0 and "in use" in msg and "nothing" in msg, \
+        f"a shrink below the data: exit {p.returncode}, {msg!r}"
+    assert image_size(c) == grown and device_size(dev) == grown, \
+        "a refused shrink changed a size"
+
+
+def check_nbdkit_resizes(kind, c, dev):
+    """nbdkit keeps the size each connection negotiated, so a resize
+    replaces it; the image's lock has one holder, so the old one goes
+    first and the new one takes the lock over: both kinds of resize, and
+    a block written before them reads back after."""
+    size = image_size(c)
+    before = os.urandom(BLOCK)
+    odirect_block(dev, size - BLOCK, before)
+    kill_mark(dev, kind.status(dev)["device"]["server_pid"])
+    kind.cli("resize", "--size", str(size + 64 * MiB), dev)
+    assert device_size(dev) == size + 64 * MiB, f"{dev} is {device_size(dev)} bytes"
+    kill_mark(dev, kind.status(dev)["device"]["server_pid"])
+    c.rbd("resize", "--size", f"{(size + 128 * MiB) // MiB}M", c.spec("disk"))
+    wait_device_size(dev, size + 128 * MiB)
+    assert odirect_block(dev, size - BLOCK) == before, \
+        "a block written before nbdkit's resizes reads back wrong"
+    print("# nbdkit: both resizes replaced the server, the data is there", flush=True)
+
+
+def check_cluster_loss(kind, cl, c, name):
+    """A request to an unreachable cluster fails with EIO after the dead
+    timeout (the server's --io-timeout), not never; IO works again, and
+    the data is there, once the cluster answers."""
+    args = kind.attach_args(name) + ["--dead-timeout", str(LOST_DEAD_TIMEOUT)]
+    att = kind.attach(cl, name, args=args)
+    dev = att.device
+    block = os.urandom(BLOCK)
+    odirect_block(dev, 3 * MiB, block)
+    c.pause()
+    try:
+        for what, step in (("read", lambda: odirect_block(dev, 5 * MiB)),
+                           ("write", lambda: odirect_block(dev, 6 * MiB, block))):
+            t = time.monotonic()
+            try:
+                step()
+                raise AssertionError(f"a {what} with the cluster away succeeded")
+            except OSError as e:
+                took = time.monotonic() - t
+                assert e.errno == errno.EIO, f"the {what} failed with {e!r}, not EIO"
+            assert LOST_DEAD_TIMEOUT - 1 <= took <= LOST_DEAD_TIMEOUT + LOST_SLACK, \
+                f"the {what} failed after {took:.1f} s (dead timeout {LOST_DEAD_TIMEOUT} s)"
+            print(f"# cluster away: the {what} failed with EIO after {took:.1f} s", flush=True)
+    finally:
+        c.resume()
+    assert odirect_block(dev, 3 * MiB) == block, "the block written before reads back wrong"
+    odirect_block(dev, 6 * MiB, block)
+    assert odirect_block(dev, 6 * MiB) == block, "a write after the cluster's return"
     att.detach()

@@ -11,13 +11,12 @@ and changes nothing; shrinking a mounted device is refused; shrinking the
 free tail of an unmounted one works, and fsck finds the filesystem clean."""
 import hashlib
 import json
-import mmap
 import os
 import random
 import subprocess
 import time
 
-from blockio import BLOCK, pattern
+from blockio import BLOCK, odirect_block, pattern
 from kfix import COMMAND_TIMEOUT, make_image, mount, run, sysfs, tmpdir
 from restart import attach, kill_mark
 
@@ -49,24 +48,6 @@ def resize(kind, dev, *args, check=True):
     if kind.server == "nbdkit":
         kill_mark(dev, kind.status(dev)["device"]["server_pid"])
     return kind.cli("resize", *args, dev, check=check)
-
-
-def odirect_block(dev, offset, data=None):
-    """Writes DATA (one block) at OFFSET of DEV with O_DIRECT, or reads
-    one block there."""
-    buf = mmap.mmap(-1, BLOCK)
-    fd = os.open(dev, (os.O_RDWR if data else os.O_RDONLY) | os.O_DIRECT)
-    try:
-        if data:
-            buf.write(data)
-            assert os.pwrite(fd, buf, offset) == BLOCK
-            os.fsync(fd)
-            return None
-        assert os.preadv(fd, [buf], offset) == BLOCK
-        return bytes(buf)
-    finally:
-        os.close(fd)
-        buf.close()
 
 
 def write_files(mnt, prefix, count, size, seed):
