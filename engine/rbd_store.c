@@ -91,6 +91,7 @@ struct rbd_store {
   pthread_mutex_t silence_lock; /* the rest, and the notices' order */
   uint64_t last_timeout_ms;     /* monotonic */
   unsigned timed_out;           /* requests failed since it was said */
+  bool blocklisted;             /* atomic: said that the cluster refuses us */
 };
 
 static struct rbd_store *
@@ -200,6 +201,17 @@ answered (struct rbd_store *st, long r)
 {
   if (r == -ETIMEDOUT) {
     note_timeout (st);
+    return -EIO;
+  }
+  /* librbd's EBLOCKLISTED: another client broke our lock and had the
+   * cluster refuse us.  Not NBD's ESHUTDOWN (which says the server is
+   * going away): every request fails from now on, an IO error.
+   */
+  if (r == -ESHUTDOWN) {
+    if (!__atomic_exchange_n (&st->blocklisted, true, __ATOMIC_RELAXED))
+      say (st, "%s: another client broke this server's exclusive lock and "
+           "the cluster refuses it (blocklisted): requests fail with EIO",
+           st->name);
     return -EIO;
   }
   if (__atomic_load_n (&st->silent, __ATOMIC_RELAXED))

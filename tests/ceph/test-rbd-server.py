@@ -25,7 +25,10 @@ and the same images through nbdkit's plugin (rbd=) and `mloop serve`:
    with the same --lock-record (as a device's restarted server has)
    breaks the dead one's lock and starts at once, where librbd would
    wait for the OSD to drop the dead client's watch (30 s), and what was
-   flushed before the kill is there;
+   flushed before the kill is there; a writer that was only stopped
+   (SIGSTOP) when its successor broke its lock fails every request with
+   EIO once it runs again (the cluster blocklisted it), saying so once in
+   its log, and its late write is not in the image;
 6. nbdkit -f with the plugin's rbd=POOL/IMAGE (ceph-conf=, ceph-id=):
    the image's size, writes across an object boundary and at its last
    bytes read back after FLUSH, a trimmed object reads as zeroes and is
@@ -903,6 +906,43 @@ def section_kill():
     bad = [off for off, data in flushed if got[off:off + len(data)] != data]
     check("rbd export has everything flushed, before the kill and after", not bad,
           f"differs at {bad}")
+    check_fenced(rng)
+
+
+def check_fenced(rng):
+    """A writer stopped, not dead, whose lock a successor broke: the
+    cluster refuses it from then on (librbd's EBLOCKLISTED), which it
+    answers as an IO error, not NBD's ESHUTDOWN."""
+    c.create_image("fenced", SIZE4)
+    record = c.path("test", "fenced-lock-record")
+    old = start("a writer to be stopped", f"rbd:{c.spec('fenced')}",
+                f"--lock-record={record}")
+    h = old.connect()
+    before = rng.randbytes(MiB)
+    h.pwrite(before, 0)
+    h.flush()
+    old.proc.send_signal(signal.SIGSTOP)
+    try:
+        new = start("its successor", f"rbd:{c.spec('fenced')}", f"--lock-record={record}")
+    finally:
+        old.proc.send_signal(signal.SIGCONT)
+    errs = []
+    for what, fn in (("write", lambda: h.pwrite(rng.randbytes(4096), 8192)),
+                     ("read", lambda: h.pread(4096, 0))):
+        try:
+            fn()
+            errs.append(f"{what}: succeeded")
+        except nbd.Error as e:
+            if e.errno != "EIO":
+                errs.append(f"{what}: {e}")
+    check("the fenced writer's write and read fail with EIO", not errs, "; ".join(errs))
+    said = [line for line in old.stderr().splitlines() if "blocklisted" in line]
+    check("its log says once that the cluster refuses it", len(said) == 1, repr(said))
+    h2 = new.connect()
+    check("the successor reads what the fenced writer flushed",
+          h2.pread(MiB, 0) == before)
+    stop("the fenced writer", old)
+    stop("its successor", new)
 
 
 # --- 10: the cluster lost -------------------------------------------------
