@@ -346,6 +346,11 @@ store_flush_now (struct mloop_store *s)
 
 /* ------------------------------------------------------------ space */
 
+/* The most one librbd call of the space operations is given: what fits
+ * the int or ssize_t each answers in.
+ */
+#define RBD_STEP ((size_t) 1 << 30)
+
 static int
 store_trim (struct mloop_store *s, uint64_t offset, uint64_t count,
             unsigned flags)
@@ -355,9 +360,19 @@ store_trim (struct mloop_store *s, uint64_t offset, uint64_t count,
 
   if (r == -ENOSPC)
     return -EINVAL;             /* a trim past the end, as for files */
-  if (r == 0 && count > 0)
-    r = (int) answered (st, rbd_discard (st->rbd, offset, count));
-  return r < 0 ? r : 0;
+  /* rbd_discard refuses more than INT_MAX bytes at once (it answers in
+   * an int); an NBD trim may be up to 4 GiB - 1.
+   */
+  while (r == 0 && count > 0) {
+    size_t step = count > RBD_STEP ? RBD_STEP : (size_t) count;
+    /* The bytes discarded, or a negative errno. */
+    ssize_t n = answered (st, rbd_discard (st->rbd, offset, step));
+
+    r = n < 0 ? (int) n : 0;
+    offset += step;
+    count -= step;
+  }
+  return r;
 }
 
 static int
@@ -380,7 +395,7 @@ store_zero (struct mloop_store *s, uint64_t offset, uint64_t count,
    * that fit both, whatever the platform.
    */
   while (count > 0) {
-    size_t step = count > (1ull << 30) ? (size_t) 1 << 30 : (size_t) count;
+    size_t step = count > RBD_STEP ? RBD_STEP : (size_t) count;
 
     n = answered (st, rbd_write_zeroes (st->rbd, offset, step, zero_flags,
                                         0));
@@ -393,23 +408,28 @@ store_zero (struct mloop_store *s, uint64_t offset, uint64_t count,
 }
 
 /* rbd_diff_iterate2 names only the allocated extents: the walk fills
- * the gaps with holes, so FN sees the whole range, in order.
+ * the gaps with holes, so FN sees the whole range, in order.  librbd
+ * does not stop for its callback (Pacific ignores what it returns until
+ * the range is walked), so a walk that is done ignores what follows.
  */
 struct extent_walk {
   uint64_t pos, end;
   bool req_one;
   mloop_extent_fn fn;
   void *opaque;
+  bool done;                    /* REQ_ONE's extent given, or FN failed */
   int error;                    /* FN's, which stopped the walk */
 };
 
-#define WALK_DONE 1             /* stops rbd_diff_iterate2, not an error */
+#define WALK_DONE 1             /* asks rbd_diff_iterate2 to stop */
 
 static int
 walk_emit (struct extent_walk *w, uint64_t to, bool hole)
 {
   int r;
 
+  if (w->done)
+    return WALK_DONE;
   if (to > w->end)
     to = w->end;
   if (to <= w->pos)
@@ -418,9 +438,11 @@ walk_emit (struct extent_walk *w, uint64_t to, bool hole)
   w->pos = to;
   if (r < 0) {
     w->error = r;
+    w->done = true;
     return -1;
   }
-  return w->req_one ? WALK_DONE : 0;
+  w->done = w->req_one;
+  return w->done ? WALK_DONE : 0;
 }
 
 static int
@@ -451,7 +473,7 @@ store_extents (struct mloop_store *s, uint64_t offset, uint64_t count,
                                              0, on_diff_extent, &w));
   if (w.error)
     return w.error;
-  if (r == WALK_DONE || (req_one && w.pos > offset))
+  if (w.done)
     return 0;
   if (r < 0)
     return r;
