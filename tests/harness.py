@@ -22,6 +22,19 @@ Environment (set by tests/meson.build):
   MLOOP_ASAN_PRELOAD  set by tests/asan-run (meson test --setup=asan): the
                    ASan runtime and tests/helpers/asan-first.so, preloaded
                    into nbdkit (see nbdkit_env)
+  MLOOP_STORE      "file" (default) or "rbd": each image file a test
+                   serves is copied into an RBD image of a running Ceph
+                   cluster, and the server serves that (mloop-server
+                   rbd:POOL/NAME, the plugin's rbd=POOL/NAME) with
+                   MLOOP_CEPH_CONF, MLOOP_CEPH_ID and MLOOP_RBD_POOL
+                   (set by tests/ceph/run-suites-over-rbd).  When a
+                   writable server stops, the image is copied back into
+                   the file, so a test reads what was written there as
+                   it does on a file; read_image() and
+                   image_data_ranges() read the image while it is
+                   served.  A test that only makes sense on a file is a
+                   SKIP with its reason (RBD_SKIPS); the file-only parts
+                   of others are left out (file_only()).
 """
 import atexit
 import errno
@@ -60,6 +73,45 @@ elif SERVER_KIND == "native":
         skip("MLOOP_SERVER_BIN does not name the built mloop-server")
 else:
     raise SystemExit(f"MLOOP_SERVER={SERVER_KIND}: expected nbdkit or native")
+
+
+STORE = os.environ.get("MLOOP_STORE", "file")
+if STORE not in ("file", "rbd"):
+    raise SystemExit(f"MLOOP_STORE={STORE}: expected file or rbd")
+
+# The tests that cannot make sense on an RBD image, and why: what they
+# test is the file (or block device) under the server.
+RBD_SKIPS = {
+    "test-aio-limit.py": "kernel AIO contexts are the file store's (librbd has its own threads)",
+    "test-direct-io.py": "O_DIRECT and the host page cache are a file's",
+    "test-odd-tail-race.py": "the race it guards is a file's last page between the page "
+                             "cache and O_DIRECT",
+    "test-io-errors.py": "a full filesystem and a file shrunk under the server are a file's",
+    "test-blockdev.py": "it serves block devices",
+    "test-unlinked-image.py": "a file unlinked or truncated under the server is a file's",
+    "test-sparse-copy.py": "it counts the bytes read from the backing file (/proc/PID/io)",
+    "test-offset-window.py": "an offset=/sizelimit= window is a file's (refused for RBD)",
+    "test-overlay.py": "its base and overlay are files",
+    "test-sighup-size.py": "it resizes the file under the server (an RBD image's size "
+                           "follows rbd resize through librbd's update watch)",
+    "test-log-limit.py": "its failed reads come from a file shrunk under the server",
+    "test-meta-context.py": "its descriptors are a file's exact map; RBD reports each "
+                            "object's allocation from the object's start",
+    "test-idle-connections.py": "it counts the workers' kernel AIO contexts, a file's",
+    "test-tls.py": "it reads and resets the image file under the server (TLS is the "
+                   "transport's, whatever the store)",
+}
+if STORE == "rbd" and os.path.basename(sys.argv[0]) in RBD_SKIPS:
+    skip(f"on an RBD image: {RBD_SKIPS[os.path.basename(sys.argv[0])]}")
+
+
+def file_only(what):
+    """Whether to run a part of a test that only a file can do (WHAT);
+    in RBD mode says it is left out and returns False."""
+    if STORE == "file":
+        return True
+    print(f"note: {what}: a file's, left out on an RBD image")
+    return False
 
 
 def nbdkit_only(reason):
@@ -108,6 +160,7 @@ def nbdkit_env():
     return env
 
 _cleanups = []
+_rbd_images = None      # the RBD images standing in for files (MLOOP_STORE=rbd)
 
 
 _failed_checks = []
@@ -142,6 +195,9 @@ def _run_cleanups():
             fn()
         except Exception as e:  # cleanup must go on
             print(f"cleanup: {e}", file=sys.stderr)
+    # Last: the RBD images, once every server using them has stopped.
+    if _rbd_images is not None:
+        _rbd_images.close()
 
 
 def _sigterm(signum, frame):
@@ -312,9 +368,187 @@ def make_client_pki(certs, parent):
     return ca_only, with_cert
 
 
+class _RbdImages:
+    """The RBD images standing in for image files (MLOOP_STORE=rbd), in
+    the pool MLOOP_RBD_POOL, reached with python3-rbd as MLOOP_CEPH_ID;
+    removed at exit."""
+
+    CHUNK = 1 << 20
+
+    def __init__(self):
+        try:
+            import rados
+            import rbd
+        except ImportError:
+            skip("MLOOP_STORE=rbd: python3-rbd and python3-rados are not installed")
+        self.rbd = rbd
+        try:
+            self.conf = os.environ["MLOOP_CEPH_CONF"]
+            self.id = os.environ["MLOOP_CEPH_ID"]
+            self.pool = os.environ["MLOOP_RBD_POOL"]
+        except KeyError as e:
+            raise SystemExit(f"MLOOP_STORE=rbd needs {e.args[0]} (the running cluster)")
+        self.cluster = rados.Rados(conffile=self.conf, rados_id=self.id)
+        self.cluster.connect(timeout=60)
+        self.ioctx = self.cluster.open_ioctx(self.pool)
+        self.names = {}      # real path of the file -> its image's name
+        self.synced = {}     # real path -> the file's stat when it last equalled its image
+        self.made = []
+
+    def close(self):
+        """Removes the images made (at exit, after every cleanup)."""
+        for name in self.made:
+            try:
+                self.rbd.RBD().remove(self.ioctx, name)
+            except Exception as e:
+                print(f"cleanup: rbd remove {self.pool}/{name}: {e}", file=sys.stderr)
+        self.made = []
+        self.ioctx.close()
+        self.cluster.shutdown()
+
+    @staticmethod
+    def _stat(path):
+        st = os.stat(path)
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def served(self, path):
+        """The image holding what the file at PATH holds: the one made for
+        it before if neither changed since, else a new one, copied from
+        the file (its data regions, skipping zeroes)."""
+        path = os.path.realpath(path)
+        if path in self.names and self.synced.get(path) == self._stat(path):
+            return self.names[path]
+        test = "".join(ch for ch in os.path.basename(sys.argv[0]) if ch.isalnum() or ch in ".-_")
+        name = f"mloop-{test}-{os.getpid()}-{len(self.made)}"
+        size = os.path.getsize(path)
+        self.rbd.RBD().create(self.ioctx, name, size)
+        self.made.append(name)
+        with self.rbd.Image(self.ioctx, name) as img, open(path, "rb") as f:
+            for start, end in file_data_ranges(path, 0, size):
+                for off in range(start, end, self.CHUNK):
+                    data = os.pread(f.fileno(), min(self.CHUNK, end - off), off)
+                    if data.count(0) != len(data):
+                        img.write(data, off)
+            img.flush()
+        self.names[path] = name
+        self.synced[path] = self._stat(path)
+        return name
+
+    def spec(self, path):
+        return f"{self.pool}/{self.served(path)}"
+
+    def _open(self, path):
+        name = self.names.get(os.path.realpath(path))
+        if name is None:
+            raise AssertionError(f"{path} was not served from an RBD image")
+        return self.rbd.Image(self.ioctx, name, read_only=True)
+
+    def export(self, path):
+        """Copies the image of PATH back into the file: its size, and its
+        allocated regions (zeroes left as holes)."""
+        path = os.path.realpath(path)
+        with self._open(path) as img, open(path, "r+b") as f:
+            size = img.size()
+            f.truncate(0)
+            f.truncate(size)
+            for start, end in self._ranges(img, 0, size, whole_object=True):
+                for off in range(start, end, self.CHUNK):
+                    data = img.read(off, min(self.CHUNK, end - off))
+                    if data.count(0) != len(data):
+                        os.pwrite(f.fileno(), data, off)
+        self.synced[path] = self._stat(path)
+
+    def read(self, path, offset, length):
+        with self._open(path) as img:
+            return img.read(offset, length)
+
+    @staticmethod
+    def _ranges(img, start, end, whole_object=False):
+        out = []
+
+        def cb(offset, length, exists):
+            if exists:
+                if out and out[-1][1] == offset:
+                    out[-1] = (out[-1][0], offset + length)
+                else:
+                    out.append((offset, offset + length))
+            return 0
+        img.diff_iterate(start, end - start, None, cb, include_parent=True,
+                         whole_object=whole_object)
+        return out
+
+    def data_ranges(self, path, start, end):
+        with self._open(path) as img:
+            return [(max(a, start) - start, min(b, end) - start)
+                    for a, b in self._ranges(img, start, end)]
+
+
+def _rbd():
+    global _rbd_images
+    if _rbd_images is None:
+        _rbd_images = _RbdImages()
+    return _rbd_images
+
+
+def native_image_args(image):
+    """mloop-server's arguments naming IMAGE: the file, or (MLOOP_STORE=rbd)
+    its RBD image with the options that reach the cluster."""
+    if STORE == "file":
+        return [image]
+    r = _rbd()
+    return [f"--ceph-conf={r.conf}", f"--ceph-id={r.id}", f"rbd:{r.spec(image)}"]
+
+
+def nbdkit_image_params(image):
+    """The plugin's parameters naming IMAGE, as native_image_args."""
+    if STORE == "file":
+        return [f"file={image}"]
+    r = _rbd()
+    return [f"rbd={r.spec(image)}", f"ceph-conf={r.conf}", f"ceph-id={r.id}"]
+
+
+def image_served_last(image):
+    """After a writable server of IMAGE stopped: in RBD mode, copies the
+    image back into the file, so the test reads there what was written."""
+    if STORE == "rbd":
+        _rbd().export(image)
+
+
+def read_image(image, offset, length):
+    """LENGTH bytes of IMAGE at OFFSET as its store holds them, beneath
+    the server while it serves: the file's (not the page cache's), or its
+    RBD image's."""
+    if STORE == "rbd":
+        return _rbd().read(image, offset, length)
+    fd = os.open(image, os.O_RDONLY)
+    try:
+        return os.pread(fd, length, offset)
+    finally:
+        os.close(fd)
+
+
+def allocated_bytes(image):
+    """What IMAGE has allocated: the file's blocks, or the bytes of its
+    RBD image's objects (image_data_ranges)."""
+    if STORE == "rbd":
+        return sum(b - a for a, b in image_data_ranges(image, 0, os.path.getsize(image)))
+    return os.stat(image).st_blocks * 512
+
+
+def image_data_ranges(image, start, end):
+    """The data ranges of bytes [START, END) of IMAGE as its store reports
+    them, relative to START: the file's SEEK_DATA/SEEK_HOLE map, or the
+    RBD image's allocation (rbd_diff_iterate2, each object from its start
+    to its end)."""
+    if STORE == "rbd":
+        return _rbd().data_ranges(image, start, end)
+    return file_data_ranges(image, start, end)
+
+
 class Server:
     """The server under test (nbdkit + plugin, or mloop-server) in the
-    foreground on a private Unix socket."""
+    foreground on a private Unix socket (on IMAGE's RBD image in RBD
+    mode)."""
 
     def __init__(self, image, params=(), nbdkit_args=(), preexec_fn=None):
         self.dir = tmpdir()
@@ -330,13 +564,15 @@ class Server:
         # moment before listen() (under valgrind, a long moment), so wait
         # for the pid file both servers write once they listen.
         ready = os.path.join(self.dir, "server.pid")
+        self.image = image
+        self.read_only = any(a in ("-r", "--readonly", "--read-only") for a in nbdkit_args)
         if SERVER_KIND == "native":
             cmd += [SERVER_BIN, "--listen", f"unix:{self.sock}",
                     "--pid-file", ready,
-                    *_native_args(params, nbdkit_args), image]
+                    *_native_args(params, nbdkit_args), *native_image_args(image)]
         else:
             cmd += ["nbdkit", "-f", "-U", self.sock, "-P", ready, *nbdkit_args,
-                    PLUGIN, f"file={image}", *params]
+                    PLUGIN, *nbdkit_image_params(image), *params]
         env = nbdkit_env() if SERVER_KIND == "nbdkit" else dict(os.environ)
         if VALGRIND:
             env["NBDKIT_VALGRIND"] = "1"  # nbdkit keeps the plugin mapped
@@ -344,7 +580,8 @@ class Server:
         self.proc = subprocess.Popen(cmd, stdout=self.logf, stderr=subprocess.STDOUT,
                                      env=env, preexec_fn=preexec_fn)
         on_exit(self.stop)
-        deadline = time.time() + (60 if VALGRIND else 10)
+        # An RBD image is opened before listening, up to seconds on a busy cluster.
+        deadline = time.time() + (60 if VALGRIND else 30 if STORE == "rbd" else 10)
         while not os.path.exists(ready):
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited at startup: {self.log_text()}")
@@ -386,6 +623,8 @@ class Server:
             raise SystemExit("valgrind reported errors in the server (see above)")
         if SERVER_KIND == "native" and self.proc.returncode != 0:
             raise AssertionError(f"mloop-server exited with {self.proc.returncode}")
+        if not self.read_only:
+            image_served_last(self.image)
 
 
 def _disconnect(h):

@@ -1,9 +1,10 @@
 """mloop-server on a TCP port of 127.0.0.1 (or a Unix socket) with any
 options, for the hardening tests, and what /proc says about it.
 
-Like harness.Server (whose cleanup and MLOOP_VALGRIND handling it shares),
-but the command line is the test's own: --export-name, --handshake-timeout,
---max-handshakes, a low open-files limit to start with.
+Like harness.Server (whose cleanup, MLOOP_VALGRIND and MLOOP_STORE
+handling it shares), but the command line is the test's own:
+--export-name, --handshake-timeout, --max-handshakes, a low open-files
+limit to start with.
 """
 import os
 import resource
@@ -48,6 +49,8 @@ class NetServer:
         self.valgrind = harness.VALGRIND if valgrind is None else valgrind
         self.valgrind_args = list(valgrind_args)
         self.logf = None
+        self.image = image
+        self.read_only = "--read-only" in args or "-r" in args
         harness.on_exit(self.kill)
         for attempt in range(5):
             if unix:
@@ -76,7 +79,8 @@ class NetServer:
                     "--show-leak-kinds=definite",
                     f"--suppressions={os.path.dirname(os.path.dirname(__file__))}/valgrind.supp",
                     *self.valgrind_args]
-        cmd += [harness.SERVER_BIN, "--pid-file", ready, *args, image]
+        cmd += [harness.SERVER_BIN, "--pid-file", ready, *args,
+                *harness.native_image_args(image)]
 
         def limit():
             if isinstance(nofile, tuple):
@@ -89,7 +93,7 @@ class NetServer:
         self.proc = subprocess.Popen(cmd, stdout=self.logf, stderr=subprocess.STDOUT,
                                      preexec_fn=limit)
         self.pid = self.proc.pid
-        deadline = time.time() + (60 if self.valgrind else 10)
+        deadline = time.time() + (60 if self.valgrind else 30 if harness.STORE == "rbd" else 10)
         while not os.path.exists(ready):
             if self.proc.poll() is not None:
                 self.logf.close()
@@ -165,6 +169,8 @@ class NetServer:
             raise AssertionError("valgrind reported errors in the server (see above)")
         assert self.proc.returncode == 0, f"server exited {self.proc.returncode}: {self.log_text()}"
         assert self.sock is None or not os.path.exists(self.sock), "socket left behind"
+        if not self.read_only:
+            harness.image_served_last(self.image)
 
     def kill(self):
         if getattr(self, "proc", None) is not None and self.proc.poll() is None:

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""BLOCK_STATUS matches the file's own SEEK_DATA/SEEK_HOLE map and
-never reports a hole where data is."""
+"""BLOCK_STATUS matches the image's own map (a file's SEEK_DATA/SEEK_HOLE,
+an RBD image's allocation) and never reports a hole where data is."""
 import nbd
 import harness
 
@@ -37,10 +37,10 @@ while pos < SIZE:
                 served.append((pos, pos + length))
         pos += length
 
-expected = harness.file_data_ranges(image, 0, SIZE)
-assert served == expected, f"served map {served} != file map {expected}"
+expected = harness.image_data_ranges(image, 0, SIZE)
+assert served == expected, f"served map {served} != the image's map {expected}"
 for off, n in REGIONS:
     assert any(a <= off and off + n <= b for a, b in served), f"data at {off} reported as hole"
 h.shutdown()
 srv.stop()
-print(f"ok: {len(served)} data extents, identical to SEEK_DATA/SEEK_HOLE")
+print(f"ok: {len(served)} data extents, identical to the image's own map")

@@ -1,6 +1,7 @@
 #!/usr/bin/python3
-"""FUA writes and FLUSH succeed and land in the file, and the plugin
-advertises both (so the kernel client will send them)."""
+"""FUA writes and FLUSH succeed and land in the image (the file, or the
+RBD image as another client reads it), and the plugin advertises both
+(so the kernel client will send them)."""
 import os
 import nbd
 import harness
@@ -14,9 +15,7 @@ assert h.can_flush(), "FLUSH not advertised"
 for i, (off, n) in enumerate([(0, 4096), (1 << 20, 1 << 20), (8192, 512)]):
     data = harness.pattern(n, i + 7)
     h.pwrite(data, off, nbd.CMD_FLAG_FUA)
-    with open(image, "rb") as f:
-        f.seek(off)
-        assert f.read(n) == data, f"FUA write at {off} not in the file"
+    assert harness.read_image(image, off, n) == data, f"FUA write at {off} not in the image"
 h.flush()
 h.shutdown()
 srv.stop()

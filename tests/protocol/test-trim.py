@@ -26,11 +26,13 @@ srv.stop()
 with open(image, "rb") as f:
     assert f.read() == bytes(mirror), "file differs after trims"
 freed = (blocks_before - os.stat(image).st_blocks) * 512
-assert freed >= 5 << 20, f"trim freed only {freed} bytes"
+if harness.file_only("the blocks a trim frees"):
+    assert freed >= 5 << 20, f"trim freed only {freed} bytes"
 
 srv = harness.Server(image, ["discard=off"])
 h = srv.connect()
 assert not h.can_trim(), "discard=off still advertises TRIM"
 h.shutdown()
 srv.stop()
-print(f"ok: trims read back as zeroes, {freed >> 20} MiB freed, discard=off honoured")
+freed = f"{freed >> 20} MiB freed" if harness.STORE == "file" else "an RBD image"
+print(f"ok: trims read back as zeroes, {freed}, discard=off honoured")
