@@ -237,6 +237,17 @@ def make_image(size, data=None, directory=None):
     return path
 
 
+def make_patterned_image(size, regions):
+    """A sparse image of SIZE bytes holding pattern(N, OFF) at each (OFF, N)
+    of REGIONS, and holes elsewhere."""
+    path = make_image(size)
+    with open(path, "r+b") as f:
+        for off, n in regions:
+            f.seek(off)
+            f.write(pattern(n, off))
+    return path
+
+
 def file_data_ranges(path, start, end):
     """The data ranges of bytes [START, END) of PATH, as the filesystem
     reports them (SEEK_DATA/SEEK_HOLE), relative to START."""

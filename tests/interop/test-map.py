@@ -17,11 +17,7 @@ if shutil.which("nbdinfo") is None:
 MiB = 1 << 20
 SIZE = 64 * MiB
 REGIONS = [(0, MiB), (10 * MiB, 3 * MiB), (40 * MiB, 64 << 10), (SIZE - MiB, MiB)]
-image = harness.make_image(SIZE)
-with open(image, "r+b") as f:
-    for off, n in REGIONS:
-        f.seek(off)
-        f.write(harness.pattern(n, off))
+image = harness.make_patterned_image(SIZE, REGIONS)
 
 
 def merge(ranges):

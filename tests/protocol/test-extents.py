@@ -6,11 +6,7 @@ import harness
 
 SIZE = 64 << 20
 REGIONS = [(0, 1 << 20), (10 << 20, 3 << 20), (40 << 20, 64 << 10), (SIZE - (1 << 20), 1 << 20)]
-image = harness.make_image(SIZE)
-with open(image, "r+b") as f:
-    for off, n in REGIONS:
-        f.seek(off)
-        f.write(harness.pattern(n, off))
+image = harness.make_patterned_image(SIZE, REGIONS)
 
 
 srv = harness.Server(image)

@@ -11,11 +11,7 @@ SIZE = 4 * GiB
 LARGE = 3 * GiB + 4097          # over INT_MAX, not a multiple of anything
 DATA = [(0, MiB), (2 * GiB + 5 * MiB, MiB), (SIZE - MiB, MiB)]
 
-image = harness.make_image(SIZE)
-with open(image, "r+b") as f:
-    for off, n in DATA:
-        f.seek(off)
-        f.write(harness.pattern(n, off))
+image = harness.make_patterned_image(SIZE, DATA)
 srv = harness.Server(image)
 h = srv.connect(strict=False)
 model = {off: bytearray(harness.pattern(n, off)) for off, n in DATA}
