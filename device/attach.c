@@ -11,8 +11,10 @@
 
 #include "errmsg.h"
 #include "attach.h"
+#include "held_image.h"
 #include "autoclear.h"
 #include "block_queue.h"
+#include "device_owner.h"
 #include "nbd_connect.h"
 #include "nbd_netlink.h"
 #include "nbd_receivers.h"
@@ -95,6 +97,37 @@ check_image (const char *file, bool read_only, struct stat *st,
                  file);
   }
   close (fd);
+  return 0;
+}
+
+/* The image REQ passes as a descriptor (held_image.h): a regular file,
+ * opened for reading (and writing, unless the attach is read-only) by
+ * whoever asked.  A descriptor opened with O_PATH proves no right to
+ * the file's data and is refused.
+ */
+static int
+check_image_fd (const struct mloop_attach_request *req, struct stat *st,
+                char *err, size_t errlen)
+{
+  int flags = fcntl (req->image_fd, F_GETFL);
+
+  if (flags == -1 || fstat (req->image_fd, st) == -1)
+    return mloop_fail (err, errlen, "%s: the descriptor passed is not open: "
+                       "%s", req->file, strerror (errno));
+  if (req->file[0] != '/' || strchr (req->file, '\n'))
+    return mloop_fail (err, errlen, "%s: the image's name must be an "
+                       "absolute path on one line", req->file);
+  if ((flags & O_PATH) || (flags & O_ACCMODE) == O_WRONLY)
+    return mloop_fail (err, errlen, "%s: the descriptor passed was not "
+                       "opened for reading", req->file);
+  if (!req->read_only && (flags & O_ACCMODE) != O_RDWR)
+    return mloop_fail (err, errlen, "%s: the descriptor passed was opened "
+                       "read-only: attach it read-only", req->file);
+  if (!S_ISREG (st->st_mode))
+    return mloop_fail (err, errlen, "%s: not a regular file", req->file);
+  if (req->overlay || req->transport != MLOOP_CHOOSE_NBD)
+    return mloop_fail (err, errlen, "%s: an image passed as a descriptor is "
+                       "attached over NBD without an overlay", req->file);
   return 0;
 }
 
@@ -504,7 +537,9 @@ attach_local (const struct mloop_attach_request *req, const char *file,
     ? mloop_state_path (s, MLOOP_DIR_RBD_LOCK) : NULL;
   const unsigned io_timeout = settle_timeouts (req, file, s);
   struct mloop_server_spec spec = {
-    .kind = s->server, .image = file, .offset = req->offset,
+    .kind = s->server,
+    .image = req->has_image_fd ? MLOOP_HELD_IMAGE_PATH : file,
+    .offset = req->offset,
     .sizelimit = req->sizelimit, .overlay = s->overlay,
     .lock_record = lock_record, .socket_path = sock,
     .pid_file = pid_file, .log_file = log_file, .stats_file = stats_file,
@@ -516,10 +551,15 @@ attach_local (const struct mloop_attach_request *req, const char *file,
     .open = open_local, .socket_path = sock, .n = wanted_connections (req),
   };
 
+  int r;
+
   s->threads = req->threads ? req->threads : 4;
-  if (mloop_supervisor_start (&spec, s->dir, SERVER_START_TIMEOUT_MS,
-                              &s->supervisor_pid, &s->server_pid,
-                              err, errlen) == -1)
+  mloop_held_image_set (req->has_image_fd ? req->image_fd : -1);
+  r = mloop_supervisor_start (&spec, s->dir, SERVER_START_TIMEOUT_MS,
+                              &s->supervisor_pid, &s->server_pid, err,
+                              errlen);
+  mloop_held_image_set (-1);
+  if (r == -1)
     return -1;
   mloop_step_done (req->steps, "server start");
   if (connect_kernel (req, &o, file, s, err, errlen) == -1) {
@@ -635,6 +675,8 @@ claim (const struct mloop_attach_request *req, const char *file,
     return -1;
   }
   out->file = g_strdup (file);
+  out->held_image = req->has_image_fd;
+  out->owner = req->owner;
   out->overlay = g_strdup (overlay);
   out->overlay_temporary = overlay && req->overlay &&
                            strcmp (req->overlay, MLOOP_OVERLAY_TEMPORARY) == 0;
@@ -654,6 +696,30 @@ claim (const struct mloop_attach_request *req, const char *file,
   return 0;
 }
 
+/* Hands device S, just attached for OWNER, to them (device_owner.h);
+ * if it cannot be, detaches it.  Attached for root, a node a user's
+ * device left theirs (an autoclear device goes without a detach) is
+ * taken back.
+ */
+static int
+settle_owner (struct mloop_device_state *s, uid_t owner, char *err,
+              size_t errlen)
+{
+  g_autofree char *name = mloop_state_device_name (s);
+  g_autofree char *node = mloop_state_device_path (s);
+  struct stat st;
+  char why[512];
+
+  if (owner == 0 && (stat (node, &st) == -1 || st.st_uid == 0))
+    return 0;
+  if (mloop_device_owner_set (name, owner, err, errlen) == 0)
+    return 0;
+  mloop_device_owner_set (name, 0, why, sizeof why);
+  if (mloop_nbd_netlink_disconnect (s->index, why, sizeof why) == 0)
+    stop_processes (s);
+  return -1;
+}
+
 int
 mloop_attach (const struct mloop_attach_request *req,
               struct mloop_device_state *out, char *err, size_t errlen)
@@ -661,8 +727,8 @@ mloop_attach (const struct mloop_attach_request *req,
   g_autofree char *file = NULL, *overlay = NULL;
   struct stat st;
   bool busy = false;
-  bool remote = strstr (req->file, "://") != NULL;
-  bool rbd = mloop_is_rbd_name (req->file);
+  bool remote = !req->has_image_fd && strstr (req->file, "://") != NULL;
+  bool rbd = !req->has_image_fd && mloop_is_rbd_name (req->file);
   char why[512];
   int lock, device_lock, r, ublk;
 
@@ -680,6 +746,11 @@ mloop_attach (const struct mloop_attach_request *req,
                                  err, errlen) == -1)
       return -1;
     mloop_nbd_address_clear (&a);
+    file = g_strdup (req->file);
+  }
+  else if (req->has_image_fd) {
+    if (check_image_fd (req, &st, err, errlen) == -1)
+      return -1;
     file = g_strdup (req->file);
   }
   else if (rbd)
@@ -746,6 +817,8 @@ mloop_attach (const struct mloop_attach_request *req,
       r = mloop_ublk_attach (req, file, out, err, errlen);
     else
       r = attach_local (req, file, out, err, errlen);
+    if (r == 0 && !ublk)
+      r = settle_owner (out, req->owner, err, errlen);
     if (r < 0) {
       mloop_state_remove_temporary_overlay (out);
       mloop_state_remove (out->dir);
@@ -813,6 +886,11 @@ mloop_detach (const struct mloop_device_state *s, char *err, size_t errlen)
    * with a loop device.
    */
   name = mloop_state_device_name (s);
+  /* Taken from its user before the image goes (device_owner.h). */
+  if (s->owner && mloop_device_owner_set (name, 0, why, sizeof why) == -1) {
+    mloop_state_unlock (device_lock);
+    return mloop_fail (err, errlen, "%s", why);
+  }
   mloop_partitions_drop (name, why, sizeof why);
   /* Tell the kernel first: it sends NBD_CMD_DISC on every connection
    * after the requests in flight, so the server sees clean goodbyes.

@@ -17,6 +17,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "device_state.h"
 #include "steps.h"
@@ -44,6 +45,15 @@ enum mloop_transport_choice {
 
 struct mloop_attach_request {
   const char *file;
+  /* With HAS_IMAGE_FD the image is the regular file open at IMAGE_FD,
+   * opened by whoever asked for the attach (read-only unless opened for
+   * reading and writing); FILE, an absolute path, is then only its name
+   * to record and show, never opened (held_image.h).  Attached over NBD,
+   * without an overlay.
+   */
+  bool has_image_fd;
+  int image_fd;
+  uid_t owner;                  /* recorded as who attached it */
   enum mloop_transport_choice transport;
   /* The window of FILE to attach (losetup's --offset, --sizelimit):
    * from byte OFFSET, at most SIZELIMIT bytes (0: to the end).  Windows

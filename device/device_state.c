@@ -176,6 +176,8 @@ save_as (const struct mloop_device_state *s, const char *name, char *err,
   g_key_file_set_string (kf, GROUP, "file", s->file);
   g_key_file_set_uint64 (kf, GROUP, "file_dev", s->file_dev);
   g_key_file_set_uint64 (kf, GROUP, "file_ino", s->file_ino);
+  g_key_file_set_boolean (kf, GROUP, "held_image", s->held_image);
+  g_key_file_set_uint64 (kf, GROUP, "owner", s->owner);
   g_key_file_set_uint64 (kf, GROUP, "offset", s->offset);
   g_key_file_set_uint64 (kf, GROUP, "sizelimit", s->sizelimit);
   g_key_file_set_uint64 (kf, GROUP, "size", s->size);
@@ -286,6 +288,8 @@ load_from (const char *dir, const char *name, struct mloop_device_state *s)
   s->file = g_key_file_get_string (kf, GROUP, "file", NULL);
   s->file_dev = g_key_file_get_uint64 (kf, GROUP, "file_dev", NULL);
   s->file_ino = g_key_file_get_uint64 (kf, GROUP, "file_ino", NULL);
+  s->held_image = g_key_file_get_boolean (kf, GROUP, "held_image", NULL);
+  s->owner = (uid_t) g_key_file_get_uint64 (kf, GROUP, "owner", NULL);
   s->offset = g_key_file_get_uint64 (kf, GROUP, "offset", NULL);
   s->sizelimit = g_key_file_get_uint64 (kf, GROUP, "sizelimit", NULL);
   s->size = g_key_file_get_uint64 (kf, GROUP, "size", NULL);

@@ -62,6 +62,12 @@ struct mloop_device_state {
   int index;                    /* /dev/nbdINDEX or /dev/ublkbINDEX;
                                    -1 until connected */
   char *file;                   /* the image, an absolute path */
+  /* FILE is only the name the image was given: its servers reach it
+   * through a descriptor the supervisor holds (held_image.h).
+   */
+  bool held_image;
+  uid_t owner;                  /* who attached it (mloop's D-Bus service
+                                   attaches for other users); root: 0 */
   uint64_t file_dev, file_ino;  /* its identity, to refuse double attach */
   /* The window of FILE served (losetup's OFFSET and SIZELIMIT): from
    * byte OFFSET; SIZELIMIT as asked, 0 for none.  SIZE is what the

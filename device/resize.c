@@ -416,6 +416,11 @@ mloop_resize (struct mloop_device_state *s, bool have_size,
   int lock, r;
 
   err[0] = '\0';
+  /* Its name may now be another file: only its servers reach it. */
+  if (s->held_image)
+    return mloop_fail (err, errlen, "%s was attached for its owner through "
+                       "mloop's D-Bus service, from a descriptor: its image "
+                       "is not reached by name", s->file);
   /* Under the device's lock: no detach of it meanwhile, and its
    * supervisor does not hand the kernel connections checked against the
    * old size (its heal takes the lock too).

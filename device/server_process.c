@@ -17,6 +17,7 @@
 
 #include "device_state.h"
 #include "errmsg.h"
+#include "held_image.h"
 #include "server_process.h"
 #include "side_by_side.h"
 
@@ -94,6 +95,8 @@ mloop_process_spawn (char **argv, const char *log_file, const char *what,
                      pid_t *child, char *err, size_t errlen)
 {
   g_autoptr (GError) gerr = NULL;
+  const int held = mloop_held_image_fd ();
+  const int held_target = MLOOP_HELD_IMAGE_FD;
   GPid spawned;
   int log_fd;
 
@@ -102,11 +105,14 @@ mloop_process_spawn (char **argv, const char *log_file, const char *what,
   if (log_fd == -1)
     return mloop_fail (err, errlen, "cannot create %s: %s", log_file,
                  strerror (errno));
-  if (!g_spawn_async_with_fds (NULL, argv, NULL,
-                               G_SPAWN_DO_NOT_REAP_CHILD |
-                               G_SPAWN_SEARCH_PATH,
-                               detach_session, NULL, &spawned,
-                               -1, log_fd, log_fd, &gerr)) {
+  /* Nothing else is inherited but a held image (held_image.h). */
+  if (!g_spawn_async_with_pipes_and_fds (NULL, (const char *const *) argv,
+                                         NULL, G_SPAWN_DO_NOT_REAP_CHILD |
+                                         G_SPAWN_SEARCH_PATH,
+                                         detach_session, NULL, -1, log_fd,
+                                         log_fd, &held, &held_target,
+                                         held == -1 ? 0 : 1, &spawned,
+                                         NULL, NULL, NULL, &gerr)) {
     close (log_fd);
     return mloop_fail (err, errlen, "cannot start %s (%s): %s", what, argv[0],
                  gerr->message);

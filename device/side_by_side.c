@@ -10,6 +10,7 @@
 #include <glib.h>
 
 #include "errmsg.h"
+#include "held_image.h"
 #include "side_by_side.h"
 
 /* One program of the pair. */
@@ -53,8 +54,27 @@ write_text (int fd, const char *text)
   (void) ignored;
 }
 
+/* In a forked child: puts the held image (held_image.h), if any, at
+ * MLOOP_HELD_IMAGE_FD, inheritable.  Returns the first descriptor to
+ * close.
+ */
+static unsigned
+keep_held_image (void)
+{
+  int fd = mloop_held_image_fd ();
+
+  if (fd == -1)
+    return MLOOP_HELD_IMAGE_FD;
+  if (fd == MLOOP_HELD_IMAGE_FD)
+    fcntl (fd, F_SETFD, 0);
+  else
+    dup2 (fd, MLOOP_HELD_IMAGE_FD);
+  return MLOOP_HELD_IMAGE_FD + 1;
+}
+
 /* In a forked child: its own session, no blocked signal, stdin NULL_FD,
- * stdout and stderr its log, no other descriptor, then exec.  Only
+ * stdout and stderr its log, no other descriptor but a held image
+ * (held_image.h), then exec.  Only
  * async-signal-safe calls: the parent may have other threads.
  */
 static void G_GNUC_NORETURN
@@ -68,7 +88,7 @@ launch_exec (const struct launch *l, int null_fd)
   dup2 (null_fd, STDIN_FILENO);
   dup2 (l->log_fd, STDOUT_FILENO);
   dup2 (l->log_fd, STDERR_FILENO);
-  close_range (3, ~0U, 0);
+  close_range (keep_held_image (), ~0U, 0);
   execv (l->path, l->argv);
   write_text (STDERR_FILENO, "mloop: cannot execute ");
   write_text (STDERR_FILENO, l->path);

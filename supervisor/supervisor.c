@@ -76,6 +76,7 @@
 #include <glib-unix.h>
 #include <glib/gstdio.h>
 
+#include "held_image.h"
 #include "device_state.h"
 #include "nbd_connect.h"
 #include "dead_slots.h"
@@ -823,6 +824,9 @@ main (int argc, char **argv)
     return EXIT_FAILURE;
   }
   sv.spec.image = argv[1];
+  /* Inherited from attach: every server gets it (held_image.h). */
+  if (mloop_is_held_image (sv.spec.image))
+    mloop_held_image_set (MLOOP_HELD_IMAGE_FD);
   sv.spec.threads = threads > 0 ? (unsigned) threads : 0;
   sv.spec.read_only = read_only;
   sv.spec.offset = (uint64_t) offset;

@@ -1,0 +1,32 @@
+/* mloop — an image reached through a descriptor rather than its name.
+ *
+ * mloop's D-Bus service attaches an image the caller opened and passed
+ * over the bus: the kernel decided, at the caller's open, whether that
+ * user may read or write it.  The service never opens the name the
+ * caller gave (as root it could open anything); each server instead
+ * reopens the open file through the descriptor it inherits, always as
+ * descriptor MLOOP_HELD_IMAGE_FD, by the name MLOOP_HELD_IMAGE_PATH.  The
+ * supervisor inherits it too and hands it to every server it restarts,
+ * so a restart reaches the same file however its name changes since.
+ *
+ * A process holds at most one such image, set before it starts the
+ * processes that serve it (the service attaches one image at a time).
+ */
+#ifndef MLOOP_HELD_IMAGE_H
+#define MLOOP_HELD_IMAGE_H
+
+#include <stdbool.h>
+
+#define MLOOP_HELD_IMAGE_FD 3
+#define MLOOP_HELD_IMAGE_PATH "/proc/self/fd/3"
+
+/* From now on the processes this one starts get FD as
+ * MLOOP_HELD_IMAGE_FD; -1: none.
+ */
+void mloop_held_image_set (int fd);
+/* The descriptor set, or -1. */
+int mloop_held_image_fd (void);
+/* Whether IMAGE is the name servers reach a held image by. */
+bool mloop_is_held_image (const char *image);
+
+#endif /* MLOOP_HELD_IMAGE_H */
