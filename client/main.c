@@ -17,12 +17,14 @@
 #include "attach.h"
 #include "parse.h"
 #include "block_queue.h"
+#include "describe.h"
 #include "mount_cmd.h"
 #include "overlay_cmd.h"
 #include "print.h"
 #include "rbd_options.h"
 #include "resize.h"
 #include "serve.h"
+#include "service_client.h"
 #include "store_name.h"
 
 /* Every message of the command goes through mloop_print_error. */
@@ -208,6 +210,27 @@ cmd_attach (int argc, char **argv)
       (strstr (argv[1], "://") || mloop_is_rbd_name (argv[1])))
     return error ("attach: --offset and --sizelimit need a local FILE, not "
                   "%s", argv[1]);
+  if (geteuid () != 0) {
+    const bool only_user_options = !device && threads == -1 &&
+      connections == -1 && !block_size && timeout == -1 &&
+      dead_timeout == -1 && !offset && !sizelimit && !overlay &&
+      !queue_options && !server && !ceph_conf && !ceph_id && !verbose &&
+      (transport == NULL || strcmp (transport, "nbd") == 0);
+    const struct mloop_service_attach user_req = {
+      .file = argv[1], .read_only = read_only, .no_partscan = no_partscan,
+      .autoclear = autoclear,
+    };
+
+    if (!only_user_options || strstr (argv[1], "://") ||
+        mloop_is_rbd_name (argv[1]))
+      return error ("attach: not root: mloop's D-Bus service attaches a "
+                    "local FILE for you, with --read-only, --no-partscan "
+                    "and --autoclear only");
+    if (mloop_service_attach (&user_req, &dev, err, sizeof err) == -1)
+      return error ("attach %s: %s", argv[1], err);
+    printf ("%s\n", dev);
+    return EXIT_SUCCESS;
+  }
   if (!ceph_name ("attach", argv[1], ceph_conf, ceph_id, &name))
     return EXIT_FAILURE;
   req.file = name;
@@ -282,6 +305,29 @@ detach_list (struct mloop_device_state *list, size_t n)
   return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }
 
+/* Detach run by a user who is not root: mloop's D-Bus service detaches
+ * the user's own devices (others' with an administrator's consent).
+ */
+static int
+detach_through_service (bool all, int argc, char **argv)
+{
+  char err[1024];
+  int r = EXIT_SUCCESS;
+
+  if (all)
+    return error ("detach: --all needs root");
+  for (int i = 1; i < argc; i++) {
+    /* The service resolves a FILE as root: name it absolutely. */
+    g_autofree char *what = g_str_has_prefix (argv[i], "/dev/") ||
+      !strchr (argv[i], '/') ? g_strdup (argv[i])
+      : g_canonicalize_filename (argv[i], NULL);
+
+    if (mloop_service_detach (what, err, sizeof err) == -1)
+      r = error ("detach %s: %s", argv[i], err);
+  }
+  return r;
+}
+
 static int
 cmd_detach (int argc, char **argv)
 {
@@ -301,6 +347,8 @@ cmd_detach (int argc, char **argv)
     return EXIT_FAILURE;
   if (all == (argc > 1))
     return error ("detach: give DEVICE or FILE arguments, or --all");
+  if (geteuid () != 0)
+    return detach_through_service (all, argc, argv);
   if (all) {
     list = mloop_state_list (&n);
     r = detach_list (list, n);
@@ -368,8 +416,18 @@ cmd_list (int argc, char **argv)
     return EXIT_FAILURE;
   if (argc != 1)
     return error ("list: takes no arguments");
+  /* The runtime directory is root's: a user asks the service. */
+  if (geteuid () != 0) {
+    g_autofree char *text = NULL;
+    char err[1024];
+
+    if (mloop_service_list (json, &text, err, sizeof err) == -1)
+      return error ("list: %s", err);
+    fputs (text, stdout);
+    return EXIT_SUCCESS;
+  }
   list = mloop_state_list (&n);
-  mloop_print_list (stdout, list, n, json);
+  mloop_describe_list (stdout, list, n, json);
   mloop_state_free_list (list, n);
   return EXIT_SUCCESS;
 }
@@ -394,7 +452,7 @@ cmd_status (int argc, char **argv)
   if (mloop_lookup (argv[1], &st, err, sizeof err) == -1)
     return error ("status: %s", err);
   mloop_device_status_read (&st, &status);
-  mloop_print_status (stdout, &st, &status, json);
+  mloop_describe_status (stdout, &st, &status, json);
   mloop_state_clear (&st);
   return EXIT_SUCCESS;
 }

@@ -96,7 +96,19 @@ try:
     refused("missing image", ["attach", os.path.join(work, "nope.img")],
             "nope.img: No such file or directory")
     refused("directory as image", ["attach", work], "Is a directory")
-    refused("not root", ["attach", image], "needs root", user="nobody")
+    # Not root: mloop's D-Bus service attaches for users, and none is
+    # reachable here.
+    os.chmod(work, 0o711)
+    os.mkdir(os.path.join(work, "public"), 0o755)
+    user_image = os.path.join(work, "public", "disk.img")
+    with open(user_image, "wb") as f:
+        f.truncate(1 << 20)
+    os.chmod(user_image, 0o666)
+    env["DBUS_SYSTEM_BUS_ADDRESS"] = f"unix:path={work}/no-bus"
+    refused("not root, no service", ["attach", user_image],
+            "mloop's D-Bus service (org.mloop.Manager1, for users who are not root) "
+            "cannot be reached", user="nobody")
+    del env["DBUS_SYSTEM_BUS_ADDRESS"]
     refused("--transport bogus", ["attach", "--transport", "bogus", image],
             "--transport bogus: must be nbd, ublk or auto")
     refused("ublk with --autoclear", ["attach", "--transport", "ublk", "--autoclear", image],

@@ -1,0 +1,136 @@
+#!/usr/bin/python3
+"""mloop's D-Bus service (mloop-dbus) on a private system bus with a real
+dbus-daemon and polkitd (servicebus.py), as users who are not root:
+every refusal that needs no kernel NBD client.  polkit's no is one line
+naming the action; a descriptor that proves no right to read (O_PATH,
+O_WRONLY), or only to read when writing is asked, a directory or a
+device node, a relative name and an unknown option are refused before
+anything starts; a good descriptor gets as far as the kernel (which has
+no NBD client here).  `mloop attach` as a user goes through the service
+and refuses root's options; a user's list and detach ask it too.  The
+service survives a client that hangs up mid-call, and a killed service
+is activated again by the next call.  The attach itself is the VM's
+(tests/kernel/test-dbus-attach.py).  About 10 s."""
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+
+import harness
+from harness import check
+import servicebus
+
+MLOOP = os.environ["MLOOP_CLI"]
+SERVICE = os.environ.get("MLOOP_DBUS_BIN", "")
+SRC_DBUS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "dbus")
+CALL = [sys.executable, os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), "dbus_call.py")]
+USER, OTHER = servicebus.USER, servicebus.OTHER
+
+
+def one_line(r):
+    lines = (r.stdout + r.stderr).strip().splitlines()
+    return lines[0] if len(lines) == 1 else "\n".join(lines)
+
+
+def main():
+    if os.geteuid() != 0:
+        harness.skip("needs root: it runs callers as other users")
+    try:
+        bus = servicebus.ServiceBus(SERVICE, SRC_DBUS)
+    except servicebus.Unavailable as e:
+        harness.skip(str(e))
+    work = tempfile.mkdtemp(prefix="mloop-dbus-test-")
+    os.chmod(work, 0o755)
+    try:
+        with bus:
+            run(bus, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    harness.exit_if_failed()
+
+
+def run(bus, work):
+    image = os.path.join(work, "mine.img")
+    with open(image, "wb") as f:
+        f.truncate(16 << 20)
+    os.chown(image, USER[1], USER[2])
+    os.mkdir(os.path.join(work, "dir"))
+    root_only = os.path.join(work, "root-only.img")
+    with open(root_only, "wb") as f:
+        f.truncate(1 << 20)
+    os.chmod(root_only, 0o644)
+
+    def call(*args, user=USER):
+        return one_line(bus.run_as(user, CALL + list(args)))
+
+    # A descriptor that proves no right to the data, or the wrong right.
+    for how, path, options, expect in [
+            ("path", image, [], "not opened for reading"),
+            ("wo", image, [], "not opened for reading"),
+            ("ro", image, [], "opened read-only: attach it read-only"),
+            ("ro", os.path.join(work, "dir"), ["read-only=true"], "not a regular file"),
+            ("ro", "/dev/null", ["read-only=true"], "not a regular file"),
+            ("rw", image, ["bogus=true"], "unknown option bogus")]:
+        out = call("attach", how, path, os.path.abspath(path), *options)
+        check(f"refused: {how} descriptor of {os.path.basename(path)} {options}",
+              out.startswith("ERROR") and expect in out, out)
+    out = call("attach", "rw", image, "mine.img")
+    check("refused: a relative name", out.startswith("ERROR") and "absolute path" in out, out)
+    # A good descriptor reaches the kernel, which has no NBD client here.
+    out = call("attach", "rw", image)
+    check("a good descriptor gets as far as the kernel",
+          out.startswith("ERROR") and "NBD" in out and "descriptor" not in out, out)
+
+    # polkit: OTHER may not attach; nobody may once a rule says no.
+    out = call("attach", "ro", root_only, os.path.abspath(root_only), "read-only=true",
+               user=OTHER)
+    check("polkit's no names the action",
+          out == "ERROR not authorized: polkit refused org.mloop.attach "
+          "(it needs an administrator's authentication)", out)
+    r = bus.run_as(OTHER, [MLOOP, "attach", "--read-only", root_only])
+    check("mloop attach as a user: polkit's no in one line",
+          r.returncode != 0 and one_line(r) == f"mloop: attach {root_only}: not authorized: "
+          "polkit refused org.mloop.attach (it needs an administrator's authentication)",
+          one_line(r))
+    bus.set_rules(servicebus.DENY_ATTACH)
+    out = call("attach", "rw", image)
+    check("a rule denying attach is obeyed", "not authorized" in out, out)
+    bus.set_rules(servicebus.ALLOW_USER)
+
+    # The mloop command as a user.
+    r = bus.run_as(USER, [MLOOP, "attach", root_only])
+    check("a user's attach of an image they cannot write says so",
+          r.returncode != 0 and "Permission denied (use --read-only" in one_line(r), one_line(r))
+    r = bus.run_as(USER, [MLOOP, "attach", "--threads", "2", image])
+    check("a user's attach refuses root's options in one line",
+          r.returncode != 0 and "not root" in one_line(r) and "\n" not in one_line(r),
+          one_line(r))
+    r = bus.run_as(USER, [MLOOP, "list"])
+    check("a user's list asks the service (nothing attached)",
+          r.returncode == 0 and r.stdout == "", r.stdout + r.stderr)
+    r = bus.run_as(USER, [MLOOP, "list", "--json"])
+    check("a user's list --json", r.returncode == 0 and r.stdout.strip() == "[]",
+          r.stdout + r.stderr)
+    r = bus.run_as(USER, [MLOOP, "detach", "/dev/nbd0"])
+    check("a user's detach of what is not attached",
+          r.returncode != 0 and "not attached" in one_line(r), one_line(r))
+
+    # A client that hangs up mid-call; a service killed between calls.
+    pid = bus.service_pid()
+    call("hangup", image)
+    time.sleep(0.5)
+    out = call("detach", "/dev/nbd0")
+    check("the service survives a client hanging up mid-call",
+          bus.service_pid() == pid and "not attached" in out, f"{out}; pid {pid} -> {bus.service_pid()}")
+    bus.kill_service(signal.SIGKILL)
+    r = bus.run_as(USER, [MLOOP, "list"])
+    check("a killed service is started again by the next call",
+          r.returncode == 0 and bus.service_pid() not in (None, pid), r.stderr)
+    r = bus.run_as(USER, [MLOOP, "--version"])
+    check("mloop --version as a user", r.returncode == 0, r.stderr)
+
+
+main()

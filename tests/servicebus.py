@@ -1,0 +1,223 @@
+"""A private system bus for mloop's D-Bus service: a real dbus-daemon
+(its own socket, activating mloop-dbus from the build tree as the system
+bus would) and a real polkitd, which sees the tests' polkit rules and
+mloop's actions through bind mounts in a mount namespace of its own, so
+nothing of the machine's is changed.
+
+Two existing users play the callers: USER, whom the rules let do what
+mloop's actions allow, and OTHER, whom they do not.  Used by the host's
+tests/client/test-dbus-service.py and the VM's test-dbus-attach.py.
+"""
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+
+POLKITD = "/usr/lib/polkit-1/polkitd"
+SERVICE_NAME = "org.mloop.Manager1"
+# (name, uid, gid): Debian's nobody and daemon.
+USER = ("nobody", 65534, 65534)
+OTHER = ("daemon", 1, 1)
+
+ALLOW_USER = """
+polkit.addRule(function(action, subject) {
+    if (action.id.indexOf("org.mloop.") == 0 && subject.user == "%s")
+        return polkit.Result.YES;
+});
+""" % USER[0]
+# OTHER may attach too, but not detach another's device.
+ALLOW_BOTH_ATTACH = ALLOW_USER + """
+polkit.addRule(function(action, subject) {
+    if ((action.id == "org.mloop.attach" || action.id == "org.mloop.detach")
+        && subject.user == "%s")
+        return polkit.Result.YES;
+});
+""" % OTHER[0]
+DENY_ATTACH = """
+polkit.addRule(function(action, subject) {
+    if (action.id == "org.mloop.attach")
+        return polkit.Result.NO;
+});
+"""
+
+BUS_CONF = """<!DOCTYPE busconfig PUBLIC
+ "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <type>system</type>
+  <listen>unix:path={dir}/bus</listen>
+  <auth>EXTERNAL</auth>
+  <servicedir>{dir}/services</servicedir>
+  <policy context="default">
+    <allow user="*"/>
+    <deny own="*"/>
+    <deny send_type="method_call"/>
+    <allow send_type="signal"/>
+    <allow send_requested_reply="true" send_type="method_return"/>
+    <allow send_requested_reply="true" send_type="error"/>
+    <allow receive_type="method_call"/>
+    <allow receive_type="method_return"/>
+    <allow receive_type="error"/>
+    <allow receive_type="signal"/>
+    <allow send_destination="org.freedesktop.DBus"
+           send_interface="org.freedesktop.DBus"/>
+  </policy>
+  <includedir>/usr/share/dbus-1/system.d</includedir>
+  <include>{policy}</include>
+</busconfig>
+"""
+
+
+class Unavailable(Exception):
+    """What the machine lacks for the bus (the test skips)."""
+
+
+def _wait(pred, what, timeout=20):
+    end = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+class ServiceBus:
+    def __init__(self, service_bin, source_dbus_dir):
+        for tool in ("dbus-daemon", "gdbus", "unshare", "setpriv"):
+            if shutil.which(tool) is None:
+                raise Unavailable(f"{tool} is not installed")
+        if not os.path.exists(POLKITD):
+            raise Unavailable(f"{POLKITD} is not installed (Debian: polkitd)")
+        if not os.path.exists(service_bin):
+            raise Unavailable(f"{service_bin} is not built (-Ddbus)")
+        self.service_bin = service_bin
+        self.src = source_dbus_dir
+        self.dir = tempfile.mkdtemp(prefix="mloop-bus-")
+        # Users reach the socket in here.
+        os.chmod(self.dir, 0o755)
+        self.address = f"unix:path={self.dir}/bus"
+        self.env = dict(os.environ, DBUS_SYSTEM_BUS_ADDRESS=self.address)
+        self.daemon = self.polkitd = None
+
+    def __enter__(self):
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _write(self, name, text):
+        path = os.path.join(self.dir, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def _start(self):
+        policy = os.path.join(self.src, "org.mloop.Manager1.conf")
+        self._write("bus.conf", BUS_CONF.format(dir=self.dir, policy=policy))
+        self._write("services/org.mloop.Manager1.service",
+                    "[D-BUS Service]\nName=org.mloop.Manager1\n"
+                    f"Exec={self.service_bin}\nUser=root\n")
+        actions = os.path.join(self.dir, "actions")
+        shutil.copytree("/usr/share/polkit-1/actions", actions)
+        shutil.copy(os.path.join(self.src, "org.mloop.policy"), actions)
+        os.makedirs(os.path.join(self.dir, "rules"))
+        self.daemon = subprocess.Popen(
+            ["dbus-daemon", "--nofork", f"--config-file={self.dir}/bus.conf"],
+            env=self.env, stdout=subprocess.DEVNULL,
+            stderr=open(os.path.join(self.dir, "daemon.log"), "w"))
+        _wait(lambda: os.path.exists(f"{self.dir}/bus") or self.daemon.poll() is not None,
+              "dbus-daemon's socket")
+        if self.daemon.poll() is not None:
+            raise AssertionError("dbus-daemon exited: " + self.log("daemon.log"))
+        self.set_rules(ALLOW_USER)
+
+    def log(self, name):
+        try:
+            with open(os.path.join(self.dir, name)) as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def name_owner_pid(self, name):
+        """The pid owning NAME on the bus, or None."""
+        r = subprocess.run(
+            ["gdbus", "call", "--system", "--dest", "org.freedesktop.DBus",
+             "--object-path", "/org/freedesktop/DBus", "--method",
+             "org.freedesktop.DBus.GetConnectionUnixProcessID", name],
+            env=self.env, capture_output=True, text=True)
+        if r.returncode != 0:
+            return None
+        return int(r.stdout.strip().strip("(),").split()[-1])
+
+    def set_rules(self, rules):
+        """Restarts polkitd with RULES as the only local rules: one that
+        reads its rules afresh, not whenever it notices the change."""
+        self._stop_polkitd()
+        self._write("rules/50-mloop-test.rules", rules)
+        binds = (f"mount --bind {self.dir}/actions /usr/share/polkit-1/actions && "
+                 f"mount --bind {self.dir}/rules /etc/polkit-1/rules.d && "
+                 f"exec {POLKITD} --no-debug")
+        self.polkitd = subprocess.Popen(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", binds],
+            env=self.env, stdout=subprocess.DEVNULL,
+            stderr=open(os.path.join(self.dir, "polkitd.log"), "a"))
+        _wait(lambda: self.name_owner_pid("org.freedesktop.PolicyKit1") or
+              self.polkitd.poll() is not None, "polkitd on the bus")
+        if self.polkitd.poll() is not None:
+            raise AssertionError("polkitd exited: " + self.log("polkitd.log"))
+
+    def _stop_polkitd(self):
+        if self.polkitd and self.polkitd.poll() is None:
+            self.polkitd.terminate()
+            try:
+                self.polkitd.wait(10)
+            except subprocess.TimeoutExpired:
+                self.polkitd.kill()
+                self.polkitd.wait()
+        self.polkitd = None
+        if self.daemon and self.daemon.poll() is None:
+            _wait(lambda: not self.name_owner_pid("org.freedesktop.PolicyKit1"),
+                  "polkitd to leave the bus")
+
+    def service_pid(self):
+        return self.name_owner_pid(SERVICE_NAME)
+
+    def kill_service(self, sig=signal.SIGTERM):
+        pid = self.service_pid()
+        if pid:
+            os.kill(pid, sig)
+            _wait(lambda: not os.path.exists(f"/proc/{pid}") or
+                  open(f"/proc/{pid}/stat").read().split()[2] == "Z",
+                  "mloop-dbus to exit")
+            _wait(lambda: not self.service_pid(), "mloop-dbus to leave the bus")
+
+    def run_as(self, user, argv, **kw):
+        """ARGV run as USER (a (name, uid, gid)) on this bus."""
+        _, uid, gid = user
+        return subprocess.run(
+            ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"]
+            + list(argv), env=self.env, capture_output=True, text=True,
+            timeout=kw.pop("timeout", 120), **kw)
+
+    def close(self):
+        try:
+            if self.daemon and self.daemon.poll() is None:
+                self.kill_service()
+        finally:
+            self._stop_polkitd_quietly()
+            if self.daemon and self.daemon.poll() is None:
+                self.daemon.terminate()
+                self.daemon.wait()
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _stop_polkitd_quietly(self):
+        if self.polkitd and self.polkitd.poll() is None:
+            self.polkitd.kill()
+            self.polkitd.wait()
