@@ -83,7 +83,9 @@ def _wait(pred, what, timeout=20):
 
 
 class ServiceBus:
-    def __init__(self, service_bin, source_dbus_dir):
+    def __init__(self, service_bin, source_dbus_dir, env=None):
+        """ENV: the environment of the bus and what it starts (the
+        service's runtime directory, say); this process's by default."""
         for tool in ("dbus-daemon", "gdbus", "unshare", "setpriv"):
             if shutil.which(tool) is None:
                 raise Unavailable(f"{tool} is not installed")
@@ -97,7 +99,7 @@ class ServiceBus:
         # Users reach the socket in here.
         os.chmod(self.dir, 0o755)
         self.address = f"unix:path={self.dir}/bus"
-        self.env = dict(os.environ, DBUS_SYSTEM_BUS_ADDRESS=self.address)
+        self.env = dict(env or os.environ, DBUS_SYSTEM_BUS_ADDRESS=self.address)
         self.daemon = self.polkitd = None
 
     def __enter__(self):
@@ -203,8 +205,8 @@ class ServiceBus:
         _, uid, gid = user
         return subprocess.run(
             ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"]
-            + list(argv), env=self.env, capture_output=True, text=True,
-            timeout=kw.pop("timeout", 120), **kw)
+            + list(argv), env=self.env, capture_output=True,
+            text=kw.pop("text", True), timeout=kw.pop("timeout", 120), **kw)
 
     def close(self):
         try:

@@ -1,0 +1,133 @@
+"""mloop's D-Bus service in the guest, on a private system bus with a
+real dbus-daemon and polkitd (tests/servicebus.py): a user who is not
+root attaches an image they own with `mloop attach`, gets the device
+node (theirs, 0600), writes and reads it (the data is in the image),
+and sees it, with its owner, in their `mloop list` as root does in
+theirs.  Another user may not detach it ("not your device"), nor attach
+an image they cannot open.  The device survives its server's SIGKILL
+(the supervisor hands the restarted server the caller's descriptor) and
+the service's SIGKILL; the user then detaches it through a service the
+bus starts again, and the node is root's again.  A read-only attach is
+read-only; a polkit rule denying attach is obeyed.  About 15 s in the
+VM."""
+import os
+import signal
+import stat
+import sys
+
+from kfix import Skip, make_image, nbd_in_use, wait_until
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import servicebus  # noqa: E402
+
+import kinds  # noqa: E402
+
+SRC_DBUS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "dbus")
+USER, OTHER = servicebus.USER, servicebus.OTHER
+PATTERN = bytes(range(256)) * 16 * 64          # 256 KiB
+
+
+def service_bin():
+    if os.environ.get("MLOOP_DBUS_BIN"):
+        return os.environ["MLOOP_DBUS_BIN"]
+    return os.path.join(os.path.dirname(os.path.dirname(kinds.CLI)), "dbus", "mloop-dbus")
+
+
+def one_line(r):
+    out = r.stdout + r.stderr
+    return (out.decode(errors="replace") if isinstance(out, bytes) else out).strip()
+
+
+def user_image(cl, owner, seed):
+    image = make_image(cl, seed=seed)
+    os.chmod(os.path.dirname(image), 0o755)
+    os.chown(image, owner[1], owner[2])
+    os.chmod(image, 0o600)
+    return image
+
+
+def run_test(kind, cl):
+    try:
+        bus = servicebus.ServiceBus(service_bin(), SRC_DBUS, env=kind.env())
+    except servicebus.Unavailable as e:
+        raise Skip(str(e))
+    bus.__enter__()
+    cl.push(bus.close)
+    bus.set_rules(servicebus.ALLOW_BOTH_ATTACH)
+
+    def as_user(user, *argv, check=True, text=True):
+        r = bus.run_as(user, argv, text=text)
+        if check:
+            assert r.returncode == 0, f"{' '.join(argv)} as {user[0]}: {one_line(r)}"
+        return r
+
+    # 1. A user attaches their image; the node is theirs.
+    image = user_image(cl, USER, seed=1)
+    dev = as_user(USER, kinds.CLI, "attach", image).stdout.strip()
+    cl.push(lambda: kind.cli("detach", dev, check=False))
+    st = os.stat(dev)
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (USER[1], 0o600), \
+        f"{dev} is uid {st.st_uid} mode {oct(st.st_mode)}"
+    listed = kind.cli("list", "--json").stdout
+    assert '"owner":"nobody"' in listed.replace(" ", "") and image in listed, listed
+    mine = as_user(USER, kinds.CLI, "list").stdout
+    assert dev in mine and "nobody" in mine, f"the user's list: {mine}"
+
+    # 2. They write and read it; the data is in their image.
+    pattern = os.path.join(os.path.dirname(image), "pattern")
+    with open(pattern, "wb") as f:
+        f.write(PATTERN)
+    os.chmod(pattern, 0o644)
+    as_user(USER, "dd", f"if={pattern}", f"of={dev}", "bs=64k", "seek=1", "oflag=direct",
+            "conv=fsync", "status=none")
+    back = as_user(USER, "dd", f"if={dev}", "bs=64k", "skip=1", "count=4", "iflag=direct",
+                   "status=none", text=False)
+    assert back.stdout == PATTERN, "the user reads back other data than they wrote"
+    with open(image, "rb") as f:
+        f.seek(65536)
+        in_image = f.read(len(PATTERN))
+    assert in_image == PATTERN, "what the user wrote is not in the image"
+
+    # 3. Another user: not their device, not an image they can open.
+    r = as_user(OTHER, kinds.CLI, "detach", dev, check=False)
+    assert r.returncode != 0 and "is not your device" in one_line(r) and \
+        "\n" not in one_line(r), f"another user's detach: {one_line(r)}"
+    r = as_user(OTHER, kinds.CLI, "attach", "--read-only", image, check=False)
+    assert r.returncode != 0 and "Permission denied" in one_line(r), one_line(r)
+    r = as_user(OTHER, kinds.CLI, "attach", "--read-only", dev, check=False)
+    assert r.returncode != 0 and "Permission denied" in one_line(r), one_line(r)
+
+    # 4. The server dies: the restarted one reopens the caller's file.
+    before = kind.status(dev)
+    os.kill(before["device"]["server_pid"], signal.SIGKILL)
+    wait_until(lambda: kind.status(dev)["restarts"] == 1 and
+               kind.status(dev)["server_running"], "the server's restart")
+    again = as_user(USER, "dd", f"if={dev}", "bs=64k", "skip=1", "count=4", "iflag=direct",
+                    "status=none", text=False)
+    assert again.stdout == back.stdout, "the restarted server reads other data"
+
+    # 5. The service dies: the device goes on; the next call starts it.
+    bus.kill_service(signal.SIGKILL)
+    as_user(USER, "dd", f"if={pattern}", f"of={dev}", "bs=64k", "seek=8", "oflag=direct",
+            "conv=fsync", "status=none")
+    as_user(USER, kinds.CLI, "detach", dev)
+    wait_until(lambda: not nbd_in_use(dev), f"{dev} to disconnect")
+    st = os.stat(dev)
+    assert st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o660, \
+        f"after detach {dev} is uid {st.st_uid} mode {oct(st.st_mode)}"
+    assert not kind.state_entries(), f"state remains: {kind.state_entries()}"
+    with open(image, "rb") as f:
+        f.seek(8 * 65536)
+        assert f.read(len(PATTERN)) == PATTERN, "the write after the service's death is lost"
+
+    # 6. Read-only, then a rule that says no.
+    dev = as_user(USER, kinds.CLI, "attach", "--read-only", image).stdout.strip()
+    with open(f"/sys/block/{os.path.basename(dev)}/ro") as f:
+        assert f.read().strip() == "1", f"{dev} is not read-only"
+    as_user(USER, kinds.CLI, "detach", dev)
+    bus.set_rules(servicebus.DENY_ATTACH)
+    r = as_user(USER, kinds.CLI, "attach", image, check=False)
+    assert r.returncode != 0 and "not authorized: polkit refused org.mloop.attach" in \
+        one_line(r), one_line(r)
+    assert not kind.state_entries(), f"state remains: {kind.state_entries()}"
