@@ -389,6 +389,8 @@ cmd_resize (int argc, char **argv)
   if (size_text && mloop_size_parse (size_text, &size) < 0)
     return error ("resize: --size %s: not a size (bytes, or with a K, M, G "
                   "or T suffix)", size_text);
+  if (geteuid () != 0)
+    return error ("resize: needs root");
   if (mloop_lookup (argv[1], &st, err, sizeof err) == -1)
     return error ("resize: %s", err);
   if (mloop_resize (&st, size_text != NULL, size, err, sizeof err) == -1) {
@@ -449,6 +451,9 @@ cmd_status (int argc, char **argv)
     return EXIT_FAILURE;
   if (argc != 2)
     return error ("status: give one DEVICE or FILE");
+  /* The runtime directory is root's (a user's list asks mloop-dbus). */
+  if (geteuid () != 0)
+    return error ("status: needs root (mloop list shows every device)");
   if (mloop_lookup (argv[1], &st, err, sizeof err) == -1)
     return error ("status: %s", err);
   mloop_device_status_read (&st, &status);

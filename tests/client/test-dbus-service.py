@@ -114,6 +114,11 @@ def run(bus, work):
     r = bus.run_as(USER, [MLOOP, "list", "--json"])
     check("a user's list --json", r.returncode == 0 and r.stdout.strip() == "[]",
           r.stdout + r.stderr)
+    for command in ("status", "resize"):
+        r = bus.run_as(USER, [MLOOP, command, "/dev/nbd0"])
+        check(f"a user's {command} says it needs root",
+              r.returncode != 0 and one_line(r).startswith(f"mloop: {command}: needs root"),
+              one_line(r))
     r = bus.run_as(USER, [MLOOP, "detach", "/dev/nbd0"])
     check("a user's detach of what is not attached",
           r.returncode != 0 and "not attached" in one_line(r), one_line(r))
