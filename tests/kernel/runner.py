@@ -47,6 +47,11 @@ DURABLE = ["power-cut", "power-cut-early-ack", "failing-disk", "dropped-writes",
 REMOTE = ["remote-attach", "remote-restart"]
 # An RBD image as the device, from a Ceph cluster inside the guest.
 RBD = ["rbd"]
+# The Debian packages installed in a writable root over the guest's and
+# used there (attach, fstab, the attach unit), then purged: for the
+# native kind only, since the test runs the installed programs whatever
+# the group's kind.
+PACKAGE = ["package"]
 
 
 # The durability tests take a VM of their own (they alone take as long as
@@ -81,13 +86,14 @@ UBLK = ["ublk-smoke", "ublk-cli", "restart-fio", "restart-full-queue", "restart-
 # the full tier only.  An RBD image (a Ceph cluster in the guest, about
 # 3 minutes) is served over NBD on 6.1 in the standard tier, over ublk on
 # 6.12 in the full tier: the store is the engine's, whichever transport.
-# The full tier runs every test of the group.
+# The installed packages run on 6.1 (what the package is for is the same
+# on either kernel).  The full tier runs every test of the group.
 # (kind name, kernel series) -> what the standard tier leaves out.
 _NBDKIT_LEAVES_OUT = [t for t in CLI_ONLY if t not in ("resize", "offset-window")] + \
     ["remote-restart", "stall-reconnect", "power-cut-overlay", "rbd"]
 STANDARD_LEAVES_OUT = {
     ("native", "6.1"): ["power-cut-overlay-early-ack"],
-    ("native", "6.12"): CLI_ONLY + ["rbd"],
+    ("native", "6.12"): CLI_ONLY + ["rbd"] + PACKAGE,
     ("nbdkit", "6.1"): _NBDKIT_LEAVES_OUT,
     ("nbdkit", "6.12"): _NBDKIT_LEAVES_OUT,
     ("ublk", "6.12"): ["rbd"],
@@ -124,7 +130,9 @@ def tests_for(kind, group="main"):
         return DURABLE if cli or loop else []
     if ublk:
         return COMMON + UBLK + RBD
-    return COMMON + (CLI_ONLY + SUPERVISED + REMOTE + RBD if cli else [])
+    native = cli and kind.server == "native"
+    return COMMON + (CLI_ONLY + SUPERVISED + REMOTE + RBD if cli else []) \
+        + (PACKAGE if native else [])
 
 
 def load(name):
