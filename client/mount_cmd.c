@@ -21,10 +21,11 @@ mloop_cmd_mount (int argc, char **argv)
       "OPTS" },
     { "types", 't', 0, G_OPTION_ARG_STRING, &fstype,
       "Filesystem type (default: mount finds out)", "TYPE" },
-    { "server", 's', 0, G_OPTION_ARG_STRING, &server,
+    /* No short form: mount(8) passes its helpers -s for "sloppy". */
+    { "server", 0, 0, G_OPTION_ARG_STRING, &server,
       "native (default) or nbdkit", "KIND" },
     /* What mount(8) passes its helpers; mount has acted on them. */
-    { "sloppy", 0, G_OPTION_FLAG_HIDDEN, G_OPTION_ARG_NONE, &sloppy,
+    { "sloppy", 's', G_OPTION_FLAG_HIDDEN, G_OPTION_ARG_NONE, &sloppy,
       NULL, NULL },
     { "fake", 'f', G_OPTION_FLAG_HIDDEN, G_OPTION_ARG_NONE, &fake, NULL, NULL },
     { "no-mtab", 'n', G_OPTION_FLAG_HIDDEN, G_OPTION_ARG_NONE, &no_mtab,

@@ -1,8 +1,10 @@
 /* mloop — mounting an image in one step, as `mount -o loop` does. */
+#include <stdlib.h>
 #include <string.h>
 
 #include <glib.h>
 
+#include "attach.h"
 #include "autoclear.h"
 #include "errmsg.h"
 #include "mount.h"
@@ -44,6 +46,31 @@ run (const char *const *argv, char *err, size_t errlen)
   return 0;
 }
 
+/* Whether REQ's image is attached and mounted on REQ's directory
+ * already (its device's index in *DEVICE_INDEX).  mount(8) compares an
+ * fstab line's source with what is mounted, which for an image is its
+ * device, so a second `mount -a` asks again: the answer is yes, done.
+ */
+static bool
+already_mounted (const struct mloop_mount_request *req, int *device_index)
+{
+  struct mloop_device_state st;
+  g_autofree char *dev = NULL, *mnt = NULL, *dir = NULL;
+  char why[512];
+  bool same;
+
+  if (mloop_lookup (req->attach.file, &st, why, sizeof why) == -1)
+    return false;
+  dev = mloop_state_device_path (&st);
+  mnt = mloop_device_mount_point (dev);
+  dir = realpath (req->dir, NULL);
+  same = mnt && dir && strcmp (mnt, dir) == 0;
+  if (same)
+    *device_index = st.index;
+  mloop_state_clear (&st);
+  return same;
+}
+
 int
 mloop_mount (struct mloop_mount_request *req, int *device_index,
              char *err, size_t errlen)
@@ -57,6 +84,8 @@ mloop_mount (struct mloop_mount_request *req, int *device_index,
 
   if (!g_file_test (req->dir, G_FILE_TEST_IS_DIR))
     return mloop_fail (err, errlen, "%s: not a directory", req->dir);
+  if (already_mounted (req, device_index))
+    return 0;
   if (mloop_attach (&req->attach, &st, err, errlen) == -1)
     return -1;
   dev = mloop_state_device_path (&st);

@@ -382,11 +382,24 @@ def run_test(kind, cl):
     assert not processes_mentioning(missing), \
         f"the failed line left {processes_mentioning(missing)}"
     assert digest(root.path("/mnt/x/first")) == first, "the file of step 2 reads back wrong"
+    # mount(8) compares a line's source (the image) with what is mounted
+    # (the device): a second mount -a asks the helper again, which says
+    # done; only the missing image's line fails again.
+    p = root.in_root("mount", "-a", check=False)
+    assert p.returncode == MOUNT_SOME_OK and missing in p.stderr and \
+        disk not in p.stderr and other not in p.stderr, \
+        f"a second mount -a: exit {p.returncode}: {p.stderr.strip()}"
+    assert sorted(devices(root).values()) == sorted([disk, other]), \
+        f"mloop list after a second mount -a: {devices(root)}"
     second = write_file(root.path("/mnt/x/second"), 2)
     third = write_file(root.path("/mnt/y/third"), 3)
     root.in_root("umount", "/mnt/x")
     root.in_root("umount", "/mnt/y")
     wait_nothing_left(root, [disk, other], "after umount(8) of the fstab mounts")
+    # mount -s (sloppy) reaches the helper as -s.
+    root.in_root("mount", "-s", "-t", "mloop", disk, "/mnt/x")
+    root.in_root("umount", "/mnt/x")
+    wait_nothing_left(root, [disk], "after mount -s and umount")
 
     # The unit systemd makes of each line (what=, where=, type=, options=
     # and local-fs.target's requires/ or wants/).
