@@ -104,7 +104,7 @@ json_print (FILE *f, JsonBuilder *b)
 
 void
 mloop_describe_list (FILE *f, const struct mloop_device_state *list, size_t n,
-                  bool json)
+                     bool json)
 {
   if (json) {
     g_autoptr (JsonBuilder) b = json_builder_new ();
@@ -157,7 +157,7 @@ print_counters (FILE *f, const struct mloop_device_status *st)
 
 void
 mloop_describe_status (FILE *f, const struct mloop_device_state *s,
-                    const struct mloop_device_status *st, bool json)
+                       const struct mloop_device_status *st, bool json)
 {
   const struct mloop_stats *c = &st->stats;
 
