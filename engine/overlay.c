@@ -147,6 +147,8 @@ mloop_overlay_mark (struct mloop_overlay *ov, uint64_t offset,
        */
       pthread_mutex_lock (&ov->map_lock);
       now = __atomic_or_fetch (&ov->map[word], mask, __ATOMIC_ACQ_REL);
+      if (ov->before_map_write)
+        ov->before_map_write (ov, word);
       now = htole64 (now);
       r = mloop_pwrite_all (ov->map_fd, &now, sizeof now,
                       ov->map_offset + word * sizeof now, 0);

@@ -53,6 +53,10 @@ struct mloop_overlay {
    */
   uint64_t *map;
   pthread_mutex_t map_lock;     /* orders the file's copy of a word */
+  /* Unit tests only (NULL otherwise): called under map_lock just before
+   * map word WORD goes to the file, to look into that window.
+   */
+  void (*before_map_write) (struct mloop_overlay *ov, uint64_t word);
 };
 
 /* Opens the overlay at PATH for BASE (opened already, read-only), making
