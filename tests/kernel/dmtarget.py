@@ -99,13 +99,16 @@ class Dm:
         kfix.wait_until(lambda: os.path.exists(dm.path), f"{dm.path} to appear")
         return dm
 
-    def swap(self, table, target=None):
+    def swap(self, table, target=None, lockfs=True):
         """Replaces the table: requests in flight finish on the old one
-        (suspend waits for them), later ones see the new one."""
+        (suspend waits for them), later ones see the new one.  LOCKFS
+        False: a filesystem mounted on the device is not frozen (and so
+        not synced) first, so its dirty pages meet the new table."""
         if target:
             load(target)
         run(["dmsetup", "load", self.name, "--table", table])
-        run(["dmsetup", "suspend", "--noudevsync", self.name])
+        run(["dmsetup", "suspend", "--noudevsync"] + ([] if lockfs else ["--nolockfs"])
+            + [self.name])
         run(["dmsetup", "resume", "--noudevsync", self.name])
 
     def message(self, *words):

@@ -41,7 +41,7 @@ SUPERVISED = ["restart-fio", "restart-fsync", "restart-dying", "restart-hostile-
 # and for loop, the reference; the stock client adds nothing here.
 DURABLE = ["power-cut", "power-cut-early-ack", "failing-disk", "dropped-writes",
            "slow-disk", "stall-reconnect", "out-of-space", "power-cut-overlay",
-           "power-cut-overlay-early-ack"]
+           "power-cut-overlay-early-ack", "power-cut-overlay-fua", "overlay-sync-error"]
 # Serving to other machines, through this machine's loopback; a remote
 # device that survives its server's restarts (its supervisor reconnects).
 REMOTE = ["remote-attach", "remote-restart"]
@@ -90,7 +90,8 @@ UBLK = ["ublk-smoke", "ublk-cli", "restart-fio", "restart-full-queue", "restart-
 # on either kernel).  The full tier runs every test of the group.
 # (kind name, kernel series) -> what the standard tier leaves out.
 _NBDKIT_LEAVES_OUT = [t for t in CLI_ONLY if t not in ("resize", "offset-window")] + \
-    ["remote-restart", "stall-reconnect", "power-cut-overlay", "rbd"]
+    ["remote-restart", "stall-reconnect", "power-cut-overlay", "power-cut-overlay-fua",
+     "overlay-sync-error", "rbd"]
 STANDARD_LEAVES_OUT = {
     ("native", "6.1"): ["power-cut-overlay-early-ack"],
     ("native", "6.12"): CLI_ONLY + ["rbd"] + PACKAGE,
