@@ -186,9 +186,13 @@ route_through_overlay (struct mloop_file_store *e, struct mloop_io *io)
     return MLOOP_PREPARED_BLOCKING;
   if (io->op == MLOOP_IO_WRITE) {
     /* A write that changes the map syncs its data first (overlay.h,
-     * mloop_overlay_mark): a helper's work, not the loop's.
+     * mloop_overlay_mark): a helper's work, not the loop's.  So is a FUA
+     * write while a map word is not yet durable (or a sync failed): its
+     * data is reachable only through its clusters' words, so the
+     * overlay commits the whole file after it.
      */
-    if (where != MLOOP_OVERLAY_IN_OVERLAY)
+    if (where != MLOOP_OVERLAY_IN_OVERLAY ||
+        ((io->flags & MLOOP_IO_FUA) && !mloop_overlay_map_durable (ov)))
       return MLOOP_PREPARED_BLOCKING;
   }
   else if (where == MLOOP_OVERLAY_MIXED ||
@@ -274,8 +278,12 @@ file_complete_event (struct mloop_store *store, struct mloop_io *io,
   struct mloop_file_store *e = (struct mloop_file_store *) store;
   int error = 0;
 
-  if (res < 0)
+  if (res < 0) {
     error = (int) -res;
+    if (e->overlay && io->op == MLOOP_IO_WRITE &&
+        (io->flags & MLOOP_IO_FUA) && e->fua_in_aio)
+      mloop_overlay_dsync_failed (e->overlay, (int) res);
+  }
   else if (io->op != MLOOP_IO_FLUSH) {
     io->done += (size_t) res;
     if (io->done < io->count) {
@@ -293,7 +301,9 @@ file_complete_event (struct mloop_store *store, struct mloop_io *io,
     else if (io->op == MLOOP_IO_WRITE && (io->flags & MLOOP_IO_FUA) &&
              !e->fua_in_aio) {
       /* Old kernel: FUA as write then fdatasync, on this thread. */
-      if (fdatasync (io->fd) == -1)
+      if (e->overlay)
+        error = -mloop_overlay_commit (e->overlay);
+      else if (fdatasync (io->fd) == -1)
         error = errno;
     }
     if (error == 0 && io->op == MLOOP_IO_WRITE && e->overlay)

@@ -78,6 +78,40 @@ sync_fd (int fd)
   return fdatasync (fd) == -1 ? -errno : 0;
 }
 
+/* Keeps the first sync error of the file (overlay.h, sync_error). */
+static void
+note_sync_error (struct mloop_overlay *ov, int err)
+{
+  int none = 0;
+
+  __atomic_compare_exchange_n (&ov->sync_error, &none, err, false,
+                               __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
+
+/* One fdatasync of the whole file, data area and map.  Its own result:
+ * an error is also kept for every later commit.  On success every map
+ * word written before it started is durable.
+ */
+static int
+sync_file (struct mloop_overlay *ov)
+{
+  const uint64_t written = __atomic_load_n (&ov->map_written,
+                                            __ATOMIC_ACQUIRE);
+  uint64_t synced = __atomic_load_n (&ov->map_synced, __ATOMIC_ACQUIRE);
+  int r = sync_fd (ov->fd);
+
+  if (r < 0) {
+    note_sync_error (ov, r);
+    return r;
+  }
+  while (synced < written &&
+         !__atomic_compare_exchange_n (&ov->map_synced, &synced, written,
+                                       false, __ATOMIC_ACQ_REL,
+                                       __ATOMIC_ACQUIRE))
+    ;
+  return 0;
+}
+
 /* ---- the map ---- */
 
 static bool
@@ -131,7 +165,7 @@ mloop_overlay_mark (struct mloop_overlay *ov, uint64_t offset,
    * as zeroes, neither its old bytes nor its new ones.
    */
   if (marks_new (ov, first, end))
-    r = sync_fd (ov->fd);
+    r = sync_file (ov);
   for (uint64_t c = first; c < end && r == 0; ) {
     const uint64_t word = c / 64;
     const uint64_t upto = end < (word + 1) * 64 ? end : (word + 1) * 64;
@@ -140,18 +174,32 @@ mloop_overlay_mark (struct mloop_overlay *ov, uint64_t offset,
                           << (c % 64);
 
     if ((__atomic_load_n (&ov->map[word], __ATOMIC_ACQUIRE) & mask) != mask) {
-      uint64_t now;
+      uint64_t was, now;
 
       /* Under the lock, so the file's copy of a word two writers change
-       * at once ends with both their bits.
+       * at once ends with both their bits; and the memory's copy changes
+       * only once the file's has: a second writer that saw the bits would
+       * skip the word and be answered before it was in the file.
        */
       pthread_mutex_lock (&ov->map_lock);
-      now = __atomic_or_fetch (&ov->map[word], mask, __ATOMIC_ACQ_REL);
-      if (ov->before_map_write)
-        ov->before_map_write (ov, word);
-      now = htole64 (now);
-      r = mloop_pwrite_all (ov->map_fd, &now, sizeof now,
-                      ov->map_offset + word * sizeof now, 0);
+      was = __atomic_load_n (&ov->map[word], __ATOMIC_ACQUIRE);
+      now = was | mask;
+
+      if (now != was) {
+        const uint64_t le = htole64 (now);
+
+        if (ov->before_map_write)
+          ov->before_map_write (ov, word);
+        r = mloop_pwrite_all (ov->map_fd, &le, sizeof le,
+                              ov->map_offset + word * sizeof le, 0);
+        if (r == 0) {
+          /* Counted before the bits show: whoever sees them sees the
+           * word as one a FUA write may have to wait for.
+           */
+          __atomic_add_fetch (&ov->map_written, 1, __ATOMIC_ACQ_REL);
+          __atomic_store_n (&ov->map[word], now, __ATOMIC_RELEASE);
+        }
+      }
       pthread_mutex_unlock (&ov->map_lock);
     }
     c = upto;
@@ -163,7 +211,27 @@ int
 mloop_overlay_commit (struct mloop_overlay *ov)
 {
   /* The data area and the map are one file: one fdatasync covers both. */
-  return sync_fd (ov->fd);
+  int r = sync_file (ov);
+
+  return r < 0 ? r : __atomic_load_n (&ov->sync_error, __ATOMIC_ACQUIRE);
+}
+
+bool
+mloop_overlay_map_durable (const struct mloop_overlay *ov)
+{
+  return __atomic_load_n (&ov->sync_error, __ATOMIC_ACQUIRE) == 0 &&
+    __atomic_load_n (&ov->map_synced, __ATOMIC_ACQUIRE) >=
+    __atomic_load_n (&ov->map_written, __ATOMIC_ACQUIRE);
+}
+
+void
+mloop_overlay_dsync_failed (struct mloop_overlay *ov, int err)
+{
+  /* No space (a hole of the data area filled) is refused before any
+   * writeback: nothing was lost.
+   */
+  if (err != -ENOSPC && err != -EDQUOT)
+    note_sync_error (ov, err);
 }
 
 /* ---- data ---- */
@@ -225,14 +293,14 @@ read_clusters (struct mloop_overlay *ov, const struct mloop_backing *base,
 }
 
 /* Writes whole clusters [start, start + count) into the data area and
- * marks them.
+ * marks them.  (A FUA write's durability is the commit after it: the
+ * map's words as well as its data.)
  */
 static int
 write_clusters (struct mloop_overlay *ov, const char *buf, uint64_t count,
-                uint64_t start, bool fua)
+                uint64_t start)
 {
-  int r = mloop_pwrite_all (ov->fd, buf, count, ov->data_offset + start,
-                      fua ? RWF_DSYNC : 0);
+  int r = mloop_pwrite_all (ov->fd, buf, count, ov->data_offset + start, 0);
 
   if (r == 0)
     r = mloop_overlay_mark (ov, start, count);
@@ -272,7 +340,7 @@ mloop_overlay_rw (struct mloop_overlay *ov, const struct mloop_backing *base,
     r = read_clusters (ov, base, block + (end - C - start), end - C, end);
   if (r == 0) {
     memcpy (block + (offset - start), buf, count);
-    r = write_clusters (ov, block, end - start, start, fua);
+    r = write_clusters (ov, block, end - start, start);
   }
   if (partial)
     mloop_range_unlock (lock, &range);
@@ -317,7 +385,7 @@ write_zero_clusters (struct mloop_overlay *ov, uint64_t start, uint64_t end)
   for (uint64_t pos = start; pos < end && r == 0; pos += chunk) {
     const uint64_t n = end - pos < chunk ? end - pos : chunk;
 
-    r = write_clusters (ov, zeroes, n, pos, false);
+    r = write_clusters (ov, zeroes, n, pos);
   }
   mloop_free_aligned (zeroes, chunk);
   return r;

@@ -13,10 +13,19 @@
  * synced if any of them is new to the overlay (so no bit can reach the
  * disk before its cluster's data), then their bits are written to the
  * file (the page cache) before it is answered, so a server that dies
- * (SIGKILL, the OOM killer) loses no answered write;
- * a commit (FLUSH, FUA) is one fdatasync of the file, data area and map
- * together, so a power cut loses nothing flushed.  Bits are only ever
- * set, never cleared, so a torn map page holds old bits or new ones.
+ * (SIGKILL, the OOM killer) loses no answered write.  A bit shows in
+ * memory only once its word is in the file, so a second writer to the
+ * cluster, which goes by the memory's map, cannot be answered before
+ * the word it depends on is there.
+ * A commit (FLUSH) is one fdatasync of the file, data area and map
+ * together, so a power cut loses nothing flushed.  A FUA write is
+ * durable by its own range only while every map word written so far is
+ * durable too (mloop_overlay_map_durable); otherwise it is followed by
+ * a commit.  Once a sync of the file has failed, every later commit
+ * fails until the overlay is opened again: the kernel reports a failed
+ * writeback once and then holds the lost pages as clean.  Bits are only
+ * ever set, never cleared, so a torn map page holds old bits or new
+ * ones.
  *
  * The engine calls this layer from its few entry points (engine.c,
  * space.c) and nowhere else; front ends never see it.
@@ -53,6 +62,15 @@ struct mloop_overlay {
    */
   uint64_t *map;
   pthread_mutex_t map_lock;     /* orders the file's copy of a word */
+  /* Map words written to the file, and how many of them a completed
+   * sync of the file covered; both only grow, read with atomics.
+   */
+  uint64_t map_written;
+  uint64_t map_synced;
+  /* The first error a sync of the file reported (negative errno), or 0:
+   * kept until the overlay is closed.
+   */
+  int sync_error;
   /* Unit tests only (NULL otherwise): called under map_lock just before
    * map word WORD goes to the file, to look into that window.
    */
@@ -106,13 +124,29 @@ enum mloop_overlay_where mloop_overlay_where (const struct mloop_overlay *ov,
 int mloop_overlay_mark (struct mloop_overlay *ov, uint64_t offset,
                          uint64_t count);
 
-/* Makes every completed write durable, data and map. */
+/* Makes every completed write durable, data and map.  Fails with the
+ * first sync error the file ever reported, even when this sync succeeds:
+ * pages whose writeback failed are lost and the kernel no longer says so.
+ */
 int mloop_overlay_commit (struct mloop_overlay *ov);
+
+/* Whether every map word written so far is durable and no sync of the
+ * file has failed: then a FUA write to clusters already in the overlay
+ * is durable once its own range is (RWF_DSYNC).  Otherwise it needs a
+ * commit after it.
+ */
+bool mloop_overlay_map_durable (const struct mloop_overlay *ov);
+
+/* Records ERR (a negative errno) from a write with RWF_DSYNC to the
+ * overlay's data area: its sync may have taken the file's report of a
+ * failed writeback, which no later sync repeats.
+ */
+void mloop_overlay_dsync_failed (struct mloop_overlay *ov, int err);
 
 /* A read or write of any alignment, synchronously: clusters in the base
  * are read from BASE; a write to part of a cluster copies the rest up
- * first, under the range lock LOCK.  RW_FLAGS: RWF_DSYNC for FUA, which
- * then also commits.  0 or a negative errno.
+ * first, under the range lock LOCK.  FUA: commit after it.  0 or a
+ * negative errno.
  */
 struct mloop_range_lock;
 int mloop_overlay_rw (struct mloop_overlay *ov,
