@@ -78,14 +78,38 @@ sync_fd (int fd)
   return fdatasync (fd) == -1 ? -errno : 0;
 }
 
+/* Writes the whole map from memory to the file again.  After a failed
+ * writeback the kernel holds the lost map pages as clean: written again
+ * they are dirty, so a later writeback (or the sync of the server that
+ * opens the overlay next) makes them durable after all.  Best effort:
+ * the error is kept whatever this achieves.
+ */
+static void
+rewrite_map (struct mloop_overlay *ov)
+{
+  const size_t words = ov->map_bytes / sizeof *ov->map;
+  uint64_t *copy = malloc (ov->map_bytes);
+
+  if (copy == NULL)
+    return;
+  pthread_mutex_lock (&ov->map_lock);
+  for (size_t i = 0; i < words; i++)
+    copy[i] = htole64 (__atomic_load_n (&ov->map[i], __ATOMIC_ACQUIRE));
+  (void) mloop_pwrite_all (ov->map_fd, copy, ov->map_bytes, ov->map_offset,
+                           0);
+  pthread_mutex_unlock (&ov->map_lock);
+  free (copy);
+}
+
 /* Keeps the first sync error of the file (overlay.h, sync_error). */
 static void
 note_sync_error (struct mloop_overlay *ov, int err)
 {
   int none = 0;
 
-  __atomic_compare_exchange_n (&ov->sync_error, &none, err, false,
-                               __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+  if (__atomic_compare_exchange_n (&ov->sync_error, &none, err, false,
+                                   __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+    rewrite_map (ov);
 }
 
 /* One fdatasync of the whole file, data area and map.  Its own result:
