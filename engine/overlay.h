@@ -23,9 +23,10 @@
  * durable too (mloop_overlay_map_durable); otherwise it is followed by
  * a commit.  Once a sync of the file has failed, every later commit
  * fails until the overlay is opened again: the kernel reports a failed
- * writeback once and then holds the lost pages as clean.  Bits are only
- * ever set, never cleared, so a torn map page holds old bits or new
- * ones.
+ * writeback once and then holds the lost pages as clean (so the whole
+ * map is written again at that error, for a later sync to make durable).
+ * Bits are only ever set, never cleared, so a torn map page holds old
+ * bits or new ones.
  *
  * The engine calls this layer from its few entry points (engine.c,
  * space.c) and nowhere else; front ends never see it.
