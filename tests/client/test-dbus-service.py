@@ -5,7 +5,8 @@ every refusal that needs no kernel NBD client.  polkit's no is one line
 naming the action; a descriptor that proves no right to read (O_PATH,
 O_WRONLY), or only to read when writing is asked, a directory or a
 device node, a relative name and an unknown option are refused before
-anything starts; a good descriptor gets as far as the kernel (which has
+anything starts, and so is a file of a pseudo file system (proc, sysfs:
+what it reads depends on who opened it); a good descriptor gets as far as the kernel (which has
 no NBD client here).  `mloop attach` as a user goes through the service
 and refuses root's options; a user's list and detach ask it too.  The
 service survives a client that hangs up mid-call, and a killed service
@@ -73,10 +74,13 @@ def run(bus, work):
             ("ro", image, [], "opened read-only: attach it read-only"),
             ("ro", os.path.join(work, "dir"), ["read-only=true"], "not a regular file"),
             ("ro", "/dev/null", ["read-only=true"], "not a regular file"),
+            ("ro", "/proc/version", ["read-only=true"], "on proc, a pseudo file system"),
+            ("ro", "/sys/kernel/uevent_seqnum", ["read-only=true"],
+             "on sysfs, a pseudo file system"),
             ("rw", image, ["bogus=true"], "unknown option bogus")]:
         out = call("attach", how, path, os.path.abspath(path), *options)
         check(f"refused: {how} descriptor of {os.path.basename(path)} {options}",
-              out.startswith("ERROR") and expect in out, out)
+              out.startswith("ERROR") and expect in out and "\n" not in out, out)
     out = call("attach", "rw", image, "mine.img")
     check("refused: a relative name", out.startswith("ERROR") and "absolute path" in out, out)
     # A good descriptor reaches the kernel, which has no NBD client here.

@@ -8,14 +8,21 @@ an image they cannot open.  The device survives its server's SIGKILL
 (the supervisor hands the restarted server the caller's descriptor) and
 the service's SIGKILL; the user then detaches it through a service the
 bus starts again, and the node is root's again.  A read-only attach is
-read-only; a polkit rule denying attach is obeyed.  About 15 s in the
-VM."""
+read-only; a polkit rule denying attach is obeyed.  A user's autoclear
+device gives its node back to root when the kernel lets it go, and a
+node a user was left holding is root's again before the next device is
+connected there (a user watching its size never opens it).  The name a
+caller gives is only a label: a user who names their image after
+root's neither becomes its kernel backend nor is found by `mloop detach
+ROOT-IMAGE`.  About 25 s in the VM."""
 import os
 import signal
 import stat
+import subprocess
 import sys
+import time
 
-from kfix import Skip, make_image, nbd_in_use, wait_until
+from kfix import Skip, free_nbd, make_image, nbd_in_use, sysfs, wait_until
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import servicebus  # noqa: E402
@@ -26,6 +33,24 @@ SRC_DBUS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "dbus")
 USER, OTHER = servicebus.USER, servicebus.OTHER
 PATTERN = bytes(range(256)) * 16 * 64          # 256 KiB
+CALL = [sys.executable, os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), "dbus_call.py")]
+# Run as a user: opens DEV the moment the kernel gives it a size, as
+# someone waiting for the next device there would, and says what it got.
+WATCHER = """
+import os, sys, time
+dev, size = sys.argv[1], "/sys/block/" + os.path.basename(sys.argv[1]) + "/size"
+print("ready", flush=True)
+while True:
+    try:
+        if open(size).read().strip() != "0":
+            fd = os.open(dev, os.O_RDONLY)
+            print("opened", flush=True)
+            time.sleep(60)
+    except OSError:
+        pass
+    time.sleep(0.001)
+"""
 
 
 def service_bin():
@@ -45,6 +70,22 @@ def user_image(cl, owner, seed):
     os.chown(image, owner[1], owner[2])
     os.chmod(image, 0o600)
     return image
+
+
+def node_owner(dev):
+    st = os.stat(dev)
+    return st.st_uid, stat.S_IMODE(st.st_mode)
+
+
+def watch_as(user, bus, dev, cl):
+    """A process of USER's that opens DEV as soon as it has a size."""
+    _, uid, gid = user
+    p = subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={gid}",
+                          "--clear-groups", "--", sys.executable, "-c", WATCHER, dev],
+                         env=bus.env, stdout=subprocess.PIPE, text=True)
+    cl.push(lambda: p.poll() is None and (p.kill(), p.wait()))
+    assert p.stdout.readline().strip() == "ready", "the watcher did not start"
+    return p
 
 
 def run_test(kind, cl):
@@ -130,4 +171,54 @@ def run_test(kind, cl):
     r = as_user(USER, kinds.CLI, "attach", image, check=False)
     assert r.returncode != 0 and "not authorized: polkit refused org.mloop.attach" in \
         one_line(r), one_line(r)
+    assert not kind.state_entries(), f"state remains: {kind.state_entries()}"
+
+    # 7. An autoclear device goes without a detach: its node goes back
+    # to root once the kernel lets it go.
+    bus.set_rules(servicebus.ALLOW_BOTH_ATTACH)
+    out = as_user(USER, *CALL, "attach", "rw", image, image, "autoclear=true").stdout.strip()
+    assert out.startswith("OK /dev/nbd"), f"autoclear attach: {out}"
+    dev = out.split()[1]
+    cl.push(lambda: kind.cli("detach", dev, check=False))
+    assert node_owner(dev) == (USER[1], 0o600), f"{dev}: {node_owner(dev)}"
+    as_user(USER, "dd", f"if={dev}", "of=/dev/null", "bs=4k", "count=1", "status=none")
+    wait_until(lambda: not kind.state_entries(), "the autoclear device's cleanup")
+    assert node_owner(dev) == (0, 0o660), \
+        f"after an autoclear release {dev} is still uid/mode {node_owner(dev)}"
+
+    # 8. A node left a user's (as by an attach that died) is root's again
+    # before root's next image is connected there: a user watching its
+    # size never opens it.
+    dev = free_nbd()
+    os.chown(dev, USER[1], USER[2])
+    os.chmod(dev, 0o600)
+    cl.push(lambda: (os.chown(dev, 0, 0), os.chmod(dev, 0o660)))
+    watcher = watch_as(USER, bus, dev, cl)
+    root_image = make_image(cl, seed=7)
+    os.chmod(root_image, 0o600)
+    got = kind.cli(*kind.attach_args(root_image), "--device", dev).stdout.strip()
+    cl.push(lambda: kind.cli("detach", got, check=False))
+    assert got == dev, f"root's attach made {got}, not {dev}"
+    time.sleep(0.5)
+    watcher.kill()
+    seen = watcher.communicate()[0]
+    assert "opened" not in seen, f"a user opened {dev} while root's image was attached there"
+    assert node_owner(dev) == (0, 0o660), f"root's {dev}: {node_owner(dev)}"
+
+    # 9. The name is the caller's label, not the device's identity: a
+    # user's image named after root's is neither root's kernel backend
+    # nor what `mloop detach ROOT-IMAGE` finds.
+    out = as_user(USER, *CALL, "attach", "rw", image, root_image).stdout.strip()
+    assert out.startswith("OK /dev/nbd"), f"attach under root's name: {out}"
+    mine = out.split()[1]
+    cl.push(lambda: kind.cli("detach", mine, check=False))
+    backend = sysfs(mine, "backend")
+    assert backend != root_image and root_image not in (backend or ""), \
+        f"the user's device has root's image's name as its backend: {backend}"
+    listed = as_user(USER, kinds.CLI, "list").stdout
+    assert mine in listed and root_image in listed, f"the user's label is not shown: {listed}"
+    kind.cli("detach", root_image)
+    wait_until(lambda: not nbd_in_use(dev), f"root's {dev} to disconnect")
+    assert nbd_in_use(mine), f"`mloop detach {root_image}` detached the user's {mine}"
+    as_user(USER, kinds.CLI, "detach", mine)
     assert not kind.state_entries(), f"state remains: {kind.state_entries()}"
