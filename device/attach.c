@@ -319,13 +319,19 @@ struct opener {
 #define RECEIVERS_SETTLE_MS  500
 #define RECEIVERS_TIMEOUT_MS 5000
 #define RECEIVERS_ATTEMPTS   16
+/* How many idle devices an attach tries that another attach connects
+ * first.
+ */
+#define BUSY_ATTEMPTS        16
 
-/* Hands N negotiated sockets to the kernel as one device.  The kernel
- * takes its own references: FDS are closed here either way.
+/* Hands N negotiated sockets to the kernel as one device, /dev/nbdWANT
+ * (-1: the kernel's choice).  The kernel takes its own references: FDS
+ * are closed here either way.  A negative errno with ERR on failure
+ * (-EBUSY: WANT is connected, or held open).
  */
 static int
-hand_to_kernel (const struct mloop_attach_request *req, int *fds,
-                unsigned n, const struct mloop_nbd_export *x,
+hand_to_kernel (int want, int *fds, unsigned n,
+                const struct mloop_nbd_export *x,
                 uint32_t block_size, unsigned timeout, unsigned dead_timeout,
                 const char *backend, int *index, char *err, size_t errlen)
 {
@@ -334,7 +340,7 @@ hand_to_kernel (const struct mloop_attach_request *req, int *fds,
    * to be reconnected (NBD_CMD_RECONFIGURE).
    */
   struct mloop_nbd_device_config dc = {
-    .index = req->index, .size = x->size, .block_size = block_size,
+    .index = want, .size = x->size, .block_size = block_size,
     .server_flags = x->flags, .timeout = timeout,
     .dead_conn_timeout = dead_timeout,
     .backend = backend, .fds = fds, .nr_fds = n,
@@ -344,7 +350,52 @@ hand_to_kernel (const struct mloop_attach_request *req, int *fds,
 
   r = mloop_nbd_netlink_connect (&dc, index, why, sizeof why);
   mloop_nbd_close_all (fds, n);
-  return r < 0 ? mloop_fail (err, errlen, "%s", why) : 0;
+  if (r < 0)
+    mloop_fail (err, errlen, "%s", why);
+  return r < 0 ? r : 0;
+}
+
+/* The device to connect next (device_owner.h says why its node must be
+ * root's first): the one REQ asks for, or the lowest idle one from FROM
+ * on, or -1 to let the kernel make a new one (its node is root's as the
+ * kernel makes it).  -2 with ERR when the one asked for cannot be given
+ * back to root.
+ */
+static int
+choose_index (const struct mloop_attach_request *req, int from, char *err,
+              size_t errlen)
+{
+  g_autofree char *name = NULL;
+  int idle = mloop_device_owner_reclaim_idle (req->index >= 0 ? req->index
+                                              : from);
+
+  if (req->index < 0)
+    return idle;
+  name = g_strdup_printf ("nbd%d", req->index);
+  if (!mloop_device_owner_is_root (name)) {
+    mloop_fail (err, errlen, "/dev/%s is not root's and the disk group's "
+                "only, and could not be made so: no image is connected "
+                "to it", name);
+    return -2;
+  }
+  return req->index;
+}
+
+/* After the connect: whether device INDEX's node is still root's, which
+ * only a concurrent attach and release of a user's device there could
+ * have undone.  If not, disconnects it, with ERR.
+ */
+static int
+check_connected_node (int index, char *err, size_t errlen)
+{
+  g_autofree char *name = g_strdup_printf ("nbd%d", index);
+  char why[512];
+
+  if (mloop_device_owner_is_root (name))
+    return 0;
+  mloop_nbd_netlink_disconnect (index, why, sizeof why);
+  return mloop_fail (err, errlen, "/dev/%s was given to a user while it "
+                     "was being connected: attach again", name);
 }
 
 /* The requests in flight per hardware queue (per connection).  The
@@ -418,9 +469,13 @@ connect_kernel (const struct mloop_attach_request *req,
   struct mloop_nbd_export x = { 0 };
   int fds[MLOOP_MAX_CONNECTIONS];
   char why[512];
-  int n, index = -1;
+  int n, index = -1, from = 0, want, r;
+  unsigned busy = 0;
 
   for (unsigned attempt = 1; ; attempt++) {
+    want = choose_index (req, from, err, errlen);
+    if (want == -2)
+      return -1;
     n = o->open (o, fds, &x, err, errlen);
     if (n < 0)
       return -1;
@@ -431,9 +486,17 @@ connect_kernel (const struct mloop_attach_request *req,
       mloop_nbd_close_all (fds, (unsigned) n);
       return -1;
     }
-    if (hand_to_kernel (req, fds, (unsigned) n, &x, s->block_size,
+    r = hand_to_kernel (want, fds, (unsigned) n, &x, s->block_size,
                         s->timeout, s->dead_timeout, backend, &index, err,
-                        errlen) == -1)
+                        errlen);
+    /* Another attach took the idle device we chose: the next one. */
+    if (r == -EBUSY && req->index < 0 && want >= 0 &&
+        busy++ < BUSY_ATTEMPTS) {
+      from = want + 1;
+      attempt--;
+      continue;
+    }
+    if (r < 0 || check_connected_node (index, err, errlen) == -1)
       return -1;
     mloop_step_done (req->steps, "netlink connect");
     if (attempt == RECEIVERS_ATTEMPTS ||
@@ -998,6 +1061,9 @@ mloop_cleanup_incomplete (void)
     mloop_state_unlock (device_lock);
     n++;
   }
+  /* What it gave a user it had no time to take back (device_owner.h). */
+  if (n > 0)
+    mloop_device_owner_reclaim_idle (0);
   mloop_state_unlock (lock);
   return n;
 }

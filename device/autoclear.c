@@ -4,6 +4,7 @@
 #include <glib.h>
 
 #include "autoclear.h"
+#include "device_owner.h"
 #include "errmsg.h"
 #include "nbd_netlink.h"
 
@@ -40,4 +41,18 @@ mloop_autoclear_released (const struct mloop_device_state *s)
   if (!g_file_get_contents (path, &backend, NULL, NULL))
     return !connected;
   return strcmp (g_strchomp (backend), s->file) != 0;
+}
+
+void
+mloop_autoclear_give_back (const struct mloop_device_state *s)
+{
+  g_autofree char *name = mloop_state_device_name (s);
+  bool connected = true;
+  char why[512];
+
+  if (s->owner == 0 || s->transport == MLOOP_TRANSPORT_UBLK)
+    return;
+  if (mloop_nbd_netlink_connected (s->index, &connected, why,
+                                   sizeof why) == 0 && !connected)
+    mloop_device_owner_set (name, 0, why, sizeof why);
 }

@@ -26,4 +26,11 @@ int mloop_autoclear_enable (struct mloop_device_state *s, char *err,
  */
 bool mloop_autoclear_released (const struct mloop_device_state *s);
 
+/* Gives S's node back to root (device_owner.h) once the kernel has let
+ * S's device go, unless another image is connected there by then (its
+ * own attach decides that node's owner).  For a device attached for a
+ * user, whose node would otherwise stay theirs: no detach ran.
+ */
+void mloop_autoclear_give_back (const struct mloop_device_state *s);
+
 #endif /* MLOOP_AUTOCLEAR_H */

@@ -2,6 +2,8 @@
 #include <dirent.h>
 #include <errno.h>
 #include <grp.h>
+#include <limits.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -10,6 +12,7 @@
 
 #include "device_owner.h"
 #include "errmsg.h"
+#include "nbd_netlink.h"
 
 /* The disk group's id, as udev gives block devices; root's without one. */
 static gid_t
@@ -56,4 +59,51 @@ mloop_device_owner_set (const char *name, uid_t owner, char *err,
       r = -1;
   closedir (dir);
   return r;
+}
+
+bool
+mloop_device_owner_is_root (const char *name)
+{
+  g_autofree char *node = g_strconcat ("/dev/", name, NULL);
+  const gid_t disk = disk_group ();
+  struct stat st;
+
+  if (stat (node, &st) == -1 || st.st_uid != 0 || (st.st_mode & 0007))
+    return false;
+  /* Group bits are the disk group's, or root's own group's. */
+  return st.st_gid == 0 || st.st_gid == disk || !(st.st_mode & 0070);
+}
+
+int
+mloop_device_owner_reclaim_idle (int from)
+{
+  DIR *dir = opendir ("/sys/block");
+  struct dirent *e;
+  int best = -1;
+
+  if (dir == NULL)
+    return -1;
+  while ((e = readdir (dir)) != NULL) {
+    bool connected = true;
+    char why[512];
+    char *end;
+    long index;
+
+    if (!g_str_has_prefix (e->d_name, "nbd"))
+      continue;
+    index = strtol (e->d_name + 3, &end, 10);
+    if (end == e->d_name + 3 || *end != '\0' || index < 0 || index > INT_MAX)
+      continue;
+    if (mloop_nbd_netlink_connected ((int) index, &connected, why,
+                                     sizeof why) < 0 || connected)
+      continue;
+    if (!mloop_device_owner_is_root (e->d_name) &&
+        mloop_device_owner_set (e->d_name, 0, why, sizeof why) == -1)
+      continue;
+    if (index >= from && (best == -1 || index < best) &&
+        mloop_device_owner_is_root (e->d_name))
+      best = (int) index;
+  }
+  closedir (dir);
+  return best;
 }

@@ -2,13 +2,18 @@
  * service) belongs to that user: its node and its partitions' nodes are
  * theirs (mode 0600) while it is attached, so they can read and write it
  * as they could the image.  Every other device node is root's and the
- * disk group's (0660, as udev makes them), and a node goes back to them
- * before its device is disconnected, so the next image attached there is
- * not the last owner's.
+ * disk group's (0660, as udev makes them).  A node goes back to them
+ * before its device is disconnected by a detach, when the kernel lets an
+ * autoclear device go (autoclear.h), and, for any node a device left
+ * behind (an attach or supervisor that died), before the kernel is given
+ * the next image there: a user holds no open descriptor on an idle device
+ * (it would keep the kernel from connecting it), and, the node being
+ * root's by then, cannot open it once the next image is there.
  */
 #ifndef MLOOP_DEVICE_OWNER_H
 #define MLOOP_DEVICE_OWNER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <sys/types.h>
 
@@ -17,5 +22,18 @@
  */
 int mloop_device_owner_set (const char *name, uid_t owner, char *err,
                             size_t errlen);
+
+/* Whether /dev/NAME can be opened by root and the disk group only: what
+ * a node must be when the kernel connects an image to it.
+ */
+bool mloop_device_owner_is_root (const char *name);
+
+/* Gives back to root every idle nbd device's node (and partitions') that
+ * is not root's, then returns the lowest index from FROM on of an idle
+ * device whose node is root's, or -1 when there is none.  Idle: the
+ * kernel says it is not connected (it may still be busy: held open, or
+ * being connected by another attach, which the connect then refuses).
+ */
+int mloop_device_owner_reclaim_idle (int from);
 
 #endif /* MLOOP_DEVICE_OWNER_H */

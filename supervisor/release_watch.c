@@ -18,6 +18,8 @@ released (void)
   if (mloop_state_load (watched_dir, &st) == -1)
     return false;               /* attach has not finished */
   r = st.autoclear && mloop_autoclear_released (&st);
+  if (r)
+    mloop_autoclear_give_back (&st);
   mloop_state_clear (&st);
   return r;
 }
