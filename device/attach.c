@@ -102,14 +102,15 @@ check_image (const char *file, bool read_only, struct stat *st,
 
 /* The image REQ passes as a descriptor (held_image.h): a regular file,
  * opened for reading (and writing, unless the attach is read-only) by
- * whoever asked.  A descriptor opened with O_PATH proves no right to
- * the file's data and is refused.
+ * whoever asked, on a file system that stores data.  A descriptor
+ * opened with O_PATH proves no right to the file's data and is refused.
  */
 static int
 check_image_fd (const struct mloop_attach_request *req, struct stat *st,
                 char *err, size_t errlen)
 {
   int flags = fcntl (req->image_fd, F_GETFL);
+  const char *pseudo;
 
   if (flags == -1 || fstat (req->image_fd, st) == -1)
     return mloop_fail (err, errlen, "%s: the descriptor passed is not open: "
@@ -125,6 +126,9 @@ check_image_fd (const struct mloop_attach_request *req, struct stat *st,
                        "read-only: attach it read-only", req->file);
   if (!S_ISREG (st->st_mode))
     return mloop_fail (err, errlen, "%s: not a regular file", req->file);
+  if ((pseudo = mloop_held_image_pseudo_fs (req->image_fd)) != NULL)
+    return mloop_fail (err, errlen, "%s: on %s, a pseudo file system: not "
+                       "a disk image", req->file, pseudo);
   if (req->overlay || req->transport != MLOOP_CHOOSE_NBD)
     return mloop_fail (err, errlen, "%s: an image passed as a descriptor is "
                        "attached over NBD without an overlay", req->file);

@@ -3,9 +3,13 @@
  * mloop's D-Bus service attaches an image the caller opened and passed
  * over the bus: the kernel decided, at the caller's open, whether that
  * user may read or write it.  The service never opens the name the
- * caller gave (as root it could open anything); each server instead
- * reopens the open file through the descriptor it inherits, always as
- * descriptor MLOOP_HELD_IMAGE_FD, by the name MLOOP_HELD_IMAGE_PATH.  The
+ * caller gave (as root it could open anything), nor reopens the file:
+ * each server serves the caller's own open file, which it inherits as
+ * descriptor MLOOP_HELD_IMAGE_FD and is told of by the name
+ * MLOOP_HELD_IMAGE_PATH (engine/backing.h: a name of a descriptor is
+ * served as it is open, so the kernel's decision at the caller's open is
+ * the one that holds, and a file root may not open, on root-squashed
+ * NFS, is served all the same).  The
  * supervisor inherits it too and hands it to every server it restarts,
  * so a restart reaches the same file however its name changes since.
  *
@@ -28,5 +32,13 @@ void mloop_held_image_set (int fd);
 int mloop_held_image_fd (void);
 /* Whether IMAGE is the name servers reach a held image by. */
 bool mloop_is_held_image (const char *image);
+
+/* The name of the pseudo file system (proc, sysfs, debugfs...) the file
+ * open at FD is on, or NULL when it is on none.  What such a file reads
+ * depends on who opened it and when (a PCI device's config file gives
+ * root all of it and a user its first 64 bytes): it is no disk image,
+ * and a held image is never one.
+ */
+const char *mloop_held_image_pseudo_fs (int fd);
 
 #endif /* MLOOP_HELD_IMAGE_H */

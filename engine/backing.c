@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -240,18 +241,91 @@ apply_window (struct mloop_backing *b, const struct mloop_window *w,
 }
 
 int
+mloop_backing_named_descriptor (const char *path)
+{
+  static const char *const prefixes[] = { "/proc/self/fd/", "/dev/fd/" };
+
+  for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++) {
+    size_t len = strlen (prefixes[i]);
+    char *end;
+    long fd;
+
+    if (strncmp (path, prefixes[i], len) != 0 || path[len] == '\0')
+      continue;
+    errno = 0;
+    fd = strtol (path + len, &end, 10);
+    if (*end == '\0' && errno == 0 && fd >= 0 && fd <= INT_MAX)
+      return (int) fd;
+  }
+  return -1;
+}
+
+/* Serves the open file at descriptor HELD (mloop_backing_named_descriptor)
+ * with what it was opened for.  One open file cannot be O_DIRECT and
+ * buffered at once, so O_DIRECT (set with fcntl, on the open file all its
+ * duplicates share) is used only when the file needs no page-cache tail.
+ */
+static int
+open_held (struct mloop_backing *b, int held, const struct stat *st,
+           enum mloop_direct_mode mode, bool want_write, char *err,
+           size_t errlen)
+{
+  int flags = fcntl (held, F_GETFL);
+  uint32_t lbs;
+  int r, saved;
+
+  if (flags == -1)
+    return set_error (err, errlen, errno, "file=%s: %s", b->path,
+                      strerror (errno));
+  if ((flags & O_ACCMODE) == O_WRONLY || (flags & O_PATH))
+    return set_error (err, errlen, EBADF, "file=%s: the descriptor is not "
+                      "open for reading", b->path);
+  b->writable = want_write && (flags & O_ACCMODE) == O_RDWR;
+  b->buffered_fd = fcntl (held, F_DUPFD_CLOEXEC, 0);
+  if (b->buffered_fd == -1)
+    return set_error (err, errlen, errno, "file=%s: %s", b->path,
+                      strerror (errno));
+  b->fd = b->buffered_fd;
+  r = probe_geometry (b, st, err, errlen);
+  if (r < 0)
+    return r;
+  b->buffered_from = b->size;
+  lbs = b->logical_block_size;
+  if (mode != MLOOP_DIRECT_OFF &&
+      fcntl (held, F_SETFL, flags | O_DIRECT) == 0 &&
+      (b->is_block_device || probe_direct_alignment (b) == 0) &&
+      b->size % b->logical_block_size == 0) {
+    b->direct = true;
+    return 0;
+  }
+  saved = b->size % b->logical_block_size ? EINVAL : errno;
+  b->logical_block_size = lbs;
+  if (fcntl (held, F_SETFL, flags & ~O_DIRECT) == -1)
+    return set_error (err, errlen, errno, "file=%s: %s", b->path,
+                      strerror (errno));
+  if (mode == MLOOP_DIRECT_ON)
+    return set_error (err, errlen, saved, "direct=on: file=%s, an open "
+                      "file of odd size or without O_DIRECT support: %s",
+                      b->path, strerror (saved));
+  if (mode != MLOOP_DIRECT_OFF)
+    b->direct_fallback = true;
+  return 0;
+}
+
+int
 mloop_backing_open (struct mloop_backing *b, const char *path,
                     enum mloop_direct_mode mode, bool want_write,
                     const struct mloop_window *window,
                     char *err, size_t errlen)
 {
+  const int held = mloop_backing_named_descriptor (path);
   struct stat st;
   int rw_flags, r;
 
   memset (b, 0, sizeof *b);
   b->fd = b->buffered_fd = -1;
 
-  if (stat (path, &st) == -1)
+  if ((held >= 0 ? fstat (held, &st) : stat (path, &st)) == -1)
     return set_error (err, errlen, errno, "file=%s: %s", path,
                       strerror (errno));
   if (S_ISDIR (st.st_mode))
@@ -265,6 +339,12 @@ mloop_backing_open (struct mloop_backing *b, const char *path,
     return set_error (err, errlen, errno, "file=%s: %s", path,
                       strerror (errno));
   b->is_block_device = S_ISBLK (st.st_mode);
+  if (held >= 0) {
+    r = open_held (b, held, &st, mode, want_write, err, errlen);
+    if (r < 0)
+      goto fail;
+    goto window;
+  }
 
   /* Never O_CREAT or O_TRUNC: a mistyped path must not make a file. */
   rw_flags = O_RDONLY;

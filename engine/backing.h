@@ -90,6 +90,15 @@ struct mloop_window {
   uint64_t sizelimit;
 };
 
+/* The descriptor PATH names if it names one of this process's open
+ * files ("/proc/self/fd/N", "/dev/fd/N"), else -1.  Such a file is
+ * served as it is open, never opened again: a reopen through /proc is
+ * checked against whoever runs the server (root, for an image a user's
+ * attach passed) rather than whoever opened it, which would read what
+ * only root may and fail where root may not (root-squashed NFS).
+ */
+int mloop_backing_named_descriptor (const char *path);
+
 /* Opens PATH (a regular file or a block device) and serves WINDOW of it
  * (NULL: all of it).  Opens read-write when possible and WANT_WRITE is
  * true, else read-only.  On failure returns a negative errno and writes
