@@ -226,9 +226,10 @@ conflicts (const struct mloop_attach_request *req, const char *file,
     return mloop_fail (err, errlen, "%s is already attached to %s "
                        "at offset %" G_GUINT64_FORMAT ", size %"
                        G_GUINT64_FORMAT ": windows of one file must not "
-                       "overlap", s->file, dev, s->offset, s->size);
-  return mloop_fail (err, errlen, "%s is already attached to %s", s->file,
-                     dev);
+                       "overlap", mloop_state_image_name (s), dev, s->offset,
+                       s->size);
+  return mloop_fail (err, errlen, "%s is already attached to %s",
+                     mloop_state_image_name (s), dev);
 }
 
 /* Whether FILE, or a window of it overlapping REQ's, is attached
@@ -743,6 +744,7 @@ claim (const struct mloop_attach_request *req, const char *file,
   }
   out->file = g_strdup (file);
   out->held_image = req->has_image_fd;
+  out->label = req->has_image_fd ? g_strdup (req->file) : NULL;
   out->owner = req->owner;
   out->overlay = g_strdup (overlay);
   out->overlay_temporary = overlay && req->overlay &&
@@ -818,7 +820,7 @@ mloop_attach (const struct mloop_attach_request *req,
   else if (req->has_image_fd) {
     if (check_image_fd (req, &st, err, errlen) == -1)
       return -1;
-    file = g_strdup (req->file);
+    file = mloop_state_held_token ();
   }
   else if (rbd)
     file = g_strdup (req->file);    /* the server names what is wrong */
@@ -989,6 +991,22 @@ device_name (const char *what, const char **name)
   return true;
 }
 
+/* Whether device S serves the image FILE names (a realpath, a URI or an
+ * RBD name): a held image by the file's identity, since its name was only
+ * its caller's label; any other by name.
+ */
+static bool
+serves_image (const struct mloop_device_state *s, const char *file)
+{
+  struct stat st;
+
+  if (!s->held_image)
+    return same_image (s->file, file);
+  return file[0] == '/' && stat (file, &st) == 0 &&
+    s->file_dev == (uint64_t) st.st_dev &&
+    s->file_ino == (uint64_t) st.st_ino;
+}
+
 int
 mloop_lookup (const char *what, struct mloop_device_state *out,
               char *err, size_t errlen)
@@ -1010,7 +1028,7 @@ mloop_lookup (const char *what, struct mloop_device_state *out,
     g_autofree char *dev = mloop_state_device_name (&list[i]);
 
     if (r == -1 && (by_device ? strcmp (dev, name) == 0
-                    : same_image (list[i].file, file))) {
+                    : serves_image (&list[i], file))) {
       *out = list[i];
       memset (&list[i], 0, sizeof list[i]);
       r = 0;

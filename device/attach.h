@@ -47,9 +47,10 @@ struct mloop_attach_request {
   const char *file;
   /* With HAS_IMAGE_FD the image is the regular file open at IMAGE_FD,
    * opened by whoever asked for the attach (read-only unless opened for
-   * reading and writing); FILE, an absolute path, is then only its name
-   * to record and show, never opened (held_image.h).  Attached over NBD,
-   * without an overlay.
+   * reading and writing), served as it is open (held_image.h); FILE, an
+   * absolute path, is then only its label to show, never opened nor the
+   * device's identity (device_state.h).  Attached over NBD, without an
+   * overlay.
    */
   bool has_image_fd;
   int image_fd;
@@ -101,7 +102,8 @@ int mloop_detach (const struct mloop_device_state *s, char *err,
                   size_t errlen);
 
 /* Finds an attached device by "/dev/nbdN", "nbdN", "/dev/ublkbN",
- * "ublkbN" or its image's path.
+ * "ublkbN" or its image's path (a held image's by the file that path
+ * names, never by its label).
  */
 int mloop_lookup (const char *what, struct mloop_device_state *out,
                   char *err, size_t errlen);

@@ -64,7 +64,7 @@ json_device (JsonBuilder *b, const struct mloop_device_state *s)
   json_builder_begin_object (b);
   member_string (b, "device", dev);
   member_string (b, "transport", mloop_state_transport_name (s));
-  member_string (b, "file", s->file);
+  member_string (b, "file", mloop_state_image_name (s));
   member_string (b, "owner", owner);
   member_int (b, "owner_uid", s->owner);
   member_int (b, "size", (gint64) s->size);
@@ -130,7 +130,8 @@ mloop_describe_list (FILE *f, const struct mloop_device_state *list, size_t n,
              " %2d %5u %7u %-6s %7d %-8s %s%s%s%s\n", dev, s->size,
              s->offset, s->sizelimit, s->read_only, s->connections,
              s->threads, mloop_state_server_name (s), (int) s->server_pid,
-             owner, s->file, s->overlay ? " (overlay " : "",
+             owner, mloop_state_image_name (s),
+             s->overlay ? " (overlay " : "",
              s->overlay ? s->overlay : "", s->overlay ? ")" : "");
   }
 }
@@ -196,7 +197,7 @@ mloop_describe_status (FILE *f, const struct mloop_device_state *s,
   }
   g_autofree char *dev = mloop_state_device_path (s);
 
-  fprintf (f, "%s: %s\n", dev, s->file);
+  fprintf (f, "%s: %s\n", dev, mloop_state_image_name (s));
   if (s->offset || s->sizelimit)
     fprintf (f, "  window:  offset %" PRIu64 ", sizelimit %" PRIu64
              ", %" PRIu64 " bytes\n", s->offset, s->sizelimit, s->size);

@@ -118,6 +118,20 @@ mloop_state_device_name (const struct mloop_device_state *s)
                           : "nbd%d", s->index);
 }
 
+const char *
+mloop_state_image_name (const struct mloop_device_state *s)
+{
+  return s->held_image && s->label ? s->label : s->file;
+}
+
+char *
+mloop_state_held_token (void)
+{
+  g_autofree char *uuid = g_uuid_string_random ();
+
+  return g_strconcat ("held:", uuid, NULL);
+}
+
 char *
 mloop_state_device_path (const struct mloop_device_state *s)
 {
@@ -177,6 +191,8 @@ save_as (const struct mloop_device_state *s, const char *name, char *err,
   g_key_file_set_uint64 (kf, GROUP, "file_dev", s->file_dev);
   g_key_file_set_uint64 (kf, GROUP, "file_ino", s->file_ino);
   g_key_file_set_boolean (kf, GROUP, "held_image", s->held_image);
+  if (s->label)
+    g_key_file_set_string (kf, GROUP, "label", s->label);
   g_key_file_set_uint64 (kf, GROUP, "owner", s->owner);
   g_key_file_set_uint64 (kf, GROUP, "offset", s->offset);
   g_key_file_set_uint64 (kf, GROUP, "sizelimit", s->sizelimit);
@@ -289,6 +305,7 @@ load_from (const char *dir, const char *name, struct mloop_device_state *s)
   s->file_dev = g_key_file_get_uint64 (kf, GROUP, "file_dev", NULL);
   s->file_ino = g_key_file_get_uint64 (kf, GROUP, "file_ino", NULL);
   s->held_image = g_key_file_get_boolean (kf, GROUP, "held_image", NULL);
+  s->label = g_key_file_get_string (kf, GROUP, "label", NULL);
   s->owner = (uid_t) g_key_file_get_uint64 (kf, GROUP, "owner", NULL);
   s->offset = g_key_file_get_uint64 (kf, GROUP, "offset", NULL);
   s->sizelimit = g_key_file_get_uint64 (kf, GROUP, "sizelimit", NULL);
@@ -476,6 +493,7 @@ mloop_state_clear (struct mloop_device_state *s)
 {
   g_free (s->dir);
   g_free (s->file);
+  g_free (s->label);
   g_free (s->overlay);
   g_free (s->last_failure);
   g_free (s->last_reconnect);

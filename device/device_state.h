@@ -61,11 +61,19 @@ struct mloop_device_state {
   enum mloop_transport transport;
   int index;                    /* /dev/nbdINDEX or /dev/ublkbINDEX;
                                    -1 until connected */
-  char *file;                   /* the image, an absolute path */
-  /* FILE is only the name the image was given: its servers reach it
-   * through a descriptor the supervisor holds (held_image.h).
+  /* The image, an absolute path; also the device's identity: the
+   * backend identifier the kernel keeps (sysfs "backend"), which the
+   * supervisor repeats when it reconnects and autoclear compares, and
+   * what `mloop detach FILE` looks for.
+   */
+  char *file;
+  /* A held image: its servers reach it through a descriptor the
+   * supervisor holds (held_image.h).  FILE is then a token mloop made,
+   * unique to the device, and LABEL the name its caller gave, only shown:
+   * a caller's name may be anything, another user's image's included.
    */
   bool held_image;
+  char *label;
   uid_t owner;                  /* who attached it (mloop's D-Bus service
                                    attaches for other users); root: 0 */
   uint64_t file_dev, file_ino;  /* its identity, to refuse double attach */
@@ -150,6 +158,10 @@ const char *mloop_state_transport_name (const struct mloop_device_state *s);
  * /dev/NAME and its sysfs directory /sys/block/NAME.
  */
 char *mloop_state_device_name (const struct mloop_device_state *s);
+/* The image's name to show: a held image's label, else its file. */
+const char *mloop_state_image_name (const struct mloop_device_state *s);
+/* A new token to be a held image's FILE: "held:" and a random UUID. */
+char *mloop_state_held_token (void);
 /* "/dev/nbdN" or "/dev/ublkbN" (g_free it). */
 char *mloop_state_device_path (const struct mloop_device_state *s);
 
