@@ -112,9 +112,13 @@ static int
 mloop_config (const char *key, const char *value)
 {
   if (strcmp (key, "file") == 0) {
-    /* Resolved now because nbdkit changes directory when it daemonizes. */
+    /* Resolved now because nbdkit changes directory when it daemonizes;
+     * but a name of a descriptor is kept, to be served as the open file
+     * it is (backing.h), not resolved to a name to open again.
+     */
     free (filename);
-    filename = realpath (value, NULL);
+    filename = mloop_backing_named_descriptor (value) >= 0 ? strdup (value)
+      : realpath (value, NULL);
     if (filename == NULL) {
       nbdkit_error ("file=%s: %m", value);
       return -1;

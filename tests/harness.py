@@ -561,7 +561,7 @@ class Server:
     foreground on a private Unix socket (on IMAGE's RBD image in RBD
     mode)."""
 
-    def __init__(self, image, params=(), nbdkit_args=(), preexec_fn=None):
+    def __init__(self, image, params=(), nbdkit_args=(), preexec_fn=None, pass_fds=()):
         self.dir = tmpdir()
         self.sock = os.path.join(self.dir, "nbd.sock")
         self.log = os.path.join(self.dir, "server.log")
@@ -589,7 +589,7 @@ class Server:
             env["NBDKIT_VALGRIND"] = "1"  # nbdkit keeps the plugin mapped
         self.logf = open(self.log, "w")
         self.proc = subprocess.Popen(cmd, stdout=self.logf, stderr=subprocess.STDOUT,
-                                     env=env, preexec_fn=preexec_fn)
+                                     env=env, preexec_fn=preexec_fn, pass_fds=pass_fds)
         on_exit(self.stop)
         # An RBD image is opened before listening, up to seconds on a busy cluster.
         deadline = time.time() + (60 if VALGRIND else 30 if STORE == "rbd" else 10)
