@@ -74,36 +74,65 @@ mloop_device_owner_is_root (const char *name)
   return st.st_gid == 0 || st.st_gid == disk || !(st.st_mode & 0070);
 }
 
+/* Whether the kernel says device INDEX is not connected.  A device with
+ * a receiving task (sysfs "pid") is connected: no need to ask.
+ */
+static bool
+idle (int index)
+{
+  g_autofree char *pid = g_strdup_printf ("/sys/block/nbd%d/pid", index);
+  bool connected = true;
+  char why[512];
+
+  if (g_file_test (pid, G_FILE_TEST_EXISTS))
+    return false;
+  return mloop_nbd_netlink_connected (index, &connected, why,
+                                      sizeof why) == 0 && !connected;
+}
+
+static gint
+compare_ints (gconstpointer a, gconstpointer b)
+{
+  const int x = *(const int *) a, y = *(const int *) b;
+
+  return (x > y) - (x < y);
+}
+
 int
 mloop_device_owner_reclaim_idle (int from)
 {
   DIR *dir = opendir ("/sys/block");
+  g_autoptr (GArray) found = g_array_new (FALSE, FALSE, sizeof (int));
   struct dirent *e;
-  int best = -1;
+  char why[512];
 
   if (dir == NULL)
     return -1;
   while ((e = readdir (dir)) != NULL) {
-    bool connected = true;
-    char why[512];
     char *end;
     long index;
+    int n;
 
     if (!g_str_has_prefix (e->d_name, "nbd"))
       continue;
     index = strtol (e->d_name + 3, &end, 10);
     if (end == e->d_name + 3 || *end != '\0' || index < 0 || index > INT_MAX)
       continue;
-    if (mloop_nbd_netlink_connected ((int) index, &connected, why,
-                                     sizeof why) < 0 || connected)
-      continue;
-    if (!mloop_device_owner_is_root (e->d_name) &&
-        mloop_device_owner_set (e->d_name, 0, why, sizeof why) == -1)
-      continue;
-    if (index >= from && (best == -1 || index < best) &&
-        mloop_device_owner_is_root (e->d_name))
-      best = (int) index;
+    /* The nodes a device left its user's, once the kernel let it go. */
+    if (!mloop_device_owner_is_root (e->d_name) && idle ((int) index))
+      mloop_device_owner_set (e->d_name, 0, why, sizeof why);
+    n = (int) index;
+    g_array_append_val (found, n);
   }
   closedir (dir);
-  return best;
+  /* The lowest idle device from FROM on whose node is root's. */
+  g_array_sort (found, compare_ints);
+  for (guint i = 0; i < found->len; i++) {
+    int index = g_array_index (found, int, i);
+    g_autofree char *name = g_strdup_printf ("nbd%d", index);
+
+    if (index >= from && mloop_device_owner_is_root (name) && idle (index))
+      return index;
+  }
+  return -1;
 }
