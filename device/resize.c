@@ -420,7 +420,7 @@ mloop_resize (struct mloop_device_state *s, bool have_size,
   if (s->held_image)
     return mloop_fail (err, errlen, "%s was attached for its owner through "
                        "mloop's D-Bus service, from a descriptor: its image "
-                       "is not reached by name", s->file);
+                       "is not reached by name", mloop_state_image_name (s));
   /* Under the device's lock: no detach of it meanwhile, and its
    * supervisor does not hand the kernel connections checked against the
    * old size (its heal takes the lock too).
