@@ -124,6 +124,9 @@ def _native_args(params, nbdkit_args):
     """mloop-server options for plugin-style PARAMS and nbdkit ARGS."""
     out = []
     for p in params:
+        if "=" not in p:
+            out.append(f"--{p}")        # a flag: the plugin's key=true
+            continue
         key, value = p.split("=", 1)
         # The plugin's stats= is mloop-server's --stats-file (like --pid-file).
         key = "stats-file" if key == "stats" else key

@@ -9,9 +9,20 @@ base's path is printed.  discard: the overlay is gone and the base
 untouched.  Refused in one line, with the overlay and the base left as
 they were: an overlay a server holds, a file that is not an overlay
 (discard never removes it), a missing file, an overlay made for a
-window of its base.  About 2 s."""
+window of its base.
+
+The base is the one the overlay was made for: a server started by hand
+with a relative image name records the image's absolute path, so commit
+from another directory writes that image and no namesake; an image put
+in the base's place is refused in one line naming both, unless
+--adopt-base; a moved base is named with --base.  The base is locked,
+not compared by name: a server writing it under another name (a hard
+link) makes commit refuse.  About 3 s (standard tier, client suite)."""
 import os
 import subprocess
+import time
+
+import nbd
 
 import harness
 from harness import check
@@ -100,5 +111,63 @@ p = mloop("overlay", "discard", other)
 check("discard succeeds", p.returncode == 0 and p.stderr == "", p.stderr)
 check("discard removed the overlay and left the base", not os.path.exists(other)
       and digest(base) == committed)
+
+# A server started by hand in the base's directory, naming it relatively.
+rel_dir = harness.tmpdir()
+rel_base = harness.make_image(SIZE, harness.pattern(SIZE, 11), directory=rel_dir)
+rel_overlay = os.path.join(rel_dir, "rel.overlay")
+namesake = harness.make_image(SIZE, harness.pattern(SIZE, 12))
+namesake_before = digest(namesake)
+srv = subprocess.Popen([harness.SERVER_BIN, "--listen", f"unix:{rel_dir}/s.sock",
+                        "--pid-file", f"{rel_dir}/s.pid", "--overlay=rel.overlay",
+                        "disk.img"], cwd=rel_dir, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+harness.on_exit(lambda: harness.terminate(srv))
+while not os.path.exists(f"{rel_dir}/s.pid") and srv.poll() is None:
+    time.sleep(0.02)
+h = nbd.NBD()
+h.connect_uri(f"nbd+unix:///?socket={rel_dir}/s.sock")
+h.pwrite(b"\x77" * 4096, 0)
+h.flush()
+h.shutdown()
+harness.terminate(srv)
+p = subprocess.run([MLOOP, "overlay", "commit", rel_overlay], capture_output=True,
+                   text=True, timeout=120, env=env, cwd=os.path.dirname(namesake))
+check("commit from elsewhere writes the base, not a namesake",
+      p.returncode == 0 and p.stdout.strip() == rel_base and
+      harness.read_image(rel_base, 0, 4096) == b"\x77" * 4096 and
+      digest(namesake) == namesake_before, p.stdout + p.stderr)
+
+# Another image in the base's place.
+third = os.path.join(d, "three.overlay")
+written_overlay(base, third)
+third_before = digest(third)
+# A server writing the base under another name holds it.
+link = base + ".link"
+os.link(base, link)
+writer = harness.Server(link, [])
+refused("commit while a server writes the base under another name",
+        ["overlay", "commit", third], "is in use")
+writer.stop()
+os.unlink(link)
+check("refused while written: the overlay stays", os.path.exists(third)
+      and digest(third) == third_before)
+moved = base + ".moved"
+os.rename(base, moved)
+impostor = harness.make_image(SIZE, harness.pattern(SIZE, 13))
+os.rename(impostor, base)
+impostor_before = digest(base)
+refused("commit into another image at the base's path", ["overlay", "commit", third],
+        f"was made for {base}")
+p = mloop("overlay", "commit", third)
+check("the refusal names both", moved not in p.stderr and base in p.stderr
+      and "not " in p.stderr, p.stderr)
+check("the refusal changed neither", digest(base) == impostor_before
+      and digest(third) == third_before)
+
+# The moved base, named.
+p = mloop("overlay", "commit", "--base", moved, third)
+check("--base names a moved base", p.returncode == 0 and p.stdout.strip() == moved
+      and not os.path.exists(third), p.stdout + p.stderr)
 
 harness.exit_if_failed()

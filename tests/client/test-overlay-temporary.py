@@ -1,0 +1,82 @@
+#!/usr/bin/python3
+"""Where `--overlay temp` puts its overlay, and what sweeps it.
+
+The temporary overlay's directory is made in $TMPDIR when set (as qemu's
+-snapshot does), else /var/tmp: a TMPDIR that cannot take it is named in
+the one-line refusal.  An attach refused after the directory was made
+(here: the host has no kernel NBD client) leaves nothing behind in it.
+The tmpfiles.d rule shipped with mloop removes temporary overlays left
+in /var/tmp at boot (a device does not survive a reboot, so neither
+does its overlay's use), and nothing else there.
+
+Runs on the host, no kernel NBD client needed.  About 0.3 s (standard
+tier, client suite)."""
+import glob
+import os
+import shutil
+import subprocess
+
+import harness
+from harness import check
+
+MLOOP = os.environ["MLOOP_CLI"]
+TMPFILES_CONF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                             "systemd", "mloop-tmpfiles.conf")
+
+if os.geteuid() != 0:
+    harness.skip("mloop attach refuses before the overlay unless root")
+
+d = harness.tmpdir()
+env = dict(os.environ, MLOOP_RUNTIME_DIR=os.path.join(d, "run"))
+# A name no other test uses, to find any directory made for it.
+name = f"temp-probe-{os.getpid()}.img"
+image = os.path.join(d, name)
+with open(image, "wb") as f:
+    f.truncate(1 << 20)
+
+
+def attach(tmpdir):
+    e = dict(env, TMPDIR=tmpdir)
+    return subprocess.run([MLOOP, "attach", "--overlay", "temp", image],
+                          capture_output=True, text=True, timeout=60, env=e)
+
+
+missing = os.path.join(d, "no-such-dir")
+p = attach(missing)
+lines = p.stderr.strip().splitlines()
+check("a TMPDIR that cannot take the overlay is named in one line",
+      p.returncode != 0 and len(lines) == 1 and
+      f"cannot make a temporary overlay in {missing}" in lines[0], p.stderr)
+
+own = os.path.join(d, "tmp")
+os.mkdir(own)
+p = attach(own)
+check("the attach is refused on this host", p.returncode != 0, p.stderr)
+check("a refused attach leaves nothing in TMPDIR", os.listdir(own) == [],
+      str(os.listdir(own)))
+check("nor in /var/tmp", glob.glob(f"/var/tmp/mloop-*{name}*") == [],
+      str(glob.glob(f"/var/tmp/mloop-*{name}*")))
+
+# The boot-time sweep, applied to a private root.
+tool = shutil.which("systemd-tmpfiles")
+check("mloop ships a tmpfiles.d rule", os.path.exists(TMPFILES_CONF), TMPFILES_CONF)
+if tool is None:
+    print("note: no systemd-tmpfiles: the sweep itself is left out")
+elif os.path.exists(TMPFILES_CONF):
+    root = os.path.join(d, "root")
+    left = os.path.join(root, "var/tmp/mloop-overlay-disk.img-Ab12Cd")
+    os.makedirs(left)
+    open(os.path.join(left, "overlay"), "w").close()
+    keep = [os.path.join(root, "var/tmp/mloop-fuzz"),
+            os.path.join(root, "var/tmp/mloop-test-xyz"),
+            os.path.join(root, "var/tmp/other")]
+    for k in keep:
+        os.makedirs(k)
+    p = subprocess.run([tool, f"--root={root}", "--boot", "--remove", TMPFILES_CONF],
+                       capture_output=True, text=True, timeout=60)
+    check("systemd-tmpfiles applies the rule", p.returncode == 0, p.stderr)
+    check("a temporary overlay left from before the boot is removed",
+          not os.path.exists(left))
+    check("nothing else in /var/tmp is", all(os.path.isdir(k) for k in keep))
+
+harness.exit_if_failed()
