@@ -14,7 +14,17 @@
 int
 mloop_cmd_overlay (int argc, char **argv)
 {
-  GOptionEntry entries[] = { G_OPTION_ENTRY_NULL };
+  g_autofree char *base_arg = NULL;
+  gboolean adopt = FALSE;
+  GOptionEntry entries[] = {
+    { "base", 0, 0, G_OPTION_ARG_FILENAME, &base_arg,
+      "commit: the base to write, where it is not (or no longer) at the "
+      "path the overlay records", "FILE" },
+    { "adopt-base", 0, 0, G_OPTION_ARG_NONE, &adopt,
+      "commit: write the base although it is not the image the overlay "
+      "was made for", NULL },
+    G_OPTION_ENTRY_NULL
+  };
   g_autoptr (GOptionContext) ctx =
     g_option_context_new ("commit|discard OVERLAY");
   g_autoptr (GError) gerr = NULL;
@@ -32,11 +42,14 @@ mloop_cmd_overlay (int argc, char **argv)
                     strcmp (argv[1], "discard") != 0))
     return fail ("overlay: give commit or discard, and one OVERLAY file");
   if (strcmp (argv[1], "commit") == 0) {
-    if (mloop_overlay_file_commit (argv[2], &base, err, sizeof err) == -1)
+    if (mloop_overlay_file_commit (argv[2], base_arg, adopt, &base, err,
+                                   sizeof err) == -1)
       return fail ("overlay commit: %s", err);
     printf ("%s\n", base);
     return EXIT_SUCCESS;
   }
+  if (base_arg || adopt)
+    return fail ("overlay discard: --base and --adopt-base are commit's");
   if (mloop_overlay_file_discard (argv[2], err, sizeof err) == -1)
     return fail ("overlay discard: %s", err);
   return EXIT_SUCCESS;

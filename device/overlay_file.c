@@ -24,9 +24,26 @@ same_file (const char *a, const struct stat *b)
     st.st_ino == b->st_ino;
 }
 
+/* Whether device S serves the file of ST as its image (or as the base
+ * under its overlay), by device and inode as attach compares them: a
+ * D-Bus caller's own name for the image, a hard link, another mount of
+ * it all count.
+ */
+static bool
+serves_file (const struct mloop_device_state *s, const struct stat *st)
+{
+  if (s->remote)
+    return false;
+  if (s->file_dev != 0 || s->file_ino != 0)
+    return s->file_dev == st->st_dev && s->file_ino == st->st_ino;
+  return same_file (s->file, st);
+}
+
 /* Whether a device or an attach in progress uses OVERLAY or, unless NULL,
  * BASE (as its image or the base under its overlay): -1 with ERR naming
- * it, else 0.  Called under the state lock.
+ * it, else 0.  Called under the state lock.  Servers started by hand are
+ * refused by the locks: the overlay's, and the base's flock, which the
+ * merge takes exclusively (overlay.h).
  */
 static int
 check_unused (const char *overlay, const struct stat *ov_st,
@@ -48,7 +65,7 @@ check_unused (const char *overlay, const struct stat *ov_st,
       if (same_file (s->overlay, ov_st))
         r = mloop_fail (err, errlen, "overlay %s is in use by %s", overlay,
                         dev);
-      else if (base && !s->remote && same_file (s->file, base_st))
+      else if (base && serves_file (s, base_st))
         r = mloop_fail (err, errlen, "%s, the overlay's base, is in use by "
                         "%s: detach it first", base, dev);
     }
@@ -57,18 +74,49 @@ check_unused (const char *overlay, const struct stat *ov_st,
   return r;
 }
 
+/* The base to merge into: BASE_ARG when given, else the one the header
+ * records, which an overlay made by an older mloop may name relatively
+ * to wherever its server ran: then only BASE_ARG will do.
+ */
+static char *
+base_to_write (const char *path, const char *base_arg, char *err,
+               size_t errlen)
+{
+  g_autofree char *recorded = NULL;
+  uint64_t size;
+  bool known;
+  char *abs;
+
+  if (mloop_overlay_inspect (path, &recorded, &size, &known, err,
+                             errlen) < 0)
+    return NULL;
+  if (base_arg == NULL && !known && !g_path_is_absolute (recorded)) {
+    mloop_fail (err, errlen, "overlay %s names its base only as %s, "
+                "relative to where its server ran: name it with --base",
+                path, recorded);
+    return NULL;
+  }
+  abs = realpath (base_arg ? base_arg : recorded, NULL);
+  if (abs == NULL)
+    mloop_fail (err, errlen, "%s, the overlay's base: %s%s",
+                base_arg ? base_arg : recorded, strerror (errno),
+                base_arg ? "" : " (if it moved, name it with --base)");
+  return abs;
+}
+
 int
-mloop_overlay_file_commit (const char *path, char **base, char *err,
+mloop_overlay_file_commit (const char *path, const char *base_arg,
+                           bool adopt, char **base, char *err,
                            size_t errlen)
 {
   struct stat ov_st, base_st;
-  uint64_t size;
   int lock, r;
 
   *base = NULL;
   if (stat (path, &ov_st) == -1)
     return mloop_fail (err, errlen, "%s: %s", path, strerror (errno));
-  if (mloop_overlay_inspect (path, base, &size, err, errlen) < 0)
+  *base = base_to_write (path, base_arg, err, errlen);
+  if (*base == NULL)
     return -1;
   if (stat (*base, &base_st) == -1)
     return mloop_fail (err, errlen, "%s, the overlay's base: %s", *base,
@@ -77,7 +125,7 @@ mloop_overlay_file_commit (const char *path, char **base, char *err,
   if (lock == -1)
     return -1;
   r = check_unused (path, &ov_st, *base, &base_st, err, errlen);
-  if (r == 0 && mloop_overlay_merge (path, *base, err, errlen) < 0)
+  if (r == 0 && mloop_overlay_merge (path, *base, adopt, err, errlen) < 0)
     r = -1;
   /* The base holds it all now, durably: the overlay adds nothing. */
   if (r == 0 && unlink (path) == -1)
@@ -93,12 +141,13 @@ mloop_overlay_file_discard (const char *path, char *err, size_t errlen)
   g_autofree char *base = NULL;
   struct stat st;
   uint64_t size;
+  bool known;
   int lock, fd, r;
 
   if (stat (path, &st) == -1)
     return mloop_fail (err, errlen, "%s: %s", path, strerror (errno));
   /* Never any file but an overlay. */
-  if (mloop_overlay_inspect (path, &base, &size, err, errlen) < 0)
+  if (mloop_overlay_inspect (path, &base, &size, &known, err, errlen) < 0)
     return -1;
   lock = mloop_state_lock (err, errlen);
   if (lock == -1)

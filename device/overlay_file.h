@@ -4,16 +4,21 @@
 #ifndef MLOOP_OVERLAY_FILE_H
 #define MLOOP_OVERLAY_FILE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 /* Copies what the overlay at PATH holds into the base image it was made
- * for, makes the base durable, then removes the overlay.  Refused while
- * a device (or an attach in progress) uses the overlay or the base, and
- * for an overlay made for a window of its base.  Holds the state lock
+ * for (the path its header records, or BASE_ARG when not NULL), makes
+ * the base durable, then removes the overlay.  Refused for an image
+ * that is not its base unless ADOPT, while a device (or an attach in
+ * progress) uses the overlay or the base (compared by device and
+ * inode), while any server holds the base (its flock), and for an
+ * overlay made for a window of its base.  Holds the state lock
  * throughout, so no attach takes either meanwhile.  *BASE is the base
  * written (to free).  0, or -1 with one line in ERR.
  */
-int mloop_overlay_file_commit (const char *path, char **base, char *err,
+int mloop_overlay_file_commit (const char *path, const char *base_arg,
+                               bool adopt, char **base, char *err,
                                size_t errlen);
 
 /* Removes the overlay at PATH, its writes lost.  Refused while a device

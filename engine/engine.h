@@ -53,6 +53,10 @@ struct mloop_engine_config {
    * none.
    */
   const char *overlay;
+  /* Serve the overlay over 'path' even when it was made for another
+   * image of that size, and record 'path' as its base from now on.
+   */
+  bool overlay_adopt_base;
   /* For an rbd: store.  NULL: what librados finds by itself
    * ($CEPH_CONF, /etc/ceph/ceph.conf; client.admin or $CEPH_ARGS).
    */

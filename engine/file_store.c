@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -476,11 +477,28 @@ mloop_file_store_open (struct mloop_store **out,
     free (e);
     return r;
   }
+  /* Held shared for the life of the store, on the descriptor the store
+   * keeps (inherited by nbdkit's daemonizing fork): `mloop overlay
+   * commit` takes it exclusively to merge into this file, which no
+   * server may read or write meanwhile, whatever name it was given.
+   * Shared, so that readers, overlays and side-by-side windows of one
+   * image coexist.
+   */
+  if (flock (e->backing.fd, LOCK_SH | LOCK_NB) == -1) {
+    r = -errno;
+    snprintf (err, errlen, "%s is locked by an overlay being merged into "
+              "it (mloop overlay commit): %s", cfg->path, strerror (-r));
+    mloop_backing_close (&e->backing);
+    free (e);
+    return r;
+  }
   if (cfg->overlay) {
     e->overlay = malloc (sizeof *e->overlay);
     r = e->overlay == NULL ? -ENOMEM
       : mloop_overlay_open (e->overlay, cfg->overlay, &e->backing,
-                            e->backing.direct, err, errlen);
+                            e->backing.direct,
+                            cfg->overlay_adopt_base ? MLOOP_OVERLAY_ADOPT_BASE
+                            : MLOOP_OVERLAY_SAME_BASE, err, errlen);
     if (r < 0) {
       if (r == -ENOMEM && e->overlay == NULL)
         snprintf (err, errlen, "no memory for an overlay");

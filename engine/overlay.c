@@ -13,15 +13,21 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <zlib.h>
+
 #include "align.h"
 #include "fileio.h"
 #include "io.h"
 #include "overlay.h"
 #include "range_lock.h"
 
-/* The header: the first MLOOP_OVERLAY_CLUSTER bytes, little-endian. */
+/* The header: the first MLOOP_OVERLAY_CLUSTER bytes, little-endian.
+ * Version 2 records the base's identity (design.md, "The format");
+ * version 1, made before, records its path only and is still read.
+ */
 static const char overlay_magic[8] = { 'M', 'L', 'O', 'O', 'P', 'C', 'O', 'W' };
-#define OVERLAY_VERSION     1u
+#define OVERLAY_VERSION     2u
+#define OVERLAY_VERSION_NO_IDENTITY 1u
 #define HDR_MAGIC           0
 #define HDR_VERSION         8   /* u32 */
 #define HDR_CLUSTER         12  /* u32 */
@@ -29,8 +35,15 @@ static const char overlay_magic[8] = { 'M', 'L', 'O', 'O', 'P', 'C', 'O', 'W' };
 #define HDR_MAP_OFFSET      24  /* u64 */
 #define HDR_MAP_BYTES       32  /* u64 */
 #define HDR_DATA_OFFSET     40  /* u64 */
-#define HDR_BASE_PATH       64  /* NUL-terminated, informational */
+#define HDR_BASE_DEV        48  /* u64: st_dev of the base, version 2 */
+#define HDR_BASE_INO        56  /* u64: st_ino of the base, version 2 */
+#define HDR_BASE_PATH       64  /* NUL-terminated; absolute in version 2 */
+#define HDR_BASE_FIRST_CRC  4064 /* u32: CRC-32 of the base's first MiB */
+#define HDR_BASE_LAST_CRC   4068 /* u32: CRC-32 of the base's last MiB */
 #define HDR_BYTES           MLOOP_OVERLAY_CLUSTER
+#define BASE_PATH_MAX       (HDR_BASE_FIRST_CRC - HDR_BASE_PATH - 1)
+/* How much of each end of the base its fingerprint covers. */
+#define FINGERPRINT_SPAN    (1u << 20)
 /* The data area starts on a 1 MiB boundary, so its clusters line up with
  * the large pages and extents of the filesystem beneath.
  */
@@ -510,22 +523,119 @@ mloop_overlay_extents (struct mloop_overlay *ov,
   return r;
 }
 
+/* ---- the base's identity ---- */
+
+/* What an overlay records of the base it was made for. */
+struct base_identity {
+  char path[BASE_PATH_MAX + 1];
+  uint64_t dev, ino;
+  uint32_t first_crc, last_crc;
+};
+
+/* CRC-32 of the window's [offset, offset + count), read in whole
+ * clusters (BUF: aligned, at least FINGERPRINT_SPAN + C bytes); zeroes
+ * stand for the bytes past the window's end.
+ */
+static int
+crc_of_range (const struct mloop_backing *base, unsigned char *buf,
+              uint64_t offset, uint64_t count, uint32_t *crc)
+{
+  const uint64_t end = mloop_round_up (offset + count, C);
+  int r = read_base (base, (char *) buf, end - offset, offset);
+
+  if (r == 0)
+    *crc = (uint32_t) crc32 (crc32 (0L, Z_NULL, 0), buf, (uInt) (end - offset));
+  return r;
+}
+
+/* The base's fingerprint: the CRC-32 of its first and of its last MiB
+ * (the window's, when it is one).  Content, not a timestamp: it
+ * survives any copy of the image, where cp without -p resets mtime, and
+ * it tells apart images of one size, whose partition tables and
+ * filesystem superblocks (first MiB) or backup GPT (last MiB) differ.
+ */
+static int
+fingerprint (const struct mloop_backing *base, struct base_identity *id)
+{
+  const uint64_t size = mloop_backing_size (base);
+  const uint64_t span = size < FINGERPRINT_SPAN ? size : FINGERPRINT_SPAN;
+  const uint64_t last = mloop_round_down (size - span, C);
+  unsigned char *buf = mloop_alloc_aligned (FINGERPRINT_SPAN + C, C);
+  int r;
+
+  if (buf == NULL)
+    return -ENOMEM;
+  r = crc_of_range (base, buf, 0, span, &id->first_crc);
+  if (r == 0)
+    r = crc_of_range (base, buf, last, size - last, &id->last_crc);
+  mloop_free_aligned (buf, FINGERPRINT_SPAN + C);
+  return r;
+}
+
+/* BASE's identity: its absolute path, device and inode, fingerprint. */
+static int
+identify_base (const struct mloop_backing *base, struct base_identity *id,
+               char *err, size_t errlen)
+{
+  char *abs = realpath (base->path, NULL);
+  struct stat st;
+  int r;
+
+  memset (id, 0, sizeof *id);
+  if (abs == NULL) {
+    r = -errno;
+    snprintf (err, errlen, "%s: %s", base->path, strerror (-r));
+    return r;
+  }
+  /* Recorded whole or refused: a cut path would name another file. */
+  if (strlen (abs) > BASE_PATH_MAX) {
+    snprintf (err, errlen, "the path of %s is %zu bytes: an overlay's "
+              "header records at most %d", base->path, strlen (abs),
+              BASE_PATH_MAX);
+    free (abs);
+    return -ENAMETOOLONG;
+  }
+  strcpy (id->path, abs);
+  free (abs);
+  if (fstat (base->fd, &st) == -1) {
+    r = -errno;
+    snprintf (err, errlen, "%s: %s", base->path, strerror (-r));
+    return r;
+  }
+  id->dev = (uint64_t) st.st_dev;
+  id->ino = (uint64_t) st.st_ino;
+  r = fingerprint (base, id);
+  if (r < 0)
+    snprintf (err, errlen, "cannot read %s: %s", base->path, strerror (-r));
+  return r;
+}
+
 /* ---- opening ---- */
 
 static void
+encode_identity (unsigned char *h, const struct base_identity *id)
+{
+  put_le32 (h + HDR_VERSION, OVERLAY_VERSION);
+  put_le64 (h + HDR_BASE_DEV, id->dev);
+  put_le64 (h + HDR_BASE_INO, id->ino);
+  memset (h + HDR_BASE_PATH, 0, HDR_BASE_FIRST_CRC - HDR_BASE_PATH);
+  memcpy (h + HDR_BASE_PATH, id->path, strlen (id->path));
+  put_le32 (h + HDR_BASE_FIRST_CRC, id->first_crc);
+  put_le32 (h + HDR_BASE_LAST_CRC, id->last_crc);
+}
+
+static void
 encode_header (unsigned char *h, const struct mloop_overlay *ov,
-               const char *base_path)
+               const struct base_identity *id)
 {
   memset (h, 0, HDR_BYTES);
   memcpy (h + HDR_MAGIC, overlay_magic, sizeof overlay_magic);
-  put_le32 (h + HDR_VERSION, OVERLAY_VERSION);
   put_le32 (h + HDR_CLUSTER, C);
   put_le64 (h + HDR_SIZE, ov->size);
   put_le64 (h + HDR_MAP_OFFSET, ov->map_offset);
   put_le64 (h + HDR_MAP_BYTES, ov->map_bytes);
   put_le64 (h + HDR_DATA_OFFSET, ov->data_offset);
-  snprintf ((char *) h + HDR_BASE_PATH, HDR_BYTES - HDR_BASE_PATH, "%s",
-            base_path);
+  encode_identity (h, id);
 }
 
 /* The layout for a base of SIZE bytes. */
@@ -559,19 +669,48 @@ sync_directory_of (const char *path)
   return r;
 }
 
+/* Puts the finished file TMP at PATH unless a file is there already:
+ * then another server made the overlay first and it is theirs, TMP is
+ * dropped and 0 returned all the same (the caller opens theirs, whose
+ * lock says whether it is free).  Never replaces a file at PATH.
+ */
+static int
+place_new_file (const char *tmp, const char *path)
+{
+  if (renameat2 (AT_FDCWD, tmp, AT_FDCWD, path, RENAME_NOREPLACE) == 0)
+    return 0;
+  if (errno == EEXIST) {
+    unlink (tmp);
+    return 0;
+  }
+  if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP)
+    return -errno;
+  /* A filesystem without RENAME_NOREPLACE: link() never replaces. */
+  if (link (tmp, path) == -1 && errno != EEXIST)
+    return -errno;
+  unlink (tmp);
+  return 0;
+}
+
 /* Makes a new overlay at PATH: written whole under a temporary name and
- * renamed into place, so a crash never leaves half an overlay at PATH.
+ * put in place, so a crash never leaves half an overlay at PATH, and
+ * two servers making it at once end with one overlay, not one each.
  */
 static int
 create_overlay (const char *path, const struct mloop_backing *base,
                 char *err, size_t errlen)
 {
   struct mloop_overlay layout;
+  struct base_identity id;
   unsigned char header[HDR_BYTES];
   size_t len = strlen (path);
-  char *tmp = malloc (len + sizeof ".new-XXXXXX");
+  char *tmp;
   int fd, r;
 
+  r = identify_base (base, &id, err, errlen);
+  if (r < 0)
+    return r;
+  tmp = malloc (len + sizeof ".new-XXXXXX");
   if (tmp == NULL)
     return -ENOMEM;
   memcpy (tmp, path, len);
@@ -586,7 +725,7 @@ create_overlay (const char *path, const struct mloop_backing *base,
   }
   memset (&layout, 0, sizeof layout);
   lay_out (&layout, mloop_backing_size (base));
-  encode_header (header, &layout, base->path);
+  encode_header (header, &layout, &id);
   r = mloop_pwrite_all (fd, header, sizeof header, 0, 0);
   if (r == 0 && ftruncate (fd, (off_t) (layout.data_offset +
                                         layout.clusters * C)) == -1)
@@ -601,8 +740,8 @@ create_overlay (const char *path, const struct mloop_backing *base,
   if (r == 0 && fsync (fd) == -1)
     r = -errno;
   close (fd);
-  if (r == 0 && rename (tmp, path) == -1)
-    r = -errno;
+  if (r == 0)
+    r = place_new_file (tmp, path);
   if (r == 0)
     r = sync_directory_of (path);
   if (r < 0) {
@@ -614,38 +753,117 @@ create_overlay (const char *path, const struct mloop_backing *base,
   return r;
 }
 
+/* Records BASE as the overlay's base in header H, and in the file. */
+static int
+record_base (struct mloop_overlay *ov, unsigned char *h,
+             const struct base_identity *id, char *err, size_t errlen)
+{
+  int r;
+
+  encode_identity (h, id);
+  r = mloop_pwrite_all (ov->fd, h, HDR_BYTES, 0, 0);
+  if (r == 0)
+    r = sync_fd (ov->fd);
+  if (r < 0)
+    snprintf (err, errlen, "cannot record %s as the base of overlay %s: %s",
+              id->path, ov->path, strerror (-r));
+  return r;
+}
+
+/* Whether BASE is the base recorded in header H, as CHECK asks; when it
+ * is the same image under another name (a copy, a move), or adopted,
+ * the header is brought up to date.
+ */
+static int
+check_base (struct mloop_overlay *ov, unsigned char *h,
+            const struct mloop_backing *base,
+            enum mloop_overlay_base_check check, char *err, size_t errlen)
+{
+  struct base_identity id;
+  const uint32_t version = get_le32 (h + HDR_VERSION);
+  const uint64_t dev = get_le64 (h + HDR_BASE_DEV);
+  const uint64_t ino = get_le64 (h + HDR_BASE_INO);
+  bool same_content, same_file;
+  int r;
+
+  /* No identity recorded: the size was all an older mloop checked, and
+   * all that can be checked now; adopting the base records it.
+   */
+  if (check == MLOOP_OVERLAY_MERGE_ANY_BASE ||
+      (version == OVERLAY_VERSION_NO_IDENTITY &&
+       check != MLOOP_OVERLAY_ADOPT_BASE))
+    return 0;
+  r = identify_base (base, &id, err, errlen);
+  if (r < 0)
+    return r;
+  same_content = version == OVERLAY_VERSION &&
+    get_le32 (h + HDR_BASE_FIRST_CRC) == id.first_crc &&
+    get_le32 (h + HDR_BASE_LAST_CRC) == id.last_crc;
+  same_file = version == OVERLAY_VERSION && dev == id.dev && ino == id.ino &&
+    strcmp (ov->base_path, id.path) == 0;
+  /* A merge stopped half-way has changed its base's ends already. */
+  if (!same_content && !(same_file && check == MLOOP_OVERLAY_MERGE_BASE) &&
+      check != MLOOP_OVERLAY_ADOPT_BASE) {
+    snprintf (err, errlen, "overlay %s was made for %s, not %s: their first "
+              "or last MiB differ (adopting the base overrides this)",
+              ov->path, ov->base_path, id.path);
+    return -EINVAL;
+  }
+  if (same_file && same_content)
+    return 0;
+  /* A merge only reads the overlay: it records nothing. */
+  if (check == MLOOP_OVERLAY_MERGE_BASE)
+    return 0;
+  r = record_base (ov, h, &id, err, errlen);
+  if (r == 0) {
+    free (ov->base_path);
+    ov->base_path = strdup (id.path);
+    if (ov->base_path == NULL)
+      r = -ENOMEM;
+  }
+  return r;
+}
+
 static int
 read_header (struct mloop_overlay *ov, const struct mloop_backing *base,
+             enum mloop_overlay_base_check check, bool *base_known,
              char *err, size_t errlen)
 {
   unsigned char *h = mloop_alloc_aligned (HDR_BYTES, HDR_BYTES);
   struct mloop_overlay expect;
+  uint32_t version;
   struct stat st;
   int r;
 
   if (h == NULL)
     return -ENOMEM;
   r = mloop_pread_or_zero (ov->fd, h, HDR_BYTES, 0);
+  version = get_le32 (h + HDR_VERSION);
   if (r < 0)
     snprintf (err, errlen, "overlay %s: %s", ov->path, strerror (-r));
   else if (memcmp (h + HDR_MAGIC, overlay_magic, sizeof overlay_magic) != 0) {
     snprintf (err, errlen, "%s is not an mloop overlay", ov->path);
     r = -EINVAL;
   }
-  else if (get_le32 (h + HDR_VERSION) != OVERLAY_VERSION ||
+  else if ((version != OVERLAY_VERSION &&
+            version != OVERLAY_VERSION_NO_IDENTITY) ||
            get_le32 (h + HDR_CLUSTER) != C) {
     snprintf (err, errlen, "overlay %s has format version %u (cluster %u), "
-              "this mloop reads version %u (cluster %u)", ov->path,
-              get_le32 (h + HDR_VERSION), get_le32 (h + HDR_CLUSTER),
-              OVERLAY_VERSION, C);
+              "this mloop reads versions %u and %u (cluster %u)", ov->path,
+              version, get_le32 (h + HDR_CLUSTER),
+              OVERLAY_VERSION_NO_IDENTITY, OVERLAY_VERSION, C);
     r = -EINVAL;
   }
   if (r < 0)
     goto out;
+  if (base_known)
+    *base_known = version == OVERLAY_VERSION;
   memset (&expect, 0, sizeof expect);
   lay_out (&expect, get_le64 (h + HDR_SIZE));
-  h[HDR_BYTES - 1] = '\0';
-  ov->base_path = strdup ((char *) h + HDR_BASE_PATH);
+  /* Version 1 wrote its path up to the header's last byte. */
+  ov->base_path = strndup ((char *) h + HDR_BASE_PATH,
+                           version == OVERLAY_VERSION ? BASE_PATH_MAX
+                           : HDR_BYTES - HDR_BASE_PATH - 1);
   if (ov->base_path == NULL) {
     r = -ENOMEM;
     goto out;
@@ -672,6 +890,8 @@ read_header (struct mloop_overlay *ov, const struct mloop_backing *base,
               (unsigned long long) (expect.data_offset + expect.clusters * C));
     r = -EINVAL;
   }
+  else if (base)
+    r = check_base (ov, h, base, check, err, errlen);
   if (r == 0) {
     ov->size = expect.size;
     ov->clusters = expect.clusters;
@@ -686,7 +906,7 @@ read_header (struct mloop_overlay *ov, const struct mloop_backing *base,
 
 int
 mloop_overlay_inspect (const char *path, char **base_path, uint64_t *size,
-                       char *err, size_t errlen)
+                       bool *base_known, char *err, size_t errlen)
 {
   struct mloop_overlay ov;
   int r;
@@ -699,7 +919,8 @@ mloop_overlay_inspect (const char *path, char **base_path, uint64_t *size,
     snprintf (err, errlen, "cannot open overlay %s: %s", path, strerror (-r));
     return r;
   }
-  r = read_header (&ov, NULL, err, errlen);
+  r = read_header (&ov, NULL, MLOOP_OVERLAY_SAME_BASE, base_known, err,
+                   errlen);
   close (ov.fd);
   if (r < 0) {
     free (ov.base_path);
@@ -713,6 +934,7 @@ mloop_overlay_inspect (const char *path, char **base_path, uint64_t *size,
 int
 mloop_overlay_open (struct mloop_overlay *ov, const char *path,
                     const struct mloop_backing *base, bool direct,
+                    enum mloop_overlay_base_check check,
                     char *err, size_t errlen)
 {
   const int flags = O_RDWR | O_CLOEXEC;
@@ -744,7 +966,7 @@ mloop_overlay_open (struct mloop_overlay *ov, const char *path,
     snprintf (err, errlen, "overlay %s is in use by another server", path);
     goto fail;
   }
-  if ((r = read_header (ov, base, err, errlen)) < 0)
+  if ((r = read_header (ov, base, check, NULL, err, errlen)) < 0)
     goto fail;
   /* The map goes through the page cache, a word at a time (see
    * mloop_overlay_mark); the data area never does when O_DIRECT is on,

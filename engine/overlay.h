@@ -49,7 +49,7 @@
 
 struct mloop_overlay {
   char *path;
-  char *base_path;              /* as recorded when it was made */
+  char *base_path;              /* as recorded in its header */
   int fd;                       /* O_DIRECT when the base's is */
   int map_fd;                   /* buffered: the map's words */
   bool direct;
@@ -78,34 +78,66 @@ struct mloop_overlay {
   void (*before_map_write) (struct mloop_overlay *ov, uint64_t word);
 };
 
+/* How mloop_overlay_open takes a base other than the one recorded.
+ * The base is the same image when the CRC-32s of its first and last MiB
+ * match the recorded ones (design.md, "The format").
+ */
+enum mloop_overlay_base_check {
+  /* Refuse any other image; the same one under another name (copied,
+   * moved) is recorded as the base from now on.
+   */
+  MLOOP_OVERLAY_SAME_BASE,
+  /* As SAME_BASE, and also accept the recorded file itself, same path,
+   * device and inode, with other ends: a merge stopped half-way has
+   * written them.  Records nothing.
+   */
+  MLOOP_OVERLAY_MERGE_BASE,
+  /* Take any image of the right size and record it as the base: the
+   * user's explicit override.
+   */
+  MLOOP_OVERLAY_ADOPT_BASE,
+  /* Take any image of the right size, recording nothing: a merge the
+   * user told to write that image.
+   */
+  MLOOP_OVERLAY_MERGE_ANY_BASE,
+};
+
 /* Opens the overlay at PATH for BASE (opened already, read-only), making
- * it when there is no file at PATH.  DIRECT: O_DIRECT on the overlay,
- * as on the base.  An existing overlay must have been made for a base of
- * the same size.  0, or a negative errno with a one-line reason in ERR.
+ * it when there is no file at PATH (never replacing one another server
+ * made meanwhile).  DIRECT: O_DIRECT on the overlay, as on the base.  An
+ * existing overlay must have been made for a base of the same size and,
+ * as CHECK says, for this base.  0, or a negative errno with a one-line
+ * reason in ERR.
  */
 int mloop_overlay_open (struct mloop_overlay *ov, const char *path,
                         const struct mloop_backing *base, bool direct,
+                        enum mloop_overlay_base_check check,
                         char *err, size_t errlen);
 void mloop_overlay_close (struct mloop_overlay *ov);
 
 /* Reads the header of the overlay at PATH only: the base it was made
- * for (*BASE_PATH, to free) and its size.  0, or a negative errno with a
- * one-line reason in ERR.
+ * for (*BASE_PATH, to free) and its size; *BASE_KNOWN: whether its
+ * identity is recorded (else the path is as its server was given it,
+ * perhaps relative).  0, or a negative errno with a one-line reason in
+ * ERR.
  */
 int mloop_overlay_inspect (const char *path, char **base_path,
-                           uint64_t *size, char *err, size_t errlen);
+                           uint64_t *size, bool *base_known, char *err,
+                           size_t errlen);
 
 /* Copies every cluster the overlay at PATH holds into the image
- * BASE_PATH, whose whole size it must have been made for, then makes the
- * base durable (overlay_merge.c).  The overlay is left as it was: it
- * adds nothing to the base any more, and removing it is the caller's
- * choice.  Nothing else may use either meanwhile: the overlay's lock
- * refuses a server on it, the base is the caller's to guard.  Stopped
+ * BASE_PATH, whose whole size it must have been made for and which must
+ * be its base (ADOPT: any image of that size), then makes the base
+ * durable (overlay_merge.c).  The overlay is left as it was: it adds
+ * nothing to the base any more, and removing it is the caller's choice.
+ * Nothing else may use either meanwhile: the overlay's lock refuses a
+ * server on it, and the base is flock()ed exclusively, which every
+ * server reading or writing it refuses (they hold it shared).  Stopped
  * half-way it can run again: the overlay still reads the same over the
  * base.  0, or a negative errno with a one-line reason in ERR.
  */
 int mloop_overlay_merge (const char *path, const char *base_path,
-                         char *err, size_t errlen);
+                         bool adopt, char *err, size_t errlen);
 
 /* Where the bytes of [offset, offset + count) are. */
 enum mloop_overlay_where {

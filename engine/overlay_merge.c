@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include "backing.h"
@@ -67,8 +68,8 @@ copy_marked (const struct mloop_overlay *ov, const struct mloop_backing *base,
 }
 
 int
-mloop_overlay_merge (const char *path, const char *base_path, char *err,
-                     size_t errlen)
+mloop_overlay_merge (const char *path, const char *base_path, bool adopt,
+                     char *err, size_t errlen)
 {
   const struct mloop_window whole = { 0, 0 };
   struct mloop_backing base;
@@ -86,8 +87,21 @@ mloop_overlay_merge (const char *path, const char *base_path, char *err,
                           err, errlen);
   if (r < 0)
     return r;
-  r = mloop_overlay_open (&ov, path, &base, false, err, errlen);
+  r = mloop_overlay_open (&ov, path, &base, false,
+                          adopt ? MLOOP_OVERLAY_MERGE_ANY_BASE
+                          : MLOOP_OVERLAY_MERGE_BASE, err, errlen);
   if (r < 0) {
+    mloop_backing_close (&base);
+    return r;
+  }
+  /* Every server reading or writing the base holds it shared, whatever
+   * name it was given (file_store.c): none may while it changes here.
+   */
+  if (flock (base.fd, LOCK_EX | LOCK_NB) == -1) {
+    r = -errno;
+    snprintf (err, errlen, "%s, the overlay's base, is in use by a server "
+              "or device: stop it first", base_path);
+    mloop_overlay_close (&ov);
     mloop_backing_close (&base);
     return r;
   }

@@ -215,6 +215,12 @@ mloop_config (const char *key, const char *value)
       return -1;
     config.overlay = overlay_file;
   }
+  else if (strcmp (key, "overlay-adopt-base") == 0) {
+    if (mloop_on_off_parse (value, &config.overlay_adopt_base) < 0) {
+      nbdkit_error ("overlay-adopt-base=%s: must be on or off", value);
+      return -1;
+    }
+  }
   else if (strcmp (key, "direct") == 0) {
     if (mloop_direct_mode_parse (value, &config.direct) < 0) {
       nbdkit_error ("direct=%s: must be auto, on or off", value);
@@ -257,6 +263,8 @@ mloop_config_complete (void)
   "sizelimit=<SIZE>    Serve at most this many bytes (default: to the end).\n" \
   "overlay=FILE        Write to this copy-on-write overlay (made if absent);\n" \
   "                    the file is then only read.\n" \
+  "overlay-adopt-base=on|off  Use the overlay over this file though it was\n" \
+  "                    made for another, and record this one (default off).\n" \
   "stats=FILE          Keep request counters in FILE (for mloop status).\n" \
   "trace=FILE          Append a line per request event to FILE\n" \
   "                    (default: $MLOOP_TRACE, else none).\n" \

@@ -130,6 +130,7 @@ static gchar *opt_buffer_limit;
 static gchar *opt_offset;
 static gchar *opt_sizelimit;
 static gchar *opt_overlay;
+static gboolean opt_overlay_adopt_base;
 static gchar *opt_conn_buffer_limit;
 static gint opt_helper_threads = OFFLOAD_THREADS_DEFAULT;
 static gint opt_drain_timeout = DRAIN_TIMEOUT_DEFAULT;
@@ -196,6 +197,9 @@ static GOptionEntry entries[] = {
   { "overlay", 0, 0, G_OPTION_ARG_FILENAME, &opt_overlay,
     "Write to this copy-on-write overlay (made if absent); the image is "
     "only read", "FILE" },
+  { "overlay-adopt-base", 0, 0, G_OPTION_ARG_NONE, &opt_overlay_adopt_base,
+    "Use the overlay over this image though it was made for another, and "
+    "record this image as its base", NULL },
   MLOOP_RBD_SERVER_OPTION_ENTRIES (opt_ceph_conf, opt_ceph_id, opt_shared,
                                    opt_lock_record, opt_io_timeout),
   { "pid-file", 'P', 0, G_OPTION_ARG_FILENAME, &opt_pid_file,
@@ -636,6 +640,7 @@ main (int argc, char *argv[])
     die ("--direct=%s: must be auto, on or off", opt_direct);
   cfg.window.offset = parse_size ("offset", opt_offset, 0, 0);
   cfg.overlay = opt_overlay;
+  cfg.overlay_adopt_base = opt_overlay_adopt_base;
   cfg.window.sizelimit = parse_size ("sizelimit", opt_sizelimit, 0, 0);
   cfg.ceph_conf = opt_ceph_conf;
   cfg.ceph_id = opt_ceph_id;

@@ -125,7 +125,7 @@ def _native_args(params, nbdkit_args):
     out = []
     for p in params:
         if "=" not in p:
-            out.append(f"--{p}")        # a flag: the plugin's key=true
+            out.append(f"--{p}")        # a flag: the plugin's key=on
             continue
         key, value = p.split("=", 1)
         # The plugin's stats= is mloop-server's --stats-file (like --pid-file).

@@ -72,6 +72,7 @@ static gboolean opt_buffered;
 static gchar *opt_offset;
 static gchar *opt_sizelimit;
 static gchar *opt_overlay;
+static gboolean opt_overlay_adopt_base;
 static gchar *opt_ceph_conf;
 static gchar *opt_ceph_id;
 static gboolean opt_shared;
@@ -106,6 +107,9 @@ static GOptionEntry entries[] = {
   { "overlay", 0, 0, G_OPTION_ARG_FILENAME, &opt_overlay,
     "Write to this copy-on-write overlay (made if absent); the image is "
     "only read", "FILE" },
+  { "overlay-adopt-base", 0, 0, G_OPTION_ARG_NONE, &opt_overlay_adopt_base,
+    "Use the overlay over this image though it was made for another, and "
+    "record this image as its base", NULL },
   MLOOP_RBD_SERVER_OPTION_ENTRIES (opt_ceph_conf, opt_ceph_id, opt_shared,
                                    opt_lock_record, opt_io_timeout),
   { "block-size", 0, 0, G_OPTION_ARG_INT, &opt_block_size,
@@ -256,6 +260,7 @@ open_image (struct mloop_engine *engine, const char *image,
     die ("--direct=%s: must be auto, on or off", opt_direct);
   cfg.window.offset = parse_size ("offset", opt_offset);
   cfg.overlay = opt_overlay;
+  cfg.overlay_adopt_base = opt_overlay_adopt_base;
   cfg.ceph_conf = opt_ceph_conf;
   cfg.ceph_id = opt_ceph_id;
   cfg.shared = opt_shared;

@@ -45,7 +45,7 @@ def start(image, overlay, adopt=False):
     params = [f"overlay={overlay}"]
     if adopt:
         # mloop-server spells the flag without a value.
-        params.append("overlay-adopt-base=true" if harness.SERVER_KIND == "nbdkit"
+        params.append("overlay-adopt-base=on" if harness.SERVER_KIND == "nbdkit"
                       else "overlay-adopt-base")
     return harness.Server(image, params)
 
