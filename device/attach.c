@@ -26,8 +26,14 @@
 /* TCG guests start nbdkit slowly: be patient before calling it failed. */
 #define SERVER_START_TIMEOUT_MS 60000
 #define SERVER_STOP_TIMEOUT_MS 10000
-/* Where --overlay temp makes its overlays. */
+/* Where --overlay temp makes its overlays without $TMPDIR, as qemu's
+ * -snapshot does: on disk, unlike /tmp and /run on many systems, since
+ * an overlay holds every block the device writes.  The tmpfiles.d rule
+ * (systemd/mloop-tmpfiles.conf) sweeps what a reboot leaves there, by
+ * the directories' prefix.
+ */
 #define MLOOP_TEMPORARY_OVERLAY_DIR "/var/tmp"
+#define MLOOP_TEMPORARY_OVERLAY_PREFIX "mloop-overlay-"
 
 int
 mloop_device_index (const char *name, bool *ublk)
@@ -135,26 +141,37 @@ check_image_fd (const struct mloop_attach_request *req, struct stat *st,
   return 0;
 }
 
+/* The directory temporary overlays are made in: $TMPDIR when set. */
+static char *
+temporary_overlay_dir (void)
+{
+  const char *tmpdir = g_getenv ("TMPDIR");
+
+  if (tmpdir == NULL || *tmpdir == '\0')
+    return g_strdup (MLOOP_TEMPORARY_OVERLAY_DIR);
+  return g_canonicalize_filename (tmpdir, NULL);
+}
+
 /* The overlay's absolute path for --overlay WHAT: WHAT made absolute,
- * or for MLOOP_OVERLAY_TEMPORARY a new private directory in /var/tmp
- * (on disk, unlike /tmp and /run on many systems: an overlay holds every
- * block the device writes) with the overlay to be made in it.  NULL with
- * ERR on failure.
+ * or for MLOOP_OVERLAY_TEMPORARY a new private directory in $TMPDIR or
+ * /var/tmp with the overlay to be made in it.  NULL with ERR on failure.
  */
 static char *
 overlay_path (const char *what, const char *image, char *err, size_t errlen)
 {
   g_autofree char *base = NULL;
   g_autofree char *dir = NULL;
+  g_autofree char *parent = NULL;
 
   if (strcmp (what, MLOOP_OVERLAY_TEMPORARY) != 0)
     return g_canonicalize_filename (what, NULL);
   base = g_path_get_basename (image);
-  dir = g_strdup_printf ("%s/mloop-%s-XXXXXX", MLOOP_TEMPORARY_OVERLAY_DIR,
-                         base);
+  parent = temporary_overlay_dir ();
+  dir = g_strdup_printf ("%s/" MLOOP_TEMPORARY_OVERLAY_PREFIX "%s-XXXXXX",
+                         parent, base);
   if (g_mkdtemp_full (dir, 0700) == NULL) {
     mloop_fail (err, errlen, "cannot make a temporary overlay in %s: %s",
-                MLOOP_TEMPORARY_OVERLAY_DIR, strerror (errno));
+                parent, strerror (errno));
     return NULL;
   }
   return g_build_filename (dir, "overlay", NULL);
@@ -799,6 +816,7 @@ mloop_attach (const struct mloop_attach_request *req,
   bool remote = !req->has_image_fd && strstr (req->file, "://") != NULL;
   bool rbd = !req->has_image_fd && mloop_is_rbd_name (req->file);
   char why[512];
+  bool temporary;
   int lock, device_lock, r, ublk;
 
   memset (out, 0, sizeof *out);
@@ -842,29 +860,34 @@ mloop_attach (const struct mloop_attach_request *req,
   if (req->overlay && (overlay = overlay_path (req->overlay, file, err,
                                                errlen)) == NULL)
     return -1;
+  temporary = overlay && strcmp (req->overlay, MLOOP_OVERLAY_TEMPORARY) == 0;
   if ((ublk = choose_ublk (req, err, errlen)) == -1)
-    return -1;
+    goto refused;
   /* What the claim records says which server, or the transport. */
   if (ublk)
     out->transport = MLOOP_TRANSPORT_UBLK;
   else if (!remote)
     out->server = req->server ? req->server : mloop_server_kind_default ();
   if (!ublk && mloop_nbd_netlink_available (err, errlen) < 0)
-    return -1;
+    goto refused;
   if (!ublk && req->index >= 0) {
-    if (!device_exists (req->index))
-      return mloop_fail (err, errlen, "/dev/nbd%d does not exist (the nbd module "
-                   "makes nbds_max devices)", req->index);
+    if (!device_exists (req->index)) {
+      mloop_fail (err, errlen, "/dev/nbd%d does not exist (the nbd module "
+                  "makes nbds_max devices)", req->index);
+      goto refused;
+    }
     if (mloop_nbd_netlink_connected (req->index, &busy, why, sizeof why) == 0
-        && busy)
-      return mloop_fail (err, errlen, "/dev/nbd%d is busy (already connected)",
-                   req->index);
+        && busy) {
+      mloop_fail (err, errlen, "/dev/nbd%d is busy (already connected)",
+                  req->index);
+      goto refused;
+    }
   }
 
   mloop_step_done (req->steps, "checks");
   lock = mloop_state_lock (err, errlen);
   if (lock == -1)
-    return -1;
+    goto refused;
   mloop_step_done (req->steps, "state lock");
   r = claim (req, file, overlay, remote || rbd ? NULL : &st, remote, out,
              &device_lock, err, errlen);
@@ -894,12 +917,17 @@ mloop_attach (const struct mloop_attach_request *req,
       mloop_state_clear (out);
     }
   }
-  else if (overlay && req->overlay &&
-           strcmp (req->overlay, MLOOP_OVERLAY_TEMPORARY) == 0)
+  else if (temporary)
     mloop_remove_temporary_overlay_dir (overlay);
   mloop_state_unlock (device_lock);
   mloop_state_unlock (lock);
   return r;
+
+ refused:
+  /* Nothing made yet but the temporary overlay's directory. */
+  if (temporary)
+    mloop_remove_temporary_overlay_dir (overlay);
+  return -1;
 }
 
 int
