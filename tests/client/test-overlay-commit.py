@@ -19,6 +19,7 @@ in the base's place is refused in one line naming both, unless
 not compared by name: a server writing it under another name (a hard
 link) makes commit refuse.  About 3 s (standard tier, client suite)."""
 import os
+import shutil
 import subprocess
 import time
 
@@ -165,9 +166,26 @@ check("the refusal names both", moved not in p.stderr and base in p.stderr
 check("the refusal changed neither", digest(base) == impostor_before
       and digest(third) == third_before)
 
-# The moved base, named.
+# The moved base, named.  (Kept for the first format's case below.)
+shutil.copyfile(third, third + ".v1")
 p = mloop("overlay", "commit", "--base", moved, third)
 check("--base names a moved base", p.returncode == 0 and p.stdout.strip() == moved
       and not os.path.exists(third), p.stdout + p.stderr)
+
+# The first format recorded the path the server was given, perhaps
+# relative: commit asks for the base rather than guess.
+v1 = third + ".v1"
+with open(v1, "r+b") as f:
+    h = bytearray(f.read(4096))
+    h[8:12] = (1).to_bytes(4, "little")
+    h[48:4096] = bytes(4096 - 48)
+    h[64:72] = b"disk.img"
+    f.seek(0)
+    f.write(h)
+refused("commit of a version 1 overlay naming its base relatively",
+        ["overlay", "commit", v1], "names its base only as disk.img")
+p = mloop("overlay", "commit", "--base", moved, v1)
+check("--base commits a version 1 overlay", p.returncode == 0 and
+      p.stdout.strip() == moved and not os.path.exists(v1), p.stdout + p.stderr)
 
 harness.exit_if_failed()

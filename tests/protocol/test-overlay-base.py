@@ -6,6 +6,11 @@ of the same size, in one line naming both; it is served over a copy of
 its base (another file, another inode, same bytes), and over the other
 image when overlay-adopt-base is given, which records it as the base.
 
+An overlay in the first format (version 1, no identity recorded, its
+base's path as the server was given it) is still served over any image
+of its base's size, as before, and stays in that format unless
+overlay-adopt-base records the image.
+
 Locking: while a server serves an overlay, its base is flock()ed shared,
 so an exclusive lock (what `mloop overlay commit` takes to merge) fails;
 a read-only server on the same base runs beside it; the lock goes with
@@ -116,6 +121,45 @@ try:
 except RuntimeError as e:
     check("the adopted image is now its base", False, str(e))
 refused(base, ov, "was made for")
+
+# ---- the first format: no identity ----
+def header_version(path):
+    with open(path, "rb") as f:
+        return int.from_bytes(f.read(12)[8:12], "little")
+
+
+def make_version_1(path):
+    """Rewrites PATH's header as the first format wrote it."""
+    with open(path, "r+b") as f:
+        h = bytearray(f.read(4096))
+        h[8:12] = (1).to_bytes(4, "little")
+        h[48:4096] = bytes(4096 - 48)
+        h[64:72] = b"disk.img"
+        f.seek(0)
+        f.write(h)
+
+
+old = os.path.join(d, "old.overlay")
+srv = start(base, old)
+h = srv.connect(strict=False)
+h.pwrite(b"\xbb" * 4096, 0)
+h.flush()
+h.shutdown()
+srv.stop()
+check("a new overlay has format version 2", header_version(old) == 2)
+make_version_1(old)
+srv = start(other, old)
+h = srv.connect(strict=False)
+check("a version 1 overlay is served over an image of its size",
+      h.pread(4096, 0) == b"\xbb" * 4096 and
+      h.pread(4096, 4096) == harness.pattern(SIZE, 6)[4096:8192])
+h.shutdown()
+srv.stop()
+check("and stays version 1", header_version(old) == 1)
+srv = start(base, old, adopt=True)
+srv.stop()
+check("adopting its base records it (version 2)", header_version(old) == 2)
+refused(other, old, "was made for")
 
 # ---- a daemonized nbdkit keeps the lock after its fork ----
 if harness.SERVER_KIND == "nbdkit":
