@@ -26,7 +26,7 @@ mloop_cmd_overlay (int argc, char **argv)
     G_OPTION_ENTRY_NULL
   };
   g_autoptr (GOptionContext) ctx =
-    g_option_context_new ("commit|discard OVERLAY");
+    g_option_context_new ("commit|discard OVERLAY, or adopt OVERLAY IMAGE");
   g_autoptr (GError) gerr = NULL;
   g_autofree char *base = NULL;
   char err[1024];
@@ -34,13 +34,23 @@ mloop_cmd_overlay (int argc, char **argv)
   g_option_context_set_summary (ctx, "An overlay file no device uses: "
                                 "commit copies its writes into the base it "
                                 "was made for, then removes it; discard "
-                                "removes it, its writes lost.");
+                                "removes it, its writes lost; adopt records "
+                                "IMAGE as its base, though it was made for "
+                                "another.");
   g_option_context_add_main_entries (ctx, entries, NULL);
   if (!g_option_context_parse (ctx, &argc, &argv, &gerr))
     return fail ("%s", gerr->message);
+  if (argc == 4 && strcmp (argv[1], "adopt") == 0) {
+    if (base_arg || adopt)
+      return fail ("overlay adopt: --base and --adopt-base are commit's");
+    if (mloop_overlay_file_adopt (argv[2], argv[3], err, sizeof err) == -1)
+      return fail ("overlay adopt: %s", err);
+    return EXIT_SUCCESS;
+  }
   if (argc != 3 || (strcmp (argv[1], "commit") != 0 &&
                     strcmp (argv[1], "discard") != 0))
-    return fail ("overlay: give commit or discard, and one OVERLAY file");
+    return fail ("overlay: give commit or discard and one OVERLAY file, "
+                 "or adopt, OVERLAY and IMAGE");
   if (strcmp (argv[1], "commit") == 0) {
     if (mloop_overlay_file_commit (argv[2], base_arg, adopt, &base, err,
                                    sizeof err) == -1)

@@ -1,4 +1,6 @@
-/* mloop — the overlay command: `mloop overlay commit|discard FILE`. */
+/* mloop — the overlay command: `mloop overlay commit|discard FILE` and
+ * `mloop overlay adopt FILE IMAGE`.
+ */
 #ifndef MLOOP_OVERLAY_CMD_H
 #define MLOOP_OVERLAY_CMD_H
 

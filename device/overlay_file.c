@@ -165,3 +165,22 @@ mloop_overlay_file_discard (const char *path, char *err, size_t errlen)
   mloop_state_unlock (lock);
   return r;
 }
+
+int
+mloop_overlay_file_adopt (const char *path, const char *image, char *err,
+                          size_t errlen)
+{
+  struct stat st;
+  int lock, r;
+
+  if (stat (path, &st) == -1)
+    return mloop_fail (err, errlen, "%s: %s", path, strerror (errno));
+  lock = mloop_state_lock (err, errlen);
+  if (lock == -1)
+    return -1;
+  r = check_unused (path, &st, NULL, NULL, err, errlen);
+  if (r == 0 && mloop_overlay_adopt (path, image, err, errlen) < 0)
+    r = -1;
+  mloop_state_unlock (lock);
+  return r;
+}

@@ -27,4 +27,11 @@ int mloop_overlay_file_commit (const char *path, const char *base_arg,
  */
 int mloop_overlay_file_discard (const char *path, char *err, size_t errlen);
 
+/* Records IMAGE as the base of the overlay at PATH though it was made
+ * for another image of that size.  Refused while a device or a server
+ * uses the overlay.  0, or -1 with one line in ERR.
+ */
+int mloop_overlay_file_adopt (const char *path, const char *image,
+                              char *err, size_t errlen);
+
 #endif /* MLOOP_OVERLAY_FILE_H */

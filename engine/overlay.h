@@ -139,6 +139,15 @@ int mloop_overlay_inspect (const char *path, char **base_path,
 int mloop_overlay_merge (const char *path, const char *base_path,
                          bool adopt, char *err, size_t errlen);
 
+/* Records the image BASE_PATH, whole, as the base of the overlay at
+ * PATH, whatever image it was made for, if it has the size the overlay
+ * was made for (overlay_merge.c): the explicit override for an overlay
+ * a device will attach.  Refused while a server holds the overlay.  0,
+ * or a negative errno with a one-line reason in ERR.
+ */
+int mloop_overlay_adopt (const char *path, const char *base_path,
+                         char *err, size_t errlen);
+
 /* Where the bytes of [offset, offset + count) are. */
 enum mloop_overlay_where {
   MLOOP_OVERLAY_IN_BASE,        /* every cluster still in the base */

@@ -1,5 +1,6 @@
 /* mloop — folding a copy-on-write overlay into its base (`mloop overlay
- * commit`).  See overlay.h.
+ * commit`), and giving it another (`mloop overlay adopt`).  See
+ * overlay.h.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -118,6 +119,33 @@ mloop_overlay_merge (const char *path, const char *base_path, bool adopt,
   }
   free (buf);
   mloop_overlay_close (&ov);
+  mloop_backing_close (&base);
+  return r;
+}
+
+int
+mloop_overlay_adopt (const char *path, const char *base_path, char *err,
+                     size_t errlen)
+{
+  const struct mloop_window whole = { 0, 0 };
+  struct mloop_backing base;
+  struct mloop_overlay ov;
+  int r;
+
+  /* Opening a missing overlay would make one. */
+  if (access (path, F_OK) == -1) {
+    r = -errno;
+    snprintf (err, errlen, "overlay %s: %s", path, strerror (-r));
+    return r;
+  }
+  r = mloop_backing_open (&base, base_path, MLOOP_DIRECT_OFF, false, &whole,
+                          err, errlen);
+  if (r < 0)
+    return r;
+  r = mloop_overlay_open (&ov, path, &base, false, MLOOP_OVERLAY_ADOPT_BASE,
+                          err, errlen);
+  if (r == 0)
+    mloop_overlay_close (&ov);
   mloop_backing_close (&base);
   return r;
 }

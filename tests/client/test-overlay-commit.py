@@ -15,7 +15,8 @@ The base is the one the overlay was made for: a server started by hand
 with a relative image name records the image's absolute path, so commit
 from another directory writes that image and no namesake; an image put
 in the base's place is refused in one line naming both, unless
---adopt-base; a moved base is named with --base.  The base is locked,
+--adopt-base; a moved base is named with --base; `mloop overlay adopt`
+records another image as the base.  The base is locked,
 not compared by name: a server writing it under another name (a hard
 link) makes commit refuse.  About 3 s (standard tier, client suite)."""
 import os
@@ -123,7 +124,7 @@ srv = subprocess.Popen([harness.SERVER_BIN, "--listen", f"unix:{rel_dir}/s.sock"
                         "--pid-file", f"{rel_dir}/s.pid", "--overlay=rel.overlay",
                         "disk.img"], cwd=rel_dir, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL)
-harness.on_exit(lambda: harness.terminate(srv))
+harness.on_exit(lambda srv=srv: harness.terminate(srv))
 while not os.path.exists(f"{rel_dir}/s.pid") and srv.poll() is None:
     time.sleep(0.02)
 h = nbd.NBD()
@@ -187,5 +188,26 @@ refused("commit of a version 1 overlay naming its base relatively",
 p = mloop("overlay", "commit", "--base", moved, v1)
 check("--base commits a version 1 overlay", p.returncode == 0 and
       p.stdout.strip() == moved and not os.path.exists(v1), p.stdout + p.stderr)
+
+# adopt: the override for an overlay a device will attach.
+fourth = os.path.join(d, "four.overlay")
+written_overlay(moved, fourth)
+elsewhere = harness.make_image(SIZE, harness.pattern(SIZE, 14))
+try:
+    harness.Server(elsewhere, [f"overlay={fourth}"]).stop()
+    check("an overlay is refused over another image", False)
+except RuntimeError as e:
+    check("an overlay is refused over another image", "was made for" in str(e), str(e))
+refused("adopt of an image of another size",
+        ["overlay", "adopt", fourth, harness.make_image(SIZE + 4096)],
+        "was made for a base of")
+p = mloop("overlay", "adopt", fourth, elsewhere)
+check("adopt records another image as the base", p.returncode == 0 and
+      p.stdout == p.stderr == "", p.stdout + p.stderr)
+srv = harness.Server(elsewhere, [f"overlay={fourth}"])
+srv.stop()
+p = mloop("overlay", "commit", fourth)
+check("commit then writes the adopted image", p.returncode == 0 and
+      p.stdout.strip() == elsewhere, p.stdout + p.stderr)
 
 harness.exit_if_failed()
