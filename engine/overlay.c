@@ -544,7 +544,8 @@ crc_of_range (const struct mloop_backing *base, unsigned char *buf,
   int r = read_base (base, (char *) buf, end - offset, offset);
 
   if (r == 0)
-    *crc = (uint32_t) crc32 (crc32 (0L, Z_NULL, 0), buf, (uInt) (end - offset));
+    *crc = (uint32_t) crc32 (crc32 (0L, Z_NULL, 0), buf,
+                             (uInt) (end - offset));
   return r;
 }
 

@@ -263,8 +263,9 @@ mloop_config_complete (void)
   "sizelimit=<SIZE>    Serve at most this many bytes (default: to the end).\n" \
   "overlay=FILE        Write to this copy-on-write overlay (made if absent);\n" \
   "                    the file is then only read.\n" \
-  "overlay-adopt-base=on|off  Use the overlay over this file though it was\n" \
-  "                    made for another, and record this one (default off).\n" \
+  "overlay-adopt-base=on|off\n" \
+  "                    Use the overlay over this file though it was made\n" \
+  "                    for another, and record this one (default off).\n" \
   "stats=FILE          Keep request counters in FILE (for mloop status).\n" \
   "trace=FILE          Append a line per request event to FILE\n" \
   "                    (default: $MLOOP_TRACE, else none).\n" \
