@@ -6,9 +6,12 @@ the base's bytes never change.  The named overlay keeps the device's
 bytes across a detach and a new attach; the temporary one is deleted at
 detach, by mloop detach or by autoclear; an overlay in use is refused
 in one line.  list --json and
-status show the overlay.  mloop overlay commit is refused while a device
-uses the overlay or its base, then makes the base read as the overlay
-device did."""
+status show the overlay.  While devices use it, the base is flock()ed
+(shared) by their servers, also after a restart, which is what keeps a
+commit off it.  mloop overlay commit is refused while a device uses the
+overlay or its base, also under another name (a hard link), then makes
+the base read as the overlay device did."""
+import fcntl
 import os
 
 import fioverify
@@ -54,6 +57,8 @@ def run_test(kind, cl):
                                     lambda: restart.kill_server(kind, a.device))
     fioverify.check_round(other)
     assert digest(image) == base, "the base changed"
+    assert locked_by_others(image), \
+        "the base is not flock()ed while its overlay devices run"
 
     # A named overlay outlives its device.
     p = kind.cli(*overlay_args(kind, image, named), check=False)
@@ -92,6 +97,14 @@ def run_test(kind, cl):
     refused(kind, ["overlay", "discard", kind.status(b.device)["device"]["overlay"]],
             "is in use by " + b.device)
     b.detach()
+    # An image named otherwise (as a D-Bus caller names its own) is the
+    # same base.
+    link = os.path.join(tmpdir(cl), "same-image.img")
+    os.link(image, link)
+    c = kind.attach(cl, link, args=kind.attach_args(link))
+    refused(kind, ["overlay", "commit", named], "the overlay's base, is in use by " + c.device)
+    c.detach()
+    os.unlink(link)
     assert digest(image) == base, "a refused commit changed the base"
     kind.cli("overlay", "commit", named)
     assert digest(image) == written and not os.path.exists(named), \
@@ -99,6 +112,18 @@ def run_test(kind, cl):
     print(f"# overlay: server restarted in {took[0]:.1f} s under fio verify; "
           "base unchanged, named overlay kept, temporary one deleted, "
           "committed into the base", flush=True)
+
+
+def locked_by_others(path):
+    """Whether another process holds a flock() on PATH."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
 
 
 def refused(kind, args, expect):
