@@ -805,9 +805,14 @@ check_base (struct mloop_overlay *ov, unsigned char *h,
   /* A merge stopped half-way has changed its base's ends already. */
   if (!same_content && !(same_file && check == MLOOP_OVERLAY_MERGE_BASE) &&
       check != MLOOP_OVERLAY_ADOPT_BASE) {
-    snprintf (err, errlen, "overlay %s was made for %s, not %s: their first "
-              "or last MiB differ (adopting the base overrides this)",
-              ov->path, ov->base_path, id.path);
+    if (same_file)
+      snprintf (err, errlen, "overlay %s: its base %s was written since the "
+                "overlay was made: its first or last MiB differ (adopting "
+                "the base overrides this)", ov->path, id.path);
+    else
+      snprintf (err, errlen, "overlay %s was made for %s, not %s: their "
+                "first or last MiB differ (adopting the base overrides "
+                "this)", ov->path, ov->base_path, id.path);
     return -EINVAL;
   }
   if (same_file && same_content)

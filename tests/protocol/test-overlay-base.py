@@ -2,7 +2,8 @@
 """An overlay knows the base it was made for, and holds that base.
 
 Identity: an overlay made over one image is refused over another image
-of the same size, in one line naming both; it is served over a copy of
+of the same size, in one line naming both, and over its base written at
+either end since; it is served over a copy of
 its base (another file, another inode, same bytes), and over the other
 image when overlay-adopt-base is given, which records it as the base.
 
@@ -108,6 +109,10 @@ h = srv.connect(strict=False)
 check("a copy of the base serves the overlay", h.pread(4096, 8192) == b"\xaa" * 4096)
 h.shutdown()
 srv.stop()
+# The copy is its base now; written at one end since, it is refused.
+with open(copy, "r+b") as f:
+    f.write(b"\x01" * 512)
+refused(copy, ov, "was written since the overlay was made")
 
 srv = start(other, ov, adopt=True)
 h = srv.connect(strict=False)
