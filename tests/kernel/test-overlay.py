@@ -9,7 +9,8 @@ in one line.  list --json and
 status show the overlay.  While devices use it, the base is flock()ed
 (shared) by their servers, also after a restart, which is what keeps a
 commit off it.  mloop overlay commit is refused while a device uses the
-overlay or its base, also under another name (a hard link), then makes
+overlay or its base, also under a name that no longer leads to it (a
+hard link removed after the attach), then makes
 the base read as the overlay device did."""
 import fcntl
 import os
@@ -97,14 +98,15 @@ def run_test(kind, cl):
     refused(kind, ["overlay", "discard", kind.status(b.device)["device"]["overlay"]],
             "is in use by " + b.device)
     b.detach()
-    # An image named otherwise (as a D-Bus caller names its own) is the
-    # same base.
+    # The base attached under a name that no longer leads to it (a D-Bus
+    # caller's own path, an image renamed since) is still the base: the
+    # device records its device and inode.
     link = os.path.join(tmpdir(cl), "same-image.img")
     os.link(image, link)
     c = kind.attach(cl, link, args=kind.attach_args(link))
+    os.unlink(link)
     refused(kind, ["overlay", "commit", named], "the overlay's base, is in use by " + c.device)
     c.detach()
-    os.unlink(link)
     assert digest(image) == base, "a refused commit changed the base"
     kind.cli("overlay", "commit", named)
     assert digest(image) == written and not os.path.exists(named), \
