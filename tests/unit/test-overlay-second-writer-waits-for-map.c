@@ -147,7 +147,8 @@ main (void)
   r = mloop_backing_open (&base, base_path, MLOOP_DIRECT_OFF, false, NULL,
                           err, sizeof err);
   CHECK (r == 0, "base: %s", err);
-  r = mloop_overlay_open (&ov, path, &base, false, err, sizeof err);
+  r = mloop_overlay_open (&ov, path, &base, false, MLOOP_OVERLAY_SAME_BASE,
+                          err, sizeof err);
   CHECK (r == 0, "overlay: %s", err);
   mloop_range_lock_init (&lock);
   ov.before_map_write = before_map_write;
