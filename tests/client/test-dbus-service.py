@@ -15,6 +15,7 @@ is activated again by the next call.  The attach itself is the VM's
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -26,8 +27,9 @@ import servicebus
 MLOOP = os.environ["MLOOP_CLI"]
 SERVICE = os.environ.get("MLOOP_DBUS_BIN", "")
 SRC_DBUS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "dbus")
-CALL = [sys.executable, os.path.join(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))), "dbus_call.py")]
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CALL = [sys.executable, os.path.join(TESTS, "dbus_call.py")]
+SILENT_AGENT = [sys.executable, os.path.join(TESTS, "silent_agent.py")]
 USER, OTHER = servicebus.USER, servicebus.OTHER
 
 
@@ -104,6 +106,20 @@ def run(bus, work):
     check("a rule denying attach is obeyed", "not authorized" in out, out)
     bus.set_rules(servicebus.ALLOW_USER)
 
+    # Detach asks polkit before it looks at the path: a user it refuses
+    # learns nothing of what exists where only root can look.
+    secret = os.path.join(work, "root-only-dir", "secret")
+    os.makedirs(os.path.dirname(secret), mode=0o700)
+    open(secret, "w").close()
+    hidden = call("detach", secret, user=OTHER)
+    missing = call("detach", secret + "-missing", user=OTHER)
+    check("a refused detach of a path that exists says what one that does not says",
+          hidden.startswith("ERROR not authorized: polkit refused org.mloop.detach")
+          and hidden.replace(secret, "P") == missing.replace(secret + "-missing", "P"),
+          f"{hidden} / {missing}")
+
+    stalled_callers(bus, image, root_only)
+
     # The mloop command as a user.
     r = bus.run_as(USER, [MLOOP, "attach", root_only])
     check("a user's attach of an image they cannot write says so",
@@ -140,6 +156,47 @@ def run(bus, work):
           r.returncode == 0 and bus.service_pid() not in (None, pid), r.stderr)
     r = bus.run_as(USER, [MLOOP, "--version"])
     check("mloop --version as a user", r.returncode == 0, r.stderr)
+
+
+def stalled_callers(bus, image, root_only):
+    """OTHER's attach, and then detach, wait on an authentication nobody
+    answers (a password dialog left open); USER's calls are served
+    meanwhile."""
+    waiting = []
+    try:
+        for argv in (["attach", "--read-only", root_only], ["detach", "/dev/nbd0"]):
+            waiting.append(subprocess.Popen(
+                ["setpriv", f"--reuid={OTHER[1]}", f"--regid={OTHER[2]}",
+                 "--clear-groups", "--"] + SILENT_AGENT + [MLOOP] + argv,
+                env=bus.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                text=True))
+            time.sleep(1)
+            try:
+                r = bus.run_as(USER, [MLOOP, "list"], timeout=10)
+                served = r.returncode == 0 and r.stdout == ""
+                out = r.stdout + r.stderr
+            except subprocess.TimeoutExpired:
+                served, out = False, "no answer within 10 s"
+            check(f"a user's list is served while another's {argv[0]} waits for "
+                  "its authentication", served, out)
+            out = call_as(bus, USER, ["attach", "rw", image], timeout=10)
+            check(f"a user's attach is served while another's {argv[0]} waits "
+                  "for its authentication",
+                  out.startswith("ERROR") and "NBD" in out, out)
+            check(f"the {argv[0]} waiting for its authentication still waits",
+                  waiting[-1].poll() is None, waiting[-1].poll())
+    finally:
+        for p in waiting:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
+def call_as(bus, user, args, timeout):
+    try:
+        return one_line(bus.run_as(user, CALL + list(args), timeout=timeout))
+    except subprocess.TimeoutExpired:
+        return f"no answer within {timeout} s"
 
 
 main()
