@@ -22,12 +22,22 @@
 int mloop_caller_uid (GDBusMethodInvocation *invocation, uid_t *uid,
                       char *err, size_t errlen);
 
-/* Whether polkit lets INVOCATION's caller do ACTION: 0 when it does,
- * else -1 with ERR saying why not (polkit said no, or could not be
- * asked).  Asks the user to authenticate (through their polkit agent)
- * only when the caller allowed interactive authorization.
+/* polkit's answer: ERR is NULL when the caller may, else one line saying
+ * why not (polkit said no, could not be asked, or did not answer in
+ * time).  Called in the main loop's thread.
  */
-int mloop_caller_authorize (GDBusMethodInvocation *invocation,
-                            const char *action, char *err, size_t errlen);
+typedef void (*mloop_authorized_fn) (GDBusMethodInvocation *invocation,
+                                     const char *err, gpointer data);
+
+/* Asks polkit whether INVOCATION's caller may do ACTION, without
+ * waiting: DONE is called with the answer once polkit gives it, or
+ * after TIMEOUT_S seconds without one (the check is then cancelled,
+ * which closes the caller's authentication dialog).  Asks the user to
+ * authenticate (through their polkit agent) only when the caller allowed
+ * interactive authorization; other calls are served meanwhile.
+ */
+void mloop_caller_authorize (GDBusMethodInvocation *invocation,
+                             const char *action, unsigned timeout_s,
+                             mloop_authorized_fn done, gpointer data);
 
 #endif /* MLOOP_DBUS_CALLER_H */

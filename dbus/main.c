@@ -11,25 +11,26 @@
  */
 #include <signal.h>
 #include <stdlib.h>
-#include <sys/wait.h>
 
 #include <gio/gio.h>
 #include <glib-unix.h>
 
 #include "manager.h"
 
-/* How often exited supervisors are reaped, seconds: each attach forks
- * one, which exits at its device's detach.
- */
+/* How often exited supervisors are reaped, seconds (manager.h). */
 #define REAP_INTERVAL_S 5
 
 static GMainLoop *loop;
 static int status = EXIT_SUCCESS;
+static struct mloop_manager_limits limits = {
+  .max_devices_per_user = MLOOP_DEFAULT_MAX_DEVICES_PER_USER,
+  .authorization_timeout_s = MLOOP_DEFAULT_AUTHORIZATION_TIMEOUT_S,
+};
 
 static void
 on_bus (GDBusConnection *connection, const char *name, gpointer unused)
 {
-  if (!mloop_manager_export (connection)) {
+  if (!mloop_manager_export (connection, &limits)) {
     status = EXIT_FAILURE;
     g_main_loop_quit (loop);
   }
@@ -53,19 +54,71 @@ on_stop (gpointer unused)
   return G_SOURCE_REMOVE;
 }
 
-/* Between calls only: an attach in progress waits for its own children. */
 static gboolean
 reap (gpointer unused)
 {
-  while (waitpid (-1, NULL, WNOHANG) > 0)
-    ;
+  mloop_manager_reap ();
   return G_SOURCE_CONTINUE;
+}
+
+/* A whole number from MIN up for OPTION, into *OUT: false after saying
+ * what is wrong.
+ */
+static bool
+parse_count (const char *option, const char *text, unsigned min,
+             unsigned *out)
+{
+  guint64 value;
+  g_autoptr (GError) gerr = NULL;
+
+  if (!g_ascii_string_to_unsigned (text, 10, min, G_MAXUINT, &value,
+                                   &gerr)) {
+    g_printerr ("mloop-dbus: %s %s: %s\n", option, text, gerr->message);
+    return false;
+  }
+  *out = (unsigned) value;
+  return true;
+}
+
+static bool
+parse_options (int argc, char **argv)
+{
+  g_autofree char *max_devices = NULL, *timeout = NULL;
+  const GOptionEntry entries[] = {
+    { "max-devices-per-user", 0, 0, G_OPTION_ARG_STRING, &max_devices,
+      "devices one user (not root) may have attached at once", "N" },
+    { "authorization-timeout", 0, 0, G_OPTION_ARG_STRING, &timeout,
+      "seconds a call waits for polkit's answer", "SECONDS" },
+    { NULL },
+  };
+  g_autoptr (GOptionContext) context =
+    g_option_context_new ("- attach images for users (D-Bus service)");
+  g_autoptr (GError) gerr = NULL;
+
+  g_option_context_add_main_entries (context, entries, NULL);
+  if (!g_option_context_parse (context, &argc, &argv, &gerr)) {
+    g_printerr ("mloop-dbus: %s\n", gerr->message);
+    return false;
+  }
+  if (argc > 1) {
+    g_printerr ("mloop-dbus: unexpected argument %s\n", argv[1]);
+    return false;
+  }
+  return (max_devices == NULL ||
+          parse_count ("--max-devices-per-user", max_devices, 0,
+                       &limits.max_devices_per_user)) &&
+    (timeout == NULL ||
+     parse_count ("--authorization-timeout", timeout, 1,
+                  &limits.authorization_timeout_s));
 }
 
 int
 main (int argc, char **argv)
 {
   guint owner;
+
+  if (!parse_options (argc, argv))
+    return EXIT_FAILURE;
 
   /* The bus starts us with an empty environment; servers, supervisors
    * and modprobe are found on this path.

@@ -1,12 +1,25 @@
 /* mloop — org.mloop.Manager1, the object of mloop's D-Bus service
- * (manager.h).  Each call is served to its end before the next: an
- * attach takes a second or two, and one at a time keeps the process
- * simple (the device library locks per device anyway).
+ * (manager.h).
+ *
+ * Thread model: calls arrive in the main loop's thread, which asks
+ * polkit for each without waiting (caller.h), so a caller whose
+ * authentication dialog stays open holds up nobody else.  What a call
+ * then does to devices runs in one device thread, one call at a time:
+ * an attach or detach takes a second or two; one at a time keeps the
+ * per-user count exact and lets the reaper (main.c) tell an exited
+ * supervisor from a child an attach is waiting for.  List only reads
+ * the run directory and is answered from the main thread at once.
+ * D-Bus replies may be sent from either thread.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/fsuid.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <gio/gio.h>
@@ -16,10 +29,55 @@
 #include "caller.h"
 #include "describe.h"
 #include "manager.h"
+#include "printable.h"
+#include "store_name.h"
 
 #define ERROR_FAILED "org.mloop.Error.Failed"
 #define ERROR_NOT_AUTHORIZED "org.mloop.Error.NotAuthorized"
 #define ERROR_INVALID "org.mloop.Error.InvalidArgs"
+#define ERROR_LIMIT "org.mloop.Error.LimitsExceeded"
+
+static struct mloop_manager_limits limits;
+/* The device thread: one call's attach or detach at a time. */
+static GThreadPool *device_thread;
+/* Held by the device thread while it works; the reaper only tries it. */
+static GMutex device_work;
+
+enum call_kind { CALL_ATTACH, CALL_DETACH, CALL_DETACH_OTHER };
+
+/* A call on its way from polkit's answer to the device thread. */
+struct call {
+  enum call_kind kind;
+  GDBusMethodInvocation *invocation;
+  uid_t uid;
+  /* Attach: the image's name; detach: the device or image asked for,
+   * then (CALL_DETACH_OTHER) the device found, its owner and
+   * supervisor, which must be the same when polkit has said yes.
+   */
+  char *what;
+  uid_t owner;
+  pid_t supervisor_pid;
+  GVariant *options;            /* attach */
+  gint32 handle;                /* attach: the image's descriptor */
+};
+
+static void
+call_free (struct call *c)
+{
+  g_object_unref (c->invocation);
+  g_free (c->what);
+  if (c->options)
+    g_variant_unref (c->options);
+  g_free (c);
+}
+
+/* Ends C with an error NAME and message ERR. */
+static void
+call_fail (struct call *c, const char *name, const char *err)
+{
+  g_dbus_method_invocation_return_dbus_error (c->invocation, name, err);
+  call_free (c);
+}
 
 /* The descriptor at HANDLE in INVOCATION's message, a duplicate owned by
  * the caller of this; -1 with ERR.
@@ -78,17 +136,259 @@ options_known (GVariant *options, char *err, size_t errlen)
   return true;
 }
 
+/* How many devices UID has attached (through the service: root's own
+ * attaches are root's).
+ */
+static unsigned
+devices_of (uid_t uid)
+{
+  size_t n;
+  struct mloop_device_state *devices = mloop_state_list (&n);
+  unsigned mine = 0;
+
+  for (size_t i = 0; i < n; i++)
+    mine += devices[i].owner == uid;
+  mloop_state_free_list (devices, n);
+  return mine;
+}
+
+/* In the device thread: C's attach, if its user may have one more. */
+static void
+attach_now (struct call *c)
+{
+  struct mloop_device_state st;
+  g_autofree char *device = NULL;
+  g_autofree char *shown = mloop_printable (c->what);
+  g_autofree char *why = NULL;
+  unsigned mine;
+  char err[1024];
+  int fd, r;
+
+  if (c->uid != 0 &&
+      (mine = devices_of (c->uid)) >= limits.max_devices_per_user) {
+    snprintf (err, sizeof err, "you have %u devices attached, the most a "
+              "user may have (mloop-dbus --max-devices-per-user): detach "
+              "one first", mine);
+    g_message ("uid %u: attach %s refused: %s", (unsigned) c->uid, shown,
+               err);
+    call_fail (c, ERROR_LIMIT, err);
+    return;
+  }
+  fd = passed_fd (c->invocation, c->handle, err, sizeof err);
+  if (fd == -1) {
+    call_fail (c, ERROR_FAILED, err);
+    return;
+  }
+
+  const struct mloop_attach_request req = {
+    .file = c->what, .has_image_fd = true, .image_fd = fd,
+    .owner = c->uid, .index = -1, .transport = MLOOP_CHOOSE_NBD,
+    .read_only = option (c->options, "read-only"),
+    .no_partscan = option (c->options, "no-partscan"),
+    .autoclear = option (c->options, "autoclear"),
+  };
+  r = mloop_attach (&req, &st, err, sizeof err);
+  close (fd);
+  if (r == -1) {
+    why = mloop_printable (err);
+    g_message ("uid %u: attach %s refused: %s", (unsigned) c->uid, shown,
+               why);
+    call_fail (c, ERROR_FAILED, err);
+    return;
+  }
+  device = mloop_state_device_path (&st);
+  g_message ("uid %u: attached %s as %s", (unsigned) c->uid, shown, device);
+  mloop_state_clear (&st);
+  g_dbus_method_invocation_return_value (c->invocation,
+                                         g_variant_new ("(s)", device));
+  call_free (c);
+}
+
+/* Sets this thread's file system credentials to UID's (its primary
+ * group and the groups the user database gives it), or back to root's
+ * (GROUPS, N: root's own) when UID is 0.  Only this thread's: the
+ * kernel keeps them per thread, and setgroups is called directly
+ * because glibc's would change every thread's.
+ */
+static int
+act_as (uid_t uid, const gid_t *groups, int n)
+{
+  struct passwd pw, *found = NULL;
+  char buf[4096];
+  gid_t list[256];
+  int count = G_N_ELEMENTS (list);
+
+  if (uid == 0) {
+    setfsgid (0);
+    setfsuid (0);
+    return (int) syscall (SYS_setgroups, (size_t) n, groups);
+  }
+  if (getpwuid_r (uid, &pw, buf, sizeof buf, &found) != 0 || found == NULL)
+    count = 0;
+  else if (getgrouplist (pw.pw_name, pw.pw_gid, list, &count) == -1)
+    count = 0;
+  if (syscall (SYS_setgroups, (size_t) count, list) == -1)
+    return -1;
+  setfsgid (found ? pw.pw_gid : (gid_t) -1);
+  setfsuid (uid);
+  return (uid_t) setfsuid ((uid_t) -1) == uid ? 0 : -1;
+}
+
+/* WHAT, the device or image a detach asks for, as the device library
+ * may look for it: a device's name as it is; a path resolved by UID,
+ * with UID's rights, so that looking for it as root tells the caller
+ * nothing about what exists where they cannot look, and triggers no
+ * automount they could not.  NULL with ERR.
+ */
+static char *
+resolve_as (const char *what, uid_t uid, char *err, size_t errlen)
+{
+  bool ublk;
+  gid_t root_groups[64];
+  int n_root, saved;
+  char *path = NULL;
+
+  if (mloop_device_index (what, &ublk) >= 0 || strstr (what, "://") ||
+      mloop_is_rbd_name (what) || uid == 0)
+    return g_strdup (what);
+  n_root = getgroups (G_N_ELEMENTS (root_groups), root_groups);
+  if (n_root == -1 || act_as (uid, NULL, 0) == -1) {
+    snprintf (err, errlen, "%s: cannot look for it as uid %u: %s", what,
+              (unsigned) uid, strerror (errno));
+    if (n_root != -1)
+      act_as (0, root_groups, n_root);
+    return NULL;
+  }
+  path = realpath (what, NULL);
+  saved = errno;
+  if (act_as (0, root_groups, n_root) == -1)
+    g_error ("cannot take back root's credentials: %s", strerror (errno));
+  if (path == NULL)
+    snprintf (err, errlen, "%s: not an nbd or ublk device, and %s", what,
+              strerror (saved));
+  return path;
+}
+
+static gboolean ask_detach_other (gpointer data);
+
+/* In the device thread: C's detach, once polkit has let its user detach
+ * a device (their own, or with CALL_DETACH_OTHER the one found before).
+ */
+static void
+detach_now (struct call *c)
+{
+  struct mloop_device_state st;
+  g_autofree char *device = NULL;
+  g_autofree char *what = NULL;
+  char err[1024];
+
+  what = resolve_as (c->what, c->uid, err, sizeof err);
+  if (what == NULL || mloop_lookup (what, &st, err, sizeof err) == -1) {
+    call_fail (c, ERROR_INVALID, err);
+    return;
+  }
+  device = mloop_state_device_path (&st);
+  if (c->kind == CALL_DETACH && st.owner != c->uid) {
+    /* Another user's device: the stronger action, asked in the main
+     * thread, then the device looked for again by its name.
+     */
+    g_free (c->what);
+    c->what = g_steal_pointer (&device);
+    c->owner = st.owner;
+    c->supervisor_pid = st.supervisor_pid;
+    mloop_state_clear (&st);
+    g_main_context_invoke (NULL, ask_detach_other, c);
+    return;
+  }
+  if (c->kind == CALL_DETACH_OTHER && (st.owner != c->owner ||
+                                       st.supervisor_pid != c->supervisor_pid))
+    call_fail (c, ERROR_FAILED, "the device was detached and attached "
+               "again while polkit was asked: ask again");
+  else if (mloop_detach (&st, err, sizeof err) == -1)
+    call_fail (c, ERROR_FAILED, err);
+  else {
+    g_message ("uid %u: detached %s", (unsigned) c->uid, device);
+    g_dbus_method_invocation_return_value (c->invocation, NULL);
+    call_free (c);
+  }
+  mloop_state_clear (&st);
+}
+
+static void
+device_thread_run (gpointer data, gpointer unused)
+{
+  struct call *c = data;
+
+  g_mutex_lock (&device_work);
+  if (c->kind == CALL_ATTACH)
+    attach_now (c);
+  else
+    detach_now (c);
+  g_mutex_unlock (&device_work);
+}
+
+/* polkit's answer for C: on to the device thread, or the refusal. */
+static void
+authorized (GDBusMethodInvocation *invocation, const char *err,
+            gpointer data)
+{
+  struct call *c = data;
+  char why[1024];
+
+  if (err == NULL) {
+    g_thread_pool_push (device_thread, c, NULL);
+    return;
+  }
+  if (c->kind == CALL_DETACH_OTHER) {
+    /* "Not your device" is what a user without the action hears. */
+    snprintf (why, sizeof why, "%s is not your device (attached by uid "
+              "%u), and polkit refused %s", c->what, (unsigned) c->owner,
+              MLOOP_ACTION_DETACH_OTHER);
+    err = why;
+  }
+  call_fail (c, ERROR_NOT_AUTHORIZED, err);
+}
+
+static gboolean
+ask_detach_other (gpointer data)
+{
+  struct call *c = data;
+
+  c->kind = CALL_DETACH_OTHER;
+  mloop_caller_authorize (c->invocation, MLOOP_ACTION_DETACH_OTHER,
+                          limits.authorization_timeout_s, authorized, c);
+  return G_SOURCE_REMOVE;
+}
+
+/* A new call of KIND: who makes it, then polkit's answer for ACTION. */
+static void
+start_call (GDBusMethodInvocation *invocation, enum call_kind kind,
+            const char *action, const char *what, GVariant *options,
+            gint32 handle)
+{
+  struct call *c = g_new0 (struct call, 1);
+  char err[1024];
+
+  c->kind = kind;
+  c->invocation = g_object_ref (invocation);
+  c->what = g_strdup (what);
+  c->options = options ? g_variant_ref (options) : NULL;
+  c->handle = handle;
+  if (mloop_caller_uid (invocation, &c->uid, err, sizeof err) == -1) {
+    call_fail (c, ERROR_FAILED, err);
+    return;
+  }
+  mloop_caller_authorize (invocation, action,
+                          limits.authorization_timeout_s, authorized, c);
+}
+
 static void
 attach (GDBusMethodInvocation *invocation, GVariant *params)
 {
   g_autoptr (GVariant) options = NULL;
-  struct mloop_device_state st;
-  g_autofree char *device = NULL;
   const char *name;
   gint32 handle;
   char err[1024];
-  uid_t uid;
-  int fd;
 
   g_variant_get (params, "(h&s@a{sv})", &handle, &name, &options);
   if (!options_known (options, err, sizeof err)) {
@@ -96,85 +396,18 @@ attach (GDBusMethodInvocation *invocation, GVariant *params)
                                                 err);
     return;
   }
-  if (mloop_caller_authorize (invocation, MLOOP_ACTION_ATTACH, err,
-                              sizeof err) == -1) {
-    g_dbus_method_invocation_return_dbus_error (invocation,
-                                                ERROR_NOT_AUTHORIZED, err);
-    return;
-  }
-  if (mloop_caller_uid (invocation, &uid, err, sizeof err) == -1 ||
-      (fd = passed_fd (invocation, handle, err, sizeof err)) == -1) {
-    g_dbus_method_invocation_return_dbus_error (invocation, ERROR_FAILED,
-                                                err);
-    return;
-  }
-
-  const struct mloop_attach_request req = {
-    .file = name, .has_image_fd = true, .image_fd = fd, .owner = uid,
-    .index = -1, .transport = MLOOP_CHOOSE_NBD,
-    .read_only = option (options, "read-only"),
-    .no_partscan = option (options, "no-partscan"),
-    .autoclear = option (options, "autoclear"),
-  };
-  int r = mloop_attach (&req, &st, err, sizeof err);
-
-  close (fd);
-  if (r == -1) {
-    g_message ("uid %u: attach %s refused: %s", (unsigned) uid, name, err);
-    g_dbus_method_invocation_return_dbus_error (invocation, ERROR_FAILED,
-                                                err);
-    return;
-  }
-  device = mloop_state_device_path (&st);
-  g_message ("uid %u: attached %s as %s", (unsigned) uid, name, device);
-  mloop_state_clear (&st);
-  g_dbus_method_invocation_return_value (invocation,
-                                         g_variant_new ("(s)", device));
+  start_call (invocation, CALL_ATTACH, MLOOP_ACTION_ATTACH, name, options,
+              handle);
 }
 
+/* Nothing of DEVICE is looked at before polkit lets the caller detach. */
 static void
 detach (GDBusMethodInvocation *invocation, GVariant *params)
 {
-  struct mloop_device_state st;
-  g_autofree char *device = NULL;
   const char *what;
-  char err[1024];
-  uid_t uid;
 
   g_variant_get (params, "(&s)", &what);
-  if (mloop_caller_uid (invocation, &uid, err, sizeof err) == -1) {
-    g_dbus_method_invocation_return_dbus_error (invocation, ERROR_FAILED,
-                                                err);
-    return;
-  }
-  if (mloop_lookup (what, &st, err, sizeof err) == -1) {
-    g_dbus_method_invocation_return_dbus_error (invocation, ERROR_INVALID,
-                                                err);
-    return;
-  }
-  device = mloop_state_device_path (&st);
-  /* Another user's device: only with the stronger action, so "not your
-   * device" is what a user without it hears.
-   */
-  if (mloop_caller_authorize (invocation, st.owner == uid
-                              ? MLOOP_ACTION_DETACH
-                              : MLOOP_ACTION_DETACH_OTHER,
-                              err, sizeof err) == -1) {
-    if (st.owner != uid)
-      snprintf (err, sizeof err, "%s is not your device (attached by uid "
-                "%u), and polkit refused %s", device, (unsigned) st.owner,
-                MLOOP_ACTION_DETACH_OTHER);
-    g_dbus_method_invocation_return_dbus_error (invocation,
-                                                ERROR_NOT_AUTHORIZED, err);
-  }
-  else if (mloop_detach (&st, err, sizeof err) == -1)
-    g_dbus_method_invocation_return_dbus_error (invocation, ERROR_FAILED,
-                                                err);
-  else {
-    g_message ("uid %u: detached %s", (unsigned) uid, device);
-    g_dbus_method_invocation_return_value (invocation, NULL);
-  }
-  mloop_state_clear (&st);
+  start_call (invocation, CALL_DETACH, MLOOP_ACTION_DETACH, what, NULL, -1);
 }
 
 static void
@@ -219,13 +452,33 @@ method_call (GDBusConnection *connection, const char *sender,
                                                 "no such method");
 }
 
+void
+mloop_manager_reap (void)
+{
+  if (!g_mutex_trylock (&device_work))
+    return;
+  while (waitpid (-1, NULL, WNOHANG) > 0)
+    ;
+  g_mutex_unlock (&device_work);
+}
+
 bool
-mloop_manager_export (GDBusConnection *connection)
+mloop_manager_export (GDBusConnection *connection,
+                      const struct mloop_manager_limits *with)
 {
   static const GDBusInterfaceVTable vtable = { .method_call = method_call };
   g_autoptr (GBytes) xml = NULL;
   g_autoptr (GDBusNodeInfo) node = NULL;
   g_autoptr (GError) gerr = NULL;
+
+  limits = *with;
+  if (device_thread == NULL)
+    device_thread = g_thread_pool_new (device_thread_run, NULL, 1, FALSE,
+                                       &gerr);
+  if (device_thread == NULL) {
+    g_warning ("cannot start the device thread: %s", gerr->message);
+    return false;
+  }
 
   xml = g_resources_lookup_data ("/org/mloop/org.mloop.Manager1.xml", 0,
                                  &gerr);

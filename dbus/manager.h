@@ -5,12 +5,18 @@
  *       IMAGE: the image, opened by the caller (O_RDWR, or O_RDONLY with
  *       option "read-only"); NAME: its absolute path, recorded and shown,
  *       never opened.  Options: "read-only", "no-partscan", "autoclear"
- *       (booleans).  polkit action org.mloop.attach.
+ *       (booleans).  polkit action org.mloop.attach; refused to a user
+ *       (not root) who already has the most devices they may.
  *   Detach (s device)
- *       DEVICE (/dev/nbdN, or the image's name): org.mloop.detach for
- *       the user who attached it, org.mloop.detach-other for anyone else.
+ *       DEVICE (/dev/nbdN, or the image's name): polkit action
+ *       org.mloop.detach before DEVICE is looked at or looked for, then
+ *       org.mloop.detach-other if another user attached it.
  *   List (b json) -> (s text)
  *       What `mloop list [--json]` prints as root.
+ *
+ * Calls are served in parallel: each waits for polkit without holding up
+ * the others (an authentication dialog may stay open a long time), then
+ * its attach or detach runs in the device thread, one at a time.
  *
  * Refusals are D-Bus errors org.mloop.Error.* whose message is one line
  * naming the reason.
@@ -26,7 +32,34 @@
 #define MLOOP_DBUS_PATH "/org/mloop/Manager1"
 #define MLOOP_DBUS_INTERFACE "org.mloop.Manager1"
 
-/* Exports the object on CONNECTION; false after logging why not. */
-bool mloop_manager_export (GDBusConnection *connection);
+/* What one user may hold of the machine, and how long a call waits for
+ * polkit (mloop-dbus's options; docs/mloop-dbus.8.pod).
+ */
+#define MLOOP_DEFAULT_MAX_DEVICES_PER_USER 4
+#define MLOOP_DEFAULT_AUTHORIZATION_TIMEOUT_S 120
+
+struct mloop_manager_limits {
+  /* Devices attached through the service one user (not root) may have
+   * at once: each costs a server, AIO events and an nbd index that the
+   * machine has a fixed number of.
+   */
+  unsigned max_devices_per_user;
+  /* How long polkit may take to answer, seconds: an authentication
+   * dialog left open is dismissed after it.
+   */
+  unsigned authorization_timeout_s;
+};
+
+/* Exports the object on CONNECTION, with LIMITS (kept); false after
+ * logging why not.
+ */
+bool mloop_manager_export (GDBusConnection *connection,
+                           const struct mloop_manager_limits *limits);
+
+/* Reaps the supervisors that exited (each attach forks one, which exits
+ * at its device's detach), unless an attach or detach is in progress:
+ * that one waits for its own children.
+ */
+void mloop_manager_reap (void);
 
 #endif /* MLOOP_DBUS_MANAGER_H */
