@@ -11,6 +11,7 @@
 #include <json-glib/json-glib.h>
 
 #include "describe.h"
+#include "printable.h"
 
 static void
 member_string (JsonBuilder *b, const char *name, const char *value)
@@ -20,6 +21,19 @@ member_string (JsonBuilder *b, const char *name, const char *value)
     json_builder_add_string_value (b, value);
   else
     json_builder_add_null_value (b);
+}
+
+/* A name a user may have chosen (printable.h): JSON escapes the C0
+ * controls itself and json_print the rest; a name that is not UTF-8,
+ * which a JSON string cannot hold, is given in its escaped form.
+ */
+static void
+member_name (JsonBuilder *b, const char *name, const char *value)
+{
+  g_autofree char *shown = value && !g_utf8_validate (value, -1, NULL)
+    ? mloop_printable (value) : NULL;
+
+  member_string (b, name, shown ? shown : value);
 }
 
 static void
@@ -64,14 +78,14 @@ json_device (JsonBuilder *b, const struct mloop_device_state *s)
   json_builder_begin_object (b);
   member_string (b, "device", dev);
   member_string (b, "transport", mloop_state_transport_name (s));
-  member_string (b, "file", mloop_state_image_name (s));
+  member_name (b, "file", mloop_state_image_name (s));
   member_string (b, "owner", owner);
   member_int (b, "owner_uid", s->owner);
   member_int (b, "size", (gint64) s->size);
   member_int (b, "offset", (gint64) s->offset);
   member_int (b, "sizelimit", (gint64) s->sizelimit);
   if (s->overlay) {
-    member_string (b, "overlay", s->overlay);
+    member_name (b, "overlay", s->overlay);
     member_bool (b, "overlay_temporary", s->overlay_temporary);
   }
   member_int (b, "block_size", s->block_size);
@@ -89,7 +103,10 @@ json_device (JsonBuilder *b, const struct mloop_device_state *s)
   json_builder_end_object (b);
 }
 
-/* Prints what B built, on one line. */
+/* Prints what B built, on one line.  json-glib writes DEL and the C1
+ * controls (U+0080 to U+009F, which terminals read as escapes) as they
+ * are; they can only be inside strings, where \u00XX means the same.
+ */
 static void
 json_print (FILE *f, JsonBuilder *b)
 {
@@ -99,7 +116,18 @@ json_print (FILE *f, JsonBuilder *b)
 
   json_generator_set_root (gen, root);
   text = json_generator_to_data (gen, NULL);
-  fprintf (f, "%s\n", text);
+  for (const char *p = text; *p; p++) {
+    unsigned char c = (unsigned char) *p;
+
+    if (c == 0x7f)
+      fputs ("\\u007f", f);
+    else if (c == 0xc2 && (unsigned char) p[1] >= 0x80 &&
+             (unsigned char) p[1] <= 0x9f)
+      fprintf (f, "\\u00%02x", (unsigned char) *++p);
+    else
+      fputc (c, f);
+  }
+  fputc ('\n', f);
 }
 
 void
@@ -125,14 +153,15 @@ mloop_describe_list (FILE *f, const struct mloop_device_state *list, size_t n,
     const struct mloop_device_state *s = &list[i];
     g_autofree char *dev = mloop_state_device_path (s);
     g_autofree char *owner = owner_name (s);
+    g_autofree char *file = mloop_printable (mloop_state_image_name (s));
+    g_autofree char *overlay = mloop_printable (s->overlay);
 
     fprintf (f, "%-12s %14" PRIu64 " %14" PRIu64 " %14" PRIu64
              " %2d %5u %7u %-6s %7d %-8s %s%s%s%s\n", dev, s->size,
              s->offset, s->sizelimit, s->read_only, s->connections,
              s->threads, mloop_state_server_name (s), (int) s->server_pid,
-             owner, mloop_state_image_name (s),
-             s->overlay ? " (overlay " : "",
-             s->overlay ? s->overlay : "", s->overlay ? ")" : "");
+             owner, file, overlay ? " (overlay " : "",
+             overlay ? overlay : "", overlay ? ")" : "");
   }
 }
 
@@ -196,13 +225,15 @@ mloop_describe_status (FILE *f, const struct mloop_device_state *s,
     return;
   }
   g_autofree char *dev = mloop_state_device_path (s);
+  g_autofree char *file = mloop_printable (mloop_state_image_name (s));
+  g_autofree char *overlay = mloop_printable (s->overlay);
 
-  fprintf (f, "%s: %s\n", dev, mloop_state_image_name (s));
+  fprintf (f, "%s: %s\n", dev, file);
   if (s->offset || s->sizelimit)
     fprintf (f, "  window:  offset %" PRIu64 ", sizelimit %" PRIu64
              ", %" PRIu64 " bytes\n", s->offset, s->sizelimit, s->size);
   if (s->overlay)
-    fprintf (f, "  overlay: %s%s (the image is only read)\n", s->overlay,
+    fprintf (f, "  overlay: %s%s (the image is only read)\n", overlay,
              s->overlay_temporary ? ", deleted at detach" : "");
   if (s->transport == MLOOP_TRANSPORT_UBLK) {
     /* No socket, no connection: mloop-ublk is the server, and its

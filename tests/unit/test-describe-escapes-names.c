@@ -1,0 +1,96 @@
+/* How devices are described (device/describe.c) when an image's name,
+ * chosen by a user through mloop's D-Bus service, holds control
+ * characters: `mloop list` and `mloop status` show none of them raw
+ * (ESC, the C1 CSI, DEL, a byte that is not UTF-8) but escaped, with
+ * printable UTF-8 kept; `mloop list --json` holds no raw control byte
+ * either and gives the exact name back to a JSON reader.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <glib.h>
+#include <json-glib/json-glib.h>
+
+#include "describe.h"
+#include "server_kind.h"
+#include "unit.h"
+
+/* ESC [2J (clear the screen), CSI as U+009B, DEL, a backslash, a tab,
+ * and a printable non-ASCII letter.
+ */
+#define HOSTILE "/home/u/a\x1b[2J\xc2\x9b" "1m\x7f\\\tz\xc3\xa9.img"
+#define HOSTILE_SHOWN "/home/u/a\\x1b[2J\\xc2\\x9b1m\\x7f\\\\\\x09z\xc3\xa9.img"
+#define NOT_UTF8 "/home/u/b\x9b" "31m.img"
+#define NOT_UTF8_SHOWN "/home/u/b\\x9b31m.img"
+
+static char *
+describe (const struct mloop_device_state *list, size_t n, int how)
+{
+  char *text = NULL;
+  size_t size;
+  FILE *f = open_memstream (&text, &size);
+  struct mloop_device_status st = { 0 };
+
+  CHECK (f != NULL, "open_memstream failed");
+  if (how == 2)
+    mloop_describe_status (f, &list[0], &st, false);
+  else
+    mloop_describe_list (f, list, n, how == 1);
+  CHECK (fclose (f) == 0, "fclose failed");
+  return text;
+}
+
+/* No byte of TEXT is a control character but the newlines. */
+static void
+check_no_control (const char *what, const char *text)
+{
+  for (const unsigned char *p = (const unsigned char *) text; *p; p++) {
+    bool c1 = *p == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f;
+
+    CHECK (*p == '\n' || (*p >= 0x20 && *p != 0x7f && *p != 0x9b && !c1),
+           "%s: a raw control byte 0x%02x at %td in: %s", what, *p,
+           (const char *) p - text, text);
+  }
+}
+
+int
+main (void)
+{
+  struct mloop_device_state list[2] = {
+    { .index = 0, .file = (char *) HOSTILE, .overlay = (char *) HOSTILE,
+      .size = 1 << 20, .block_size = 512, .connections = 1, .threads = 1,
+      .owner = 65534, .server = mloop_server_kind_default () },
+    { .index = 1, .file = (char *) NOT_UTF8, .size = 1 << 20,
+      .block_size = 512, .connections = 1, .threads = 1, .owner = 65534,
+      .server = mloop_server_kind_default () },
+  };
+  g_autofree char *table = describe (list, 2, 0);
+  g_autofree char *json = describe (list, 2, 1);
+  g_autofree char *status = describe (list, 2, 2);
+  g_autoptr (JsonParser) parser = json_parser_new ();
+  g_autoptr (GError) gerr = NULL;
+  JsonArray *devices;
+
+  check_no_control ("list", table);
+  CHECK (strstr (table, HOSTILE_SHOWN " (overlay " HOSTILE_SHOWN ")"),
+         "list does not show the escaped name: %s", table);
+  CHECK (strstr (table, NOT_UTF8_SHOWN), "list: %s", table);
+  check_no_control ("status", status);
+  CHECK (strstr (status, "/dev/nbd0: " HOSTILE_SHOWN "\n"), "status: %s",
+         status);
+  CHECK (strstr (status, "overlay: " HOSTILE_SHOWN), "status: %s", status);
+  check_no_control ("list --json", json);
+  CHECK (json_parser_load_from_data (parser, json, -1, &gerr),
+         "list --json is not JSON: %s: %s", gerr ? gerr->message : "",
+         json);
+  devices = json_node_get_array (json_parser_get_root (parser));
+  CHECK (strcmp (json_object_get_string_member
+                 (json_array_get_object_element (devices, 0), "file"),
+                 HOSTILE) == 0, "list --json changed the name: %s", json);
+  CHECK (strcmp (json_object_get_string_member
+                 (json_array_get_object_element (devices, 1), "file"),
+                 NOT_UTF8_SHOWN) == 0,
+         "list --json: a name that is not UTF-8: %s", json);
+  return EXIT_SUCCESS;
+}
