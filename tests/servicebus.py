@@ -101,6 +101,7 @@ class ServiceBus:
         self.address = f"unix:path={self.dir}/bus"
         self.env = dict(env or os.environ, DBUS_SYSTEM_BUS_ADDRESS=self.address)
         self.daemon = self.polkitd = None
+        self.service_args = []
 
     def __enter__(self):
         try:
@@ -123,9 +124,7 @@ class ServiceBus:
     def _start(self):
         policy = os.path.join(self.src, "org.mloop.Manager1.conf")
         self._write("bus.conf", BUS_CONF.format(dir=self.dir, policy=policy))
-        self._write("services/org.mloop.Manager1.service",
-                    "[D-BUS Service]\nName=org.mloop.Manager1\n"
-                    f"Exec={self.service_bin}\nUser=root\n")
+        self._write_service_file()
         actions = os.path.join(self.dir, "actions")
         shutil.copytree("/usr/share/polkit-1/actions", actions)
         shutil.copy(os.path.join(self.src, "org.mloop.policy"), actions)
@@ -139,6 +138,25 @@ class ServiceBus:
         if self.daemon.poll() is not None:
             raise AssertionError("dbus-daemon exited: " + self.log("daemon.log"))
         self.set_rules(ALLOW_USER)
+
+    def _write_service_file(self):
+        self._write("services/org.mloop.Manager1.service",
+                    "[D-BUS Service]\nName=org.mloop.Manager1\n"
+                    f"Exec={' '.join([self.service_bin] + self.service_args)}\n"
+                    "User=root\n")
+
+    def set_service_args(self, args):
+        """The service's options (mloop-dbus(8)) from its next start on:
+        the running one is stopped, and the bus rereads its service
+        files."""
+        self.kill_service()
+        self.service_args = list(args)
+        self._write_service_file()
+        subprocess.run(
+            ["gdbus", "call", "--system", "--dest", "org.freedesktop.DBus",
+             "--object-path", "/org/freedesktop/DBus", "--method",
+             "org.freedesktop.DBus.ReloadConfig"],
+            env=self.env, check=True, capture_output=True)
 
     def log(self, name):
         try:
