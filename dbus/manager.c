@@ -166,9 +166,9 @@ attach_now (struct call *c)
 
   if (c->uid != 0 &&
       (mine = devices_of (c->uid)) >= limits.max_devices_per_user) {
-    snprintf (err, sizeof err, "you have %u devices attached, the most a "
-              "user may have (mloop-dbus --max-devices-per-user): detach "
-              "one first", mine);
+    snprintf (err, sizeof err, "a user may have %u devices attached at "
+              "once (mloop-dbus --max-devices-per-user) and you have %u: "
+              "detach one first", limits.max_devices_per_user, mine);
     g_message ("uid %u: attach %s refused: %s", (unsigned) c->uid, shown,
                err);
     call_fail (c, ERROR_LIMIT, err);

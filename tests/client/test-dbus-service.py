@@ -236,8 +236,8 @@ def per_user_cap(bus, image):
     bus.set_service_args(["--max-devices-per-user", "0"])
     out = call_on(bus, "attach", "rw", image)
     check("an attach past the per-user cap is refused in one line",
-          out == "ERROR you have 0 devices attached, the most a user may have "
-          "(mloop-dbus --max-devices-per-user): detach one first", out)
+          out == "ERROR a user may have 0 devices attached at once "
+          "(mloop-dbus --max-devices-per-user) and you have 0: detach one first", out)
     bus.set_service_args([])
     for args, expect in [(["--max-devices-per-user", "many"], "--max-devices-per-user many"),
                          (["--authorization-timeout", "0"], "--authorization-timeout 0"),
