@@ -223,13 +223,17 @@ act_as (uid_t uid, const gid_t *groups, int n)
     setfsuid (0);
     return (int) syscall (SYS_setgroups, (size_t) n, groups);
   }
-  if (getpwuid_r (uid, &pw, buf, sizeof buf, &found) != 0 || found == NULL)
-    count = 0;
-  else if (getgrouplist (pw.pw_name, pw.pw_gid, list, &count) == -1)
+  /* A uid with no entry has no group to act as: never root's. */
+  if (getpwuid_r (uid, &pw, buf, sizeof buf, &found) != 0 || found == NULL) {
+    errno = ENOENT;
+    return -1;
+  }
+  /* More groups than fit: fewer rights, never more. */
+  if (getgrouplist (pw.pw_name, pw.pw_gid, list, &count) == -1)
     count = 0;
   if (syscall (SYS_setgroups, (size_t) count, list) == -1)
     return -1;
-  setfsgid (found ? pw.pw_gid : (gid_t) -1);
+  setfsgid (pw.pw_gid);
   setfsuid (uid);
   return (uid_t) setfsuid ((uid_t) -1) == uid ? 0 : -1;
 }

@@ -12,7 +12,7 @@ and refuses root's options; a user's list and detach ask it too.  The
 service survives a client that hangs up mid-call, and a killed service
 is activated again by the next call.  Detach asks polkit before it
 looks for the path it is given (a refusal says the same whether the
-path exists or not).  A caller whose authentication never ends (a real
+path exists or not), and looks for it with the caller's rights.  A caller whose authentication never ends (a real
 polkit agent that never answers: silent_agent.py) holds up no other
 user's call, and is refused after --authorization-timeout; an attach
 past --max-devices-per-user is refused in one line; the service logs a
@@ -122,6 +122,13 @@ def run(bus, work):
     missing = call("detach", secret + "-missing", user=OTHER)
     check("a refused detach of a path that exists says what one that does not says",
           hidden.startswith("ERROR not authorized: polkit refused org.mloop.detach")
+          and hidden.replace(secret, "P") == missing.replace(secret + "-missing", "P"),
+          f"{hidden} / {missing}")
+    # A user polkit lets detach has the path looked for with their rights.
+    hidden = call("detach", secret)
+    missing = call("detach", secret + "-missing")
+    check("an allowed detach looks for a path with the caller's rights",
+          hidden.endswith("Permission denied")
           and hidden.replace(secret, "P") == missing.replace(secret + "-missing", "P"),
           f"{hidden} / {missing}")
 
