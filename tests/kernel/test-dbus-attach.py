@@ -14,7 +14,10 @@ node a user was left holding is root's again before the next device is
 connected there (a user watching its size never opens it).  The name a
 caller gives is only a label: a user who names their image after
 root's neither becomes its kernel backend nor is found by `mloop detach
-ROOT-IMAGE`.  About 25 s in the VM."""
+ROOT-IMAGE`.  With the service's per-user
+cap at 1 a user's second attach is refused until the first is detached,
+and a name with control characters is listed escaped, in root's list
+and the user's.  About 25-33 s in the VM."""
 import os
 import signal
 import stat
@@ -32,6 +35,8 @@ import kinds  # noqa: E402
 SRC_DBUS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "dbus")
 USER, OTHER = servicebus.USER, servicebus.OTHER
+DBUS_CALL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                         "dbus_call.py")
 PATTERN = bytes(range(256)) * 16 * 64          # 256 KiB
 CALL = [sys.executable, os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), "dbus_call.py")]
@@ -221,4 +226,27 @@ def run_test(kind, cl):
     wait_until(lambda: not nbd_in_use(dev), f"root's {dev} to disconnect")
     assert nbd_in_use(mine), f"`mloop detach {root_image}` detached the user's {mine}"
     as_user(USER, kinds.CLI, "detach", mine)
+
+    # 10. One device per user here: a second is refused until the first
+    # is detached.  A name with control characters is shown escaped.
+    bus.set_rules(servicebus.ALLOW_BOTH_ATTACH)
+    bus.set_service_args(["--max-devices-per-user", "1"])
+    hostile = os.path.join(os.path.dirname(image), "x\x1b[2J\u009bm.img")
+    r = as_user(USER, sys.executable, DBUS_CALL, "attach", "rw", image, hostile)
+    assert r.stdout.startswith("OK /dev/nbd"), one_line(r)
+    dev = r.stdout.split()[1]
+    cl.push(lambda: kind.cli("detach", dev, check=False))
+    shown = os.path.join(os.path.dirname(image), "x\\x1b[2J\\xc2\\x9bm.img")
+    for who, listed in (("root's", kind.cli("list").stdout),
+                        ("the user's", as_user(USER, kinds.CLI, "list").stdout)):
+        assert shown in listed and "\x1b" not in listed and "\u009b" not in listed, \
+            f"{who} list shows the name raw: {listed!r}"
+    second = user_image(cl, USER, seed=2)
+    r = as_user(USER, kinds.CLI, "attach", second, check=False)
+    assert r.returncode != 0 and one_line(r) == \
+        f"mloop: attach {second}: a user may have 1 devices attached at once " \
+        "(mloop-dbus --max-devices-per-user) and you have 1: detach one first", one_line(r)
+    as_user(USER, kinds.CLI, "detach", dev)
+    dev = as_user(USER, kinds.CLI, "attach", second).stdout.strip()
+    as_user(USER, kinds.CLI, "detach", dev)
     assert not kind.state_entries(), f"state remains: {kind.state_entries()}"
