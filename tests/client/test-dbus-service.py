@@ -185,8 +185,8 @@ def stalled_callers(bus, image, root_only):
             waiting.append(subprocess.Popen(
                 ["setpriv", f"--reuid={OTHER[1]}", f"--regid={OTHER[2]}",
                  "--clear-groups", "--"] + SILENT_AGENT + [MLOOP] + argv,
-                env=bus.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                text=True))
+                env=bus.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True))
             time.sleep(1)
             try:
                 r = bus.run_as(USER, [MLOOP, "list"], timeout=10)
@@ -203,9 +203,13 @@ def stalled_callers(bus, image, root_only):
             check(f"the {argv[0]} waiting for its authentication still waits",
                   waiting[-1].poll() is None, waiting[-1].poll())
     finally:
+        # The agent and the command it runs, which would otherwise wait
+        # for its answer until the bus goes away.
         for p in waiting:
-            if p.poll() is None:
-                p.kill()
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             p.wait()
 
 
