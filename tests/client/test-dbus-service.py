@@ -17,7 +17,7 @@ polkit agent that never answers: silent_agent.py) holds up no other
 user's call, and is refused after --authorization-timeout; an attach
 past --max-devices-per-user is refused in one line; the service logs a
 caller's name with its control characters escaped.  The attach itself
-is the VM's (tests/kernel/test-dbus-attach.py).  About 10 s (9-11 s
+is the VM's (tests/kernel/test-dbus-attach.py).  About 8 s (7-11 s
 measured)."""
 import os
 import shutil
