@@ -1,0 +1,445 @@
+#!/usr/bin/python3
+"""mloop-server beside other Ceph clients and settings it does not choose,
+on a real one-node cluster (tests/ceph/cluster.py):
+
+1. a live writer that is not mloop (a python3-rbd client with the image
+   open, writing, holding the exclusive lock as qemu or rbd-nbd would):
+   mloop-server is refused in one line naming the holder, and the writer
+   keeps writing without an error; once the writer is killed and the OSD
+   has dropped its watch, mloop-server breaks the dead holder's lock and
+   serves the image;
+2. librbd's cache and partial trims turned on for the image in the
+   cluster (`rbd config image set`: rbd_cache true, writeback, dirty data
+   kept 60 s; rbd_skip_partial_discard true), over the server's own
+   rbd_cache=false: a trim inside an object reads back as zeroes, and a
+   FUA write acknowledged just before the server is SIGKILLed is in the
+   image (`rbd export`);
+3. BLOCK_STATUS over a sparse 8 GiB image with data scattered in 64
+   objects: a request for 4 GiB - 4 KiB is answered with extents
+   covering at most 1 GiB, neighbours of one kind merged; REQ_ONE
+   requests, as qemu-img convert makes, each cost librbd at most two
+   callbacks (the server says how many under MLOOP_TEST_RBD_WALKS), and
+   a walk of the whole image with them finds every written extent.
+   With MLOOP_RBD_TIMINGS=1, qemu-img convert of the image over NBD and
+   `rbd export` are timed and printed, not checked (wall time is not a
+   test; the export alone takes 8-17 s);
+4. a namespace of the pool (rbd:POOL/NAMESPACE/IMAGE, as ceph-csi makes
+   them): served, written, and `rbd export` of the namespace's image
+   has the data; a missing namespace is refused in one line;
+5. client_mount_timeout = 2 in ceph.conf, with no monitor at the address
+   it names: refused in one line within 10 s (Ceph's default would be
+   300 s, the server's own 30 s);
+6. no server, client, daemon or file is left.
+
+SKIPs (77) without the Ceph packages, python3-libnbd or python3-rbd.
+
+Run by hand from the repository root:
+  MLOOP_SERVER_BIN=build/server/mloop-server PYTHONPATH=tests:tests/ceph \\
+      /usr/bin/python3 tests/ceph/test-rbd-peers.py
+
+Cost on the project machine (2 cores): about 35 s alone: the cluster's
+start 5-8 s, 1 about 12 s (the dead writer's watch lasts the 5 s this
+test sets osd_client_watch_timeout to), 2 to 5 about 2-4 s each.
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import cluster  # tests/ceph, beside this file
+
+reason = cluster.missing_reason()
+if reason:
+    print(f"SKIP: {reason}")
+    sys.exit(77)
+if subprocess.run([sys.executable, "-c", "import rados, rbd"],
+                  capture_output=True).returncode != 0:
+    print("SKIP: python3-rbd is not installed (the writer that is not mloop)")
+    sys.exit(77)
+
+os.environ.setdefault("MLOOP_SERVER", "native")
+import harness  # tests/: skips without python3-libnbd or MLOOP_SERVER_BIN
+import nbd
+from harness import check
+
+SERVER_BIN = harness.SERVER_BIN
+MiB = 1 << 20
+GiB = 1 << 30
+START_LIMIT = 30
+REFUSE_LIMIT = 10
+WATCH_TIMEOUT = 5       # osd_client_watch_timeout here: a dead client's watch
+
+
+class Abort(Exception):
+    """Ends a section whose next step cannot run (its check already failed)."""
+
+
+servers, others = [], []
+
+
+class Server:
+    """mloop-server on SPEC in the foreground, on a private Unix socket."""
+
+    def __init__(self, spec, conf=None, env=None):
+        self.dir = c.path("test", f"server{len(servers)}")
+        os.mkdir(self.dir)
+        self.sock = os.path.join(self.dir, "nbd.sock")
+        self.pid_file = os.path.join(self.dir, "server.pid")
+        self.err_path = os.path.join(self.dir, "stderr")
+        cmd = [SERVER_BIN, "--listen", f"unix:{self.sock}", "--pid-file", self.pid_file,
+               f"--ceph-conf={conf or c.conf}", f"--ceph-id={c.client_id}", spec]
+        with open(self.err_path, "wb") as err:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=err,
+                                         env=dict(os.environ, **(env or {})),
+                                         preexec_fn=cluster._die_with(os.getpid()))
+        self.started = time.monotonic()
+        self.elapsed = 0.0
+        servers.append(self)
+
+    def stderr(self):
+        with open(self.err_path, errors="replace") as f:
+            return f.read()
+
+    def ready(self, timeout=START_LIMIT):
+        deadline = self.started + timeout
+        while not os.path.exists(self.pid_file):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        self.elapsed = time.monotonic() - self.started
+        return os.path.exists(self.pid_file)
+
+    def connect(self):
+        h = nbd.NBD()
+        h.add_meta_context(nbd.CONTEXT_BASE_ALLOCATION)
+        h.connect_unix(self.sock)
+        return h
+
+    def stop(self):
+        harness.terminate(self.proc, 20)
+
+
+def start(what, spec, **kw):
+    s = Server(spec, **kw)
+    ok = s.ready()
+    if not check(f"{what} starts ({s.elapsed:.1f} s)", ok,
+                 f"exit {s.proc.poll()}: {s.stderr().strip()!r}"):
+        s.stop()
+        raise Abort(what)
+    return s
+
+
+def refused_in_one_line(what, s, words):
+    try:
+        s.proc.wait(60)
+    except subprocess.TimeoutExpired:
+        s.stop()
+    s.elapsed = time.monotonic() - s.started
+    err = s.stderr().strip()
+    print(f"# {what}: {err!r}")
+    check(f"{what}: refused, exit non-zero", s.proc.returncode not in (None, 0),
+          f"exit {s.proc.returncode}")
+    check(f"{what}: refused within {REFUSE_LIMIT} s", s.elapsed < REFUSE_LIMIT,
+          f"{s.elapsed:.1f} s")
+    check(f"{what}: one line naming the cause",
+          len(err.splitlines()) == 1 and all(w in err for w in words),
+          f"wanted one line with {words}: {err!r}")
+    return err
+
+
+def export(spec):
+    path = c.path("test", "export")
+    c.rbd("export", "--no-progress", spec, path)
+    with open(path, "rb") as f:
+        data = f.read()
+    os.unlink(path)
+    return data
+
+
+# --- 1: a live writer that is not mloop ------------------------------------
+
+# Opens the image for writing and writes 4 KiB every 20 ms (librbd takes
+# the exclusive lock at the first write, as qemu's and rbd-nbd's do),
+# until its stdin closes; says "writing" after the first write, then
+# "wrote N" at the end, or the first error and exits 1.
+WRITER = r"""
+import rados, rbd, select, sys
+conf, client, pool, image = sys.argv[1:5]
+cl = rados.Rados(conffile=conf, rados_id=client)
+cl.connect()
+io = cl.open_ioctx(pool)
+img = rbd.Image(io, image)
+n = 0
+try:
+    while True:
+        img.write(bytes([n % 251 + 1]) * 4096, (n * 4096) % (4 * 1024 * 1024))
+        n += 1
+        if n == 1:
+            print("writing", flush=True)
+        if select.select([sys.stdin], [], [], 0.02)[0]:
+            break
+except Exception as e:
+    print(f"write {n}: {type(e).__name__}: {e}", flush=True)
+    sys.exit(1)
+img.close()
+io.close()
+cl.shutdown()
+print(f"wrote {n}", flush=True)
+"""
+
+
+def watchers(image):
+    status = json.loads(c.rbd("status", "--format", "json", c.spec(image)))
+    return status.get("watchers", [])
+
+
+def section_live_writer():
+    c.create_image("shared-by-others", 8 * MiB)
+    w = subprocess.Popen([sys.executable, "-c", WRITER, c.conf, c.client_id, c.pool,
+                          "shared-by-others"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         preexec_fn=cluster._die_with(os.getpid()))
+    others.append(w)
+    first = w.stdout.readline().strip()
+    if not check("the librbd writer writes", first == "writing", repr(first)):
+        raise Abort("no writer")
+    held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("shared-by-others")))
+    if not check("the librbd writer holds the exclusive lock", len(held) == 1, repr(held)):
+        raise Abort("no lock")
+    err = refused_in_one_line("mloop-server beside a live writer",
+                              Server(f"rbd:{c.spec('shared-by-others')}"), ["in use"])
+    check("the refusal names the holder",
+          held[0]["locker"] in err and held[0]["address"] in err,
+          f"holder {held[0]['locker']}: {err!r}")
+    time.sleep(1)               # the writer's next writes, had it lost the lock
+    w.stdin.close()
+    out = w.stdout.read().strip()
+    w.wait(30)
+    check("the librbd writer kept writing without an error",
+          w.returncode == 0 and out.startswith("wrote"), f"exit {w.returncode}: {out!r}")
+
+    # The writer killed: its lock stays, its watch until the OSD drops it.
+    w = subprocess.Popen([sys.executable, "-c", WRITER, c.conf, c.client_id, c.pool,
+                          "shared-by-others"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         preexec_fn=cluster._die_with(os.getpid()))
+    others.append(w)
+    check("a second librbd writer writes", w.stdout.readline().strip() == "writing")
+    w.kill()
+    w.wait()
+    deadline = time.monotonic() + 4 * WATCH_TIMEOUT
+    while watchers("shared-by-others") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if not check("the killed writer's watch ends", not watchers("shared-by-others"),
+                 repr(watchers("shared-by-others"))):
+        raise Abort("watch")
+    s = start("mloop-server after a dead holder", f"rbd:{c.spec('shared-by-others')}")
+    held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("shared-by-others")))
+    h = s.connect()
+    h.pwrite(b"m" * 4096, 0)
+    h.flush()
+    check("it took the dead holder's lock and writes",
+          len(held) == 1 and h.pread(4096, 0) == b"m" * 4096, repr(held))
+    h.shutdown()
+    s.stop()
+
+
+# --- 2: the cache and partial trims, turned on by the cluster --------------
+
+def section_settings():
+    c.create_image("configured", 8 * MiB)
+    for key, value in [("rbd_cache", "true"), ("rbd_cache_policy", "writeback"),
+                       ("rbd_cache_writethrough_until_flush", "false"),
+                       ("rbd_cache_max_dirty_age", "60"),
+                       ("rbd_skip_partial_discard", "true")]:
+        c.rbd("config", "image", "set", c.spec("configured"), key, value)
+    s = start("mloop-server on an image with the cache on",
+              f"rbd:{c.spec('configured')}")
+    h = s.connect()
+    h.pwrite(b"d" * MiB, 0)
+    h.flush()
+    h.trim(5000, 1000)
+    got = h.pread(MiB, 0)
+    check("a trim inside an object reads back as zeroes",
+          got[1000:6000] == bytes(5000) and got[:1000] == b"d" * 1000
+          and got[6000:] == b"d" * (MiB - 6000),
+          f"{got[1000:6000].count(0)} of 5000 bytes zero")
+    data = os.urandom(64 * 1024)
+    h.pwrite(data, 2 * MiB, nbd.CMD_FLAG_FUA)
+    s.proc.kill()               # nothing flushed after the FUA write
+    s.proc.wait()
+    del h
+    image = export(c.spec("configured"))
+    check("a FUA write acknowledged before a SIGKILL is in the image",
+          image[2 * MiB:2 * MiB + len(data)] == data,
+          f"{image[2 * MiB:2 * MiB + len(data)].count(0)} of {len(data)} bytes zero")
+
+
+# --- 3: BLOCK_STATUS over a large sparse image -----------------------------
+
+BIG = 8 * GiB
+MOST_ASKED = 4 * GiB - 4096     # NBD's length is 32 bits
+WRITTEN = [(i * 128 * MiB + (i % 7) * 4096, 4096) for i in range(64)]
+
+
+def statuses(h, offset, length, flags=0):
+    got = []
+
+    def cb(metacontext, off, entries, err):
+        if metacontext == nbd.CONTEXT_BASE_ALLOCATION:
+            got.extend(zip(entries[0::2], entries[1::2]))
+    h.block_status(length, offset, cb, flags)
+    return got
+
+
+def walks(s):
+    """The server's lines about its walks: [(callbacks, one)]."""
+    out = []
+    for line in s.stderr().splitlines():
+        if ": extents of " in line and line.endswith(" callbacks"):
+            out.append(int(line.rsplit(" ", 2)[1]))
+    return out
+
+
+def section_extents():
+    c.create_image("big", BIG)
+    s = start("mloop-server on a sparse 8 GiB image", f"rbd:{c.spec('big')}",
+              env={"MLOOP_TEST_RBD_WALKS": "1"})
+    h = s.connect()
+    for off, n in WRITTEN:
+        h.pwrite(b"x" * n, off)
+    h.flush()
+    whole = statuses(h, 0, MOST_ASKED)
+    covered = sum(n for n, _ in whole)
+    check("BLOCK_STATUS of the whole image covers at most 1 GiB",
+          0 < covered <= GiB, f"{covered} bytes in {len(whole)} extents")
+    kinds = [f & nbd.STATE_HOLE for _, f in whole]
+    check("its neighbouring extents differ in kind (merged)",
+          all(a != b for a, b in zip(kinds, kinds[1:])), repr(whole[:8]))
+    before = len(walks(s))
+    pos, data, requests = 0, [], 0
+    while pos < BIG:
+        got = statuses(h, pos, min(BIG - pos, MOST_ASKED), nbd.CMD_FLAG_REQ_ONE)
+        requests += 1
+        if not got or got[0][0] == 0:
+            check("REQ_ONE makes progress", False, f"at {pos}: {got!r}")
+            raise Abort("no progress")
+        if not got[0][1] & nbd.STATE_HOLE:
+            data.append((pos, got[0][0]))
+        pos += got[0][0]
+    counts = walks(s)[before:]
+    print(f"# {requests} REQ_ONE requests; callbacks: most {max(counts, default=0)},"
+          f" total {sum(counts)}")
+    check("every REQ_ONE request costs librbd at most two callbacks",
+          len(counts) == requests and max(counts) <= 2,
+          f"{len(counts)} walks said for {requests} requests, most {max(counts, default=0)}")
+    found = all(any(o <= off and off + n <= o + m for o, m in data) for off, n in WRITTEN)
+    check("the walk finds every written extent", found, repr(data[:8]))
+    qemu_img = shutil.which("qemu-img")
+    if qemu_img and os.environ.get("MLOOP_RBD_TIMINGS"):
+        t = time.monotonic()
+        r = subprocess.run([qemu_img, "convert", "-O", "raw",
+                            f"nbd+unix:///?socket={s.sock}", c.path("test", "convert")],
+                           capture_output=True, text=True)
+        convert = time.monotonic() - t
+        os.unlink(c.path("test", "convert")) if os.path.exists(c.path("test", "convert")) \
+            else None
+        t = time.monotonic()
+        c.rbd("export", "--no-progress", c.spec("big"), c.path("test", "export"))
+        exported = time.monotonic() - t
+        os.unlink(c.path("test", "export"))
+        print(f"# qemu-img convert over NBD: {convert:.1f} s (exit {r.returncode}); "
+              f"rbd export: {exported:.1f} s")
+    h.shutdown()
+    s.stop()
+
+
+# --- 4: a namespace ------------------------------------------------------------
+
+def section_namespace():
+    c.rbd("namespace", "create", f"{c.pool}/tenant")
+    c.rbd("create", "--size", "8M", f"{c.pool}/tenant/disk")
+    s = start("mloop-server on rbd:POOL/NAMESPACE/IMAGE", f"rbd:{c.pool}/tenant/disk")
+    data = os.urandom(100000)
+    h = s.connect()
+    h.pwrite(data, 12345)
+    h.flush()
+    check("it serves the namespace's image", h.get_size() == 8 * MiB
+          and h.pread(len(data), 12345) == data)
+    h.shutdown()
+    s.stop()
+    check("rbd export of the namespace's image has the data",
+          export(f"{c.pool}/tenant/disk")[12345:12345 + len(data)] == data)
+    refused_in_one_line("a missing namespace", Server(f"rbd:{c.pool}/nowhere/disk"),
+                        ["namespace"])
+
+
+# --- 5: client_mount_timeout in ceph.conf ----------------------------------
+
+def section_mount_timeout():
+    with open(c.conf) as f:
+        text = f.read()
+    dead = f"127.0.0.1:{cluster._free_port()}"
+    text = "\n".join(f"mon_host = {dead}" if line.startswith("mon_host") else line
+                     for line in text.splitlines())
+    text = text.replace("[global]\n", "[global]\nclient_mount_timeout = 2\n", 1)
+    conf = c.path("test", "unreachable.conf")
+    with open(conf, "w") as f:
+        f.write(text + "\n")
+    refused_in_one_line("no monitor, client_mount_timeout = 2 in ceph.conf",
+                        Server(f"rbd:{c.spec('nothing')}", conf=conf), ["monitor"])
+
+
+# --- run ------------------------------------------------------------------
+
+
+def section(name, fn):
+    t = time.monotonic()
+    print(f"# {name}")
+    try:
+        fn()
+    except Abort:
+        pass
+    except Exception as e:  # nbd.Error, a failed rbd command: this section ends
+        check(f"{name}: runs to its end", False, f"{type(e).__name__}: {e}")
+    print(f"# {name}: {time.monotonic() - t:.1f} s")
+
+
+t0 = time.monotonic()
+c = cluster.Cluster()
+daemon_pids, cluster_dir = [], None
+try:
+    c.start()
+    print(f"# cluster started in {c.times['start']:.1f} s")
+    daemon_pids = [d.proc.pid for d in c.daemons.values()]
+    cluster_dir = c.dir
+    os.mkdir(c.path("test"))
+    c.ceph("config", "set", "osd", "osd_client_watch_timeout", str(WATCH_TIMEOUT))
+    section("a live writer that is not mloop", section_live_writer)
+    section("the cache and partial trims set by the cluster", section_settings)
+    section("BLOCK_STATUS over a large sparse image", section_extents)
+    section("a namespace", section_namespace)
+    section("client_mount_timeout in ceph.conf", section_mount_timeout)
+finally:
+    for p in servers:
+        if p.proc.poll() is None:
+            p.stop()
+    for p in others:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    c.stop()
+
+print(f"# whole test {time.monotonic() - t0:.1f} s")
+alive = [p.proc.pid for p in servers if p.proc.poll() is None]
+alive += [p.pid for p in others if p.poll() is None]
+check("no server or client is left running", alive == [], repr(alive))
+alive = [pid for pid in daemon_pids if os.path.exists(f"/proc/{pid}")]
+check("no Ceph daemon is left running", alive == [], repr(alive))
+check("no file is left", cluster_dir is None or not os.path.exists(cluster_dir),
+      cluster_dir)
+harness.exit_if_failed()
