@@ -817,24 +817,120 @@ write_record (struct rbd_store *st, const char *path)
 
 /* When the lock's holder is the one recorded in PATH, breaks its lock
  * (which also blocklists it: were it alive after all, it could write no
- * more) so that the caller can take it.
+ * more) so that the caller can take it.  Returns whether it did, with
+ * the holder's address in RECORDED: its watch may outlive it by
+ * osd_client_watch_timeout, and is no sign of life.
  */
-static void
-break_recorded (struct rbd_store *st, const char *path)
+static bool
+break_recorded (struct rbd_store *st, const char *path, char *recorded,
+                size_t len)
 {
-  char recorded[256];
   rbd_lock_mode_t mode;
   char *owners[4];
   size_t n = 4;
   bool match;
 
-  if (!read_record (path, recorded, sizeof recorded) ||
+  if (!read_record (path, recorded, len) ||
       rbd_lock_get_owners (st->rbd, &mode, owners, &n) != 0)
-    return;
+    return false;
   match = n == 1 && strcmp (owners[0], recorded) == 0;
   rbd_lock_get_owners_cleanup (owners, n);
-  if (match)
-    rbd_lock_break (st->rbd, RBD_LOCK_MODE_EXCLUSIVE, recorded);
+  return match &&
+    rbd_lock_break (st->rbd, RBD_LOCK_MODE_EXCLUSIVE, recorded) == 0;
+}
+
+/* The image's watchers other than us (rbd_watchers_list): a client
+ * with the image open for writing watches its header for as long as it
+ * lives (a read-only librbd open does not watch); a dead one's watch
+ * ends osd_client_watch_timeout (30 s) after its last word.
+ */
+#define MOST_WATCHERS 16
+
+struct peers {
+  rbd_image_watcher_t watchers[MOST_WATCHERS];
+  size_t n;
+};
+
+static int
+list_peers (struct rbd_store *st, const char *broken, struct peers *p)
+{
+  const int64_t self = (int64_t) rados_get_instance_id (st->cluster);
+  size_t i, kept = 0;
+  int r;
+
+  p->n = MOST_WATCHERS;
+  r = rbd_watchers_list (st->rbd, p->watchers, &p->n);
+  if (r < 0) {
+    p->n = 0;
+    return r;
+  }
+  for (i = 0; i < p->n; i++) {
+    if (p->watchers[i].id == self ||
+        (broken && strcmp (p->watchers[i].addr, broken) == 0))
+      rbd_watchers_list_cleanup (&p->watchers[i], 1);
+    else
+      p->watchers[kept++] = p->watchers[i];
+  }
+  p->n = kept;
+  return 0;
+}
+
+/* The watcher that is the lock's OWNER, or NULL.  librbd names an
+ * owner by its client's address (rbd_lock_get_owners), a watcher by
+ * both.
+ */
+static const rbd_image_watcher_t *
+watcher_of (const struct peers *p, const char *owner)
+{
+  for (size_t i = 0; i < p->n; i++)
+    if (strcmp (p->watchers[i].addr, owner) == 0)
+      return &p->watchers[i];
+  return NULL;
+}
+
+/* Refuses an image another client lives on, naming it; breaks the lock
+ * of a holder that is gone (which blocklists it: were it alive after
+ * all, it could write no more).  Asking a live holder for the lock
+ * instead, as rbd_lock_acquire does, would have it hand the lock over
+ * (krbd, rbd-nbd and qemu do) and fail its next write (EROFS), since
+ * this store then never hands it back.
+ */
+static int
+refuse_live_peers (struct rbd_store *st, const char *broken, char *err,
+                   size_t errlen)
+{
+  struct peers p;
+  rbd_lock_mode_t mode;
+  char *owners[4];
+  size_t n = 4;
+  int r = 0;
+
+  if (list_peers (st, broken, &p) < 0)
+    return 0;                   /* rbd_lock_acquire answers alone */
+  if (rbd_lock_get_owners (st->rbd, &mode, owners, &n) != 0)
+    n = 0;
+  for (size_t i = 0; i < n && r == 0; i++) {
+    const rbd_image_watcher_t *w = watcher_of (&p, owners[i]);
+
+    if (w) {
+      snprintf (err, errlen, "%s is in use: client.%" PRId64 " at %s "
+                "holds its exclusive lock (--shared to write it alongside)",
+                st->name, w->id, w->addr);
+      r = -EBUSY;
+    }
+    else
+      rbd_lock_break (st->rbd, RBD_LOCK_MODE_EXCLUSIVE, owners[i]);
+  }
+  if (r == 0 && n == 0 && p.n > 0) {
+    snprintf (err, errlen, "%s is in use: client.%" PRId64 " at %s has it "
+              "open for writing (--shared to write it alongside)", st->name,
+              p.watchers[0].id, p.watchers[0].addr);
+    r = -EBUSY;
+  }
+  if (n > 0)
+    rbd_lock_get_owners_cleanup (owners, n);
+  rbd_watchers_list_cleanup (p.watchers, p.n);
+  return r;
 }
 
 /* Takes the image's exclusive lock, or says who holds it. */
@@ -844,8 +940,9 @@ take_lock (struct rbd_store *st, const char *record, char *err,
 {
   uint64_t features = 0;
   rbd_lock_mode_t mode;
-  char *owners[4];
+  char *owners[4], recorded[256];
   size_t n = 4;
+  bool broken;
   int r;
 
   if (rbd_get_features (st->rbd, &features) == 0 &&
@@ -855,10 +952,12 @@ take_lock (struct rbd_store *st, const char *record, char *err,
               "enable IMAGE exclusive-lock`, or --shared)", st->name);
     return -EINVAL;
   }
-  /* First: asked for the lock, a dead holder would keep librbd waiting
-   * for its answer (rbd_request_timed_out_seconds, 30 s).
+  /* First: a killed server of the same device keeps its watch for
+   * osd_client_watch_timeout after its death, so it would look alive.
    */
-  break_recorded (st, record);
+  broken = break_recorded (st, record, recorded, sizeof recorded);
+  if ((r = refuse_live_peers (st, broken ? recorded : NULL, err, errlen)) < 0)
+    return r;
   r = rbd_lock_acquire (st->rbd, RBD_LOCK_MODE_EXCLUSIVE);
   if (r == 0) {
     st->locked = true;
