@@ -78,6 +78,12 @@ struct rbd_store {
   rbd_image_t rbd;
   uint64_t size;                /* atomic: the update watch changes it */
   bool locked;                  /* we hold the exclusive lock */
+  /* What librbd's effective configuration (client, pool and image
+   * levels; see "durability") makes of writes and trims.
+   */
+  bool write_back;              /* rbd_cache: a write may end in memory */
+  bool partial_trim_skipped;    /* rbd_skip_partial_discard */
+  bool count_walks;             /* MLOOP_TEST_RBD_WALKS: say each walk */
   bool watching;
   uint64_t watch_handle;
   unsigned in_flight;           /* atomic: taken, not yet posted */
@@ -250,7 +256,11 @@ store_prepare (struct mloop_store *s, struct mloop_io *io)
       return MLOOP_PREPARED_DONE;
     }
   }
-  if (io->port == NULL)
+  /* A FUA write through librbd's cache is a write and a flush, in
+   * order: on a thread that may wait for both.
+   */
+  if (io->port == NULL || (io->op == MLOOP_IO_WRITE &&
+                           (io->flags & MLOOP_IO_FUA) && st->write_back))
     return MLOOP_PREPARED_BLOCKING;
   r = rbd_aio_create_completion (io, on_rbd_complete, &c);
   if (r < 0)
@@ -310,6 +320,12 @@ store_perform_blocking (struct mloop_store *s, struct mloop_io *io)
     break;
   case MLOOP_IO_WRITE:
     n = rbd_write (st->rbd, io->offset, io->count, io->buf);
+    if (n >= 0 && (io->flags & MLOOP_IO_FUA) && st->write_back) {
+      int r = rbd_flush (st->rbd);
+
+      if (r < 0)
+        n = r;
+    }
     break;
   case MLOOP_IO_FLUSH:
     return (int) answered (st, rbd_flush (st->rbd));
@@ -361,12 +377,18 @@ store_trim (struct mloop_store *s, uint64_t offset, uint64_t count,
   if (r == -ENOSPC)
     return -EINVAL;             /* a trim past the end, as for files */
   /* rbd_discard refuses more than INT_MAX bytes at once (it answers in
-   * an int); an NBD trim may be up to 4 GiB - 1.
+   * an int); an NBD trim may be up to 4 GiB - 1.  Where the effective
+   * configuration skips partial objects (a pool or image may say so
+   * whatever the store asked), rbd_write_zeroes, which never skips
+   * them, frees whole objects and zeroes the rest: the range reads as
+   * zeroes either way.
    */
   while (r == 0 && count > 0) {
     size_t step = count > RBD_STEP ? RBD_STEP : (size_t) count;
     /* The bytes discarded, or a negative errno. */
-    ssize_t n = answered (st, rbd_discard (st->rbd, offset, step));
+    ssize_t n = answered (st, st->partial_trim_skipped
+                          ? rbd_write_zeroes (st->rbd, offset, step, 0, 0)
+                          : rbd_discard (st->rbd, offset, step));
 
     r = n < 0 ? (int) n : 0;
     offset += step;
@@ -975,6 +997,45 @@ take_lock (struct rbd_store *st, const char *record, char *err,
   return r;
 }
 
+/* Whether librbd's effective OPTION, as ST's image sees it, is true. */
+static bool
+option_on (const rbd_config_option_t *options, int n, const char *option)
+{
+  for (int i = 0; i < n; i++)
+    if (strcmp (options[i].name, option) == 0)
+      return strcmp (options[i].value, "true") == 0;
+  return false;
+}
+
+/* What the image will do with writes and trims.  The store asks for no
+ * cache and for partial trims, but a client's own settings lose to the
+ * pool's and the image's (`rbd config pool|image set`), stored in the
+ * cluster: only the open image knows what it got.  Unreadable, both
+ * are assumed on, the safe way round.
+ */
+static void
+read_effective_config (struct rbd_store *st)
+{
+  rbd_config_option_t *options = NULL;
+  int n = 0;
+  int r = rbd_config_image_list (st->rbd, NULL, &n);
+
+  if (r == -ERANGE && n > 0 && (options = calloc ((size_t) n, sizeof *options)))
+    r = rbd_config_image_list (st->rbd, options, &n);
+  if (r < 0 || options == NULL) {
+    st->write_back = st->partial_trim_skipped = true;
+    free (options);
+    return;
+  }
+  st->write_back = option_on (options, n, "rbd_cache");
+  st->partial_trim_skipped = option_on (options, n, "rbd_skip_partial_discard");
+  rbd_config_image_list_cleanup (options, n);
+  free (options);
+  if (st->write_back && st->base.info.writable)
+    say (st, "%s: its pool or image turns librbd's cache on: FUA writes "
+         "are flushed", st->name);
+}
+
 static int
 open_image (struct rbd_store *st, const struct mloop_engine_config *cfg,
             char *err, size_t errlen)
@@ -1010,6 +1071,7 @@ open_image (struct rbd_store *st, const struct mloop_engine_config *cfg,
     .direct = true,
     .can_extents = true,
   };
+  read_effective_config (st);
   return 0;
 }
 
