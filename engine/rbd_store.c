@@ -429,53 +429,79 @@ store_zero (struct mloop_store *s, uint64_t offset, uint64_t count,
   return 0;
 }
 
-/* rbd_diff_iterate2 names only the allocated extents: the walk fills
- * the gaps with holes, so FN sees the whole range, in order.  librbd
- * does not stop for its callback (Pacific ignores what it returns until
- * the range is walked), so a walk that is done ignores what follows.
+/* rbd_diff_iterate2 names only the allocated extents, one object at a
+ * time: the walk fills the gaps with holes and merges neighbours of one
+ * kind, so FN sees the whole range in order, in as few extents as it
+ * has.  librbd stops only for a negative answer from its callback
+ * (Pacific ignores a positive one and walks on to the end of the
+ * range), so a walk that has what it needs answers WALK_STOP.  And it
+ * never asks librbd for more than WALK_MOST bytes: a client that asks
+ * for one extent at a time (REQ_ONE, as qemu-img does) across a large
+ * image would otherwise cost a walk to the end of the image at each
+ * request, work that grows with the square of the image's size; the
+ * reply covers a prefix of the range, which NBD allows.
  */
+#define WALK_MOST ((uint64_t) 1 << 30)
+#define WALK_STOP (-ECANCELED)
+
 struct extent_walk {
-  uint64_t pos, end;
+  uint64_t pos, end;            /* [pos, end): not yet given to FN */
+  uint64_t run_end;             /* [pos, run_end): one kind, held back */
+  bool run_hole;
   bool req_one;
   mloop_extent_fn fn;
   void *opaque;
   bool done;                    /* REQ_ONE's extent given, or FN failed */
   int error;                    /* FN's, which stopped the walk */
+  unsigned long callbacks;      /* librbd's calls, for MLOOP_TEST_RBD_WALKS */
 };
 
-#define WALK_DONE 1             /* asks rbd_diff_iterate2 to stop */
-
-static int
-walk_emit (struct extent_walk *w, uint64_t to, bool hole)
+/* Gives FN the extent held back, if any. */
+static void
+walk_flush (struct extent_walk *w)
 {
   int r;
 
-  if (w->done)
-    return WALK_DONE;
-  if (to > w->end)
-    to = w->end;
-  if (to <= w->pos)
-    return 0;
-  r = w->fn (w->opaque, w->pos, to - w->pos, hole);
-  w->pos = to;
+  if (w->done || w->run_end <= w->pos)
+    return;
+  r = w->fn (w->opaque, w->pos, w->run_end - w->pos, w->run_hole);
+  w->pos = w->run_end;
   if (r < 0) {
     w->error = r;
     w->done = true;
-    return -1;
   }
-  w->done = w->req_one;
-  return w->done ? WALK_DONE : 0;
+  else
+    w->done = w->req_one;
+}
+
+/* The range up to TO is of one kind, HOLE or not. */
+static int
+walk_add (struct extent_walk *w, uint64_t to, bool hole)
+{
+  if (to > w->end)
+    to = w->end;
+  if (w->done || to <= w->run_end)
+    return w->done ? WALK_STOP : 0;
+  if (w->run_end > w->pos && w->run_hole != hole)
+    walk_flush (w);
+  if (w->done)
+    return WALK_STOP;
+  w->run_hole = hole;
+  w->run_end = to;
+  return 0;
 }
 
 static int
 on_diff_extent (uint64_t offset, size_t length, int exists, void *arg)
 {
   struct extent_walk *w = arg;
-  int r = walk_emit (w, offset, true);
+  int r;
 
-  if (r != 0)
-    return r;
-  return walk_emit (w, offset + length, !exists);
+  w->callbacks++;
+  r = walk_add (w, offset, true);
+  if (r == 0)
+    r = walk_add (w, offset + length, !exists);
+  return r;
 }
 
 static int
@@ -484,22 +510,27 @@ store_extents (struct mloop_store *s, uint64_t offset, uint64_t count,
 {
   struct rbd_store *st = store_of (s);
   struct extent_walk w = {
-    .pos = offset, .end = offset + count, .req_one = req_one,
+    .pos = offset, .run_end = offset, .req_one = req_one,
     .fn = fn, .opaque = opaque,
   };
   int r;
 
   if (offset > store_size (s) || count > store_size (s) - offset)
     return -EINVAL;
+  if (count > WALK_MOST)
+    count = WALK_MOST;
+  w.end = offset + count;
   r = (int) answered (st, rbd_diff_iterate2 (st->rbd, NULL, offset, count, 1,
                                              0, on_diff_extent, &w));
+  if (st->count_walks)
+    say (st, "%s: extents of %" PRIu64 "+%" PRIu64 "%s: %lu callbacks",
+         st->name, offset, count, req_one ? " (one)" : "", w.callbacks);
   if (w.error)
     return w.error;
-  if (w.done)
-    return 0;
-  if (r < 0)
+  if (r < 0 && !(r == WALK_STOP && w.done))
     return r;
-  walk_emit (&w, w.end, true);
+  walk_add (&w, w.end, true);
+  walk_flush (&w);
   return w.error;
 }
 
@@ -1096,6 +1127,8 @@ mloop_rbd_store_module_open (struct mloop_store **out,
   st->base.ops = &rbd_ops;
   st->io_timeout = cfg->io_timeout;
   st->notice = cfg->notice;
+  st->count_walks = getenv ("MLOOP_TEST_RBD_WALKS") &&
+    *getenv ("MLOOP_TEST_RBD_WALKS");
   pthread_mutex_init (&st->silence_lock, NULL);
   r = parse_name (st, cfg, err, errlen);
   if (r == 0 && (cfg->window.offset || cfg->window.sizelimit)) {
