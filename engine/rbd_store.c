@@ -1,8 +1,9 @@
 /* mloop — the RBD store: a Ceph RBD image through librbd's asynchronous
  * API (store.h's second kind), built as the module rbd_load.h loads.
  *
- * Names: "rbd:[POOL/]IMAGE[@SNAP][:id=NAME][:conf=FILE][:shared=on]",
- * as qemu spells them (POOL defaults to "rbd"; the options stand in for
+ * Names: "rbd:[POOL/[NAMESPACE/]]IMAGE[@SNAP][:id=NAME][:conf=FILE]
+ * [:shared=on]", as qemu spells them (POOL defaults to "rbd"; the
+ * namespace, to the pool's default one; the options stand in for
  * the configuration's ceph_id, ceph_conf and shared).  A snapshot is
  * served read-only.
  *
@@ -57,10 +58,12 @@
 #define DEFAULT_POOL "rbd"
 
 /* How long librados waits for the monitors at start-up before saying
- * so, unless the configuration sets client_mount_timeout (its default,
- * 300 s, would leave an attach hanging for five minutes on a typo).
+ * so, unless the configuration sets client_mount_timeout (Ceph's
+ * default, 300 s, would leave an attach hanging for five minutes on a
+ * typo).
  */
 #define MOUNT_TIMEOUT "30"
+#define CEPH_MOUNT_TIMEOUT 300  /* Ceph's default */
 
 /* The logical block size advertised, as rbd-nbd and krbd do: librbd
  * takes any byte range, so this only guides clients.
@@ -71,6 +74,7 @@ struct rbd_store {
   struct mloop_store base;
   char *name;                   /* "rbd:POOL/IMAGE[@SNAP]", for messages */
   char *pool, *image, *snap;    /* snap: NULL for the image itself */
+  char *ns;                     /* the pool's namespace; NULL: the default */
   char *id, *conf;              /* NULL: librados's defaults */
   bool shared;                  /* no exclusive lock */
   rados_t cluster;
@@ -643,6 +647,7 @@ store_close (struct mloop_store *s)
   pthread_mutex_destroy (&st->silence_lock);
   free (st->name);
   free (st->pool);
+  free (st->ns);
   free (st->image);
   free (st->snap);
   free (st->id);
@@ -717,7 +722,7 @@ parse_name (struct rbd_store *st, const struct mloop_engine_config *cfg,
             char *err, size_t errlen)
 {
   char *spec = strdup (st->name + strlen (MLOOP_RBD_PREFIX));
-  char *options, *slash, *at, *image;
+  char *options, *slash, *ns_slash, *at, *image, *ns = NULL;
   int r = 0;
 
   st->shared = cfg->shared;
@@ -736,18 +741,29 @@ parse_name (struct rbd_store *st, const struct mloop_engine_config *cfg,
   image = slash ? slash + 1 : spec;
   if (slash)
     *slash = '\0';
+  /* POOL/NAMESPACE/IMAGE: a namespace of the pool (ceph-csi's). */
+  ns_slash = slash ? strchr (image, '/') : NULL;
+  if (ns_slash) {
+    ns = image;
+    *ns_slash = '\0';
+    image = ns_slash + 1;
+  }
   at = strchr (image, '@');
   if (at)
     *at++ = '\0';
   st->pool = strdup (slash ? spec : DEFAULT_POOL);
+  st->ns = ns ? strdup (ns) : NULL;
   st->image = strdup (image);
   st->snap = at ? strdup (at) : NULL;
-  if (st->pool == NULL || st->image == NULL || (at && st->snap == NULL))
+  if (st->pool == NULL || st->image == NULL || (at && st->snap == NULL) ||
+      (ns && st->ns == NULL))
     r = -ENOMEM;
   else if (st->pool[0] == '\0' || st->image[0] == '\0' ||
+           (ns && ns[0] == '\0') ||
            strchr (image, '/') || (at && (*at == '\0' || strchr (at, '@')))) {
-    snprintf (err, errlen, "%s: expected rbd:POOL/IMAGE or "
-              "rbd:POOL/IMAGE@SNAPSHOT", st->name);
+    snprintf (err, errlen, "%s: expected rbd:POOL/IMAGE, "
+              "rbd:POOL/NAMESPACE/IMAGE, each with @SNAPSHOT or not",
+              st->name);
     r = -EINVAL;
   }
   while (r == 0 && options) {
@@ -764,6 +780,22 @@ parse_name (struct rbd_store *st, const struct mloop_engine_config *cfg,
   return r;
 }
 
+/* Ceph's default client_mount_timeout made MOUNT_TIMEOUT, after the
+ * configuration is read: a value set with rados_conf_set is at the
+ * override level, which a configuration file's does not beat, so it is
+ * set only where the file and $CEPH_ARGS left the default.
+ */
+static void
+lower_mount_timeout (struct rbd_store *st)
+{
+  char value[32];
+
+  if (rados_conf_get (st->cluster, "client_mount_timeout", value,
+                      sizeof value) == 0 &&
+      strtod (value, NULL) == CEPH_MOUNT_TIMEOUT)
+    rados_conf_set (st->cluster, "client_mount_timeout", MOUNT_TIMEOUT);
+}
+
 /* Connects to the cluster as CFG says: its configuration file (or
  * librados's own search), $CEPH_ARGS, the cephx user.
  */
@@ -778,7 +810,6 @@ connect_cluster (struct rbd_store *st, char *err, size_t errlen)
     snprintf (err, errlen, "%s: librados: %s", st->name, strerror (-r));
     return r;
   }
-  rados_conf_set (st->cluster, "client_mount_timeout", MOUNT_TIMEOUT);
   r = rados_conf_read_file (st->cluster, st->conf);
   if (r < 0) {
     if (st->conf)
@@ -790,6 +821,7 @@ connect_cluster (struct rbd_store *st, char *err, size_t errlen)
     return r;
   }
   rados_conf_parse_env (st->cluster, NULL);
+  lower_mount_timeout (st);
   /* No cache between the device and the OSDs (see the top); a trim of
    * part of an object zeroes it, as a trim of a file does, rather than
    * being skipped.
@@ -830,6 +862,20 @@ connect_cluster (struct rbd_store *st, char *err, size_t errlen)
     snprintf (err, errlen, "%s: %s", st->name,
               r == -ENOENT ? "no such pool" : strerror (-r));
     return r;
+  }
+  if (st->ns) {
+    bool exists = false;
+
+    rados_ioctx_set_namespace (st->ioctx, st->ns);
+    r = rbd_namespace_exists (st->ioctx, st->ns, &exists);
+    if (r == 0 && !exists)
+      r = -ENOENT;
+    if (r < 0) {
+      snprintf (err, errlen, "%s: %s", st->name,
+                r == -ENOENT ? "no such namespace in the pool"
+                : strerror (-r));
+      return r;
+    }
   }
   return 0;
 }
