@@ -8,13 +8,19 @@ on a real one-node cluster (tests/ceph/cluster.py):
    keeps writing without an error; once the writer is killed and the OSD
    has dropped its watch, mloop-server breaks the dead holder's lock and
    serves the image;
-2. librbd's cache and partial trims turned on for the image in the
+2. the lock lost without a blocklist: the server stopped (SIGSTOP) until
+   the OSD drops its watch, its lock removed meanwhile with
+   rbd_blocklist_on_break_lock=false (as a client that found it dead
+   may), the server continued: its librbd re-establishes the watch and
+   loses the lock, and the next write through the same connection
+   succeeds, the server saying it took the lock again, which it holds;
+3. librbd's cache and partial trims turned on for the image in the
    cluster (`rbd config image set`: rbd_cache true, writeback, dirty data
    kept 60 s; rbd_skip_partial_discard true), over the server's own
    rbd_cache=false: a trim inside an object reads back as zeroes, and a
    FUA write acknowledged just before the server is SIGKILLed is in the
    image (`rbd export`);
-3. BLOCK_STATUS over a sparse 8 GiB image with data scattered in 64
+4. BLOCK_STATUS over a sparse 8 GiB image with data scattered in 64
    objects: a request for 4 GiB - 4 KiB is answered with extents
    covering at most 1 GiB, neighbours of one kind merged; REQ_ONE
    requests, as qemu-img convert makes, each cost librbd at most two
@@ -23,13 +29,13 @@ on a real one-node cluster (tests/ceph/cluster.py):
    With MLOOP_RBD_TIMINGS=1, qemu-img convert of the image over NBD and
    `rbd export` are timed and printed, not checked (wall time is not a
    test; the export alone takes 8-17 s);
-4. a namespace of the pool (rbd:POOL/NAMESPACE/IMAGE, as ceph-csi makes
+5. a namespace of the pool (rbd:POOL/NAMESPACE/IMAGE, as ceph-csi makes
    them): served, written, and `rbd export` of the namespace's image
    has the data; a missing namespace is refused in one line;
-5. client_mount_timeout = 2 in ceph.conf, with no monitor at the address
+6. client_mount_timeout = 2 in ceph.conf, with no monitor at the address
    it names: refused in one line within 10 s (Ceph's default would be
    300 s, the server's own 30 s);
-6. no server, client, daemon or file is left.
+7. no server, client, daemon or file is left.
 
 SKIPs (77) without the Ceph packages, python3-libnbd or python3-rbd.
 
@@ -248,7 +254,48 @@ def section_live_writer():
     s.stop()
 
 
-# --- 2: the cache and partial trims, turned on by the cluster --------------
+# --- 2: the lock lost without a blocklist ----------------------------------
+
+def section_lock_lost():
+    c.create_image("regain", 8 * MiB)
+    s = start("mloop-server", f"rbd:{c.spec('regain')}")
+    h = s.connect()
+    h.pwrite(b"a" * 4096, 0)
+    h.flush()
+    held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("regain")))
+    if not check("it holds the exclusive lock", len(held) == 1, repr(held)):
+        raise Abort("no lock")
+    s.proc.send_signal(signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 4 * WATCH_TIMEOUT
+        while watchers("regain") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        check("the stopped server's watch ends", not watchers("regain"))
+        # As a client that found it dead and did not blocklist it would.
+        c.rbd("--rbd_blocklist_on_break_lock=false", "lock", "rm", c.spec("regain"),
+              held[0]["id"], held[0]["locker"])
+    finally:
+        s.proc.send_signal(signal.SIGCONT)
+    deadline = time.monotonic() + 4 * WATCH_TIMEOUT
+    while not watchers("regain") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1)               # librbd's answer to its watch re-established
+    try:
+        h.pwrite(b"b" * 4096, 0)
+        h.flush()
+        wrote = None
+    except nbd.Error as e:
+        wrote = e
+    check("after the lock was lost, the server writes again", wrote is None, str(wrote))
+    held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("regain")))
+    check("it holds the exclusive lock again", len(held) == 1, repr(held))
+    check("it says it took the lock again", "taken again" in s.stderr(), s.stderr())
+    h.shutdown()
+    s.stop()
+    check("the image has the write", export(c.spec("regain"))[:4096] == b"b" * 4096)
+
+
+# --- 3: the cache and partial trims, turned on by the cluster --------------
 
 def section_settings():
     c.create_image("configured", 8 * MiB)
@@ -279,7 +326,7 @@ def section_settings():
           f"{image[2 * MiB:2 * MiB + len(data)].count(0)} of {len(data)} bytes zero")
 
 
-# --- 3: BLOCK_STATUS over a large sparse image -----------------------------
+# --- 4: BLOCK_STATUS over a large sparse image -----------------------------
 
 BIG = 8 * GiB
 MOST_ASKED = 4 * GiB - 4096     # NBD's length is 32 bits
@@ -358,7 +405,7 @@ def section_extents():
     s.stop()
 
 
-# --- 4: a namespace ------------------------------------------------------------
+# --- 5: a namespace ------------------------------------------------------------
 
 def section_namespace():
     c.rbd("namespace", "create", f"{c.pool}/tenant")
@@ -378,7 +425,7 @@ def section_namespace():
                         ["namespace"])
 
 
-# --- 5: client_mount_timeout in ceph.conf ----------------------------------
+# --- 6: client_mount_timeout in ceph.conf ----------------------------------
 
 def section_mount_timeout():
     with open(c.conf) as f:
@@ -420,6 +467,7 @@ try:
     os.mkdir(c.path("test"))
     c.ceph("config", "set", "osd", "osd_client_watch_timeout", str(WATCH_TIMEOUT))
     section("a live writer that is not mloop", section_live_writer)
+    section("the lock lost without a blocklist", section_lock_lost)
     section("the cache and partial trims set by the cluster", section_settings)
     section("BLOCK_STATUS over a large sparse image", section_extents)
     section("a namespace", section_namespace)
