@@ -13,17 +13,25 @@
  * eventfd it already polls.  A front end that names no port gets the
  * synchronous calls on a thread that may block instead.
  *
- * Durability: librbd's cache is turned off (rbd_cache=false), as a file
- * is served with O_DIRECT: a write librbd completes is then on the OSDs
- * (an OSD acknowledges a write once it is committed on every replica),
- * so FUA needs nothing more, and FLUSH is rbd_aio_flush, which the
- * cache-less image completes at once.
+ * Durability: the store asks for no librbd cache (rbd_cache=false), as
+ * a file is served with O_DIRECT: a write librbd completes is then on
+ * the OSDs (an OSD acknowledges a write once it is committed on every
+ * replica), so FUA needs nothing more, and FLUSH is rbd_aio_flush, which
+ * the cache-less image completes at once.  A pool's or an image's
+ * configuration in the cluster beats the client's, so the open image's
+ * effective values decide: with the cache on, a FUA write is a write
+ * and a flush (read_effective_config).
  *
  * Exclusive use: a writable image is served under librbd's exclusive
  * lock, acquired explicitly (rbd_lock_acquire), which librbd then never
- * hands to another client that asks for it; a second writer is refused
- * at open with the holder named, unless both chose to share
- * (mloop_engine_config.shared).  Read-only opens take no lock.
+ * hands to another client that asks for it.  Before asking, the store
+ * refuses an image another live client holds or has open for writing,
+ * naming it, since asking would have that client hand the lock over and
+ * fail its next write; a dead holder's lock is broken.  A second writer
+ * is thus refused at open, unless both chose to share
+ * (mloop_engine_config.shared).  Read-only opens take no lock.  A lock
+ * librbd loses without our being blocklisted is taken again ("lock
+ * lost").
  *
  * A cluster gone: librados waits for it, and so does every request,
  * unless the configuration sets io_timeout (--io-timeout): then a
@@ -81,9 +89,9 @@ struct rbd_store {
   rados_ioctx_t ioctx;
   rbd_image_t rbd;
   uint64_t size;                /* atomic: the update watch changes it */
-  bool locked;                  /* we hold the exclusive lock */
+  bool locked;                  /* atomic: we hold the exclusive lock */
   /* What librbd's effective configuration (client, pool and image
-   * levels; see "durability") makes of writes and trims.
+   * levels; see read_effective_config) makes of writes and trims.
    */
   bool write_back;              /* rbd_cache: a write may end in memory */
   bool partial_trim_skipped;    /* rbd_skip_partial_discard */
@@ -99,6 +107,7 @@ struct rbd_store {
   void (*notice) (const char *line);
   bool silent;                  /* atomic: said so, not yet that it answers */
   pthread_mutex_t silence_lock; /* the rest, and the notices' order */
+  pthread_mutex_t regain_lock;  /* one request takes a lost lock again */
   uint64_t last_timeout_ms;     /* monotonic */
   unsigned timed_out;           /* requests failed since it was said */
   bool blocklisted;             /* atomic: said that the cluster refuses us */
@@ -229,6 +238,54 @@ answered (struct rbd_store *st, long r)
   return r;
 }
 
+/* ------------------------------------------------------------ lock lost */
+
+static int refuse_live_peers (struct rbd_store *st, const char *broken,
+                              char *err, size_t errlen);
+
+/* librbd can lose the exclusive lock without our being blocklisted:
+ * when its watch on the header is re-established after a timeout (the
+ * process stopped, the network gone for longer than
+ * osd_client_watch_timeout) and the lock was broken meanwhile by a
+ * client that kept us from the cluster no other way.  An explicitly
+ * acquired lock is then not asked for again: every later write fails
+ * with EROFS.  R: what librbd answered a write, trim, zero or flush.
+ * Returns whether the lock was lost and is ours again, so that the
+ * request can be made once more; a live client holding it now is left
+ * alone, and the store says it has lost the lock.  Blocks (librbd's
+ * calls): never on a librbd thread.
+ */
+static bool
+regained (struct rbd_store *st, long r)
+{
+  char err[256];
+  int owner = 0;
+  bool ok;
+
+  if (r != -EROFS || !__atomic_load_n (&st->locked, __ATOMIC_ACQUIRE))
+    return false;
+  pthread_mutex_lock (&st->regain_lock);
+  if (!__atomic_load_n (&st->locked, __ATOMIC_ACQUIRE))
+    ok = false;
+  else if (rbd_is_exclusive_lock_owner (st->rbd, &owner) == 0 && owner)
+    ok = true;                  /* another request took it again */
+  else {
+    err[0] = '\0';
+    ok = refuse_live_peers (st, NULL, err, sizeof err) == 0 &&
+      rbd_lock_acquire (st->rbd, RBD_LOCK_MODE_EXCLUSIVE) == 0;
+    if (ok)
+      say (st, "%s: librbd lost the exclusive lock (its watch "
+           "re-established): taken again", st->name);
+    else {
+      __atomic_store_n (&st->locked, false, __ATOMIC_RELEASE);
+      say (st, "%s: librbd lost the exclusive lock and it cannot be taken "
+           "again%s%s: writes fail", st->name, err[0] ? ": " : "", err);
+    }
+  }
+  pthread_mutex_unlock (&st->regain_lock);
+  return ok;
+}
+
 /* On a librbd thread.  In flight until posted: quiesce waits for that. */
 static void
 on_rbd_complete (rbd_completion_t c, void *arg)
@@ -305,17 +362,22 @@ result_error (const struct mloop_io *io, long res)
   return 0;
 }
 
+static int store_perform_blocking (struct mloop_store *s, struct mloop_io *io);
+
 static enum mloop_event_result
 store_complete_event (struct mloop_store *s, struct mloop_io *io, long res)
 {
-  io->complete (io, result_error (io, answered (store_of (s), res)));
+  /* Rare, and worth the front end's thread waiting for librbd once. */
+  if (regained (store_of (s), res))
+    io->complete (io, -store_perform_blocking (s, io));
+  else
+    io->complete (io, result_error (io, answered (store_of (s), res)));
   return MLOOP_EVENT_DONE;
 }
 
 static int
-store_perform_blocking (struct mloop_store *s, struct mloop_io *io)
+perform_once (struct rbd_store *st, struct mloop_io *io)
 {
-  struct rbd_store *st = store_of (s);
   ssize_t n;
 
   switch (io->op) {
@@ -337,6 +399,15 @@ store_perform_blocking (struct mloop_store *s, struct mloop_io *io)
     return -EINVAL;
   }
   return -result_error (io, answered (st, (long) n));
+}
+
+static int
+store_perform_blocking (struct mloop_store *s, struct mloop_io *io)
+{
+  struct rbd_store *st = store_of (s);
+  int r = perform_once (st, io);
+
+  return regained (st, r) ? perform_once (st, io) : r;
 }
 
 static void
@@ -361,7 +432,12 @@ store_abandon (struct mloop_store *s, struct mloop_io *io)
 static int
 store_flush_now (struct mloop_store *s)
 {
-  return (int) answered (store_of (s), rbd_flush (store_of (s)->rbd));
+  struct rbd_store *st = store_of (s);
+  int r = rbd_flush (st->rbd);
+
+  if (regained (st, r))
+    r = rbd_flush (st->rbd);
+  return (int) answered (st, r);
 }
 
 /* ------------------------------------------------------------ space */
@@ -370,6 +446,14 @@ store_flush_now (struct mloop_store *s)
  * the int or ssize_t each answers in.
  */
 #define RBD_STEP ((size_t) 1 << 30)
+
+static ssize_t
+trim_step (struct rbd_store *st, uint64_t offset, size_t step)
+{
+  return st->partial_trim_skipped
+    ? rbd_write_zeroes (st->rbd, offset, step, 0, 0)
+    : rbd_discard (st->rbd, offset, step);
+}
 
 static int
 store_trim (struct mloop_store *s, uint64_t offset, uint64_t count,
@@ -390,9 +474,11 @@ store_trim (struct mloop_store *s, uint64_t offset, uint64_t count,
   while (r == 0 && count > 0) {
     size_t step = count > RBD_STEP ? RBD_STEP : (size_t) count;
     /* The bytes discarded, or a negative errno. */
-    ssize_t n = answered (st, st->partial_trim_skipped
-                          ? rbd_write_zeroes (st->rbd, offset, step, 0, 0)
-                          : rbd_discard (st->rbd, offset, step));
+    ssize_t n = trim_step (st, offset, step);
+
+    if (regained (st, n))
+      n = trim_step (st, offset, step);
+    n = answered (st, n);
 
     r = n < 0 ? (int) n : 0;
     offset += step;
@@ -423,8 +509,10 @@ store_zero (struct mloop_store *s, uint64_t offset, uint64_t count,
   while (count > 0) {
     size_t step = count > RBD_STEP ? RBD_STEP : (size_t) count;
 
-    n = answered (st, rbd_write_zeroes (st->rbd, offset, step, zero_flags,
-                                        0));
+    n = rbd_write_zeroes (st->rbd, offset, step, zero_flags, 0);
+    if (regained (st, n))
+      n = rbd_write_zeroes (st->rbd, offset, step, zero_flags, 0);
+    n = answered (st, n);
     if (n < 0)
       return (int) n;
     offset += step;
@@ -604,11 +692,17 @@ static void
 store_describe (const struct mloop_store *s, char *buf, size_t len)
 {
   const struct rbd_store *st = store_of (s);
+  int owner = 0;
 
+  /* librbd's own state: the lock may be lost since the last write. */
+  if (__atomic_load_n (&st->locked, __ATOMIC_ACQUIRE) &&
+      rbd_is_exclusive_lock_owner (st->rbd, &owner) != 0)
+    owner = 0;
   snprintf (buf, len, "%s: %" PRIu64 " bytes, %s%s", st->name, store_size (s),
             s->info.writable ? "read-write" : "read-only",
-            st->locked ? ", exclusive lock held"
-            : s->info.writable ? ", shared" : "");
+            owner ? ", exclusive lock held"
+            : st->locked || (s->info.writable && !st->shared)
+            ? ", exclusive lock lost" : s->info.writable ? ", shared" : "");
 }
 
 static void
@@ -645,6 +739,7 @@ store_close (struct mloop_store *s)
   if (st->cluster)
     rados_shutdown (st->cluster);
   pthread_mutex_destroy (&st->silence_lock);
+  pthread_mutex_destroy (&st->regain_lock);
   free (st->name);
   free (st->pool);
   free (st->ns);
@@ -1176,6 +1271,7 @@ mloop_rbd_store_module_open (struct mloop_store **out,
   st->count_walks = getenv ("MLOOP_TEST_RBD_WALKS") &&
     *getenv ("MLOOP_TEST_RBD_WALKS");
   pthread_mutex_init (&st->silence_lock, NULL);
+  pthread_mutex_init (&st->regain_lock, NULL);
   r = parse_name (st, cfg, err, errlen);
   if (r == 0 && (cfg->window.offset || cfg->window.sizelimit)) {
     snprintf (err, errlen, "%s: --offset and --sizelimit are for files: "
