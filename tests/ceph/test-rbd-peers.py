@@ -9,11 +9,13 @@ on a real one-node cluster (tests/ceph/cluster.py):
    has dropped its watch, mloop-server breaks the dead holder's lock and
    serves the image;
 2. the lock lost without a blocklist: the server stopped (SIGSTOP) until
-   the OSD drops its watch, its lock removed meanwhile with
-   rbd_blocklist_on_break_lock=false (as a client that found it dead
-   may), the server continued: its librbd re-establishes the watch and
-   loses the lock, and the next write through the same connection
-   succeeds, the server saying it took the lock again, which it holds;
+   the OSD drops its watch, a librbd client with
+   rbd_blocklist_on_break_lock=false breaks its lock, takes it
+   explicitly and writes; the server continued re-establishes its watch
+   and, refused the lock by the other, is left without it; the other
+   releases it and closes the image; the next write through the
+   server's same connection succeeds, the server saying it took the
+   lock again, which it holds;
 3. librbd's cache and partial trims turned on for the image in the
    cluster (`rbd config image set`: rbd_cache true, writeback, dirty data
    kept 60 s; rbd_skip_partial_discard true), over the server's own
@@ -256,6 +258,30 @@ def section_live_writer():
 
 # --- 2: the lock lost without a blocklist ----------------------------------
 
+# Opens the image for writing as a client that does not blocklist the
+# holders whose lock it breaks, takes the lock explicitly (so that it
+# hands it to no one who asks, as mloop does), writes, says "holding",
+# and releases the lock and closes the image when a line comes on stdin.
+BREAKER = r"""
+import rados, rbd, sys
+conf, client, pool, image = sys.argv[1:5]
+cl = rados.Rados(conffile=conf, rados_id=client)
+cl.conf_set("rbd_blocklist_on_break_lock", "false")
+cl.connect()
+io = cl.open_ioctx(pool)
+img = rbd.Image(io, image)
+img.lock_acquire(rbd.RBD_LOCK_MODE_EXCLUSIVE)
+img.write(b"z" * 4096, 8192)
+print("holding", flush=True)
+sys.stdin.readline()
+img.lock_release()
+img.close()
+io.close()
+cl.shutdown()
+print("closed", flush=True)
+"""
+
+
 def section_lock_lost():
     c.create_image("regain", 8 * MiB)
     s = start("mloop-server", f"rbd:{c.spec('regain')}")
@@ -265,21 +291,38 @@ def section_lock_lost():
     held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("regain")))
     if not check("it holds the exclusive lock", len(held) == 1, repr(held)):
         raise Abort("no lock")
+    mine = held[0]["address"]
     s.proc.send_signal(signal.SIGSTOP)
     try:
         deadline = time.monotonic() + 4 * WATCH_TIMEOUT
         while watchers("regain") and time.monotonic() < deadline:
             time.sleep(0.2)
         check("the stopped server's watch ends", not watchers("regain"))
-        # As a client that found it dead and did not blocklist it would.
-        c.rbd("--rbd_blocklist_on_break_lock=false", "lock", "rm", c.spec("regain"),
-              held[0]["id"], held[0]["locker"])
+        b = subprocess.Popen([sys.executable, "-c", BREAKER, c.conf, c.client_id, c.pool,
+                              "regain"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True,
+                             preexec_fn=cluster._die_with(os.getpid()))
+        others.append(b)
+        said = b.stdout.readline().strip()
+        check("another client broke the lock, unblocklisted, and writes", said == "holding",
+              said)
     finally:
         s.proc.send_signal(signal.SIGCONT)
+    # The server's librbd re-establishes its watch, finds its lock gone,
+    # asks the other for it, is refused, and is left without it.
     deadline = time.monotonic() + 4 * WATCH_TIMEOUT
-    while not watchers("regain") and time.monotonic() < deadline:
+    while (mine not in [w["address"] for w in watchers("regain")]
+           and time.monotonic() < deadline):
         time.sleep(0.2)
-    time.sleep(1)               # librbd's answer to its watch re-established
+    time.sleep(2)
+    held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("regain")))
+    check("the other client still holds the lock", len(held) == 1
+          and held[0]["address"] != mine, repr(held))
+    b.stdin.write("\n")
+    b.stdin.flush()
+    said = b.stdout.readline().strip()
+    b.wait(30)
+    check("the other client released the lock", said == "closed", said)
     try:
         h.pwrite(b"b" * 4096, 0)
         h.flush()
@@ -288,7 +331,8 @@ def section_lock_lost():
         wrote = e
     check("after the lock was lost, the server writes again", wrote is None, str(wrote))
     held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("regain")))
-    check("it holds the exclusive lock again", len(held) == 1, repr(held))
+    check("it holds the exclusive lock again",
+          len(held) == 1 and held[0]["address"] == mine, repr(held))
     check("it says it took the lock again", "taken again" in s.stderr(), s.stderr())
     h.shutdown()
     s.stop()
