@@ -45,9 +45,10 @@ Run by hand from the repository root:
   MLOOP_SERVER_BIN=build/server/mloop-server PYTHONPATH=tests:tests/ceph \\
       /usr/bin/python3 tests/ceph/test-rbd-peers.py
 
-Cost on the project machine (2 cores): about 35 s alone: the cluster's
-start 5-8 s, 1 about 12 s (the dead writer's watch lasts the 5 s this
-test sets osd_client_watch_timeout to), 2 to 5 about 2-4 s each.
+Cost on the project machine (2 cores): 26-27 s alone, up to 55 s beside
+other heavy work: the cluster's start 6-7 s (up to 19 s loaded), 1 and
+2 about 7-8 s each (each waits once for a watch to end: the 5 s this
+test sets osd_client_watch_timeout to), 3 to 6 about 1-2 s each.
 """
 import json
 import os
