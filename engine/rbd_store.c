@@ -247,9 +247,9 @@ static int refuse_live_peers (struct rbd_store *st, const char *broken,
  * when its watch on the header is re-established after a timeout (the
  * process stopped, the network gone for longer than
  * osd_client_watch_timeout) and the lock was broken meanwhile by a
- * client that kept us from the cluster no other way.  An explicitly
- * acquired lock is then not asked for again: every later write fails
- * with EROFS.  R: what librbd answered a write, trim, zero or flush.
+ * client that did not blocklist us and holds it explicitly.  librbd
+ * asks that client for the lock, is refused, and once the other lets
+ * it go never asks again: every later write fails with EROFS.  R: what librbd answered a write, trim, zero or flush.
  * Returns whether the lock was lost and is ours again, so that the
  * request can be made once more; a live client holding it now is left
  * alone, and the store says it has lost the lock.  Blocks (librbd's
