@@ -15,6 +15,8 @@ import subprocess
 import tempfile
 import time
 
+import unitmanager
+
 POLKITD = "/usr/lib/polkit-1/polkitd"
 SERVICE_NAME = "org.mloop.Manager1"
 # (name, uid, gid): Debian's nobody and daemon.
@@ -83,9 +85,12 @@ def _wait(pred, what, timeout=20):
 
 
 class ServiceBus:
-    def __init__(self, service_bin, source_dbus_dir, env=None):
+    def __init__(self, service_bin, source_dbus_dir, env=None, unit=None):
         """ENV: the environment of the bus and what it starts (the
-        service's runtime directory, say); this process's by default."""
+        service's runtime directory, say); this process's by default.
+        UNIT: the built mloop-dbus.service; the bus then activates the
+        service through systemd (tests/unitmanager.py), which runs it in
+        that unit, sandbox and all, as on a machine booted with systemd."""
         for tool in ("dbus-daemon", "gdbus", "unshare", "setpriv"):
             if shutil.which(tool) is None:
                 raise Unavailable(f"{tool} is not installed")
@@ -95,13 +100,18 @@ class ServiceBus:
             raise Unavailable(f"{service_bin} is not built (-Ddbus)")
         self.service_bin = service_bin
         self.src = source_dbus_dir
-        self.dir = tempfile.mkdtemp(prefix="mloop-bus-")
+        # Under /run, as the system bus is: the unit's service has a
+        # /tmp of its own.
+        self.dir = tempfile.mkdtemp(prefix="mloop-bus-", dir="/run" if unit else None)
         # Users reach the socket in here.
         os.chmod(self.dir, 0o755)
         self.address = f"unix:path={self.dir}/bus"
         self.env = dict(env or os.environ, DBUS_SYSTEM_BUS_ADDRESS=self.address)
-        self.daemon = self.polkitd = None
+        self.daemon = self.polkitd = self.manager = None
         self.service_args = []
+        self.unit = unit
+        if unit is not None and not os.path.exists(unit):
+            raise Unavailable(f"{unit} is not built (no systemd pkg-config file at setup)")
 
     def __enter__(self):
         try:
@@ -129,21 +139,61 @@ class ServiceBus:
         shutil.copytree("/usr/share/polkit-1/actions", actions)
         shutil.copy(os.path.join(self.src, "org.mloop.policy"), actions)
         os.makedirs(os.path.join(self.dir, "rules"))
-        self.daemon = subprocess.Popen(
-            ["dbus-daemon", "--nofork", f"--config-file={self.dir}/bus.conf"],
-            env=self.env, stdout=subprocess.DEVNULL,
-            stderr=open(os.path.join(self.dir, "daemon.log"), "w"))
-        _wait(lambda: os.path.exists(f"{self.dir}/bus") or self.daemon.poll() is not None,
-              "dbus-daemon's socket")
-        if self.daemon.poll() is not None:
-            raise AssertionError("dbus-daemon exited: " + self.log("daemon.log"))
+        if self.unit:
+            self._start_under_systemd()
+        else:
+            self.daemon = subprocess.Popen(
+                ["dbus-daemon", "--nofork", f"--config-file={self.dir}/bus.conf"],
+                env=self.env, stdout=subprocess.DEVNULL,
+                stderr=open(os.path.join(self.dir, "daemon.log"), "w"))
+            _wait(lambda: os.path.exists(f"{self.dir}/bus") or self.daemon.poll() is not None,
+                  "dbus-daemon's socket")
+            if self.daemon.poll() is not None:
+                raise AssertionError("dbus-daemon exited: " + self.log("daemon.log"))
         self.set_rules(ALLOW_USER)
+        if self.unit:
+            _wait(lambda: self.name_owner_pid("org.freedesktop.systemd1"), "systemd on the bus")
+
+    def _start_under_systemd(self):
+        """The bus as systemd runs the system bus: dbus.socket and
+        dbus.service of the manager (whose bus it then joins, as
+        org.freedesktop.systemd1), the daemon asking systemd to start
+        the services it activates.  The unit under test runs the build
+        tree's service, its output in the bus's directory."""
+        self.manager = unitmanager.UserManager(env=self.env)
+        # The manager's bus is where it looks for it.
+        bus = os.path.join(self.manager.runtime, "bus")
+        self.address = f"unix:path={bus}"
+        self.env["DBUS_SYSTEM_BUS_ADDRESS"] = self.manager.env["DBUS_SYSTEM_BUS_ADDRESS"] = \
+            self.address
+        for d in (self.manager.dir, self.manager.runtime):
+            os.chmod(d, 0o755)                      # users and polkitd reach the bus
+        self.manager.write_unit("dbus.socket", f"[Socket]\nListenStream={bus}\n")
+        self.manager.write_unit(
+            "dbus.service",
+            f"[Service]\nExecStart=dbus-daemon --config-file={self.dir}/bus.conf "
+            "--address=systemd: --nofork --nopidfile --systemd-activation\n"
+            f"StandardError=append:{self.dir}/daemon.log\n")
+        self.manager.install(self.unit)
+        self._write_service_file()
+        self.manager.__enter__()
+        self.manager.systemctl("start", "dbus.socket")
 
     def _write_service_file(self):
-        self._write("services/org.mloop.Manager1.service",
-                    "[D-BUS Service]\nName=org.mloop.Manager1\n"
-                    f"Exec={' '.join([self.service_bin] + self.service_args)}\n"
-                    "User=root\n")
+        command = " ".join([self.service_bin] + self.service_args)
+        activation = ("[D-BUS Service]\nName=org.mloop.Manager1\n"
+                      f"Exec={command}\nUser=root\n")
+        if self.unit:
+            activation += f"SystemdService={os.path.basename(self.unit)}\n"
+        self._write("services/org.mloop.Manager1.service", activation)
+        if self.manager is not None:
+            # The unit runs the build tree's service, with these options.
+            self.manager.write_unit(os.path.basename(self.unit) + ".d/test.conf",
+                                    f"[Service]\nExecStart=\nExecStart={command}\n"
+                                    f"StandardOutput=append:{self.dir}/service.log\n"
+                                    f"StandardError=append:{self.dir}/service.log\n")
+            if self.manager.proc is not None:
+                self.manager.systemctl("daemon-reload")
 
     def set_service_args(self, args):
         """The service's options (mloop-dbus(8)) from its next start on:
@@ -202,7 +252,7 @@ class ServiceBus:
                 self.polkitd.kill()
                 self.polkitd.wait()
         self.polkitd = None
-        if self.daemon and self.daemon.poll() is None:
+        if self._bus_running():
             _wait(lambda: not self.name_owner_pid("org.freedesktop.PolicyKit1"),
                   "polkitd to leave the bus")
 
@@ -226,12 +276,19 @@ class ServiceBus:
             + list(argv), env=self.env, capture_output=True,
             text=kw.pop("text", True), timeout=kw.pop("timeout", 120), **kw)
 
+    def _bus_running(self):
+        if self.manager is not None:
+            return self.manager.proc is not None and self.manager.proc.poll() is None
+        return self.daemon is not None and self.daemon.poll() is None
+
     def close(self):
         try:
-            if self.daemon and self.daemon.poll() is None:
+            if self._bus_running():
                 self.kill_service()
         finally:
             self._stop_polkitd_quietly()
+            if self.manager is not None:
+                self.manager.close()    # the bus and the service's unit with it
             if self.daemon and self.daemon.poll() is None:
                 self.daemon.terminate()
                 self.daemon.wait()

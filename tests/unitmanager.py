@@ -51,7 +51,11 @@ class Unavailable(Exception):
 
 
 class UserManager:
-    def __init__(self, parent="/var/tmp"):
+    def __init__(self, parent="/run", env=None):
+        """ENV: the manager's environment, which its services get too
+        (this process's by default).  The manager joins the bus its
+        dbus.socket and dbus.service run (write_unit() them before
+        starting it), as org.freedesktop.systemd1."""
         if os.geteuid() != 0:
             raise Unavailable("a root service manager needs root")
         for tool in ("systemctl", "unshare", "python3", "mknod"):
@@ -59,15 +63,21 @@ class UserManager:
                 raise Unavailable(f"{tool} is not installed")
         if not os.access(SYSTEMD, os.X_OK):
             raise Unavailable(f"{SYSTEMD} is not installed (Debian: systemd)")
-        # Not under /tmp: the units under test have a private one.
+        # Not under /tmp or /var/tmp: the units under test have their own
+        # (PrivateTmp=), and may need to reach what is in here (a bus).
         self.dir = tempfile.mkdtemp(prefix="mloop-units-", dir=parent)
         self.runtime = os.path.join(self.dir, "runtime")
         self.units = os.path.join(self.dir, "config", "systemd", "user")
         os.makedirs(self.runtime, mode=0o700)
         os.makedirs(self.units)
-        self.env = dict(os.environ, XDG_RUNTIME_DIR=self.runtime,
+        self.env = dict(env or os.environ, XDG_RUNTIME_DIR=self.runtime,
                         XDG_CONFIG_HOME=os.path.join(self.dir, "config"))
         self.env.pop("DBUS_SESSION_BUS_ADDRESS", None)
+        # The test VM runs the tests chrooted, where systemctl would
+        # otherwise ignore its commands.
+        self.env["SYSTEMD_IGNORE_CHROOT"] = "1"
+        # Not the machine's session bus: a test's bus, if any.
+        os.symlink("/dev/null", os.path.join(self.units, "dbus.socket"))
         self.proc = None
 
     def __enter__(self):
@@ -100,7 +110,8 @@ class UserManager:
                 return
             if time.monotonic() > end:
                 raise AssertionError("systemd's manager is not running: "
-                                     f"{r.stdout.strip()} {self.manager_log()}")
+                                     f"{r.stdout.strip()} {r.stderr.strip()} "
+                                     f"{self.manager_log()}")
             time.sleep(0.1)
 
     def manager_log(self):
@@ -121,11 +132,18 @@ class UserManager:
         """Copies UNIT_FILE where the manager looks (as NAME)."""
         shutil.copy(unit_file, os.path.join(self.units, name or os.path.basename(unit_file)))
 
-    def drop_in(self, unit, text):
-        d = os.path.join(self.units, unit + ".d")
-        os.makedirs(d, exist_ok=True)
-        with open(os.path.join(d, "test.conf"), "w") as f:
+    def write_unit(self, name, text):
+        """A unit file (or NAME.d/FILE drop-in) of TEXT where the manager
+        looks; before the manager starts, or then daemon-reload."""
+        path = os.path.join(self.units, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if os.path.islink(path):
+            os.unlink(path)
+        with open(path, "w") as f:
             f.write(text)
+
+    def drop_in(self, unit, text):
+        self.write_unit(unit + ".d/test.conf", text)
         self.systemctl("daemon-reload")
 
     def main_pid(self, unit):

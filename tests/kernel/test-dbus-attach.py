@@ -93,9 +93,11 @@ def watch_as(user, bus, dev, cl):
     return p
 
 
-def run_test(kind, cl):
+def run_test(kind, cl, unit=None, check_sandbox=None):
+    """UNIT: the service runs in that systemd unit; CHECK_SANDBOX(PID)
+    then asserts the sandbox of the service and of a device's server."""
     try:
-        bus = servicebus.ServiceBus(service_bin(), SRC_DBUS, env=kind.env())
+        bus = servicebus.ServiceBus(service_bin(), SRC_DBUS, env=kind.env(), unit=unit)
     except servicebus.Unavailable as e:
         raise Skip(str(e))
     bus.__enter__()
@@ -119,6 +121,10 @@ def run_test(kind, cl):
     assert '"owner":"nobody"' in listed.replace(" ", "") and image in listed, listed
     mine = as_user(USER, kinds.CLI, "list").stdout
     assert dev in mine and "nobody" in mine, f"the user's list: {mine}"
+
+    if check_sandbox:
+        check_sandbox(bus.service_pid())
+        check_sandbox(kind.status(dev)["device"]["server_pid"])
 
     # 2. They write and read it; the data is in their image.
     pattern = os.path.join(os.path.dirname(image), "pattern")
