@@ -4,9 +4,15 @@ bus would) and a real polkitd, which sees the tests' polkit rules and
 mloop's actions through bind mounts in a mount namespace of its own, so
 nothing of the machine's is changed.
 
+With a unit (mloop-dbus.service), the bus runs as systemd runs the
+system bus, under a real systemd manager (tests/unitmanager.py), which
+starts the service in that unit, sandbox and all, when the bus
+activates it.
+
 Two existing users play the callers: USER, whom the rules let do what
 mloop's actions allow, and OTHER, whom they do not.  Used by the host's
-tests/client/test-dbus-service.py and the VM's test-dbus-attach.py.
+tests/client/test-dbus-service.py and the VM's test-dbus-attach.py and
+test-dbus-unit.py.
 """
 import os
 import shutil
