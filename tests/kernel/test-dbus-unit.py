@@ -6,7 +6,7 @@ IO, the node handed to its user and back, the server's restart, the
 service's SIGKILL and restart, a read-only attach and polkit's refusal
 all work in the sandbox, and the kernel confirms it holds the service
 and a device's server: no new privileges, a seccomp filter, the unit's
-capability bounding set, /usr read-only and /home hidden.  About 20 s in
+capability bounding set, /usr read-only and /home hidden.  20-27 s in
 the VM."""
 import importlib.util
 import os
