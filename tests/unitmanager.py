@@ -177,7 +177,7 @@ def capability_mask(names):
     """The CapBnd mask of capability NAMES (CAP_SYS_ADMIN...)."""
     numbers = {"CAP_CHOWN": 0, "CAP_DAC_OVERRIDE": 1, "CAP_FOWNER": 3,
                "CAP_IPC_LOCK": 14, "CAP_SYS_MODULE": 16, "CAP_SYS_ADMIN": 21,
-               "CAP_SYS_RESOURCE": 24}
+               "CAP_SYS_RESOURCE": 24, "CAP_SETGID": 6, "CAP_SETUID": 7}
     mask = 0
     for n in names:
         mask |= 1 << numbers[n]
