@@ -257,6 +257,44 @@ def section_live_writer():
     s.stop()
 
 
+# --- 1b: a live writer among many watchers --------------------------------
+
+# The writer above, with the image open MANY_WATCHERS - 1 times more in the same
+# process (each open watches the header, as many clients of one image
+# do): more watchers than a first guess at their number holds.
+MANY_WATCHERS = 20
+CROWD = WRITER.replace("img = rbd.Image(io, image)\n",
+                       "crowd = [rbd.Image(io, image) for _ in range(%d)]\n"
+                       "img = rbd.Image(io, image)\n" % (MANY_WATCHERS - 1)
+                       ).replace("img.close()\n", "img.close()\nfor i in crowd:\n"
+                                 "    i.close()\n")
+
+
+def section_many_watchers():
+    c.create_image("crowded", 8 * MiB)
+    w = subprocess.Popen([sys.executable, "-c", CROWD, c.conf, c.client_id, c.pool,
+                          "crowded"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         preexec_fn=cluster._die_with(os.getpid()))
+    others.append(w)
+    first = w.stdout.readline().strip()
+    if not check("the crowded librbd writer writes", first == "writing", repr(first)):
+        raise Abort("no writer")
+    check(f"the image has {MANY_WATCHERS} watchers",
+          len(watchers("crowded")) == MANY_WATCHERS, repr(len(watchers("crowded"))))
+    held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("crowded")))
+    err = refused_in_one_line(f"mloop-server beside a writer among {MANY_WATCHERS} "
+                              "watchers", Server(f"rbd:{c.spec('crowded')}"), ["in use"])
+    check("the refusal names the holder",
+          len(held) == 1 and held[0]["address"] in err, f"holder {held}: {err!r}")
+    time.sleep(1)               # the writer's next writes, had it lost the lock
+    w.stdin.close()
+    out = w.stdout.read().strip()
+    w.wait(30)
+    check("the crowded librbd writer kept writing without an error",
+          w.returncode == 0 and out.startswith("wrote"), f"exit {w.returncode}: {out!r}")
+
+
 # --- 2: the lock lost without a blocklist ----------------------------------
 
 # Opens the image for writing as a client that does not blocklist the
@@ -512,6 +550,7 @@ try:
     os.mkdir(c.path("test"))
     c.ceph("config", "set", "osd", "osd_client_watch_timeout", str(WATCH_TIMEOUT))
     section("a live writer that is not mloop", section_live_writer)
+    section("a live writer among many watchers", section_many_watchers)
     section("the lock lost without a blocklist", section_lock_lost)
     section("the cache and partial trims set by the cluster", section_settings)
     section("BLOCK_STATUS over a large sparse image", section_extents)
