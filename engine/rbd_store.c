@@ -1036,25 +1036,48 @@ break_recorded (struct rbd_store *st, const char *path, char *recorded,
 /* The image's watchers other than us (rbd_watchers_list): a client
  * with the image open for writing watches its header for as long as it
  * lives (a read-only librbd open does not watch); a dead one's watch
- * ends osd_client_watch_timeout (30 s) after its last word.
+ * ends osd_client_watch_timeout (30 s) after its last word.  There may
+ * be any number (every open of the image is one), so the list grows to
+ * what librbd says it needs.
  */
-#define MOST_WATCHERS 16
+#define FIRST_WATCHERS 16
 
 struct peers {
-  rbd_image_watcher_t watchers[MOST_WATCHERS];
+  rbd_image_watcher_t *watchers;
   size_t n;
 };
+
+static void
+free_peers (struct peers *p)
+{
+  if (p->watchers)
+    rbd_watchers_list_cleanup (p->watchers, p->n);
+  free (p->watchers);
+  p->watchers = NULL;
+  p->n = 0;
+}
 
 static int
 list_peers (struct rbd_store *st, const char *broken, struct peers *p)
 {
   const int64_t self = (int64_t) rados_get_instance_id (st->cluster);
-  size_t i, kept = 0;
+  size_t i, kept = 0, room = FIRST_WATCHERS;
   int r;
 
-  p->n = MOST_WATCHERS;
-  r = rbd_watchers_list (st->rbd, p->watchers, &p->n);
+  p->watchers = NULL;
+  p->n = 0;
+  do {
+    free (p->watchers);
+    /* One more than asked for: it may have grown since librbd said. */
+    if ((p->watchers = calloc (room + 1, sizeof *p->watchers)) == NULL)
+      return -ENOMEM;
+    p->n = room + 1;
+    r = rbd_watchers_list (st->rbd, p->watchers, &p->n);
+    room = p->n;
+  } while (r == -ERANGE);
   if (r < 0) {
+    free (p->watchers);
+    p->watchers = NULL;
     p->n = 0;
     return r;
   }
@@ -1099,8 +1122,15 @@ refuse_live_peers (struct rbd_store *st, const char *broken, char *err,
   size_t n = 4;
   int r = 0;
 
-  if (list_peers (st, broken, &p) < 0)
-    return 0;                   /* rbd_lock_acquire answers alone */
+  /* Not knowing who lives on the image, asking for its lock could take
+   * it from a live holder: refused instead.
+   */
+  if ((r = list_peers (st, broken, &p)) < 0) {
+    snprintf (err, errlen, "%s: listing the clients that have it open, to "
+              "tell a live lock holder from a dead one: %s", st->name,
+              strerror (-r));
+    return r;
+  }
   if (rbd_lock_get_owners (st->rbd, &mode, owners, &n) != 0)
     n = 0;
   for (size_t i = 0; i < n && r == 0; i++) {
@@ -1123,7 +1153,7 @@ refuse_live_peers (struct rbd_store *st, const char *broken, char *err,
   }
   if (n > 0)
     rbd_lock_get_owners_cleanup (owners, n);
-  rbd_watchers_list_cleanup (p.watchers, p.n);
+  free_peers (&p);
   return r;
 }
 

@@ -8,6 +8,8 @@ on a real one-node cluster (tests/ceph/cluster.py):
    keeps writing without an error; once the writer is killed and the OSD
    has dropped its watch, mloop-server breaks the dead holder's lock and
    serves the image;
+   the same with the writer's image open 20 times (20 watchers, more
+   than the server's first guess at their number): refused as well;
 2. the lock lost without a blocklist: the server stopped (SIGSTOP) until
    the OSD drops its watch, a librbd client with
    rbd_blocklist_on_break_lock=false breaks its lock, takes it
@@ -45,10 +47,11 @@ Run by hand from the repository root:
   MLOOP_SERVER_BIN=build/server/mloop-server PYTHONPATH=tests:tests/ceph \\
       /usr/bin/python3 tests/ceph/test-rbd-peers.py
 
-Cost on the project machine (2 cores): 26-27 s alone, up to 55 s beside
+Cost on the project machine (2 cores): 28-29 s alone, up to 57 s beside
 other heavy work: the cluster's start 6-7 s (up to 19 s loaded), 1 and
 2 about 7-8 s each (each waits once for a watch to end: the 5 s this
-test sets osd_client_watch_timeout to), 3 to 6 about 1-2 s each.
+test sets osd_client_watch_timeout to), 20 watchers and 3 to 6 about
+1-2 s each.
 """
 import json
 import os
