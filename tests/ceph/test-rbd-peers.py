@@ -403,13 +403,21 @@ def section_settings():
           f"{got[1000:6000].count(0)} of 5000 bytes zero")
     data = os.urandom(64 * 1024)
     h.pwrite(data, 2 * MiB, nbd.CMD_FLAG_FUA)
-    s.proc.kill()               # nothing flushed after the FUA write
+    # Zeroes that must stay allocated: written, not freed, so through
+    # the cache; over data already flushed to the OSDs.
+    h.pwrite(b"z" * (64 * 1024), 4 * MiB)
+    h.flush()
+    h.zero(64 * 1024, 4 * MiB, nbd.CMD_FLAG_FUA | nbd.CMD_FLAG_NO_HOLE)
+    s.proc.kill()               # nothing flushed after the FUA requests
     s.proc.wait()
     del h
     image = export(c.spec("configured"))
     check("a FUA write acknowledged before a SIGKILL is in the image",
           image[2 * MiB:2 * MiB + len(data)] == data,
           f"{image[2 * MiB:2 * MiB + len(data)].count(0)} of {len(data)} bytes zero")
+    zeroed = image[4 * MiB:4 * MiB + 64 * 1024]
+    check("a FUA zero (no hole) acknowledged before a SIGKILL is in the image",
+          zeroed == bytes(64 * 1024), f"{zeroed.count(0)} of {len(zeroed)} bytes zero")
 
 
 # --- 4: BLOCK_STATUS over a large sparse image -----------------------------
