@@ -20,7 +20,8 @@
  * the cache-less image completes at once.  A pool's or an image's
  * configuration in the cluster beats the client's, so the open image's
  * effective values decide: with the cache on, a FUA write is a write
- * and a flush (read_effective_config).
+ * and a flush, and a FUA trim or zero is followed by a flush
+ * (read_effective_config).
  *
  * Exclusive use: a writable image is served under librbd's exclusive
  * lock, acquired explicitly (rbd_lock_acquire), which librbd then never
@@ -455,6 +456,24 @@ trim_step (struct rbd_store *st, uint64_t offset, size_t step)
     : rbd_discard (st->rbd, offset, step);
 }
 
+/* A FUA trim or zero: through librbd's cache (the effective
+ * configuration's, see the top) a zero that must stay allocated is a
+ * write the cache keeps, so it is flushed before it is acknowledged, as
+ * a FUA write is.  Without the cache a completed call is on the OSDs.
+ */
+static int
+flush_if_fua (struct rbd_store *st, unsigned flags)
+{
+  int r;
+
+  if (!(flags & MLOOP_IO_FUA) || !st->write_back)
+    return 0;
+  r = rbd_flush (st->rbd);
+  if (regained (st, r))
+    r = rbd_flush (st->rbd);
+  return (int) answered (st, r);
+}
+
 static int
 store_trim (struct mloop_store *s, uint64_t offset, uint64_t count,
             unsigned flags)
@@ -484,7 +503,7 @@ store_trim (struct mloop_store *s, uint64_t offset, uint64_t count,
     offset += step;
     count -= step;
   }
-  return r;
+  return r == 0 ? flush_if_fua (st, flags) : r;
 }
 
 static int
@@ -518,7 +537,7 @@ store_zero (struct mloop_store *s, uint64_t offset, uint64_t count,
     offset += step;
     count -= step;
   }
-  return 0;
+  return flush_if_fua (st, flags);
 }
 
 /* rbd_diff_iterate2 names only the allocated extents, one object at a

@@ -22,8 +22,9 @@ on a real one-node cluster (tests/ceph/cluster.py):
    cluster (`rbd config image set`: rbd_cache true, writeback, dirty data
    kept 60 s; rbd_skip_partial_discard true), over the server's own
    rbd_cache=false: a trim inside an object reads back as zeroes, and a
-   FUA write acknowledged just before the server is SIGKILLed is in the
-   image (`rbd export`);
+   FUA write, and a FUA zero that must stay allocated (NO_HOLE: a
+   write, in the cache), acknowledged just before the server is
+   SIGKILLed are in the image (`rbd export`);
 4. BLOCK_STATUS over a sparse 8 GiB image with data scattered in 64
    objects: a request for 4 GiB - 4 KiB is answered with extents
    covering at most 1 GiB, neighbours of one kind merged; REQ_ONE
