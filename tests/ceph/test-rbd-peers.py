@@ -96,13 +96,13 @@ servers, others = [], []
 class Server:
     """mloop-server on SPEC in the foreground, on a private Unix socket."""
 
-    def __init__(self, spec, conf=None, env=None):
+    def __init__(self, spec, conf=None, env=None, wrap=()):
         self.dir = c.path("test", f"server{len(servers)}")
         os.mkdir(self.dir)
         self.sock = os.path.join(self.dir, "nbd.sock")
         self.pid_file = os.path.join(self.dir, "server.pid")
         self.err_path = os.path.join(self.dir, "stderr")
-        cmd = [SERVER_BIN, "--listen", f"unix:{self.sock}", "--pid-file", self.pid_file,
+        cmd = [*wrap, SERVER_BIN, "--listen", f"unix:{self.sock}", "--pid-file", self.pid_file,
                f"--ceph-conf={conf or c.conf}", f"--ceph-id={c.client_id}", spec]
         with open(self.err_path, "wb") as err:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
@@ -296,6 +296,82 @@ def section_many_watchers():
     out = w.stdout.read().strip()
     w.wait(30)
     check("the crowded librbd writer kept writing without an error",
+          w.returncode == 0 and out.startswith("wrote"), f"exit {w.returncode}: {out!r}")
+
+
+# --- 1c: a writer arriving while the server looks -------------------------
+
+# mloop-server held (by gdb, at its first rbd_lock_get_owners, before
+# the call) while its look at who lives on the image is under way; a
+# librbd writer opens the image and takes its lock meanwhile.  Whatever
+# the order of the look's two parts (the lock's owners, the watchers),
+# the writer must be seen alive: refused, never broken and blocklisted.
+PAUSE_AT_OWNERS = """set pagination off
+set confirm off
+set breakpoint pending on
+handle all nostop noprint pass
+break rbd_lock_get_owners
+commands 1
+silent
+shell touch {paused}
+shell while [ ! -e {go} ]; do sleep 0.05; done
+delete 1
+continue
+end
+run
+"""
+
+
+def section_writer_arriving():
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        print("# skipped: no gdb to hold the server mid-look")
+        return
+    c.create_image("arriving", 8 * MiB)
+    paused, go = c.path("test", "paused"), c.path("test", "go")
+    script = c.path("test", "pause.gdb")
+    with open(script, "w") as f:
+        f.write(PAUSE_AT_OWNERS.format(paused=paused, go=go))
+    s = Server(f"rbd:{c.spec('arriving')}",
+               wrap=[gdb, "-q", "-batch", "-nx", "-x", script, "--args"])
+    deadline = time.monotonic() + START_LIMIT
+    while not os.path.exists(paused) and s.proc.poll() is None \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not check("gdb holds mloop-server before it reads the lock's owners",
+                 os.path.exists(paused), s.stderr().strip()[-500:]):
+        s.stop()
+        raise Abort("no pause")
+    w = subprocess.Popen([sys.executable, "-c", WRITER, c.conf, c.client_id, c.pool,
+                          "arriving"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         preexec_fn=cluster._die_with(os.getpid()))
+    others.append(w)
+    first = w.stdout.readline().strip()
+    open(go, "w").close()
+    if not check("the arriving librbd writer writes", first == "writing", repr(first)):
+        s.stop()
+        raise Abort("no writer")
+    try:
+        s.proc.wait(REFUSE_LIMIT)
+    except subprocess.TimeoutExpired:
+        pass
+    served = s.proc.poll() is None
+    if served:                  # the server itself first, then gdb
+        try:
+            with open(s.pid_file) as f:
+                os.kill(int(f.read()), signal.SIGTERM)
+        except (OSError, ValueError):
+            pass
+        s.stop()
+    err = s.stderr()
+    check("mloop-server is refused, naming the arriving writer",
+          not served and "is in use" in err, f"served: {served}: {err.strip()[-300:]!r}")
+    time.sleep(1)               # the writer's next writes, had it lost the lock
+    w.stdin.close()
+    out = w.stdout.read().strip()
+    w.wait(30)
+    check("the arriving librbd writer kept writing without an error",
           w.returncode == 0 and out.startswith("wrote"), f"exit {w.returncode}: {out!r}")
 
 
@@ -563,6 +639,7 @@ try:
     c.ceph("config", "set", "osd", "osd_client_watch_timeout", str(WATCH_TIMEOUT))
     section("a live writer that is not mloop", section_live_writer)
     section("a live writer among many watchers", section_many_watchers)
+    section("a writer arriving while the server looks", section_writer_arriving)
     section("the lock lost without a blocklist", section_lock_lost)
     section("the cache and partial trims set by the cluster", section_settings)
     section("BLOCK_STATUS over a large sparse image", section_extents)
