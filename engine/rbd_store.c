@@ -1141,6 +1141,14 @@ refuse_live_peers (struct rbd_store *st, const char *broken, char *err,
   size_t n = 4;
   int r = 0;
 
+  /* The owners first, then the watchers: a client takes the lock only
+   * once its watch is up (the lock's cookie names the watch), so an
+   * owner read before the list is on it if alive.  The other way round,
+   * a client opening the image and taking the lock between the two
+   * would be an owner missing from the list, taken for dead and broken.
+   */
+  if (rbd_lock_get_owners (st->rbd, &mode, owners, &n) != 0)
+    n = 0;
   /* Not knowing who lives on the image, asking for its lock could take
    * it from a live holder: refused instead.
    */
@@ -1148,10 +1156,10 @@ refuse_live_peers (struct rbd_store *st, const char *broken, char *err,
     snprintf (err, errlen, "%s: listing the clients that have it open, to "
               "tell a live lock holder from a dead one: %s", st->name,
               strerror (-r));
+    if (n > 0)
+      rbd_lock_get_owners_cleanup (owners, n);
     return r;
   }
-  if (rbd_lock_get_owners (st->rbd, &mode, owners, &n) != 0)
-    n = 0;
   for (size_t i = 0; i < n && r == 0; i++) {
     const rbd_image_watcher_t *w = watcher_of (&p, owners[i]);
 

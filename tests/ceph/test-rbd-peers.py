@@ -10,6 +10,10 @@ on a real one-node cluster (tests/ceph/cluster.py):
    serves the image;
    the same with the writer's image open 20 times (20 watchers, more
    than the server's first guess at their number): refused as well;
+   and a writer arriving while the server is held by gdb at its first
+   rbd_lock_get_owners (mid-look at who lives on the image): refused,
+   the writer never broken nor blocklisted (without gdb, a line says
+   this part is skipped);
 2. the lock lost without a blocklist: the server stopped (SIGSTOP) until
    the OSD drops its watch, a librbd client with
    rbd_blocklist_on_break_lock=false breaks its lock, takes it
@@ -48,11 +52,11 @@ Run by hand from the repository root:
   MLOOP_SERVER_BIN=build/server/mloop-server PYTHONPATH=tests:tests/ceph \\
       /usr/bin/python3 tests/ceph/test-rbd-peers.py
 
-Cost on the project machine (2 cores): 28-29 s alone, up to 57 s beside
+Cost on the project machine (2 cores): 30-32 s alone, up to 60 s beside
 other heavy work: the cluster's start 6-7 s (up to 19 s loaded), 1 and
 2 about 7-8 s each (each waits once for a watch to end: the 5 s this
-test sets osd_client_watch_timeout to), 20 watchers and 3 to 6 about
-1-2 s each.
+test sets osd_client_watch_timeout to), the arriving writer 2-3 s
+(gdb's start), 20 watchers and 3 to 6 about 1-2 s each.
 """
 import json
 import os
