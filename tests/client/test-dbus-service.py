@@ -226,7 +226,50 @@ def bounded_wait(bus, root_only):
     check("an authentication left waiting ends after --authorization-timeout",
           out == f"mloop: attach {root_only}: not authorized: polkit did not answer "
           "for org.mloop.attach within 2 s (an authentication left waiting?)", out)
+    calls_in_progress(bus, root_only)
     bus.set_service_args([])
+
+
+# mloop-dbus's calls in progress per user (dbus/manager.h).
+MAX_CALLS_PER_USER = 8
+
+
+def calls_in_progress(bus, root_only):
+    """A user leaves as many calls waiting for authentication as they
+    may have in progress; the next is refused at once, in one line,
+    where polkit would otherwise be asked (each waiting call holds the
+    service's memory and the descriptor it passed), while another user
+    is served.  Once the waiting ones have timed out (2 s), polkit is
+    asked again."""
+    pile = None
+    try:
+        pile = subprocess.Popen(
+            ["setpriv", f"--reuid={OTHER[1]}", f"--regid={OTHER[2]}", "--clear-groups",
+             "--"] + SILENT_AGENT + CALL + ["pile", str(MAX_CALLS_PER_USER), root_only, "20"],
+            env=bus.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True)
+        time.sleep(0.5)
+        out = call_on(bus, "attach", "ro", root_only, os.path.abspath(root_only),
+                      "read-only=true", user=USER)
+        check("a user's call is not counted against another's calls in progress",
+              out.startswith("ERROR") and "NBD" in out, out)
+        try:
+            out = pile.communicate(timeout=40)[0].strip()
+        except subprocess.TimeoutExpired:
+            out = "no answer within 30 s"
+        refused = (f"ERROR you have {MAX_CALLS_PER_USER} calls in progress, the most "
+                   "one user may: wait for one to end")
+        polkit_no = ("ERROR not authorized: polkit refused org.mloop.attach "
+                     "(it needs an administrator's authentication)")
+        check("a call past a user's calls in progress is refused at once; polkit is "
+              "asked again once they end", out == f"{refused} / {polkit_no}", out)
+    finally:
+        if pile is not None:
+            try:
+                os.killpg(pile.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            pile.wait()
 
 
 def names_in_the_log(bus, work, image):
