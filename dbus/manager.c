@@ -43,6 +43,10 @@ static GThreadPool *device_thread;
 /* Held by the device thread while it works; the reaper only tries it. */
 static GMutex device_work;
 
+/* Each user's calls in progress (uid -> count), from both threads. */
+static GMutex calls_lock;
+static GHashTable *calls_of;
+
 enum call_kind { CALL_ATTACH, CALL_DETACH, CALL_DETACH_OTHER };
 
 /* A call on its way from polkit's answer to the device thread. */
@@ -59,11 +63,54 @@ struct call {
   pid_t supervisor_pid;
   GVariant *options;            /* attach */
   gint32 handle;                /* attach: the image's descriptor */
+  bool counted;                 /* among its user's calls in progress */
 };
+
+/* Counts one more call of UID's in progress: false, counting nothing,
+ * when UID (not root) has as many as they may.
+ */
+static bool
+calls_take (uid_t uid)
+{
+  gpointer key = GUINT_TO_POINTER ((guint) uid);
+  guint n;
+  bool ok;
+
+  if (uid == 0)
+    return true;
+  g_mutex_lock (&calls_lock);
+  if (calls_of == NULL)
+    calls_of = g_hash_table_new (NULL, NULL);
+  n = GPOINTER_TO_UINT (g_hash_table_lookup (calls_of, key));
+  ok = n < MLOOP_MAX_CALLS_PER_USER;
+  if (ok)
+    g_hash_table_insert (calls_of, key, GUINT_TO_POINTER (n + 1));
+  g_mutex_unlock (&calls_lock);
+  return ok;
+}
+
+static void
+calls_release (uid_t uid)
+{
+  gpointer key = GUINT_TO_POINTER ((guint) uid);
+  guint n;
+
+  if (uid == 0)
+    return;
+  g_mutex_lock (&calls_lock);
+  n = GPOINTER_TO_UINT (g_hash_table_lookup (calls_of, key));
+  if (n > 1)
+    g_hash_table_insert (calls_of, key, GUINT_TO_POINTER (n - 1));
+  else
+    g_hash_table_remove (calls_of, key);
+  g_mutex_unlock (&calls_lock);
+}
 
 static void
 call_free (struct call *c)
 {
+  if (c->counted)
+    calls_release (c->uid);
   g_object_unref (c->invocation);
   g_free (c->what);
   if (c->options)
@@ -382,6 +429,14 @@ start_call (GDBusMethodInvocation *invocation, enum call_kind kind,
     call_fail (c, ERROR_FAILED, err);
     return;
   }
+  /* Before polkit is asked: refused calls must cost nothing. */
+  if (!calls_take (c->uid)) {
+    snprintf (err, sizeof err, "you have %u calls in progress, the most "
+              "one user may: wait for one to end", MLOOP_MAX_CALLS_PER_USER);
+    call_fail (c, ERROR_LIMIT, err);
+    return;
+  }
+  c->counted = true;
   mloop_caller_authorize (invocation, action,
                           limits.authorization_timeout_s, authorized, c);
 }

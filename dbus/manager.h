@@ -14,6 +14,9 @@
  *   List (b json) -> (s text)
  *       What `mloop list [--json]` prints as root.
  *
+ * A user's Attach or Detach past MLOOP_MAX_CALLS_PER_USER of their calls
+ * in progress is refused at once (org.mloop.Error.LimitsExceeded).
+ *
  * Calls are served in parallel: each waits for polkit without holding up
  * the others (an authentication dialog may stay open a long time), then
  * its attach or detach runs in the device thread, one at a time.
@@ -37,6 +40,15 @@
  */
 #define MLOOP_DEFAULT_MAX_DEVICES_PER_USER 4
 #define MLOOP_DEFAULT_AUTHORIZATION_TIMEOUT_S 120
+
+/* Calls one user (not root) may have in progress at once, from their
+ * arrival until their answer: a call waiting for polkit (an
+ * authentication dialog left open waits --authorization-timeout) holds
+ * the service's memory and the descriptor it passed, and without a bound
+ * one user's waiting calls could take every descriptor the service has.
+ * Enough for a person's attaches and detaches at once.
+ */
+#define MLOOP_MAX_CALLS_PER_USER 8
 
 struct mloop_manager_limits {
   /* Devices attached through the service one user (not root) may have

@@ -15,9 +15,10 @@ looks for the path it is given (a refusal says the same whether the
 path exists or not), and looks for it with the caller's rights.  A caller whose authentication never ends (a real
 polkit agent that never answers: silent_agent.py) holds up no other
 user's call, and is refused after --authorization-timeout; an attach
-past --max-devices-per-user is refused in one line; the service logs a
+past --max-devices-per-user is refused in one line, and so is a call
+past the calls one user may have in progress; the service logs a
 caller's name with its control characters escaped.  The attach itself
-is the VM's (tests/kernel/test-dbus-attach.py).  About 8 s (7-11 s
+is the VM's (tests/kernel/test-dbus-attach.py).  About 13 s (12-15 s
 measured)."""
 import os
 import shutil
