@@ -93,6 +93,11 @@ def run(bus, work):
               out.startswith("ERROR") and expect in out and "\n" not in out, out)
     out = call("attach", "rw", image, "mine.img")
     check("refused: a relative name", out.startswith("ERROR") and "absolute path" in out, out)
+    # A name longer than any path would be kept in the device's state,
+    # and every list, anyone's, would carry it.
+    out = call("attach", "rw", image, "/" + "x" * 5000)
+    check("refused: a name longer than a path can be",
+          out == "ERROR the image's name is 5001 bytes long: a path has at most 4095", out)
     # A good descriptor reaches the kernel, which has no NBD client here.
     out = call("attach", "rw", image)
     check("a good descriptor gets as far as the kernel",
