@@ -28,9 +28,9 @@ COMMON = ["attach-geometry", "ext4-roundtrip", "fio-verify", "dd-readers",
           "read-only", "detach-clean"]
 # The mloop command line's own contract, for the CLI kinds.
 CLI_ONLY = ["cli-block-size", "cli-list-status", "cli-detach-forms", "cli-errors",
-            "attach-busy", "offset-window", "partitions", "queue-settings",
-            "autoclear", "resize", "many-devices", "overlay", "dbus-attach",
-            "dbus-unit"]
+            "attach-busy", "attach-skips-held", "offset-window", "partitions",
+            "queue-settings", "autoclear", "resize", "many-devices", "overlay",
+            "dbus-attach", "dbus-unit"]
 # A device that survives its server (mloop-supervisor), for the CLI kinds.
 SUPERVISED = ["restart-fio", "restart-fsync", "restart-dying", "restart-hostile-client",
               "io-flusher"]
