@@ -8,7 +8,7 @@ kernel, choosing, skips it.  Here every idle device is held open, at
 least 17 of them (one more is made by an attach and held after its
 detach: more than attach would try of devices another attach took
 first), and an attach still gets a device, none of those held.  About
-3 s."""
+3-5 s."""
 import os
 
 from kfix import make_image, nbd_in_use, wait_until
