@@ -125,12 +125,12 @@ mloop_overlay_file_commit (const char *path, const char *base_arg,
   if (lock == -1)
     return -1;
   r = check_unused (path, &ov_st, *base, &base_st, err, errlen);
-  if (r == 0 && mloop_overlay_merge (path, *base, adopt, err, errlen) < 0)
+  /* The base holds it all then, durably: the overlay, adding nothing,
+   * goes while the merge still holds its lock.
+   */
+  if (r == 0 && mloop_overlay_merge (path, *base, adopt, true, err,
+                                     errlen) < 0)
     r = -1;
-  /* The base holds it all now, durably: the overlay adds nothing. */
-  if (r == 0 && unlink (path) == -1)
-    r = mloop_fail (err, errlen, "committed, but %s stays: %s", path,
-                    strerror (errno));
   mloop_state_unlock (lock);
   return r;
 }

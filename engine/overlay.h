@@ -128,8 +128,10 @@ int mloop_overlay_inspect (const char *path, char **base_path,
 /* Copies every cluster the overlay at PATH holds into the image
  * BASE_PATH, whose whole size it must have been made for and which must
  * be its base (ADOPT: any image of that size), then makes the base
- * durable (overlay_merge.c).  The overlay is left as it was: it adds
- * nothing to the base any more, and removing it is the caller's choice.
+ * durable (overlay_merge.c).  The overlay adds nothing to the base any
+ * more: REMOVE unlinks it then, while its lock is still held, so no
+ * server can take it in between and answer writes into a file about to
+ * vanish; without REMOVE it is left as it was.
  * Nothing else may use either meanwhile: the overlay's lock refuses a
  * server on it, and the base is flock()ed exclusively, which every
  * server reading or writing it refuses (they hold it shared).  Stopped
@@ -137,7 +139,7 @@ int mloop_overlay_inspect (const char *path, char **base_path,
  * base.  0, or a negative errno with a one-line reason in ERR.
  */
 int mloop_overlay_merge (const char *path, const char *base_path,
-                         bool adopt, char *err, size_t errlen);
+                         bool adopt, bool remove, char *err, size_t errlen);
 
 /* Records the image BASE_PATH, whole, as the base of the overlay at
  * PATH, whatever image it was made for, if it has the size the overlay

@@ -70,7 +70,7 @@ copy_marked (const struct mloop_overlay *ov, const struct mloop_backing *base,
 
 int
 mloop_overlay_merge (const char *path, const char *base_path, bool adopt,
-                     char *err, size_t errlen)
+                     bool remove, char *err, size_t errlen)
 {
   const struct mloop_window whole = { 0, 0 };
   struct mloop_backing base;
@@ -116,6 +116,16 @@ mloop_overlay_merge (const char *path, const char *base_path, bool adopt,
   if (r == 0 && fdatasync (base.fd) == -1) {
     r = -errno;
     snprintf (err, errlen, "cannot sync %s: %s", base_path, strerror (-r));
+  }
+  /* Before the overlay's lock goes (with its descriptors, closed
+   * below): a server that took the lock after it would serve a file
+   * about to be unlinked.  Should the unlink not survive a power cut,
+   * the overlay comes back reading the same over the merged base.
+   */
+  if (r == 0 && remove && unlink (path) == -1) {
+    r = -errno;
+    snprintf (err, errlen, "committed, but %s stays: %s", path,
+              strerror (-r));
   }
   free (buf);
   mloop_overlay_close (&ov);
