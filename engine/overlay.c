@@ -937,23 +937,33 @@ mloop_overlay_inspect (const char *path, char **base_path, uint64_t *size,
   return 0;
 }
 
-int
-mloop_overlay_open (struct mloop_overlay *ov, const char *path,
-                    const struct mloop_backing *base, bool direct,
-                    enum mloop_overlay_base_check check,
-                    char *err, size_t errlen)
+/* How many times an overlay replaced while being opened is opened again. */
+#define OPEN_ATTEMPTS 4
+
+static bool
+same_inode (const struct stat *a, const struct stat *b)
+{
+  return a->st_dev == b->st_dev && a->st_ino == b->st_ino;
+}
+
+/* Opens the overlay at PATH (made when there is none) and locks it,
+ * then its map's descriptor: 0, 1 when the path no longer names the
+ * locked file (try again), or a negative errno with ERR.  The map's
+ * descriptor is opened by the path too, so it must be the same file:
+ * else its words would go into another overlay.
+ */
+static int
+open_locked (struct mloop_overlay *ov, const char *path,
+             const struct mloop_backing *base, bool direct, char *err,
+             size_t errlen)
 {
   const int flags = O_RDWR | O_CLOEXEC;
+  struct stat held, map, named;
   int r;
 
-  memset (ov, 0, sizeof *ov);
-  ov->fd = ov->map_fd = -1;
-  ov->path = strdup (path);
-  if (ov->path == NULL)
-    return -ENOMEM;
   if (access (path, F_OK) == -1 && errno == ENOENT &&
       (r = create_overlay (path, base, err, errlen)) < 0)
-    goto fail;
+    return r;
   ov->direct = direct;
   ov->fd = open (path, flags | (direct ? O_DIRECT : 0));
   if (ov->fd == -1 && direct && errno == EINVAL) {
@@ -964,26 +974,76 @@ mloop_overlay_open (struct mloop_overlay *ov, const char *path,
   if (ov->fd == -1) {
     r = -errno;
     snprintf (err, errlen, "cannot open overlay %s: %s", path, strerror (-r));
-    goto fail;
+    return r;
   }
   /* One server per overlay: two would each believe their map. */
   if (flock (ov->fd, LOCK_EX | LOCK_NB) == -1) {
     r = -errno;
     snprintf (err, errlen, "overlay %s is in use by another server", path);
-    goto fail;
+    return r;
   }
-  if ((r = read_header (ov, base, check, NULL, err, errlen)) < 0)
-    goto fail;
   /* The map goes through the page cache, a word at a time (see
    * mloop_overlay_mark); the data area never does when O_DIRECT is on,
    * and the two never share a page.
    */
   ov->map_fd = open (path, flags);
+  if (ov->map_fd == -1 && errno == ENOENT)
+    return 1;
   if (ov->map_fd == -1) {
     r = -errno;
     snprintf (err, errlen, "cannot open overlay %s: %s", path, strerror (-r));
-    goto fail;
+    return r;
   }
+  if (fstat (ov->fd, &held) == -1 || fstat (ov->map_fd, &map) == -1) {
+    r = -errno;
+    snprintf (err, errlen, "overlay %s: %s", path, strerror (-r));
+    return r;
+  }
+  if (stat (path, &named) == -1) {
+    if (errno == ENOENT)
+      return 1;
+    r = -errno;
+    snprintf (err, errlen, "overlay %s: %s", path, strerror (-r));
+    return r;
+  }
+  return same_inode (&held, &map) && same_inode (&held, &named) ? 0 : 1;
+}
+
+int
+mloop_overlay_open (struct mloop_overlay *ov, const char *path,
+                    const struct mloop_backing *base, bool direct,
+                    enum mloop_overlay_base_check check,
+                    char *err, size_t errlen)
+{
+  int r;
+
+  memset (ov, 0, sizeof *ov);
+  ov->fd = ov->map_fd = -1;
+  ov->path = strdup (path);
+  if (ov->path == NULL)
+    return -ENOMEM;
+  for (unsigned attempt = 1; ; attempt++) {
+    r = open_locked (ov, path, base, direct, err, errlen);
+    if (r <= 0)
+      break;
+    /* Removed (a discard or commit, under its lock) and perhaps made
+     * anew between the open and the lock: what the path names now.
+     */
+    if (ov->map_fd != -1)
+      close (ov->map_fd);
+    close (ov->fd);
+    ov->fd = ov->map_fd = -1;
+    if (attempt == OPEN_ATTEMPTS) {
+      snprintf (err, errlen, "overlay %s: removed or replaced each time "
+                "it was opened", path);
+      r = -EAGAIN;
+      break;
+    }
+  }
+  if (r < 0)
+    goto fail;
+  if ((r = read_header (ov, base, check, NULL, err, errlen)) < 0)
+    goto fail;
   ov->map = calloc (ov->map_bytes / sizeof *ov->map, sizeof *ov->map);
   if (ov->map == NULL) {
     r = -ENOMEM;

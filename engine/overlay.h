@@ -104,7 +104,8 @@ enum mloop_overlay_base_check {
 
 /* Opens the overlay at PATH for BASE (opened already, read-only), making
  * it when there is no file at PATH (never replacing one another server
- * made meanwhile).  DIRECT: O_DIRECT on the overlay, as on the base.  An
+ * made meanwhile), and locks it; opened again should the path name
+ * another file once it is locked (a discard or commit removed it).  DIRECT: O_DIRECT on the overlay, as on the base.  An
  * existing overlay must have been made for a base of the same size and,
  * as CHECK says, for this base.  0, or a negative errno with a one-line
  * reason in ERR.
