@@ -915,15 +915,25 @@ mloop_overlay_inspect (const char *path, char **base_path, uint64_t *size,
                        bool *base_known, char *err, size_t errlen)
 {
   struct mloop_overlay ov;
+  struct stat st;
   int r;
 
   memset (&ov, 0, sizeof ov);
   ov.path = (char *) path;
-  ov.fd = open (path, O_RDONLY | O_CLOEXEC);
+  /* Non-blocking: a FIFO would wait for a writer.  An overlay is only
+   * ever a regular file.
+   */
+  ov.fd = open (path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (ov.fd == -1) {
     r = -errno;
     snprintf (err, errlen, "cannot open overlay %s: %s", path, strerror (-r));
     return r;
+  }
+  if (fstat (ov.fd, &st) == -1 || !S_ISREG (st.st_mode)) {
+    snprintf (err, errlen, "%s is not an mloop overlay: not a regular file",
+              path);
+    close (ov.fd);
+    return -EINVAL;
   }
   r = read_header (&ov, NULL, MLOOP_OVERLAY_SAME_BASE, base_known, err,
                    errlen);
