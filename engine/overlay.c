@@ -93,25 +93,26 @@ sync_fd (int fd)
 
 /* Writes the whole map from memory to the file again.  After a failed
  * writeback the kernel holds the lost map pages as clean: written again
- * they are dirty, so a later writeback (or the sync of the server that
- * opens the overlay next) makes them durable after all.  Best effort:
- * the error is kept whatever this achieves.
+ * they are dirty, so a later sync makes them durable after all.  At a
+ * sync error it is best effort (the error is kept whatever this
+ * achieves); at open its result counts.
  */
-static void
+static int
 rewrite_map (struct mloop_overlay *ov)
 {
   const size_t words = ov->map_bytes / sizeof *ov->map;
   uint64_t *copy = malloc (ov->map_bytes);
+  int r;
 
   if (copy == NULL)
-    return;
+    return -ENOMEM;
   pthread_mutex_lock (&ov->map_lock);
   for (size_t i = 0; i < words; i++)
     copy[i] = htole64 (__atomic_load_n (&ov->map[i], __ATOMIC_ACQUIRE));
-  (void) mloop_pwrite_all (ov->map_fd, copy, ov->map_bytes, ov->map_offset,
-                           0);
+  r = mloop_pwrite_all (ov->map_fd, copy, ov->map_bytes, ov->map_offset, 0);
   pthread_mutex_unlock (&ov->map_lock);
   free (copy);
+  return r;
 }
 
 /* Keeps the first sync error of the file (overlay.h, sync_error). */
@@ -122,7 +123,7 @@ note_sync_error (struct mloop_overlay *ov, int err)
 
   if (__atomic_compare_exchange_n (&ov->sync_error, &none, err, false,
                                    __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-    rewrite_map (ov);
+    (void) rewrite_map (ov);
 }
 
 /* One fdatasync of the whole file, data area and map.  Its own result:
@@ -247,8 +248,16 @@ mloop_overlay_mark (struct mloop_overlay *ov, uint64_t offset,
 int
 mloop_overlay_commit (struct mloop_overlay *ov)
 {
+  int r;
+
+  /* Once a sync failed, the map pages its writeback lost are clean in
+   * the page cache: each sync writes the map again first, so the disk
+   * gets it once it is well.  (The error is still reported.)
+   */
+  if (__atomic_load_n (&ov->sync_error, __ATOMIC_ACQUIRE) != 0)
+    (void) rewrite_map (ov);
   /* The data area and the map are one file: one fdatasync covers both. */
-  int r = sync_file (ov);
+  r = sync_file (ov);
 
   return r < 0 ? r : __atomic_load_n (&ov->sync_error, __ATOMIC_ACQUIRE);
 }
@@ -1069,6 +1078,20 @@ mloop_overlay_open (struct mloop_overlay *ov, const char *path,
   for (uint64_t i = 0; i < ov->map_bytes / sizeof *ov->map; i++)
     ov->map[i] = le64toh (ov->map[i]);
   pthread_mutex_init (&ov->map_lock, NULL);
+  /* The map as read may be a page cache's copy that never reached the
+   * disk: a server before this one saw its writeback fail, and the
+   * kernel kept the page as clean.  Written back and synced, what this
+   * server serves is what a power cut leaves.
+   */
+  r = rewrite_map (ov);
+  if (r == 0)
+    r = sync_fd (ov->fd);
+  if (r < 0) {
+    snprintf (err, errlen, "overlay %s: cannot make its map durable: %s",
+              path, strerror (-r));
+    pthread_mutex_destroy (&ov->map_lock);
+    goto fail;
+  }
   return 0;
 
  fail:
