@@ -137,6 +137,7 @@ def run(bus, work):
           hidden.endswith("Permission denied")
           and hidden.replace(secret, "P") == missing.replace(secret + "-missing", "P"),
           f"{hidden} / {missing}")
+    swapped_while_looking(bus, work, secret)
 
     stalled_callers(bus, image, root_only)
     bounded_wait(bus, root_only)
@@ -276,6 +277,104 @@ def calls_in_progress(bus, root_only):
             except ProcessLookupError:
                 pass
             pile.wait()
+
+
+# gdb, attached to the service, holds its device thread where it takes
+# back root's rights (setfsuid (0)) after resolving a path as the
+# caller, until the test has swapped the caller's directory.
+HOLD_AFTER_RESOLVING = """set pagination off
+set confirm off
+set breakpoint pending on
+handle all nostop noprint pass
+break setfsuid if (int) $rdi == 0
+commands 1
+silent
+shell touch {held}
+shell while [ ! -e {go} ]; do sleep 0.05; done
+delete 1
+detach
+quit
+end
+shell touch {ready}
+continue
+"""
+
+
+def swapped_while_looking(bus, work, secret):
+    """A caller polkit lets detach swaps one of their own directories for
+    a symlink to a root-only one after the service resolved their path
+    with their rights: the service must not resolve the name again as
+    root, so the answer is the same for a path that exists there as for
+    one that does not."""
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        print("# skipped: no gdb to hold the service between resolving and looking")
+        return
+    swap = os.path.join(work, "swap")
+    os.mkdir(swap)
+    os.chown(swap, USER[1], USER[2])
+    as_user = ["setpriv", f"--reuid={USER[1]}", f"--regid={USER[2]}", "--clear-groups", "--"]
+    subprocess.run(as_user + ["sh", "-c", "mkdir d && touch d/secret d/secret-missing"],
+                   cwd=swap, check=True)
+    call_on(bus, "detach", "/dev/nbd0")          # the service is running
+    answers = []
+    for name in ("secret", "secret-missing"):
+        answers.append(detach_swapped(bus, gdb, work, swap, as_user, name))
+    hidden, missing = answers
+    shown = os.path.join(swap, "d", "P")
+    check("a path swapped for a root-only one between resolving and looking "
+          "says what a missing one says",
+          hidden.replace("secret", "P") == missing.replace("secret-missing", "P")
+          and f"{shown} is not attached by mloop" in hidden.replace("secret", "P"),
+          f"{hidden} / {missing}")
+
+
+def detach_swapped(bus, gdb, work, swap, as_user, name):
+    """USER's detach of SWAP/d/NAME, d replaced by a symlink to the
+    root-only directory while gdb holds the service: its answer."""
+    held, go, ready = (os.path.join(work, f) for f in ("held", "go", "ready"))
+    for f in (held, go, ready):
+        if os.path.exists(f):
+            os.unlink(f)
+    script = os.path.join(work, "hold.gdb")
+    with open(script, "w") as f:
+        f.write(HOLD_AFTER_RESOLVING.format(held=held, go=go, ready=ready))
+    debugger = subprocess.Popen([gdb, "-q", "-batch", "-nx", "-x", script, "-p",
+                                 str(bus.service_pid())],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    caller = None
+    try:
+        harness_wait(lambda: os.path.exists(ready) or debugger.poll() is not None)
+        caller = subprocess.Popen(as_user + CALL + ["detach", os.path.join(swap, "d", name)],
+                                  env=bus.env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True)
+        harness_wait(lambda: os.path.exists(held) or debugger.poll() is not None)
+        if not os.path.exists(held):
+            return "gdb did not hold the service: " + debugger.communicate()[0][-300:]
+        subprocess.run(as_user + ["sh", "-c", "mv d d.old && ln -s ../root-only-dir d"],
+                       cwd=swap, check=True)
+        open(go, "w").close()
+        out = caller.communicate(timeout=30)[0]
+        return one_line(subprocess.CompletedProcess([], 0, out, ""))
+    finally:
+        open(go, "w").close()                   # gdb lets the service go
+        try:
+            debugger.wait(30)
+        except subprocess.TimeoutExpired:
+            debugger.kill()
+            debugger.wait()
+        if caller is not None and caller.poll() is None:
+            caller.kill()
+            caller.wait()
+        if os.path.islink(os.path.join(swap, "d")):
+            os.unlink(os.path.join(swap, "d"))
+            os.rename(os.path.join(swap, "d.old"), os.path.join(swap, "d"))
+
+
+def harness_wait(pred, timeout=20):
+    end = time.monotonic() + timeout
+    while not pred() and time.monotonic() < end:
+        time.sleep(0.05)
 
 
 def names_in_the_log(bus, work, image):
