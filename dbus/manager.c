@@ -16,8 +16,10 @@
 #include <grp.h>
 #include <pwd.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/fsuid.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -285,39 +287,58 @@ act_as (uid_t uid, const gid_t *groups, int n)
   return (uid_t) setfsuid ((uid_t) -1) == uid ? 0 : -1;
 }
 
-/* WHAT, the device or image a detach asks for, as the device library
- * may look for it: a device's name as it is; a path resolved by UID,
- * with UID's rights, so that looking for it as root tells the caller
- * nothing about what exists where they cannot look, and triggers no
- * automount they could not.  NULL with ERR.
+/* What a detach asks for, as the device library may look for it. */
+struct detach_target {
+  char *name;           /* a device's name, a URI or RBD name, or a path */
+  bool resolved;        /* NAME is canonical, resolved as the caller */
+  struct stat st;       /* when RESOLVED: the identity of NAME's file */
+};
+
+/* WHAT, the device or image a detach asks for, into *T: a device's
+ * name as it is; a path resolved by UID, with UID's rights, to a
+ * canonical path and its file's identity, so that the lookup, run as
+ * root, resolves no name again: it tells the caller nothing about what
+ * exists where they cannot look, even if they swap a directory of
+ * theirs for a symlink meanwhile, and triggers no automount they could
+ * not.  False with ERR.
  */
-static char *
-resolve_as (const char *what, uid_t uid, char *err, size_t errlen)
+static bool
+resolve_as (const char *what, uid_t uid, struct detach_target *t, char *err,
+            size_t errlen)
 {
   bool ublk;
   gid_t root_groups[64];
   int n_root, saved;
-  char *path = NULL;
 
+  *t = (struct detach_target) { 0 };
   if (mloop_device_index (what, &ublk) >= 0 || strstr (what, "://") ||
-      mloop_is_rbd_name (what) || uid == 0)
-    return g_strdup (what);
+      mloop_is_rbd_name (what) || uid == 0) {
+    t->name = g_strdup (what);
+    return true;
+  }
   n_root = getgroups (G_N_ELEMENTS (root_groups), root_groups);
   if (n_root == -1 || act_as (uid, NULL, 0) == -1) {
     snprintf (err, errlen, "%s: cannot look for it as uid %u: %s", what,
               (unsigned) uid, strerror (errno));
     if (n_root != -1)
       act_as (0, root_groups, n_root);
-    return NULL;
+    return false;
   }
-  path = realpath (what, NULL);
+  t->name = realpath (what, NULL);
   saved = errno;
+  if (t->name != NULL && stat (t->name, &t->st) == -1) {
+    saved = errno;
+    g_clear_pointer (&t->name, g_free);
+  }
   if (act_as (0, root_groups, n_root) == -1)
     g_error ("cannot take back root's credentials: %s", strerror (errno));
-  if (path == NULL)
+  if (t->name == NULL) {
     snprintf (err, errlen, "%s: not an nbd or ublk device, and %s", what,
               strerror (saved));
-  return path;
+    return false;
+  }
+  t->resolved = true;
+  return true;
 }
 
 static gboolean ask_detach_other (gpointer data);
@@ -330,11 +351,19 @@ detach_now (struct call *c)
 {
   struct mloop_device_state st;
   g_autofree char *device = NULL;
-  g_autofree char *what = NULL;
+  struct detach_target what;
   char err[1024];
+  int found;
 
-  what = resolve_as (c->what, c->uid, err, sizeof err);
-  if (what == NULL || mloop_lookup (what, &st, err, sizeof err) == -1) {
+  if (!resolve_as (c->what, c->uid, &what, err, sizeof err)) {
+    call_fail (c, ERROR_INVALID, err);
+    return;
+  }
+  found = what.resolved
+    ? mloop_lookup_resolved (what.name, &what.st, &st, err, sizeof err)
+    : mloop_lookup (what.name, &st, err, sizeof err);
+  g_free (what.name);
+  if (found == -1) {
     call_fail (c, ERROR_INVALID, err);
     return;
   }

@@ -1027,43 +1027,39 @@ device_name (const char *what, const char **name)
 }
 
 /* Whether device S serves the image FILE names (a realpath, a URI or an
- * RBD name): a held image by the file's identity, since its name was only
- * its caller's label; any other by name.
+ * RBD name), FILE_ST the identity of the file it names (NULL when it
+ * has none): a held image by the file's identity, since its name was
+ * only its caller's label; any other by name.  Resolves no name.
  */
 static bool
-serves_image (const struct mloop_device_state *s, const char *file)
+serves_image (const struct mloop_device_state *s, const char *file,
+              const struct stat *file_st)
 {
-  struct stat st;
-
   if (!s->held_image)
     return same_image (s->file, file);
-  return file[0] == '/' && stat (file, &st) == 0 &&
-    s->file_dev == (uint64_t) st.st_dev &&
-    s->file_ino == (uint64_t) st.st_ino;
+  return file_st != NULL && s->file_dev == (uint64_t) file_st->st_dev &&
+    s->file_ino == (uint64_t) file_st->st_ino;
 }
 
-int
-mloop_lookup (const char *what, struct mloop_device_state *out,
-              char *err, size_t errlen)
+/* The device named NAME (device_name's) when NAME is set, else the one
+ * serving FILE (serves_image's), into *OUT; WHAT is the caller's word
+ * for it, for the error.
+ */
+static int
+find_device (const char *name, const char *file, const struct stat *file_st,
+             const char *what, struct mloop_device_state *out, char *err,
+             size_t errlen)
 {
-  const char *name = NULL;
-  bool by_device = device_name (what, &name);
-  g_autofree char *file = by_device ? NULL
-    : strstr (what, "://") || mloop_is_rbd_name (what) ? g_strdup (what)
-    : realpath (what, NULL);
   struct mloop_device_state *list;
   size_t n;
   int r = -1;
 
-  if (!by_device && file == NULL)
-    return mloop_fail (err, errlen, "%s: not an nbd or ublk device, and %s",
-                       what, strerror (errno));
   list = mloop_state_list (&n);
   for (size_t i = 0; i < n; i++) {
     g_autofree char *dev = mloop_state_device_name (&list[i]);
 
-    if (r == -1 && (by_device ? strcmp (dev, name) == 0
-                    : serves_image (&list[i], file))) {
+    if (r == -1 && (name ? strcmp (dev, name) == 0
+                    : serves_image (&list[i], file, file_st))) {
       *out = list[i];
       memset (&list[i], 0, sizeof list[i]);
       r = 0;
@@ -1073,6 +1069,34 @@ mloop_lookup (const char *what, struct mloop_device_state *out,
   if (r == -1)
     mloop_fail (err, errlen, "%s is not attached by mloop", what);
   return r;
+}
+
+int
+mloop_lookup (const char *what, struct mloop_device_state *out,
+              char *err, size_t errlen)
+{
+  const char *name = NULL;
+  g_autofree char *file = NULL;
+  struct stat st;
+
+  if (device_name (what, &name))
+    return find_device (name, NULL, NULL, what, out, err, errlen);
+  if (strstr (what, "://") || mloop_is_rbd_name (what))
+    return find_device (NULL, what, NULL, what, out, err, errlen);
+  file = realpath (what, NULL);
+  if (file == NULL)
+    return mloop_fail (err, errlen, "%s: not an nbd or ublk device, and %s",
+                       what, strerror (errno));
+  return find_device (NULL, file, stat (file, &st) == 0 ? &st : NULL, what,
+                      out, err, errlen);
+}
+
+int
+mloop_lookup_resolved (const char *path, const struct stat *st,
+                       struct mloop_device_state *out, char *err,
+                       size_t errlen)
+{
+  return find_device (NULL, path, st, path, out, err, errlen);
 }
 
 static pid_t

@@ -17,6 +17,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include "device_state.h"
@@ -107,6 +108,16 @@ int mloop_detach (const struct mloop_device_state *s, char *err,
  */
 int mloop_lookup (const char *what, struct mloop_device_state *out,
                   char *err, size_t errlen);
+
+/* Finds the device serving the image at PATH, a canonical path (a
+ * realpath) whose file has the identity ST, both found by whoever asks
+ * with their own rights: no name is resolved again here, so a lookup
+ * run as root for a caller who is not reaches nothing the caller could
+ * not (a root-only path, an automount).
+ */
+int mloop_lookup_resolved (const char *path, const struct stat *st,
+                           struct mloop_device_state *out, char *err,
+                           size_t errlen);
 
 /* Stops the servers of attaches that died half-way and removes their
  * directories.  Returns how many it removed.
