@@ -2,8 +2,11 @@
  * chosen by a user through mloop's D-Bus service, holds control
  * characters: `mloop list` and `mloop status` show none of them raw
  * (ESC, the C1 CSI, DEL, a byte that is not UTF-8) but escaped, with
- * printable UTF-8 kept; `mloop list --json` holds no raw control byte
- * either and gives the exact name back to a JSON reader.
+ * printable UTF-8 kept; nor the invisible characters that reorder or
+ * hide what is shown (Unicode's bidi controls, such as RLO making
+ * "gmi.toor" read "root.img", and zero-width ones); `mloop list --json`
+ * holds no raw control byte nor invisible character either and gives
+ * the exact name back to a JSON reader.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +24,14 @@
  */
 #define HOSTILE "/home/u/a\x1b[2J\xc2\x9b" "1m\x7f\\\tz\xc3\xa9.img"
 #define HOSTILE_SHOWN "/home/u/a\\x1b[2J\\xc2\\x9b1m\\x7f\\\\\\x09z\xc3\xa9.img"
+/* RLO (U+202E) reversing what follows, ZWSP (U+200B), the byte order
+ * mark (U+FEFF), LRI (U+2066), ALM (U+061C), WJ (U+2060) and LRM
+ * (U+200E).
+ */
+#define SPOOFED "/home/u/x\xe2\x80\xaegmi.toor\xe2\x80\x8b\xef\xbb\xbf" \
+  "\xe2\x81\xa6\xd8\x9c\xe2\x81\xa0\xe2\x80\x8e.img"
+#define SPOOFED_SHOWN "/home/u/x\\xe2\\x80\\xaegmi.toor\\xe2\\x80\\x8b" \
+  "\\xef\\xbb\\xbf\\xe2\\x81\\xa6\\xd8\\x9c\\xe2\\x81\\xa0\\xe2\\x80\\x8e.img"
 #define NOT_UTF8 "/home/u/b\x9b" "31m.img"
 #define NOT_UTF8_SHOWN "/home/u/b\\x9b31m.img"
 
@@ -54,20 +65,40 @@ check_no_control (const char *what, const char *text)
   }
 }
 
+/* No character of TEXT is one that reorders or hides what follows. */
+static void
+check_no_invisible (const char *what, const char *text)
+{
+  for (const char *p = text; *p; p = g_utf8_next_char (p)) {
+    gunichar c = g_utf8_get_char_validated (p, -1);
+    bool invisible = c == 0x061c || (c >= 0x200b && c <= 0x200f) ||
+      (c >= 0x202a && c <= 0x202e) || (c >= 0x2060 && c <= 0x2064) ||
+      (c >= 0x2066 && c <= 0x2069) || c == 0xfeff;
+
+    CHECK (c != (gunichar) -1 && c != (gunichar) -2 && !invisible,
+           "%s: U+%04X (or a byte that is not UTF-8) at %td in: %s", what,
+           (unsigned) c, p - text, text);
+  }
+}
+
 int
 main (void)
 {
-  struct mloop_device_state list[2] = {
+  struct mloop_device_state list[3] = {
     { .index = 0, .file = (char *) HOSTILE, .overlay = (char *) HOSTILE,
       .size = 1 << 20, .block_size = 512, .connections = 1, .threads = 1,
       .owner = 65534, .server = mloop_server_kind_default () },
     { .index = 1, .file = (char *) NOT_UTF8, .size = 1 << 20,
       .block_size = 512, .connections = 1, .threads = 1, .owner = 65534,
       .server = mloop_server_kind_default () },
+    { .index = 2, .file = (char *) SPOOFED, .size = 1 << 20,
+      .block_size = 512, .connections = 1, .threads = 1, .owner = 65534,
+      .server = mloop_server_kind_default () },
   };
-  g_autofree char *table = describe (list, 2, 0);
-  g_autofree char *json = describe (list, 2, 1);
-  g_autofree char *status = describe (list, 2, 2);
+  g_autofree char *table = describe (list, 3, 0);
+  g_autofree char *json = describe (list, 3, 1);
+  g_autofree char *status = describe (list, 3, 2);
+  g_autofree char *spoofed_status = describe (&list[2], 1, 2);
   g_autoptr (JsonParser) parser = json_parser_new ();
   g_autoptr (GError) gerr = NULL;
   JsonArray *devices;
@@ -80,7 +111,13 @@ main (void)
   CHECK (strstr (status, "/dev/nbd0: " HOSTILE_SHOWN "\n"), "status: %s",
          status);
   CHECK (strstr (status, "overlay: " HOSTILE_SHOWN), "status: %s", status);
+  CHECK (strstr (table, SPOOFED_SHOWN), "list: %s", table);
+  check_no_invisible ("list (a spoofing name)", strstr (table, "/home/u/x"));
+  CHECK (strstr (spoofed_status, "/dev/nbd2: " SPOOFED_SHOWN "\n"),
+         "status: %s", spoofed_status);
+  check_no_invisible ("status (a spoofing name)", spoofed_status);
   check_no_control ("list --json", json);
+  check_no_invisible ("list --json", json);
   CHECK (json_parser_load_from_data (parser, json, -1, &gerr),
          "list --json is not JSON: %s: %s", gerr ? gerr->message : "",
          json);
@@ -92,5 +129,9 @@ main (void)
                  (json_array_get_object_element (devices, 1), "file"),
                  NOT_UTF8_SHOWN) == 0,
          "list --json: a name that is not UTF-8: %s", json);
+  CHECK (strcmp (json_object_get_string_member
+                 (json_array_get_object_element (devices, 2), "file"),
+                 SPOOFED) == 0, "list --json changed a spoofing name: %s",
+         json);
   return EXIT_SUCCESS;
 }
