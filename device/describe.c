@@ -103,9 +103,10 @@ json_device (JsonBuilder *b, const struct mloop_device_state *s)
   json_builder_end_object (b);
 }
 
-/* Prints what B built, on one line.  json-glib writes DEL and the C1
- * controls (U+0080 to U+009F, which terminals read as escapes) as they
- * are; they can only be inside strings, where \u00XX means the same.
+/* Prints what B built, on one line.  json-glib writes DEL, the C1
+ * controls (U+0080 to U+009F, which terminals read as escapes) and the
+ * invisible format characters (printable.h) as they are; they can only
+ * be inside strings, where \uXXXX means the same.
  */
 static void
 json_print (FILE *f, JsonBuilder *b)
@@ -124,7 +125,11 @@ json_print (FILE *f, JsonBuilder *b)
     else if (c == 0xc2 && (unsigned char) p[1] >= 0x80 &&
              (unsigned char) p[1] <= 0x9f)
       fprintf (f, "\\u00%02x", (unsigned char) *++p);
-    else
+    else if (c >= 0xd8 &&
+             mloop_is_invisible_format (g_utf8_get_char_validated (p, -1))) {
+      fprintf (f, "\\u%04x", (unsigned) g_utf8_get_char (p));
+      p = g_utf8_next_char (p) - 1;
+    } else
       fputc (c, f);
   }
   fputc ('\n', f);

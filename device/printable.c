@@ -12,6 +12,14 @@ append_escaped (GString *out, const char *from, const char *to)
     g_string_append_printf (out, "\\x%02x", (unsigned char) *b);
 }
 
+bool
+mloop_is_invisible_format (gunichar c)
+{
+  return c == 0x061c || (c >= 0x200b && c <= 0x200f) ||
+    (c >= 0x202a && c <= 0x202e) || (c >= 0x2060 && c <= 0x2064) ||
+    (c >= 0x2066 && c <= 0x2069) || c == 0xfeff;
+}
+
 char *
 mloop_printable (const char *text)
 {
@@ -31,7 +39,7 @@ mloop_printable (const char *text)
     }
     const char *next = g_utf8_next_char (p);
 
-    if (c < 0x20 || (c >= 0x7f && c <= 0x9f))
+    if (c < 0x20 || (c >= 0x7f && c <= 0x9f) || mloop_is_invisible_format (c))
       append_escaped (out, p, next);
     else if (c == '\\')
       g_string_append (out, "\\\\");

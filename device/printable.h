@@ -2,13 +2,27 @@
  * whoever attached it (a user, through mloop's D-Bus service) and is
  * shown to others, on root's terminal and in the journal.  A control
  * character there could move the cursor, rewrite a line or fake
- * another, so none is shown raw.
+ * another, so none is shown raw; nor is an invisible character that
+ * reorders or hides what is shown (RLO before "gmi.toor" reads
+ * "root.img").
  */
 #ifndef MLOOP_PRINTABLE_H
 #define MLOOP_PRINTABLE_H
 
+#include <stdbool.h>
+
+#include <glib.h>
+
+/* Whether C is shown as nothing yet changes how what is around it is
+ * shown: Unicode's bidi controls (U+061C, U+200E, U+200F, U+202A to
+ * U+202E, U+2066 to U+2069), the zero-width characters (U+200B to
+ * U+200D, U+FEFF) and the invisible operators (U+2060 to U+2064).
+ */
+bool mloop_is_invisible_format (gunichar c);
+
 /* TEXT with every byte that is a control character (C0, DEL, or a C1
- * code point such as U+009B, which terminals read as CSI), or not part
+ * code point such as U+009B, which terminals read as CSI), part of an
+ * invisible format character (mloop_is_invisible_format), or not part
  * of valid UTF-8, written as \xHH, and a backslash as \\; printable
  * UTF-8 is kept as it is.  NULL for NULL; g_free it.
  */

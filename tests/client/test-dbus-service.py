@@ -378,14 +378,16 @@ def harness_wait(pred, timeout=20):
 
 
 def names_in_the_log(bus, work, image):
-    """A name chosen by the caller reaches the service's log escaped."""
-    name = os.path.join(work, "a\x1b[2J\u009b1mb.img")
+    """A name chosen by the caller reaches the service's log escaped:
+    its control characters, and RLO (U+202E), which would show what
+    follows reversed."""
+    name = os.path.join(work, "a\x1b[2J\u009b1m\u202eb.img")
     out = call_on(bus, "attach", "rw", image, name)
     log = bus.log("daemon.log")
-    shown = os.path.join(work, "a\\x1b[2J\\xc2\\x9b1mb.img")
+    shown = os.path.join(work, "a\\x1b[2J\\xc2\\x9b1m\\xe2\\x80\\xaeb.img")
     check("the service logs a caller's name with its control characters escaped",
           out.startswith("ERROR") and f"attach {shown} refused" in log
-          and "\x1b" not in log and "\u009b" not in log,
+          and "\x1b" not in log and "\u009b" not in log and "\u202e" not in log,
           out + " / " + log[-300:])
 
 
