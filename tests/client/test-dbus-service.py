@@ -12,14 +12,19 @@ and refuses root's options; a user's list and detach ask it too.  The
 service survives a client that hangs up mid-call, and a killed service
 is activated again by the next call.  Detach asks polkit before it
 looks for the path it is given (a refusal says the same whether the
-path exists or not), and looks for it with the caller's rights.  A caller whose authentication never ends (a real
+path exists or not), and looks for it with the caller's rights only:
+with gdb holding the service between resolving the path as the caller
+and looking for it, a caller who swaps a directory of theirs for a
+symlink to a root-only one hears the same of a path that exists there
+as of one that does not.  A caller whose authentication never ends (a real
 polkit agent that never answers: silent_agent.py) holds up no other
 user's call, and is refused after --authorization-timeout; an attach
 past --max-devices-per-user is refused in one line, and so is a call
 past the calls one user may have in progress; the service logs a
 caller's name with its control characters escaped.  The attach itself
-is the VM's (tests/kernel/test-dbus-attach.py).  About 13 s (12-15 s
-measured)."""
+is the VM's (tests/kernel/test-dbus-attach.py).  About 15 s (12.7 s
+measured idle, 17-19 s with the machine's load at 6-8; the swapped
+paths 2.5-3 s of it); the standard and full tiers' client suite."""
 import os
 import shutil
 import signal
