@@ -23,8 +23,8 @@ past --max-devices-per-user is refused in one line, and so is a call
 past the calls one user may have in progress; the service logs a
 caller's name with its control characters escaped.  The attach itself
 is the VM's (tests/kernel/test-dbus-attach.py).  About 15 s (12.7 s
-measured idle, 17-19 s with the machine's load at 6-8; the swapped
-paths 2.5-3 s of it); the standard and full tiers' client suite."""
+measured idle, 17-19 s with the machine's load at 6-8, 25 s beside
+the rest of the client suite; the swapped paths 2.5-3 s of it); the standard and full tiers' client suite."""
 import os
 import shutil
 import signal
