@@ -39,7 +39,8 @@ mloop_printable (const char *text)
     }
     const char *next = g_utf8_next_char (p);
 
-    if (c < 0x20 || (c >= 0x7f && c <= 0x9f) || mloop_is_invisible_format (c))
+    if (c < 0x20 || (c >= 0x7f && c <= 0x9f) ||
+        mloop_is_invisible_format (c))
       append_escaped (out, p, next);
     else if (c == '\\')
       g_string_append (out, "\\\\");
