@@ -18,8 +18,8 @@ ROOT-IMAGE`, and their own `mloop detach FILE` finds it by the file they
 resolved.  With the service's per-user
 cap at 1 a user's second attach is refused until the first is detached,
 and a name with control characters and an RLO (U+202E) is listed
-escaped, in root's list and the user's.  About 25-33 s in the VM (42 s with the machine's load
-at 6-8)."""
+escaped, in root's list and the user's.  About 25-33 s in the VM (42 s
+with the machine's load at 6-8)."""
 import os
 import signal
 import stat
