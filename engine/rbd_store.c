@@ -109,6 +109,15 @@ struct rbd_store {
   bool silent;                  /* atomic: said so, not yet that it answers */
   pthread_mutex_t silence_lock; /* the rest, and the notices' order */
   pthread_mutex_t regain_lock;  /* one request takes a lost lock again */
+  /* The lock record checked after librbd's watch comes back (see
+   * "lock lost"): the checker thread, woken by the update watch.
+   */
+  char *own_address;            /* how the lock record names us */
+  pthread_t checker;
+  bool checker_running;
+  pthread_mutex_t check_lock;   /* the two below */
+  pthread_cond_t check_wanted;
+  bool check_due, check_stop;
   uint64_t last_timeout_ms;     /* monotonic */
   unsigned timed_out;           /* requests failed since it was said */
   bool blocklisted;             /* atomic: said that the cluster refuses us */
@@ -285,6 +294,104 @@ regained (struct rbd_store *st, long r)
   }
   pthread_mutex_unlock (&st->regain_lock);
   return ok;
+}
+
+/* Whether the cluster's lock record names us: 1, 0 (another client or
+ * nobody, said in HOLDER), or a negative errno.
+ */
+static int
+record_names_us (struct rbd_store *st, char *holder, size_t len)
+{
+  rbd_lock_mode_t mode;
+  char *owners[4];
+  size_t n = 4, i;
+  int r = rbd_lock_get_owners (st->rbd, &mode, owners, &n);
+
+  if (r == -ENOENT) {
+    snprintf (holder, len, "no holder");
+    return 0;
+  }
+  if (r < 0)
+    return r;
+  r = 0;
+  snprintf (holder, len, "%s", n > 0 ? owners[0] : "no holder");
+  for (i = 0; i < n; i++)
+    if (st->own_address && strcmp (owners[i], st->own_address) == 0)
+      r = 1;
+  rbd_lock_get_owners_cleanup (owners, n);
+  return r;
+}
+
+/* librbd re-establishes a watch that timed out and then checks that its
+ * lock's cookie is still recorded, except when the new watch's handle
+ * equals the old one (the allocator gave the same address): then it
+ * trusts that a broken lock would have had it blocklisted, which a
+ * client breaking it with rbd_blocklist_on_break_lock false does not
+ * do.  It then believes it holds a lock the cluster records for another
+ * client or for nobody, and writes.  Its watch coming back reaches the
+ * update watch, so this compares the record with us then: when it is
+ * not ours, librbd's belief is dropped (rbd_lock_release) and the next
+ * write, answered EROFS, takes the lock again as regained() does.
+ */
+static void
+check_lock_record (struct rbd_store *st)
+{
+  char holder[128];
+
+  pthread_mutex_lock (&st->regain_lock);
+  if (__atomic_load_n (&st->locked, __ATOMIC_ACQUIRE) &&
+      record_names_us (st, holder, sizeof holder) == 0) {
+    /* Not rbd_is_exclusive_lock_owner first: it asks the cluster too,
+     * and says no.  Where librbd holds nothing, this answers EINVAL.
+     */
+    rbd_lock_release (st->rbd);
+    say (st, "%s: the exclusive lock is lost (the cluster records %s): "
+         "a write takes it again once it is free", st->name, holder);
+  }
+  pthread_mutex_unlock (&st->regain_lock);
+}
+
+/* Blocks in librbd's synchronous calls, which its own threads must not. */
+static void *
+lock_checker (void *arg)
+{
+  struct rbd_store *st = arg;
+
+  pthread_mutex_lock (&st->check_lock);
+  for (;;) {
+    while (!st->check_due && !st->check_stop)
+      pthread_cond_wait (&st->check_wanted, &st->check_lock);
+    if (st->check_stop)
+      break;
+    st->check_due = false;
+    pthread_mutex_unlock (&st->check_lock);
+    check_lock_record (st);
+    pthread_mutex_lock (&st->check_lock);
+  }
+  pthread_mutex_unlock (&st->check_lock);
+  return NULL;
+}
+
+static void
+want_lock_check (struct rbd_store *st)
+{
+  pthread_mutex_lock (&st->check_lock);
+  st->check_due = true;
+  pthread_cond_signal (&st->check_wanted);
+  pthread_mutex_unlock (&st->check_lock);
+}
+
+static void
+stop_lock_checker (struct rbd_store *st)
+{
+  if (!st->checker_running)
+    return;
+  pthread_mutex_lock (&st->check_lock);
+  st->check_stop = true;
+  pthread_cond_signal (&st->check_wanted);
+  pthread_mutex_unlock (&st->check_lock);
+  pthread_join (st->checker, NULL);
+  st->checker_running = false;
 }
 
 /* On a librbd thread.  In flight until posted: quiesce waits for that. */
@@ -702,7 +809,12 @@ store_set_size (struct mloop_store *s, uint64_t size, char *err,
 static void
 on_image_update (void *arg)
 {
-  read_size (arg);
+  struct rbd_store *st = arg;
+
+  read_size (st);
+  /* Also called once librbd's watch is back after it timed out. */
+  if (st->checker_running)
+    want_lock_check (st);
 }
 
 /* ------------------------------------------------------------ open */
@@ -746,6 +858,7 @@ store_close (struct mloop_store *s)
 {
   struct rbd_store *st = store_of (s);
 
+  stop_lock_checker (st);
   if (st->rbd) {
     if (st->watching)
       rbd_update_unwatch (st->rbd, st->watch_handle);
@@ -759,6 +872,9 @@ store_close (struct mloop_store *s)
     rados_shutdown (st->cluster);
   pthread_mutex_destroy (&st->silence_lock);
   pthread_mutex_destroy (&st->regain_lock);
+  pthread_mutex_destroy (&st->check_lock);
+  pthread_cond_destroy (&st->check_wanted);
+  free (st->own_address);
   free (st->name);
   free (st->pool);
   free (st->ns);
@@ -1008,6 +1124,23 @@ read_record (const char *path, char *owner, size_t len)
   return ok && owner[0] != '\0';
 }
 
+/* The lock's holder as the record names it (malloc'ed), or NULL. */
+static char *
+lock_holder (struct rbd_store *st)
+{
+  rbd_lock_mode_t mode;
+  char *owners[1];
+  size_t n = 1;
+  char *holder = NULL;
+
+  if (rbd_lock_get_owners (st->rbd, &mode, owners, &n) != 0)
+    return NULL;
+  if (n == 1)
+    holder = strdup (owners[0]);
+  rbd_lock_get_owners_cleanup (owners, n);
+  return holder;
+}
+
 /* Records us, the lock's holder now, in PATH (best effort: without it a
  * successor waits for librbd instead).
  */
@@ -1212,6 +1345,7 @@ take_lock (struct rbd_store *st, const char *record, char *err,
   r = rbd_lock_acquire (st->rbd, RBD_LOCK_MODE_EXCLUSIVE);
   if (r == 0) {
     st->locked = true;
+    st->own_address = lock_holder (st);
     write_record (st, record);
     return 0;
   }
@@ -1291,8 +1425,12 @@ open_image (struct rbd_store *st, const struct mloop_engine_config *cfg,
     return r;
   }
   if (rbd_update_watch (st->rbd, &st->watch_handle, on_image_update, st)
-      == 0)
+      == 0) {
     st->watching = true;
+    if (st->locked && st->own_address &&
+        pthread_create (&st->checker, NULL, lock_checker, st) == 0)
+      st->checker_running = true;
+  }
   st->base.info = (struct mloop_store_info) {
     .writable = writable,
     .preferred_block_size = RBD_BLOCK_SIZE,
@@ -1329,6 +1467,8 @@ mloop_rbd_store_module_open (struct mloop_store **out,
     *getenv ("MLOOP_TEST_RBD_WALKS");
   pthread_mutex_init (&st->silence_lock, NULL);
   pthread_mutex_init (&st->regain_lock, NULL);
+  pthread_mutex_init (&st->check_lock, NULL);
+  pthread_cond_init (&st->check_wanted, NULL);
   r = parse_name (st, cfg, err, errlen);
   if (r == 0 && (cfg->window.offset || cfg->window.sizelimit)) {
     snprintf (err, errlen, "%s: --offset and --sizelimit are for files: "
