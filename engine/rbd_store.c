@@ -31,8 +31,9 @@
  * fail its next write; a dead holder's lock is broken.  A second writer
  * is thus refused at open, unless both chose to share
  * (mloop_engine_config.shared).  Read-only opens take no lock.  A lock
- * librbd loses without our being blocklisted is taken again ("lock
- * lost").
+ * librbd loses without our being blocklisted, or believes it still
+ * holds when the cluster records another holder, is taken again
+ * ("lock lost").
  *
  * A cluster gone: librados waits for it, and so does every request,
  * unless the configuration sets io_timeout (--io-timeout): then a
