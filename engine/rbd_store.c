@@ -115,7 +115,7 @@ struct rbd_store {
    */
   char *own_address;            /* how the lock record names us */
   pthread_t checker;
-  bool checker_running;
+  bool checker_running;         /* atomic: the update watch reads it */
   pthread_mutex_t check_lock;   /* the two below */
   pthread_cond_t check_wanted;
   bool check_due, check_stop;
@@ -392,7 +392,7 @@ stop_lock_checker (struct rbd_store *st)
   pthread_cond_signal (&st->check_wanted);
   pthread_mutex_unlock (&st->check_lock);
   pthread_join (st->checker, NULL);
-  st->checker_running = false;
+  __atomic_store_n (&st->checker_running, false, __ATOMIC_RELEASE);
 }
 
 /* On a librbd thread.  In flight until posted: quiesce waits for that. */
@@ -814,7 +814,7 @@ on_image_update (void *arg)
 
   read_size (st);
   /* Also called once librbd's watch is back after it timed out. */
-  if (st->checker_running)
+  if (__atomic_load_n (&st->checker_running, __ATOMIC_ACQUIRE))
     want_lock_check (st);
 }
 
@@ -1430,7 +1430,7 @@ open_image (struct rbd_store *st, const struct mloop_engine_config *cfg,
     st->watching = true;
     if (st->locked && st->own_address &&
         pthread_create (&st->checker, NULL, lock_checker, st) == 0)
-      st->checker_running = true;
+      __atomic_store_n (&st->checker_running, true, __ATOMIC_RELEASE);
   }
   st->base.info = (struct mloop_store_info) {
     .writable = writable,
