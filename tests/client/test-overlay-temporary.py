@@ -3,7 +3,9 @@
 
 The temporary overlay's directory is made in $TMPDIR when set (as qemu's
 -snapshot does), else /var/tmp: a TMPDIR that cannot take it is named in
-the one-line refusal.  An attach refused after the directory was made
+the one-line refusal, and so is one that other users may write without
+the sticky bit (one of them could swap the private directory for a
+symlink); a sticky one, as /tmp, is used.  An attach refused after the directory was made
 (here: the host has no kernel NBD client) leaves nothing behind in it.
 The tmpfiles.d rule shipped with mloop removes temporary overlays left
 in /var/tmp at boot (a device does not survive a reboot, so neither
@@ -56,6 +58,26 @@ check("a refused attach leaves nothing in TMPDIR", os.listdir(own) == [],
       str(os.listdir(own)))
 check("nor in /var/tmp", glob.glob(f"/var/tmp/mloop-*{name}*") == [],
       str(glob.glob(f"/var/tmp/mloop-*{name}*")))
+
+# A TMPDIR any user may write without the sticky bit: another user
+# could put a symlink in place of the private directory, and root would
+# make the overlay, and at detach remove it, wherever that points.
+shared = os.path.join(d, "shared")
+os.mkdir(shared)
+os.chmod(shared, 0o777)
+p = attach(shared)
+lines = p.stderr.strip().splitlines()
+check("a TMPDIR others may write, not sticky, is refused in one line naming it",
+      p.returncode != 0 and len(lines) == 1 and shared in lines[0] and
+      "sticky" in lines[0], p.stderr)
+check("and nothing is made in it", os.listdir(shared) == [], str(os.listdir(shared)))
+sticky = os.path.join(d, "sticky")
+os.mkdir(sticky)
+os.chmod(sticky, 0o1777)
+p = attach(sticky)
+check("a sticky one, as /tmp, is used (refused later on this host)",
+      p.returncode != 0 and "sticky" not in p.stderr and
+      os.listdir(sticky) == [], p.stderr)
 
 # The boot-time sweep, applied to a private root.
 tool = shutil.which("systemd-tmpfiles")
