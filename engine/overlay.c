@@ -40,8 +40,14 @@ static const char overlay_magic[8] = { 'M', 'L', 'O', 'O', 'P', 'C', 'O', 'W' };
 #define HDR_BASE_PATH       64  /* NUL-terminated; absolute in version 2 */
 #define HDR_BASE_FIRST_CRC  4064 /* u32: CRC-32 of the base's first MiB */
 #define HDR_BASE_LAST_CRC   4068 /* u32: CRC-32 of the base's last MiB */
+#define HDR_FLAGS           4072 /* u32, version 2: OVERLAY_FLAG_* */
 #define HDR_BYTES           MLOOP_OVERLAY_CLUSTER
 #define BASE_PATH_MAX       (HDR_BASE_FIRST_CRC - HDR_BASE_PATH - 1)
+/* A merge has begun writing into the recorded base: its ends may differ
+ * from the fingerprint.  Written and synced before the merge's first
+ * write into the base; cleared when another identity is recorded.
+ */
+#define OVERLAY_FLAG_MERGING 1u
 /* How much of each end of the base its fingerprint covers. */
 #define FINGERPRINT_SPAN    (1u << 20)
 /* The data area starts on a 1 MiB boundary, so its clusters line up with
@@ -632,6 +638,7 @@ encode_identity (unsigned char *h, const struct base_identity *id)
   memcpy (h + HDR_BASE_PATH, id->path, strlen (id->path));
   put_le32 (h + HDR_BASE_FIRST_CRC, id->first_crc);
   put_le32 (h + HDR_BASE_LAST_CRC, id->last_crc);
+  put_le32 (h + HDR_FLAGS, 0);
 }
 
 static void
@@ -793,7 +800,7 @@ check_base (struct mloop_overlay *ov, unsigned char *h,
   const uint32_t version = get_le32 (h + HDR_VERSION);
   const uint64_t dev = get_le64 (h + HDR_BASE_DEV);
   const uint64_t ino = get_le64 (h + HDR_BASE_INO);
-  bool same_content, same_file;
+  bool same_content, same_file, resumed;
   int r;
 
   /* No identity recorded: the size was all an older mloop checked, and
@@ -811,9 +818,14 @@ check_base (struct mloop_overlay *ov, unsigned char *h,
     get_le32 (h + HDR_BASE_LAST_CRC) == id.last_crc;
   same_file = version == OVERLAY_VERSION && dev == id.dev && ino == id.ino &&
     strcmp (ov->base_path, id.path) == 0;
-  /* A merge stopped half-way has changed its base's ends already. */
-  if (!same_content && !(same_file && check == MLOOP_OVERLAY_MERGE_BASE) &&
-      check != MLOOP_OVERLAY_ADOPT_BASE) {
+  /* A merge stopped half-way has changed its base's ends already, and
+   * said so in the header first.  The header is the overlay owner's to
+   * write, mark and all: mloop_overlay_merge also checks that owner may
+   * write the base.
+   */
+  resumed = same_file && check == MLOOP_OVERLAY_MERGE_BASE &&
+    (get_le32 (h + HDR_FLAGS) & OVERLAY_FLAG_MERGING);
+  if (!same_content && !resumed && check != MLOOP_OVERLAY_ADOPT_BASE) {
     if (same_file)
       snprintf (err, errlen, "overlay %s: its base %s was written since the "
                 "overlay was made: its first or last MiB differ (adopting "
@@ -836,6 +848,40 @@ check_base (struct mloop_overlay *ov, unsigned char *h,
     if (ov->base_path == NULL)
       r = -ENOMEM;
   }
+  return r;
+}
+
+int
+mloop_overlay_note_merging (struct mloop_overlay *ov,
+                            const struct mloop_backing *base, char *err,
+                            size_t errlen)
+{
+  unsigned char *h = mloop_alloc_aligned (HDR_BYTES, HDR_BYTES);
+  struct stat st;
+  int r;
+
+  if (h == NULL)
+    return -ENOMEM;
+  r = mloop_pread_or_zero (ov->fd, h, HDR_BYTES, 0);
+  if (r == 0 && fstat (base->fd, &st) == -1)
+    r = -errno;
+  /* Only the recorded file's ends are excused by the mark: a merge into
+   * any other image (the user's override) leaves it as it was, and so
+   * does a version 1 header, which has no identity to excuse.
+   */
+  if (r == 0 && get_le32 (h + HDR_VERSION) == OVERLAY_VERSION &&
+      get_le64 (h + HDR_BASE_DEV) == (uint64_t) st.st_dev &&
+      get_le64 (h + HDR_BASE_INO) == (uint64_t) st.st_ino &&
+      !(get_le32 (h + HDR_FLAGS) & OVERLAY_FLAG_MERGING)) {
+    put_le32 (h + HDR_FLAGS, get_le32 (h + HDR_FLAGS) | OVERLAY_FLAG_MERGING);
+    r = mloop_pwrite_all (ov->fd, h, HDR_BYTES, 0, 0);
+    if (r == 0)
+      r = sync_fd (ov->fd);
+  }
+  if (r < 0)
+    snprintf (err, errlen, "cannot mark overlay %s as being committed: %s",
+              ov->path, strerror (-r));
+  mloop_free_aligned (h, HDR_BYTES);
   return r;
 }
 

@@ -88,8 +88,11 @@ enum mloop_overlay_base_check {
    */
   MLOOP_OVERLAY_SAME_BASE,
   /* As SAME_BASE, and also accept the recorded file itself, same path,
-   * device and inode, with other ends: a merge stopped half-way has
-   * written them.  Records nothing.
+   * device and inode, with other ends when the header carries the mark
+   * a merge writes before its first write into it
+   * (mloop_overlay_note_merging): a merge stopped half-way has written
+   * them.  Records nothing.  The header is its owner's to write: the
+   * merge also checks that owner may write the base.
    */
   MLOOP_OVERLAY_MERGE_BASE,
   /* Take any image of the right size and record it as the base: the
@@ -141,6 +144,15 @@ int mloop_overlay_inspect (const char *path, char **base_path,
  */
 int mloop_overlay_merge (const char *path, const char *base_path,
                          bool adopt, bool remove, char *err, size_t errlen);
+
+/* Marks in the header of OV, durably, that a merge is about to write
+ * into BASE, when BASE is the file recorded there: a merge stopped
+ * half-way may then find that file's ends changed and still run
+ * (MLOOP_OVERLAY_MERGE_BASE).  0, or a negative errno with ERR.
+ */
+int mloop_overlay_note_merging (struct mloop_overlay *ov,
+                                const struct mloop_backing *base,
+                                char *err, size_t errlen);
 
 /* Records the image BASE_PATH, whole, as the base of the overlay at
  * PATH, whatever image it was made for, if it has the size the overlay

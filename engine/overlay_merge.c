@@ -12,6 +12,7 @@
 #include "backing.h"
 #include "fileio.h"
 #include "overlay.h"
+#include "owner_access.h"
 
 /* Copied a run of clusters at a time, at most this much. */
 #define MERGE_CHUNK (1u << 20)
@@ -68,6 +69,34 @@ copy_marked (const struct mloop_overlay *ov, const struct mloop_backing *base,
   return 0;
 }
 
+/* Whether the overlay's owner may write BASE: refused in ERR if not.
+ * The overlay's header, which names the base, its device, inode and
+ * fingerprint and marks a merge stopped half-way, is its owner's to
+ * write: it proves nothing a file's stat does not tell anyone.  So the
+ * merge writes only where that owner could have written, whoever runs
+ * it.
+ */
+static int
+check_owner_may_write (const struct mloop_overlay *ov,
+                       const struct mloop_backing *base, char *err,
+                       size_t errlen)
+{
+  char user[256] = "", why[256];
+  int r = mloop_owner_may_write (ov->fd, base->fd, user, sizeof user, why,
+                                 sizeof why);
+
+  if (r == 1)
+    return 0;
+  if (r == 0) {
+    snprintf (err, errlen, "overlay %s belongs to %s, who may not write %s: "
+              "it is not committed there", ov->path, user, base->path);
+    return -EACCES;
+  }
+  snprintf (err, errlen, "overlay %s: whether its owner may write %s: %s",
+            ov->path, base->path, why);
+  return r;
+}
+
 int
 mloop_overlay_merge (const char *path, const char *base_path, bool adopt,
                      bool remove, char *err, size_t errlen)
@@ -95,6 +124,12 @@ mloop_overlay_merge (const char *path, const char *base_path, bool adopt,
     mloop_backing_close (&base);
     return r;
   }
+  r = check_owner_may_write (&ov, &base, err, errlen);
+  if (r < 0) {
+    mloop_overlay_close (&ov);
+    mloop_backing_close (&base);
+    return r;
+  }
   /* Every server reading or writing the base holds it shared, whatever
    * name it was given (file_store.c): none may while it changes here.
    */
@@ -111,6 +146,8 @@ mloop_overlay_merge (const char *path, const char *base_path, bool adopt,
     r = -ENOMEM;
     snprintf (err, errlen, "overlay %s: out of memory", path);
   }
+  else if ((r = mloop_overlay_note_merging (&ov, &base, err, errlen)) < 0)
+    ;
   else
     r = copy_marked (&ov, &base, buf, err, errlen);
   if (r == 0 && fdatasync (base.fd) == -1) {

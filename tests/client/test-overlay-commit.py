@@ -16,7 +16,7 @@ with a relative image name records the image's absolute path, so commit
 from another directory writes that image and no namesake; an image put
 in the base's place is refused in one line naming both, unless
 --adopt-base; a base a stopped commit has partly written is still its
-base; a moved base is named with --base; `mloop overlay adopt`
+base by the mark the commit wrote first, refused without it; a moved base is named with --base; `mloop overlay adopt`
 records another image as the base.  The base is locked,
 not compared by name: a server writing it under another name (a hard
 link) makes commit refuse.  About 3 s (standard tier, client suite)."""
@@ -102,10 +102,20 @@ refused("commit of an overlay made for a window", ["overlay", "commit", window],
         "was made for a base of 4194304 bytes")
 
 # A commit stopped half-way has written the first clusters already (the
-# zeroed range): the base's first MiB differs, and it must still run.
+# zeroed range): the base's first MiB differs, and it must still run, by
+# the mark the commit put in the overlay's header before its first write
+# into the base (at 4072, design.md "The format").  Without the mark the
+# changed base is refused.
 with open(base, "r+b") as f:
     f.seek(65536)
     f.write(bytes(8192))
+overlay_before = digest(overlay)
+refused("a base written since, without the mark", ["overlay", "commit", overlay],
+        "first or last MiB differ")
+check("the refusal left the overlay", digest(overlay) == overlay_before)
+with open(overlay, "r+b") as f:
+    f.seek(4072)
+    f.write((1).to_bytes(4, "little"))
 p = mloop("overlay", "commit", overlay)
 check("commit succeeds and prints the base", p.returncode == 0 and
       p.stdout.strip() == os.path.realpath(base), p.stdout + p.stderr)

@@ -1,0 +1,20 @@
+/* mloop — whether the owner of one file may write another: the check
+ * `mloop overlay commit` makes before writing an overlay's clusters into
+ * a base the overlay's header names (design.md, "Commit and discard").
+ */
+#ifndef MLOOP_OWNER_ACCESS_H
+#define MLOOP_OWNER_ACCESS_H
+
+#include <stddef.h>
+
+/* Whether the user owning the open file OWNED_FD may write the open
+ * file TARGET_FD, by the kernel's own check with that user's ids, groups
+ * included: 1 yes, 0 no (with the user's name, or uid, in USER), or a
+ * negative errno when it cannot be told (a caller that may not take
+ * those ids, no /proc) with a one-line reason in ERR.  The owner root,
+ * or the caller itself, may: the caller's own open already checked.
+ */
+int mloop_owner_may_write (int owned_fd, int target_fd, char *user,
+                           size_t userlen, char *err, size_t errlen);
+
+#endif
