@@ -159,6 +159,35 @@ temporary_overlay_dir (void)
   return g_canonicalize_filename (tmpdir, NULL);
 }
 
+/* Whether only trusted users may rename entries in DIR, where a
+ * temporary overlay's private directory goes: else one could put a
+ * symlink in its place between its making and the overlay's, and root
+ * would make the overlay, and remove it at detach, wherever it points.
+ * Trusted: root and the caller own it; others may write it only when it
+ * is sticky (as /tmp), which keeps them to their own entries.
+ */
+static int
+check_temporary_overlay_dir (const char *dir, char *err, size_t errlen)
+{
+  struct stat st;
+
+  if (stat (dir, &st) == -1)
+    return mloop_fail (err, errlen, "cannot make a temporary overlay in %s: "
+                       "%s", dir, strerror (errno));
+  if (st.st_uid != 0 && st.st_uid != geteuid ())
+    return mloop_fail (err, errlen, "cannot make a temporary overlay in %s: "
+                       "it belongs to uid %u, who could swap the overlay's "
+                       "private directory there (set TMPDIR to a directory "
+                       "of root's)", dir, (unsigned) st.st_uid);
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_mode & S_ISVTX))
+    return mloop_fail (err, errlen, "cannot make a temporary overlay in %s: "
+                       "other users may write it and it is not sticky, so "
+                       "one could swap the overlay's private directory "
+                       "there (set TMPDIR to a sticky directory or one only "
+                       "root may write)", dir);
+  return 0;
+}
+
 /* The overlay's absolute path for --overlay WHAT: WHAT made absolute,
  * or for MLOOP_OVERLAY_TEMPORARY a new private directory in $TMPDIR or
  * /var/tmp with the overlay to be made in it.  NULL with ERR on failure.
@@ -174,6 +203,8 @@ overlay_path (const char *what, const char *image, char *err, size_t errlen)
     return g_canonicalize_filename (what, NULL);
   base = g_path_get_basename (image);
   parent = temporary_overlay_dir ();
+  if (check_temporary_overlay_dir (parent, err, errlen) == -1)
+    return NULL;
   dir = g_strdup_printf ("%s/" MLOOP_TEMPORARY_OVERLAY_PREFIX "%s-XXXXXX",
                          parent, base);
   if (g_mkdtemp_full (dir, 0700) == NULL) {

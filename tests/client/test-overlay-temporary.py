@@ -4,8 +4,8 @@
 The temporary overlay's directory is made in $TMPDIR when set (as qemu's
 -snapshot does), else /var/tmp: a TMPDIR that cannot take it is named in
 the one-line refusal, and so is one that other users may write without
-the sticky bit (one of them could swap the private directory for a
-symlink); a sticky one, as /tmp, is used.  An attach refused after the directory was made
+the sticky bit, or that another user owns (one of them could swap the
+private directory for a symlink); a sticky one, as /tmp, is used.  An attach refused after the directory was made
 (here: the host has no kernel NBD client) leaves nothing behind in it.
 The tmpfiles.d rule shipped with mloop removes temporary overlays left
 in /var/tmp at boot (a device does not survive a reboot, so neither
@@ -15,6 +15,7 @@ Runs on the host, no kernel NBD client needed.  About 0.3 s (standard
 tier, client suite)."""
 import glob
 import os
+import pwd
 import shutil
 import subprocess
 
@@ -71,6 +72,22 @@ check("a TMPDIR others may write, not sticky, is refused in one line naming it",
       p.returncode != 0 and len(lines) == 1 and shared in lines[0] and
       "sticky" in lines[0], p.stderr)
 check("and nothing is made in it", os.listdir(shared) == [], str(os.listdir(shared)))
+try:
+    nobody = pwd.getpwnam("nobody")
+except KeyError:
+    nobody = None
+if nobody is None:
+    print("note: no user 'nobody': a TMPDIR another user owns is left out")
+else:
+    theirs = os.path.join(d, "theirs")
+    os.mkdir(theirs)
+    os.chown(theirs, nobody.pw_uid, nobody.pw_gid)
+    p = attach(theirs)
+    lines = p.stderr.strip().splitlines()
+    check("a TMPDIR another user owns is refused in one line naming it",
+          p.returncode != 0 and len(lines) == 1 and theirs in lines[0] and
+          f"belongs to uid {nobody.pw_uid}" in lines[0], p.stderr)
+    check("and nothing is made in it", os.listdir(theirs) == [], str(os.listdir(theirs)))
 sticky = os.path.join(d, "sticky")
 os.mkdir(sticky)
 os.chmod(sticky, 0o1777)
