@@ -1116,13 +1116,28 @@ static bool
 read_record (const char *path, char *owner, size_t len)
 {
   FILE *f = path ? fopen (path, "re") : NULL;
-  bool ok = f && fgets (owner, (int) len, f) != NULL;
+  size_t got = f ? fread (owner, 1, len - 1, f) : 0;
 
   if (f)
     fclose (f);
-  if (ok)
-    owner[strcspn (owner, "\n")] = '\0';
-  return ok && owner[0] != '\0';
+  owner[got] = '\0';
+  return got > 0 && owner[0] != '\n';
+}
+
+/* Whether ADDR is one of the lines of the record HISTORY. */
+static bool
+in_history (const char *history, const char *addr)
+{
+  const size_t n = strlen (addr);
+
+  for (const char *line = history; line && *line; ) {
+    const char *end = strchrnul (line, '\n');
+
+    if ((size_t) (end - line) == n && strncmp (line, addr, n) == 0)
+      return true;
+    line = *end ? end + 1 : NULL;
+  }
+  return false;
 }
 
 /* The lock's holder as the record names it (malloc'ed), or NULL. */
@@ -1143,20 +1158,45 @@ lock_holder (struct rbd_store *st)
 }
 
 /* Records us, the lock's holder now, in PATH (best effort: without it a
- * successor waits for librbd instead).
+ * successor waits for librbd instead): our address first, then the
+ * device's earlier servers, newest first, RECORD_HISTORY in all.  Each
+ * of those had its lock broken by the server after it, which
+ * blocklisted it: its watch, which lingers osd_client_watch_timeout
+ * after its death, is no sign of life when a device's servers are
+ * killed one after another.
  */
+#define RECORD_HISTORY 8
+
 static void
 write_record (struct rbd_store *st, const char *path)
 {
   rbd_lock_mode_t mode;
   char *owners[1];
+  char old[RECORD_HISTORY * 128];
   size_t n = 1;
   FILE *f;
 
   if (path == NULL || rbd_lock_get_owners (st->rbd, &mode, owners, &n) != 0)
     return;
+  if (!read_record (path, old, sizeof old))
+    old[0] = '\0';
   if (n == 1 && (f = fopen (path, "we")) != NULL) {
+    unsigned kept = 1;
+
     fprintf (f, "%s\n", owners[0]);
+    for (char *line = old; *line && kept < RECORD_HISTORY; ) {
+      char *end = strchrnul (line, '\n');
+      const bool last = *end == '\0';
+
+      *end = '\0';
+      if (*line && strcmp (line, owners[0]) != 0) {
+        fprintf (f, "%s\n", line);
+        kept++;
+      }
+      if (last)
+        break;
+      line = end + 1;
+    }
     fclose (f);
   }
   rbd_lock_get_owners_cleanup (owners, n);
@@ -1180,7 +1220,9 @@ break_recorded (struct rbd_store *st, const char *path, char *recorded,
   if (!read_record (path, recorded, len) ||
       rbd_lock_get_owners (st->rbd, &mode, owners, &n) != 0)
     return false;
-  match = n == 1 && strcmp (owners[0], recorded) == 0;
+  /* The newest line is the holder the device's last server was. */
+  match = n == 1 && strlen (owners[0]) == strcspn (recorded, "\n") &&
+    strncmp (owners[0], recorded, strlen (owners[0])) == 0;
   rbd_lock_get_owners_cleanup (owners, n);
   return match &&
     rbd_lock_break (st->rbd, RBD_LOCK_MODE_EXCLUSIVE, recorded) == 0;
@@ -1236,7 +1278,7 @@ list_peers (struct rbd_store *st, const char *broken, struct peers *p)
   }
   for (i = 0; i < p->n; i++) {
     if (p->watchers[i].id == self ||
-        (broken && strcmp (p->watchers[i].addr, broken) == 0))
+        (broken && in_history (broken, p->watchers[i].addr)))
       rbd_watchers_list_cleanup (&p->watchers[i], 1);
     else
       p->watchers[kept++] = p->watchers[i];
@@ -1325,7 +1367,7 @@ take_lock (struct rbd_store *st, const char *record, char *err,
 {
   uint64_t features = 0;
   rbd_lock_mode_t mode;
-  char *owners[4], recorded[256];
+  char *owners[4], recorded[RECORD_HISTORY * 128];
   size_t n = 4;
   bool broken;
   int r;
