@@ -1,8 +1,9 @@
 /* mloop — the RBD store: a Ceph RBD image through librbd's asynchronous
  * API (store.h's second kind), built as the module rbd_load.h loads.
  *
- * Names: "rbd:[POOL/]IMAGE[@SNAP][:id=NAME][:conf=FILE][:shared=on]",
- * as qemu spells them (POOL defaults to "rbd"; the options stand in for
+ * Names: "rbd:[POOL/[NAMESPACE/]]IMAGE[@SNAP][:id=NAME][:conf=FILE]
+ * [:shared=on]", as qemu spells them (POOL defaults to "rbd"; the
+ * namespace, to the pool's default one; the options stand in for
  * the configuration's ceph_id, ceph_conf and shared).  A snapshot is
  * served read-only.
  *
@@ -12,17 +13,27 @@
  * eventfd it already polls.  A front end that names no port gets the
  * synchronous calls on a thread that may block instead.
  *
- * Durability: librbd's cache is turned off (rbd_cache=false), as a file
- * is served with O_DIRECT: a write librbd completes is then on the OSDs
- * (an OSD acknowledges a write once it is committed on every replica),
- * so FUA needs nothing more, and FLUSH is rbd_aio_flush, which the
- * cache-less image completes at once.
+ * Durability: the store asks for no librbd cache (rbd_cache=false), as
+ * a file is served with O_DIRECT: a write librbd completes is then on
+ * the OSDs (an OSD acknowledges a write once it is committed on every
+ * replica), so FUA needs nothing more, and FLUSH is rbd_aio_flush, which
+ * the cache-less image completes at once.  A pool's or an image's
+ * configuration in the cluster beats the client's, so the open image's
+ * effective values decide: with the cache on, a FUA write is a write
+ * and a flush, and a FUA trim or zero is followed by a flush
+ * (read_effective_config).
  *
  * Exclusive use: a writable image is served under librbd's exclusive
  * lock, acquired explicitly (rbd_lock_acquire), which librbd then never
- * hands to another client that asks for it; a second writer is refused
- * at open with the holder named, unless both chose to share
- * (mloop_engine_config.shared).  Read-only opens take no lock.
+ * hands to another client that asks for it.  Before asking, the store
+ * refuses an image another live client holds or has open for writing,
+ * naming it, since asking would have that client hand the lock over and
+ * fail its next write; a dead holder's lock is broken.  A second writer
+ * is thus refused at open, unless both chose to share
+ * (mloop_engine_config.shared).  Read-only opens take no lock.  A lock
+ * librbd loses without our being blocklisted, or believes it still
+ * holds when the cluster records another holder, is taken again
+ * ("lock lost").
  *
  * A cluster gone: librados waits for it, and so does every request,
  * unless the configuration sets io_timeout (--io-timeout): then a
@@ -57,10 +68,12 @@
 #define DEFAULT_POOL "rbd"
 
 /* How long librados waits for the monitors at start-up before saying
- * so, unless the configuration sets client_mount_timeout (its default,
- * 300 s, would leave an attach hanging for five minutes on a typo).
+ * so, unless the configuration sets client_mount_timeout (Ceph's
+ * default, 300 s, would leave an attach hanging for five minutes on a
+ * typo).
  */
 #define MOUNT_TIMEOUT "30"
+#define CEPH_MOUNT_TIMEOUT 300  /* Ceph's default */
 
 /* The logical block size advertised, as rbd-nbd and krbd do: librbd
  * takes any byte range, so this only guides clients.
@@ -71,13 +84,20 @@ struct rbd_store {
   struct mloop_store base;
   char *name;                   /* "rbd:POOL/IMAGE[@SNAP]", for messages */
   char *pool, *image, *snap;    /* snap: NULL for the image itself */
+  char *ns;                     /* the pool's namespace; NULL: the default */
   char *id, *conf;              /* NULL: librados's defaults */
   bool shared;                  /* no exclusive lock */
   rados_t cluster;
   rados_ioctx_t ioctx;
   rbd_image_t rbd;
   uint64_t size;                /* atomic: the update watch changes it */
-  bool locked;                  /* we hold the exclusive lock */
+  bool locked;                  /* atomic: we hold the exclusive lock */
+  /* What librbd's effective configuration (client, pool and image
+   * levels; see read_effective_config) makes of writes and trims.
+   */
+  bool write_back;              /* rbd_cache: a write may end in memory */
+  bool partial_trim_skipped;    /* rbd_skip_partial_discard */
+  bool count_walks;             /* MLOOP_TEST_RBD_WALKS: say each walk */
   bool watching;
   uint64_t watch_handle;
   unsigned in_flight;           /* atomic: taken, not yet posted */
@@ -89,6 +109,16 @@ struct rbd_store {
   void (*notice) (const char *line);
   bool silent;                  /* atomic: said so, not yet that it answers */
   pthread_mutex_t silence_lock; /* the rest, and the notices' order */
+  pthread_mutex_t regain_lock;  /* one request takes a lost lock again */
+  /* The lock record checked after librbd's watch comes back (see
+   * "lock lost"): the checker thread, woken by the update watch.
+   */
+  char *own_address;            /* how the lock record names us */
+  pthread_t checker;
+  bool checker_running;         /* atomic: the update watch reads it */
+  pthread_mutex_t check_lock;   /* the two below */
+  pthread_cond_t check_wanted;
+  bool check_due, check_stop;
   uint64_t last_timeout_ms;     /* monotonic */
   unsigned timed_out;           /* requests failed since it was said */
   bool blocklisted;             /* atomic: said that the cluster refuses us */
@@ -219,6 +249,152 @@ answered (struct rbd_store *st, long r)
   return r;
 }
 
+/* ------------------------------------------------------------ lock lost */
+
+static int refuse_live_peers (struct rbd_store *st, const char *broken,
+                              char *err, size_t errlen);
+
+/* librbd can lose the exclusive lock without our being blocklisted:
+ * when its watch on the header is re-established after a timeout (the
+ * process stopped, the network gone for longer than
+ * osd_client_watch_timeout) and the lock was broken meanwhile by a
+ * client that did not blocklist us and holds it explicitly.  librbd
+ * asks that client for the lock, is refused, and once the other lets
+ * it go never asks again: every later write fails with EROFS.  R: what librbd answered a write, trim, zero or flush.
+ * Returns whether the lock was lost and is ours again, so that the
+ * request can be made once more; a live client holding it now is left
+ * alone, and the store says it has lost the lock.  Blocks (librbd's
+ * calls): never on a librbd thread.
+ */
+static bool
+regained (struct rbd_store *st, long r)
+{
+  char err[256];
+  int owner = 0;
+  bool ok;
+
+  if (r != -EROFS || !__atomic_load_n (&st->locked, __ATOMIC_ACQUIRE))
+    return false;
+  pthread_mutex_lock (&st->regain_lock);
+  if (!__atomic_load_n (&st->locked, __ATOMIC_ACQUIRE))
+    ok = false;
+  else if (rbd_is_exclusive_lock_owner (st->rbd, &owner) == 0 && owner)
+    ok = true;                  /* another request took it again */
+  else {
+    err[0] = '\0';
+    ok = refuse_live_peers (st, NULL, err, sizeof err) == 0 &&
+      rbd_lock_acquire (st->rbd, RBD_LOCK_MODE_EXCLUSIVE) == 0;
+    if (ok)
+      say (st, "%s: librbd lost the exclusive lock (its watch "
+           "re-established): taken again", st->name);
+    else {
+      __atomic_store_n (&st->locked, false, __ATOMIC_RELEASE);
+      say (st, "%s: librbd lost the exclusive lock and it cannot be taken "
+           "again%s%s: writes fail", st->name, err[0] ? ": " : "", err);
+    }
+  }
+  pthread_mutex_unlock (&st->regain_lock);
+  return ok;
+}
+
+/* Whether the cluster's lock record names us: 1, 0 (another client or
+ * nobody, said in HOLDER), or a negative errno.
+ */
+static int
+record_names_us (struct rbd_store *st, char *holder, size_t len)
+{
+  rbd_lock_mode_t mode;
+  char *owners[4];
+  size_t n = 4, i;
+  int r = rbd_lock_get_owners (st->rbd, &mode, owners, &n);
+
+  if (r == -ENOENT) {
+    snprintf (holder, len, "no holder");
+    return 0;
+  }
+  if (r < 0)
+    return r;
+  r = 0;
+  snprintf (holder, len, "%s", n > 0 ? owners[0] : "no holder");
+  for (i = 0; i < n; i++)
+    if (st->own_address && strcmp (owners[i], st->own_address) == 0)
+      r = 1;
+  rbd_lock_get_owners_cleanup (owners, n);
+  return r;
+}
+
+/* librbd re-establishes a watch that timed out and then checks that its
+ * lock's cookie is still recorded, except when the new watch's handle
+ * equals the old one (the allocator gave the same address): then it
+ * trusts that a broken lock would have had it blocklisted, which a
+ * client breaking it with rbd_blocklist_on_break_lock false does not
+ * do.  It then believes it holds a lock the cluster records for another
+ * client or for nobody, and writes.  Its watch coming back reaches the
+ * update watch, so this compares the record with us then: when it is
+ * not ours, librbd's belief is dropped (rbd_lock_release) and the next
+ * write, answered EROFS, takes the lock again as regained() does.
+ */
+static void
+check_lock_record (struct rbd_store *st)
+{
+  char holder[128];
+
+  pthread_mutex_lock (&st->regain_lock);
+  if (__atomic_load_n (&st->locked, __ATOMIC_ACQUIRE) &&
+      record_names_us (st, holder, sizeof holder) == 0) {
+    /* Not rbd_is_exclusive_lock_owner first: it asks the cluster too,
+     * and says no.  Where librbd holds nothing, this answers EINVAL.
+     */
+    rbd_lock_release (st->rbd);
+    say (st, "%s: the exclusive lock is lost (the cluster records %s): "
+         "a write takes it again once it is free", st->name, holder);
+  }
+  pthread_mutex_unlock (&st->regain_lock);
+}
+
+/* Blocks in librbd's synchronous calls, which its own threads must not. */
+static void *
+lock_checker (void *arg)
+{
+  struct rbd_store *st = arg;
+
+  pthread_mutex_lock (&st->check_lock);
+  for (;;) {
+    while (!st->check_due && !st->check_stop)
+      pthread_cond_wait (&st->check_wanted, &st->check_lock);
+    if (st->check_stop)
+      break;
+    st->check_due = false;
+    pthread_mutex_unlock (&st->check_lock);
+    check_lock_record (st);
+    pthread_mutex_lock (&st->check_lock);
+  }
+  pthread_mutex_unlock (&st->check_lock);
+  return NULL;
+}
+
+static void
+want_lock_check (struct rbd_store *st)
+{
+  pthread_mutex_lock (&st->check_lock);
+  st->check_due = true;
+  pthread_cond_signal (&st->check_wanted);
+  pthread_mutex_unlock (&st->check_lock);
+}
+
+static void
+stop_lock_checker (struct rbd_store *st)
+{
+  if (!st->checker_running)
+    return;
+  pthread_mutex_lock (&st->check_lock);
+  st->check_stop = true;
+  pthread_cond_signal (&st->check_wanted);
+  pthread_mutex_unlock (&st->check_lock);
+  pthread_join (st->checker, NULL);
+  __atomic_store_n (&st->checker_running, false, __ATOMIC_RELEASE);
+}
+
 /* On a librbd thread.  In flight until posted: quiesce waits for that. */
 static void
 on_rbd_complete (rbd_completion_t c, void *arg)
@@ -250,7 +426,11 @@ store_prepare (struct mloop_store *s, struct mloop_io *io)
       return MLOOP_PREPARED_DONE;
     }
   }
-  if (io->port == NULL)
+  /* A FUA write through librbd's cache is a write and a flush, in
+   * order: on a thread that may wait for both.
+   */
+  if (io->port == NULL || (io->op == MLOOP_IO_WRITE &&
+                           (io->flags & MLOOP_IO_FUA) && st->write_back))
     return MLOOP_PREPARED_BLOCKING;
   r = rbd_aio_create_completion (io, on_rbd_complete, &c);
   if (r < 0)
@@ -291,17 +471,22 @@ result_error (const struct mloop_io *io, long res)
   return 0;
 }
 
+static int store_perform_blocking (struct mloop_store *s, struct mloop_io *io);
+
 static enum mloop_event_result
 store_complete_event (struct mloop_store *s, struct mloop_io *io, long res)
 {
-  io->complete (io, result_error (io, answered (store_of (s), res)));
+  /* Rare, and worth the front end's thread waiting for librbd once. */
+  if (regained (store_of (s), res))
+    io->complete (io, -store_perform_blocking (s, io));
+  else
+    io->complete (io, result_error (io, answered (store_of (s), res)));
   return MLOOP_EVENT_DONE;
 }
 
 static int
-store_perform_blocking (struct mloop_store *s, struct mloop_io *io)
+perform_once (struct rbd_store *st, struct mloop_io *io)
 {
-  struct rbd_store *st = store_of (s);
   ssize_t n;
 
   switch (io->op) {
@@ -310,6 +495,12 @@ store_perform_blocking (struct mloop_store *s, struct mloop_io *io)
     break;
   case MLOOP_IO_WRITE:
     n = rbd_write (st->rbd, io->offset, io->count, io->buf);
+    if (n >= 0 && (io->flags & MLOOP_IO_FUA) && st->write_back) {
+      int r = rbd_flush (st->rbd);
+
+      if (r < 0)
+        n = r;
+    }
     break;
   case MLOOP_IO_FLUSH:
     return (int) answered (st, rbd_flush (st->rbd));
@@ -317,6 +508,15 @@ store_perform_blocking (struct mloop_store *s, struct mloop_io *io)
     return -EINVAL;
   }
   return -result_error (io, answered (st, (long) n));
+}
+
+static int
+store_perform_blocking (struct mloop_store *s, struct mloop_io *io)
+{
+  struct rbd_store *st = store_of (s);
+  int r = perform_once (st, io);
+
+  return regained (st, r) ? perform_once (st, io) : r;
 }
 
 static void
@@ -341,7 +541,12 @@ store_abandon (struct mloop_store *s, struct mloop_io *io)
 static int
 store_flush_now (struct mloop_store *s)
 {
-  return (int) answered (store_of (s), rbd_flush (store_of (s)->rbd));
+  struct rbd_store *st = store_of (s);
+  int r = rbd_flush (st->rbd);
+
+  if (regained (st, r))
+    r = rbd_flush (st->rbd);
+  return (int) answered (st, r);
 }
 
 /* ------------------------------------------------------------ space */
@@ -350,6 +555,32 @@ store_flush_now (struct mloop_store *s)
  * the int or ssize_t each answers in.
  */
 #define RBD_STEP ((size_t) 1 << 30)
+
+static ssize_t
+trim_step (struct rbd_store *st, uint64_t offset, size_t step)
+{
+  return st->partial_trim_skipped
+    ? rbd_write_zeroes (st->rbd, offset, step, 0, 0)
+    : rbd_discard (st->rbd, offset, step);
+}
+
+/* A FUA trim or zero: through librbd's cache (the effective
+ * configuration's, see the top) a zero that must stay allocated is a
+ * write the cache keeps, so it is flushed before it is acknowledged, as
+ * a FUA write is.  Without the cache a completed call is on the OSDs.
+ */
+static int
+flush_if_fua (struct rbd_store *st, unsigned flags)
+{
+  int r;
+
+  if (!(flags & MLOOP_IO_FUA) || !st->write_back)
+    return 0;
+  r = rbd_flush (st->rbd);
+  if (regained (st, r))
+    r = rbd_flush (st->rbd);
+  return (int) answered (st, r);
+}
 
 static int
 store_trim (struct mloop_store *s, uint64_t offset, uint64_t count,
@@ -361,18 +592,26 @@ store_trim (struct mloop_store *s, uint64_t offset, uint64_t count,
   if (r == -ENOSPC)
     return -EINVAL;             /* a trim past the end, as for files */
   /* rbd_discard refuses more than INT_MAX bytes at once (it answers in
-   * an int); an NBD trim may be up to 4 GiB - 1.
+   * an int); an NBD trim may be up to 4 GiB - 1.  Where the effective
+   * configuration skips partial objects (a pool or image may say so
+   * whatever the store asked), rbd_write_zeroes, which never skips
+   * them, frees whole objects and zeroes the rest: the range reads as
+   * zeroes either way.
    */
   while (r == 0 && count > 0) {
     size_t step = count > RBD_STEP ? RBD_STEP : (size_t) count;
     /* The bytes discarded, or a negative errno. */
-    ssize_t n = answered (st, rbd_discard (st->rbd, offset, step));
+    ssize_t n = trim_step (st, offset, step);
+
+    if (regained (st, n))
+      n = trim_step (st, offset, step);
+    n = answered (st, n);
 
     r = n < 0 ? (int) n : 0;
     offset += step;
     count -= step;
   }
-  return r;
+  return r == 0 ? flush_if_fua (st, flags) : r;
 }
 
 static int
@@ -397,63 +636,91 @@ store_zero (struct mloop_store *s, uint64_t offset, uint64_t count,
   while (count > 0) {
     size_t step = count > RBD_STEP ? RBD_STEP : (size_t) count;
 
-    n = answered (st, rbd_write_zeroes (st->rbd, offset, step, zero_flags,
-                                        0));
+    n = rbd_write_zeroes (st->rbd, offset, step, zero_flags, 0);
+    if (regained (st, n))
+      n = rbd_write_zeroes (st->rbd, offset, step, zero_flags, 0);
+    n = answered (st, n);
     if (n < 0)
       return (int) n;
     offset += step;
     count -= step;
   }
-  return 0;
+  return flush_if_fua (st, flags);
 }
 
-/* rbd_diff_iterate2 names only the allocated extents: the walk fills
- * the gaps with holes, so FN sees the whole range, in order.  librbd
- * does not stop for its callback (Pacific ignores what it returns until
- * the range is walked), so a walk that is done ignores what follows.
+/* rbd_diff_iterate2 names only the allocated extents, one object at a
+ * time: the walk fills the gaps with holes and merges neighbours of one
+ * kind, so FN sees the whole range in order, in as few extents as it
+ * has.  librbd stops only for a negative answer from its callback
+ * (Pacific ignores a positive one and walks on to the end of the
+ * range), so a walk that has what it needs answers WALK_STOP.  And it
+ * never asks librbd for more than WALK_MOST bytes: a client that asks
+ * for one extent at a time (REQ_ONE, as qemu-img does) across a large
+ * image would otherwise cost a walk to the end of the image at each
+ * request, work that grows with the square of the image's size; the
+ * reply covers a prefix of the range, which NBD allows.
  */
+#define WALK_MOST ((uint64_t) 1 << 30)
+#define WALK_STOP (-ECANCELED)
+
 struct extent_walk {
-  uint64_t pos, end;
+  uint64_t pos, end;            /* [pos, end): not yet given to FN */
+  uint64_t run_end;             /* [pos, run_end): one kind, held back */
+  bool run_hole;
   bool req_one;
   mloop_extent_fn fn;
   void *opaque;
   bool done;                    /* REQ_ONE's extent given, or FN failed */
   int error;                    /* FN's, which stopped the walk */
+  unsigned long callbacks;      /* librbd's calls, for MLOOP_TEST_RBD_WALKS */
 };
 
-#define WALK_DONE 1             /* asks rbd_diff_iterate2 to stop */
-
-static int
-walk_emit (struct extent_walk *w, uint64_t to, bool hole)
+/* Gives FN the extent held back, if any. */
+static void
+walk_flush (struct extent_walk *w)
 {
   int r;
 
-  if (w->done)
-    return WALK_DONE;
-  if (to > w->end)
-    to = w->end;
-  if (to <= w->pos)
-    return 0;
-  r = w->fn (w->opaque, w->pos, to - w->pos, hole);
-  w->pos = to;
+  if (w->done || w->run_end <= w->pos)
+    return;
+  r = w->fn (w->opaque, w->pos, w->run_end - w->pos, w->run_hole);
+  w->pos = w->run_end;
   if (r < 0) {
     w->error = r;
     w->done = true;
-    return -1;
   }
-  w->done = w->req_one;
-  return w->done ? WALK_DONE : 0;
+  else
+    w->done = w->req_one;
+}
+
+/* The range up to TO is of one kind, HOLE or not. */
+static int
+walk_add (struct extent_walk *w, uint64_t to, bool hole)
+{
+  if (to > w->end)
+    to = w->end;
+  if (w->done || to <= w->run_end)
+    return w->done ? WALK_STOP : 0;
+  if (w->run_end > w->pos && w->run_hole != hole)
+    walk_flush (w);
+  if (w->done)
+    return WALK_STOP;
+  w->run_hole = hole;
+  w->run_end = to;
+  return 0;
 }
 
 static int
 on_diff_extent (uint64_t offset, size_t length, int exists, void *arg)
 {
   struct extent_walk *w = arg;
-  int r = walk_emit (w, offset, true);
+  int r;
 
-  if (r != 0)
-    return r;
-  return walk_emit (w, offset + length, !exists);
+  w->callbacks++;
+  r = walk_add (w, offset, true);
+  if (r == 0)
+    r = walk_add (w, offset + length, !exists);
+  return r;
 }
 
 static int
@@ -462,22 +729,27 @@ store_extents (struct mloop_store *s, uint64_t offset, uint64_t count,
 {
   struct rbd_store *st = store_of (s);
   struct extent_walk w = {
-    .pos = offset, .end = offset + count, .req_one = req_one,
+    .pos = offset, .run_end = offset, .req_one = req_one,
     .fn = fn, .opaque = opaque,
   };
   int r;
 
   if (offset > store_size (s) || count > store_size (s) - offset)
     return -EINVAL;
+  if (count > WALK_MOST)
+    count = WALK_MOST;
+  w.end = offset + count;
   r = (int) answered (st, rbd_diff_iterate2 (st->rbd, NULL, offset, count, 1,
                                              0, on_diff_extent, &w));
+  if (st->count_walks)
+    say (st, "%s: extents of %" PRIu64 "+%" PRIu64 "%s: %lu callbacks",
+         st->name, offset, count, req_one ? " (one)" : "", w.callbacks);
   if (w.error)
     return w.error;
-  if (w.done)
-    return 0;
-  if (r < 0)
+  if (r < 0 && !(r == WALK_STOP && w.done))
     return r;
-  walk_emit (&w, w.end, true);
+  walk_add (&w, w.end, true);
+  walk_flush (&w);
   return w.error;
 }
 
@@ -538,7 +810,12 @@ store_set_size (struct mloop_store *s, uint64_t size, char *err,
 static void
 on_image_update (void *arg)
 {
-  read_size (arg);
+  struct rbd_store *st = arg;
+
+  read_size (st);
+  /* Also called once librbd's watch is back after it timed out. */
+  if (__atomic_load_n (&st->checker_running, __ATOMIC_ACQUIRE))
+    want_lock_check (st);
 }
 
 /* ------------------------------------------------------------ open */
@@ -547,11 +824,17 @@ static void
 store_describe (const struct mloop_store *s, char *buf, size_t len)
 {
   const struct rbd_store *st = store_of (s);
+  int owner = 0;
 
+  /* librbd's own state: the lock may be lost since the last write. */
+  if (__atomic_load_n (&st->locked, __ATOMIC_ACQUIRE) &&
+      rbd_is_exclusive_lock_owner (st->rbd, &owner) != 0)
+    owner = 0;
   snprintf (buf, len, "%s: %" PRIu64 " bytes, %s%s", st->name, store_size (s),
             s->info.writable ? "read-write" : "read-only",
-            st->locked ? ", exclusive lock held"
-            : s->info.writable ? ", shared" : "");
+            owner ? ", exclusive lock held"
+            : st->locked || (s->info.writable && !st->shared)
+            ? ", exclusive lock lost" : s->info.writable ? ", shared" : "");
 }
 
 static void
@@ -576,6 +859,7 @@ store_close (struct mloop_store *s)
 {
   struct rbd_store *st = store_of (s);
 
+  stop_lock_checker (st);
   if (st->rbd) {
     if (st->watching)
       rbd_update_unwatch (st->rbd, st->watch_handle);
@@ -588,8 +872,13 @@ store_close (struct mloop_store *s)
   if (st->cluster)
     rados_shutdown (st->cluster);
   pthread_mutex_destroy (&st->silence_lock);
+  pthread_mutex_destroy (&st->regain_lock);
+  pthread_mutex_destroy (&st->check_lock);
+  pthread_cond_destroy (&st->check_wanted);
+  free (st->own_address);
   free (st->name);
   free (st->pool);
+  free (st->ns);
   free (st->image);
   free (st->snap);
   free (st->id);
@@ -664,7 +953,7 @@ parse_name (struct rbd_store *st, const struct mloop_engine_config *cfg,
             char *err, size_t errlen)
 {
   char *spec = strdup (st->name + strlen (MLOOP_RBD_PREFIX));
-  char *options, *slash, *at, *image;
+  char *options, *slash, *ns_slash, *at, *image, *ns = NULL;
   int r = 0;
 
   st->shared = cfg->shared;
@@ -683,18 +972,29 @@ parse_name (struct rbd_store *st, const struct mloop_engine_config *cfg,
   image = slash ? slash + 1 : spec;
   if (slash)
     *slash = '\0';
+  /* POOL/NAMESPACE/IMAGE: a namespace of the pool (ceph-csi's). */
+  ns_slash = slash ? strchr (image, '/') : NULL;
+  if (ns_slash) {
+    ns = image;
+    *ns_slash = '\0';
+    image = ns_slash + 1;
+  }
   at = strchr (image, '@');
   if (at)
     *at++ = '\0';
   st->pool = strdup (slash ? spec : DEFAULT_POOL);
+  st->ns = ns ? strdup (ns) : NULL;
   st->image = strdup (image);
   st->snap = at ? strdup (at) : NULL;
-  if (st->pool == NULL || st->image == NULL || (at && st->snap == NULL))
+  if (st->pool == NULL || st->image == NULL || (at && st->snap == NULL) ||
+      (ns && st->ns == NULL))
     r = -ENOMEM;
   else if (st->pool[0] == '\0' || st->image[0] == '\0' ||
+           (ns && ns[0] == '\0') ||
            strchr (image, '/') || (at && (*at == '\0' || strchr (at, '@')))) {
-    snprintf (err, errlen, "%s: expected rbd:POOL/IMAGE or "
-              "rbd:POOL/IMAGE@SNAPSHOT", st->name);
+    snprintf (err, errlen, "%s: expected rbd:POOL/IMAGE, "
+              "rbd:POOL/NAMESPACE/IMAGE, each with @SNAPSHOT or not",
+              st->name);
     r = -EINVAL;
   }
   while (r == 0 && options) {
@@ -711,6 +1011,22 @@ parse_name (struct rbd_store *st, const struct mloop_engine_config *cfg,
   return r;
 }
 
+/* Ceph's default client_mount_timeout made MOUNT_TIMEOUT, after the
+ * configuration is read: a value set with rados_conf_set is at the
+ * override level, which a configuration file's does not beat, so it is
+ * set only where the file and $CEPH_ARGS left the default.
+ */
+static void
+lower_mount_timeout (struct rbd_store *st)
+{
+  char value[32];
+
+  if (rados_conf_get (st->cluster, "client_mount_timeout", value,
+                      sizeof value) == 0 &&
+      strtod (value, NULL) == CEPH_MOUNT_TIMEOUT)
+    rados_conf_set (st->cluster, "client_mount_timeout", MOUNT_TIMEOUT);
+}
+
 /* Connects to the cluster as CFG says: its configuration file (or
  * librados's own search), $CEPH_ARGS, the cephx user.
  */
@@ -725,7 +1041,6 @@ connect_cluster (struct rbd_store *st, char *err, size_t errlen)
     snprintf (err, errlen, "%s: librados: %s", st->name, strerror (-r));
     return r;
   }
-  rados_conf_set (st->cluster, "client_mount_timeout", MOUNT_TIMEOUT);
   r = rados_conf_read_file (st->cluster, st->conf);
   if (r < 0) {
     if (st->conf)
@@ -737,6 +1052,7 @@ connect_cluster (struct rbd_store *st, char *err, size_t errlen)
     return r;
   }
   rados_conf_parse_env (st->cluster, NULL);
+  lower_mount_timeout (st);
   /* No cache between the device and the OSDs (see the top); a trim of
    * part of an object zeroes it, as a trim of a file does, rather than
    * being skipped.
@@ -778,6 +1094,20 @@ connect_cluster (struct rbd_store *st, char *err, size_t errlen)
               r == -ENOENT ? "no such pool" : strerror (-r));
     return r;
   }
+  if (st->ns) {
+    bool exists = false;
+
+    rados_ioctx_set_namespace (st->ioctx, st->ns);
+    r = rbd_namespace_exists (st->ioctx, st->ns, &exists);
+    if (r == 0 && !exists)
+      r = -ENOENT;
+    if (r < 0) {
+      snprintf (err, errlen, "%s: %s", st->name,
+                r == -ENOENT ? "no such namespace in the pool"
+                : strerror (-r));
+      return r;
+    }
+  }
   return 0;
 }
 
@@ -786,30 +1116,87 @@ static bool
 read_record (const char *path, char *owner, size_t len)
 {
   FILE *f = path ? fopen (path, "re") : NULL;
-  bool ok = f && fgets (owner, (int) len, f) != NULL;
+  size_t got = f ? fread (owner, 1, len - 1, f) : 0;
 
   if (f)
     fclose (f);
-  if (ok)
-    owner[strcspn (owner, "\n")] = '\0';
-  return ok && owner[0] != '\0';
+  owner[got] = '\0';
+  return got > 0 && owner[0] != '\n';
+}
+
+/* Whether ADDR is one of the lines of the record HISTORY. */
+static bool
+in_history (const char *history, const char *addr)
+{
+  const size_t n = strlen (addr);
+
+  for (const char *line = history; line && *line; ) {
+    const char *end = strchrnul (line, '\n');
+
+    if ((size_t) (end - line) == n && strncmp (line, addr, n) == 0)
+      return true;
+    line = *end ? end + 1 : NULL;
+  }
+  return false;
+}
+
+/* The lock's holder as the record names it (malloc'ed), or NULL. */
+static char *
+lock_holder (struct rbd_store *st)
+{
+  rbd_lock_mode_t mode;
+  char *owners[1];
+  size_t n = 1;
+  char *holder = NULL;
+
+  if (rbd_lock_get_owners (st->rbd, &mode, owners, &n) != 0)
+    return NULL;
+  if (n == 1)
+    holder = strdup (owners[0]);
+  rbd_lock_get_owners_cleanup (owners, n);
+  return holder;
 }
 
 /* Records us, the lock's holder now, in PATH (best effort: without it a
- * successor waits for librbd instead).
+ * successor waits for librbd instead): our address first, then the
+ * device's earlier servers, newest first, RECORD_HISTORY in all.  Each
+ * of those had its lock broken by the server after it, which
+ * blocklisted it: its watch, which lingers osd_client_watch_timeout
+ * after its death, is no sign of life when a device's servers are
+ * killed one after another.
  */
+#define RECORD_HISTORY 8
+
 static void
 write_record (struct rbd_store *st, const char *path)
 {
   rbd_lock_mode_t mode;
   char *owners[1];
+  char old[RECORD_HISTORY * 128];
   size_t n = 1;
   FILE *f;
 
   if (path == NULL || rbd_lock_get_owners (st->rbd, &mode, owners, &n) != 0)
     return;
+  if (!read_record (path, old, sizeof old))
+    old[0] = '\0';
   if (n == 1 && (f = fopen (path, "we")) != NULL) {
+    unsigned kept = 1;
+
     fprintf (f, "%s\n", owners[0]);
+    for (char *line = old; *line && kept < RECORD_HISTORY; ) {
+      char *end = strchrnul (line, '\n');
+      const bool last = *end == '\0';
+
+      *end = '\0';
+      if (*line && strcmp (line, owners[0]) != 0) {
+        fprintf (f, "%s\n", line);
+        kept++;
+      }
+      if (last)
+        break;
+      line = end + 1;
+    }
     fclose (f);
   }
   rbd_lock_get_owners_cleanup (owners, n);
@@ -817,24 +1204,165 @@ write_record (struct rbd_store *st, const char *path)
 
 /* When the lock's holder is the one recorded in PATH, breaks its lock
  * (which also blocklists it: were it alive after all, it could write no
- * more) so that the caller can take it.
+ * more) so that the caller can take it.  Returns whether it did, with
+ * the holder's address in RECORDED: its watch may outlive it by
+ * osd_client_watch_timeout, and is no sign of life.
  */
-static void
-break_recorded (struct rbd_store *st, const char *path)
+static bool
+break_recorded (struct rbd_store *st, const char *path, char *recorded,
+                size_t len)
 {
-  char recorded[256];
   rbd_lock_mode_t mode;
   char *owners[4];
   size_t n = 4;
   bool match;
+  int r;
 
-  if (!read_record (path, recorded, sizeof recorded) ||
+  if (!read_record (path, recorded, len) ||
       rbd_lock_get_owners (st->rbd, &mode, owners, &n) != 0)
-    return;
-  match = n == 1 && strcmp (owners[0], recorded) == 0;
+    return false;
+  /* The newest line is the holder the device's last server was; it is
+   * the one to break, by its address alone (librbd compares the whole
+   * string with the holder's address, so the history must not follow).
+   */
+  match = n == 1 && strlen (owners[0]) == strcspn (recorded, "\n") &&
+    strncmp (owners[0], recorded, strlen (owners[0])) == 0;
+  r = match ? rbd_lock_break (st->rbd, RBD_LOCK_MODE_EXCLUSIVE, owners[0])
+            : -ENOENT;
   rbd_lock_get_owners_cleanup (owners, n);
-  if (match)
-    rbd_lock_break (st->rbd, RBD_LOCK_MODE_EXCLUSIVE, recorded);
+  return r == 0;
+}
+
+/* The image's watchers other than us (rbd_watchers_list): a client
+ * with the image open for writing watches its header for as long as it
+ * lives (a read-only librbd open does not watch); a dead one's watch
+ * ends osd_client_watch_timeout (30 s) after its last word.  There may
+ * be any number (every open of the image is one), so the list grows to
+ * what librbd says it needs.
+ */
+#define FIRST_WATCHERS 16
+
+struct peers {
+  rbd_image_watcher_t *watchers;
+  size_t n;
+};
+
+static void
+free_peers (struct peers *p)
+{
+  if (p->watchers)
+    rbd_watchers_list_cleanup (p->watchers, p->n);
+  free (p->watchers);
+  p->watchers = NULL;
+  p->n = 0;
+}
+
+static int
+list_peers (struct rbd_store *st, const char *broken, struct peers *p)
+{
+  const int64_t self = (int64_t) rados_get_instance_id (st->cluster);
+  size_t i, kept = 0, room = FIRST_WATCHERS;
+  int r;
+
+  p->watchers = NULL;
+  p->n = 0;
+  do {
+    free (p->watchers);
+    /* One more than asked for: it may have grown since librbd said. */
+    if ((p->watchers = calloc (room + 1, sizeof *p->watchers)) == NULL)
+      return -ENOMEM;
+    p->n = room + 1;
+    r = rbd_watchers_list (st->rbd, p->watchers, &p->n);
+    room = p->n;
+  } while (r == -ERANGE);
+  if (r < 0) {
+    free (p->watchers);
+    p->watchers = NULL;
+    p->n = 0;
+    return r;
+  }
+  for (i = 0; i < p->n; i++) {
+    if (p->watchers[i].id == self ||
+        (broken && in_history (broken, p->watchers[i].addr)))
+      rbd_watchers_list_cleanup (&p->watchers[i], 1);
+    else
+      p->watchers[kept++] = p->watchers[i];
+  }
+  p->n = kept;
+  return 0;
+}
+
+/* The watcher that is the lock's OWNER, or NULL.  librbd names an
+ * owner by its client's address (rbd_lock_get_owners), a watcher by
+ * both.
+ */
+static const rbd_image_watcher_t *
+watcher_of (const struct peers *p, const char *owner)
+{
+  for (size_t i = 0; i < p->n; i++)
+    if (strcmp (p->watchers[i].addr, owner) == 0)
+      return &p->watchers[i];
+  return NULL;
+}
+
+/* Refuses an image another client lives on, naming it; breaks the lock
+ * of a holder that is gone (which blocklists it: were it alive after
+ * all, it could write no more).  Asking a live holder for the lock
+ * instead, as rbd_lock_acquire does, would have it hand the lock over
+ * (krbd, rbd-nbd and qemu do) and fail its next write (EROFS), since
+ * this store then never hands it back.
+ */
+static int
+refuse_live_peers (struct rbd_store *st, const char *broken, char *err,
+                   size_t errlen)
+{
+  struct peers p;
+  rbd_lock_mode_t mode;
+  char *owners[4];
+  size_t n = 4;
+  int r = 0;
+
+  /* The owners first, then the watchers: a client takes the lock only
+   * once its watch is up (the lock's cookie names the watch), so an
+   * owner read before the list is on it if alive.  The other way round,
+   * a client opening the image and taking the lock between the two
+   * would be an owner missing from the list, taken for dead and broken.
+   */
+  if (rbd_lock_get_owners (st->rbd, &mode, owners, &n) != 0)
+    n = 0;
+  /* Not knowing who lives on the image, asking for its lock could take
+   * it from a live holder: refused instead.
+   */
+  if ((r = list_peers (st, broken, &p)) < 0) {
+    snprintf (err, errlen, "%s: listing the clients that have it open, to "
+              "tell a live lock holder from a dead one: %s", st->name,
+              strerror (-r));
+    if (n > 0)
+      rbd_lock_get_owners_cleanup (owners, n);
+    return r;
+  }
+  for (size_t i = 0; i < n && r == 0; i++) {
+    const rbd_image_watcher_t *w = watcher_of (&p, owners[i]);
+
+    if (w) {
+      snprintf (err, errlen, "%s is in use: client.%" PRId64 " at %s "
+                "holds its exclusive lock (--shared to write it alongside)",
+                st->name, w->id, w->addr);
+      r = -EBUSY;
+    }
+    else
+      rbd_lock_break (st->rbd, RBD_LOCK_MODE_EXCLUSIVE, owners[i]);
+  }
+  if (r == 0 && n == 0 && p.n > 0) {
+    snprintf (err, errlen, "%s is in use: client.%" PRId64 " at %s has it "
+              "open for writing (--shared to write it alongside)", st->name,
+              p.watchers[0].id, p.watchers[0].addr);
+    r = -EBUSY;
+  }
+  if (n > 0)
+    rbd_lock_get_owners_cleanup (owners, n);
+  free_peers (&p);
+  return r;
 }
 
 /* Takes the image's exclusive lock, or says who holds it. */
@@ -844,8 +1372,9 @@ take_lock (struct rbd_store *st, const char *record, char *err,
 {
   uint64_t features = 0;
   rbd_lock_mode_t mode;
-  char *owners[4];
+  char *owners[4], recorded[RECORD_HISTORY * 128];
   size_t n = 4;
+  bool broken;
   int r;
 
   if (rbd_get_features (st->rbd, &features) == 0 &&
@@ -855,13 +1384,16 @@ take_lock (struct rbd_store *st, const char *record, char *err,
               "enable IMAGE exclusive-lock`, or --shared)", st->name);
     return -EINVAL;
   }
-  /* First: asked for the lock, a dead holder would keep librbd waiting
-   * for its answer (rbd_request_timed_out_seconds, 30 s).
+  /* First: a killed server of the same device keeps its watch for
+   * osd_client_watch_timeout after its death, so it would look alive.
    */
-  break_recorded (st, record);
+  broken = break_recorded (st, record, recorded, sizeof recorded);
+  if ((r = refuse_live_peers (st, broken ? recorded : NULL, err, errlen)) < 0)
+    return r;
   r = rbd_lock_acquire (st->rbd, RBD_LOCK_MODE_EXCLUSIVE);
   if (r == 0) {
     st->locked = true;
+    st->own_address = lock_holder (st);
     write_record (st, record);
     return 0;
   }
@@ -874,6 +1406,45 @@ take_lock (struct rbd_store *st, const char *record, char *err,
     snprintf (err, errlen, "%s: taking its exclusive lock: %s", st->name,
               strerror (-r));
   return r;
+}
+
+/* Whether librbd's effective OPTION, as ST's image sees it, is true. */
+static bool
+option_on (const rbd_config_option_t *options, int n, const char *option)
+{
+  for (int i = 0; i < n; i++)
+    if (strcmp (options[i].name, option) == 0)
+      return strcmp (options[i].value, "true") == 0;
+  return false;
+}
+
+/* What the image will do with writes and trims.  The store asks for no
+ * cache and for partial trims, but a client's own settings lose to the
+ * pool's and the image's (`rbd config pool|image set`), stored in the
+ * cluster: only the open image knows what it got.  Unreadable, both
+ * are assumed on, the safe way round.
+ */
+static void
+read_effective_config (struct rbd_store *st)
+{
+  rbd_config_option_t *options = NULL;
+  int n = 0;
+  int r = rbd_config_image_list (st->rbd, NULL, &n);
+
+  if (r == -ERANGE && n > 0 && (options = calloc ((size_t) n, sizeof *options)))
+    r = rbd_config_image_list (st->rbd, options, &n);
+  if (r < 0 || options == NULL) {
+    st->write_back = st->partial_trim_skipped = true;
+    free (options);
+    return;
+  }
+  st->write_back = option_on (options, n, "rbd_cache");
+  st->partial_trim_skipped = option_on (options, n, "rbd_skip_partial_discard");
+  rbd_config_image_list_cleanup (options, n);
+  free (options);
+  if (st->write_back && st->base.info.writable)
+    say (st, "%s: its pool or image turns librbd's cache on: FUA writes "
+         "are flushed", st->name);
 }
 
 static int
@@ -902,8 +1473,12 @@ open_image (struct rbd_store *st, const struct mloop_engine_config *cfg,
     return r;
   }
   if (rbd_update_watch (st->rbd, &st->watch_handle, on_image_update, st)
-      == 0)
+      == 0) {
     st->watching = true;
+    if (st->locked && st->own_address &&
+        pthread_create (&st->checker, NULL, lock_checker, st) == 0)
+      __atomic_store_n (&st->checker_running, true, __ATOMIC_RELEASE);
+  }
   st->base.info = (struct mloop_store_info) {
     .writable = writable,
     .preferred_block_size = RBD_BLOCK_SIZE,
@@ -911,6 +1486,7 @@ open_image (struct rbd_store *st, const struct mloop_engine_config *cfg,
     .direct = true,
     .can_extents = true,
   };
+  read_effective_config (st);
   return 0;
 }
 
@@ -935,7 +1511,12 @@ mloop_rbd_store_module_open (struct mloop_store **out,
   st->base.ops = &rbd_ops;
   st->io_timeout = cfg->io_timeout;
   st->notice = cfg->notice;
+  st->count_walks = getenv ("MLOOP_TEST_RBD_WALKS") &&
+    *getenv ("MLOOP_TEST_RBD_WALKS");
   pthread_mutex_init (&st->silence_lock, NULL);
+  pthread_mutex_init (&st->regain_lock, NULL);
+  pthread_mutex_init (&st->check_lock, NULL);
+  pthread_cond_init (&st->check_wanted, NULL);
   r = parse_name (st, cfg, err, errlen);
   if (r == 0 && (cfg->window.offset || cfg->window.sizelimit)) {
     snprintf (err, errlen, "%s: --offset and --sizelimit are for files: "

@@ -278,7 +278,24 @@ def check_cluster_loss(kind, cl, c, name):
             print(f"# cluster away: the {what} failed with EIO after {took:.1f} s", flush=True)
     finally:
         c.resume()
-    assert odirect_block(dev, 3 * MiB) == block, "the block written before reads back wrong"
-    odirect_block(dev, 6 * MiB, block)
-    assert odirect_block(dev, 6 * MiB) == block, "a write after the cluster's return"
+    try:
+        assert odirect_block(dev, 3 * MiB) == block, "the block written before reads back wrong"
+        odirect_block(dev, 6 * MiB, block)
+        assert odirect_block(dev, 6 * MiB) == block, "a write after the cluster's return"
+    except (AssertionError, OSError):
+        print_device_logs(kind, dev)
+        raise
     att.detach()
+
+
+def print_device_logs(kind, dev):
+    """The device's state and its server's and supervisor's last words,
+    for a failure's reader."""
+    status = kind.status(dev)
+    print(f"# status: {json.dumps(status)}", flush=True)
+    log = status["device"].get("server_log")
+    for path in (log, log and os.path.join(os.path.dirname(log), "supervisor.log")):
+        if path and os.path.exists(path):
+            with open(path, errors="replace") as f:
+                tail = f.read().splitlines()[-30:]
+            print(f"# {path}:", *(f"#   {line}" for line in tail), sep="\n", flush=True)

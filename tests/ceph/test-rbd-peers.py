@@ -1,0 +1,715 @@
+#!/usr/bin/python3
+"""mloop-server beside other Ceph clients and settings it does not choose,
+on a real one-node cluster (tests/ceph/cluster.py):
+
+1. a live writer that is not mloop (a python3-rbd client with the image
+   open, writing, holding the exclusive lock as qemu or rbd-nbd would):
+   mloop-server is refused in one line naming the holder, and the writer
+   keeps writing without an error; once the writer is killed and the OSD
+   has dropped its watch, mloop-server breaks the dead holder's lock and
+   serves the image;
+   the same with the writer's image open 20 times (20 watchers, more
+   than the server's first guess at their number): refused as well;
+   and a writer arriving while the server is held by gdb at its first
+   rbd_lock_get_owners (mid-look at who lives on the image): refused,
+   the writer never broken nor blocklisted (without gdb, a line says
+   this part is skipped);
+2. the lock lost without a blocklist: the server stopped (SIGSTOP) until
+   the OSD drops its watch, a librbd client with
+   rbd_blocklist_on_break_lock=false breaks its lock, takes it
+   explicitly and writes; the server continued re-establishes its watch
+   and, the lock record naming the other, says it has lost the lock
+   (whether librbd found that out or, its watch's handle unchanged,
+   still believed it held it); the other releases it and closes the
+   image; the next write through the
+   server's same connection succeeds, the server saying it took the
+   lock again, which it holds;
+3. librbd's cache and partial trims turned on for the image in the
+   cluster (`rbd config image set`: rbd_cache true, writeback, dirty data
+   kept 60 s; rbd_skip_partial_discard true), over the server's own
+   rbd_cache=false: a trim inside an object reads back as zeroes, and a
+   FUA write, and a FUA zero that must stay allocated (NO_HOLE: a
+   write, in the cache), acknowledged just before the server is
+   SIGKILLed are in the image (`rbd export`);
+4. BLOCK_STATUS over a sparse 8 GiB image with data scattered in 64
+   objects: a request for 4 GiB - 4 KiB is answered with extents
+   covering at most 1 GiB, neighbours of one kind merged; REQ_ONE
+   requests, as qemu-img convert makes, each cost librbd at most two
+   callbacks (the server says how many under MLOOP_TEST_RBD_WALKS), and
+   a walk of the whole image with them finds every written extent.
+   With MLOOP_RBD_TIMINGS=1, qemu-img convert of the image over NBD and
+   `rbd export` are timed and printed, not checked (wall time is not a
+   test; the export alone takes 8-17 s);
+5. a namespace of the pool (rbd:POOL/NAMESPACE/IMAGE, as ceph-csi makes
+   them): served, written, and `rbd export` of the namespace's image
+   has the data; a missing namespace is refused in one line;
+6. client_mount_timeout = 2 in ceph.conf, with no monitor at the address
+   it names: refused in one line within 10 s (Ceph's default would be
+   300 s, the server's own 30 s);
+7. no server, client, daemon or file is left.
+
+SKIPs (77) without the Ceph packages, python3-libnbd or python3-rbd.
+
+Run by hand from the repository root:
+  MLOOP_SERVER_BIN=build/server/mloop-server PYTHONPATH=tests:tests/ceph \\
+      /usr/bin/python3 tests/ceph/test-rbd-peers.py
+
+Cost on the project machine (2 cores): 30-32 s alone, up to 60 s beside
+other heavy work: the cluster's start 6-7 s (up to 19 s loaded), 1 and
+2 about 7-8 s each (each waits once for a watch to end: the 5 s this
+test sets osd_client_watch_timeout to), the arriving writer 2-3 s
+(gdb's start), 20 watchers and 3 to 6 about 1-2 s each.
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import cluster  # tests/ceph, beside this file
+
+reason = cluster.missing_reason()
+if reason:
+    print(f"SKIP: {reason}")
+    sys.exit(77)
+if subprocess.run([sys.executable, "-c", "import rados, rbd"],
+                  capture_output=True).returncode != 0:
+    print("SKIP: python3-rbd is not installed (the writer that is not mloop)")
+    sys.exit(77)
+
+os.environ.setdefault("MLOOP_SERVER", "native")
+import harness  # tests/: skips without python3-libnbd or MLOOP_SERVER_BIN
+import nbd
+from harness import check
+
+SERVER_BIN = harness.SERVER_BIN
+MiB = 1 << 20
+GiB = 1 << 30
+START_LIMIT = 30
+REFUSE_LIMIT = 10
+WATCH_TIMEOUT = 5       # osd_client_watch_timeout here: a dead client's watch
+SUCCESSOR_WATCH_TIMEOUT = 30   # Ceph's default, while a device's servers die
+
+
+class Abort(Exception):
+    """Ends a section whose next step cannot run (its check already failed)."""
+
+
+servers, others = [], []
+
+
+class Server:
+    """mloop-server on SPEC in the foreground, on a private Unix socket."""
+
+    def __init__(self, spec, conf=None, env=None, wrap=(), args=()):
+        self.dir = c.path("test", f"server{len(servers)}")
+        os.mkdir(self.dir)
+        self.sock = os.path.join(self.dir, "nbd.sock")
+        self.pid_file = os.path.join(self.dir, "server.pid")
+        self.err_path = os.path.join(self.dir, "stderr")
+        cmd = [*wrap, SERVER_BIN, "--listen", f"unix:{self.sock}", "--pid-file", self.pid_file,
+               f"--ceph-conf={conf or c.conf}", f"--ceph-id={c.client_id}", *args, spec]
+        with open(self.err_path, "wb") as err:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=err,
+                                         env=dict(os.environ, **(env or {})),
+                                         preexec_fn=cluster._die_with(os.getpid()))
+        self.started = time.monotonic()
+        self.elapsed = 0.0
+        servers.append(self)
+
+    def stderr(self):
+        with open(self.err_path, errors="replace") as f:
+            return f.read()
+
+    def ready(self, timeout=START_LIMIT):
+        deadline = self.started + timeout
+        while not os.path.exists(self.pid_file):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        self.elapsed = time.monotonic() - self.started
+        return os.path.exists(self.pid_file)
+
+    def connect(self):
+        h = nbd.NBD()
+        h.add_meta_context(nbd.CONTEXT_BASE_ALLOCATION)
+        h.connect_unix(self.sock)
+        return h
+
+    def stop(self):
+        harness.terminate(self.proc, 20)
+
+
+def start(what, spec, **kw):
+    s = Server(spec, **kw)
+    ok = s.ready()
+    if not check(f"{what} starts ({s.elapsed:.1f} s)", ok,
+                 f"exit {s.proc.poll()}: {s.stderr().strip()!r}"):
+        s.stop()
+        raise Abort(what)
+    return s
+
+
+def refused_in_one_line(what, s, words):
+    try:
+        s.proc.wait(60)
+    except subprocess.TimeoutExpired:
+        s.stop()
+    s.elapsed = time.monotonic() - s.started
+    err = s.stderr().strip()
+    print(f"# {what}: {err!r}")
+    check(f"{what}: refused, exit non-zero", s.proc.returncode not in (None, 0),
+          f"exit {s.proc.returncode}")
+    check(f"{what}: refused within {REFUSE_LIMIT} s", s.elapsed < REFUSE_LIMIT,
+          f"{s.elapsed:.1f} s")
+    check(f"{what}: one line naming the cause",
+          len(err.splitlines()) == 1 and all(w in err for w in words),
+          f"wanted one line with {words}: {err!r}")
+    return err
+
+
+def export(spec):
+    path = c.path("test", "export")
+    c.rbd("export", "--no-progress", spec, path)
+    with open(path, "rb") as f:
+        data = f.read()
+    os.unlink(path)
+    return data
+
+
+# --- 1: a live writer that is not mloop ------------------------------------
+
+# Opens the image for writing and writes 4 KiB every 20 ms (librbd takes
+# the exclusive lock at the first write, as qemu's and rbd-nbd's do),
+# until its stdin closes; says "writing" after the first write, then
+# "wrote N" at the end, or the first error and exits 1.
+WRITER = r"""
+import rados, rbd, select, sys
+conf, client, pool, image = sys.argv[1:5]
+cl = rados.Rados(conffile=conf, rados_id=client)
+cl.connect()
+io = cl.open_ioctx(pool)
+img = rbd.Image(io, image)
+n = 0
+try:
+    while True:
+        img.write(bytes([n % 251 + 1]) * 4096, (n * 4096) % (4 * 1024 * 1024))
+        n += 1
+        if n == 1:
+            print("writing", flush=True)
+        if select.select([sys.stdin], [], [], 0.02)[0]:
+            break
+except Exception as e:
+    print(f"write {n}: {type(e).__name__}: {e}", flush=True)
+    sys.exit(1)
+img.close()
+io.close()
+cl.shutdown()
+print(f"wrote {n}", flush=True)
+"""
+
+
+def watchers(image):
+    status = json.loads(c.rbd("status", "--format", "json", c.spec(image)))
+    return status.get("watchers", [])
+
+
+def section_live_writer():
+    c.create_image("shared-by-others", 8 * MiB)
+    w = subprocess.Popen([sys.executable, "-c", WRITER, c.conf, c.client_id, c.pool,
+                          "shared-by-others"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         preexec_fn=cluster._die_with(os.getpid()))
+    others.append(w)
+    first = w.stdout.readline().strip()
+    if not check("the librbd writer writes", first == "writing", repr(first)):
+        raise Abort("no writer")
+    held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("shared-by-others")))
+    if not check("the librbd writer holds the exclusive lock", len(held) == 1, repr(held)):
+        raise Abort("no lock")
+    err = refused_in_one_line("mloop-server beside a live writer",
+                              Server(f"rbd:{c.spec('shared-by-others')}"), ["in use"])
+    check("the refusal names the holder",
+          held[0]["locker"] in err and held[0]["address"] in err,
+          f"holder {held[0]['locker']}: {err!r}")
+    time.sleep(1)               # the writer's next writes, had it lost the lock
+    w.stdin.close()
+    out = w.stdout.read().strip()
+    w.wait(30)
+    check("the librbd writer kept writing without an error",
+          w.returncode == 0 and out.startswith("wrote"), f"exit {w.returncode}: {out!r}")
+
+    # The writer killed: its lock stays, its watch until the OSD drops it.
+    w = subprocess.Popen([sys.executable, "-c", WRITER, c.conf, c.client_id, c.pool,
+                          "shared-by-others"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         preexec_fn=cluster._die_with(os.getpid()))
+    others.append(w)
+    check("a second librbd writer writes", w.stdout.readline().strip() == "writing")
+    w.kill()
+    w.wait()
+    deadline = time.monotonic() + 4 * WATCH_TIMEOUT
+    while watchers("shared-by-others") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if not check("the killed writer's watch ends", not watchers("shared-by-others"),
+                 repr(watchers("shared-by-others"))):
+        raise Abort("watch")
+    s = start("mloop-server after a dead holder", f"rbd:{c.spec('shared-by-others')}")
+    held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("shared-by-others")))
+    h = s.connect()
+    h.pwrite(b"m" * 4096, 0)
+    h.flush()
+    check("it took the dead holder's lock and writes",
+          len(held) == 1 and h.pread(4096, 0) == b"m" * 4096, repr(held))
+    h.shutdown()
+    s.stop()
+
+
+# --- 1b: a live writer among many watchers --------------------------------
+
+# The writer above, with the image open MANY_WATCHERS - 1 times more in the same
+# process (each open watches the header, as many clients of one image
+# do): more watchers than a first guess at their number holds.
+MANY_WATCHERS = 20
+CROWD = WRITER.replace("img = rbd.Image(io, image)\n",
+                       "crowd = [rbd.Image(io, image) for _ in range(%d)]\n"
+                       "img = rbd.Image(io, image)\n" % (MANY_WATCHERS - 1)
+                       ).replace("img.close()\n", "img.close()\nfor i in crowd:\n"
+                                 "    i.close()\n")
+
+
+def section_many_watchers():
+    c.create_image("crowded", 8 * MiB)
+    w = subprocess.Popen([sys.executable, "-c", CROWD, c.conf, c.client_id, c.pool,
+                          "crowded"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         preexec_fn=cluster._die_with(os.getpid()))
+    others.append(w)
+    first = w.stdout.readline().strip()
+    if not check("the crowded librbd writer writes", first == "writing", repr(first)):
+        raise Abort("no writer")
+    check(f"the image has {MANY_WATCHERS} watchers",
+          len(watchers("crowded")) == MANY_WATCHERS, repr(len(watchers("crowded"))))
+    held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("crowded")))
+    err = refused_in_one_line(f"mloop-server beside a writer among {MANY_WATCHERS} "
+                              "watchers", Server(f"rbd:{c.spec('crowded')}"), ["in use"])
+    check("the refusal names the holder",
+          len(held) == 1 and held[0]["address"] in err, f"holder {held}: {err!r}")
+    time.sleep(1)               # the writer's next writes, had it lost the lock
+    w.stdin.close()
+    out = w.stdout.read().strip()
+    w.wait(30)
+    check("the crowded librbd writer kept writing without an error",
+          w.returncode == 0 and out.startswith("wrote"), f"exit {w.returncode}: {out!r}")
+
+
+# --- 1c: a writer arriving while the server looks -------------------------
+
+# mloop-server held (by gdb, at its first rbd_lock_get_owners, before
+# the call) while its look at who lives on the image is under way; a
+# librbd writer opens the image and takes its lock meanwhile.  Whatever
+# the order of the look's two parts (the lock's owners, the watchers),
+# the writer must be seen alive: refused, never broken and blocklisted.
+PAUSE_AT_OWNERS = """set pagination off
+set confirm off
+set breakpoint pending on
+handle all nostop noprint pass
+break rbd_lock_get_owners
+commands 1
+silent
+shell touch {paused}
+shell while [ ! -e {go} ]; do sleep 0.05; done
+delete 1
+continue
+end
+run
+"""
+
+
+def section_writer_arriving():
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        print("# skipped: no gdb to hold the server mid-look")
+        return
+    c.create_image("arriving", 8 * MiB)
+    paused, go = c.path("test", "paused"), c.path("test", "go")
+    script = c.path("test", "pause.gdb")
+    with open(script, "w") as f:
+        f.write(PAUSE_AT_OWNERS.format(paused=paused, go=go))
+    s = Server(f"rbd:{c.spec('arriving')}",
+               wrap=[gdb, "-q", "-batch", "-nx", "-x", script, "--args"])
+    deadline = time.monotonic() + START_LIMIT
+    while not os.path.exists(paused) and s.proc.poll() is None \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not check("gdb holds mloop-server before it reads the lock's owners",
+                 os.path.exists(paused), s.stderr().strip()[-500:]):
+        s.stop()
+        raise Abort("no pause")
+    w = subprocess.Popen([sys.executable, "-c", WRITER, c.conf, c.client_id, c.pool,
+                          "arriving"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         preexec_fn=cluster._die_with(os.getpid()))
+    others.append(w)
+    first = w.stdout.readline().strip()
+    open(go, "w").close()
+    if not check("the arriving librbd writer writes", first == "writing", repr(first)):
+        s.stop()
+        raise Abort("no writer")
+    try:
+        s.proc.wait(REFUSE_LIMIT)
+    except subprocess.TimeoutExpired:
+        pass
+    served = s.proc.poll() is None
+    if served:                  # the server itself first, then gdb
+        try:
+            with open(s.pid_file) as f:
+                os.kill(int(f.read()), signal.SIGTERM)
+        except (OSError, ValueError):
+            pass
+        s.stop()
+    err = s.stderr()
+    check("mloop-server is refused, naming the arriving writer",
+          not served and "is in use" in err, f"served: {served}: {err.strip()[-300:]!r}")
+    time.sleep(1)               # the writer's next writes, had it lost the lock
+    w.stdin.close()
+    out = w.stdout.read().strip()
+    w.wait(30)
+    check("the arriving librbd writer kept writing without an error",
+          w.returncode == 0 and out.startswith("wrote"), f"exit {w.returncode}: {out!r}")
+
+
+# --- 2: the lock lost without a blocklist ----------------------------------
+
+# Opens the image for writing as a client that does not blocklist the
+# holders whose lock it breaks, takes the lock explicitly (so that it
+# hands it to no one who asks, as mloop does), writes, says "holding",
+# and releases the lock and closes the image when a line comes on stdin.
+BREAKER = r"""
+import rados, rbd, sys
+conf, client, pool, image = sys.argv[1:5]
+cl = rados.Rados(conffile=conf, rados_id=client)
+cl.conf_set("rbd_blocklist_on_break_lock", "false")
+cl.connect()
+io = cl.open_ioctx(pool)
+img = rbd.Image(io, image)
+img.lock_acquire(rbd.RBD_LOCK_MODE_EXCLUSIVE)
+img.write(b"z" * 4096, 8192)
+print("holding", flush=True)
+sys.stdin.readline()
+img.lock_release()
+img.close()
+io.close()
+cl.shutdown()
+print("closed", flush=True)
+"""
+
+
+def section_lock_lost():
+    c.create_image("regain", 8 * MiB)
+    s = start("mloop-server", f"rbd:{c.spec('regain')}")
+    h = s.connect()
+    h.pwrite(b"a" * 4096, 0)
+    h.flush()
+    held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("regain")))
+    if not check("it holds the exclusive lock", len(held) == 1, repr(held)):
+        raise Abort("no lock")
+    mine = held[0]["address"]
+    s.proc.send_signal(signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 4 * WATCH_TIMEOUT
+        while watchers("regain") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        check("the stopped server's watch ends", not watchers("regain"))
+        b = subprocess.Popen([sys.executable, "-c", BREAKER, c.conf, c.client_id, c.pool,
+                              "regain"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True,
+                             preexec_fn=cluster._die_with(os.getpid()))
+        others.append(b)
+        said = b.stdout.readline().strip()
+        check("another client broke the lock, unblocklisted, and writes", said == "holding",
+              said)
+    finally:
+        s.proc.send_signal(signal.SIGCONT)
+    # The server's librbd re-establishes its watch and either finds its
+    # lock gone (asks the other for it, is refused) or, its new watch's
+    # handle equal to the old one, believes it still holds it.  Either
+    # way the server compares the lock record with itself once the watch
+    # is back, says the lock is lost, and leaves librbd without it.
+    deadline = time.monotonic() + 4 * WATCH_TIMEOUT
+    while "lock is lost" not in s.stderr() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    check("the server says its lock is lost", "lock is lost" in s.stderr(), s.stderr())
+    held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("regain")))
+    check("the other client still holds the lock", len(held) == 1
+          and held[0]["address"] != mine, repr(held))
+    b.stdin.write("\n")
+    b.stdin.flush()
+    said = b.stdout.readline().strip()
+    b.wait(30)
+    check("the other client released the lock", said == "closed", said)
+    try:
+        h.pwrite(b"b" * 4096, 0)
+        h.flush()
+        wrote = None
+    except nbd.Error as e:
+        wrote = e
+    check("after the lock was lost, the server writes again", wrote is None, str(wrote))
+    held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("regain")))
+    check("it holds the exclusive lock again",
+          len(held) == 1 and held[0]["address"] == mine, repr(held))
+    check("it says it took the lock again", "taken again" in s.stderr(), s.stderr())
+    h.shutdown()
+    s.stop()
+    check("the image has the write", export(c.spec("regain"))[:4096] == b"b" * 4096)
+
+
+# --- a device's successive servers -----------------------------------------
+
+def section_successors():
+    """A device's server SIGKILLed and started again (the supervisor's
+    restart), twice: each successor finds the dead server's watch still
+    up (Ceph's 30 s here), and the lock record (--lock-record) names it
+    as the device's own, its lock to be broken, not a live client's."""
+    c.create_image("successors", 8 * MiB)
+    spec = f"rbd:{c.spec('successors')}"
+    record = ["--lock-record=" + c.path("test", "successors.lock")]
+    c.ceph("config", "set", "osd", "osd_client_watch_timeout",
+           str(SUCCESSOR_WATCH_TIMEOUT))
+    try:
+        for n in range(3):
+            if n > 0:
+                # (The server killed before it was blocklisted when its lock
+                # was broken, and the OSD drops a blocklisted client's watch.)
+                check(f"the killed server's watch is up as server {n + 1} starts",
+                      len(watchers("successors")) >= 1, repr(watchers("successors")))
+            s = start(f"server {n + 1} of one device", spec, args=record)
+            h = s.connect()
+            for before in range(n):
+                check(f"server {n + 1} reads server {before + 1}'s write",
+                      h.pread(4096, before * 4096) == bytes([before + 1]) * 4096)
+            h.pwrite(bytes([n + 1]) * 4096, n * 4096)
+            h.flush()
+            if n < 2:
+                s.proc.kill()
+                s.proc.wait()
+                h = None   # closes the dead connection
+        h.shutdown()
+        s.stop()
+    finally:
+        c.ceph("config", "set", "osd", "osd_client_watch_timeout", str(WATCH_TIMEOUT))
+    check("the image has every server's write",
+          export(spec[len("rbd:"):])[:3 * 4096] == b"".join(bytes([n + 1]) * 4096
+                                                             for n in range(3)))
+
+
+# --- 3: the cache and partial trims, turned on by the cluster --------------
+
+def section_settings():
+    c.create_image("configured", 8 * MiB)
+    for key, value in [("rbd_cache", "true"), ("rbd_cache_policy", "writeback"),
+                       ("rbd_cache_writethrough_until_flush", "false"),
+                       ("rbd_cache_max_dirty_age", "60"),
+                       ("rbd_skip_partial_discard", "true")]:
+        c.rbd("config", "image", "set", c.spec("configured"), key, value)
+    s = start("mloop-server on an image with the cache on",
+              f"rbd:{c.spec('configured')}")
+    h = s.connect()
+    h.pwrite(b"d" * MiB, 0)
+    h.flush()
+    h.trim(5000, 1000)
+    got = h.pread(MiB, 0)
+    check("a trim inside an object reads back as zeroes",
+          got[1000:6000] == bytes(5000) and got[:1000] == b"d" * 1000
+          and got[6000:] == b"d" * (MiB - 6000),
+          f"{got[1000:6000].count(0)} of 5000 bytes zero")
+    data = os.urandom(64 * 1024)
+    h.pwrite(data, 2 * MiB, nbd.CMD_FLAG_FUA)
+    # Zeroes that must stay allocated: written, not freed, so through
+    # the cache; over data already flushed to the OSDs.
+    h.pwrite(b"z" * (64 * 1024), 4 * MiB)
+    h.flush()
+    h.zero(64 * 1024, 4 * MiB, nbd.CMD_FLAG_FUA | nbd.CMD_FLAG_NO_HOLE)
+    s.proc.kill()               # nothing flushed after the FUA requests
+    s.proc.wait()
+    del h
+    image = export(c.spec("configured"))
+    check("a FUA write acknowledged before a SIGKILL is in the image",
+          image[2 * MiB:2 * MiB + len(data)] == data,
+          f"{image[2 * MiB:2 * MiB + len(data)].count(0)} of {len(data)} bytes zero")
+    zeroed = image[4 * MiB:4 * MiB + 64 * 1024]
+    check("a FUA zero (no hole) acknowledged before a SIGKILL is in the image",
+          zeroed == bytes(64 * 1024), f"{zeroed.count(0)} of {len(zeroed)} bytes zero")
+
+
+# --- 4: BLOCK_STATUS over a large sparse image -----------------------------
+
+BIG = 8 * GiB
+MOST_ASKED = 4 * GiB - 4096     # NBD's length is 32 bits
+WRITTEN = [(i * 128 * MiB + (i % 7) * 4096, 4096) for i in range(64)]
+
+
+def statuses(h, offset, length, flags=0):
+    got = []
+
+    def cb(metacontext, off, entries, err):
+        if metacontext == nbd.CONTEXT_BASE_ALLOCATION:
+            got.extend(zip(entries[0::2], entries[1::2]))
+    h.block_status(length, offset, cb, flags)
+    return got
+
+
+def walks(s):
+    """The server's lines about its walks: [(callbacks, one)]."""
+    out = []
+    for line in s.stderr().splitlines():
+        if ": extents of " in line and line.endswith(" callbacks"):
+            out.append(int(line.rsplit(" ", 2)[1]))
+    return out
+
+
+def section_extents():
+    c.create_image("big", BIG)
+    s = start("mloop-server on a sparse 8 GiB image", f"rbd:{c.spec('big')}",
+              env={"MLOOP_TEST_RBD_WALKS": "1"})
+    h = s.connect()
+    for off, n in WRITTEN:
+        h.pwrite(b"x" * n, off)
+    h.flush()
+    whole = statuses(h, 0, MOST_ASKED)
+    covered = sum(n for n, _ in whole)
+    check("BLOCK_STATUS of the whole image covers at most 1 GiB",
+          0 < covered <= GiB, f"{covered} bytes in {len(whole)} extents")
+    kinds = [f & nbd.STATE_HOLE for _, f in whole]
+    check("its neighbouring extents differ in kind (merged)",
+          all(a != b for a, b in zip(kinds, kinds[1:])), repr(whole[:8]))
+    before = len(walks(s))
+    pos, data, requests = 0, [], 0
+    while pos < BIG:
+        got = statuses(h, pos, min(BIG - pos, MOST_ASKED), nbd.CMD_FLAG_REQ_ONE)
+        requests += 1
+        if not got or got[0][0] == 0:
+            check("REQ_ONE makes progress", False, f"at {pos}: {got!r}")
+            raise Abort("no progress")
+        if not got[0][1] & nbd.STATE_HOLE:
+            data.append((pos, got[0][0]))
+        pos += got[0][0]
+    counts = walks(s)[before:]
+    print(f"# {requests} REQ_ONE requests; callbacks: most {max(counts, default=0)},"
+          f" total {sum(counts)}")
+    check("every REQ_ONE request costs librbd at most two callbacks",
+          len(counts) == requests and max(counts) <= 2,
+          f"{len(counts)} walks said for {requests} requests, most {max(counts, default=0)}")
+    found = all(any(o <= off and off + n <= o + m for o, m in data) for off, n in WRITTEN)
+    check("the walk finds every written extent", found, repr(data[:8]))
+    qemu_img = shutil.which("qemu-img")
+    if qemu_img and os.environ.get("MLOOP_RBD_TIMINGS"):
+        t = time.monotonic()
+        r = subprocess.run([qemu_img, "convert", "-O", "raw",
+                            f"nbd+unix:///?socket={s.sock}", c.path("test", "convert")],
+                           capture_output=True, text=True)
+        convert = time.monotonic() - t
+        if os.path.exists(c.path("test", "convert")):
+            os.unlink(c.path("test", "convert"))
+        t = time.monotonic()
+        c.rbd("export", "--no-progress", c.spec("big"), c.path("test", "export"))
+        exported = time.monotonic() - t
+        os.unlink(c.path("test", "export"))
+        print(f"# qemu-img convert over NBD: {convert:.1f} s (exit {r.returncode}); "
+              f"rbd export: {exported:.1f} s")
+    h.shutdown()
+    s.stop()
+
+
+# --- 5: a namespace ------------------------------------------------------------
+
+def section_namespace():
+    c.rbd("namespace", "create", f"{c.pool}/tenant")
+    c.rbd("create", "--size", "8M", f"{c.pool}/tenant/disk")
+    s = start("mloop-server on rbd:POOL/NAMESPACE/IMAGE", f"rbd:{c.pool}/tenant/disk")
+    data = os.urandom(100000)
+    h = s.connect()
+    h.pwrite(data, 12345)
+    h.flush()
+    check("it serves the namespace's image", h.get_size() == 8 * MiB
+          and h.pread(len(data), 12345) == data)
+    h.shutdown()
+    s.stop()
+    check("rbd export of the namespace's image has the data",
+          export(f"{c.pool}/tenant/disk")[12345:12345 + len(data)] == data)
+    refused_in_one_line("a missing namespace", Server(f"rbd:{c.pool}/nowhere/disk"),
+                        ["namespace"])
+
+
+# --- 6: client_mount_timeout in ceph.conf ----------------------------------
+
+def section_mount_timeout():
+    with open(c.conf) as f:
+        text = f.read()
+    dead = f"127.0.0.1:{cluster._free_port()}"
+    text = "\n".join(f"mon_host = {dead}" if line.startswith("mon_host") else line
+                     for line in text.splitlines())
+    text = text.replace("[global]\n", "[global]\nclient_mount_timeout = 2\n", 1)
+    conf = c.path("test", "unreachable.conf")
+    with open(conf, "w") as f:
+        f.write(text + "\n")
+    refused_in_one_line("no monitor, client_mount_timeout = 2 in ceph.conf",
+                        Server(f"rbd:{c.spec('nothing')}", conf=conf), ["monitor"])
+
+
+# --- run ------------------------------------------------------------------
+
+
+def section(name, fn):
+    t = time.monotonic()
+    print(f"# {name}")
+    try:
+        fn()
+    except Abort:
+        pass
+    except Exception as e:  # nbd.Error, a failed rbd command: this section ends
+        check(f"{name}: runs to its end", False, f"{type(e).__name__}: {e}")
+    print(f"# {name}: {time.monotonic() - t:.1f} s")
+
+
+t0 = time.monotonic()
+c = cluster.Cluster()
+daemon_pids, cluster_dir = [], None
+try:
+    c.start()
+    print(f"# cluster started in {c.times['start']:.1f} s")
+    daemon_pids = [d.proc.pid for d in c.daemons.values()]
+    cluster_dir = c.dir
+    os.mkdir(c.path("test"))
+    c.ceph("config", "set", "osd", "osd_client_watch_timeout", str(WATCH_TIMEOUT))
+    section("a live writer that is not mloop", section_live_writer)
+    section("a live writer among many watchers", section_many_watchers)
+    section("a writer arriving while the server looks", section_writer_arriving)
+    section("the lock lost without a blocklist", section_lock_lost)
+    section("a device's servers killed one after another", section_successors)
+    section("the cache and partial trims set by the cluster", section_settings)
+    section("BLOCK_STATUS over a large sparse image", section_extents)
+    section("a namespace", section_namespace)
+    section("client_mount_timeout in ceph.conf", section_mount_timeout)
+finally:
+    for p in servers:
+        if p.proc.poll() is None:
+            p.stop()
+    for p in others:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    c.stop()
+
+print(f"# whole test {time.monotonic() - t0:.1f} s")
+alive = [p.proc.pid for p in servers if p.proc.poll() is None]
+alive += [p.pid for p in others if p.poll() is None]
+check("no server or client is left running", alive == [], repr(alive))
+alive = [pid for pid in daemon_pids if os.path.exists(f"/proc/{pid}")]
+check("no Ceph daemon is left running", alive == [], repr(alive))
+check("no file is left", cluster_dir is None or not os.path.exists(cluster_dir),
+      cluster_dir)
+harness.exit_if_failed()
