@@ -278,6 +278,23 @@ set_image_size (struct mloop_engine *e, uint64_t size, char *err,
   return mloop_engine_set_size (e, size, err, errlen) < 0 ? -1 : 0;
 }
 
+/* set_image_size, then closes the image (if *OPENED) before the server
+ * is asked for the new size: an RBD image open for writing here is a
+ * watcher on it, which a restarted server (nbdkit's resize) takes for a
+ * live writer and refuses the image.
+ */
+static int
+set_size_and_close (struct mloop_engine *e, bool *opened, uint64_t size,
+                    char *err, size_t errlen)
+{
+  int r = set_image_size (*opened ? e : NULL, size, err, errlen);
+
+  if (*opened)
+    mloop_engine_close (e);
+  *opened = false;
+  return r;
+}
+
 /* Everything that can refuse, before anything changes.  Returns the
  * device's new size in *SIZE: WANT with HAVE_SIZE, else SERVED when not
  * 0, else the image's; opens the image into E (*OPENED) when that is
@@ -381,7 +398,7 @@ resize_locked (struct mloop_device_state *s, bool have_size, uint64_t want,
     /* Growing: the server before the kernel, which sends nothing past
      * the old end until it knows the new one.
      */
-    r = (set_image_size (opened ? &image : NULL, size, err, errlen) == 0 &&
+    r = (set_size_and_close (&image, &opened, size, err, errlen) == 0 &&
          server_step (s, size, restart, err, errlen) == 0 &&
          kernel_take_size (s, size, err, errlen) == 0) ? 0 : -1;
   else if (r == 0)
@@ -389,7 +406,7 @@ resize_locked (struct mloop_device_state *s, bool have_size, uint64_t want,
      * before it knew still find the old size in the image and the server.
      */
     r = (kernel_take_size (s, size, err, errlen) == 0 &&
-         set_image_size (opened ? &image : NULL, size, err, errlen) == 0 &&
+         set_size_and_close (&image, &opened, size, err, errlen) == 0 &&
          server_step (s, size, restart, err, errlen) == 0) ? 0 : -1;
   if (opened)
     mloop_engine_close (&image);

@@ -169,7 +169,11 @@ def run_test(kind, cl):
         args = kind.attach_args(name)
         args[args.index("--server") + 1] = "nbdkit"
         att = kind.attach(cl, name, args=args)
-        check_nbdkit_resizes(kind, c, att.device)
+        try:
+            check_nbdkit_resizes(kind, c, att.device)
+        except (AssertionError, OSError):
+            print_device_logs(kind, att.device)
+            raise
         att.detach()
 
 
