@@ -889,9 +889,10 @@ def section_kill():
           len(now) == 1 and len(dead) == 1 and now[0]["address"] != dead[0]["address"],
           f"{dead!r} -> {now!r}")
     with open(record) as f:
-        recorded = f.read().strip()
-    check("the lock record names the new holder",
-          len(now) == 1 and recorded == now[0]["address"], f"{recorded!r} vs {now!r}")
+        recorded = f.read().split()
+    check("the lock record names the new holder first, then the dead one",
+          len(now) == 1 and recorded[:2] == [now[0]["address"], dead[0]["address"]],
+          f"{recorded!r} vs {now!r}, {dead!r}")
     h = k2.connect()
     bad = [off for off, data in flushed if h.pread(len(data), off) != data]
     check("what was flushed (and FUA-written) before the kill reads back", not bad,
