@@ -30,6 +30,7 @@
 #include "attach.h"
 #include "caller.h"
 #include "describe.h"
+#include "held_image.h"
 #include "manager.h"
 #include "printable.h"
 #include "store_name.h"
@@ -479,7 +480,9 @@ attach (GDBusMethodInvocation *invocation, GVariant *params)
   char err[1024];
 
   g_variant_get (params, "(h&s@a{sv})", &handle, &name, &options);
-  if (!options_known (options, err, sizeof err)) {
+  /* The name first: a bad one is neither kept nor logged. */
+  if (mloop_held_image_label_check (name, err, sizeof err) == -1 ||
+      !options_known (options, err, sizeof err)) {
     g_dbus_method_invocation_return_dbus_error (invocation, ERROR_INVALID,
                                                 err);
     return;

@@ -121,16 +121,8 @@ check_image_fd (const struct mloop_attach_request *req, struct stat *st,
   if (flags == -1 || fstat (req->image_fd, st) == -1)
     return mloop_fail (err, errlen, "%s: the descriptor passed is not open: "
                        "%s", req->file, strerror (errno));
-  if (req->file[0] != '/' || strchr (req->file, '\n'))
-    return mloop_fail (err, errlen, "%s: the image's name must be an "
-                       "absolute path on one line", req->file);
-  /* The name is kept in the device's state and shown to everyone who
-   * lists: no longer than a path can be.
-   */
-  if (strlen (req->file) >= PATH_MAX)
-    return mloop_fail (err, errlen, "the image's name is %zu bytes long: "
-                       "a path has at most %d", strlen (req->file),
-                       PATH_MAX - 1);
+  if (mloop_held_image_label_check (req->file, err, errlen) == -1)
+    return -1;
   if ((flags & O_PATH) || (flags & O_ACCMODE) == O_WRONLY)
     return mloop_fail (err, errlen, "%s: the descriptor passed was not "
                        "opened for reading", req->file);

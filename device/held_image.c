@@ -1,8 +1,10 @@
 /* mloop — an image reached through a descriptor (held_image.h). */
+#include <limits.h>
 #include <string.h>
 #include <sys/vfs.h>
 #include <linux/magic.h>
 
+#include "errmsg.h"
 #include "held_image.h"
 
 static int held_fd = -1;
@@ -53,4 +55,18 @@ mloop_held_image_pseudo_fs (int fd)
     if ((unsigned long) fs.f_type == pseudo[i].magic)
       return pseudo[i].name;
   return NULL;
+}
+
+int
+mloop_held_image_label_check (const char *name, char *err, size_t errlen)
+{
+  size_t len = strlen (name);
+
+  if (len >= PATH_MAX)
+    return mloop_fail (err, errlen, "the image's name is %zu bytes long: "
+                       "a path has at most %d", len, PATH_MAX - 1);
+  if (name[0] != '/' || strchr (name, '\n'))
+    return mloop_fail (err, errlen, "%s: the image's name must be an "
+                       "absolute path on one line", name);
+  return 0;
 }

@@ -20,6 +20,7 @@
 #define MLOOP_HELD_IMAGE_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 #define MLOOP_HELD_IMAGE_FD 3
 #define MLOOP_HELD_IMAGE_PATH "/proc/self/fd/3"
@@ -40,5 +41,14 @@ bool mloop_is_held_image (const char *image);
  * and a held image is never one.
  */
 const char *mloop_held_image_pseudo_fs (int fd);
+
+/* Whether NAME may label a held image: an absolute path on one line,
+ * no longer than a path can be.  It is kept in the device's state,
+ * shown to everyone who lists and written to the service's log, so it
+ * is checked before anything else of the call is looked at.  -1 with
+ * ERR (which quotes NAME only when it is short enough to be one).
+ */
+int mloop_held_image_label_check (const char *name, char *err,
+                                  size_t errlen);
 
 #endif /* MLOOP_HELD_IMAGE_H */

@@ -147,6 +147,7 @@ def run(bus, work):
     stalled_callers(bus, image, root_only)
     bounded_wait(bus, root_only)
     names_in_the_log(bus, work, image)
+    long_name_not_logged(bus, image)
     per_user_cap(bus, image)
 
     # The mloop command as a user.
@@ -412,6 +413,18 @@ def names_in_the_log(bus, work, image):
           out.startswith("ERROR") and f"attach {shown} refused" in log
           and "\x1b" not in log and "\u009b" not in log and "\u202e" not in log,
           out + " / " + log[-300:])
+
+
+def long_name_not_logged(bus, image):
+    """A name no path could have is refused before it is kept or logged:
+    else each call could write hundreds of kilobytes of escapes to the
+    journal, pushing out what root needs to read."""
+    before = len(bus.log("daemon.log"))
+    out = call_on(bus, "attach", "rw", image, "/" + "\x01" * 100000)
+    grown = len(bus.log("daemon.log")) - before
+    check("a name longer than a path can be is refused and not logged",
+          out == "ERROR the image's name is 100001 bytes long: a path has at most 4095"
+          and grown < 4096, f"{out[:200]} / the log grew by {grown} bytes")
 
 
 def per_user_cap(bus, image):
