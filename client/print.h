@@ -8,7 +8,9 @@
 
 #include <glib.h>
 
-/* "mloop: MESSAGE" on stderr, one line; returns EXIT_FAILURE. */
+/* "mloop: MESSAGE" on stderr, one line, its control and bidi characters
+ * escaped (printable.h); returns EXIT_FAILURE.
+ */
 int mloop_print_error (const char *fmt, ...) G_GNUC_PRINTF (1, 2);
 
 #endif /* MLOOP_CLIENT_PRINT_H */

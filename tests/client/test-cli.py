@@ -96,6 +96,14 @@ try:
     refused("missing image", ["attach", os.path.join(work, "nope.img")],
             "nope.img: No such file or directory")
     refused("directory as image", ["attach", work], "Is a directory")
+    # An error quotes names as `mloop list` shows them: a terminal's
+    # escapes in one (a label another user gave) reach root escaped.
+    odd = os.path.join(work, "a\x1b]0;x\x07\u202eb.img")
+    refused("a name's control characters are escaped in an error", ["attach", odd],
+            "a\\x1b]0;x\\x07\\xe2\\x80\\xaeb.img: No such file or directory")
+    p = mloop("attach", odd)
+    check("an error writes no control or bidi character",
+          not any(c in p.stderr for c in "\x1b\x07\u202e"), repr(p.stderr))
     # Not root: mloop's D-Bus service attaches for users, and none is
     # reachable here.
     os.chmod(work, 0o711)
