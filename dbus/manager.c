@@ -3,13 +3,16 @@
  *
  * Thread model: calls arrive in the main loop's thread, which asks
  * polkit for each without waiting (caller.h), so a caller whose
- * authentication dialog stays open holds up nobody else.  What a call
+ * authentication dialog stays open holds up nobody else.  A detach's
+ * path is then resolved as its caller in a thread of the call's own,
+ * since a path on the caller's FUSE mount may never resolve: that holds
+ * up only the caller, whose calls in progress are bounded.  What a call
  * then does to devices runs in one device thread, one call at a time:
  * an attach or detach takes a second or two; one at a time keeps the
  * per-user count exact and lets the reaper (main.c) tell an exited
  * supervisor from a child an attach is waiting for.  List only reads
  * the run directory and is answered from the main thread at once.
- * D-Bus replies may be sent from either thread.
+ * D-Bus replies may be sent from any of these threads.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -46,11 +49,18 @@ static GThreadPool *device_thread;
 /* Held by the device thread while it works; the reaper only tries it. */
 static GMutex device_work;
 
-/* Each user's calls in progress (uid -> count), from both threads. */
+/* Each user's calls in progress (uid -> count), from every thread. */
 static GMutex calls_lock;
 static GHashTable *calls_of;
 
 enum call_kind { CALL_ATTACH, CALL_DETACH, CALL_DETACH_OTHER };
+
+/* What a detach asks for, as the device library may look for it. */
+struct detach_target {
+  char *name;           /* a device's name, a URI or RBD name, or a path */
+  bool resolved;        /* NAME is canonical, resolved as the caller */
+  struct stat st;       /* when RESOLVED: the identity of NAME's file */
+};
 
 /* A call on its way from polkit's answer to the device thread. */
 struct call {
@@ -65,6 +75,7 @@ struct call {
   uid_t owner;
   pid_t supervisor_pid;
   GVariant *options;            /* attach */
+  struct detach_target *target; /* CALL_DETACH: WHAT resolved as UID */
   gint32 handle;                /* attach: the image's descriptor */
   bool counted;                 /* among its user's calls in progress */
 };
@@ -118,6 +129,9 @@ call_free (struct call *c)
   g_free (c->what);
   if (c->options)
     g_variant_unref (c->options);
+  if (c->target)
+    g_free (c->target->name);
+  g_free (c->target);
   g_free (c);
 }
 
@@ -288,12 +302,6 @@ act_as (uid_t uid, const gid_t *groups, int n)
   return (uid_t) setfsuid ((uid_t) -1) == uid ? 0 : -1;
 }
 
-/* What a detach asks for, as the device library may look for it. */
-struct detach_target {
-  char *name;           /* a device's name, a URI or RBD name, or a path */
-  bool resolved;        /* NAME is canonical, resolved as the caller */
-  struct stat st;       /* when RESOLVED: the identity of NAME's file */
-};
 
 /* WHAT, the device or image a detach asks for, into *T: a device's
  * name as it is; a path resolved by UID, with UID's rights, to a
@@ -356,7 +364,14 @@ detach_now (struct call *c)
   char err[1024];
   int found;
 
-  if (!resolve_as (c->what, c->uid, &what, err, sizeof err)) {
+  /* A detach's path was resolved in its own thread (resolve_thread);
+   * a device's name, as the second round has it, needs no resolving.
+   */
+  if (c->target) {
+    what = *c->target;
+    g_clear_pointer (&c->target, g_free);
+  }
+  else if (!resolve_as (c->what, c->uid, &what, err, sizeof err)) {
     call_fail (c, ERROR_INVALID, err);
     return;
   }
@@ -408,6 +423,23 @@ device_thread_run (gpointer data, gpointer unused)
   g_mutex_unlock (&device_work);
 }
 
+/* In a thread of C's own: the path C's detach names, resolved as its
+ * caller, then on to the device thread.
+ */
+static gpointer
+resolve_thread (gpointer data)
+{
+  struct call *c = data;
+  char err[1024];
+
+  c->target = g_new0 (struct detach_target, 1);
+  if (!resolve_as (c->what, c->uid, c->target, err, sizeof err))
+    call_fail (c, ERROR_INVALID, err);
+  else
+    g_thread_pool_push (device_thread, c, NULL);
+  return NULL;
+}
+
 /* polkit's answer for C: on to the device thread, or the refusal. */
 static void
 authorized (GDBusMethodInvocation *invocation, const char *err,
@@ -416,6 +448,18 @@ authorized (GDBusMethodInvocation *invocation, const char *err,
   struct call *c = data;
   char why[1024];
 
+  if (err == NULL && c->kind == CALL_DETACH) {
+    g_autoptr (GError) gerr = NULL;
+    GThread *t = g_thread_try_new ("mloop-resolve", resolve_thread, c, &gerr);
+
+    if (t == NULL) {
+      snprintf (why, sizeof why, "cannot start a thread: %s", gerr->message);
+      call_fail (c, ERROR_FAILED, why);
+    }
+    else
+      g_thread_unref (t);
+    return;
+  }
   if (err == NULL) {
     g_thread_pool_push (device_thread, c, NULL);
     return;

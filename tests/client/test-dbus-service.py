@@ -148,6 +148,7 @@ def run(bus, work):
     bounded_wait(bus, root_only)
     names_in_the_log(bus, work, image)
     long_name_not_logged(bus, image)
+    detach_on_stalled_fuse(bus, work)
     per_user_cap(bus, image)
 
     # The mloop command as a user.
@@ -285,7 +286,7 @@ def calls_in_progress(bus, root_only):
             pile.wait()
 
 
-# gdb, attached to the service, holds its device thread where it takes
+# gdb, attached to the service, holds the thread resolving a path where it takes
 # back root's rights (setfsuid (0)) after resolving a path as the
 # caller, until the test has swapped the caller's directory.
 HOLD_AFTER_RESOLVING = """set pagination off
@@ -413,6 +414,57 @@ def names_in_the_log(bus, work, image):
           out.startswith("ERROR") and f"attach {shown} refused" in log
           and "\x1b" not in log and "\u009b" not in log and "\u202e" not in log,
           out + " / " + log[-300:])
+
+
+def detach_on_stalled_fuse(bus, work):
+    """A path on a FUSE mount whose server never answers never resolves:
+    the caller's detach waits, and only theirs (another user's call is
+    served meanwhile) until the FUSE server goes."""
+    mnt = os.path.join(work, "fuse")
+    os.mkdir(mnt)
+    os.chmod(mnt, 0o755)
+    try:
+        fuse = os.open("/dev/fuse", os.O_RDWR)
+    except OSError as e:
+        print(f"# skipped: a stalled FUSE mount: /dev/fuse: {e}")
+        return
+    try:
+        # USER's mount, as fusermount makes it with allow_other (which
+        # user_allow_other in /etc/fuse.conf lets users ask for; without
+        # it FUSE refuses root at once); its server (this test) never
+        # reads a request.
+        r = subprocess.run(["mount", "-i", "-t", "fuse", "-o",
+                            f"fd={fuse},rootmode=40000,user_id={USER[1]},group_id={USER[2]},"
+                            "allow_other",
+                            "stalled", mnt], pass_fds=[fuse], capture_output=True, text=True)
+        if r.returncode != 0:
+            print(f"# skipped: a stalled FUSE mount: {r.stderr.strip()}")
+            return
+        _, uid, gid = USER
+        stuck = subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={gid}",
+                                  "--clear-groups", "--"] + CALL
+                                 + ["detach", os.path.join(mnt, "x")],
+                                 env=bus.env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True)
+        time.sleep(1)
+        bus.set_rules(servicebus.ALLOW_BOTH_ATTACH)
+        out = call_as(bus, OTHER, ["detach", "/dev/nbd0"], 10)
+        check("a detach stalled on its caller's FUSE mount holds up no other user's",
+              out == "ERROR /dev/nbd0 is not attached by mloop", out)
+        os.close(fuse)
+        fuse = -1
+        try:
+            out = stuck.communicate(timeout=20)[0].strip()
+        except subprocess.TimeoutExpired:
+            stuck.kill()
+            out = "no answer"
+        check("the stalled detach is answered once the FUSE server goes",
+              out.startswith("ERROR") and "not connected" in out, out)
+    finally:
+        bus.set_rules(servicebus.ALLOW_USER)
+        if fuse != -1:
+            os.close(fuse)
+        subprocess.run(["umount", "-l", mnt], capture_output=True)
 
 
 def long_name_not_logged(bus, image):
