@@ -374,7 +374,7 @@ struct opener {
 /* How many idle devices an attach tries that another attach connects
  * first.
  */
-#define BUSY_ATTEMPTS        16
+#define BUSY_ATTEMPTS        64
 
 /* Hands N negotiated sockets to the kernel as one device, /dev/nbdWANT
  * (-1: the kernel's choice).  The kernel takes its own references: FDS
@@ -407,11 +407,28 @@ hand_to_kernel (int want, int *fds, unsigned n,
   return r < 0 ? r : 0;
 }
 
+/* The lowest index from FROM on that names no device yet: connected
+ * there, the kernel makes a new device, whose node udev makes root's.
+ */
+static int
+absent_index (int from)
+{
+  for (int index = MAX (from, 0); index < INT_MAX; index++) {
+    g_autofree char *sys = g_strdup_printf ("/sys/block/nbd%d", index);
+
+    if (!g_file_test (sys, G_FILE_TEST_EXISTS))
+      return index;
+  }
+  return -1;
+}
+
 /* The device to connect next (device_owner.h says why its node must be
  * root's first): the one REQ asks for, or the lowest idle one from FROM
- * on, or -1 to let the kernel make a new one (its node is root's as the
- * kernel makes it).  -2 with ERR when the one asked for cannot be given
- * back to root.
+ * on, or a new one at an index no device has.  Never the kernel's
+ * choice (-1): the kernel would take any unconfigured device, whatever
+ * its node's owner, such as a user's device released since the idle
+ * ones were given back to root.  -2 with ERR when the one asked for
+ * cannot be given back to root.
  */
 static int
 choose_index (const struct mloop_attach_request *req, int from, char *err,
@@ -422,7 +439,7 @@ choose_index (const struct mloop_attach_request *req, int from, char *err,
                                               : from);
 
   if (req->index < 0)
-    return idle;
+    return idle >= 0 ? idle : absent_index (from);
   name = g_strdup_printf ("nbd%d", req->index);
   if (!mloop_device_owner_is_root (name)) {
     mloop_fail (err, errlen, "/dev/%s is not root's and the disk group's "
@@ -541,8 +558,10 @@ connect_kernel (const struct mloop_attach_request *req,
     r = hand_to_kernel (want, fds, (unsigned) n, &x, s->block_size,
                         s->timeout, s->dead_timeout, backend, &index, err,
                         errlen);
-    /* Another attach took the idle device we chose: the next one. */
-    if (r == -EBUSY && req->index < 0 && want >= 0 &&
+    /* Another attach took the device we chose (an idle one, or made the
+     * new one first): the next one.
+     */
+    if ((r == -EBUSY || r == -EEXIST) && req->index < 0 && want >= 0 &&
         busy++ < BUSY_ATTEMPTS) {
       from = want + 1;
       attempt--;
