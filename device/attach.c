@@ -371,7 +371,7 @@ struct opener {
 #define RECEIVERS_SETTLE_MS  500
 #define RECEIVERS_TIMEOUT_MS 5000
 #define RECEIVERS_ATTEMPTS   16
-/* How many idle devices an attach tries that another attach connects
+/* How many devices an attach tries that another attach connects or makes
  * first.
  */
 #define BUSY_ATTEMPTS        64
