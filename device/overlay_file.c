@@ -139,7 +139,7 @@ int
 mloop_overlay_file_discard (const char *path, char *err, size_t errlen)
 {
   g_autofree char *base = NULL;
-  struct stat st;
+  struct stat st, held, named;
   uint64_t size;
   bool known;
   int lock, fd, r;
@@ -153,10 +153,27 @@ mloop_overlay_file_discard (const char *path, char *err, size_t errlen)
   if (lock == -1)
     return -1;
   r = check_unused (path, &st, NULL, NULL, err, errlen);
+  /* Non-blocking: what the path names now may be a FIFO, put there
+   * since the header was read, and the state lock is held.
+   */
+  fd = r == 0 ? open (path, O_RDONLY | O_CLOEXEC | O_NONBLOCK) : -1;
+  if (r == 0 && fd == -1)
+    r = mloop_fail (err, errlen, "cannot open %s: %s", path,
+                    strerror (errno));
+  /* Only the file checked above: the name may have been given to
+   * another file since (a rename over it), which is no overlay.
+   */
+  if (r == 0 && (fstat (fd, &held) == -1 || !S_ISREG (held.st_mode) ||
+                 held.st_dev != st.st_dev || held.st_ino != st.st_ino))
+    r = mloop_fail (err, errlen, "%s was replaced while being checked: "
+                    "not removed", path);
   /* A server started by hand holds the overlay's lock. */
-  fd = r == 0 ? open (path, O_RDONLY | O_CLOEXEC) : -1;
-  if (r == 0 && (fd == -1 || flock (fd, LOCK_EX | LOCK_NB) == -1))
+  if (r == 0 && flock (fd, LOCK_EX | LOCK_NB) == -1)
     r = mloop_fail (err, errlen, "overlay %s is in use by a server", path);
+  if (r == 0 && (stat (path, &named) == -1 ||
+                 named.st_dev != held.st_dev || named.st_ino != held.st_ino))
+    r = mloop_fail (err, errlen, "%s was replaced while being checked: "
+                    "not removed", path);
   if (r == 0 && unlink (path) == -1)
     r = mloop_fail (err, errlen, "cannot remove %s: %s", path,
                     strerror (errno));
