@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "backing.h"
@@ -97,6 +98,16 @@ check_owner_may_write (const struct mloop_overlay *ov,
   return r;
 }
 
+/* Whether PATH still names the file open as FD. */
+static bool
+names_file (const char *path, int fd)
+{
+  struct stat named, held;
+
+  return stat (path, &named) == 0 && fstat (fd, &held) == 0 &&
+    named.st_dev == held.st_dev && named.st_ino == held.st_ino;
+}
+
 int
 mloop_overlay_merge (const char *path, const char *base_path, bool adopt,
                      bool remove, char *err, size_t errlen)
@@ -159,6 +170,14 @@ mloop_overlay_merge (const char *path, const char *base_path, bool adopt,
    * about to be unlinked.  Should the unlink not survive a power cut,
    * the overlay comes back reading the same over the merged base.
    */
+  /* Only the overlay merged: its name may have been given to another
+   * file during the merge (a rename over it), which is not removed.
+   */
+  if (r == 0 && remove && !names_file (path, ov.fd)) {
+    r = -ESTALE;
+    snprintf (err, errlen, "committed, but %s was replaced during the "
+              "merge: the file there now is not removed", path);
+  }
   if (r == 0 && remove && unlink (path) == -1) {
     r = -errno;
     snprintf (err, errlen, "committed, but %s stays: %s", path,
