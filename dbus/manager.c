@@ -35,6 +35,7 @@
 #include "describe.h"
 #include "held_image.h"
 #include "manager.h"
+#include "nbd_netlink.h"
 #include "printable.h"
 #include "store_name.h"
 
@@ -200,11 +201,80 @@ options_known (GVariant *options, char *err, size_t errlen)
   return true;
 }
 
-/* How many devices UID has attached (through the service: root's own
- * attaches are root's).
+/* Users' devices detached while a descriptor a user opened on the node
+ * stayed open.  The kernel keeps such a device (it is busy, and counts
+ * as connected) until the last descriptor closes, and the next attach
+ * gets another: uncounted, a user could pin any number of devices by
+ * opening each node before detaching it.  They count against their
+ * owner's cap until the kernel lets them go.  Only the device thread
+ * touches this; a service restarted meanwhile forgets them.
+ */
+struct held_device {
+  int index;
+  uid_t owner;
+};
+
+static GArray *held_after_detach;
+
+/* After a detach of OWNER's device INDEX: remembered if still held. */
+static void
+note_if_held (int index, uid_t owner)
+{
+  struct held_device h = { .index = index, .owner = owner };
+  bool connected = false;
+  char why[256];
+
+  if (owner == 0 || mloop_nbd_netlink_connected (index, &connected, why,
+                                                 sizeof why) < 0 ||
+      !connected)
+    return;
+  if (held_after_detach == NULL)
+    held_after_detach = g_array_new (FALSE, FALSE, sizeof h);
+  g_array_append_val (held_after_detach, h);
+}
+
+static bool
+attached_at (const struct mloop_device_state *devices, size_t n, int index)
+{
+  for (size_t i = 0; i < n; i++)
+    if (devices[i].transport == MLOOP_TRANSPORT_NBD &&
+        devices[i].index == index)
+      return true;
+  return false;
+}
+
+/* How many of UID's detached devices are still held, forgetting those
+ * the kernel let go (or that hold a device attached since).
  */
 static unsigned
-devices_of (uid_t uid)
+held_of (uid_t uid, const struct mloop_device_state *devices, size_t n)
+{
+  unsigned held = 0;
+  char why[256];
+
+  for (guint i = 0; held_after_detach && i < held_after_detach->len; ) {
+    const struct held_device *h =
+      &g_array_index (held_after_detach, struct held_device, i);
+    bool connected = false;
+
+    if (attached_at (devices, n, h->index) ||
+        mloop_nbd_netlink_connected (h->index, &connected, why,
+                                     sizeof why) < 0 || !connected) {
+      g_array_remove_index_fast (held_after_detach, i);
+      continue;
+    }
+    held += h->owner == uid;
+    i++;
+  }
+  return held;
+}
+
+/* How many devices UID has attached (through the service: root's own
+ * attaches are root's), and in *HELD how many more it detached but
+ * still holds open.
+ */
+static unsigned
+devices_of (uid_t uid, unsigned *held)
 {
   size_t n;
   struct mloop_device_state *devices = mloop_state_list (&n);
@@ -212,6 +282,7 @@ devices_of (uid_t uid)
 
   for (size_t i = 0; i < n; i++)
     mine += devices[i].owner == uid;
+  *held = held_of (uid, devices, n);
   mloop_state_free_list (devices, n);
   return mine;
 }
@@ -224,15 +295,22 @@ attach_now (struct call *c)
   g_autofree char *device = NULL;
   g_autofree char *shown = mloop_printable (c->what);
   g_autofree char *why = NULL;
-  unsigned mine;
+  unsigned mine, held = 0;
   char err[1024];
   int fd, r;
 
   if (c->uid != 0 &&
-      (mine = devices_of (c->uid)) >= limits.max_devices_per_user) {
-    snprintf (err, sizeof err, "a user may have %u devices attached at "
-              "once (mloop-dbus --max-devices-per-user) and you have %u: "
-              "detach one first", limits.max_devices_per_user, mine);
+      (mine = devices_of (c->uid, &held)) + held >=
+      limits.max_devices_per_user) {
+    if (held == 0)
+      snprintf (err, sizeof err, "a user may have %u devices attached at "
+                "once (mloop-dbus --max-devices-per-user) and you have %u: "
+                "detach one first", limits.max_devices_per_user, mine);
+    else
+      snprintf (err, sizeof err, "a user may have %u devices attached at "
+                "once (mloop-dbus --max-devices-per-user) and you have %u, "
+                "%u of them detached but still open: close them or detach "
+                "one first", limits.max_devices_per_user, mine + held, held);
     g_message ("uid %u: attach %s refused: %s", (unsigned) c->uid, shown,
                err);
     call_fail (c, ERROR_LIMIT, err);
@@ -403,6 +481,8 @@ detach_now (struct call *c)
   else if (mloop_detach (&st, err, sizeof err) == -1)
     call_fail (c, ERROR_FAILED, err);
   else {
+    if (st.transport == MLOOP_TRANSPORT_NBD)
+      note_if_held (st.index, st.owner);
     g_message ("uid %u: detached %s", (unsigned) c->uid, device);
     g_dbus_method_invocation_return_value (c->invocation, NULL);
     call_free (c);

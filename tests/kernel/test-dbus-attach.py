@@ -18,7 +18,8 @@ ROOT-IMAGE`, and their own `mloop detach FILE` finds it by the file they
 resolved.  With the service's per-user
 cap at 1 a user's second attach is refused until the first is detached,
 and a name with control characters and an RLO (U+202E) is listed
-escaped, in root's list and the user's.  About 25-33 s in the VM (42 s
+escaped, in root's list and the user's; a device the user detached
+while holding its node open counts against the cap until they close it.  About 25-33 s in the VM (42 s
 with the machine's load at 6-8)."""
 import os
 import signal
@@ -260,5 +261,26 @@ def run_test(kind, cl, unit=None, check_sandbox=None):
         "(mloop-dbus --max-devices-per-user) and you have 1: detach one first", one_line(r)
     as_user(USER, kinds.CLI, "detach", dev)
     dev = as_user(USER, kinds.CLI, "attach", second).stdout.strip()
+
+    # 11. A device detached while the user holds its node open stays
+    # the kernel's (busy) until they close it, and counts against their
+    # cap until then: otherwise opening each node before its detach
+    # would pin any number of devices.
+    holder = subprocess.Popen(["setpriv", f"--reuid={USER[1]}", f"--regid={USER[2]}",
+                               "--clear-groups", "--", sys.executable, "-c",
+                               "import os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); "
+                               "print('open', flush=True); sys.stdin.read()", dev],
+                              env=bus.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    cl.push(lambda: holder.poll() is None and (holder.kill(), holder.wait()))
+    assert holder.stdout.readline().strip() == "open", "the user could not open their node"
+    as_user(USER, kinds.CLI, "detach", dev)
+    r = as_user(USER, kinds.CLI, "attach", image, check=False)
+    assert r.returncode != 0 and "you have 1, 1 of them detached but still open" \
+        in one_line(r), f"an attach past a held device: {one_line(r)}"
+    holder.stdin.close()
+    holder.wait(10)
+    wait_until(lambda: not nbd_in_use(dev), f"the held {dev} to be let go")
+    dev = as_user(USER, kinds.CLI, "attach", image).stdout.strip()
     as_user(USER, kinds.CLI, "detach", dev)
     assert not kind.state_entries(), f"state remains: {kind.state_entries()}"
