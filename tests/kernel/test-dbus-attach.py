@@ -19,8 +19,8 @@ resolved.  With the service's per-user
 cap at 1 a user's second attach is refused until the first is detached,
 and a name with control characters and an RLO (U+202E) is listed
 escaped, in root's list and the user's; a device the user detached
-while holding its node open counts against the cap until they close it.  About 25-33 s in the VM (42 s
-with the machine's load at 6-8)."""
+while holding its node open counts against the cap until they close it.  About 25-33 s in the VM (42-60 s
+with the machine loaded)."""
 import os
 import signal
 import stat
