@@ -233,7 +233,8 @@ else:
     cmd_a, env_a, pid_a, sock_a = command(base, "first")
     cmd_b, env_b, pid_b, sock_b = command(base, "second")
     a, log_a = spawn(["strace", "-f", "-qq", "-o", "/dev/null", "-e", f"trace={calls}",
-                      "-e", f"inject={calls}:delay_enter=3000000"] + cmd_a, env_a, "first")
+                      "-e", f"inject={calls}:delay_enter=3000000"] + cmd_a,
+                     harness.traced_env(env_a), "first")
     # The first has written its new file and waits to put it in place.
     deadline = time.time() + 20
     while not any(n.startswith("race.overlay.") for n in os.listdir(d)):
