@@ -54,17 +54,13 @@
 #include "offload.h"
 #include "pending.h"
 #include "rbd_options.h"
+#include "served_image.h"
 #include "splice_out.h"
 #include "stats.h"
 #include "tls.h"
 #include "trace.h"
 #include "worker.h"
 
-/* The largest READ/WRITE accepted, advertised as the maximum block size:
- * nbdkit's limit (the buffer budget, not this, bounds what a client can
- * make the server hold).
- */
-#define MAX_REQUEST MLOOP_MAX_REQUEST
 #define DRAIN_TIMEOUT_DEFAULT 5
 #define DRAIN_TIMEOUT_MAX 3600
 #define HANDSHAKE_TIMEOUT_MAX (24 * 3600)
@@ -226,12 +222,10 @@ static GOptionEntry entries[] = {
   G_OPTION_ENTRY_NULL
 };
 
-static struct mloop_engine engine;
-static struct export_info export;
-static struct worker **workers;
-static unsigned nr_workers;
-static unsigned next_worker;
-static pthread_mutex_t next_worker_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct served_image image;
+static struct export_info export;       /* the image's, with name and TLS */
+static enum handshake_tls tls_mode;      /* --tls */
+static int (*start_tls) (int fd, struct transport *t);
 
 static void G_GNUC_NORETURN
 die (const char *fmt, ...)
@@ -246,8 +240,9 @@ die (const char *fmt, ...)
   exit (EXIT_FAILURE);
 }
 
-/* The store's notices (engine.h): a state that changed, once, so
- * written directly rather than under the bound on repeated lines.
+/* The store's notices (engine.h) and the warnings of opening the image:
+ * a state that changed, once, so written directly rather than under the
+ * bound on repeated lines.
  */
 static void
 say_notice (const char *line)
@@ -264,24 +259,19 @@ handshake_thread (void *arg)
 {
   struct pending *p = arg;
   int fd = pending_fd (p);
-  struct worker *w;
   /* The size as of this handshake: a SIGHUP may change it meanwhile. */
   struct export_info x = export;
   struct session session;
   bool ok;
 
-  x.size = mloop_engine_size (&engine);
+  x.size = mloop_engine_size (&image.engine);
   ok = mloop_handshake (fd, &x, &session) == 0;
   if (!pending_leave (p) && ok) {
     transport_close (&session.transport);
     ok = false;
   }
-  if (ok) {
-    pthread_mutex_lock (&next_worker_lock);
-    w = workers[next_worker++ % nr_workers];
-    pthread_mutex_unlock (&next_worker_lock);
-    worker_add_connection (w, fd, &session);
-  }
+  if (ok)
+    served_image_add_connection (&image, fd, &session);
   else
     admission_close (fd);
   pending_end ();             /* last: the workers may stop after this */
@@ -302,13 +292,13 @@ on_signal (int sfd)
     return errno == EINTR || errno == EAGAIN;
   if (si.ssi_signo != SIGHUP)
     return false;
-  r = mloop_engine_reprobe_size (&engine, err, sizeof err);
+  r = mloop_engine_reprobe_size (&image.engine, err, sizeof err);
   if (r < 0)
     fprintf (stderr, "mloop-server: SIGHUP: %s; still serving %" PRIu64
-             " bytes\n", err, mloop_engine_size (&engine));
+             " bytes\n", err, mloop_engine_size (&image.engine));
   else
     fprintf (stderr, "mloop-server: SIGHUP: serving %" PRIu64 " bytes\n",
-             mloop_engine_size (&engine));
+             mloop_engine_size (&image.engine));
   return true;
 }
 
@@ -406,20 +396,6 @@ raise_nofile_limit (void)
              strerror (errno));
 }
 
-static uint16_t
-transmission_flags (bool discard)
-{
-  uint16_t f = NBD_FLAG_HAS_FLAGS | NBD_FLAG_CAN_MULTI_CONN;
-
-  if (opt_read_only)
-    return f | NBD_FLAG_READ_ONLY | NBD_FLAG_SEND_FLUSH;
-  f |= NBD_FLAG_SEND_FLUSH | NBD_FLAG_SEND_FUA |
-    NBD_FLAG_SEND_WRITE_ZEROES | NBD_FLAG_SEND_FAST_ZERO;
-  if (discard)
-    f |= NBD_FLAG_SEND_TRIM;
-  return f;
-}
-
 /* --tls and its credentials: checked together, loaded before anything
  * is served, so a mistake is one line at startup.
  */
@@ -433,16 +409,16 @@ setup_tls (void)
   };
   char err[512];
 
-  export.tls = HANDSHAKE_TLS_OFF;
+  tls_mode = HANDSHAKE_TLS_OFF;
   if (opt_tls == NULL || strcmp (opt_tls, "off") == 0)
     ;
   else if (strcmp (opt_tls, "on") == 0)
-    export.tls = HANDSHAKE_TLS_ON;
+    tls_mode = HANDSHAKE_TLS_ON;
   else if (strcmp (opt_tls, "require") == 0)
-    export.tls = HANDSHAKE_TLS_REQUIRE;
+    tls_mode = HANDSHAKE_TLS_REQUIRE;
   else
     die ("--tls=%s: must be off, on or require", opt_tls);
-  if (export.tls == HANDSHAKE_TLS_OFF) {
+  if (tls_mode == HANDSHAKE_TLS_OFF) {
     if (opt_tls_psk || opt_tls_certificates || opt_tls_verify_peer)
       die ("--tls-psk, --tls-certificates and --tls-verify-peer need "
            "--tls on or require");
@@ -454,9 +430,9 @@ setup_tls (void)
     die ("--tls=%s needs --tls-psk FILE or --tls-certificates DIR", opt_tls);
   if (opt_tls_verify_peer && !opt_tls_certificates)
     die ("--tls-verify-peer needs --tls-certificates DIR");
-  if (tls_load (&o, &export.start_tls, err, sizeof err) == -1)
+  if (tls_load (&o, &start_tls, err, sizeof err) == -1)
     die ("%s", err);
-  if (export.tls == HANDSHAKE_TLS_ON)
+  if (tls_mode == HANDSHAKE_TLS_ON)
     fprintf (stderr, "mloop-server: warning: --tls on serves plaintext "
              "clients too (nothing they send or read is encrypted); "
              "--tls require refuses them\n");
@@ -551,7 +527,6 @@ main (int argc, char *argv[])
   int sfd, backoff = 0;
   bool discard, splice;
   char err[512];
-  unsigned i;
 
   keep_request_buffers ();
   ctx = g_option_context_new ("IMAGE - serve an image file, block device "
@@ -648,31 +623,13 @@ main (int argc, char *argv[])
   cfg.lock_record = opt_lock_record;
   cfg.io_timeout = (unsigned) opt_io_timeout;
   cfg.notice = say_notice;
-  if (mloop_engine_open (&engine, &cfg, err, sizeof err) < 0)
+  if (served_image_open (&image, &cfg, opt_read_only, discard, say_notice,
+                         err, sizeof err) < 0)
     die ("%s", err);
-  if (mloop_engine_info (&engine)->direct_fell_back)
-    fprintf (stderr, "mloop-server: warning: %s: O_DIRECT not supported "
-             "here, using buffered IO\n", argv[1]);
-  if (!mloop_engine_info (&engine)->writable)
-    opt_read_only = TRUE;       /* e.g. a file on a read-only mount */
-  /* The workers open their AIO contexts when their first request comes;
-   * a system with no room even for the smallest one (fs.aio-max-nr) is
-   * refused here, in one line that `mloop attach` passes on.
-   */
-  if (mloop_aio_check_room (err, sizeof err) == -1)
-    die ("%s", err);
-  mloop_engine_probe_features (&engine);
-
-  export.size = mloop_engine_size (&engine);
-  if (export.size == 0)
-    fprintf (stderr, "mloop-server: warning: %s: the export is 0 bytes "
-             "(an empty image, or a window past its end): clients can "
-             "read and write nothing\n", argv[1]);
-  export.transmission_flags = transmission_flags (discard);
-  export.min_block = MLOOP_MIN_BLOCK_SIZE;
-  export.preferred_block = mloop_engine_info (&engine)->preferred_block_size;
-  export.max_block = MAX_REQUEST;
+  export = image.export;
   export.name = opt_export_name;
+  export.tls = tls_mode;
+  export.start_tls = start_tls;
 
   signal (SIGPIPE, SIG_IGN);
   sfd = signalfd (-1, &sigs, SFD_CLOEXEC);
@@ -682,8 +639,7 @@ main (int argc, char *argv[])
     die ("starting %d helper threads: %s", opt_helper_threads,
          strerror (errno));
   wopts = (struct worker_options) {
-    .engine = &engine, .read_only = opt_read_only, .discard = discard,
-    .max_request = MAX_REQUEST, .ring_depth = (unsigned) opt_queue_depth,
+    .ring_depth = (unsigned) opt_queue_depth,
     .budget = &budget, .offload = offload,
     .drain_timeout = (unsigned) opt_drain_timeout,
     .close_client = admission_close,
@@ -700,13 +656,9 @@ main (int argc, char *argv[])
     opt_trace = g_strdup (getenv ("MLOOP_TRACE"));
   if (opt_trace && mloop_trace_open (opt_trace, false) == -1)
     die ("--trace %s: %s", opt_trace, strerror (errno));
-  nr_workers = (unsigned) opt_threads;
-  workers = calloc (nr_workers, sizeof *workers);
-  for (i = 0; i < nr_workers; i++) {
-    workers[i] = worker_start (&wopts, err, sizeof err);
-    if (workers[i] == NULL)
-      die ("%s", err);
-  }
+  if (served_image_start (&image, (unsigned) opt_threads, &wopts,
+                          err, sizeof err) == -1)
+    die ("%s", err);
   if (listener_open (&listener, opt_listen, err, sizeof err) == -1)
     die ("%s", err);
   /* The workers mark themselves; asking here tells us once, and only
@@ -722,7 +674,7 @@ main (int argc, char *argv[])
   pending_init ((unsigned) opt_handshake_timeout, (unsigned) opt_max_handshakes);
   pthread_attr_init (&attr);
   pthread_attr_setdetachstate (&attr, PTHREAD_CREATE_DETACHED);
-  pthread_attr_setstacksize (&attr, export.tls == HANDSHAKE_TLS_OFF
+  pthread_attr_setstacksize (&attr, tls_mode == HANDSHAKE_TLS_OFF
                              ? HANDSHAKE_STACK : HANDSHAKE_STACK_TLS);
   if (!write_pid_file (err, sizeof err)) {
     listener_close (&listener);       /* no socket left that nobody serves */
@@ -755,16 +707,13 @@ main (int argc, char *argv[])
   pending_drain ();
   pthread_attr_destroy (&attr);
   /* All at once, so their drain deadlines run together. */
-  for (i = 0; i < nr_workers; i++)
-    worker_begin_stop (workers[i]);
-  for (i = 0; i < nr_workers; i++)
-    worker_stop (workers[i]);
-  free (workers);
+  served_image_begin_stop (&image);
+  served_image_stop (&image);
   offload_stop (offload);       /* idle: each worker waited for its jobs */
   log_limit_report (1);
   if (opt_pid_file)
     unlink (opt_pid_file);
-  mloop_engine_close (&engine);
+  served_image_close (&image);
   close (sfd);
   return EXIT_SUCCESS;
 }
