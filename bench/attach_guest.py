@@ -17,13 +17,12 @@ import concurrent.futures
 import json
 import os
 import re
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
 
-CLI = os.environ.get("MLOOP_CLI", "")
+import devkinds
+
 IMAGE_SIZE = 64 << 20
 STEP = re.compile(r"^mloop: attach: (.+?)\s+([0-9.]+) ms$")
 
@@ -36,53 +35,19 @@ def say(text):
     print(text, flush=True)
 
 
-def run(cmd, env=None):
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    if p.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)}: exit {p.returncode}: {p.stderr.strip()}")
-    return p
+KINDS = devkinds.kinds(verbose=True)
 
 
-class LoopDio:
-    name = "loop-dio"
-
-    def unavailable(self):
-        return None if shutil.which("losetup") else "losetup is not installed"
-
-    def attach(self, image):
-        return run(["losetup", "--find", "--show", "--direct-io=on", image]).stdout.strip(), {}
-
-    def detach(self, dev):
-        run(["losetup", "--detach", dev])
-
-
-class Mloop:
-    def __init__(self, name, args):
-        self.name, self.args = name, args
-        self.env = dict(os.environ, MLOOP_RUNTIME_DIR=f"/run/mloop-bench-{os.getpid()}")
-
-    def unavailable(self):
-        if not CLI or not os.path.exists(CLI):
-            return "build/client/mloop not built"
-        if "ublk" in self.args and not os.path.exists("/dev/ublk-control"):
-            return "the kernel has no ublk_drv"
-        return None
-
-    def attach(self, image):
-        p = run([CLI, "attach", "--verbose", *self.args, image], env=self.env)
-        steps = {}
-        for line in p.stderr.splitlines():
-            m = STEP.match(line)
-            if m:
-                steps[m.group(1)] = steps.get(m.group(1), 0.0) + float(m.group(2))
-        return p.stdout.strip(), steps
-
-    def detach(self, dev):
-        run([CLI, "detach", dev], env=self.env)
-
-
-KINDS = {k.name: k for k in (LoopDio(), Mloop("mloop-native", ["--server", "native"]),
-                             Mloop("mloop-ublk", ["--transport", "ublk"]))}
+def attach_steps(kind, image):
+    """KIND attaches IMAGE: the device, and the time of each step mloop
+    --verbose reported (none for losetup)."""
+    dev, stderr = kind.attach(image)
+    steps = {}
+    for line in stderr.splitlines():
+        m = STEP.match(line)
+        if m:
+            steps[m.group(1)] = steps.get(m.group(1), 0.0) + float(m.group(2))
+    return dev, steps
 
 
 def timed(fn, *args):
@@ -92,7 +57,7 @@ def timed(fn, *args):
 
 
 def one_by_one(kind, image, rnd):
-    ms_attach, (dev, steps) = timed(kind.attach, image)
+    ms_attach, (dev, steps) = timed(attach_steps, kind, image)
     ms_detach, _ = timed(kind.detach, dev)
     emit({"type": "single", "kind": kind.name, "round": rnd,
           "attach_ms": ms_attach, "detach_ms": ms_detach, "steps": steps})
@@ -101,7 +66,7 @@ def one_by_one(kind, image, rnd):
 def all_at_once(kind, images):
     with concurrent.futures.ThreadPoolExecutor(len(images)) as pool:
         start = time.monotonic()
-        attached = list(pool.map(kind.attach, images))
+        attached = list(pool.map(lambda image: attach_steps(kind, image), images))
         ms_attach = (time.monotonic() - start) * 1000
         devs = [dev for dev, _ in attached]
         steps = {}

@@ -15,13 +15,12 @@ import argparse
 import concurrent.futures
 import json
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
 
-CLI = os.environ.get("MLOOP_CLI", "")
+import devkinds
+
 IMAGE_SIZE = 16 << 20
 
 
@@ -29,47 +28,7 @@ def emit(rec):
     print("MANY " + json.dumps(rec), flush=True)
 
 
-def run(cmd, env=None):
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-    if p.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)}: exit {p.returncode}: {p.stderr.strip()}")
-    return p.stdout.strip()
-
-
-class LoopDio:
-    name = "loop-dio"
-
-    def unavailable(self):
-        return None if shutil.which("losetup") else "losetup is not installed"
-
-    def attach(self, image):
-        return run(["losetup", "--find", "--show", "--direct-io=on", image])
-
-    def detach(self, dev):
-        run(["losetup", "--detach", dev])
-
-
-class Mloop:
-    def __init__(self, name, args):
-        self.name, self.args = name, args
-        self.env = dict(os.environ, MLOOP_RUNTIME_DIR=f"/run/mloop-many-{os.getpid()}")
-
-    def unavailable(self):
-        if not CLI or not os.path.exists(CLI):
-            return "build/client/mloop not built"
-        if "ublk" in self.args and not os.path.exists("/dev/ublk-control"):
-            return "the kernel has no ublk_drv"
-        return None
-
-    def attach(self, image):
-        return run([CLI, "attach", *self.args, image], env=self.env)
-
-    def detach(self, dev):
-        run([CLI, "detach", dev], env=self.env)
-
-
-KINDS = {k.name: k for k in (LoopDio(), Mloop("mloop-native", ["--server", "native"]),
-                             Mloop("mloop-ublk", ["--transport", "ublk"]))}
+KINDS = devkinds.kinds()
 
 
 def user_processes():
@@ -128,7 +87,7 @@ def measure(kind, images, parallel):
     before_mem = mem_available_kib()
     with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
         start = time.monotonic()
-        devs = list(pool.map(kind.attach, images))
+        devs = [dev for dev, _ in pool.map(kind.attach, images)]
         attach_ms = (time.monotonic() - start) * 1000
         if len(set(devs)) != len(devs):
             raise RuntimeError(f"{kind.name}: devices given twice")
@@ -175,7 +134,7 @@ def main():
                 continue
             # The first attach warms the page cache with the programs
             # and libraries: not counted.
-            kind.detach(kind.attach(images[0]))
+            kind.detach(kind.attach(images[0])[0])
             try:
                 measure(kind, images, a.parallel)
             except Exception as e:

@@ -1,0 +1,60 @@
+"""What the guest halves of the device benchmarks share
+(bench/attach_guest.py, bench/many_guest.py): the kinds of block device
+they make, each with attach(image) -> (device path, what the command
+said on stderr) and detach(device)."""
+import os
+import shutil
+import subprocess
+
+CLI = os.environ.get("MLOOP_CLI", "")
+
+
+def run(cmd, env=None):
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: exit {p.returncode}: {p.stderr.strip()}")
+    return p
+
+
+class LoopDio:
+    name = "loop-dio"
+
+    def unavailable(self):
+        return None if shutil.which("losetup") else "losetup is not installed"
+
+    def attach(self, image):
+        p = run(["losetup", "--find", "--show", "--direct-io=on", image])
+        return p.stdout.strip(), p.stderr
+
+    def detach(self, dev):
+        run(["losetup", "--detach", dev])
+
+
+class Mloop:
+    """mloop attach with ARGS, in a runtime directory of its own."""
+
+    def __init__(self, name, args):
+        self.name, self.args = name, args
+        self.env = dict(os.environ, MLOOP_RUNTIME_DIR=f"/run/mloop-bench-{os.getpid()}")
+
+    def unavailable(self):
+        if not CLI or not os.path.exists(CLI):
+            return "build/client/mloop not built"
+        if "ublk" in self.args and not os.path.exists("/dev/ublk-control"):
+            return "the kernel has no ublk_drv"
+        return None
+
+    def attach(self, image):
+        p = run([CLI, "attach", *self.args, image], env=self.env)
+        return p.stdout.strip(), p.stderr
+
+    def detach(self, dev):
+        run([CLI, "detach", dev], env=self.env)
+
+
+def kinds(verbose=False):
+    """Every kind, by name; VERBOSE: mloop says what each step of an
+    attach took."""
+    v = ["--verbose"] if verbose else []
+    return {k.name: k for k in (LoopDio(), Mloop("mloop-native", [*v, "--server", "native"]),
+                                Mloop("mloop-ublk", [*v, "--transport", "ublk"]))}
