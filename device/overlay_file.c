@@ -174,6 +174,23 @@ mloop_overlay_file_discard (const char *path, char *err, size_t errlen)
                  named.st_dev != held.st_dev || named.st_ino != held.st_ino))
     r = mloop_fail (err, errlen, "%s was replaced while being checked: "
                     "not removed", path);
+  /* Read again under the lock, which a commit holds while it writes: a
+   * commit that stopped half-way left part of the overlay in the base,
+   * which without the rest reads as neither image.
+   */
+  if (r == 0) {
+    g_autofree char *recorded = NULL;
+    bool merging = false;
+
+    if (mloop_overlay_inspect_fd (fd, path, &recorded, &size, &known,
+                                  &merging, err, errlen) < 0)
+      r = -1;
+    else if (merging)
+      r = mloop_fail (err, errlen, "a commit of overlay %s into %s stopped "
+                      "half-way: that image holds part of it; finish it "
+                      "with mloop overlay commit (not removed)", path,
+                      recorded);
+  }
   if (r == 0 && unlink (path) == -1)
     r = mloop_fail (err, errlen, "cannot remove %s: %s", path,
                     strerror (errno));

@@ -22,7 +22,8 @@ int mloop_overlay_file_commit (const char *path, const char *base_arg,
                                size_t errlen);
 
 /* Removes the overlay at PATH, its writes lost.  Refused while a device
- * or a server uses it, and for a file that is not an mloop overlay.
+ * or a server uses it, for a file that is not an mloop overlay, and
+ * for one a commit stopped half-way (the base holds part of it).
  * 0, or -1 with one line in ERR.
  */
 int mloop_overlay_file_discard (const char *path, char *err, size_t errlen);

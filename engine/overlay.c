@@ -888,7 +888,7 @@ mloop_overlay_note_merging (struct mloop_overlay *ov,
 static int
 read_header (struct mloop_overlay *ov, const struct mloop_backing *base,
              enum mloop_overlay_base_check check, bool *base_known,
-             char *err, size_t errlen)
+             bool *merging, char *err, size_t errlen)
 {
   unsigned char *h = mloop_alloc_aligned (HDR_BYTES, HDR_BYTES);
   struct mloop_overlay expect;
@@ -919,6 +919,9 @@ read_header (struct mloop_overlay *ov, const struct mloop_backing *base,
     goto out;
   if (base_known)
     *base_known = version == OVERLAY_VERSION;
+  if (merging)
+    *merging = version == OVERLAY_VERSION &&
+      (get_le32 (h + HDR_FLAGS) & OVERLAY_FLAG_MERGING);
   memset (&expect, 0, sizeof expect);
   lay_out (&expect, get_le64 (h + HDR_SIZE));
   /* Version 1 wrote its path up to the header's last byte. */
@@ -966,8 +969,9 @@ read_header (struct mloop_overlay *ov, const struct mloop_backing *base,
 }
 
 int
-mloop_overlay_inspect (const char *path, char **base_path, uint64_t *size,
-                       bool *base_known, char *err, size_t errlen)
+mloop_overlay_inspect_fd (int fd, const char *path, char **base_path,
+                          uint64_t *size, bool *base_known, bool *merging,
+                          char *err, size_t errlen)
 {
   struct mloop_overlay ov;
   struct stat st;
@@ -975,24 +979,14 @@ mloop_overlay_inspect (const char *path, char **base_path, uint64_t *size,
 
   memset (&ov, 0, sizeof ov);
   ov.path = (char *) path;
-  /* Non-blocking: a FIFO would wait for a writer.  An overlay is only
-   * ever a regular file.
-   */
-  ov.fd = open (path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (ov.fd == -1) {
-    r = -errno;
-    snprintf (err, errlen, "cannot open overlay %s: %s", path, strerror (-r));
-    return r;
-  }
-  if (fstat (ov.fd, &st) == -1 || !S_ISREG (st.st_mode)) {
+  ov.fd = fd;
+  if (fstat (fd, &st) == -1 || !S_ISREG (st.st_mode)) {
     snprintf (err, errlen, "%s is not an mloop overlay: not a regular file",
               path);
-    close (ov.fd);
     return -EINVAL;
   }
-  r = read_header (&ov, NULL, MLOOP_OVERLAY_SAME_BASE, base_known, err,
-                   errlen);
-  close (ov.fd);
+  r = read_header (&ov, NULL, MLOOP_OVERLAY_SAME_BASE, base_known, merging,
+                   err, errlen);
   if (r < 0) {
     free (ov.base_path);
     return r;
@@ -1000,6 +994,27 @@ mloop_overlay_inspect (const char *path, char **base_path, uint64_t *size,
   *base_path = ov.base_path;
   *size = ov.size;
   return 0;
+}
+
+int
+mloop_overlay_inspect (const char *path, char **base_path, uint64_t *size,
+                       bool *base_known, char *err, size_t errlen)
+{
+  int fd, r;
+
+  /* Non-blocking: a FIFO would wait for a writer.  An overlay is only
+   * ever a regular file.
+   */
+  fd = open (path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd == -1) {
+    r = -errno;
+    snprintf (err, errlen, "cannot open overlay %s: %s", path, strerror (-r));
+    return r;
+  }
+  r = mloop_overlay_inspect_fd (fd, path, base_path, size, base_known, NULL,
+                                err, errlen);
+  close (fd);
+  return r;
 }
 
 /* How many times an overlay replaced while being opened is opened again. */
@@ -1107,7 +1122,7 @@ mloop_overlay_open (struct mloop_overlay *ov, const char *path,
   }
   if (r < 0)
     goto fail;
-  if ((r = read_header (ov, base, check, NULL, err, errlen)) < 0)
+  if ((r = read_header (ov, base, check, NULL, NULL, err, errlen)) < 0)
     goto fail;
   ov->map = calloc (ov->map_bytes / sizeof *ov->map, sizeof *ov->map);
   if (ov->map == NULL) {

@@ -128,6 +128,14 @@ void mloop_overlay_close (struct mloop_overlay *ov);
 int mloop_overlay_inspect (const char *path, char **base_path,
                            uint64_t *size, bool *base_known, char *err,
                            size_t errlen);
+/* The same, of the open file FD (PATH names it in ERR); *MERGING,
+ * unless NULL: whether a merge into the recorded base began and did not
+ * end, so that the base holds part of the overlay already
+ * (mloop_overlay_note_merging).
+ */
+int mloop_overlay_inspect_fd (int fd, const char *path, char **base_path,
+                              uint64_t *size, bool *base_known,
+                              bool *merging, char *err, size_t errlen);
 
 /* Copies every cluster the overlay at PATH holds into the image
  * BASE_PATH, whose whole size it must have been made for and which must

@@ -1,0 +1,80 @@
+/* `mloop overlay discard` refuses an overlay whose commit stopped
+ * half-way (device/overlay_file.c): the base holds part of the overlay
+ * already, so with the overlay gone it would read as neither the old
+ * image nor the overlay's device, with nothing left to say so.  Only
+ * finishing the commit puts it right.
+ *
+ * The half-way commit is the mark a merge writes into the header before
+ * its first write into the base (mloop_overlay_note_merging).  No root:
+ * about 0.02 s, in the unit suite of every tier.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "backing.h"
+#include "overlay.h"
+#include "overlay_file.h"
+#include "unit.h"
+
+#define BASE_SIZE (1u << 20)
+
+static void
+make_overlay (const char *base_path, const char *path, bool mark)
+{
+  struct mloop_backing base;
+  struct mloop_overlay ov;
+  char err[512];
+  int r;
+
+  r = mloop_backing_open (&base, base_path, MLOOP_DIRECT_OFF, false, NULL,
+                          err, sizeof err);
+  CHECK (r == 0, "base: %s", err);
+  r = mloop_overlay_open (&ov, path, &base, false, MLOOP_OVERLAY_SAME_BASE,
+                          err, sizeof err);
+  CHECK (r == 0, "overlay: %s", err);
+  if (mark)
+    CHECK (mloop_overlay_note_merging (&ov, &base, err, sizeof err) == 0,
+           "mark: %s", err);
+  mloop_overlay_close (&ov);
+  mloop_backing_close (&base);
+}
+
+int
+main (void)
+{
+  const char *dir = unit_tmpdir ("/var/tmp");
+  char base_path[4096], path[4096], plain[4096], run[4096], err[512];
+  int fd;
+
+  unit_deadline (30);
+  snprintf (run, sizeof run, "%s/run", dir);
+  CHECK (mkdir (run, 0700) == 0, "%s: %s", run, strerror (errno));
+  setenv ("MLOOP_RUNTIME_DIR", run, 1);
+  snprintf (base_path, sizeof base_path, "%s/base.img", dir);
+  snprintf (path, sizeof path, "%s/overlay", dir);
+  snprintf (plain, sizeof plain, "%s/plain", dir);
+  fd = open (base_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  CHECK (fd >= 0 && ftruncate (fd, BASE_SIZE) == 0 && close (fd) == 0,
+         "%s: %s", base_path, strerror (errno));
+
+  make_overlay (base_path, path, true);
+  CHECK (mloop_overlay_file_discard (path, err, sizeof err) == -1,
+         "an overlay whose commit stopped half-way was discarded");
+  CHECK (strstr (err, "overlay commit") != NULL, "discard: %s", err);
+  CHECK (access (path, F_OK) == 0, "the half-committed overlay was removed");
+
+  /* An overlay no commit has touched is discarded as before. */
+  make_overlay (base_path, plain, false);
+  CHECK (mloop_overlay_file_discard (plain, err, sizeof err) == 0,
+         "discard: %s", err);
+  CHECK (access (plain, F_OK) == -1 && errno == ENOENT,
+         "the overlay was not removed");
+
+  printf ("ok: an overlay whose commit stopped half-way is not discarded\n");
+  return 0;
+}
