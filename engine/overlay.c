@@ -45,7 +45,8 @@ static const char overlay_magic[8] = { 'M', 'L', 'O', 'O', 'P', 'C', 'O', 'W' };
 #define BASE_PATH_MAX       (HDR_BASE_FIRST_CRC - HDR_BASE_PATH - 1)
 /* A merge has begun writing into the recorded base: its ends may differ
  * from the fingerprint.  Written and synced before the merge's first
- * write into the base; cleared when another identity is recorded.
+ * write into the base; cleared when another file is recorded as the
+ * base (kept when the same file is, its ends changed).
  */
 #define OVERLAY_FLAG_MERGING 1u
 /* How much of each end of the base its fingerprint covers. */
@@ -770,14 +771,18 @@ create_overlay (const char *path, const struct mloop_backing *base,
   return r;
 }
 
-/* Records BASE as the overlay's base in header H, and in the file. */
+/* Records BASE as the overlay's base in header H, and in the file,
+ * with the header flags FLAGS.
+ */
 static int
 record_base (struct mloop_overlay *ov, unsigned char *h,
-             const struct base_identity *id, char *err, size_t errlen)
+             const struct base_identity *id, uint32_t flags, char *err,
+             size_t errlen)
 {
   int r;
 
   encode_identity (h, id);
+  put_le32 (h + HDR_FLAGS, flags);
   r = mloop_pwrite_all (ov->fd, h, HDR_BYTES, 0, 0);
   if (r == 0)
     r = sync_fd (ov->fd);
@@ -841,7 +846,13 @@ check_base (struct mloop_overlay *ov, unsigned char *h,
   /* A merge only reads the overlay: it records nothing. */
   if (check == MLOOP_OVERLAY_MERGE_BASE)
     return 0;
-  r = record_base (ov, h, &id, err, errlen);
+  /* The same file adopted (its ends changed) is still the base a merge
+   * stopped half-way in: its mark stays, which discard heeds.  Another
+   * file is no merge's.
+   */
+  r = record_base (ov, h, &id,
+                   same_file ? get_le32 (h + HDR_FLAGS) & OVERLAY_FLAG_MERGING
+                   : 0, err, errlen);
   if (r == 0) {
     free (ov->base_path);
     ov->base_path = strdup (id.path);

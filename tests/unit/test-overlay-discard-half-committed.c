@@ -5,8 +5,10 @@
  * finishing the commit puts it right.
  *
  * The half-way commit is the mark a merge writes into the header before
- * its first write into the base (mloop_overlay_note_merging).  No root:
- * about 0.02 s, in the unit suite of every tier.
+ * its first write into the base (mloop_overlay_note_merging).  Adopting
+ * that base, as a server refusing its changed ends advises, must keep
+ * the mark: the base is still half-written.  No root: about 0.03 s, in
+ * the unit suite of every tier.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -22,6 +24,25 @@
 #include "unit.h"
 
 #define BASE_SIZE (1u << 20)
+
+/* Writes the base's first cluster, as a merge of a cluster there does. */
+static void
+write_base_start (const char *base_path)
+{
+  int fd = open (base_path, O_WRONLY | O_CLOEXEC);
+
+  CHECK (fd >= 0 && pwrite (fd, "merged", 6, 0) == 6 && close (fd) == 0,
+         "%s: %s", base_path, strerror (errno));
+}
+
+static void
+adopt (const char *base_path, const char *path)
+{
+  char err[512];
+
+  CHECK (mloop_overlay_adopt (path, base_path, err, sizeof err) == 0,
+         "adopt: %s", err);
+}
 
 static void
 make_overlay (const char *base_path, const char *path, bool mark)
@@ -66,6 +87,16 @@ main (void)
   CHECK (mloop_overlay_file_discard (path, err, sizeof err) == -1,
          "an overlay whose commit stopped half-way was discarded");
   CHECK (strstr (err, "overlay commit") != NULL, "discard: %s", err);
+  CHECK (access (path, F_OK) == 0, "the half-committed overlay was removed");
+
+  /* Its base's first MiB changed: adopted, the base is still the one
+   * the commit stopped in.
+   */
+  write_base_start (base_path);
+  adopt (base_path, path);
+  CHECK (mloop_overlay_file_discard (path, err, sizeof err) == -1,
+         "an overlay whose commit stopped half-way was discarded once "
+         "its base was adopted");
   CHECK (access (path, F_OK) == 0, "the half-committed overlay was removed");
 
   /* An overlay no commit has touched is discarded as before. */
