@@ -8,6 +8,7 @@
 #include "overlay_cmd.h"
 #include "overlay_file.h"
 #include "print.h"
+#include "printable.h"
 
 #define fail mloop_print_error
 
@@ -52,10 +53,16 @@ mloop_cmd_overlay (int argc, char **argv)
     return fail ("overlay: give commit or discard and one OVERLAY file, "
                  "or adopt, OVERLAY and IMAGE");
   if (strcmp (argv[1], "commit") == 0) {
+    g_autofree char *shown = NULL;
+
     if (mloop_overlay_file_commit (argv[2], base_arg, adopt, &base, err,
                                    sizeof err) == -1)
       return fail ("overlay commit: %s", err);
-    printf ("%s\n", base);
+    /* The path an overlay's header records, anyone's to choose: its
+     * control characters escaped, as mloop list shows names.
+     */
+    shown = mloop_printable (base);
+    printf ("%s\n", shown);
     return EXIT_SUCCESS;
   }
   if (base_arg || adopt)

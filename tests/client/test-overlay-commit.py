@@ -5,7 +5,7 @@ the refusals for an attached device).
 
 commit: after unaligned writes, a zero and a trim through the server,
 the base reads exactly as the device did, the overlay is gone, and the
-base's path is printed.  discard: the overlay is gone and the base
+base's path is printed (a control character in it escaped).  discard: the overlay is gone and the base
 untouched.  Refused in one line, with the overlay and the base left as
 they were: an overlay a server holds, a file that is not an overlay
 (discard never removes it), a missing file, an overlay made for a
@@ -225,5 +225,18 @@ srv.stop()
 p = mloop("overlay", "commit", fourth)
 check("commit then writes the adopted image", p.returncode == 0 and
       p.stdout.strip() == elsewhere, p.stdout + p.stderr)
+
+# The base's path is the overlay's header's, whoever wrote it: printed,
+# its control characters are escaped, as mloop list escapes names (an
+# ESC here would be a terminal's command in the output root reads).
+named_dir = harness.tmpdir()
+named = os.path.join(named_dir, "base\x1b[2Jx.img")
+shutil.copyfile(harness.make_image(SIZE), named)
+named_overlay = os.path.join(named_dir, "named.overlay")
+harness.Server(named, [f"overlay={named_overlay}"]).stop()
+p = mloop("overlay", "commit", named_overlay)
+check("commit prints a base's control characters escaped",
+      p.returncode == 0 and "\x1b" not in p.stdout and
+      p.stdout.strip() == named.replace("\x1b", "\\x1b"), repr(p.stdout + p.stderr))
 
 harness.exit_if_failed()
