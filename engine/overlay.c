@@ -1007,16 +1007,36 @@ mloop_overlay_inspect_fd (int fd, const char *path, char **base_path,
   return 0;
 }
 
+/* Refuses PATH, before it is opened, when it names a file that is not
+ * regular: an overlay never is, and opening is itself an act for a
+ * device node (a watchdog starts, a tape rewinds at the close, a
+ * terminal may become the opener's) or a FIFO (its peer is released).
+ * 0 also when there is no file (the open says so, or makes one).
+ */
+static int
+refuse_special (const char *path, char *err, size_t errlen)
+{
+  struct stat st;
+
+  if (stat (path, &st) == -1 || S_ISREG (st.st_mode))
+    return 0;
+  snprintf (err, errlen, "%s is not an mloop overlay: not a regular file",
+            path);
+  return -EINVAL;
+}
+
 int
 mloop_overlay_inspect (const char *path, char **base_path, uint64_t *size,
                        bool *base_known, char *err, size_t errlen)
 {
   int fd, r;
 
-  /* Non-blocking: a FIFO would wait for a writer.  An overlay is only
-   * ever a regular file.
+  if ((r = refuse_special (path, err, errlen)) < 0)
+    return r;
+  /* Non-blocking and without a controlling terminal all the same: what
+   * the path names may have changed since.
    */
-  fd = open (path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  fd = open (path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd == -1) {
     r = -errno;
     snprintf (err, errlen, "cannot open overlay %s: %s", path, strerror (-r));
@@ -1048,10 +1068,12 @@ open_locked (struct mloop_overlay *ov, const char *path,
              const struct mloop_backing *base, bool direct, char *err,
              size_t errlen)
 {
-  const int flags = O_RDWR | O_CLOEXEC;
+  const int flags = O_RDWR | O_CLOEXEC | O_NOCTTY;
   struct stat held, map, named;
   int r;
 
+  if ((r = refuse_special (path, err, errlen)) < 0)
+    return r;
   if (access (path, F_OK) == -1 && errno == ENOENT &&
       (r = create_overlay (path, base, err, errlen)) < 0)
     return r;
@@ -1089,6 +1111,11 @@ open_locked (struct mloop_overlay *ov, const char *path,
     r = -errno;
     snprintf (err, errlen, "overlay %s: %s", path, strerror (-r));
     return r;
+  }
+  if (!S_ISREG (held.st_mode)) {
+    snprintf (err, errlen, "%s is not an mloop overlay: not a regular file",
+              path);
+    return -EINVAL;
   }
   if (stat (path, &named) == -1) {
     if (errno == ENOENT)
