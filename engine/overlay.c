@@ -46,7 +46,7 @@ static const char overlay_magic[8] = { 'M', 'L', 'O', 'O', 'P', 'C', 'O', 'W' };
 /* A merge has begun writing into the recorded base: its ends may differ
  * from the fingerprint.  Written and synced before the merge's first
  * write into the base; cleared when another file is recorded as the
- * base (kept when the same file is, its ends changed).
+ * base (kept when the same file is, its ends changed or its name).
  */
 #define OVERLAY_FLAG_MERGING 1u
 /* How much of each end of the base its fingerprint covers. */
@@ -805,7 +805,7 @@ check_base (struct mloop_overlay *ov, unsigned char *h,
   const uint32_t version = get_le32 (h + HDR_VERSION);
   const uint64_t dev = get_le64 (h + HDR_BASE_DEV);
   const uint64_t ino = get_le64 (h + HDR_BASE_INO);
-  bool same_content, same_file, resumed;
+  bool same_content, same_file, same_inode, resumed;
   int r;
 
   /* No identity recorded: the size was all an older mloop checked, and
@@ -846,12 +846,13 @@ check_base (struct mloop_overlay *ov, unsigned char *h,
   /* A merge only reads the overlay: it records nothing. */
   if (check == MLOOP_OVERLAY_MERGE_BASE)
     return 0;
-  /* The same file adopted (its ends changed) is still the base a merge
-   * stopped half-way in: its mark stays, which discard heeds.  Another
-   * file is no merge's.
+  /* The same file, adopted (its ends changed) or moved, is still the
+   * base a merge stopped half-way in: its mark stays, which discard
+   * heeds.  Another file is no merge's.
    */
+  same_inode = version == OVERLAY_VERSION && dev == id.dev && ino == id.ino;
   r = record_base (ov, h, &id,
-                   same_file ? get_le32 (h + HDR_FLAGS) & OVERLAY_FLAG_MERGING
+                   same_inode ? get_le32 (h + HDR_FLAGS) & OVERLAY_FLAG_MERGING
                    : 0, err, errlen);
   if (r == 0) {
     free (ov->base_path);

@@ -7,7 +7,8 @@
  * The half-way commit is the mark a merge writes into the header before
  * its first write into the base (mloop_overlay_note_merging).  Adopting
  * that base, as a server refusing its changed ends advises, must keep
- * the mark: the base is still half-written.  No root: about 0.03 s, in
+ * the mark, and so must recording it under a new name when it moved:
+ * the base is still half-written.  No root: about 0.03 s, in
  * the unit suite of every tier.
  */
 #include <errno.h>
@@ -69,7 +70,8 @@ int
 main (void)
 {
   const char *dir = unit_tmpdir ("/var/tmp");
-  char base_path[4096], path[4096], plain[4096], run[4096], err[512];
+  char base_path[4096], path[4096], plain[4096], moved[4096], run[4096];
+  char err[512];
   int fd;
 
   unit_deadline (30);
@@ -98,6 +100,18 @@ main (void)
          "an overlay whose commit stopped half-way was discarded once "
          "its base was adopted");
   CHECK (access (path, F_OK) == 0, "the half-committed overlay was removed");
+
+  /* The base moved: served under its new name, it is recorded there,
+   * and it is still the file the commit stopped in.
+   */
+  snprintf (moved, sizeof moved, "%s/moved.img", dir);
+  CHECK (rename (base_path, moved) == 0, "rename: %s", strerror (errno));
+  make_overlay (moved, path, false);
+  CHECK (mloop_overlay_file_discard (path, err, sizeof err) == -1,
+         "an overlay whose commit stopped half-way was discarded once "
+         "its base had moved");
+  CHECK (access (path, F_OK) == 0, "the half-committed overlay was removed");
+  CHECK (rename (moved, base_path) == 0, "rename: %s", strerror (errno));
 
   /* An overlay no commit has touched is discarded as before. */
   make_overlay (base_path, plain, false);
