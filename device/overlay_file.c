@@ -74,6 +74,21 @@ check_unused (const char *overlay, const struct stat *ov_st,
   return r;
 }
 
+/* Syncs the directory holding PATH: 0, or -1 with errno. */
+static int
+sync_directory_of (const char *path)
+{
+  g_autofree char *dir = g_path_get_dirname (path);
+  int fd = open (dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  int r = fd == -1 ? -1 : fsync (fd);
+  int saved = errno;
+
+  if (fd != -1)
+    close (fd);
+  errno = saved;
+  return r;
+}
+
 /* The base to merge into: BASE_ARG when given, else the one the header
  * records, which an overlay made by an older mloop may name relatively
  * to wherever its server ran: then only BASE_ARG will do.
@@ -194,6 +209,12 @@ mloop_overlay_file_discard (const char *path, char *err, size_t errlen)
   if (r == 0 && unlink (path) == -1)
     r = mloop_fail (err, errlen, "cannot remove %s: %s", path,
                     strerror (errno));
+  /* Durably: else a power cut could bring the overlay back, and the
+   * next device attached with its name would show the writes dropped.
+   */
+  if (r == 0 && sync_directory_of (path) == -1)
+    r = mloop_fail (err, errlen, "removed %s, but its directory could not "
+                    "be synced: %s", path, strerror (errno));
   if (fd != -1)
     close (fd);
   mloop_state_unlock (lock);

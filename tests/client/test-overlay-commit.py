@@ -5,8 +5,8 @@ the refusals for an attached device).
 
 commit: after unaligned writes, a zero and a trim through the server,
 the base reads exactly as the device did, the overlay is gone, and the
-base's path is printed (a control character in it escaped).  discard: the overlay is gone and the base
-untouched.  Refused in one line, with the overlay and the base left as
+base's path is printed (a control character in it escaped).  discard: the overlay is gone, durably
+(strace sees its directory synced), and the base untouched.  Refused in one line, with the overlay and the base left as
 they were: an overlay a server holds, a file that is not an overlay
 (discard never removes it), a missing file, an overlay made for a
 window of its base.
@@ -125,7 +125,25 @@ check("the overlay is gone", not os.path.exists(overlay))
 committed = digest(base)
 other = os.path.join(d, "two.overlay")
 written_overlay(base, other)
-p = mloop("overlay", "discard", other)
+# Under strace: the removal is made durable (its directory synced after
+# the unlink), or a power cut could bring the discarded writes back to
+# the next device attached with this overlay's name.
+trace = os.path.join(d, "discard.strace")
+if shutil.which("strace"):
+    p = subprocess.run(["strace", "-f", "-qq", "-o", trace,
+                        "-e", "trace=unlink,unlinkat,fsync,fdatasync",
+                        MLOOP, "overlay", "discard", other],
+                       capture_output=True, text=True, timeout=120,
+                       env=harness.traced_env(env))
+    calls = open(trace).read().splitlines()
+    removed = [i for i, line in enumerate(calls)
+               if "unlink" in line and other in line and "= 0" in line]
+    check("discard syncs the overlay's directory after the unlink",
+          len(removed) == 1 and any("fsync(" in line and "= 0" in line
+                                    for line in calls[removed[0] + 1:]),
+          "\n".join(calls))
+else:
+    p = mloop("overlay", "discard", other)
 check("discard succeeds", p.returncode == 0 and p.stderr == "", p.stderr)
 check("discard removed the overlay and left the base", not os.path.exists(other)
       and digest(base) == committed)
