@@ -140,44 +140,67 @@ check_image_fd (const struct mloop_attach_request *req, struct stat *st,
   return 0;
 }
 
-/* The directory temporary overlays are made in: $TMPDIR when set. */
+/* The directory temporary overlays are made in: $TMPDIR when set,
+ * its symlinks resolved (checked and used, the directory they lead to
+ * now, whatever they are changed to later).
+ */
 static char *
 temporary_overlay_dir (void)
 {
   const char *tmpdir = g_getenv ("TMPDIR");
+  char *resolved;
 
   if (tmpdir == NULL || *tmpdir == '\0')
     return g_strdup (MLOOP_TEMPORARY_OVERLAY_DIR);
-  return g_canonicalize_filename (tmpdir, NULL);
+  resolved = realpath (tmpdir, NULL);
+  if (resolved == NULL)
+    /* Named as given in the refusal that follows. */
+    return g_canonicalize_filename (tmpdir, NULL);
+  return resolved;
 }
 
 /* Whether only trusted users may rename entries in DIR, where a
- * temporary overlay's private directory goes: else one could put a
- * symlink in its place between its making and the overlay's, and root
- * would make the overlay, and remove it at detach, wherever it points.
- * Trusted: root and the caller own it; others may write it only when it
- * is sticky (as /tmp), which keeps them to their own entries.
+ * temporary overlay's private directory goes, and in each directory
+ * above it (DIR itself could be swapped there): else one could put a
+ * symlink in place of one of them between the private directory's
+ * making and the overlay's, and root would make the overlay, and
+ * remove it at detach, wherever it points.  Trusted: root and the
+ * caller own them; others may write one only when it is sticky (as
+ * /tmp), which keeps them to their own entries.
  */
 static int
 check_temporary_overlay_dir (const char *dir, char *err, size_t errlen)
 {
+  g_autofree char *at = g_strdup (dir);
   struct stat st;
 
   if (stat (dir, &st) == -1)
     return mloop_fail (err, errlen, "cannot make a temporary overlay in %s: "
                        "%s", dir, strerror (errno));
-  if (st.st_uid != 0 && st.st_uid != geteuid ())
-    return mloop_fail (err, errlen, "cannot make a temporary overlay in %s: "
-                       "it belongs to uid %u, who could swap the overlay's "
-                       "private directory there (set TMPDIR to a directory "
-                       "of root's)", dir, (unsigned) st.st_uid);
-  if ((st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_mode & S_ISVTX))
-    return mloop_fail (err, errlen, "cannot make a temporary overlay in %s: "
-                       "other users may write it and it is not sticky, so "
-                       "one could swap the overlay's private directory "
-                       "there (set TMPDIR to a sticky directory or one only "
-                       "root may write)", dir);
-  return 0;
+  for (;;) {
+    char *up;
+
+    if (stat (at, &st) == -1)
+      return mloop_fail (err, errlen, "cannot make a temporary overlay in "
+                         "%s: %s: %s", dir, at, strerror (errno));
+    if (st.st_uid != 0 && st.st_uid != geteuid ())
+      return mloop_fail (err, errlen, "cannot make a temporary overlay in "
+                         "%s: %s: it belongs to uid %u, who could swap the "
+                         "overlay's private directory there (set TMPDIR to "
+                         "a directory of root's)", dir, at,
+                         (unsigned) st.st_uid);
+    if ((st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_mode & S_ISVTX))
+      return mloop_fail (err, errlen, "cannot make a temporary overlay in "
+                         "%s: %s: other users may write it and it is not "
+                         "sticky, so one could swap the overlay's private "
+                         "directory there (set TMPDIR to a sticky directory "
+                         "or one only root may write)", dir, at);
+    if (strcmp (at, "/") == 0 || strchr (at, '/') == NULL)
+      return 0;
+    up = g_path_get_dirname (at);
+    g_free (at);
+    at = up;
+  }
 }
 
 /* The overlay's absolute path for --overlay WHAT: WHAT made absolute,

@@ -4,8 +4,9 @@
 The temporary overlay's directory is made in $TMPDIR when set (as qemu's
 -snapshot does), else /var/tmp: a TMPDIR that cannot take it is named in
 the one-line refusal, and so is one that other users may write without
-the sticky bit, or that another user owns (one of them could swap the
-private directory for a symlink); a sticky one, as /tmp, is used.  An attach refused after the directory was made
+the sticky bit, or that another user owns, or one inside a directory
+another user owns (one of them could swap the private directory, or
+TMPDIR itself, for a symlink); a sticky one, as /tmp, is used.  An attach refused after the directory was made
 (here: the host has no kernel NBD client) leaves nothing behind in it.
 The tmpfiles.d rule shipped with mloop removes temporary overlays left
 in /var/tmp at boot (a device does not survive a reboot, so neither
@@ -88,6 +89,17 @@ else:
           p.returncode != 0 and len(lines) == 1 and theirs in lines[0] and
           f"belongs to uid {nobody.pw_uid}" in lines[0], p.stderr)
     check("and nothing is made in it", os.listdir(theirs) == [], str(os.listdir(theirs)))
+    # Root's directory in theirs: they may rename it away and put their
+    # own in its place, so each directory above counts too.
+    inner = os.path.join(theirs, "roots")
+    os.mkdir(inner)
+    p = attach(inner)
+    lines = p.stderr.strip().splitlines()
+    check("a TMPDIR inside a directory another user owns is refused naming that one",
+          p.returncode != 0 and len(lines) == 1 and theirs + ":" in lines[0] and
+          f"belongs to uid {nobody.pw_uid}" in lines[0], p.stderr)
+    check("and nothing is made in it", os.listdir(inner) == [], str(os.listdir(inner)))
+    os.rmdir(inner)
 sticky = os.path.join(d, "sticky")
 os.mkdir(sticky)
 os.chmod(sticky, 0o1777)
