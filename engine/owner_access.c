@@ -26,24 +26,44 @@
 /* The child's exit codes. */
 enum { MAY_WRITE = 0, MAY_NOT_WRITE = 1, CANNOT_TAKE_IDS = 2, NO_PROC = 3 };
 
-/* The supplementary groups of UID (with GID, its primary group): from
- * the user database, or GID alone for a uid it does not know.  *GROUPS,
- * to free, and the count in *N; -ENOMEM.
+/* The group a uid the user database does not know is given: the
+ * kernel's overflow group, which owns nothing.  Not the file's group:
+ * a file takes a setgid directory's group whoever makes it, so its
+ * maker need not belong to it.
+ */
+#define NO_GROUP ((gid_t) 65534)
+
+/* The groups of UID, its primary group first: from the user database,
+ * or NO_GROUP alone for a uid it does not know (or cannot tell of).
+ * *GROUPS, to free, and the count in *N; -ENOMEM.
  */
 static int
-groups_of (uid_t uid, gid_t gid, char *user, size_t userlen,
-           gid_t **groups, int *n)
+groups_of (uid_t uid, char *user, size_t userlen, gid_t **groups, int *n)
 {
   struct passwd pw, *found = NULL;
-  char buf[4096];
+  size_t size = 4096;
+  char *buf = NULL;
+  int r;
 
   *n = 1;
   *groups = malloc (sizeof **groups);
   if (*groups == NULL)
     return -ENOMEM;
-  (*groups)[0] = gid;
-  if (getpwuid_r (uid, &pw, buf, sizeof buf, &found) != 0 || found == NULL) {
+  (*groups)[0] = NO_GROUP;
+  do {
+    char *more = realloc (buf, size);
+
+    if (more == NULL) {
+      free (buf);
+      return -ENOMEM;
+    }
+    buf = more;
+    r = getpwuid_r (uid, &pw, buf, size, &found);
+    size *= 2;
+  } while (r == ERANGE && size <= (1u << 20));
+  if (r != 0 || found == NULL) {
     snprintf (user, userlen, "uid %u", (unsigned) uid);
+    free (buf);
     return 0;
   }
   snprintf (user, userlen, "%s", pw.pw_name);
@@ -51,10 +71,13 @@ groups_of (uid_t uid, gid_t gid, char *user, size_t userlen,
   while (getgrouplist (pw.pw_name, pw.pw_gid, *groups, n) == -1) {
     gid_t *more = realloc (*groups, (size_t) *n * sizeof **groups);
 
-    if (more == NULL)
+    if (more == NULL) {
+      free (buf);
       return -ENOMEM;
+    }
     *groups = more;
   }
+  free (buf);
   return 0;
 }
 
@@ -76,7 +99,7 @@ mloop_owner_may_write (int owned_fd, int target_fd, char *user,
   }
   if (st.st_uid == 0 || st.st_uid == geteuid ())
     return 1;
-  r = groups_of (st.st_uid, st.st_gid, user, userlen, &groups, &n);
+  r = groups_of (st.st_uid, user, userlen, &groups, &n);
   if (r < 0) {
     snprintf (err, errlen, "out of memory");
     free (groups);
