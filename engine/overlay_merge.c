@@ -83,8 +83,27 @@ check_owner_may_write (const struct mloop_overlay *ov,
                        size_t errlen)
 {
   char user[256] = "", why[256];
-  int r = mloop_owner_may_write (ov->fd, base->fd, user, sizeof user, why,
-                                 sizeof why);
+  struct stat st;
+  int r;
+
+  /* Whoever may write the file may have written its header: with write
+   * for its group or others, its owner is not the only one who chose
+   * the base, and who did cannot be told.
+   */
+  if (fstat (ov->fd, &st) == -1) {
+    r = -errno;
+    snprintf (err, errlen, "overlay %s: %s", ov->path, strerror (-r));
+    return r;
+  }
+  if (st.st_mode & (S_IWGRP | S_IWOTH)) {
+    snprintf (err, errlen, "overlay %s may be written by others than its "
+              "owner (mode %04o), so any of them may have named its base: "
+              "not committed (chmod go-w it if that is not so)", ov->path,
+              (unsigned) (st.st_mode & 07777));
+    return -EACCES;
+  }
+  r = mloop_owner_may_write (ov->fd, base->fd, user, sizeof user, why,
+                             sizeof why);
 
   if (r == 1)
     return 0;

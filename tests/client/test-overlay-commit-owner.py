@@ -7,7 +7,8 @@ naming any file, with the device and inode stat shows even for a file
 they cannot read, and the mark a stopped commit leaves.  Root committing
 that user's overlay must refuse, in one line naming the overlay's owner
 and the base, and leave the base byte for byte as it was; once that user
-may write the base, the same commit runs.  A stopped commit's changed
+may write the base, the same commit runs.  Root's own overlay is
+trusted to name any base only while no one else may write it.  A stopped commit's changed
 ends are taken only with the mark the commit writes before its first
 write into the base.
 
@@ -103,6 +104,18 @@ for how, args in (("as recorded", []), ("named with --base", ["--base", secret])
     check(f"{how}: the root-only file is unchanged",
           harness.file_digest(secret) == secret_before)
     check(f"{how}: the overlay stays", os.path.exists(overlay))
+
+# Root's own overlay may name any base, but not when others may write
+# it: any of them may have written its header.
+os.chown(overlay, 0, 0)
+os.chmod(overlay, 0o666)
+p = mloop("overlay", "commit", overlay)
+check("an overlay others may write is refused in one line saying so",
+      p.returncode != 0 and len(p.stderr.strip().splitlines()) == 1 and
+      "written by others" in p.stderr, p.stderr)
+check("and the root-only file is unchanged", harness.file_digest(secret) == secret_before)
+os.chmod(overlay, 0o600)
+os.chown(overlay, user.pw_uid, user.pw_gid)
 
 # With the mark, the same file with other ends is a commit stopped
 # half-way: it runs into a base the user may write.
