@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <glib.h>
@@ -26,13 +27,36 @@ disk_group (void)
   return 0;
 }
 
+/* The extended attribute that holds a file's access ACL.  The owner of
+ * a node may set one (/dev keeps them, as logind's seat ACLs show), and
+ * it outlives chown and chmod: an entry naming a user, with the mask
+ * that chmod 0660 sets, would let them open the node whoever owns it.
+ */
+#define ACCESS_ACL "system.posix_acl_access"
+
+/* Whether NODE has an access ACL beyond its mode bits (the kernel
+ * keeps none that the mode says all of).
+ */
+static bool
+has_acl (const char *node)
+{
+  return getxattr (node, ACCESS_ACL, NULL, 0) >= 0 ||
+    !(errno == ENODATA || errno == EOPNOTSUPP);
+}
+
+/* Owner first, so that the one before can no longer set an ACL, then
+ * the ACL gone, then the mode.
+ */
 static int
 set_node (const char *name, uid_t owner, gid_t group, mode_t mode, char *err,
           size_t errlen)
 {
   g_autofree char *node = g_strconcat ("/dev/", name, NULL);
 
-  if (chown (node, owner, group) == -1 || chmod (node, mode) == -1)
+  if (chown (node, owner, group) == -1 ||
+      (removexattr (node, ACCESS_ACL) == -1 && errno != ENODATA &&
+       errno != EOPNOTSUPP) ||
+      chmod (node, mode) == -1)
     return mloop_fail (err, errlen, "cannot give %s to uid %u: %s", node,
                        (unsigned) owner, strerror (errno));
   return 0;
@@ -68,7 +92,8 @@ mloop_device_owner_is_root (const char *name)
   const gid_t disk = disk_group ();
   struct stat st;
 
-  if (stat (node, &st) == -1 || st.st_uid != 0 || (st.st_mode & 0007))
+  if (stat (node, &st) == -1 || st.st_uid != 0 || (st.st_mode & 0007) ||
+      has_acl (node))
     return false;
   /* Group bits are the disk group's, or root's own group's. */
   return st.st_gid == 0 || st.st_gid == disk || !(st.st_mode & 0070);

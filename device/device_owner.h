@@ -18,13 +18,15 @@
 #include <sys/types.h>
 
 /* Gives device NAME ("nbdN") and its partitions to OWNER, or, for owner
- * 0, back to root and the disk group.  -1 with ERR on failure.
+ * 0, back to root and the disk group, without the access ACL any owner
+ * before may have set on a node.  -1 with ERR on failure.
  */
 int mloop_device_owner_set (const char *name, uid_t owner, char *err,
                             size_t errlen);
 
-/* Whether /dev/NAME can be opened by root and the disk group only: what
- * a node must be when the kernel connects an image to it.
+/* Whether /dev/NAME can be opened by root and the disk group only (its
+ * mode says so and it has no access ACL): what a node must be when the
+ * kernel connects an image to it.
  */
 bool mloop_device_owner_is_root (const char *name);
 
