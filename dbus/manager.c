@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <limits.h>
 #include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -175,13 +176,18 @@ option (GVariant *options, const char *name)
   return value;
 }
 
-/* The options Attach knows; false with ERR naming one it does not. */
+/* The options Attach knows, each at most once: false with ERR naming
+ * one it does not know or one given again.  Once: a call waiting for
+ * polkit keeps its message, and a known option repeated could make it
+ * as big as the bus lets a message be.
+ */
 static bool
 options_known (GVariant *options, char *err, size_t errlen)
 {
   static const char *const known[] = {
     "read-only", "no-partscan", "autoclear", NULL,
   };
+  unsigned seen = 0;
   GVariantIter iter;
   const char *key;
   GVariant *value;
@@ -197,8 +203,40 @@ options_known (GVariant *options, char *err, size_t errlen)
                 "and autoclear are booleans)", key);
       return false;
     }
+    for (unsigned i = 0; known[i]; i++)
+      if (strcmp (known[i], key) == 0) {
+        if (seen & (1u << i)) {
+          snprintf (err, errlen, "option %s given twice", key);
+          return false;
+        }
+        seen |= 1u << i;
+      }
   }
   return true;
+}
+
+/* Whether INVOCATION's message carries WANT descriptors, false with
+ * ERR if not.  A call waiting for polkit keeps them all open: one
+ * carrying as many as the bus lets a message carry, beyond the one an
+ * Attach needs, would take that many of the service's descriptors.
+ */
+static bool
+descriptors_passed (GDBusMethodInvocation *invocation, int want, char *err,
+                    size_t errlen)
+{
+  GDBusMessage *msg = g_dbus_method_invocation_get_message (invocation);
+  GUnixFDList *fds = g_dbus_message_get_unix_fd_list (msg);
+  int n = fds ? g_unix_fd_list_get_length (fds) : 0;
+
+  if (n == want)
+    return true;
+  if (want == 0)
+    snprintf (err, errlen, "%d descriptors were passed with a call that "
+              "takes none", n);
+  else
+    snprintf (err, errlen, "%d descriptors were passed: pass the image's, "
+              "and only it", n);
+  return false;
 }
 
 /* Users' devices detached while a descriptor a user opened on the node
@@ -606,7 +644,8 @@ attach (GDBusMethodInvocation *invocation, GVariant *params)
   g_variant_get (params, "(h&s@a{sv})", &handle, &name, &options);
   /* The name first: a bad one is neither kept nor logged. */
   if (mloop_held_image_label_check (name, err, sizeof err) == -1 ||
-      !options_known (options, err, sizeof err)) {
+      !options_known (options, err, sizeof err) ||
+      !descriptors_passed (invocation, 1, err, sizeof err)) {
     g_dbus_method_invocation_return_dbus_error (invocation, ERROR_INVALID,
                                                 err);
     return;
@@ -615,13 +654,28 @@ attach (GDBusMethodInvocation *invocation, GVariant *params)
               handle);
 }
 
-/* Nothing of DEVICE is looked at before polkit lets the caller detach. */
+/* Nothing of DEVICE is looked at before polkit lets the caller detach,
+ * but a name no path could have, or a descriptor, is refused before
+ * the call waits for polkit, keeping its message.
+ */
 static void
 detach (GDBusMethodInvocation *invocation, GVariant *params)
 {
   const char *what;
+  size_t len;
+  char err[256];
 
   g_variant_get (params, "(&s)", &what);
+  len = strlen (what);
+  if (len >= PATH_MAX)
+    snprintf (err, sizeof err, "the device's or image's name is %zu bytes "
+              "long: a path has at most %d", len, PATH_MAX - 1);
+  if (len >= PATH_MAX || !descriptors_passed (invocation, 0, err,
+                                              sizeof err)) {
+    g_dbus_method_invocation_return_dbus_error (invocation, ERROR_INVALID,
+                                                err);
+    return;
+  }
   start_call (invocation, CALL_DETACH, MLOOP_ACTION_DETACH, what, NULL, -1);
 }
 

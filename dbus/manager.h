@@ -5,10 +5,13 @@
  *       IMAGE: the image, opened by the caller (O_RDWR, or O_RDONLY with
  *       option "read-only"); NAME: its absolute path, recorded and shown,
  *       never opened.  Options: "read-only", "no-partscan", "autoclear"
- *       (booleans).  polkit action org.mloop.attach; refused to a user
- *       (not root) who already has the most devices they may.
+ *       (booleans, each at most once).  The message carries IMAGE's
+ *       descriptor and no other.  polkit action org.mloop.attach;
+ *       refused to a user (not root) who already has the most devices
+ *       they may.
  *   Detach (s device)
- *       DEVICE (/dev/nbdN, or the image's name): polkit action
+ *       DEVICE (/dev/nbdN, or the image's name, shorter than PATH_MAX;
+ *       the message carries no descriptor): polkit action
  *       org.mloop.detach before DEVICE is looked at or looked for, then
  *       org.mloop.detach-other if another user attached it.
  *   List (b json) -> (s text)

@@ -12,6 +12,14 @@ or "ERROR message".
       authentication dialog (run under silent_agent.py, they wait),
       then one more without: its answer; then, once that answer
       changes (asked every 0.2 s, for at most WAIT seconds), the new one.
+  dbus_call.py heavy N attach|detach PATH FDS NAME_BYTES [REPEAT]
+      N calls sent at once, as pile's, each carrying FDS descriptors of
+      PATH (an attach's image is the first) and a name of NAME_BYTES
+      bytes (0: PATH), an attach's option read-only given REPEAT times
+      (default 1); prints "SENT" and waits for the answers, then
+      prints them ("OK" or "ERROR message", one line each).  Through
+      GDBus (python3-gi), since dbus-python sends only the descriptors
+      the arguments name: exit 77 without it.
 """
 import os
 import sys
@@ -56,6 +64,9 @@ def main():
             print("OK sent")
         elif what == "pile":
             pile(bus, int(sys.argv[2]), sys.argv[3], float(sys.argv[4]))
+        elif what == "heavy":
+            heavy(int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5]),
+                  int(sys.argv[6]), int(sys.argv[7]) if len(sys.argv) > 7 else 1)
         elif what == "detach":
             manager(bus).Detach(sys.argv[2])
             print("OK")
@@ -92,6 +103,64 @@ def pile(bus, n, path, wait):
         time.sleep(0.2)
         later = ask()
     print(f"{first} / {later}")
+
+
+def heavy(n, kind, path, fds, name_bytes, repeat):
+    """N calls, each with FDS descriptors and a NAME_BYTES name."""
+    try:
+        import gi
+        gi.require_version("Gio", "2.0")
+        from gi.repository import Gio, GLib
+    except (ImportError, ValueError):
+        print("no python3-gi")
+        sys.exit(77)
+    conn = Gio.bus_get_sync(Gio.BusType.SYSTEM, None)
+    name = "/" + "x" * (name_bytes - 1) if name_bytes else os.path.abspath(path)
+    loop = GLib.MainLoop()
+    answers = []
+
+    def answered(c, res, unused):
+        try:
+            reply = c.send_message_with_reply_finish(res)
+            if reply.get_message_type() == Gio.DBusMessageType.ERROR:
+                body = reply.get_body()
+                answers.append("ERROR " + (body[0] if body else reply.get_error_name()))
+            else:
+                answers.append("OK")
+        except GLib.Error as e:
+            answers.append(f"ERROR {e.message}")
+        if len(answers) == n:
+            loop.quit()
+
+    for _ in range(n):
+        msg = Gio.DBusMessage.new_method_call("org.mloop.Manager1", "/org/mloop/Manager1",
+                                              "org.mloop.Manager1",
+                                              "Attach" if kind == "attach" else "Detach")
+        fd_list = Gio.UnixFDList()
+        for _ in range(fds):
+            fd = os.open(path, os.O_RDONLY)
+            fd_list.append(fd)
+            os.close(fd)
+        if kind == "attach":
+            options = GLib.VariantBuilder.new(GLib.VariantType.new("a{sv}"))
+            for _ in range(repeat):
+                options.add_value(GLib.Variant.new_dict_entry(
+                    GLib.Variant("s", "read-only"),
+                    GLib.Variant("v", GLib.Variant("b", True))))
+            msg.set_body(GLib.Variant.new_tuple(GLib.Variant("h", 0), GLib.Variant("s", name),
+                                                options.end()))
+        else:
+            msg.set_body(GLib.Variant("(s)", (name,)))
+        if fds:
+            msg.set_unix_fd_list(fd_list)
+        msg.set_flags(Gio.DBusMessageFlags.ALLOW_INTERACTIVE_AUTHORIZATION)
+        conn.send_message_with_reply(msg, Gio.DBusSendMessageFlags.NONE, 120000, None,
+                                     answered, None)
+    conn.flush_sync(None)
+    print("SENT", flush=True)
+    loop.run()
+    for a in answers:
+        print(a)
 
 
 main()

@@ -20,7 +20,10 @@ as of one that does not.  A caller whose authentication never ends (a real
 polkit agent that never answers: silent_agent.py) holds up no other
 user's call, and is refused after --authorization-timeout; an attach
 past --max-devices-per-user is refused in one line, and so is a call
-past the calls one user may have in progress; the service logs a
+past the calls one user may have in progress, and so is, before polkit
+is asked, a call carrying more than it needs (descriptors beyond an
+attach's image, a detach's name longer than a path, an option given
+twice), which would keep it all while it waits; the service logs a
 caller's name with its control characters escaped.  The attach itself
 is the VM's (tests/kernel/test-dbus-attach.py).  About 15 s (12.7 s
 measured idle, 17-19 s with the machine's load at 6-8, 25 s beside
@@ -148,6 +151,7 @@ def run(bus, work):
     bounded_wait(bus, root_only)
     names_in_the_log(bus, work, image)
     long_name_not_logged(bus, image)
+    heavy_calls(bus, root_only)
     detach_on_stalled_fuse(bus, work)
     per_user_cap(bus, image)
 
@@ -477,6 +481,52 @@ def long_name_not_logged(bus, image):
     check("a name longer than a path can be is refused and not logged",
           out == "ERROR the image's name is 100001 bytes long: a path has at most 4095"
           and grown < 4096, f"{out[:200]} / the log grew by {grown} bytes")
+
+
+def heavy_calls(bus, root_only):
+    """A call waiting for polkit keeps its message: one carrying more
+    than it needs (descriptors beyond an attach's image, a detach's name
+    longer than a path, an option repeated) is refused at once, before
+    polkit is asked.  Else a user's calls in progress, each left waiting
+    on an authentication nobody answers, could hold 16 descriptors (as
+    many as the bus lets a message carry) or a 32 MiB name each."""
+    pid = bus.service_pid()
+    before = len(os.listdir(f"/proc/{pid}/fd"))
+    for args, expect in [
+            (["attach", root_only, "16", "0"],
+             "ERROR 16 descriptors were passed: pass the image's, and only it"),
+            (["attach", root_only, "1", "0", "3"], "ERROR option read-only given twice"),
+            (["detach", root_only, "0", "5000"],
+             "ERROR the device's or image's name is 5000 bytes long: a path has at most 4095"),
+            (["detach", root_only, "1", "0"],
+             "ERROR 1 descriptors were passed with a call that takes none")]:
+        p = subprocess.Popen(
+            ["setpriv", f"--reuid={OTHER[1]}", f"--regid={OTHER[2]}", "--clear-groups",
+             "--"] + SILENT_AGENT + CALL + ["heavy", str(MAX_CALLS_PER_USER)] + args,
+            env=bus.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True)
+        try:
+            first = p.stdout.readline().strip()
+            held = len(os.listdir(f"/proc/{pid}/fd")) - before
+            p.wait(timeout=10)              # a few lines: the pipe holds them
+            out = p.stdout.read().strip().splitlines()
+            if p.returncode == 77:
+                print(f"# skipped: heavy calls: {first}")
+                return
+            check(f"a {args[0]} carrying more than it needs is refused before polkit "
+                  f"({' '.join(args[2:])})",
+                  first == "SENT" and out == [expect] * MAX_CALLS_PER_USER,
+                  f"{first} / {out[:2]} (exit {p.returncode})")
+        except subprocess.TimeoutExpired:
+            check(f"a {args[0]} carrying more than it needs is refused before polkit "
+                  f"({' '.join(args[2:])})", False,
+                  f"the calls wait for polkit, holding {held} more descriptors")
+        finally:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
 
 
 def per_user_cap(bus, image):
