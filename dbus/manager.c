@@ -137,11 +137,25 @@ call_free (struct call *c)
   g_free (c);
 }
 
+/* Answers INVOCATION with the error NAME and message ERR.  ERR may
+ * quote the caller's name cut short to fit its buffer, which can split
+ * a character: D-Bus carries only UTF-8, so a split one is replaced
+ * (GDBus would otherwise send "[Invalid UTF-8]" and log a critical).
+ */
+static void
+reply_error (GDBusMethodInvocation *invocation, const char *name,
+             const char *err)
+{
+  g_autofree char *valid = g_utf8_make_valid (err, -1);
+
+  g_dbus_method_invocation_return_dbus_error (invocation, name, valid);
+}
+
 /* Ends C with an error NAME and message ERR. */
 static void
 call_fail (struct call *c, const char *name, const char *err)
 {
-  g_dbus_method_invocation_return_dbus_error (c->invocation, name, err);
+  reply_error (c->invocation, name, err);
   call_free (c);
 }
 
@@ -646,8 +660,7 @@ attach (GDBusMethodInvocation *invocation, GVariant *params)
   if (mloop_held_image_label_check (name, err, sizeof err) == -1 ||
       !options_known (options, err, sizeof err) ||
       !descriptors_passed (invocation, 1, err, sizeof err)) {
-    g_dbus_method_invocation_return_dbus_error (invocation, ERROR_INVALID,
-                                                err);
+    reply_error (invocation, ERROR_INVALID, err);
     return;
   }
   start_call (invocation, CALL_ATTACH, MLOOP_ACTION_ATTACH, name, options,
@@ -672,8 +685,7 @@ detach (GDBusMethodInvocation *invocation, GVariant *params)
               "long: a path has at most %d", len, PATH_MAX - 1);
   if (len >= PATH_MAX || !descriptors_passed (invocation, 0, err,
                                               sizeof err)) {
-    g_dbus_method_invocation_return_dbus_error (invocation, ERROR_INVALID,
-                                                err);
+    reply_error (invocation, ERROR_INVALID, err);
     return;
   }
   start_call (invocation, CALL_DETACH, MLOOP_ACTION_DETACH, what, NULL, -1);
