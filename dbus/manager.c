@@ -171,8 +171,12 @@ passed_fd (GDBusMethodInvocation *invocation, gint32 handle, char *err,
   g_autoptr (GError) gerr = NULL;
   int fd;
 
-  if (fds == NULL) {
-    snprintf (err, errlen, "no descriptor was passed with the call");
+  /* GLib checks no lower bound, and a handle past the end is a
+   * critical without an error: the caller's number is checked here.
+   */
+  if (fds == NULL || handle < 0 || handle >= g_unix_fd_list_get_length (fds)) {
+    snprintf (err, errlen, "descriptor %d was not passed with the call",
+              handle);
     return -1;
   }
   fd = g_unix_fd_list_get (fds, handle, &gerr);
@@ -229,19 +233,24 @@ options_known (GVariant *options, char *err, size_t errlen)
   return true;
 }
 
-/* Whether INVOCATION's message carries WANT descriptors, false with
- * ERR if not.  A call waiting for polkit keeps them all open: one
+/* Whether INVOCATION's message carries WANT descriptors, and *HANDLE
+ * (unless HANDLE is NULL) names one of them; false with ERR if not.  A call waiting for polkit keeps them all open: one
  * carrying as many as the bus lets a message carry, beyond the one an
  * Attach needs, would take that many of the service's descriptors.
  */
 static bool
-descriptors_passed (GDBusMethodInvocation *invocation, int want, char *err,
-                    size_t errlen)
+descriptors_passed (GDBusMethodInvocation *invocation, int want,
+                    const gint32 *handle, char *err, size_t errlen)
 {
   GDBusMessage *msg = g_dbus_method_invocation_get_message (invocation);
   GUnixFDList *fds = g_dbus_message_get_unix_fd_list (msg);
   int n = fds ? g_unix_fd_list_get_length (fds) : 0;
 
+  if (n == want && handle && (*handle < 0 || *handle >= n)) {
+    snprintf (err, errlen, "descriptor %d was not passed with the call "
+              "(%d was)", *handle, n);
+    return false;
+  }
   if (n == want)
     return true;
   if (want == 0)
@@ -659,7 +668,7 @@ attach (GDBusMethodInvocation *invocation, GVariant *params)
   /* The name first: a bad one is neither kept nor logged. */
   if (mloop_held_image_label_check (name, err, sizeof err) == -1 ||
       !options_known (options, err, sizeof err) ||
-      !descriptors_passed (invocation, 1, err, sizeof err)) {
+      !descriptors_passed (invocation, 1, &handle, err, sizeof err)) {
     reply_error (invocation, ERROR_INVALID, err);
     return;
   }
@@ -683,7 +692,7 @@ detach (GDBusMethodInvocation *invocation, GVariant *params)
   if (len >= PATH_MAX)
     snprintf (err, sizeof err, "the device's or image's name is %zu bytes "
               "long: a path has at most %d", len, PATH_MAX - 1);
-  if (len >= PATH_MAX || !descriptors_passed (invocation, 0, err,
+  if (len >= PATH_MAX || !descriptors_passed (invocation, 0, NULL, err,
                                               sizeof err)) {
     reply_error (invocation, ERROR_INVALID, err);
     return;

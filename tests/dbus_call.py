@@ -20,6 +20,10 @@ or "ERROR message".
       prints them ("OK" or "ERROR message", one line each).  Through
       GDBus (python3-gi), since dbus-python sends only the descriptors
       the arguments name: exit 77 without it.
+  dbus_call.py handle H PATH
+      A read-only attach carrying one descriptor, of PATH, whose image
+      argument names descriptor H of the message instead of the first
+      (dbus-python numbers them itself: GDBus, as heavy).
 """
 import os
 import sys
@@ -67,6 +71,8 @@ def main():
         elif what == "heavy":
             heavy(int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5]),
                   int(sys.argv[6]), int(sys.argv[7]) if len(sys.argv) > 7 else 1)
+        elif what == "handle":
+            handle(int(sys.argv[2]), sys.argv[3])
         elif what == "detach":
             manager(bus).Detach(sys.argv[2])
             print("OK")
@@ -105,8 +111,7 @@ def pile(bus, n, path, wait):
     print(f"{first} / {later}")
 
 
-def heavy(n, kind, path, fds, name_bytes, repeat):
-    """N calls, each with FDS descriptors and a NAME_BYTES name."""
+def gio():
     try:
         import gi
         gi.require_version("Gio", "2.0")
@@ -114,6 +119,32 @@ def heavy(n, kind, path, fds, name_bytes, repeat):
     except (ImportError, ValueError):
         print("no python3-gi")
         sys.exit(77)
+    return Gio, GLib
+
+
+def handle(h, path):
+    """A read-only attach of PATH whose argument names descriptor H."""
+    Gio, GLib = gio()
+    conn = Gio.bus_get_sync(Gio.BusType.SYSTEM, None)
+    fd_list = Gio.UnixFDList()
+    fd = os.open(path, os.O_RDONLY)
+    fd_list.append(fd)
+    os.close(fd)
+    try:
+        conn.call_with_unix_fd_list_sync(
+            "org.mloop.Manager1", "/org/mloop/Manager1", "org.mloop.Manager1", "Attach",
+            GLib.Variant("(hsa{sv})", (h, os.path.abspath(path),
+                                       {"read-only": GLib.Variant("b", True)})),
+            GLib.VariantType.new("(s)"), Gio.DBusCallFlags.NONE, 30000, fd_list, None)
+        print("OK")
+    except GLib.Error as e:
+        print(f"ERROR {Gio.DBusError.get_remote_error(e) or ''} "
+              f"{e.message.split(': ', 1)[-1] if Gio.DBusError.is_remote_error(e) else e.message}")
+
+
+def heavy(n, kind, path, fds, name_bytes, repeat):
+    """N calls, each with FDS descriptors and a NAME_BYTES name."""
+    Gio, GLib = gio()
     conn = Gio.bus_get_sync(Gio.BusType.SYSTEM, None)
     name = "/" + "x" * (name_bytes - 1) if name_bytes else os.path.abspath(path)
     loop = GLib.MainLoop()
