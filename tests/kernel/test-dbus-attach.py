@@ -19,8 +19,10 @@ resolved.  With the service's per-user
 cap at 1 a user's second attach is refused until the first is detached,
 and a name with control characters and an RLO (U+202E) is listed
 escaped, in root's list and the user's; a device the user detached
-while holding its node open counts against the cap until they close it.  About 25-33 s in the VM (42-60 s
-with the machine loaded)."""
+while holding its node open counts against the cap until they close it.  An ACL the
+user set on their node while it was theirs is gone once it is root's
+again, and they cannot read root's next image there.  About 25-33 s in
+the VM (42-60 s with the machine loaded)."""
 import os
 import signal
 import stat
@@ -59,6 +61,26 @@ while True:
         pass
     time.sleep(0.001)
 """
+
+
+# Run as the node's owner: an access ACL on NODE letting UID read and
+# write it, as `setfacl -m u:UID:rw NODE` sets (no acl package needed).
+SET_ACL = """
+import os, struct, sys
+node, uid = sys.argv[1], int(sys.argv[2])
+entries = [(0x01, 6, 0xffffffff), (0x02, 6, uid), (0x04, 0, 0xffffffff),
+           (0x10, 6, 0xffffffff), (0x20, 0, 0xffffffff)]
+os.setxattr(node, "system.posix_acl_access", struct.pack("<I", 2) +
+            b"".join(struct.pack("<HHI", *e) for e in entries))
+"""
+
+
+def has_acl(path):
+    try:
+        os.getxattr(path, "system.posix_acl_access")
+        return True
+    except OSError:
+        return False
 
 
 def service_bin():
@@ -284,3 +306,24 @@ def run_test(kind, cl, unit=None, check_sandbox=None):
     dev = as_user(USER, kinds.CLI, "attach", image).stdout.strip()
     as_user(USER, kinds.CLI, "detach", dev)
     assert not kind.state_entries(), f"state remains: {kind.state_entries()}"
+
+    # 12. An ACL the user set on their node while it was theirs (as its
+    # owner may) goes with it: chown and chmod 0660 keep an ACL, whose
+    # entry for the user would open root's next image there to them.
+    dev = as_user(USER, kinds.CLI, "attach", image).stdout.strip()
+    cl.push(lambda: kind.cli("detach", dev, check=False))
+    r = as_user(USER, sys.executable, "-c", SET_ACL, dev, str(USER[1]), check=False)
+    if r.returncode == 0:
+        as_user(USER, kinds.CLI, "detach", dev)
+        wait_until(lambda: not nbd_in_use(dev), f"{dev} to disconnect")
+        assert not has_acl(dev), f"{dev} keeps the ACL its user set, given back to root"
+        got = kind.cli(*kind.attach_args(root_image), "--device", dev).stdout.strip()
+        cl.push(lambda: kind.cli("detach", got, check=False))
+        r = as_user(USER, "dd", f"if={dev}", "of=/dev/null", "bs=4k", "count=1",
+                    "status=none", check=False)
+        assert r.returncode != 0 and "Permission denied" in one_line(r), \
+            f"the user read root's image on {dev}: {one_line(r)}"
+        kind.cli("detach", got)
+    else:
+        print(f"# skipped: an ACL on the node: {one_line(r)}")
+        as_user(USER, kinds.CLI, "detach", dev)
