@@ -30,7 +30,9 @@ image argument names a descriptor the call does not carry (past them,
 or negative) is refused, and the service lives on.  A refusal quoting a
 long name, cut short mid-character, still reaches the caller.  About 15 s (12.7 s
 measured idle, 17-19 s with the machine's load at 6-8, 25 s beside
-the rest of the client suite; the swapped paths 2.5-3 s of it); the standard and full tiers' client suite."""
+the rest of the client suite; the swapped paths 2.5-3 s of it, the
+calls carrying too much and the descriptor numbers 3-4 s more: 19.6-22 s
+measured with the machine loaded); the standard and full tiers' client suite."""
 import os
 import shutil
 import signal
