@@ -28,7 +28,8 @@
  * hands to another client that asks for it.  Before asking, the store
  * refuses an image another live client holds or has open for writing,
  * naming it, since asking would have that client hand the lock over and
- * fail its next write; a dead holder's lock is broken.  A second writer
+ * fail its next write; a dead holder's lock is broken, the holder
+ * blocklisted first whatever the configuration says (break_lock).  A second writer
  * is thus refused at open, unless both chose to share
  * (mloop_engine_config.shared).  Read-only opens take no lock.  A lock
  * librbd loses without our being blocklisted, or believes it still
@@ -1202,6 +1203,24 @@ write_record (struct rbd_store *st, const char *path)
   rbd_lock_get_owners_cleanup (owners, n);
 }
 
+/* Breaks OWNER's lock, having the cluster refuse OWNER first (for
+ * rbd_blocklist_expire_seconds, the monitors' default when unset):
+ * a holder taken for dead may be only stopped, and once continued it
+ * would write beside us until its watch came back.  librbd blocklists
+ * the holder itself only where rbd_blocklist_on_break_lock is true,
+ * which the configuration, the pool's or the image's may turn off; so
+ * the store does it whatever they say (when librbd does too, the
+ * second entry is the first renewed).  A holder that cannot be fenced
+ * keeps its lock.
+ */
+static int
+break_lock (struct rbd_store *st, const char *owner)
+{
+  int r = rados_blocklist_add (st->cluster, (char *) owner, 0);
+
+  return r < 0 ? r : rbd_lock_break (st->rbd, RBD_LOCK_MODE_EXCLUSIVE, owner);
+}
+
 /* When the lock's holder is the one recorded in PATH, breaks its lock
  * (which also blocklists it: were it alive after all, it could write no
  * more) so that the caller can take it.  Returns whether it did, with
@@ -1227,8 +1246,7 @@ break_recorded (struct rbd_store *st, const char *path, char *recorded,
    */
   match = n == 1 && strlen (owners[0]) == strcspn (recorded, "\n") &&
     strncmp (owners[0], recorded, strlen (owners[0])) == 0;
-  r = match ? rbd_lock_break (st->rbd, RBD_LOCK_MODE_EXCLUSIVE, owners[0])
-            : -ENOENT;
+  r = match ? break_lock (st, owners[0]) : -ENOENT;
   rbd_lock_get_owners_cleanup (owners, n);
   return r == 0;
 }
@@ -1350,8 +1368,12 @@ refuse_live_peers (struct rbd_store *st, const char *broken, char *err,
                 st->name, w->id, w->addr);
       r = -EBUSY;
     }
-    else
-      rbd_lock_break (st->rbd, RBD_LOCK_MODE_EXCLUSIVE, owners[i]);
+    else if ((r = break_lock (st, owners[i])) == -ENOENT)
+      r = 0;                    /* let go meanwhile */
+    else if (r < 0)
+      snprintf (err, errlen, "%s: breaking the lock of %s, which has no "
+                "watch on it (dead): %s", st->name, owners[i],
+                strerror (-r));
   }
   if (r == 0 && n == 0 && p.n > 0) {
     snprintf (err, errlen, "%s is in use: client.%" PRId64 " at %s has it "

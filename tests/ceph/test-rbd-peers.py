@@ -24,6 +24,12 @@ on a real one-node cluster (tests/ceph/cluster.py):
    image; the next write through the
    server's same connection succeeds, the server saying it took the
    lock again, which it holds;
+2c. a device's server stopped (SIGSTOP), not dead, on an image whose
+   configuration turns librbd's blocklisting off
+   (rbd_blocklist_on_break_lock false), and its successor started with
+   the same lock record: the successor breaks the lock and writes, the
+   stopped server is blocklisted all the same, and once continued its
+   write fails instead of landing over the successor's;
 3. librbd's cache and partial trims turned on for the image in the
    cluster (`rbd config image set`: rbd_cache true, writeback, dirty data
    kept 60 s; rbd_skip_partial_discard true), over the server's own
@@ -54,11 +60,11 @@ Run by hand from the repository root:
   MLOOP_SERVER_BIN=build/server/mloop-server PYTHONPATH=tests:tests/ceph \\
       /usr/bin/python3 tests/ceph/test-rbd-peers.py
 
-Cost on the project machine (2 cores): 30-32 s alone, up to 60 s beside
+Cost on the project machine (2 cores): 32-45 s alone, up to 60 s beside
 other heavy work: the cluster's start 6-7 s (up to 19 s loaded), 1 and
 2 about 7-8 s each (each waits once for a watch to end: the 5 s this
 test sets osd_client_watch_timeout to), the arriving writer 2-3 s
-(gdb's start), 20 watchers and 3 to 6 about 1-2 s each.
+(gdb's start), 20 watchers, 2c and 3 to 6 about 1-3 s each.
 """
 import json
 import os
@@ -506,6 +512,48 @@ def section_successors():
                                                              for n in range(3)))
 
 
+def section_unfenced_predecessor():
+    """The image's own configuration turns librbd's blocklisting off
+    (rbd_blocklist_on_break_lock false): a device's server stopped, not
+    dead, and a successor started with the same lock record breaks its
+    lock; the stopped server is fenced all the same, so that once
+    continued its writes fail instead of landing over the successor's."""
+    c.create_image("unfenced", 8 * MiB)
+    c.rbd("config", "image", "set", c.spec("unfenced"), "rbd_blocklist_on_break_lock",
+          "false")
+    spec = f"rbd:{c.spec('unfenced')}"
+    record = ["--lock-record=" + c.path("test", "unfenced.lock")]
+    old = start("a device's server", spec, args=record)
+    h_old = old.connect()
+    h_old.pwrite(b"o" * 4096, 0)
+    h_old.flush()
+    held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("unfenced")))
+    if not check("it holds the exclusive lock", len(held) == 1, repr(held)):
+        raise Abort("no lock")
+    old.proc.send_signal(signal.SIGSTOP)
+    try:
+        new = start("its successor, the first stopped", spec, args=record)
+        h_new = new.connect()
+        h_new.pwrite(b"n" * 4096, 0)
+        h_new.flush()
+        listed = c.ceph("osd", "blocklist", "ls")
+        check("the stopped server is blocklisted", held[0]["address"] in listed,
+              f"{held[0]['address']} not in {listed!r}")
+    finally:
+        old.proc.send_signal(signal.SIGCONT)
+    try:
+        h_old.pwrite(b"x" * 4096, 0)
+        h_old.flush()
+        wrote = None
+    except nbd.Error as e:
+        wrote = e
+    check("the continued server's write fails", wrote is not None, "it succeeded")
+    check("the successor's write is intact", h_new.pread(4096, 0) == b"n" * 4096)
+    h_new.shutdown()
+    new.stop()
+    old.stop()
+
+
 # --- 3: the cache and partial trims, turned on by the cluster --------------
 
 def section_settings():
@@ -690,6 +738,8 @@ try:
     section("a writer arriving while the server looks", section_writer_arriving)
     section("the lock lost without a blocklist", section_lock_lost)
     section("a device's servers killed one after another", section_successors)
+    section("a stopped server's successor, blocklisting off",
+            section_unfenced_predecessor)
     section("the cache and partial trims set by the cluster", section_settings)
     section("BLOCK_STATUS over a large sparse image", section_extents)
     section("a namespace", section_namespace)
