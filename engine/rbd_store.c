@@ -804,6 +804,28 @@ store_set_size (struct mloop_store *s, uint64_t size, char *err,
   return r;
 }
 
+/* The exclusive-lock feature turned off (`rbd feature disable IMAGE
+ * exclusive-lock`, which librbd hands to the holder, us, to perform)
+ * while we hold the lock: there is no lock any more, and any client
+ * may write beside us.  Nothing refuses it, so the store says so once;
+ * its description says the lock is lost.  A feature turned on again
+ * gives no lock back: librbd would take one on its own at the next
+ * write, and hand it to any client that asked.
+ */
+static void
+check_feature_kept (struct rbd_store *st)
+{
+  uint64_t features;
+
+  if (__atomic_load_n (&st->locked, __ATOMIC_ACQUIRE) &&
+      rbd_get_features (st->rbd, &features) == 0 &&
+      !(features & RBD_FEATURE_EXCLUSIVE_LOCK) &&
+      __atomic_exchange_n (&st->locked, false, __ATOMIC_ACQ_REL))
+    say (st, "%s: its exclusive-lock feature was turned off: other clients "
+         "may now write it beside this server (turn it on and restart the "
+         "server to be its one writer again)", st->name);
+}
+
 /* librbd's update watch: the image's header changed (a resize, a
  * snapshot, a feature), here or elsewhere.  Requests checked after this
  * see the new size.
@@ -814,6 +836,7 @@ on_image_update (void *arg)
   struct rbd_store *st = arg;
 
   read_size (st);
+  check_feature_kept (st);
   /* Also called once librbd's watch is back after it timed out. */
   if (__atomic_load_n (&st->checker_running, __ATOMIC_ACQUIRE))
     want_lock_check (st);

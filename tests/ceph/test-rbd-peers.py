@@ -30,6 +30,9 @@ on a real one-node cluster (tests/ceph/cluster.py):
    the same lock record: the successor breaks the lock and writes, the
    stopped server is blocklisted all the same, and once continued its
    write fails instead of landing over the successor's;
+2d. the image's exclusive-lock feature turned off (`rbd feature
+   disable`) while the server holds the lock: the server says that
+   other clients may now write beside it;
 3. librbd's cache and partial trims turned on for the image in the
    cluster (`rbd config image set`: rbd_cache true, writeback, dirty data
    kept 60 s; rbd_skip_partial_discard true), over the server's own
@@ -60,11 +63,12 @@ Run by hand from the repository root:
   MLOOP_SERVER_BIN=build/server/mloop-server PYTHONPATH=tests:tests/ceph \\
       /usr/bin/python3 tests/ceph/test-rbd-peers.py
 
-Cost on the project machine (2 cores): 32-45 s alone, up to 60 s beside
+Cost on the project machine (2 cores): 37-50 s alone, up to 65 s beside
 other heavy work: the cluster's start 6-7 s (up to 19 s loaded), 1 and
 2 about 7-8 s each (each waits once for a watch to end: the 5 s this
 test sets osd_client_watch_timeout to), the arriving writer 2-3 s
-(gdb's start), 20 watchers, 2c and 3 to 6 about 1-3 s each.
+(gdb's start), 20 watchers, 2c and 3 to 6 about 1-3 s each, 2d about 5 s
+(`rbd feature disable`).
 """
 import json
 import os
@@ -554,6 +558,27 @@ def section_unfenced_predecessor():
     old.stop()
 
 
+def section_feature_off():
+    """The exclusive-lock feature turned off while the server holds the
+    lock (librbd has the holder perform it): any client may then write
+    beside the server, and the server must say so."""
+    c.create_image("unlocked", 8 * MiB)
+    s = start("mloop-server", f"rbd:{c.spec('unlocked')}")
+    h = s.connect()
+    h.pwrite(b"s" * 4096, 0)
+    h.flush()
+    c.rbd("feature", "disable", c.spec("unlocked"), "fast-diff", "object-map",
+          "exclusive-lock")
+    deadline = time.monotonic() + REFUSE_LIMIT
+    while "exclusive-lock feature was turned off" not in s.stderr() \
+            and time.monotonic() < deadline:
+        time.sleep(0.1)
+    check("the server says its image's exclusive-lock feature is off",
+          "exclusive-lock feature was turned off" in s.stderr(), s.stderr())
+    h.shutdown()
+    s.stop()
+
+
 # --- 3: the cache and partial trims, turned on by the cluster --------------
 
 def section_settings():
@@ -740,6 +765,7 @@ try:
     section("a device's servers killed one after another", section_successors)
     section("a stopped server's successor, blocklisting off",
             section_unfenced_predecessor)
+    section("the exclusive-lock feature turned off", section_feature_off)
     section("the cache and partial trims set by the cluster", section_settings)
     section("BLOCK_STATUS over a large sparse image", section_extents)
     section("a namespace", section_namespace)
