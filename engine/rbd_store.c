@@ -5,7 +5,7 @@
  * [:shared=on]", as qemu spells them (POOL defaults to "rbd"; the
  * namespace, to the pool's default one; the options stand in for
  * the configuration's ceph_id, ceph_conf and shared).  A snapshot is
- * served read-only.
+ * served read-only, and fails once removed ("a snapshot removed").
  *
  * The request path: reads, writes and flushes go to rbd_aio_*; librbd
  * completes them on its own threads, where the completion callback posts
@@ -123,6 +123,13 @@ struct rbd_store {
   uint64_t last_timeout_ms;     /* monotonic */
   unsigned timed_out;           /* requests failed since it was said */
   bool blocklisted;             /* atomic: said that the cluster refuses us */
+  /* A snapshot's: its id, its image's header object (NULL: not
+   * checked), and whether it is gone (atomic; see "a snapshot removed").
+   */
+  uint64_t snap_id;
+  char *header_oid;
+  bool snap_gone;
+  unsigned char *snapc;         /* the header's answer */
 };
 
 static struct rbd_store *
@@ -148,6 +155,8 @@ check_request (const struct rbd_store *st, bool is_write, uint64_t offset,
 {
   const uint64_t size = store_size (&st->base);
 
+  if (__atomic_load_n (&st->snap_gone, __ATOMIC_ACQUIRE))
+    return -EIO;
   if (offset > size || count > size - offset)
     return is_write ? -ENOSPC : -EINVAL;
   if (is_write && !st->base.info.writable)
@@ -394,6 +403,142 @@ stop_lock_checker (struct rbd_store *st)
   pthread_mutex_unlock (&st->check_lock);
   pthread_join (st->checker, NULL);
   __atomic_store_n (&st->checker_running, false, __ATOMIC_RELEASE);
+}
+
+/* ------------------------------------------------------------ a snapshot removed */
+
+/* A snapshot is opened read-only, and a read-only librbd open sets no
+ * watch on the image's header: librbd never learns that the snapshot
+ * was removed, and goes on reading at its id, which the OSDs, with no
+ * clone left for it, answer from the image as it is now, changing
+ * under a reader that believes it reads a snapshot.  So a thread asks
+ * the header for the image's snapshots every SNAP_CHECK_MS; once the
+ * snapshot's id is not among them, every request fails with EIO and
+ * the store says so.
+ */
+#define SNAP_CHECK_MS 2000
+#define MOST_SNAPS 4096         /* more than Ceph lets an image have */
+
+static uint64_t
+le64 (const unsigned char *p)
+{
+  uint64_t v = 0;
+
+  for (int i = 7; i >= 0; i--)
+    v = v << 8 | p[i];
+  return v;
+}
+
+#define SNAPC_LEN (12 + 8 * (size_t) MOST_SNAPS)
+
+/* Asks the header for its snapshots and waits for the answer while
+ * the store is not closing: a cluster gone must not hold up a close,
+ * so the request is then cancelled (librados completes it at once).
+ * Called with check_lock held.
+ * Returns the answer's length, or a negative errno.
+ */
+static int
+ask_snapc (struct rbd_store *st)
+{
+  const struct timespec tick = { 0, 50 * 1000000L };
+  rados_completion_t c;
+  int r;
+
+  if (rados_aio_create_completion2 (NULL, NULL, &c) < 0)
+    return -ENOMEM;
+  r = rados_aio_exec (st->ioctx, st->header_oid, c, "rbd", "get_snapcontext",
+                      NULL, 0, (char *) st->snapc, SNAPC_LEN);
+  while (r == 0 && !rados_aio_is_complete (c) && !st->check_stop) {
+    pthread_mutex_unlock (&st->check_lock);
+    nanosleep (&tick, NULL);
+    pthread_mutex_lock (&st->check_lock);
+  }
+  if (r == 0 && !rados_aio_is_complete (c)) {
+    rados_aio_cancel (st->ioctx, c);
+    rados_aio_wait_for_complete (c);
+  }
+  if (r == 0)
+    r = rados_aio_get_return_value (c);
+  rados_aio_release (c);
+  return r;
+}
+
+/* Whether the header lists ST's snapshot: 1, 0, or a negative errno
+ * (unknown: the cluster did not answer, or an answer not understood).
+ * cls_rbd's get_snapcontext: the sequence (64 bits), the count (32),
+ * then each id (64), little-endian.  Called with check_lock held.
+ */
+static int
+snap_listed (struct rbd_store *st)
+{
+  const unsigned char *buf = st->snapc;
+  int r = ask_snapc (st), found = 0;
+  uint32_t n;
+
+  if (r >= 0 && r < 12)
+    r = -EBADMSG;
+  if (r >= 12) {
+    n = (uint32_t) buf[8] | (uint32_t) buf[9] << 8 |
+      (uint32_t) buf[10] << 16 | (uint32_t) buf[11] << 24;
+    if ((size_t) r < 12 + 8 * (size_t) n)
+      r = -EBADMSG;
+    else
+      for (uint32_t i = 0; i < n && !found; i++)
+        found = le64 (buf + 12 + 8 * (size_t) i) == st->snap_id;
+  }
+  return r < 0 ? r : found;
+}
+
+/* Waits for the cluster: a thread of its own. */
+static void *
+snap_checker (void *arg)
+{
+  struct rbd_store *st = arg;
+  struct timespec until;
+
+  pthread_mutex_lock (&st->check_lock);
+  while (!st->check_stop) {
+    clock_gettime (CLOCK_MONOTONIC, &until);
+    until.tv_sec += SNAP_CHECK_MS / 1000;
+    until.tv_nsec += (SNAP_CHECK_MS % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+      until.tv_sec++;
+      until.tv_nsec -= 1000000000L;
+    }
+    while (!st->check_stop &&
+           pthread_cond_timedwait (&st->check_wanted, &st->check_lock,
+                                   &until) == 0)
+      ;
+    if (st->check_stop)
+      break;
+    if (snap_listed (st) == 0) {
+      __atomic_store_n (&st->snap_gone, true, __ATOMIC_RELEASE);
+      say (st, "%s: the snapshot was removed: requests fail with EIO (they "
+           "would read the image as it is now)", st->name);
+      break;
+    }
+  }
+  pthread_mutex_unlock (&st->check_lock);
+  return NULL;
+}
+
+/* Starts the snapshot's check, where the image is of format 2 (a
+ * format 1 image, long deprecated, is not checked).
+ */
+static void
+start_snap_checker (struct rbd_store *st)
+{
+  char id[64];
+
+  if (rbd_snap_get_id (st->rbd, st->snap, &st->snap_id) < 0 ||
+      rbd_get_id (st->rbd, id, sizeof id) < 0 ||
+      (st->snapc = malloc (SNAPC_LEN)) == NULL ||
+      asprintf (&st->header_oid, "rbd_header.%s", id) < 0) {
+    st->header_oid = NULL;
+    return;
+  }
+  if (pthread_create (&st->checker, NULL, snap_checker, st) == 0)
+    __atomic_store_n (&st->checker_running, true, __ATOMIC_RELEASE);
 }
 
 /* On a librbd thread.  In flight until posted: quiesce waits for that. */
@@ -735,6 +880,8 @@ store_extents (struct mloop_store *s, uint64_t offset, uint64_t count,
   };
   int r;
 
+  if (__atomic_load_n (&st->snap_gone, __ATOMIC_ACQUIRE))
+    return -EIO;
   if (offset > store_size (s) || count > store_size (s) - offset)
     return -EINVAL;
   if (count > WALK_MOST)
@@ -854,8 +1001,10 @@ store_describe (const struct mloop_store *s, char *buf, size_t len)
   if (__atomic_load_n (&st->locked, __ATOMIC_ACQUIRE) &&
       rbd_is_exclusive_lock_owner (st->rbd, &owner) != 0)
     owner = 0;
-  snprintf (buf, len, "%s: %" PRIu64 " bytes, %s%s", st->name, store_size (s),
-            s->info.writable ? "read-write" : "read-only",
+  snprintf (buf, len, "%s: %" PRIu64 " bytes, %s%s%s", st->name,
+            store_size (s), s->info.writable ? "read-write" : "read-only",
+            __atomic_load_n (&st->snap_gone, __ATOMIC_ACQUIRE)
+            ? ", snapshot removed" : "",
             owner ? ", exclusive lock held"
             : st->locked || (s->info.writable && !st->shared)
             ? ", exclusive lock lost" : s->info.writable ? ", shared" : "");
@@ -900,6 +1049,8 @@ store_close (struct mloop_store *s)
   pthread_mutex_destroy (&st->check_lock);
   pthread_cond_destroy (&st->check_wanted);
   free (st->own_address);
+  free (st->header_oid);
+  free (st->snapc);
   free (st->name);
   free (st->pool);
   free (st->ns);
@@ -1532,6 +1683,8 @@ open_image (struct rbd_store *st, const struct mloop_engine_config *cfg,
     .can_extents = true,
   };
   read_effective_config (st);
+  if (st->snap)
+    start_snap_checker (st);
   return 0;
 }
 
@@ -1561,7 +1714,15 @@ mloop_rbd_store_module_open (struct mloop_store **out,
   pthread_mutex_init (&st->silence_lock, NULL);
   pthread_mutex_init (&st->regain_lock, NULL);
   pthread_mutex_init (&st->check_lock, NULL);
-  pthread_cond_init (&st->check_wanted, NULL);
+  {
+    pthread_condattr_t attr;
+
+    /* The snapshot's check waits on the monotonic clock. */
+    pthread_condattr_init (&attr);
+    pthread_condattr_setclock (&attr, CLOCK_MONOTONIC);
+    pthread_cond_init (&st->check_wanted, &attr);
+    pthread_condattr_destroy (&attr);
+  }
   r = parse_name (st, cfg, err, errlen);
   if (r == 0 && (cfg->window.offset || cfg->window.sizelimit)) {
     snprintf (err, errlen, "%s: --offset and --sizelimit are for files: "

@@ -33,6 +33,11 @@ on a real one-node cluster (tests/ceph/cluster.py):
 2d. the image's exclusive-lock feature turned off (`rbd feature
    disable`) while the server holds the lock: the server says that
    other clients may now write beside it;
+2e. a snapshot removed (`rbd snap rm`) while a server serves it, and
+   the image written after: the server says so within 10 s and fails
+   the snapshot's reads (librbd's read-only open has no watch, and
+   would read the image as it is now); another snapshot's server
+   stopped (SIGTERM) while every daemon is paused stops within 10 s;
 3. librbd's cache and partial trims turned on for the image in the
    cluster (`rbd config image set`: rbd_cache true, writeback, dirty data
    kept 60 s; rbd_skip_partial_discard true), over the server's own
@@ -63,11 +68,11 @@ Run by hand from the repository root:
   MLOOP_SERVER_BIN=build/server/mloop-server PYTHONPATH=tests:tests/ceph \\
       /usr/bin/python3 tests/ceph/test-rbd-peers.py
 
-Cost on the project machine (2 cores): 37-50 s alone, up to 65 s beside
+Cost on the project machine (2 cores): 40-55 s alone, up to 70 s beside
 other heavy work: the cluster's start 6-7 s (up to 19 s loaded), 1 and
 2 about 7-8 s each (each waits once for a watch to end: the 5 s this
 test sets osd_client_watch_timeout to), the arriving writer 2-3 s
-(gdb's start), 20 watchers, 2c and 3 to 6 about 1-3 s each, 2d about 5 s
+(gdb's start), 20 watchers, 2c, 2e and 3 to 6 about 1-3 s each, 2d about 5 s
 (`rbd feature disable`).
 """
 import json
@@ -579,6 +584,58 @@ def section_feature_off():
     s.stop()
 
 
+def section_snapshot_removed():
+    """A snapshot removed while it is served: librbd's read-only open has
+    no watch and would go on reading at the removed snapshot's id, which
+    the OSD answers from the image as it is now; the server must fail
+    the reads instead, and say why."""
+    c.create_image("snapped", 8 * MiB)
+    w = start("mloop-server of the image", f"rbd:{c.spec('snapped')}")
+    h = w.connect()
+    h.pwrite(b"1" * 4096, 0)
+    h.flush()
+    c.rbd("snap", "create", c.spec("snapped", "before"))
+    s = start("mloop-server of its snapshot", f"rbd:{c.spec('snapped', 'before')}")
+    hs = s.connect()
+    check("the snapshot reads as it was", hs.pread(4096, 0) == b"1" * 4096)
+    c.rbd("snap", "rm", c.spec("snapped", "before"))
+    h.pwrite(b"2" * 4096, 0)
+    h.flush()
+    deadline = time.monotonic() + REFUSE_LIMIT
+    while "snapshot was removed" not in s.stderr() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    check("the server says the snapshot was removed", "snapshot was removed" in s.stderr(),
+          s.stderr())
+    try:
+        got = hs.pread(4096, 0)
+    except nbd.Error as e:
+        got = e
+    check("a read of the removed snapshot fails", isinstance(got, nbd.Error),
+          f"read {bytes(got[:4])!r}" if not isinstance(got, nbd.Error) else "")
+    hs.shutdown()
+    s.stop()
+    h.shutdown()
+    w.stop()
+
+    # The check waiting for a cluster gone must not hold up a stop.
+    c.rbd("snap", "create", c.spec("snapped", "kept"))
+    s = start("mloop-server of another snapshot", f"rbd:{c.spec('snapped', 'kept')}")
+    c.pause()
+    try:
+        time.sleep(3)           # a check under way, unanswered
+        t = time.monotonic()
+        s.proc.send_signal(signal.SIGTERM)
+        try:
+            s.proc.wait(REFUSE_LIMIT)
+        except subprocess.TimeoutExpired:
+            pass
+        check("the snapshot's server stops while the cluster is paused",
+              s.proc.poll() is not None, f"running {time.monotonic() - t:.1f} s after SIGTERM")
+    finally:
+        c.resume()
+        s.stop()
+
+
 # --- 3: the cache and partial trims, turned on by the cluster --------------
 
 def section_settings():
@@ -766,6 +823,7 @@ try:
     section("a stopped server's successor, blocklisting off",
             section_unfenced_predecessor)
     section("the exclusive-lock feature turned off", section_feature_off)
+    section("a snapshot removed while served", section_snapshot_removed)
     section("the cache and partial trims set by the cluster", section_settings)
     section("BLOCK_STATUS over a large sparse image", section_extents)
     section("a namespace", section_namespace)
