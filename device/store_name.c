@@ -38,9 +38,17 @@ mloop_rbd_name_with (const char *name, const char *conf, const char *id,
 char *
 mloop_image_identity (const char *name)
 {
-  const char *options = mloop_is_rbd_name (name)
-    ? strchr (name + strlen (MLOOP_RBD_PREFIX), ':') : NULL;
+  const char *spec = name + strlen (MLOOP_RBD_PREFIX);
+  const char *options;
+  g_autofree char *image = NULL;
 
-  return options ? g_strndup (name, (gsize) (options - name))
-    : g_strdup (name);
+  if (!mloop_is_rbd_name (name))
+    return g_strdup (name);
+  options = strchr (spec, ':');
+  image = options ? g_strndup (spec, (gsize) (options - spec))
+    : g_strdup (spec);
+  /* "rbd:IMAGE" is the default pool's: one image with rbd:rbd/IMAGE. */
+  return strchr (image, '/')
+    ? g_strconcat (MLOOP_RBD_PREFIX, image, NULL)
+    : g_strconcat (MLOOP_RBD_PREFIX, MLOOP_RBD_DEFAULT_POOL, "/", image, NULL);
 }

@@ -22,7 +22,9 @@ bool mloop_is_rbd_name (const char *name);
 char *mloop_rbd_name_with (const char *name, const char *conf,
                            const char *id, char *err, size_t errlen);
 
-/* The image NAME names, without options (g_free it): for comparing. */
+/* The image NAME names, without options and with the default pool
+ * spelt out (g_free it): for comparing.
+ */
 char *mloop_image_identity (const char *name);
 
 #endif /* MLOOP_STORE_NAME_H */

@@ -42,6 +42,7 @@
  * other path is a file or block device ("./rbd:x" is a file).
  */
 #define MLOOP_RBD_PREFIX "rbd:"
+#define MLOOP_RBD_DEFAULT_POOL "rbd"    /* "rbd:IMAGE" is rbd:rbd/IMAGE */
 
 struct mloop_engine_config {
   const char *path;             /* a file, a block device or an rbd: name */

@@ -66,7 +66,7 @@
 #include "rbd_load.h"
 #include "store.h"
 
-#define DEFAULT_POOL "rbd"
+#define DEFAULT_POOL MLOOP_RBD_DEFAULT_POOL
 
 /* How long librados waits for the monitors at start-up before saying
  * so, unless the configuration sets client_mount_timeout (Ceph's
