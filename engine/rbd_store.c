@@ -29,8 +29,8 @@
  * refuses an image another live client holds or has open for writing,
  * naming it, since asking would have that client hand the lock over and
  * fail its next write; a dead holder's lock is broken, the holder
- * blocklisted first whatever the configuration says (break_lock).  A second writer
- * is thus refused at open, unless both chose to share
+ * blocklisted first whatever the configuration says (break_lock).  A
+ * second writer is thus refused at open, unless both chose to share
  * (mloop_engine_config.shared).  Read-only opens take no lock.  A lock
  * librbd loses without our being blocklisted, or believes it still
  * holds when the cluster records another holder, is taken again
@@ -405,7 +405,7 @@ stop_lock_checker (struct rbd_store *st)
   __atomic_store_n (&st->checker_running, false, __ATOMIC_RELEASE);
 }
 
-/* ------------------------------------------------------------ a snapshot removed */
+/* ------------------------------------------------ a snapshot removed */
 
 /* A snapshot is opened read-only, and a read-only librbd open sets no
  * watch on the image's header: librbd never learns that the snapshot
@@ -463,7 +463,8 @@ ask_snapc (struct rbd_store *st)
   return r;
 }
 
-/* Whether the header lists ST's snapshot: 1, 0, or a negative errno
+/* Whether the header lists ST's snapshot: 1, 0 (nor is there a header
+ * any more), or a negative errno
  * (unknown: the cluster did not answer, or an answer not understood).
  * cls_rbd's get_snapcontext: the sequence (64 bits), the count (32),
  * then each id (64), little-endian.  Called with check_lock held.
@@ -486,7 +487,8 @@ snap_listed (struct rbd_store *st)
       for (uint32_t i = 0; i < n && !found; i++)
         found = le64 (buf + 12 + 8 * (size_t) i) == st->snap_id;
   }
-  return r < 0 ? r : found;
+  /* No header: the image itself is gone (`rbd snap purge`, `rbd rm`). */
+  return r == -ENOENT ? 0 : r < 0 ? r : found;
 }
 
 /* Waits for the cluster: a thread of its own. */

@@ -38,6 +38,8 @@ on a real one-node cluster (tests/ceph/cluster.py):
    the snapshot's reads (librbd's read-only open has no watch, and
    would read the image as it is now); another snapshot's server
    stopped (SIGTERM) while every daemon is paused stops within 10 s;
+   and a snapshot's server whose image is removed (its snapshots
+   purged, then `rbd rm`) fails its reads too;
 3. librbd's cache and partial trims turned on for the image in the
    cluster (`rbd config image set`: rbd_cache true, writeback, dirty data
    kept 60 s; rbd_skip_partial_discard true), over the server's own
@@ -634,6 +636,26 @@ def section_snapshot_removed():
     finally:
         c.resume()
         s.stop()
+
+    # The image itself removed, its snapshots first, between two checks:
+    # no header left to ask, and the snapshot gone with it.
+    s = start("mloop-server of a snapshot", f"rbd:{c.spec('snapped', 'kept')}")
+    hs = s.connect()
+    c.rbd("snap", "purge", c.spec("snapped"))
+    c.rbd("rm", "--no-progress", c.spec("snapped"))
+    deadline = time.monotonic() + REFUSE_LIMIT
+    while "snapshot was removed" not in s.stderr() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    check("the server says the snapshot of a removed image was removed",
+          "snapshot was removed" in s.stderr(), s.stderr())
+    try:
+        got = hs.pread(4096, 0)
+    except nbd.Error as e:
+        got = e
+    check("a read of the removed image's snapshot fails", isinstance(got, nbd.Error),
+          f"read {bytes(got[:4])!r}" if not isinstance(got, nbd.Error) else "")
+    hs.shutdown()
+    s.stop()
 
 
 # --- 3: the cache and partial trims, turned on by the cluster --------------
