@@ -28,6 +28,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <linux/openat2.h>
+
 #include <gio/gio.h>
 #include <gio/gunixfdlist.h>
 
@@ -448,8 +450,42 @@ act_as (uid_t uid, const gid_t *groups, int n)
  * root, resolves no name again: it tells the caller nothing about what
  * exists where they cannot look, even if they swap a directory of
  * theirs for a symlink meanwhile, and triggers no automount they could
- * not.  False with ERR.
+ * not.  The path is opened once (O_PATH), and the name and identity are
+ * the open file's.  Without the magic links of /proc (fd/N, cwd, root,
+ * exe), which resolve in this process and would lead the caller to what
+ * the service holds open, where they cannot look.  False with ERR.
  */
+/* The canonical path of the file PATH names and its identity (*ST), as
+ * this thread's file system credentials find it, following no magic
+ * link; NULL with errno.
+ */
+static char *
+open_as_caller (const char *path, struct stat *st)
+{
+  struct open_how how = {
+    .flags = O_PATH | O_CLOEXEC,
+    .resolve = RESOLVE_NO_MAGICLINKS,
+  };
+  g_autofree char *self = NULL;
+  char *name;
+  int fd, saved;
+
+  fd = (int) syscall (SYS_openat2, AT_FDCWD, path, &how, sizeof how);
+  if (fd == -1)
+    return NULL;
+  self = g_strdup_printf ("/proc/self/fd/%d", fd);
+  name = fstat (fd, st) == 0 ? g_file_read_link (self, NULL) : NULL;
+  saved = errno;
+  close (fd);
+  errno = saved;
+  if (name && name[0] != '/') {
+    g_free (name);
+    errno = ENOENT;
+    return NULL;
+  }
+  return name;
+}
+
 static bool
 resolve_as (const char *what, uid_t uid, struct detach_target *t, char *err,
             size_t errlen)
@@ -472,12 +508,8 @@ resolve_as (const char *what, uid_t uid, struct detach_target *t, char *err,
       act_as (0, root_groups, n_root);
     return false;
   }
-  t->name = realpath (what, NULL);
+  t->name = open_as_caller (what, &t->st);
   saved = errno;
-  if (t->name != NULL && stat (t->name, &t->st) == -1) {
-    saved = errno;
-    g_clear_pointer (&t->name, g_free);
-  }
   if (act_as (0, root_groups, n_root) == -1)
     g_error ("cannot take back root's credentials: %s", strerror (errno));
   if (t->name == NULL) {

@@ -16,7 +16,8 @@ path exists or not), and looks for it with the caller's rights only:
 with gdb holding the service between resolving the path as the caller
 and looking for it, a caller who swaps a directory of theirs for a
 symlink to a root-only one hears the same of a path that exists there
-as of one that does not.  A caller whose authentication never ends (a real
+as of one that does not, and /proc's magic links (the service's own
+open files, its cwd, its executable) are not followed.  A caller whose authentication never ends (a real
 polkit agent that never answers: silent_agent.py) holds up no other
 user's call, and is refused after --authorization-timeout; an attach
 past --max-devices-per-user is refused in one line, and so is a call
@@ -174,6 +175,7 @@ def run(bus, work):
           and hidden.replace(secret, "P") == missing.replace(secret + "-missing", "P"),
           f"{hidden} / {missing}")
     swapped_while_looking(bus, work, secret)
+    magic_links(bus, work)
 
     stalled_callers(bus, image, root_only)
     bounded_wait(bus, root_only)
@@ -219,6 +221,21 @@ def run(bus, work):
           r.returncode == 0 and bus.service_pid() not in (None, pid), r.stderr)
     r = bus.run_as(USER, [MLOOP, "--version"])
     check("mloop --version as a user", r.returncode == 0, r.stderr)
+
+
+def magic_links(bus, work):
+    """/proc's magic links (fd/N, cwd, exe) resolve in the process that
+    follows them: a detach's path, resolved in the service, must not
+    lead its caller to what the service holds open, nor through a
+    symlink of theirs to one."""
+    link = os.path.join(work, "dir", "to-service-exe")
+    os.symlink("/proc/self/exe", link)
+    for path in ["/proc/self/fd/2", "/dev/stderr", "/proc/self/cwd",
+                 "/proc/self/exe", link]:
+        out = call_on(bus, "detach", path)
+        check(f"a detach of {path} follows no magic link of the service's",
+              out == f"ERROR {path}: not an nbd or ublk device, and Too many "
+              "levels of symbolic links", out)
 
 
 def stalled_callers(bus, image, root_only):
