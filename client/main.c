@@ -317,10 +317,13 @@ detach_through_service (bool all, int argc, char **argv)
   if (all)
     return error ("detach: --all needs root");
   for (int i = 1; i < argc; i++) {
-    /* The service resolves a FILE as root: name it absolutely. */
-    g_autofree char *what = g_str_has_prefix (argv[i], "/dev/") ||
-      !strchr (argv[i], '/') ? g_strdup (argv[i])
-      : g_canonicalize_filename (argv[i], NULL);
+    /* The service takes a FILE's path absolute only (its directory is
+     * not the caller's): a device's name, a URI or an RBD name as it is.
+     */
+    bool ublk;
+    g_autofree char *what = mloop_device_index (argv[i], &ublk) >= 0 ||
+      strstr (argv[i], "://") || mloop_is_rbd_name (argv[i])
+      ? g_strdup (argv[i]) : g_canonicalize_filename (argv[i], NULL);
 
     if (mloop_service_detach (what, err, sizeof err) == -1)
       r = error ("detach %s: %s", argv[i], err);

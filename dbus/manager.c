@@ -708,9 +708,23 @@ attach (GDBusMethodInvocation *invocation, GVariant *params)
               handle);
 }
 
+/* Whether WHAT, a detach's, names a device, a URI or an RBD image, or
+ * is an absolute path: a relative one would be resolved from the
+ * service's directory, not its caller's, and find what they did not
+ * name.
+ */
+static bool
+absolute_or_named (const char *what)
+{
+  bool ublk;
+
+  return what[0] == '/' || mloop_device_index (what, &ublk) >= 0 ||
+    strstr (what, "://") || mloop_is_rbd_name (what);
+}
+
 /* Nothing of DEVICE is looked at before polkit lets the caller detach,
- * but a name no path could have, or a descriptor, is refused before
- * the call waits for polkit, keeping its message.
+ * but a name no path could have, a relative path, or a descriptor, is
+ * refused before the call waits for polkit, keeping its message.
  */
 static void
 detach (GDBusMethodInvocation *invocation, GVariant *params)
@@ -724,8 +738,11 @@ detach (GDBusMethodInvocation *invocation, GVariant *params)
   if (len >= PATH_MAX)
     snprintf (err, sizeof err, "the device's or image's name is %zu bytes "
               "long: a path has at most %d", len, PATH_MAX - 1);
-  if (len >= PATH_MAX || !descriptors_passed (invocation, 0, NULL, err,
-                                              sizeof err)) {
+  else if (!absolute_or_named (what))
+    snprintf (err, sizeof err, "%s: not a device's name nor an absolute "
+              "path", what);
+  if (len >= PATH_MAX || !absolute_or_named (what) ||
+      !descriptors_passed (invocation, 0, NULL, err, sizeof err)) {
     reply_error (invocation, ERROR_INVALID, err);
     return;
   }

@@ -10,7 +10,8 @@
  *       refused to a user (not root) who already has the most devices
  *       they may.
  *   Detach (s device)
- *       DEVICE (/dev/nbdN, or the image's name, shorter than PATH_MAX;
+ *       DEVICE (/dev/nbdN, or the image's absolute path, shorter than
+ *       PATH_MAX;
  *       the message carries no descriptor): polkit action
  *       org.mloop.detach before DEVICE is looked at or looked for, then
  *       org.mloop.detach-other if another user attached it.

@@ -8,7 +8,9 @@ device node, a relative name and an unknown option are refused before
 anything starts, and so is a file of a pseudo file system (proc, sysfs:
 what it reads depends on who opened it); a good descriptor gets as far as the kernel (which has
 no NBD client here).  `mloop attach` as a user goes through the service
-and refuses root's options; a user's list and detach ask it too.  The
+and refuses root's options; a user's list and detach ask it too (a
+file named without a slash is named absolutely, and the service refuses
+a relative path, which it would look for in its own directory).  The
 service survives a client that hangs up mid-call, and a killed service
 is activated again by the next call.  Detach asks polkit before it
 looks for the path it is given (a refusal says the same whether the
@@ -207,6 +209,16 @@ def run(bus, work):
     r = bus.run_as(USER, [MLOOP, "detach", "/dev/nbd0"])
     check("a user's detach of what is not attached",
           r.returncode != 0 and "not attached" in one_line(r), one_line(r))
+    # A file named without a slash is the caller's, in their directory,
+    # not one in the service's; the service takes no relative path.
+    r = bus.run_as(USER, [MLOOP, "detach", os.path.basename(image)], cwd=work)
+    check("a user's detach of a file named without a slash names it absolutely",
+          one_line(r) == f"mloop: detach {os.path.basename(image)}: {image} is not "
+          "attached by mloop", one_line(r))
+    for name in ("mine.img", "dir/mine.img", ""):
+        out = call("detach", name)
+        check(f"a detach of the relative path {name!r} is refused",
+              out == f"ERROR {name}: not a device's name nor an absolute path", out)
 
     # A client that hangs up mid-call; a service killed between calls.
     pid = bus.service_pid()
