@@ -147,6 +147,18 @@ mloop_overlay_merge (const char *path, const char *base_path, bool adopt,
                           err, errlen);
   if (r < 0)
     return r;
+  /* An image refused for writing is opened for reading (backing.h), as
+   * a server wants: here the merge would mark the overlay half-merged
+   * and only then fail its first write, leaving a mark that discard
+   * heeds for good.
+   */
+  if (!base.writable) {
+    snprintf (err, errlen, "cannot write %s, the overlay's base (its "
+              "permissions, a read-only mount or an immutable file): not "
+              "committed", base_path);
+    mloop_backing_close (&base);
+    return -EACCES;
+  }
   r = mloop_overlay_open (&ov, path, &base, false,
                           adopt ? MLOOP_OVERLAY_MERGE_ANY_BASE
                           : MLOOP_OVERLAY_MERGE_BASE, err, errlen);
