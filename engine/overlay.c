@@ -843,7 +843,9 @@ check_base (struct mloop_overlay *ov, unsigned char *h,
   }
   if (same_file && same_content)
     return 0;
-  /* A merge only reads the overlay: it records nothing. */
+  /* A merge records nothing here: the file it writes is recorded with
+   * its mark, once its owner may write it (mloop_overlay_note_merging).
+   */
   if (check == MLOOP_OVERLAY_MERGE_BASE)
     return 0;
   /* The same file, adopted (its ends changed) or moved, is still the
@@ -869,30 +871,57 @@ mloop_overlay_note_merging (struct mloop_overlay *ov,
                             size_t errlen)
 {
   unsigned char *h = mloop_alloc_aligned (HDR_BYTES, HDR_BYTES);
-  struct stat st;
+  struct base_identity id;
+  bool same_inode, same_content;
+  uint32_t flags;
   int r;
 
   if (h == NULL)
     return -ENOMEM;
   r = mloop_pread_or_zero (ov->fd, h, HDR_BYTES, 0);
-  if (r == 0 && fstat (base->fd, &st) == -1)
-    r = -errno;
-  /* Only the recorded file's ends are excused by the mark: a merge into
-   * any other image (the user's override) leaves it as it was, and so
-   * does a version 1 header, which has no identity to excuse.
+  if (r < 0) {
+    snprintf (err, errlen, "cannot mark overlay %s as being committed: %s",
+              ov->path, strerror (-r));
+    goto out;
+  }
+  /* A version 1 header has no identity to excuse. */
+  if (get_le32 (h + HDR_VERSION) != OVERLAY_VERSION)
+    goto out;
+  if ((r = identify_base (base, &id, err, errlen)) < 0)
+    goto out;
+  flags = get_le32 (h + HDR_FLAGS);
+  same_inode = get_le64 (h + HDR_BASE_DEV) == id.dev &&
+    get_le64 (h + HDR_BASE_INO) == id.ino;
+  same_content = get_le32 (h + HDR_BASE_FIRST_CRC) == id.first_crc &&
+    get_le32 (h + HDR_BASE_LAST_CRC) == id.last_crc;
+  /* Any other image (the user's override) is left as it was. */
+  if (!same_inode && !same_content)
+    goto out;
+  /* The mark excuses the file the header records, by path, device and
+   * inode (check_base): the base under another name (moved) or inode (a
+   * copy of it put in its place) is recorded first, or a merge stopped
+   * half-way in it could neither run again nor stop a discard.
    */
-  if (r == 0 && get_le32 (h + HDR_VERSION) == OVERLAY_VERSION &&
-      get_le64 (h + HDR_BASE_DEV) == (uint64_t) st.st_dev &&
-      get_le64 (h + HDR_BASE_INO) == (uint64_t) st.st_ino &&
-      !(get_le32 (h + HDR_FLAGS) & OVERLAY_FLAG_MERGING)) {
-    put_le32 (h + HDR_FLAGS, get_le32 (h + HDR_FLAGS) | OVERLAY_FLAG_MERGING);
+  if (same_inode && strcmp (ov->base_path, id.path) == 0) {
+    if (flags & OVERLAY_FLAG_MERGING)
+      goto out;
+    put_le32 (h + HDR_FLAGS, flags | OVERLAY_FLAG_MERGING);
     r = mloop_pwrite_all (ov->fd, h, HDR_BYTES, 0, 0);
     if (r == 0)
       r = sync_fd (ov->fd);
+    if (r < 0)
+      snprintf (err, errlen, "cannot mark overlay %s as being committed: "
+                "%s", ov->path, strerror (-r));
+    goto out;
   }
-  if (r < 0)
-    snprintf (err, errlen, "cannot mark overlay %s as being committed: %s",
-              ov->path, strerror (-r));
+  r = record_base (ov, h, &id, flags | OVERLAY_FLAG_MERGING, err, errlen);
+  if (r == 0) {
+    free (ov->base_path);
+    ov->base_path = strdup (id.path);
+    if (ov->base_path == NULL)
+      r = -ENOMEM;
+  }
+ out:
   mloop_free_aligned (h, HDR_BYTES);
   return r;
 }

@@ -91,8 +91,9 @@ enum mloop_overlay_base_check {
    * device and inode, with other ends when the header carries the mark
    * a merge writes before its first write into it
    * (mloop_overlay_note_merging): a merge stopped half-way has written
-   * them.  Records nothing.  The header is its owner's to write: the
-   * merge also checks that owner may write the base.
+   * them.  Records nothing (the merge records the file it writes, with
+   * its mark).  The header is its owner's to write: the merge also
+   * checks that owner may write the base.
    */
   MLOOP_OVERLAY_MERGE_BASE,
   /* Take any image of the right size and record it as the base: the
@@ -154,9 +155,13 @@ int mloop_overlay_merge (const char *path, const char *base_path,
                          bool adopt, bool remove, char *err, size_t errlen);
 
 /* Marks in the header of OV, durably, that a merge is about to write
- * into BASE, when BASE is the file recorded there: a merge stopped
+ * into BASE, when BASE is the file recorded there or that image under
+ * another name or inode (its fingerprint the recorded one: moved, or a
+ * copy put in its place), which is recorded first: a merge stopped
  * half-way may then find that file's ends changed and still run
- * (MLOOP_OVERLAY_MERGE_BASE).  0, or a negative errno with ERR.
+ * (MLOOP_OVERLAY_MERGE_BASE), and discard refuses the overlay.  Any
+ * other image (the user's override) is left unmarked.  0, or a negative
+ * errno with ERR.
  */
 int mloop_overlay_note_merging (struct mloop_overlay *ov,
                                 const struct mloop_backing *base,

@@ -1,0 +1,167 @@
+/* A commit stopped half-way into its base under another name or inode
+ * than the overlay records: a base moved (`--base` names it), or
+ * replaced at its path by a copy of itself (a restore, rsync, `mv` of a
+ * fresh copy).  Both pass the merge's identity check, by content.  The
+ * merge then marks the header before its first write into the base
+ * (mloop_overlay_note_merging), but the mark excuses only the file the
+ * header records: for another inode it was not set, and for another
+ * path it did not count.  Stopped half-way, the base's ends changed,
+ * the commit could not run again without --adopt-base, and, with no
+ * mark, discard removed the overlay and left the base half-merged,
+ * reading as neither image.  The merge must record the file it writes
+ * as the base, with the mark, before writing.
+ *
+ * A stopped commit is its mark and its first write, as in
+ * test-overlay-discard-half-committed.c.  No root: about 0.05 s, in the
+ * unit suite of every tier.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "align.h"
+#include "backing.h"
+#include "overlay.h"
+#include "overlay_file.h"
+#include "range_lock.h"
+#include "unit.h"
+
+#define BASE_SIZE (1u << 20)
+#define CLUSTER_AT (3 * MLOOP_OVERLAY_CLUSTER)
+
+/* Makes the overlay at PATH over BASE_PATH with one cluster of 0x5a. */
+static void
+make_overlay (const char *base_path, const char *path)
+{
+  struct mloop_backing base;
+  struct mloop_overlay ov;
+  struct mloop_range_lock lock;
+  char err[256];
+  char *buf = mloop_alloc_aligned (MLOOP_OVERLAY_CLUSTER,
+                                   MLOOP_OVERLAY_CLUSTER);
+  int r;
+
+  CHECK (buf != NULL, "no memory");
+  r = mloop_backing_open (&base, base_path, MLOOP_DIRECT_OFF, false, NULL,
+                          err, sizeof err);
+  CHECK (r == 0, "base: %s", err);
+  r = mloop_overlay_open (&ov, path, &base, false, MLOOP_OVERLAY_SAME_BASE,
+                          err, sizeof err);
+  CHECK (r == 0, "overlay: %s", err);
+  mloop_range_lock_init (&lock);
+  memset (buf, 0x5a, MLOOP_OVERLAY_CLUSTER);
+  r = mloop_overlay_rw (&ov, &base, &lock, true, buf, MLOOP_OVERLAY_CLUSTER,
+                        CLUSTER_AT, false);
+  CHECK (r == 0, "write: %s", strerror (-r));
+  mloop_range_lock_destroy (&lock);
+  mloop_overlay_close (&ov);
+  mloop_backing_close (&base);
+  mloop_free_aligned (buf, MLOOP_OVERLAY_CLUSTER);
+}
+
+static void
+make_image (const char *path)
+{
+  int fd = open (path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+
+  CHECK (fd >= 0 && ftruncate (fd, BASE_SIZE) == 0 &&
+         pwrite (fd, "template", 8, 0) == 8 && close (fd) == 0,
+         "%s: %s", path, strerror (errno));
+}
+
+/* What a commit into BASE_PATH does up to its first write, and stops. */
+static void
+stop_commit (const char *path, const char *base_path)
+{
+  const struct mloop_window whole = { 0, 0 };
+  struct mloop_backing base;
+  struct mloop_overlay ov;
+  char cluster[MLOOP_OVERLAY_CLUSTER];
+  char err[512];
+  int r;
+
+  r = mloop_backing_open (&base, base_path, MLOOP_DIRECT_OFF, true, &whole,
+                          err, sizeof err);
+  CHECK (r == 0, "base: %s", err);
+  r = mloop_overlay_open (&ov, path, &base, false, MLOOP_OVERLAY_MERGE_BASE,
+                          err, sizeof err);
+  CHECK (r == 0, "a commit refused the base it should take: %s", err);
+  CHECK (mloop_overlay_note_merging (&ov, &base, err, sizeof err) == 0,
+         "mark: %s", err);
+  memset (cluster, 0x5a, sizeof cluster);
+  CHECK (pwrite (base.fd, cluster, sizeof cluster, CLUSTER_AT) ==
+         (ssize_t) sizeof cluster, "write: %s", strerror (errno));
+  mloop_overlay_close (&ov);
+  mloop_backing_close (&base);
+}
+
+static void
+check_merged (const char *base_path)
+{
+  unsigned char byte = 0;
+  int fd = open (base_path, O_RDONLY | O_CLOEXEC);
+
+  CHECK (fd >= 0 && pread (fd, &byte, 1, CLUSTER_AT) == 1, "%s: %s",
+         base_path, strerror (errno));
+  close (fd);
+  CHECK (byte == 0x5a, "the base holds 0x%02x, not the overlay's 0x5a",
+         byte);
+}
+
+int
+main (void)
+{
+  const char *dir = unit_tmpdir ("/var/tmp");
+  char base_path[4096], copy[4096], moved[4096], path[4096], run[4096];
+  char err[512];
+  char *written = NULL;
+
+  unit_deadline (30);
+  snprintf (run, sizeof run, "%s/run", dir);
+  CHECK (mkdir (run, 0700) == 0, "%s: %s", run, strerror (errno));
+  setenv ("MLOOP_RUNTIME_DIR", run, 1);
+  snprintf (base_path, sizeof base_path, "%s/base.img", dir);
+  snprintf (copy, sizeof copy, "%s/copy.img", dir);
+  snprintf (moved, sizeof moved, "%s/moved.img", dir);
+  snprintf (path, sizeof path, "%s/overlay", dir);
+
+  /* The base replaced at its path by a copy of itself. */
+  make_image (base_path);
+  make_overlay (base_path, path);
+  make_image (copy);
+  CHECK (rename (copy, base_path) == 0, "rename: %s", strerror (errno));
+  stop_commit (path, base_path);
+  CHECK (mloop_overlay_file_discard (path, err, sizeof err) == -1,
+         "discard removed an overlay whose commit into a copy of its base "
+         "stopped half-way");
+  CHECK (mloop_overlay_file_commit (path, NULL, false, &written, err,
+                                    sizeof err) == 0,
+         "the commit stopped in a copy of the base cannot run again: %s",
+         err);
+  free (written);
+  written = NULL;
+  check_merged (base_path);
+  CHECK (unlink (base_path) == 0, "unlink: %s", strerror (errno));
+
+  /* The base moved, and the commit named it with --base. */
+  make_image (base_path);
+  make_overlay (base_path, path);
+  CHECK (rename (base_path, moved) == 0, "rename: %s", strerror (errno));
+  stop_commit (path, moved);
+  CHECK (mloop_overlay_file_discard (path, err, sizeof err) == -1,
+         "discard removed an overlay whose commit into its moved base "
+         "stopped half-way");
+  CHECK (mloop_overlay_file_commit (path, moved, false, &written, err,
+                                    sizeof err) == 0,
+         "the commit stopped in the moved base cannot run again: %s", err);
+  free (written);
+  check_merged (moved);
+
+  printf ("ok: a commit stopped in its base under another name or inode "
+          "runs again, and discard refuses it meanwhile\n");
+  return 0;
+}
