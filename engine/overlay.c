@@ -45,8 +45,9 @@ static const char overlay_magic[8] = { 'M', 'L', 'O', 'O', 'P', 'C', 'O', 'W' };
 #define BASE_PATH_MAX       (HDR_BASE_FIRST_CRC - HDR_BASE_PATH - 1)
 /* A merge has begun writing into the recorded base: its ends may differ
  * from the fingerprint.  Written and synced before the merge's first
- * write into the base; cleared when another file is recorded as the
- * base (kept when the same file is, its ends changed or its name).
+ * write into the base, which is recorded with it when the header named
+ * another file; cleared when a server or adopt records another file as
+ * the base (kept when the same file is, its ends changed or its name).
  */
 #define OVERLAY_FLAG_MERGING 1u
 /* How much of each end of the base its fingerprint covers. */
@@ -872,8 +873,7 @@ mloop_overlay_note_merging (struct mloop_overlay *ov,
 {
   unsigned char *h = mloop_alloc_aligned (HDR_BYTES, HDR_BYTES);
   struct base_identity id;
-  bool same_inode, same_content;
-  uint32_t flags;
+  uint32_t version, flags;
   int r;
 
   if (h == NULL)
@@ -884,25 +884,23 @@ mloop_overlay_note_merging (struct mloop_overlay *ov,
               ov->path, strerror (-r));
     goto out;
   }
-  /* A version 1 header has no identity to excuse. */
-  if (get_le32 (h + HDR_VERSION) != OVERLAY_VERSION)
-    goto out;
   if ((r = identify_base (base, &id, err, errlen)) < 0)
     goto out;
-  flags = get_le32 (h + HDR_FLAGS);
-  same_inode = get_le64 (h + HDR_BASE_DEV) == id.dev &&
-    get_le64 (h + HDR_BASE_INO) == id.ino;
-  same_content = get_le32 (h + HDR_BASE_FIRST_CRC) == id.first_crc &&
-    get_le32 (h + HDR_BASE_LAST_CRC) == id.last_crc;
-  /* Any other image (the user's override) is left as it was. */
-  if (!same_inode && !same_content)
-    goto out;
+  version = get_le32 (h + HDR_VERSION);
+  /* Version 1 kept its path up to the header's end: no flags word. */
+  flags = version == OVERLAY_VERSION ? get_le32 (h + HDR_FLAGS) : 0;
   /* The mark excuses the file the header records, by path, device and
-   * inode (check_base): the base under another name (moved) or inode (a
-   * copy of it put in its place) is recorded first, or a merge stopped
-   * half-way in it could neither run again nor stop a discard.
+   * inode (check_base), so whatever file the merge writes is recorded
+   * first: the base under another name (moved) or inode (a copy put in
+   * its place), the image a user's override names, the base of a
+   * version 1 header, which records no identity.  Else a merge stopped
+   * half-way in it could not run again as it began, and discard,
+   * finding no mark, would leave that image half-merged.
    */
-  if (same_inode && strcmp (ov->base_path, id.path) == 0) {
+  if (version == OVERLAY_VERSION &&
+      get_le64 (h + HDR_BASE_DEV) == id.dev &&
+      get_le64 (h + HDR_BASE_INO) == id.ino &&
+      strcmp (ov->base_path, id.path) == 0) {
     if (flags & OVERLAY_FLAG_MERGING)
       goto out;
     put_le32 (h + HDR_FLAGS, flags | OVERLAY_FLAG_MERGING);
@@ -914,6 +912,8 @@ mloop_overlay_note_merging (struct mloop_overlay *ov,
                 "%s", ov->path, strerror (-r));
     goto out;
   }
+  /* A version 1 path ran into the bytes after the flags word. */
+  memset (h + HDR_FLAGS, 0, HDR_BYTES - HDR_FLAGS);
   r = record_base (ov, h, &id, flags | OVERLAY_FLAG_MERGING, err, errlen);
   if (r == 0) {
     free (ov->base_path);

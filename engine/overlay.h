@@ -100,8 +100,9 @@ enum mloop_overlay_base_check {
    * user's explicit override.
    */
   MLOOP_OVERLAY_ADOPT_BASE,
-  /* Take any image of the right size, recording nothing: a merge the
-   * user told to write that image.
+  /* Take any image of the right size, recording nothing here: a merge
+   * the user told to write that image (recorded with the merge's mark,
+   * mloop_overlay_note_merging).
    */
   MLOOP_OVERLAY_MERGE_ANY_BASE,
 };
@@ -155,13 +156,12 @@ int mloop_overlay_merge (const char *path, const char *base_path,
                          bool adopt, bool remove, char *err, size_t errlen);
 
 /* Marks in the header of OV, durably, that a merge is about to write
- * into BASE, when BASE is the file recorded there or that image under
- * another name or inode (its fingerprint the recorded one: moved, or a
- * copy put in its place), which is recorded first: a merge stopped
+ * into BASE, recording BASE as the overlay's base first when the header
+ * names another file (moved, a copy put in its place, the image of the
+ * user's override) or none (version 1, made version 2): a merge stopped
  * half-way may then find that file's ends changed and still run
- * (MLOOP_OVERLAY_MERGE_BASE), and discard refuses the overlay.  Any
- * other image (the user's override) is left unmarked.  0, or a negative
- * errno with ERR.
+ * (MLOOP_OVERLAY_MERGE_BASE), and discard refuses the overlay.  0, or a
+ * negative errno with ERR.
  */
 int mloop_overlay_note_merging (struct mloop_overlay *ov,
                                 const struct mloop_backing *base,

@@ -1,15 +1,16 @@
-/* A commit stopped half-way into its base under another name or inode
- * than the overlay records: a base moved (`--base` names it), or
- * replaced at its path by a copy of itself (a restore, rsync, `mv` of a
- * fresh copy).  Both pass the merge's identity check, by content.  The
- * merge then marks the header before its first write into the base
- * (mloop_overlay_note_merging), but the mark excuses only the file the
- * header records: for another inode it was not set, and for another
- * path it did not count.  Stopped half-way, the base's ends changed,
- * the commit could not run again without --adopt-base, and, with no
- * mark, discard removed the overlay and left the base half-merged,
- * reading as neither image.  The merge must record the file it writes
- * as the base, with the mark, before writing.
+/* A commit stopped half-way into a file other than the one the overlay
+ * records: its base moved (`--base` names it), or replaced at its path
+ * by a copy of itself (a restore, rsync, `mv` of a fresh copy), both
+ * passing the merge's identity check by content; another image, by the
+ * user's override (`--adopt-base`); the base of a version 1 overlay,
+ * which records no identity.  The merge marks the header before its
+ * first write into the base (mloop_overlay_note_merging), but the mark
+ * excuses only the file the header records: for another inode, and
+ * for version 1, it was not set, and for another path it did not
+ * count.  Stopped half-way, the commit could not run again as it began,
+ * and, with no mark, discard removed the overlay and left the image
+ * half-merged, reading as neither.  The merge must record the file it
+ * writes as the base, with the mark, before writing.
  *
  * A stopped commit is its mark and its first write, as in
  * test-overlay-discard-half-committed.c.  No root: about 0.05 s, in the
@@ -73,9 +74,11 @@ make_image (const char *path)
          "%s: %s", path, strerror (errno));
 }
 
-/* What a commit into BASE_PATH does up to its first write, and stops. */
+/* What a commit into BASE_PATH does up to its first write, and stops;
+ * ADOPT: with --adopt-base.
+ */
 static void
-stop_commit (const char *path, const char *base_path)
+stop_commit (const char *path, const char *base_path, bool adopt)
 {
   const struct mloop_window whole = { 0, 0 };
   struct mloop_backing base;
@@ -87,8 +90,9 @@ stop_commit (const char *path, const char *base_path)
   r = mloop_backing_open (&base, base_path, MLOOP_DIRECT_OFF, true, &whole,
                           err, sizeof err);
   CHECK (r == 0, "base: %s", err);
-  r = mloop_overlay_open (&ov, path, &base, false, MLOOP_OVERLAY_MERGE_BASE,
-                          err, sizeof err);
+  r = mloop_overlay_open (&ov, path, &base, false,
+                          adopt ? MLOOP_OVERLAY_MERGE_ANY_BASE
+                          : MLOOP_OVERLAY_MERGE_BASE, err, sizeof err);
   CHECK (r == 0, "a commit refused the base it should take: %s", err);
   CHECK (mloop_overlay_note_merging (&ov, &base, err, sizeof err) == 0,
          "mark: %s", err);
@@ -97,6 +101,18 @@ stop_commit (const char *path, const char *base_path)
          (ssize_t) sizeof cluster, "write: %s", strerror (errno));
   mloop_overlay_close (&ov);
   mloop_backing_close (&base);
+}
+
+/* Writes byte B at OFFSET of PATH: true, or false with errno. */
+static bool
+pwrite_byte (const char *path, off_t offset, unsigned char b)
+{
+  int fd = open (path, O_WRONLY | O_CLOEXEC);
+  bool ok = fd >= 0 && pwrite (fd, &b, 1, offset) == 1;
+
+  if (fd >= 0)
+    close (fd);
+  return ok;
 }
 
 static void
@@ -116,7 +132,8 @@ int
 main (void)
 {
   const char *dir = unit_tmpdir ("/var/tmp");
-  char base_path[4096], copy[4096], moved[4096], path[4096], run[4096];
+  char base_path[4096], copy[4096], moved[4096], other[4096], path[4096];
+  char run[4096];
   char err[512];
   char *written = NULL;
 
@@ -127,6 +144,7 @@ main (void)
   snprintf (base_path, sizeof base_path, "%s/base.img", dir);
   snprintf (copy, sizeof copy, "%s/copy.img", dir);
   snprintf (moved, sizeof moved, "%s/moved.img", dir);
+  snprintf (other, sizeof other, "%s/other.img", dir);
   snprintf (path, sizeof path, "%s/overlay", dir);
 
   /* The base replaced at its path by a copy of itself. */
@@ -134,7 +152,7 @@ main (void)
   make_overlay (base_path, path);
   make_image (copy);
   CHECK (rename (copy, base_path) == 0, "rename: %s", strerror (errno));
-  stop_commit (path, base_path);
+  stop_commit (path, base_path, false);
   CHECK (mloop_overlay_file_discard (path, err, sizeof err) == -1,
          "discard removed an overlay whose commit into a copy of its base "
          "stopped half-way");
@@ -151,7 +169,7 @@ main (void)
   make_image (base_path);
   make_overlay (base_path, path);
   CHECK (rename (base_path, moved) == 0, "rename: %s", strerror (errno));
-  stop_commit (path, moved);
+  stop_commit (path, moved, false);
   CHECK (mloop_overlay_file_discard (path, err, sizeof err) == -1,
          "discard removed an overlay whose commit into its moved base "
          "stopped half-way");
@@ -159,9 +177,41 @@ main (void)
                                     sizeof err) == 0,
          "the commit stopped in the moved base cannot run again: %s", err);
   free (written);
+  written = NULL;
   check_merged (moved);
+  CHECK (unlink (moved) == 0, "unlink: %s", strerror (errno));
 
-  printf ("ok: a commit stopped in its base under another name or inode "
+  /* Another image, by the user's override (--adopt-base). */
+  make_image (base_path);
+  make_overlay (base_path, path);
+  make_image (other);
+  CHECK (pwrite_byte (other, 0, 'X'), "%s: %s", other, strerror (errno));
+  stop_commit (path, other, true);
+  CHECK (mloop_overlay_file_discard (path, err, sizeof err) == -1,
+         "discard removed an overlay whose commit into another image, by "
+         "--adopt-base, stopped half-way");
+  CHECK (mloop_overlay_file_commit (path, other, false, &written, err,
+                                    sizeof err) == 0,
+         "the commit stopped in another image cannot run again: %s", err);
+  free (written);
+  written = NULL;
+  check_merged (other);
+
+  /* A version 1 overlay, which records no identity. */
+  make_overlay (base_path, path);
+  CHECK (pwrite_byte (path, 8, 1), "%s: %s", path, strerror (errno));
+  stop_commit (path, base_path, false);
+  CHECK (mloop_overlay_file_discard (path, err, sizeof err) == -1,
+         "discard removed a version 1 overlay whose commit stopped "
+         "half-way");
+  CHECK (mloop_overlay_file_commit (path, NULL, false, &written, err,
+                                    sizeof err) == 0,
+         "the commit stopped in a version 1 overlay's base cannot run "
+         "again: %s", err);
+  free (written);
+  check_merged (base_path);
+
+  printf ("ok: a commit stopped in a file the overlay did not record "
           "runs again, and discard refuses it meanwhile\n");
   return 0;
 }
