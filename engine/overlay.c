@@ -1087,16 +1087,16 @@ same_inode (const struct stat *a, const struct stat *b)
   return a->st_dev == b->st_dev && a->st_ino == b->st_ino;
 }
 
-/* Opens the overlay at PATH (made when there is none) and locks it,
- * then its map's descriptor: 0, 1 when the path no longer names the
- * locked file (try again), or a negative errno with ERR.  The map's
+/* Opens the overlay at PATH (made when there is none, if CREATE) and
+ * locks it, then its map's descriptor: 0, 1 when the path no longer
+ * names the locked file (try again), or a negative errno with ERR.  The map's
  * descriptor is opened by the path too, so it must be the same file:
  * else its words would go into another overlay.
  */
 static int
 open_locked (struct mloop_overlay *ov, const char *path,
-             const struct mloop_backing *base, bool direct, char *err,
-             size_t errlen)
+             const struct mloop_backing *base, bool direct, bool create,
+             char *err, size_t errlen)
 {
   const int flags = O_RDWR | O_CLOEXEC | O_NOCTTY;
   struct stat held, map, named;
@@ -1104,7 +1104,7 @@ open_locked (struct mloop_overlay *ov, const char *path,
 
   if ((r = refuse_special (path, err, errlen)) < 0)
     return r;
-  if (access (path, F_OK) == -1 && errno == ENOENT &&
+  if (create && access (path, F_OK) == -1 && errno == ENOENT &&
       (r = create_overlay (path, base, err, errlen)) < 0)
     return r;
   ov->direct = direct;
@@ -1157,11 +1157,11 @@ open_locked (struct mloop_overlay *ov, const char *path,
   return same_inode (&held, &map) && same_inode (&held, &named) ? 0 : 1;
 }
 
-int
-mloop_overlay_open (struct mloop_overlay *ov, const char *path,
-                    const struct mloop_backing *base, bool direct,
-                    enum mloop_overlay_base_check check,
-                    char *err, size_t errlen)
+static int
+overlay_open (struct mloop_overlay *ov, const char *path,
+              const struct mloop_backing *base, bool direct,
+              enum mloop_overlay_base_check check, bool create,
+              char *err, size_t errlen)
 {
   int r;
 
@@ -1171,7 +1171,7 @@ mloop_overlay_open (struct mloop_overlay *ov, const char *path,
   if (ov->path == NULL)
     return -ENOMEM;
   for (unsigned attempt = 1; ; attempt++) {
-    r = open_locked (ov, path, base, direct, err, errlen);
+    r = open_locked (ov, path, base, direct, create, err, errlen);
     if (r <= 0)
       break;
     /* Removed (a discard or commit, under its lock) and perhaps made
@@ -1234,6 +1234,24 @@ mloop_overlay_open (struct mloop_overlay *ov, const char *path,
   memset (ov, 0, sizeof *ov);
   ov->fd = ov->map_fd = -1;
   return r;
+}
+
+int
+mloop_overlay_open (struct mloop_overlay *ov, const char *path,
+                    const struct mloop_backing *base, bool direct,
+                    enum mloop_overlay_base_check check,
+                    char *err, size_t errlen)
+{
+  return overlay_open (ov, path, base, direct, check, true, err, errlen);
+}
+
+int
+mloop_overlay_open_existing (struct mloop_overlay *ov, const char *path,
+                             const struct mloop_backing *base,
+                             enum mloop_overlay_base_check check,
+                             char *err, size_t errlen)
+{
+  return overlay_open (ov, path, base, false, check, false, err, errlen);
 }
 
 void

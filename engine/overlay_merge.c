@@ -137,7 +137,7 @@ mloop_overlay_merge (const char *path, const char *base_path, bool adopt,
   char *buf;
   int r;
 
-  /* Opening a missing overlay would make one. */
+  /* Said before the base is opened; the open below never makes one. */
   if (access (path, F_OK) == -1) {
     r = -errno;
     snprintf (err, errlen, "overlay %s: %s", path, strerror (-r));
@@ -159,9 +159,9 @@ mloop_overlay_merge (const char *path, const char *base_path, bool adopt,
     mloop_backing_close (&base);
     return -EACCES;
   }
-  r = mloop_overlay_open (&ov, path, &base, false,
-                          adopt ? MLOOP_OVERLAY_MERGE_ANY_BASE
-                          : MLOOP_OVERLAY_MERGE_BASE, err, errlen);
+  r = mloop_overlay_open_existing (&ov, path, &base,
+                                   adopt ? MLOOP_OVERLAY_MERGE_ANY_BASE
+                                   : MLOOP_OVERLAY_MERGE_BASE, err, errlen);
   if (r < 0) {
     mloop_backing_close (&base);
     return r;
@@ -229,7 +229,7 @@ mloop_overlay_adopt (const char *path, const char *base_path, char *err,
   struct mloop_overlay ov;
   int r;
 
-  /* Opening a missing overlay would make one. */
+  /* Said before the base is opened; the open below never makes one. */
   if (access (path, F_OK) == -1) {
     r = -errno;
     snprintf (err, errlen, "overlay %s: %s", path, strerror (-r));
@@ -239,8 +239,8 @@ mloop_overlay_adopt (const char *path, const char *base_path, char *err,
                           err, errlen);
   if (r < 0)
     return r;
-  r = mloop_overlay_open (&ov, path, &base, false, MLOOP_OVERLAY_ADOPT_BASE,
-                          err, errlen);
+  r = mloop_overlay_open_existing (&ov, path, &base, MLOOP_OVERLAY_ADOPT_BASE,
+                                   err, errlen);
   if (r == 0)
     mloop_overlay_close (&ov);
   mloop_backing_close (&base);
