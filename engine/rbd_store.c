@@ -1535,6 +1535,11 @@ refuse_live_peers (struct rbd_store *st, const char *broken, char *err,
       rbd_lock_get_owners_cleanup (owners, n);
     return r;
   }
+  /* Every watcher is a live client: a live owner is named as such;
+   * any other has the image open for writing, lock or not, and would
+   * fail its next write once we hold the lock, even where the owner is
+   * dead.  Only then are the dead owners' locks broken.
+   */
   for (size_t i = 0; i < n && r == 0; i++) {
     const rbd_image_watcher_t *w = watcher_of (&p, owners[i]);
 
@@ -1544,18 +1549,20 @@ refuse_live_peers (struct rbd_store *st, const char *broken, char *err,
                 st->name, w->id, w->addr);
       r = -EBUSY;
     }
-    else if ((r = break_lock (st, owners[i])) == -ENOENT)
+  }
+  if (r == 0 && p.n > 0) {
+    snprintf (err, errlen, "%s is in use: client.%" PRId64 " at %s has it "
+              "open for writing (--shared to write it alongside)", st->name,
+              p.watchers[0].id, p.watchers[0].addr);
+    r = -EBUSY;
+  }
+  for (size_t i = 0; i < n && r == 0; i++) {
+    if ((r = break_lock (st, owners[i])) == -ENOENT)
       r = 0;                    /* let go meanwhile */
     else if (r < 0)
       snprintf (err, errlen, "%s: breaking the lock of %s, which has no "
                 "watch on it (dead): %s", st->name, owners[i],
                 strerror (-r));
-  }
-  if (r == 0 && n == 0 && p.n > 0) {
-    snprintf (err, errlen, "%s is in use: client.%" PRId64 " at %s has it "
-              "open for writing (--shared to write it alongside)", st->name,
-              p.watchers[0].id, p.watchers[0].addr);
-    r = -EBUSY;
   }
   if (n > 0)
     rbd_lock_get_owners_cleanup (owners, n);

@@ -323,6 +323,77 @@ def section_many_watchers():
           w.returncode == 0 and out.startswith("wrote"), f"exit {w.returncode}: {out!r}")
 
 
+# --- 1d: a dead holder beside a live client without the lock -------------
+
+# Opens the image for writing and says "open" (a watch, no lock yet:
+# librbd takes it at the first write, as qemu's and rbd-nbd's do); at a
+# line on stdin writes 4 KiB and says "wrote", or the error.
+IDLE = r"""
+import rados, rbd, sys
+conf, client, pool, image = sys.argv[1:5]
+cl = rados.Rados(conffile=conf, rados_id=client)
+cl.connect()
+io = cl.open_ioctx(pool)
+img = rbd.Image(io, image)
+print("open", flush=True)
+sys.stdin.readline()
+try:
+    img.write(b"i" * 4096, 0)
+    img.flush()
+    print("wrote", flush=True)
+except Exception as e:
+    print(f"write: {type(e).__name__}: {e}", flush=True)
+img.close()
+io.close()
+cl.shutdown()
+"""
+
+
+def section_dead_holder_live_client():
+    c.create_image("dead-and-idle", 8 * MiB)
+    w = subprocess.Popen([sys.executable, "-c", WRITER, c.conf, c.client_id, c.pool,
+                          "dead-and-idle"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         preexec_fn=cluster._die_with(os.getpid()))
+    others.append(w)
+    if not check("a librbd writer writes", w.stdout.readline().strip() == "writing"):
+        raise Abort("no writer")
+    w.kill()
+    w.wait()
+    deadline = time.monotonic() + 4 * WATCH_TIMEOUT
+    while watchers("dead-and-idle") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if not check("the killed writer's watch ends", not watchers("dead-and-idle"),
+                 repr(watchers("dead-and-idle"))):
+        raise Abort("watch")
+    idle = subprocess.Popen([sys.executable, "-c", IDLE, c.conf, c.client_id, c.pool,
+                             "dead-and-idle"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=cluster._die_with(os.getpid()))
+    others.append(idle)
+    if not check("a librbd client opens the image", idle.stdout.readline().strip() == "open"):
+        raise Abort("no client")
+    live = [x["address"] for x in watchers("dead-and-idle")]
+    held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("dead-and-idle")))
+    check("the dead writer holds the lock, the live client watches",
+          len(held) == 1 and len(live) == 1 and held[0]["address"] not in live,
+          f"lock {held}, watchers {live}")
+    s = Server(f"rbd:{c.spec('dead-and-idle')}")
+    if s.ready(REFUSE_LIMIT):
+        check("mloop-server beside a dead holder and a live client: refused", False,
+              "it started, the dead holder's lock broken and taken")
+    else:
+        refused_in_one_line("mloop-server beside a dead holder and a live client", s,
+                            ["in use", "open for writing", *live[:1]])
+    idle.stdin.write("\n")
+    idle.stdin.flush()
+    out = idle.stdout.readline().strip()
+    check("the live client then writes", out == "wrote", repr(out))
+    idle.stdin.close()
+    idle.wait(30)
+    s.stop()
+
+
 # --- 1c: a writer arriving while the server looks -------------------------
 
 # mloop-server held (by gdb, at its first rbd_lock_get_owners, before
@@ -839,6 +910,7 @@ try:
     c.ceph("config", "set", "osd", "osd_client_watch_timeout", str(WATCH_TIMEOUT))
     section("a live writer that is not mloop", section_live_writer)
     section("a live writer among many watchers", section_many_watchers)
+    section("a dead holder beside a live client", section_dead_holder_live_client)
     section("a writer arriving while the server looks", section_writer_arriving)
     section("the lock lost without a blocklist", section_lock_lost)
     section("a device's servers killed one after another", section_successors)
