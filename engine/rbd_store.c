@@ -41,9 +41,10 @@
  * request the cluster has not answered in that time fails with EIO,
  * and the same open image serves again once it answers ("timeouts").
  *
- * Trim is rbd_discard, partial objects included, so the range then reads
- * as zeroes, as a trimmed file does; zero is
- * rbd_write_zeroes, which frees whole objects and zeroes the rest
+ * Trim is rbd_write_zeroes, which frees whole objects and zeroes the
+ * rest, so the range then reads as zeroes, as a trimmed file does,
+ * whatever rbd_skip_partial_discard says; zero is
+ * rbd_write_zeroes too, which frees whole objects and zeroes the rest
  * sparsely on the OSD, so a fast zero is refused only when the range
  * must stay allocated (thick provisioning writes every byte).  Extents
  * come from the image's allocation (rbd_diff_iterate2 from the start of
@@ -94,10 +95,9 @@ struct rbd_store {
   uint64_t size;                /* atomic: the update watch changes it */
   bool locked;                  /* atomic: we hold the exclusive lock */
   /* What librbd's effective configuration (client, pool and image
-   * levels; see read_effective_config) makes of writes and trims.
+   * levels; see read_effective_config) makes of writes.
    */
   bool write_back;              /* rbd_cache: a write may end in memory */
-  bool partial_trim_skipped;    /* rbd_skip_partial_discard */
   bool count_walks;             /* MLOOP_TEST_RBD_WALKS: say each walk */
   bool watching;
   uint64_t watch_handle;
@@ -704,12 +704,19 @@ store_flush_now (struct mloop_store *s)
  */
 #define RBD_STEP ((size_t) 1 << 30)
 
+/* Not rbd_discard: it skips the parts of objects smaller than
+ * rbd_discard_granularity_bytes wherever rbd_skip_partial_discard is
+ * on, which a pool's or an image's configuration may say, and librbd
+ * applies that configuration again at each refresh of the open image
+ * (`rbd config image set` while it is served), not only at the open.
+ * rbd_write_zeroes without flags is librbd's discard with no
+ * granularity: whole objects freed, the rest zeroed, whatever the
+ * configuration says now or later.
+ */
 static ssize_t
 trim_step (struct rbd_store *st, uint64_t offset, size_t step)
 {
-  return st->partial_trim_skipped
-    ? rbd_write_zeroes (st->rbd, offset, step, 0, 0)
-    : rbd_discard (st->rbd, offset, step);
+  return rbd_write_zeroes (st->rbd, offset, step, 0, 0);
 }
 
 /* A FUA trim or zero: through librbd's cache (the effective
@@ -739,12 +746,8 @@ store_trim (struct mloop_store *s, uint64_t offset, uint64_t count,
 
   if (r == -ENOSPC)
     return -EINVAL;             /* a trim past the end, as for files */
-  /* rbd_discard refuses more than INT_MAX bytes at once (it answers in
-   * an int); an NBD trim may be up to 4 GiB - 1.  Where the effective
-   * configuration skips partial objects (a pool or image may say so
-   * whatever the store asked), rbd_write_zeroes, which never skips
-   * them, frees whole objects and zeroes the rest: the range reads as
-   * zeroes either way.
+  /* In steps that fit rbd_write_zeroes's size_t and ssize_t (see
+   * store_zero); an NBD trim may be up to 4 GiB - 1.
    */
   while (r == 0 && count > 0) {
     size_t step = count > RBD_STEP ? RBD_STEP : (size_t) count;
@@ -1230,12 +1233,8 @@ connect_cluster (struct rbd_store *st, char *err, size_t errlen)
   }
   rados_conf_parse_env (st->cluster, NULL);
   lower_mount_timeout (st);
-  /* No cache between the device and the OSDs (see the top); a trim of
-   * part of an object zeroes it, as a trim of a file does, rather than
-   * being skipped.
-   */
+  /* No cache between the device and the OSDs (see the top). */
   rados_conf_set (st->cluster, "rbd_cache", "false");
-  rados_conf_set (st->cluster, "rbd_skip_partial_discard", "false");
   /* --io-timeout, over the configuration's: a request to an OSD, or to
    * a monitor (a map, a lock), fails with -ETIMEDOUT in that time.
    */
@@ -1623,11 +1622,11 @@ option_on (const rbd_config_option_t *options, int n, const char *option)
   return false;
 }
 
-/* What the image will do with writes and trims.  The store asks for no
- * cache and for partial trims, but a client's own settings lose to the
- * pool's and the image's (`rbd config pool|image set`), stored in the
- * cluster: only the open image knows what it got.  Unreadable, both
- * are assumed on, the safe way round.
+/* What the image will do with writes.  The store asks for no cache,
+ * but a client's own settings lose to the pool's and the image's (`rbd
+ * config pool|image set`), stored in the cluster: only the open image
+ * knows what it got.  Unreadable, the cache is assumed on, the safe way
+ * round.
  */
 static void
 read_effective_config (struct rbd_store *st)
@@ -1639,12 +1638,11 @@ read_effective_config (struct rbd_store *st)
   if (r == -ERANGE && n > 0 && (options = calloc ((size_t) n, sizeof *options)))
     r = rbd_config_image_list (st->rbd, options, &n);
   if (r < 0 || options == NULL) {
-    st->write_back = st->partial_trim_skipped = true;
+    st->write_back = true;
     free (options);
     return;
   }
   st->write_back = option_on (options, n, "rbd_cache");
-  st->partial_trim_skipped = option_on (options, n, "rbd_skip_partial_discard");
   rbd_config_image_list_cleanup (options, n);
   free (options);
   if (st->write_back && st->base.info.writable)

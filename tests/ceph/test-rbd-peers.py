@@ -14,6 +14,10 @@ on a real one-node cluster (tests/ceph/cluster.py):
    rbd_lock_get_owners (mid-look at who lives on the image): refused,
    the writer never broken nor blocklisted (without gdb, a line says
    this part is skipped);
+1d. a dead writer's lock beside a live librbd client with the image
+   open for writing but no lock (no write yet): refused in one line
+   naming that client, whose write then succeeds (its lock not taken
+   from under it by a server that never hands it back);
 2. the lock lost without a blocklist: the server stopped (SIGSTOP) until
    the OSD drops its watch, a librbd client with
    rbd_blocklist_on_break_lock=false breaks its lock, takes it
@@ -47,6 +51,9 @@ on a real one-node cluster (tests/ceph/cluster.py):
    FUA write, and a FUA zero that must stay allocated (NO_HOLE: a
    write, in the cache), acknowledged just before the server is
    SIGKILLed are in the image (`rbd export`);
+3b. rbd_skip_partial_discard turned on for the image while a server
+   has it open (librbd applies it at its next refresh): a trim inside
+   an object made after it still reads back as zeroes;
 4. BLOCK_STATUS over a sparse 8 GiB image with data scattered in 64
    objects: a request for 4 GiB - 4 KiB is answered with extents
    covering at most 1 GiB, neighbours of one kind merged; REQ_ONE
@@ -75,7 +82,7 @@ other heavy work: the cluster's start 6-7 s (up to 19 s loaded), 1 and
 2 about 7-8 s each (each waits once for a watch to end: the 5 s this
 test sets osd_client_watch_timeout to), the arriving writer 2-3 s
 (gdb's start), 20 watchers, 2c, 2e and 3 to 6 about 1-3 s each, 2d about 5 s
-(`rbd feature disable`).
+(`rbd feature disable`), 1d about 7 s (a watch timeout), 3b about 2 s.
 """
 import json
 import os
@@ -768,6 +775,34 @@ def section_settings():
           zeroed == bytes(64 * 1024), f"{zeroed.count(0)} of {len(zeroed)} bytes zero")
 
 
+# --- 3b: partial trims turned on while served ----------------------------
+
+def section_settings_changed():
+    """rbd_skip_partial_discard set on the image while the server has
+    it open: librbd applies an image's configuration again at each
+    refresh, so a trim made after it must still read as zeroes."""
+    c.create_image("reconfigured", 8 * MiB)
+    s = start("mloop-server on an image reconfigured later",
+              f"rbd:{c.spec('reconfigured')}")
+    h = s.connect()
+    h.pwrite(b"d" * MiB, 0)
+    h.flush()
+    c.rbd("config", "image", "set", c.spec("reconfigured"),
+          "rbd_skip_partial_discard", "true")
+    c.rbd("snap", "create", c.spec("reconfigured", "refresh"))
+    h.pread(4096, 0)            # librbd refreshes the image at its next request
+    h.trim(1000, 5000)
+    h.trim(1000, 9000)
+    got = h.pread(MiB, 0)
+    check("a trim inside an object after the change reads back as zeroes",
+          got[5000:6000] == bytes(1000) and got[9000:10000] == bytes(1000)
+          and got[:5000] == b"d" * 5000 and got[6000:9000] == b"d" * 3000,
+          f"{got[5000:6000].count(0)} and {got[9000:10000].count(0)} of 1000 "
+          "bytes zero")
+    h.shutdown()
+    s.stop()
+
+
 # --- 4: BLOCK_STATUS over a large sparse image -----------------------------
 
 BIG = 8 * GiB
@@ -919,6 +954,7 @@ try:
     section("the exclusive-lock feature turned off", section_feature_off)
     section("a snapshot removed while served", section_snapshot_removed)
     section("the cache and partial trims set by the cluster", section_settings)
+    section("partial trims turned on while served", section_settings_changed)
     section("BLOCK_STATUS over a large sparse image", section_extents)
     section("a namespace", section_namespace)
     section("client_mount_timeout in ceph.conf", section_mount_timeout)
