@@ -28,8 +28,8 @@ rbd:POOL/IMAGE` serves an image of it through librbd, over NBD or ublk.
    a live device's size).
 
 SKIPs without the Ceph packages or without the RBD module in the build.
-Cost under TCG: the cluster's start 35-40 s, then about a minute and a
-half (the resizes about 15 s of it).
+Cost under TCG: 200-267 s in all (the cluster's start 32-62 s; the
+resizes about 15 s): the full tier's only (runner.py says why).
 """
 import errno
 import hashlib
