@@ -25,39 +25,10 @@
 #include "overlay.h"
 #include "overlay_file.h"
 #include "range_lock.h"
+#include "overlay_fixture.h"
 #include "unit.h"
 
 #define BASE_SIZE (1u << 20)
-
-/* Makes the overlay at PATH over BASE_PATH with one cluster written. */
-static void
-make_overlay (const char *base_path, const char *path)
-{
-  struct mloop_backing base;
-  struct mloop_overlay ov;
-  struct mloop_range_lock lock;
-  char err[256];
-  char *buf = mloop_alloc_aligned (MLOOP_OVERLAY_CLUSTER,
-                                   MLOOP_OVERLAY_CLUSTER);
-  int r;
-
-  CHECK (buf != NULL, "no memory");
-  r = mloop_backing_open (&base, base_path, MLOOP_DIRECT_OFF, false, NULL,
-                          err, sizeof err);
-  CHECK (r == 0, "base: %s", err);
-  r = mloop_overlay_open (&ov, path, &base, false, MLOOP_OVERLAY_SAME_BASE,
-                          err, sizeof err);
-  CHECK (r == 0, "overlay: %s", err);
-  mloop_range_lock_init (&lock);
-  memset (buf, 0x5a, MLOOP_OVERLAY_CLUSTER);
-  r = mloop_overlay_rw (&ov, &base, &lock, true, buf, MLOOP_OVERLAY_CLUSTER,
-                        3 * MLOOP_OVERLAY_CLUSTER, false);
-  CHECK (r == 0, "write: %s", strerror (-r));
-  mloop_range_lock_destroy (&lock);
-  mloop_overlay_close (&ov);
-  mloop_backing_close (&base);
-  mloop_free_aligned (buf, MLOOP_OVERLAY_CLUSTER);
-}
 
 int
 main (void)
@@ -80,7 +51,7 @@ main (void)
   fd = open (base_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   CHECK (fd >= 0 && ftruncate (fd, BASE_SIZE) == 0 && close (fd) == 0,
          "%s: %s", base_path, strerror (errno));
-  make_overlay (base_path, path);
+  unit_make_overlay (base_path, path);
 
   in = inotify_init1 (IN_NONBLOCK | IN_CLOEXEC);
   if (in == -1)

@@ -29,40 +29,11 @@
 #include "overlay.h"
 #include "overlay_file.h"
 #include "range_lock.h"
+#include "overlay_fixture.h"
 #include "unit.h"
 
 #define BASE_SIZE (1u << 20)
-#define CLUSTER_AT (3 * MLOOP_OVERLAY_CLUSTER)
-
-/* Makes the overlay at PATH over BASE_PATH with one cluster of 0x5a. */
-static void
-make_overlay (const char *base_path, const char *path)
-{
-  struct mloop_backing base;
-  struct mloop_overlay ov;
-  struct mloop_range_lock lock;
-  char err[256];
-  char *buf = mloop_alloc_aligned (MLOOP_OVERLAY_CLUSTER,
-                                   MLOOP_OVERLAY_CLUSTER);
-  int r;
-
-  CHECK (buf != NULL, "no memory");
-  r = mloop_backing_open (&base, base_path, MLOOP_DIRECT_OFF, false, NULL,
-                          err, sizeof err);
-  CHECK (r == 0, "base: %s", err);
-  r = mloop_overlay_open (&ov, path, &base, false, MLOOP_OVERLAY_SAME_BASE,
-                          err, sizeof err);
-  CHECK (r == 0, "overlay: %s", err);
-  mloop_range_lock_init (&lock);
-  memset (buf, 0x5a, MLOOP_OVERLAY_CLUSTER);
-  r = mloop_overlay_rw (&ov, &base, &lock, true, buf, MLOOP_OVERLAY_CLUSTER,
-                        CLUSTER_AT, false);
-  CHECK (r == 0, "write: %s", strerror (-r));
-  mloop_range_lock_destroy (&lock);
-  mloop_overlay_close (&ov);
-  mloop_backing_close (&base);
-  mloop_free_aligned (buf, MLOOP_OVERLAY_CLUSTER);
-}
+#define CLUSTER_AT UNIT_OVERLAY_CLUSTER_AT
 
 static void
 make_image (const char *path)
@@ -149,7 +120,7 @@ main (void)
 
   /* The base replaced at its path by a copy of itself. */
   make_image (base_path);
-  make_overlay (base_path, path);
+  unit_make_overlay (base_path, path);
   make_image (copy);
   CHECK (rename (copy, base_path) == 0, "rename: %s", strerror (errno));
   stop_commit (path, base_path, false);
@@ -167,7 +138,7 @@ main (void)
 
   /* The base moved, and the commit named it with --base. */
   make_image (base_path);
-  make_overlay (base_path, path);
+  unit_make_overlay (base_path, path);
   CHECK (rename (base_path, moved) == 0, "rename: %s", strerror (errno));
   stop_commit (path, moved, false);
   CHECK (mloop_overlay_file_discard (path, err, sizeof err) == -1,
@@ -183,7 +154,7 @@ main (void)
 
   /* Another image, by the user's override (--adopt-base). */
   make_image (base_path);
-  make_overlay (base_path, path);
+  unit_make_overlay (base_path, path);
   make_image (other);
   CHECK (pwrite_byte (other, 0, 'X'), "%s: %s", other, strerror (errno));
   stop_commit (path, other, true);
@@ -198,7 +169,7 @@ main (void)
   check_merged (other);
 
   /* A version 1 overlay, which records no identity. */
-  make_overlay (base_path, path);
+  unit_make_overlay (base_path, path);
   CHECK (pwrite_byte (path, 8, 1), "%s: %s", path, strerror (errno));
   stop_commit (path, base_path, false);
   CHECK (mloop_overlay_file_discard (path, err, sizeof err) == -1,
