@@ -512,6 +512,11 @@ resolve_as (const char *what, uid_t uid, struct detach_target *t, char *err,
   saved = errno;
   if (act_as (0, root_groups, n_root) == -1)
     g_error ("cannot take back root's credentials: %s", strerror (errno));
+  if (t->name == NULL && saved == ENOSYS) {
+    snprintf (err, errlen, "%s: cannot look for it safely: openat2 is "
+              "refused here (a kernel before 5.6, or a seccomp filter)", what);
+    return false;
+  }
   if (t->name == NULL) {
     snprintf (err, errlen, "%s: not an nbd or ublk device, and %s", what,
               strerror (saved));
