@@ -168,10 +168,12 @@ mloop_overlay_file_discard (const char *path, char *err, size_t errlen)
   if (lock == -1)
     return -1;
   r = check_unused (path, &st, NULL, NULL, err, errlen);
-  /* Non-blocking: what the path names now may be a FIFO, put there
-   * since the header was read, and the state lock is held.
+  /* Non-blocking and without a controlling terminal: what the path
+   * names now may be a FIFO or a terminal, put there since the header
+   * was read, and the state lock is held.
    */
-  fd = r == 0 ? open (path, O_RDONLY | O_CLOEXEC | O_NONBLOCK) : -1;
+  fd = r == 0 ? open (path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)
+    : -1;
   if (r == 0 && fd == -1)
     r = mloop_fail (err, errlen, "cannot open %s: %s", path,
                     strerror (errno));
