@@ -159,6 +159,19 @@ mloop_overlay_merge (const char *path, const char *base_path, bool adopt,
     mloop_backing_close (&base);
     return -EACCES;
   }
+  /* Every server reading or writing the base holds it shared, whatever
+   * name it was given (file_store.c): none may while it changes here.
+   * Taken before the overlay's check of the base, so that the base
+   * written is the one checked: a writer that let go of it in between
+   * would have changed it unseen.
+   */
+  if (flock (base.fd, LOCK_EX | LOCK_NB) == -1) {
+    r = -errno;
+    snprintf (err, errlen, "%s, the overlay's base, is in use by a server "
+              "or device: stop it first", base_path);
+    mloop_backing_close (&base);
+    return r;
+  }
   r = mloop_overlay_open_existing (&ov, path, &base,
                                    adopt ? MLOOP_OVERLAY_MERGE_ANY_BASE
                                    : MLOOP_OVERLAY_MERGE_BASE, err, errlen);
@@ -168,17 +181,6 @@ mloop_overlay_merge (const char *path, const char *base_path, bool adopt,
   }
   r = check_owner_may_write (&ov, &base, err, errlen);
   if (r < 0) {
-    mloop_overlay_close (&ov);
-    mloop_backing_close (&base);
-    return r;
-  }
-  /* Every server reading or writing the base holds it shared, whatever
-   * name it was given (file_store.c): none may while it changes here.
-   */
-  if (flock (base.fd, LOCK_EX | LOCK_NB) == -1) {
-    r = -errno;
-    snprintf (err, errlen, "%s, the overlay's base, is in use by a server "
-              "or device: stop it first", base_path);
     mloop_overlay_close (&ov);
     mloop_backing_close (&base);
     return r;

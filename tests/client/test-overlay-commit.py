@@ -81,8 +81,9 @@ check("the device differs from its base", digest(device) != base_before)
 # Refusals leave both as they were.
 overlay_before = digest(overlay)
 srv = harness.Server(base, [f"overlay={overlay}"])
+# The server holds the base shared too, which the commit locks first.
 refused("commit of an overlay a server holds", ["overlay", "commit", overlay],
-        "is in use by another server")
+        "the overlay's base, is in use by a server")
 refused("discard of an overlay a server holds", ["overlay", "discard", overlay],
         "is in use by a server")
 srv.stop()
