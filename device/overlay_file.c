@@ -12,6 +12,7 @@
 
 #include "device_state.h"
 #include "errmsg.h"
+#include "fileio.h"
 #include "overlay.h"
 #include "overlay_file.h"
 
@@ -71,21 +72,6 @@ check_unused (const char *overlay, const struct stat *ov_st,
     }
   mloop_state_free_list (lists[0], n[0]);
   mloop_state_free_list (lists[1], n[1]);
-  return r;
-}
-
-/* Syncs the directory holding PATH: 0, or -1 with errno. */
-static int
-sync_directory_of (const char *path)
-{
-  g_autofree char *dir = g_path_get_dirname (path);
-  int fd = open (dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  int r = fd == -1 ? -1 : fsync (fd);
-  int saved = errno;
-
-  if (fd != -1)
-    close (fd);
-  errno = saved;
   return r;
 }
 
@@ -153,27 +139,40 @@ mloop_overlay_file_commit (const char *path, const char *base_arg,
 int
 mloop_overlay_file_discard (const char *path, char *err, size_t errlen)
 {
-  g_autofree char *base = NULL;
-  struct stat st, held, named;
+  g_autofree char *base = NULL, *name = NULL;
+  struct stat st, held;
   uint64_t size;
   bool known;
-  int lock, fd, r;
+  int lock, fd, dir, r;
 
   if (stat (path, &st) == -1)
     return mloop_fail (err, errlen, "%s: %s", path, strerror (errno));
+  /* From here on the overlay's entry in the directory holding it: a
+   * directory on the path, the caller's (root's) or not, may be
+   * swapped for a symlink meanwhile, and the name unlinked through it
+   * would be another directory's file.
+   */
+  dir = mloop_open_parent (path, &name);
+  if (dir == -1)
+    return mloop_fail (err, errlen, "the directory of %s: %s", path,
+                       strerror (errno));
   /* Never any file but an overlay. */
-  if (mloop_overlay_inspect (path, &base, &size, &known, err, errlen) < 0)
+  if (mloop_overlay_inspect (path, &base, &size, &known, err, errlen) < 0) {
+    close (dir);
     return -1;
+  }
   lock = mloop_state_lock (err, errlen);
-  if (lock == -1)
+  if (lock == -1) {
+    close (dir);
     return -1;
+  }
   r = check_unused (path, &st, NULL, NULL, err, errlen);
   /* Non-blocking and without a controlling terminal: what the path
    * names now may be a FIFO or a terminal, put there since the header
    * was read, and the state lock is held.
    */
-  fd = r == 0 ? open (path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)
-    : -1;
+  fd = r == 0 ? openat (dir, name, O_RDONLY | O_CLOEXEC | O_NONBLOCK |
+                        O_NOCTTY) : -1;
   if (r == 0 && fd == -1)
     r = mloop_fail (err, errlen, "cannot open %s: %s", path,
                     strerror (errno));
@@ -187,8 +186,7 @@ mloop_overlay_file_discard (const char *path, char *err, size_t errlen)
   /* A server started by hand holds the overlay's lock. */
   if (r == 0 && flock (fd, LOCK_EX | LOCK_NB) == -1)
     r = mloop_fail (err, errlen, "overlay %s is in use by a server", path);
-  if (r == 0 && (stat (path, &named) == -1 ||
-                 named.st_dev != held.st_dev || named.st_ino != held.st_ino))
+  if (r == 0 && !mloop_names_file_at (dir, name, fd))
     r = mloop_fail (err, errlen, "%s was replaced while being checked: "
                     "not removed", path);
   /* Read again under the lock, which a commit holds while it writes: a
@@ -208,17 +206,18 @@ mloop_overlay_file_discard (const char *path, char *err, size_t errlen)
                       "with mloop overlay commit (not removed)", path,
                       recorded);
   }
-  if (r == 0 && unlink (path) == -1)
+  if (r == 0 && unlinkat (dir, name, 0) == -1)
     r = mloop_fail (err, errlen, "cannot remove %s: %s", path,
                     strerror (errno));
   /* Durably: else a power cut could bring the overlay back, and the
    * next device attached with its name would show the writes dropped.
    */
-  if (r == 0 && sync_directory_of (path) == -1)
+  if (r == 0 && fsync (dir) == -1)
     r = mloop_fail (err, errlen, "removed %s, but its directory could not "
                     "be synced: %s", path, strerror (errno));
   if (fd != -1)
     close (fd);
+  close (dir);
   mloop_state_unlock (lock);
   return r;
 }

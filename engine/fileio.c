@@ -1,6 +1,11 @@
 /* mloop — whole-buffer positional IO on a file.  See fileio.h. */
 #include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -52,3 +57,41 @@ mloop_pwrite_all (int fd, const void *buf, size_t count, uint64_t pos,
   return 0;
 }
 
+
+int
+mloop_open_parent (const char *path, char **name)
+{
+  char *dir_copy = strdup (path), *name_copy = strdup (path);
+  int fd = -1, saved;
+
+  *name = NULL;
+  if (dir_copy == NULL || name_copy == NULL) {
+    saved = ENOMEM;
+    goto out;
+  }
+  *name = strdup (basename (name_copy));
+  if (*name == NULL) {
+    saved = ENOMEM;
+    goto out;
+  }
+  fd = open (dirname (dir_copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  saved = errno;
+  if (fd == -1) {
+    free (*name);
+    *name = NULL;
+  }
+ out:
+  free (dir_copy);
+  free (name_copy);
+  errno = saved;
+  return fd;
+}
+
+bool
+mloop_names_file_at (int dirfd, const char *name, int fd)
+{
+  struct stat named, held;
+
+  return fstatat (dirfd, name, &named, 0) == 0 && fstat (fd, &held) == 0 &&
+    named.st_dev == held.st_dev && named.st_ino == held.st_ino;
+}

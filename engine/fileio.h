@@ -4,6 +4,7 @@
 #ifndef MLOOP_FILEIO_H
 #define MLOOP_FILEIO_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -17,5 +18,18 @@ int mloop_pread_or_zero (int fd, void *buf, size_t count, uint64_t pos);
  */
 int mloop_pwrite_all (int fd, const void *buf, size_t count, uint64_t pos,
                       int rw_flags);
+
+/* Opens the directory holding PATH (O_RDONLY, so that it can be
+ * synced) and sets *NAME (to free) to PATH's last component, for the
+ * *at() calls that must act on the entry found there whatever a
+ * directory on PATH becomes later (swapped for a symlink by whoever may
+ * write its parent).  The descriptor, or -1 with errno.
+ */
+int mloop_open_parent (const char *path, char **name);
+
+/* Whether NAME in the directory DIRFD names the file open as FD,
+ * following a symlink there as open() would.
+ */
+bool mloop_names_file_at (int dirfd, const char *name, int fd);
 
 #endif /* MLOOP_FILEIO_H */

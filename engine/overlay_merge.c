@@ -3,6 +3,7 @@
  * overlay.h.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -117,16 +118,6 @@ check_owner_may_write (const struct mloop_overlay *ov,
   return r;
 }
 
-/* Whether PATH still names the file open as FD. */
-static bool
-names_file (const char *path, int fd)
-{
-  struct stat named, held;
-
-  return stat (path, &named) == 0 && fstat (fd, &held) == 0 &&
-    named.st_dev == held.st_dev && named.st_ino == held.st_ino;
-}
-
 int
 mloop_overlay_merge (const char *path, const char *base_path, bool adopt,
                      bool remove, char *err, size_t errlen)
@@ -134,8 +125,8 @@ mloop_overlay_merge (const char *path, const char *base_path, bool adopt,
   const struct mloop_window whole = { 0, 0 };
   struct mloop_backing base;
   struct mloop_overlay ov;
-  char *buf;
-  int r;
+  char *buf, *name = NULL;
+  int dir = -1, r;
 
   /* Said before the base is opened; the open below never makes one. */
   if (access (path, F_OK) == -1) {
@@ -143,10 +134,20 @@ mloop_overlay_merge (const char *path, const char *base_path, bool adopt,
     snprintf (err, errlen, "overlay %s: %s", path, strerror (-r));
     return r;
   }
+  /* Removed from the directory that held it, by its entry there: a
+   * directory on the path, perhaps another user's, may be swapped for
+   * a symlink meanwhile, and the name unlinked through it would be
+   * another directory's file.
+   */
+  if (remove && (dir = mloop_open_parent (path, &name)) == -1) {
+    r = -errno;
+    snprintf (err, errlen, "the directory of %s: %s", path, strerror (-r));
+    return r;
+  }
   r = mloop_backing_open (&base, base_path, MLOOP_DIRECT_OFF, true, &whole,
                           err, errlen);
   if (r < 0)
-    return r;
+    goto out;
   /* An image refused for writing is opened for reading (backing.h), as
    * a server wants: here the merge would mark the overlay half-merged
    * and only then fail its first write, leaving a mark that discard
@@ -156,8 +157,8 @@ mloop_overlay_merge (const char *path, const char *base_path, bool adopt,
     snprintf (err, errlen, "cannot write %s, the overlay's base (its "
               "permissions, a read-only mount or an immutable file): not "
               "committed", base_path);
-    mloop_backing_close (&base);
-    return -EACCES;
+    r = -EACCES;
+    goto out_base;
   }
   /* Every server reading or writing the base holds it shared, whatever
    * name it was given (file_store.c): none may while it changes here.
@@ -169,21 +170,17 @@ mloop_overlay_merge (const char *path, const char *base_path, bool adopt,
     r = -errno;
     snprintf (err, errlen, "%s, the overlay's base, is in use by a server "
               "or device: stop it first", base_path);
-    mloop_backing_close (&base);
-    return r;
+    goto out_base;
   }
   r = mloop_overlay_open_existing (&ov, path, &base,
                                    adopt ? MLOOP_OVERLAY_MERGE_ANY_BASE
                                    : MLOOP_OVERLAY_MERGE_BASE, err, errlen);
-  if (r < 0) {
-    mloop_backing_close (&base);
-    return r;
-  }
+  if (r < 0)
+    goto out_base;
   r = check_owner_may_write (&ov, &base, err, errlen);
   if (r < 0) {
     mloop_overlay_close (&ov);
-    mloop_backing_close (&base);
-    return r;
+    goto out_base;
   }
   buf = malloc (MERGE_CHUNK);
   if (buf == NULL) {
@@ -206,19 +203,24 @@ mloop_overlay_merge (const char *path, const char *base_path, bool adopt,
   /* Only the overlay merged: its name may have been given to another
    * file during the merge (a rename over it), which is not removed.
    */
-  if (r == 0 && remove && !names_file (path, ov.fd)) {
+  if (r == 0 && remove && !mloop_names_file_at (dir, name, ov.fd)) {
     r = -ESTALE;
     snprintf (err, errlen, "committed, but %s was replaced during the "
               "merge: the file there now is not removed", path);
   }
-  if (r == 0 && remove && unlink (path) == -1) {
+  if (r == 0 && remove && unlinkat (dir, name, 0) == -1) {
     r = -errno;
     snprintf (err, errlen, "committed, but %s stays: %s", path,
               strerror (-r));
   }
   free (buf);
   mloop_overlay_close (&ov);
+ out_base:
   mloop_backing_close (&base);
+ out:
+  if (dir != -1)
+    close (dir);
+  free (name);
   return r;
 }
 
