@@ -142,7 +142,7 @@ mloop_overlay_file_discard (const char *path, char *err, size_t errlen)
   g_autofree char *base = NULL, *name = NULL;
   struct stat st, held;
   uint64_t size;
-  bool known;
+  bool known, special;
   int lock, fd, dir, r;
 
   if (stat (path, &st) == -1)
@@ -167,13 +167,17 @@ mloop_overlay_file_discard (const char *path, char *err, size_t errlen)
     return -1;
   }
   r = check_unused (path, &st, NULL, NULL, err, errlen);
-  /* Non-blocking and without a controlling terminal: what the path
-   * names now may be a FIFO or a terminal, put there since the header
-   * was read, and the state lock is held.
+  /* Only a regular file, never opened otherwise: what the name holds
+   * now may be a FIFO or a device node, put there since the header was
+   * read (non-blocking and without a controlling terminal all the same:
+   * the state lock is held).
    */
-  fd = r == 0 ? openat (dir, name, O_RDONLY | O_CLOEXEC | O_NONBLOCK |
-                        O_NOCTTY) : -1;
-  if (r == 0 && fd == -1)
+  fd = r == 0 ? mloop_open_regular (dir, name, O_RDONLY | O_CLOEXEC |
+                                    O_NONBLOCK | O_NOCTTY, &special) : -1;
+  if (r == 0 && fd == -1 && special)
+    r = mloop_fail (err, errlen, "%s was replaced while being checked: "
+                    "not removed", path);
+  else if (r == 0 && fd == -1)
     r = mloop_fail (err, errlen, "cannot open %s: %s", path,
                     strerror (errno));
   /* Only the file checked above: the name may have been given to

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <libgen.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -94,4 +95,40 @@ mloop_names_file_at (int dirfd, const char *name, int fd)
 
   return fstatat (dirfd, name, &named, 0) == 0 && fstat (fd, &held) == 0 &&
     named.st_dev == held.st_dev && named.st_ino == held.st_ino;
+}
+
+int
+mloop_open_regular (int dirfd, const char *path, int flags,
+                    bool *not_regular)
+{
+  char proc[64];
+  struct stat st;
+  int held, fd, saved;
+
+  *not_regular = false;
+  held = openat (dirfd, path, O_PATH | O_CLOEXEC);
+  if (held == -1)
+    return -1;
+  if (fstat (held, &st) == -1) {
+    saved = errno;
+    close (held);
+    errno = saved;
+    return -1;
+  }
+  if (!S_ISREG (st.st_mode)) {
+    close (held);
+    *not_regular = true;
+    errno = EINVAL;
+    return -1;
+  }
+  snprintf (proc, sizeof proc, "/proc/self/fd/%d", held);
+  fd = open (proc, flags);
+  saved = errno;
+  if (fd == -1 && saved == ENOENT && access ("/proc/self/fd", F_OK) == -1) {
+    fd = openat (dirfd, path, flags);
+    saved = errno;
+  }
+  close (held);
+  errno = saved;
+  return fd;
 }

@@ -32,4 +32,16 @@ int mloop_open_parent (const char *path, char **name);
  */
 bool mloop_names_file_at (int dirfd, const char *name, int fd);
 
+/* Opens PATH (relative to DIRFD, as openat) with FLAGS only when it is a
+ * regular file: for anything else -1 with errno EINVAL and
+ * *NOT_REGULAR set, without opening it, since opening is itself an act
+ * for a device node or a FIFO.  What PATH names is looked up once
+ * (O_PATH, which opens nothing) and that file opened through
+ * /proc/self/fd, so a path changed after the check (a symlink, a
+ * directory on it swapped) changes nothing; without /proc, by the path
+ * again.  Otherwise -1 with errno from the open.
+ */
+int mloop_open_regular (int dirfd, const char *path, int flags,
+                        bool *not_regular);
+
 #endif /* MLOOP_FILEIO_H */

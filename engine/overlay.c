@@ -1059,14 +1059,22 @@ int
 mloop_overlay_inspect (const char *path, char **base_path, uint64_t *size,
                        bool *base_known, char *err, size_t errlen)
 {
+  bool special;
   int fd, r;
 
   if ((r = refuse_special (path, err, errlen)) < 0)
     return r;
-  /* Non-blocking and without a controlling terminal all the same: what
-   * the path names may have changed since.
+  /* Only a regular file, looked up once: what the path names may have
+   * changed since (non-blocking and without a controlling terminal all
+   * the same).
    */
-  fd = open (path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  fd = mloop_open_regular (AT_FDCWD, path, O_RDONLY | O_CLOEXEC |
+                           O_NONBLOCK | O_NOCTTY, &special);
+  if (fd == -1 && special) {
+    snprintf (err, errlen, "%s is not an mloop overlay: not a regular file",
+              path);
+    return -EINVAL;
+  }
   if (fd == -1) {
     r = -errno;
     snprintf (err, errlen, "cannot open overlay %s: %s", path, strerror (-r));
@@ -1100,6 +1108,7 @@ open_locked (struct mloop_overlay *ov, const char *path,
 {
   const int flags = O_RDWR | O_CLOEXEC | O_NOCTTY;
   struct stat held, map, named;
+  bool special;
   int r;
 
   if ((r = refuse_special (path, err, errlen)) < 0)
@@ -1108,11 +1117,17 @@ open_locked (struct mloop_overlay *ov, const char *path,
       (r = create_overlay (path, base, err, errlen)) < 0)
     return r;
   ov->direct = direct;
-  ov->fd = open (path, flags | (direct ? O_DIRECT : 0));
-  if (ov->fd == -1 && direct && errno == EINVAL) {
+  ov->fd = mloop_open_regular (AT_FDCWD, path,
+                               flags | (direct ? O_DIRECT : 0), &special);
+  if (ov->fd == -1 && direct && errno == EINVAL && !special) {
     /* A filesystem without O_DIRECT (tmpfs before 6.6): the page cache. */
     ov->direct = false;
-    ov->fd = open (path, flags);
+    ov->fd = mloop_open_regular (AT_FDCWD, path, flags, &special);
+  }
+  if (ov->fd == -1 && special) {
+    snprintf (err, errlen, "%s is not an mloop overlay: not a regular file",
+              path);
+    return -EINVAL;
   }
   if (ov->fd == -1) {
     r = -errno;
@@ -1129,8 +1144,9 @@ open_locked (struct mloop_overlay *ov, const char *path,
    * mloop_overlay_mark); the data area never does when O_DIRECT is on,
    * and the two never share a page.
    */
-  ov->map_fd = open (path, flags);
-  if (ov->map_fd == -1 && errno == ENOENT)
+  ov->map_fd = mloop_open_regular (AT_FDCWD, path, flags, &special);
+  /* Another file there now (a FIFO as well): the named check below. */
+  if (ov->map_fd == -1 && (errno == ENOENT || special))
     return 1;
   if (ov->map_fd == -1) {
     r = -errno;
