@@ -15,6 +15,7 @@
 
 #include "align.h"
 #include "backing.h"
+#include "fileio.h"
 
 /* Writes the reason into ERR (if any) and returns -ERRNUM. */
 static int __attribute__((format (printf, 4, 5)))
@@ -320,24 +321,41 @@ mloop_backing_open (struct mloop_backing *b, const char *path,
 {
   const int held = mloop_backing_named_descriptor (path);
   struct stat st;
-  int rw_flags, r;
+  int rw_flags, r, looked_up = -1;
 
   memset (b, 0, sizeof *b);
   b->fd = b->buffered_fd = -1;
 
-  if ((held >= 0 ? fstat (held, &st) : stat (path, &st)) == -1)
+  /* The path is looked up once (O_PATH opens nothing) and every open
+   * below goes through that lookup: the path may be a user's (the base
+   * a user's overlay names, committed by root), and a FIFO or character
+   * device swapped in after the type check must not be opened, since
+   * opening one is itself an act.
+   */
+  if (held < 0)
+    looked_up = open (path, O_PATH | O_CLOEXEC);
+  if (held < 0 && looked_up == -1)
     return set_error (err, errlen, errno, "file=%s: %s", path,
                       strerror (errno));
-  if (S_ISDIR (st.st_mode))
-    return set_error (err, errlen, EISDIR, "file=%s: is a directory, not "
-                      "an image file or block device", path);
-  if (!S_ISREG (st.st_mode) && !S_ISBLK (st.st_mode))
-    return set_error (err, errlen, EINVAL, "file=%s: not a regular file "
-                      "or block device", path);
+  if (fstat (held >= 0 ? held : looked_up, &st) == -1) {
+    r = set_error (err, errlen, errno, "file=%s: %s", path, strerror (errno));
+    goto fail;
+  }
+  if (S_ISDIR (st.st_mode)) {
+    r = set_error (err, errlen, EISDIR, "file=%s: is a directory, not "
+                   "an image file or block device", path);
+    goto fail;
+  }
+  if (!S_ISREG (st.st_mode) && !S_ISBLK (st.st_mode)) {
+    r = set_error (err, errlen, EINVAL, "file=%s: not a regular file "
+                   "or block device", path);
+    goto fail;
+  }
   b->path = strdup (path);
-  if (b->path == NULL)
-    return set_error (err, errlen, errno, "file=%s: %s", path,
-                      strerror (errno));
+  if (b->path == NULL) {
+    r = set_error (err, errlen, errno, "file=%s: %s", path, strerror (errno));
+    goto fail;
+  }
   b->is_block_device = S_ISBLK (st.st_mode);
   if (held >= 0) {
     r = open_held (b, held, &st, mode, want_write, err, errlen);
@@ -350,7 +368,8 @@ mloop_backing_open (struct mloop_backing *b, const char *path,
   rw_flags = O_RDONLY;
   b->writable = false;
   if (want_write) {
-    b->buffered_fd = open (path, O_RDWR | O_CLOEXEC);
+    b->buffered_fd = mloop_open_looked_up (looked_up, AT_FDCWD, path,
+                                           O_RDWR | O_CLOEXEC);
     if (b->buffered_fd >= 0) {
       rw_flags = O_RDWR;
       b->writable = true;
@@ -362,7 +381,8 @@ mloop_backing_open (struct mloop_backing *b, const char *path,
     }
   }
   if (b->buffered_fd == -1) {
-    b->buffered_fd = open (path, O_RDONLY | O_CLOEXEC);
+    b->buffered_fd = mloop_open_looked_up (looked_up, AT_FDCWD, path,
+                                           O_RDONLY | O_CLOEXEC);
     if (b->buffered_fd == -1) {
       r = set_error (err, errlen, errno, "file=%s: %s", path,
                      strerror (errno));
@@ -377,7 +397,8 @@ mloop_backing_open (struct mloop_backing *b, const char *path,
   b->buffered_from = b->size;
 
   if (mode != MLOOP_DIRECT_OFF) {
-    int dfd = open (path, rw_flags | O_DIRECT | O_CLOEXEC);
+    int dfd = mloop_open_looked_up (looked_up, AT_FDCWD, path,
+                                    rw_flags | O_DIRECT | O_CLOEXEC);
     int saved;
 
     if (dfd >= 0) {
@@ -405,9 +426,13 @@ mloop_backing_open (struct mloop_backing *b, const char *path,
   r = apply_window (b, window, err, errlen);
   if (r < 0)
     goto fail;
+  if (looked_up >= 0)
+    close (looked_up);
   return 0;
 
  fail:
+  if (looked_up >= 0)
+    close (looked_up);
   mloop_backing_close (b);
   return r;
 }

@@ -98,10 +98,26 @@ mloop_names_file_at (int dirfd, const char *name, int fd)
 }
 
 int
+mloop_open_looked_up (int looked_up, int dirfd, const char *path, int flags)
+{
+  char proc[64];
+  int fd, saved;
+
+  snprintf (proc, sizeof proc, "/proc/self/fd/%d", looked_up);
+  fd = open (proc, flags);
+  saved = errno;
+  if (fd == -1 && saved == ENOENT && access ("/proc/self/fd", F_OK) == -1) {
+    fd = openat (dirfd, path, flags);
+    saved = errno;
+  }
+  errno = saved;
+  return fd;
+}
+
+int
 mloop_open_regular (int dirfd, const char *path, int flags,
                     bool *not_regular)
 {
-  char proc[64];
   struct stat st;
   int held, fd, saved;
 
@@ -121,13 +137,8 @@ mloop_open_regular (int dirfd, const char *path, int flags,
     errno = EINVAL;
     return -1;
   }
-  snprintf (proc, sizeof proc, "/proc/self/fd/%d", held);
-  fd = open (proc, flags);
+  fd = mloop_open_looked_up (held, dirfd, path, flags);
   saved = errno;
-  if (fd == -1 && saved == ENOENT && access ("/proc/self/fd", F_OK) == -1) {
-    fd = openat (dirfd, path, flags);
-    saved = errno;
-  }
   close (held);
   errno = saved;
   return fd;

@@ -32,6 +32,14 @@ int mloop_open_parent (const char *path, char **name);
  */
 bool mloop_names_file_at (int dirfd, const char *name, int fd);
 
+/* Opens with FLAGS the file LOOKED_UP holds (an O_PATH descriptor of
+ * PATH, relative to DIRFD), through /proc/self/fd: the file whose type
+ * was checked, whatever PATH names by now.  Without /proc, PATH again.
+ * -1 with errno from the open.
+ */
+int mloop_open_looked_up (int looked_up, int dirfd, const char *path,
+                          int flags);
+
 /* Opens PATH (relative to DIRFD, as openat) with FLAGS only when it is a
  * regular file: for anything else -1 with errno EINVAL and
  * *NOT_REGULAR set, without opening it, since opening is itself an act
