@@ -71,7 +71,10 @@ struct mloop_engine_config {
    * image's exclusive lock, or NULL.  A server that finds the lock held
    * by the holder recorded there (its predecessor, killed) breaks it at
    * once, where librbd would wait for the OSD to time the dead holder's
-   * watch out (30 s: longer than IO waits for a restart).
+   * watch out (30 s: longer than IO waits for a restart).  Beside it,
+   * in LOCK_RECORD.image, the first records the ids of the image and
+   * snapshot it opened, and the later ones open those, whatever has the
+   * name by then (`rbd mv`).
    */
   const char *lock_record;
   /* Seconds a request may wait for a store whose IO can wait on a

@@ -38,8 +38,9 @@
     "alongside other writers", NULL }, \
   { "lock-record", 0, 0, G_OPTION_ARG_FILENAME, &(lock_record), \
     "For rbd:POOL/IMAGE: record the exclusive lock's holder here, and " \
-    "break the lock of the holder recorded before (a killed predecessor)", \
-    "FILE" }, \
+    "break the lock of the holder recorded before (a killed predecessor); " \
+    "and in FILE.image the image's id, to serve the image recorded " \
+    "there, whatever has its name now", "FILE" }, \
   { "io-timeout", 0, 0, G_OPTION_ARG_INT, &(io_timeout), \
     "For rbd:POOL/IMAGE: fail a request with EIO when the cluster has not " \
     "answered it in this time (default 0: wait until it does)", "SECONDS" }

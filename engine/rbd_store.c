@@ -5,7 +5,9 @@
  * [:shared=on]", as qemu spells them (POOL defaults to "rbd"; the
  * namespace, to the pool's default one; the options stand in for
  * the configuration's ceph_id, ceph_conf and shared).  A snapshot is
- * served read-only, and fails once removed ("a snapshot removed").
+ * served read-only, and fails once removed ("a snapshot removed").  A
+ * device's servers serve the image and snapshot its first server opened,
+ * by their ids, whatever has the name by then ("which image").
  *
  * The request path: reads, writes and flushes go to rbd_aio_*; librbd
  * completes them on its own threads, where the completion callback posts
@@ -52,6 +54,7 @@
  * the store's size through librbd's update watch.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -59,6 +62,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <rados/librados.h>
 #include <rbd/librbd.h>
@@ -127,6 +131,7 @@ struct rbd_store {
    * checked), and whether it is gone (atomic; see "a snapshot removed").
    */
   uint64_t snap_id;
+  bool snap_id_known;
   char *header_oid;
   bool snap_gone;
   unsigned char *snapc;         /* the header's answer */
@@ -532,8 +537,7 @@ start_snap_checker (struct rbd_store *st)
 {
   char id[64];
 
-  if (rbd_snap_get_id (st->rbd, st->snap, &st->snap_id) < 0 ||
-      rbd_get_id (st->rbd, id, sizeof id) < 0 ||
+  if (!st->snap_id_known || rbd_get_id (st->rbd, id, sizeof id) < 0 ||
       (st->snapc = malloc (SNAPC_LEN)) == NULL ||
       asprintf (&st->header_oid, "rbd_header.%s", id) < 0) {
     st->header_oid = NULL;
@@ -1650,11 +1654,228 @@ read_effective_config (struct rbd_store *st)
          "are flushed", st->name);
 }
 
-static int
-open_image (struct rbd_store *st, const struct mloop_engine_config *cfg,
-            char *err, size_t errlen)
+/* ------------------------------------------------------ which image */
+
+/* A device's servers serve the image its first server opened, whatever
+ * the name names by then: `rbd mv` renames an image in use, and another
+ * image, or another snapshot, may then take the name; a server started
+ * again by the name (the supervisor's restart) would serve that one to
+ * a device whose data is the first's.  So a server given a lock record
+ * (a device's) records beside it, in FILE.image, the ids of the image
+ * and of its snapshot, with the name they were opened by; the next
+ * servers open the ids (rbd_open_by_id, rbd_snap_set_by_id), say when
+ * the image has another name now, and are refused in one line when it
+ * or its snapshot is gone.  The record's first line is the image's id
+ * ("ID" or "ID@SNAPID"), the second the name ("POOL/[NS/]IMAGE[@SNAP]").
+ */
+#define IMAGE_RECORD_SUFFIX ".image"
+#define IMAGE_RECORD_MOST 4096
+
+struct image_record {
+  char *id;                     /* NULL: none recorded */
+  uint64_t snap_id;
+  char *spec;
+};
+
+/* ST's name without its options, as the record says it. */
+static char *
+image_spec (const struct rbd_store *st)
 {
-  const bool writable = cfg->want_write && st->snap == NULL;
+  char *spec;
+
+  if (asprintf (&spec, "%s/%s%s%s%s%s", st->pool, st->ns ? st->ns : "",
+                st->ns ? "/" : "", st->image, st->snap ? "@" : "",
+                st->snap ? st->snap : "") < 0)
+    return NULL;
+  return spec;
+}
+
+/* Reads PATH into REC: 0 (REC->id NULL when there is no record), or a
+ * negative errno (-EBADMSG: not a record of this kind).
+ */
+static int
+read_image_record (const char *path, bool with_snap, struct image_record *rec)
+{
+  char buf[IMAGE_RECORD_MOST], *nl, *at, *end;
+  size_t len;
+  FILE *f = fopen (path, "re");
+
+  *rec = (struct image_record) { 0 };
+  if (f == NULL)
+    return errno == ENOENT ? 0 : -errno;
+  len = fread (buf, 1, sizeof buf - 1, f);
+  fclose (f);
+  buf[len] = '\0';
+  if ((nl = strchr (buf, '\n')) == NULL || len < 2 || buf[len - 1] != '\n')
+    return -EBADMSG;
+  *nl = '\0';
+  buf[len - 1] = '\0';
+  if ((at = strchr (buf, '@')) != NULL) {
+    *at++ = '\0';
+    errno = 0;
+    rec->snap_id = strtoull (at, &end, 10);
+    if (*at < '0' || *at > '9' || *end != '\0' || errno != 0)
+      return -EBADMSG;
+  }
+  if (buf[0] == '\0' || strspn (buf, "0123456789abcdefABCDEF") != strlen (buf)
+      || (at != NULL) != with_snap)
+    return -EBADMSG;
+  rec->id = strdup (buf);
+  rec->spec = strdup (nl + 1);
+  if (rec->id == NULL || rec->spec == NULL)
+    return -ENOMEM;
+  return 0;
+}
+
+static void
+image_record_clear (struct image_record *rec)
+{
+  free (rec->id);
+  free (rec->spec);
+  *rec = (struct image_record) { 0 };
+}
+
+/* Records the open image's ids and SPEC in PATH, through a temporary
+ * and a rename: a server killed meanwhile leaves no half id.
+ */
+static int
+write_image_record (struct rbd_store *st, const char *path, const char *spec)
+{
+  char id[RBD_MAX_IMAGE_NAME_SIZE], *tmp;
+  FILE *f;
+  bool failed;
+  int fd;
+  int r = rbd_get_id (st->rbd, id, sizeof id);
+
+  /* A format 1 image (long deprecated) has no id to open it by. */
+  if (r == -EINVAL) {
+    say (st, "%s: an image of format 1 has no id: a restarted server opens "
+         "whatever has its name then", st->name);
+    return 0;
+  }
+  if (r == 0 && st->snap && !st->snap_id_known)
+    r = -ENOENT;
+  if (r < 0)
+    return r;
+  if (asprintf (&tmp, "%s.tmp", path) < 0)
+    return -ENOMEM;
+  /* A fresh file: a link left there, where whoever chose PATH can
+   * write, must not be written through.
+   */
+  unlink (tmp);
+  fd = open (tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0 || (f = fdopen (fd, "w")) == NULL) {
+    r = -errno;
+    if (fd >= 0)
+      close (fd);
+  }
+  else {
+    if (st->snap)
+      fprintf (f, "%s@%" PRIu64 "\n%s\n", id, st->snap_id, spec);
+    else
+      fprintf (f, "%s\n%s\n", id, spec);
+    failed = ferror (f) != 0;
+    if (fclose (f) != 0 || failed)
+      r = -EIO;
+    else if (rename (tmp, path) < 0)
+      r = -errno;
+    if (r < 0)
+      unlink (tmp);
+  }
+  free (tmp);
+  return r;
+}
+
+/* What ST's name names now, for a message: "; the name is now image
+ * ID's" (or snapshot ID's), or that nothing has it.
+ */
+static void
+named_now (struct rbd_store *st, char *buf, size_t len)
+{
+  rbd_image_t other;
+  char id[RBD_MAX_IMAGE_NAME_SIZE];
+  uint64_t snap_id;
+
+  if (rbd_open_read_only (st->ioctx, st->image, &other, NULL) < 0) {
+    snprintf (buf, len, "; no image has its name now");
+    return;
+  }
+  if (st->snap && rbd_snap_get_id (other, st->snap, &snap_id) == 0)
+    snprintf (buf, len, "; the name is now snapshot %" PRIu64 "'s",
+              snap_id);
+  else if (st->snap)
+    snprintf (buf, len, "; no snapshot has its name now");
+  else if (rbd_get_id (other, id, sizeof id) == 0)
+    snprintf (buf, len, "; the name is now image %s's", id);
+  else
+    buf[0] = '\0';
+  rbd_close (other);
+}
+
+/* Opens the image PATH records: 1, 0 when there is no record, or a
+ * negative errno with ERR.
+ */
+static int
+open_recorded (struct rbd_store *st, bool writable, const char *path,
+               const char *spec, char *err, size_t errlen)
+{
+  struct image_record rec;
+  char now[160], name[RBD_MAX_IMAGE_NAME_SIZE];
+  size_t name_len = sizeof name;
+  int r = read_image_record (path, st->snap != NULL, &rec);
+
+  if (r < 0 || rec.id == NULL) {
+    if (r < 0)
+      snprintf (err, errlen, "%s: reading which image its device serves "
+                "(%s): %s", st->name, path,
+                r == -EBADMSG ? "not a record of an image" : strerror (-r));
+    image_record_clear (&rec);
+    return r;
+  }
+  if (strcmp (rec.spec, spec) != 0) {
+    snprintf (err, errlen, "%s: %s records the image of another name, %s",
+              st->name, path, rec.spec);
+    image_record_clear (&rec);
+    return -EINVAL;
+  }
+  r = writable ? rbd_open_by_id (st->ioctx, rec.id, &st->rbd, NULL)
+    : rbd_open_by_id_read_only (st->ioctx, rec.id, &st->rbd, NULL);
+  if (r < 0) {
+    st->rbd = NULL;
+    if (r == -ENOENT)
+      named_now (st, now, sizeof now);
+    snprintf (err, errlen, "%s: the image its device was attached to "
+              "(id %s) %s%s", st->name, rec.id,
+              r == -ENOENT ? "is gone" : strerror (-r),
+              r == -ENOENT ? now : "");
+    image_record_clear (&rec);
+    return r;
+  }
+  if (st->snap && (r = rbd_snap_set_by_id (st->rbd, rec.snap_id)) < 0) {
+    if (r == -ENOENT)
+      named_now (st, now, sizeof now);
+    snprintf (err, errlen, "%s: the snapshot its device was attached to "
+              "(id %" PRIu64 " of image %s) %s%s", st->name, rec.snap_id,
+              rec.id, r == -ENOENT ? "is gone" : strerror (-r),
+              r == -ENOENT ? now : "");
+    image_record_clear (&rec);
+    return r;
+  }
+  st->snap_id = rec.snap_id;
+  st->snap_id_known = st->snap != NULL;
+  if (rbd_get_name (st->rbd, name, &name_len) == 0 &&
+      strcmp (name, st->image) != 0)
+    say (st, "%s: the image was renamed %s: served all the same, as the "
+         "image its device was attached to (id %s)", st->name, name, rec.id);
+  image_record_clear (&rec);
+  return 1;
+}
+
+/* Opens the image its name names, and records it in PATH (not NULL). */
+static int
+open_named (struct rbd_store *st, bool writable, const char *path,
+            const char *spec, char *err, size_t errlen)
+{
   int r = writable ? rbd_open (st->ioctx, st->image, &st->rbd, NULL)
     : rbd_open_read_only (st->ioctx, st->image, &st->rbd, st->snap);
 
@@ -1667,6 +1888,39 @@ open_image (struct rbd_store *st, const struct mloop_engine_config *cfg,
                 r == -ENOENT ? "no such image" : strerror (-r));
     return r;
   }
+  st->snap_id_known = st->snap &&
+    rbd_snap_get_id (st->rbd, st->snap, &st->snap_id) == 0;
+  if (path && (r = write_image_record (st, path, spec)) < 0) {
+    snprintf (err, errlen, "%s: recording which image its device serves "
+              "(%s): %s", st->name, path, strerror (-r));
+    return r;
+  }
+  return 0;
+}
+
+static int
+open_image (struct rbd_store *st, const struct mloop_engine_config *cfg,
+            char *err, size_t errlen)
+{
+  const bool writable = cfg->want_write && st->snap == NULL;
+  char *record = NULL, *spec = image_spec (st);
+  int r = spec ? 0 : -ENOMEM;
+
+  if (r == 0 && cfg->lock_record &&
+      asprintf (&record, "%s" IMAGE_RECORD_SUFFIX, cfg->lock_record) < 0) {
+    record = NULL;
+    r = -ENOMEM;
+  }
+  if (r == -ENOMEM)
+    snprintf (err, errlen, "no memory for %s", st->name);
+  if (r == 0 && record)
+    r = open_recorded (st, writable, record, spec, err, errlen);
+  if (r == 0)
+    r = open_named (st, writable, record, spec, err, errlen);
+  free (record);
+  free (spec);
+  if (r < 0)
+    return r;
   if (writable && !st->shared &&
       (r = take_lock (st, cfg->lock_record, err, errlen)) < 0)
     return r;

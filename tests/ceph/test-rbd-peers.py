@@ -44,6 +44,12 @@ on a real one-node cluster (tests/ceph/cluster.py):
    stopped (SIGTERM) while every daemon is paused stops within 10 s;
    and a snapshot's server whose image is removed (its snapshots
    purged, then `rbd rm`) fails its reads too;
+2f. a device's image renamed (`rbd mv`) while its server holds it, the
+   server killed and another image given the old name: the next server
+   with the same lock record serves the renamed image, and says so, and
+   once that image is removed it is refused in one line naming both; a
+   snapshot's next server is refused once its snapshot is removed and
+   another made with its name;
 3. librbd's cache and partial trims turned on for the image in the
    cluster (`rbd config image set`: rbd_cache true, writeback, dirty data
    kept 60 s; rbd_skip_partial_discard true), over the server's own
@@ -81,7 +87,7 @@ Cost on the project machine (2 cores): 40-55 s alone, up to 70 s beside
 other heavy work: the cluster's start 6-7 s (up to 19 s loaded), 1 and
 2 about 7-8 s each (each waits once for a watch to end: the 5 s this
 test sets osd_client_watch_timeout to), the arriving writer 2-3 s
-(gdb's start), 20 watchers, 2c, 2e and 3 to 6 about 1-3 s each, 2d about 5 s
+(gdb's start), 20 watchers, 2c, 2e, 2f and 3 to 6 about 1-3 s each, 2d about 5 s
 (`rbd feature disable`), 1d about 6 s (a watch timeout), 3b under 1 s.
 """
 import json
@@ -643,6 +649,61 @@ def section_unfenced_predecessor():
     old.stop()
 
 
+def section_renamed():
+    """A device's image renamed (`rbd mv`) while its server holds it, the
+    server killed and another image given the old name: the device's
+    next server (the same lock record) serves the image the device was
+    attached to, not the newcomer, and says it was renamed; once that
+    image is removed, it is refused in one line naming both images.  A
+    snapshot's server, its snapshot removed and another made with its
+    name, is refused in one line too."""
+    c.create_image("moving", 8 * MiB)
+    spec = f"rbd:{c.spec('moving')}"
+    record = ["--lock-record=" + c.path("test", "moving.lock")]
+    s = start("a device's first server", spec, args=record)
+    h = s.connect()
+    h.pwrite(b"a" * 4096, 0)
+    h.flush()
+    c.rbd("mv", c.spec("moving"), c.spec("moved"))
+    s.proc.kill()
+    s.proc.wait()
+    h = None   # closes the dead connection
+    c.create_image("moving", 16 * MiB)
+    s = start("its next server, the image renamed", spec, args=record)
+    h = s.connect()
+    check("it serves the image the device was attached to",
+          h.get_size() == 8 * MiB and h.pread(4096, 0) == b"a" * 4096,
+          f"{h.get_size()} bytes")
+    h.pwrite(b"b" * 4096, 4096)
+    h.flush()
+    check("it says the image was renamed", "moved" in s.stderr(), s.stderr())
+    h.shutdown()
+    s.stop()
+    check("the image now named as it was is untouched",
+          export(c.spec("moving"))[:8192] == bytes(8192))
+    check("the renamed image has both servers' writes",
+          export(c.spec("moved"))[:8192] == b"a" * 4096 + b"b" * 4096)
+    c.rbd("rm", "--no-progress", c.spec("moved"))
+    refused_in_one_line("its next server, the image removed", Server(spec, args=record),
+                        ["gone", "moving"])
+
+    c.rbd("snap", "create", c.spec("moving", "first"))
+    snap = f"rbd:{c.spec('moving', 'first')}"
+    record = ["--lock-record=" + c.path("test", "first.lock")]
+    s = start("a snapshot's first server", snap, args=record)
+    s.stop()
+    c.rbd("snap", "rm", c.spec("moving", "first"))
+    w = start("mloop-server of the image", spec)
+    h = w.connect()
+    h.pwrite(b"c" * 4096, 0)
+    h.flush()
+    h.shutdown()
+    w.stop()
+    c.rbd("snap", "create", c.spec("moving", "first"))
+    refused_in_one_line("its next server, the snapshot made again",
+                        Server(snap, args=record), ["snapshot", "gone"])
+
+
 def section_feature_off():
     """The exclusive-lock feature turned off while the server holds the
     lock (librbd has the holder perform it): any client may then write
@@ -951,6 +1012,7 @@ try:
     section("a device's servers killed one after another", section_successors)
     section("a stopped server's successor, blocklisting off",
             section_unfenced_predecessor)
+    section("a device's image renamed", section_renamed)
     section("the exclusive-lock feature turned off", section_feature_off)
     section("a snapshot removed while served", section_snapshot_removed)
     section("the cache and partial trims set by the cluster", section_settings)
