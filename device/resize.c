@@ -16,6 +16,7 @@
 #include "nbd_netlink.h"
 #include "partitions.h"
 #include "resize.h"
+#include "store_name.h"
 
 /* How long a server may take to serve the new size: nbdkit restarting
  * in a TCG guest is slow (attach allows it as long to start).
@@ -38,12 +39,16 @@ mloop_device_open_for_partition_scan (int index, char *err, size_t errlen)
 /* The image, opened through the engine (store.h) for its size, its
  * allocation and its resize: one path for a file and an RBD image.  An
  * RBD image is opened shared, without its exclusive lock: the device's
- * server holds that, and librbd hands our resize to the holder.
+ * server holds that, and librbd hands our resize to the holder.  It is
+ * the image the device's lock record says its servers serve, not
+ * whatever has its name now (`rbd mv`, then another image named so).
  */
 static int
 open_image (const struct mloop_device_state *s, bool for_write,
             struct mloop_engine *e, char *err, size_t errlen)
 {
+  g_autofree char *lock_record = mloop_is_rbd_name (s->file)
+    ? mloop_state_path (s, MLOOP_DIR_RBD_LOCK) : NULL;
   struct mloop_engine_config cfg;
 
   mloop_engine_config_init (&cfg);
@@ -51,6 +56,7 @@ open_image (const struct mloop_device_state *s, bool for_write,
   cfg.want_write = for_write;
   cfg.direct = MLOOP_DIRECT_OFF;        /* reads no data */
   cfg.shared = true;
+  cfg.lock_record = lock_record;
   return mloop_engine_open (e, &cfg, err, errlen) < 0 ? -1 : 0;
 }
 
