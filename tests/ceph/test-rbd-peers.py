@@ -48,8 +48,8 @@ on a real one-node cluster (tests/ceph/cluster.py):
    server killed and another image given the old name: the next server
    with the same lock record serves the renamed image, and says so, and
    once that image is removed it is refused in one line naming both; a
-   snapshot's next server is refused once its snapshot is removed and
-   another made with its name;
+   snapshot's next server serves its snapshot, renamed, not the one
+   given its name, and is refused once it is removed;
 3. librbd's cache and partial trims turned on for the image in the
    cluster (`rbd config image set`: rbd_cache true, writeback, dirty data
    kept 60 s; rbd_skip_partial_discard true), over the server's own
@@ -655,8 +655,8 @@ def section_renamed():
     next server (the same lock record) serves the image the device was
     attached to, not the newcomer, and says it was renamed; once that
     image is removed, it is refused in one line naming both images.  A
-    snapshot's server, its snapshot removed and another made with its
-    name, is refused in one line too."""
+    snapshot's next server, its snapshot renamed and another given its
+    name, serves the first, and is refused once that is removed."""
     c.create_image("moving", 8 * MiB)
     spec = f"rbd:{c.spec('moving')}"
     record = ["--lock-record=" + c.path("test", "moving.lock")]
@@ -687,22 +687,31 @@ def section_renamed():
     refused_in_one_line("its next server, the image removed", Server(spec, args=record),
                         ["gone", "moving"])
 
+    w = start("mloop-server of the image now named so", spec)
+    h = w.connect()
+    h.pwrite(b"s" * 4096, 0)
+    h.flush()
     c.rbd("snap", "create", c.spec("moving", "first"))
     snap = f"rbd:{c.spec('moving', 'first')}"
     record = ["--lock-record=" + c.path("test", "first.lock")]
     s = start("a snapshot's first server", snap, args=record)
     s.stop()
-    c.rbd("snap", "rm", c.spec("moving", "first"))
-    w = start("mloop-server of the image", spec)
-    h = w.connect()
+    c.rbd("snap", "rename", c.spec("moving", "first"), c.spec("moving", "second"))
     h.pwrite(b"c" * 4096, 0)
     h.flush()
+    c.rbd("snap", "create", c.spec("moving", "first"))
+    s = start("its next server, the snapshot renamed and another given its name", snap,
+              args=record)
+    hs = s.connect()
+    check("it serves the snapshot the device was attached to",
+          hs.pread(4096, 0) == b"s" * 4096)
+    hs.shutdown()
+    s.stop()
+    c.rbd("snap", "rm", c.spec("moving", "second"))
+    refused_in_one_line("its next server, the snapshot removed", Server(snap, args=record),
+                        ["snapshot", "gone"])
     h.shutdown()
     w.stop()
-    c.rbd("snap", "create", c.spec("moving", "first"))
-    refused_in_one_line("its next server, the snapshot made again",
-                        Server(snap, args=record), ["snapshot", "gone"])
-
 
 def section_feature_off():
     """The exclusive-lock feature turned off while the server holds the
