@@ -25,7 +25,9 @@ rbd:POOL/IMAGE` serves an image of it through librbd, over NBD or ublk.
    and changes nothing; the same two resizes with nbdkit serving (it is
    replaced, the old one killed first as the lock has one holder).  Over
    ublk, `mloop resize` is refused in one line (6.12's ublk cannot change
-   a live device's size).
+   a live device's size).  The image renamed (`rbd mv`) under the
+   device and another image given its name: `mloop resize` grows the
+   device's image, not the newcomer.
 
 SKIPs without the Ceph packages or without the RBD module in the build.
 Cost under TCG: 200-267 s in all (the cluster's start 32-62 s; the
@@ -164,6 +166,7 @@ def run_test(kind, cl):
         att.detach()
         return
     check_resizes(kind, c, dev)
+    check_renamed(kind, c, dev)
     att.detach()
     if shutil.which("nbdkit"):
         args = kind.attach_args(name)
@@ -236,6 +239,26 @@ def check_resizes(kind, c, dev):
         f"a shrink below the data: exit {p.returncode}, {msg!r}"
     assert image_size(c) == grown and device_size(dev) == grown, \
         "a refused shrink changed a size"
+
+
+def check_renamed(kind, c, dev):
+    """The device's image renamed (`rbd mv`) and another image given its
+    name: `mloop resize` grows the device's image, not the newcomer."""
+    size = image_size(c)
+    c.rbd("mv", c.spec("disk"), c.spec("disk-moved"))
+    c.rbd("create", "--size", "8M", c.spec("disk"))
+    try:
+        kind.cli("resize", "--size", str(size + 64 * MiB), dev)
+        assert image_size(c) == 8 * MiB, \
+            f"mloop resize resized the image now named so: {image_size(c)} bytes"
+        moved = json.loads(c.rbd("info", "--format", "json", c.spec("disk-moved")))["size"]
+        assert moved == size + 64 * MiB and device_size(dev) == moved, \
+            f"the renamed image is {moved} bytes, {dev} {device_size(dev)}"
+    finally:
+        c.rbd("rm", "--no-progress", c.spec("disk"))
+        c.rbd("mv", c.spec("disk-moved"), c.spec("disk"))
+    print("# mloop resize grew the renamed image, not the one given its name",
+          flush=True)
 
 
 def check_nbdkit_resizes(kind, c, dev):
