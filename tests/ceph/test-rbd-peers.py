@@ -87,8 +87,9 @@ Cost on the project machine (2 cores): 40-55 s alone, up to 70 s beside
 other heavy work: the cluster's start 6-7 s (up to 19 s loaded), 1 and
 2 about 7-8 s each (each waits once for a watch to end: the 5 s this
 test sets osd_client_watch_timeout to), the arriving writer 2-3 s
-(gdb's start), 20 watchers, 2c, 2e, 2f and 3 to 6 about 1-3 s each, 2d about 5 s
-(`rbd feature disable`), 1d about 6 s (a watch timeout), 3b under 1 s.
+(gdb's start), 20 watchers, 2c, 2e and 3 to 6 about 1-3 s each, 2d about 5 s
+(`rbd feature disable`), 1d about 6 s (a watch timeout), 2f 3-5 s, 3b
+under 1 s; 60-64 s in all with 2f, beside other work.
 """
 import json
 import os
