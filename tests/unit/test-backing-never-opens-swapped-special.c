@@ -65,14 +65,12 @@ main (void)
   char events[4096] __attribute__ ((aligned (8)));
   struct mloop_backing b;
   char err[512];
-  int fd, in, r;
+  int in, r;
 
   unit_deadline (10);
   snprintf (fifo, sizeof fifo, "%s/fifo", dir);
   snprintf (path, sizeof path, "%s/base.img", dir);
-  fd = open (path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  CHECK (fd >= 0 && ftruncate (fd, IMAGE_SIZE) == 0 && close (fd) == 0,
-         "%s: %s", path, strerror (errno));
+  unit_make_image (path, IMAGE_SIZE);
   if (mkfifo (fifo, 0600) == -1)
     unit_skip ("mkfifo: %s", strerror (errno));
   in = inotify_init1 (IN_CLOEXEC | IN_NONBLOCK);

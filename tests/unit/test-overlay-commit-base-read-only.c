@@ -48,9 +48,7 @@ main (void)
     unit_skip ("cannot take the ids of nobody: %s", strerror (errno));
   snprintf (base_path, sizeof base_path, "%s/base.img", dir);
   snprintf (path, sizeof path, "%s/overlay", dir);
-  fd = open (base_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  CHECK (fd >= 0 && ftruncate (fd, BASE_SIZE) == 0 && close (fd) == 0,
-         "%s: %s", base_path, strerror (errno));
+  unit_make_image (base_path, BASE_SIZE);
   unit_make_overlay (base_path, path);
   CHECK (chmod (base_path, 0444) == 0, "chmod: %s", strerror (errno));
   fd = open (base_path, O_RDWR | O_CLOEXEC);

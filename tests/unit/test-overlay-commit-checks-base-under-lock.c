@@ -61,9 +61,7 @@ main (void)
   snprintf (base, sizeof base, "%s/base.img", dir);
   snprintf (path, sizeof path, "%s/overlay", dir);
   base_path = base;
-  fd = open (base, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  CHECK (fd >= 0 && ftruncate (fd, BASE_SIZE) == 0 && close (fd) == 0,
-         "%s: %s", base, strerror (errno));
+  unit_make_image (base, BASE_SIZE);
   CHECK (stat (base, &base_st) == 0, "%s: %s", base, strerror (errno));
   unit_make_overlay (base, path);
 

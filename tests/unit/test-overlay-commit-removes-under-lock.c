@@ -34,7 +34,7 @@ int
 main (void)
 {
   const char *dir = unit_tmpdir ("/var/tmp");
-  char base_path[4096], path[4096], run[4096], err[512];
+  char base_path[4096], path[4096], err[512];
   char events[64 * 1024] __attribute__ ((aligned (8)));
   char *written = NULL;
   unsigned char byte;
@@ -43,14 +43,10 @@ main (void)
   ssize_t n;
 
   unit_deadline (30);
-  snprintf (run, sizeof run, "%s/run", dir);
-  CHECK (mkdir (run, 0700) == 0, "%s: %s", run, strerror (errno));
-  setenv ("MLOOP_RUNTIME_DIR", run, 1);
+  unit_runtime_dir (dir);
   snprintf (base_path, sizeof base_path, "%s/base.img", dir);
   snprintf (path, sizeof path, "%s/overlay", dir);
-  fd = open (base_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  CHECK (fd >= 0 && ftruncate (fd, BASE_SIZE) == 0 && close (fd) == 0,
-         "%s: %s", base_path, strerror (errno));
+  unit_make_image (base_path, BASE_SIZE);
   unit_make_overlay (base_path, path);
 
   in = inotify_init1 (IN_NONBLOCK | IN_CLOEXEC);

@@ -104,14 +104,11 @@ main (void)
 {
   const char *dir = unit_tmpdir ("/var/tmp");
   char base_path[4096], copy[4096], moved[4096], other[4096], path[4096];
-  char run[4096];
   char err[512];
   char *written = NULL;
 
   unit_deadline (30);
-  snprintf (run, sizeof run, "%s/run", dir);
-  CHECK (mkdir (run, 0700) == 0, "%s: %s", run, strerror (errno));
-  setenv ("MLOOP_RUNTIME_DIR", run, 1);
+  unit_runtime_dir (dir);
   snprintf (base_path, sizeof base_path, "%s/base.img", dir);
   snprintf (copy, sizeof copy, "%s/copy.img", dir);
   snprintf (moved, sizeof moved, "%s/moved.img", dir);

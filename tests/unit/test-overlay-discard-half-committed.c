@@ -22,6 +22,7 @@
 #include "backing.h"
 #include "overlay.h"
 #include "overlay_file.h"
+#include "overlay_fixture.h"
 #include "unit.h"
 
 #define BASE_SIZE (1u << 20)
@@ -51,14 +52,8 @@ make_overlay (const char *base_path, const char *path, bool mark)
   struct mloop_backing base;
   struct mloop_overlay ov;
   char err[512];
-  int r;
 
-  r = mloop_backing_open (&base, base_path, MLOOP_DIRECT_OFF, false, NULL,
-                          err, sizeof err);
-  CHECK (r == 0, "base: %s", err);
-  r = mloop_overlay_open (&ov, path, &base, false, MLOOP_OVERLAY_SAME_BASE,
-                          err, sizeof err);
-  CHECK (r == 0, "overlay: %s", err);
+  unit_open_overlay (&base, &ov, base_path, path);
   if (mark)
     CHECK (mloop_overlay_note_merging (&ov, &base, err, sizeof err) == 0,
            "mark: %s", err);
@@ -70,20 +65,15 @@ int
 main (void)
 {
   const char *dir = unit_tmpdir ("/var/tmp");
-  char base_path[4096], path[4096], plain[4096], moved[4096], run[4096];
+  char base_path[4096], path[4096], plain[4096], moved[4096];
   char err[512];
-  int fd;
 
   unit_deadline (30);
-  snprintf (run, sizeof run, "%s/run", dir);
-  CHECK (mkdir (run, 0700) == 0, "%s: %s", run, strerror (errno));
-  setenv ("MLOOP_RUNTIME_DIR", run, 1);
+  unit_runtime_dir (dir);
   snprintf (base_path, sizeof base_path, "%s/base.img", dir);
   snprintf (path, sizeof path, "%s/overlay", dir);
   snprintf (plain, sizeof plain, "%s/plain", dir);
-  fd = open (base_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  CHECK (fd >= 0 && ftruncate (fd, BASE_SIZE) == 0 && close (fd) == 0,
-         "%s: %s", base_path, strerror (errno));
+  unit_make_image (base_path, BASE_SIZE);
 
   make_overlay (base_path, path, true);
   CHECK (mloop_overlay_file_discard (path, err, sizeof err) == -1,

@@ -26,6 +26,7 @@
 #include "device_state.h"
 #include "overlay.h"
 #include "overlay_file.h"
+#include "overlay_fixture.h"
 #include "unit.h"
 
 #define BASE_SIZE (1u << 20)
@@ -37,33 +38,20 @@ int
 main (void)
 {
   const char *dir = unit_tmpdir ("/var/tmp");
-  char base_path[4096], path[4096], link_path[4096], run[4096], err[512];
+  char base_path[4096], path[4096], link_path[4096], err[512];
   char events[4096] __attribute__ ((aligned (8)));
-  struct mloop_backing base;
-  struct mloop_overlay ov;
   int fd, in, lock, master, status, r;
   bool closed = false;
   const char *slave;
   pid_t pid;
 
   unit_deadline (30);
-  snprintf (run, sizeof run, "%s/run", dir);
-  CHECK (mkdir (run, 0700) == 0, "%s: %s", run, strerror (errno));
-  setenv ("MLOOP_RUNTIME_DIR", run, 1);
+  unit_runtime_dir (dir);
   snprintf (base_path, sizeof base_path, "%s/base.img", dir);
   snprintf (path, sizeof path, "%s/overlay", dir);
   snprintf (link_path, sizeof link_path, "%s/terminal", dir);
-  fd = open (base_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  CHECK (fd >= 0 && ftruncate (fd, BASE_SIZE) == 0 && close (fd) == 0,
-         "%s: %s", base_path, strerror (errno));
-  r = mloop_backing_open (&base, base_path, MLOOP_DIRECT_OFF, false, NULL,
-                          err, sizeof err);
-  CHECK (r == 0, "base: %s", err);
-  r = mloop_overlay_open (&ov, path, &base, false, MLOOP_OVERLAY_SAME_BASE,
-                          err, sizeof err);
-  CHECK (r == 0, "overlay: %s", err);
-  mloop_overlay_close (&ov);
-  mloop_backing_close (&base);
+  unit_make_image (base_path, BASE_SIZE);
+  unit_make_empty_overlay (base_path, path);
 
   /* A terminal no session has: its first opener without O_NOCTTY that
    * leads a session without one takes it.

@@ -13,19 +13,18 @@
 #include <unistd.h>
 
 #include "overlay_file.h"
+#include "overlay_fixture.h"
 #include "unit.h"
 
 int
 main (void)
 {
   const char *dir = unit_tmpdir ("/var/tmp");
-  char fifo[4096], run[4096], image[4096], err[512];
+  char fifo[4096], image[4096], err[512];
   char *base = NULL;
 
   unit_deadline (10);
-  snprintf (run, sizeof run, "%s/run", dir);
-  CHECK (mkdir (run, 0700) == 0, "%s: %s", run, strerror (errno));
-  setenv ("MLOOP_RUNTIME_DIR", run, 1);
+  unit_runtime_dir (dir);
   snprintf (fifo, sizeof fifo, "%s/fifo", dir);
   snprintf (image, sizeof image, "%s/image", dir);
   if (mkfifo (fifo, 0600) == -1)

@@ -79,27 +79,23 @@ int
 main (void)
 {
   const char *dir = unit_tmpdir ("/var/tmp");
-  char run[4096], base_path[4096], err[512];
+  char base_path[4096], err[512];
   char events[4096] __attribute__ ((aligned (8)));
   struct mloop_backing base;
   struct mloop_overlay ov;
   char *recorded = NULL;
   bool closed = false;
-  int fd, in, watch, lock, status;
+  int in, watch, lock, status;
   uint64_t size;
   bool known;
   pid_t pid;
 
   unit_deadline (30);
-  snprintf (run, sizeof run, "%s/run", dir);
-  CHECK (mkdir (run, 0700) == 0, "%s: %s", run, strerror (errno));
-  setenv ("MLOOP_RUNTIME_DIR", run, 1);
+  unit_runtime_dir (dir);
   snprintf (fifo, sizeof fifo, "%s/fifo", dir);
   snprintf (path, sizeof path, "%s/overlay", dir);
   snprintf (base_path, sizeof base_path, "%s/base.img", dir);
-  fd = open (base_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  CHECK (fd >= 0 && ftruncate (fd, BASE_SIZE) == 0 && close (fd) == 0,
-         "%s: %s", base_path, strerror (errno));
+  unit_make_image (base_path, BASE_SIZE);
   if (mkfifo (fifo, 0600) == -1)
     unit_skip ("mkfifo: %s", strerror (errno));
   in = inotify_init1 (IN_CLOEXEC | IN_NONBLOCK);

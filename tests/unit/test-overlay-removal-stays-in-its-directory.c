@@ -114,14 +114,11 @@ main (void)
 {
   const char *dir = unit_tmpdir ("/var/tmp");
   char base_path[4096], path[4096], precious[4096], moved[4096];
-  char run[4096];
   char err[512], *base = NULL;
   int r;
 
   unit_deadline (30);
-  snprintf (run, sizeof run, "%s/run", dir);
-  CHECK (mkdir (run, 0700) == 0, "%s: %s", run, strerror (errno));
-  setenv ("MLOOP_RUNTIME_DIR", run, 1);
+  unit_runtime_dir (dir);
   snprintf (user_dir, sizeof user_dir, "%s/user", dir);
   snprintf (moved_dir, sizeof moved_dir, "%s/user.moved", dir);
   snprintf (other_dir, sizeof other_dir, "%s/etc", dir);
@@ -131,9 +128,7 @@ main (void)
   snprintf (path, sizeof path, "%s/shadow", user_dir);
   snprintf (precious, sizeof precious, "%s/shadow", other_dir);
   snprintf (moved, sizeof moved, "%s/shadow", moved_dir);
-  r = open (base_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  CHECK (r >= 0 && ftruncate (r, BASE_SIZE) == 0 && close (r) == 0,
-         "%s: %s", base_path, strerror (errno));
+  unit_make_image (base_path, BASE_SIZE);
   CHECK (stat (base_path, &base_st) == 0, "%s: %s", base_path,
          strerror (errno));
 

@@ -53,7 +53,7 @@ main (void)
   struct mloop_backing base;
   struct mloop_overlay ov;
   struct stat held, map, named;
-  int fd, r;
+  int r;
 
   unit_deadline (30);
   snprintf (base_path, sizeof base_path, "%s/base.img", dir);
@@ -61,9 +61,7 @@ main (void)
   snprintf (other, sizeof other, "%s/other-overlay", dir);
   overlay_path = path;
   other_overlay = other;
-  fd = open (base_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  CHECK (fd >= 0 && ftruncate (fd, BASE_SIZE) == 0 && close (fd) == 0,
-         "%s: %s", base_path, strerror (errno));
+  unit_make_image (base_path, BASE_SIZE);
   r = mloop_backing_open (&base, base_path, MLOOP_DIRECT_OFF, false, NULL,
                           err, sizeof err);
   CHECK (r == 0, "base: %s", err);

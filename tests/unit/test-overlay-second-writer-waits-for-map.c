@@ -31,6 +31,7 @@
 #include "backing.h"
 #include "overlay.h"
 #include "range_lock.h"
+#include "overlay_fixture.h"
 #include "unit.h"
 
 #define BASE_SIZE (1u << 20)
@@ -134,22 +135,14 @@ int
 main (void)
 {
   const char *dir = unit_tmpdir ("/var/tmp");
-  char base_path[4096], path[4096], err[256];
-  int fd, r;
+  char base_path[4096], path[4096];
 
   unit_deadline (30);
   snprintf (base_path, sizeof base_path, "%s/base.img", dir);
   snprintf (path, sizeof path, "%s/overlay", dir);
   overlay_path = path;
-  fd = open (base_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  CHECK (fd >= 0 && ftruncate (fd, BASE_SIZE) == 0 && close (fd) == 0,
-         "%s: %s", base_path, strerror (errno));
-  r = mloop_backing_open (&base, base_path, MLOOP_DIRECT_OFF, false, NULL,
-                          err, sizeof err);
-  CHECK (r == 0, "base: %s", err);
-  r = mloop_overlay_open (&ov, path, &base, false, MLOOP_OVERLAY_SAME_BASE,
-                          err, sizeof err);
-  CHECK (r == 0, "overlay: %s", err);
+  unit_make_image (base_path, BASE_SIZE);
+  unit_open_overlay (&base, &ov, base_path, path);
   mloop_range_lock_init (&lock);
   ov.before_map_write = before_map_write;
 

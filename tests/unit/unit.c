@@ -1,5 +1,6 @@
 /* What the unit tests share.  See unit.h. */
 #include <errno.h>
+#include <fcntl.h>
 #include <ftw.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -98,6 +99,15 @@ unit_tmpdir (const char *base)
     unit_skip ("cannot make a directory in %s: %s", base, strerror (errno));
   unit_remove_at_exit (dir);
   return paths[n_paths - 1];
+}
+
+void
+unit_make_image (const char *path, unsigned long long size)
+{
+  int fd = open (path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+
+  CHECK (fd >= 0 && ftruncate (fd, (off_t) size) == 0 && close (fd) == 0,
+         "%s: %s", path, strerror (errno));
 }
 
 void

@@ -35,6 +35,12 @@ void unit_remove_at_exit (const char *path);
  */
 const char *unit_tmpdir (const char *base);
 
+/* Makes PATH, a new file of SIZE zero bytes (an image a test serves,
+ * overlays or commits into); fails the test if it cannot or if PATH
+ * exists already.
+ */
+void unit_make_image (const char *path, unsigned long long size);
+
 void unit_sleep_ms (unsigned ms);
 
 /* Fails the test (SIGALRM) if it still runs SECONDS from now: a lock
