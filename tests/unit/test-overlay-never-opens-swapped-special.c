@@ -29,6 +29,7 @@
 
 #include "backing.h"
 #include "device_state.h"
+#include "fifo_watch.h"
 #include "overlay.h"
 #include "overlay_file.h"
 #include "overlay_fixture.h"
@@ -56,11 +57,8 @@ stat (const char *name, struct stat *st)
 static void
 check_not_opened (int in, const char *what)
 {
-  char events[4096] __attribute__ ((aligned (8)));
-  ssize_t n = read (in, events, sizeof events);
-
-  CHECK (n == -1 && errno == EAGAIN, "%s opened the FIFO swapped in for "
-         "the overlay it had checked", what);
+  CHECK (!fifo_watch_opened (in), "%s opened the FIFO swapped in for the "
+         "overlay it had checked", what);
 }
 
 /* An overlay at PATH again, the FIFO at its own name. */
@@ -96,14 +94,7 @@ main (void)
   snprintf (path, sizeof path, "%s/overlay", dir);
   snprintf (base_path, sizeof base_path, "%s/base.img", dir);
   unit_make_image (base_path, BASE_SIZE);
-  if (mkfifo (fifo, 0600) == -1)
-    unit_skip ("mkfifo: %s", strerror (errno));
-  in = inotify_init1 (IN_CLOEXEC | IN_NONBLOCK);
-  if (in == -1)
-    unit_skip ("inotify: %s", strerror (errno));
-  /* The watch follows the FIFO's inode wherever it is renamed. */
-  CHECK (inotify_add_watch (in, fifo, IN_OPEN) >= 0,
-         "inotify_add_watch %s: %s", fifo, strerror (errno));
+  in = fifo_watch (fifo);
 
   restore (base_path);
   CHECK (mloop_backing_open (&base, base_path, MLOOP_DIRECT_OFF, false, NULL,
