@@ -23,7 +23,7 @@
 #include <unistd.h>
 
 #include "backing.h"
-#include "device_state.h"
+#include "held_discard.h"
 #include "overlay.h"
 #include "overlay_file.h"
 #include "overlay_fixture.h"
@@ -34,16 +34,30 @@
 /* The child's exit codes. */
 enum { REFUSED = 1, TOOK_TERMINAL = 2, REMOVED = 3, NO_SESSION = 4 };
 
+/* The discard, run as a session leader without a controlling terminal. */
+static int
+discard_in_new_session (const char *path)
+{
+  char err[512];
+  int fd, r;
+
+  if (setsid () == -1)
+    return NO_SESSION;
+  r = mloop_overlay_file_discard (path, err, sizeof err);
+  if (r == -1)
+    fprintf (stderr, "discard refused: %s\n", err);
+  fd = open ("/dev/tty", O_RDONLY | O_NOCTTY | O_CLOEXEC);
+  return fd != -1 ? TOOK_TERMINAL : r == -1 ? REFUSED : REMOVED;
+}
+
 int
 main (void)
 {
   const char *dir = unit_tmpdir ("/var/tmp");
-  char base_path[4096], path[4096], link_path[4096], err[512];
-  char events[4096] __attribute__ ((aligned (8)));
-  int fd, in, lock, master, status, r;
-  bool closed = false;
+  char base_path[4096], path[4096], link_path[4096];
+  struct held_discard discard;
+  int master, status;
   const char *slave;
-  pid_t pid;
 
   unit_deadline (30);
   unit_runtime_dir (dir);
@@ -62,44 +76,9 @@ main (void)
     unit_skip ("no pseudo-terminal: %s", strerror (errno));
   CHECK (symlink (slave, link_path) == 0, "symlink: %s", strerror (errno));
 
-  in = inotify_init1 (IN_CLOEXEC);
-  if (in == -1)
-    unit_skip ("inotify: %s", strerror (errno));
-  CHECK (inotify_add_watch (in, path, IN_CLOSE_NOWRITE) >= 0,
-         "inotify_add_watch %s: %s", path, strerror (errno));
-  lock = mloop_state_lock (err, sizeof err);
-  CHECK (lock >= 0, "state lock: %s", err);
-
-  pid = fork ();
-  CHECK (pid >= 0, "fork: %s", strerror (errno));
-  if (pid == 0) {
-    /* The lock's description is shared with the parent: not the child's. */
-    close (lock);
-    if (setsid () == -1)
-      _exit (NO_SESSION);
-    r = mloop_overlay_file_discard (path, err, sizeof err);
-    if (r == -1)
-      fprintf (stderr, "discard refused: %s\n", err);
-    fd = open ("/dev/tty", O_RDONLY | O_NOCTTY | O_CLOEXEC);
-    _exit (fd != -1 ? TOOK_TERMINAL : r == -1 ? REFUSED : REMOVED);
-  }
-  /* The discard has read the header and waits for the state lock. */
-  while (!closed) {
-    ssize_t n = read (in, events, sizeof events);
-
-    CHECK (n > 0, "inotify: %s", n < 0 ? strerror (errno) : "none");
-    for (char *p = events; p < events + n; ) {
-      const struct inotify_event *ev = (const struct inotify_event *) p;
-
-      if (ev->mask & IN_CLOSE_NOWRITE)
-        closed = true;
-      p += sizeof *ev + ev->len;
-    }
-  }
-  close (in);
+  held_discard_start (&discard, path, discard_in_new_session);
   CHECK (rename (link_path, path) == 0, "rename: %s", strerror (errno));
-  mloop_state_unlock (lock);
-  CHECK (waitpid (pid, &status, 0) == pid, "waitpid: %s", strerror (errno));
+  status = held_discard_finish (&discard);
   CHECK (WIFEXITED (status), "the discard died");
   CHECK (WEXITSTATUS (status) != NO_SESSION, "setsid: the child leads a "
          "group already");

@@ -20,7 +20,7 @@
 #include <unistd.h>
 
 #include "backing.h"
-#include "device_state.h"
+#include "held_discard.h"
 #include "overlay.h"
 #include "overlay_file.h"
 #include "overlay_fixture.h"
@@ -32,11 +32,9 @@ int
 main (void)
 {
   const char *dir = unit_tmpdir ("/var/tmp");
-  char base_path[4096], path[4096], other[4096], err[512];
-  char events[4096] __attribute__ ((aligned (8)));
-  int fd, in, lock, status, r;
-  bool closed = false;
-  pid_t pid;
+  char base_path[4096], path[4096], other[4096];
+  struct held_discard discard;
+  int fd, status;
 
   unit_deadline (30);
   unit_runtime_dir (dir);
@@ -49,41 +47,9 @@ main (void)
          "%s: %s", other, strerror (errno));
   unit_make_empty_overlay (base_path, path);
 
-  in = inotify_init1 (IN_CLOEXEC);
-  if (in == -1)
-    unit_skip ("inotify: %s", strerror (errno));
-  CHECK (inotify_add_watch (in, path, IN_CLOSE_NOWRITE) >= 0,
-         "inotify_add_watch %s: %s", path, strerror (errno));
-  lock = mloop_state_lock (err, sizeof err);
-  CHECK (lock >= 0, "state lock: %s", err);
-
-  pid = fork ();
-  CHECK (pid >= 0, "fork: %s", strerror (errno));
-  if (pid == 0) {
-    /* The lock's description is shared with the parent: not the child's. */
-    close (lock);
-    r = mloop_overlay_file_discard (path, err, sizeof err);
-    if (r == -1)
-      fprintf (stderr, "discard refused: %s\n", err);
-    _exit (r == -1 ? 1 : 0);
-  }
-  /* The discard has read the header and waits for the state lock. */
-  while (!closed) {
-    ssize_t n = read (in, events, sizeof events);
-
-    CHECK (n > 0, "inotify: %s", n < 0 ? strerror (errno) : "none");
-    for (char *p = events; p < events + n; ) {
-      const struct inotify_event *ev = (const struct inotify_event *) p;
-
-      if (ev->mask & IN_CLOSE_NOWRITE)
-        closed = true;
-      p += sizeof *ev + ev->len;
-    }
-  }
-  close (in);
+  held_discard_start (&discard, path, held_discard_run);
   CHECK (rename (other, path) == 0, "rename: %s", strerror (errno));
-  mloop_state_unlock (lock);
-  CHECK (waitpid (pid, &status, 0) == pid, "waitpid: %s", strerror (errno));
+  status = held_discard_finish (&discard);
   CHECK (access (path, F_OK) == 0, "the discard removed %s, a plain file "
          "renamed over the overlay after its header was checked", path);
   CHECK (WIFEXITED (status) && WEXITSTATUS (status) == 1,

@@ -28,7 +28,7 @@
 #include <unistd.h>
 
 #include "backing.h"
-#include "device_state.h"
+#include "held_discard.h"
 #include "fifo_watch.h"
 #include "overlay.h"
 #include "overlay_file.h"
@@ -78,15 +78,13 @@ main (void)
 {
   const char *dir = unit_tmpdir ("/var/tmp");
   char base_path[4096], err[512];
-  char events[4096] __attribute__ ((aligned (8)));
   struct mloop_backing base;
   struct mloop_overlay ov;
+  struct held_discard discard;
   char *recorded = NULL;
-  bool closed = false;
-  int in, watch, lock, status;
+  int in, status;
   uint64_t size;
   bool known;
-  pid_t pid;
 
   unit_deadline (30);
   unit_runtime_dir (dir);
@@ -126,34 +124,9 @@ main (void)
 
   /* Discard opens the overlay again under the state lock. */
   restore (base_path);
-  watch = inotify_init1 (IN_CLOEXEC);
-  CHECK (watch >= 0 && inotify_add_watch (watch, path, IN_CLOSE_NOWRITE) >= 0,
-         "inotify %s: %s", path, strerror (errno));
-  lock = mloop_state_lock (err, sizeof err);
-  CHECK (lock >= 0, "state lock: %s", err);
-  pid = fork ();
-  CHECK (pid >= 0, "fork: %s", strerror (errno));
-  if (pid == 0) {
-    /* The lock's description is shared with the parent: not the child's. */
-    close (lock);
-    _exit (mloop_overlay_file_discard (path, err, sizeof err) == -1 ? 1 : 0);
-  }
-  while (!closed) {
-    ssize_t n = read (watch, events, sizeof events);
-
-    CHECK (n > 0, "inotify: %s", n < 0 ? strerror (errno) : "none");
-    for (char *p = events; p < events + n; ) {
-      const struct inotify_event *ev = (const struct inotify_event *) p;
-
-      if (ev->mask & IN_CLOSE_NOWRITE)
-        closed = true;
-      p += sizeof *ev + ev->len;
-    }
-  }
-  close (watch);
+  held_discard_start (&discard, path, held_discard_run);
   CHECK (rename (fifo, path) == 0, "rename: %s", strerror (errno));
-  mloop_state_unlock (lock);
-  CHECK (waitpid (pid, &status, 0) == pid, "waitpid: %s", strerror (errno));
+  status = held_discard_finish (&discard);
   check_not_opened (in, "discard");
   CHECK (WIFEXITED (status) && WEXITSTATUS (status) == 1,
          "discard did not refuse the FIFO put at the overlay's name");
