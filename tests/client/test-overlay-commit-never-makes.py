@@ -9,31 +9,22 @@ overlay, it was made there instead, by whoever ran the command, root as
 well, wherever the symlink led.  SKIPs (77) without gdb.  About 3 s
 (client suite, standard tier; gdb's starts are most of it)."""
 import os
-import shutil
 import subprocess
 
 import harness
+import held_mloop
 from harness import check
 
-MLOOP = os.environ["MLOOP_CLI"]
+MLOOP = held_mloop.MLOOP
 SIZE = 4 << 20
-if harness.SERVER_KIND != "native":
-    harness.skip("drives mloop-server's --overlay")
-if shutil.which("gdb") is None:
-    harness.skip("gdb is not installed (it holds the command at the open)")
+held_mloop.require("it holds the command at the open")
 
 d = harness.tmpdir()
-env = dict(os.environ, MLOOP_RUNTIME_DIR=os.path.join(d, "run"))
-base = harness.make_image(SIZE, bytes(SIZE), directory=d)
+env = held_mloop.runtime_env(d)
 users = os.path.join(d, "users")
 os.mkdir(users)
 overlay = os.path.join(users, "one.overlay")
-srv = harness.Server(base, [f"overlay={overlay}"])
-h = srv.connect(strict=False)
-h.pwrite(b"\x5a" * 65536, 1 << 20)
-h.flush()
-h.shutdown()
-srv.stop()
+base = held_mloop.make_overlay(d, SIZE, overlay)
 elsewhere = os.path.join(d, "elsewhere")
 os.mkdir(elsewhere)
 aside = os.path.join(d, "users.aside")
@@ -42,20 +33,12 @@ aside = os.path.join(d, "users.aside")
 def held_at_open(*args):
     """Runs mloop ARGS under gdb; at the overlay's open, USERS is swapped
     for a symlink to ELSEWHERE.  Returns the run and mloop's lines."""
-    p = subprocess.run(["gdb", "-q", "-batch", "-nx",
-                        "-ex", "set breakpoint pending on",
-                        "-ex", "break open_locked", "-ex", "run",
-                        "-ex", f"shell mv {users} {aside} && "
-                        f"ln -s {elsewhere} {users}",
-                        "-ex", "continue",
-                        "--args", MLOOP, "overlay", *args],
-                       capture_output=True, text=True, timeout=120, env=env)
-    if "Breakpoint 1," not in p.stdout:
-        harness.skip(f"gdb did not stop at open_locked: {p.stdout[-300:]!r}")
+    p, said = held_mloop.run(env, "open_locked",
+                             f"mv {users} {aside} && ln -s {elsewhere} {users}",
+                             *args)
     os.unlink(users)
     os.rename(aside, users)
-    return p, [line for line in p.stderr.splitlines()
-               if line.startswith("mloop")]
+    return p, said
 
 
 for what in (["adopt", overlay, base], ["commit", overlay]):
