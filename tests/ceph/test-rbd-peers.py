@@ -170,6 +170,14 @@ class Server:
         h.connect_unix(self.sock)
         return h
 
+    def says(self, words, limit):
+        """Waits until the server has written WORDS on stderr, for LIMIT
+        seconds at most; whether it has."""
+        deadline = time.monotonic() + limit
+        while words not in self.stderr() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return words in self.stderr()
+
     def stop(self):
         harness.terminate(self.proc, 20)
 
@@ -248,13 +256,31 @@ def watchers(image):
     return status.get("watchers", [])
 
 
-def section_live_writer():
-    c.create_image("shared-by-others", 8 * MiB)
-    w = subprocess.Popen([sys.executable, "-c", WRITER, c.conf, c.client_id, c.pool,
-                          "shared-by-others"], stdin=subprocess.PIPE,
+def watches_end(image):
+    """Waits until IMAGE has no watcher, for 4 watch timeouts at most: a
+    killed or stopped client's watch stays until the OSD drops it.
+    Whether none is left."""
+    deadline = time.monotonic() + 4 * WATCH_TIMEOUT
+    while watchers(image) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return not watchers(image)
+
+
+def librbd_client(script, image):
+    """SCRIPT (WRITER and the like) run on IMAGE by a python3-rbd client of
+    its own, a peer of mloop-server that is not mloop, with pipes to its
+    stdin and (with its stderr) stdout; it dies with this test."""
+    p = subprocess.Popen([sys.executable, "-c", script, c.conf, c.client_id, c.pool,
+                          image], stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          preexec_fn=cluster._die_with(os.getpid()))
-    others.append(w)
+    others.append(p)
+    return p
+
+
+def section_live_writer():
+    c.create_image("shared-by-others", 8 * MiB)
+    w = librbd_client(WRITER, "shared-by-others")
     first = w.stdout.readline().strip()
     if not check("the librbd writer writes", first == "writing", repr(first)):
         raise Abort("no writer")
@@ -274,18 +300,11 @@ def section_live_writer():
           w.returncode == 0 and out.startswith("wrote"), f"exit {w.returncode}: {out!r}")
 
     # The writer killed: its lock stays, its watch until the OSD drops it.
-    w = subprocess.Popen([sys.executable, "-c", WRITER, c.conf, c.client_id, c.pool,
-                          "shared-by-others"], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         preexec_fn=cluster._die_with(os.getpid()))
-    others.append(w)
+    w = librbd_client(WRITER, "shared-by-others")
     check("a second librbd writer writes", w.stdout.readline().strip() == "writing")
     w.kill()
     w.wait()
-    deadline = time.monotonic() + 4 * WATCH_TIMEOUT
-    while watchers("shared-by-others") and time.monotonic() < deadline:
-        time.sleep(0.2)
-    if not check("the killed writer's watch ends", not watchers("shared-by-others"),
+    if not check("the killed writer's watch ends", watches_end("shared-by-others"),
                  repr(watchers("shared-by-others"))):
         raise Abort("watch")
     s = start("mloop-server after a dead holder", f"rbd:{c.spec('shared-by-others')}")
@@ -314,11 +333,7 @@ CROWD = WRITER.replace("img = rbd.Image(io, image)\n",
 
 def section_many_watchers():
     c.create_image("crowded", 8 * MiB)
-    w = subprocess.Popen([sys.executable, "-c", CROWD, c.conf, c.client_id, c.pool,
-                          "crowded"], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         preexec_fn=cluster._die_with(os.getpid()))
-    others.append(w)
+    w = librbd_client(CROWD, "crowded")
     first = w.stdout.readline().strip()
     if not check("the crowded librbd writer writes", first == "writing", repr(first)):
         raise Abort("no writer")
@@ -365,26 +380,15 @@ cl.shutdown()
 
 def section_dead_holder_live_client():
     c.create_image("dead-and-idle", 8 * MiB)
-    w = subprocess.Popen([sys.executable, "-c", WRITER, c.conf, c.client_id, c.pool,
-                          "dead-and-idle"], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         preexec_fn=cluster._die_with(os.getpid()))
-    others.append(w)
+    w = librbd_client(WRITER, "dead-and-idle")
     if not check("a librbd writer writes", w.stdout.readline().strip() == "writing"):
         raise Abort("no writer")
     w.kill()
     w.wait()
-    deadline = time.monotonic() + 4 * WATCH_TIMEOUT
-    while watchers("dead-and-idle") and time.monotonic() < deadline:
-        time.sleep(0.2)
-    if not check("the killed writer's watch ends", not watchers("dead-and-idle"),
+    if not check("the killed writer's watch ends", watches_end("dead-and-idle"),
                  repr(watchers("dead-and-idle"))):
         raise Abort("watch")
-    idle = subprocess.Popen([sys.executable, "-c", IDLE, c.conf, c.client_id, c.pool,
-                             "dead-and-idle"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=cluster._die_with(os.getpid()))
-    others.append(idle)
+    idle = librbd_client(IDLE, "dead-and-idle")
     if not check("a librbd client opens the image", idle.stdout.readline().strip() == "open"):
         raise Abort("no client")
     live = [x["address"] for x in watchers("dead-and-idle")]
@@ -451,11 +455,7 @@ def section_writer_arriving():
                  os.path.exists(paused), s.stderr().strip()[-500:]):
         s.stop()
         raise Abort("no pause")
-    w = subprocess.Popen([sys.executable, "-c", WRITER, c.conf, c.client_id, c.pool,
-                          "arriving"], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         preexec_fn=cluster._die_with(os.getpid()))
-    others.append(w)
+    w = librbd_client(WRITER, "arriving")
     first = w.stdout.readline().strip()
     open(go, "w").close()
     if not check("the arriving librbd writer writes", first == "writing", repr(first)):
@@ -522,15 +522,8 @@ def section_lock_lost():
     mine = held[0]["address"]
     s.proc.send_signal(signal.SIGSTOP)
     try:
-        deadline = time.monotonic() + 4 * WATCH_TIMEOUT
-        while watchers("regain") and time.monotonic() < deadline:
-            time.sleep(0.2)
-        check("the stopped server's watch ends", not watchers("regain"))
-        b = subprocess.Popen([sys.executable, "-c", BREAKER, c.conf, c.client_id, c.pool,
-                              "regain"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True,
-                             preexec_fn=cluster._die_with(os.getpid()))
-        others.append(b)
+        check("the stopped server's watch ends", watches_end("regain"))
+        b = librbd_client(BREAKER, "regain")
         said = b.stdout.readline().strip()
         check("another client broke the lock, unblocklisted, and writes", said == "holding",
               said)
@@ -541,10 +534,8 @@ def section_lock_lost():
     # handle equal to the old one, believes it still holds it.  Either
     # way the server compares the lock record with itself once the watch
     # is back, says the lock is lost, and leaves librbd without it.
-    deadline = time.monotonic() + 4 * WATCH_TIMEOUT
-    while "lock is lost" not in s.stderr() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    check("the server says its lock is lost", "lock is lost" in s.stderr(), s.stderr())
+    check("the server says its lock is lost", s.says("lock is lost", 4 * WATCH_TIMEOUT),
+          s.stderr())
     held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("regain")))
     check("the other client still holds the lock", len(held) == 1
           and held[0]["address"] != mine, repr(held))
@@ -725,14 +716,20 @@ def section_feature_off():
     h.flush()
     c.rbd("feature", "disable", c.spec("unlocked"), "fast-diff", "object-map",
           "exclusive-lock")
-    deadline = time.monotonic() + REFUSE_LIMIT
-    while "exclusive-lock feature was turned off" not in s.stderr() \
-            and time.monotonic() < deadline:
-        time.sleep(0.1)
     check("the server says its image's exclusive-lock feature is off",
-          "exclusive-lock feature was turned off" in s.stderr(), s.stderr())
+          s.says("exclusive-lock feature was turned off", REFUSE_LIMIT), s.stderr())
     h.shutdown()
     s.stop()
+
+
+def check_read_fails(what, h):
+    """Checks that a read of WHAT, 4 KiB at 0 through H, fails."""
+    try:
+        got = h.pread(4096, 0)
+    except nbd.Error as e:
+        got = e
+    check(f"a read of {what} fails", isinstance(got, nbd.Error),
+          f"read {bytes(got[:4])!r}" if not isinstance(got, nbd.Error) else "")
 
 
 def section_snapshot_removed():
@@ -752,17 +749,9 @@ def section_snapshot_removed():
     c.rbd("snap", "rm", c.spec("snapped", "before"))
     h.pwrite(b"2" * 4096, 0)
     h.flush()
-    deadline = time.monotonic() + REFUSE_LIMIT
-    while "snapshot was removed" not in s.stderr() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    check("the server says the snapshot was removed", "snapshot was removed" in s.stderr(),
-          s.stderr())
-    try:
-        got = hs.pread(4096, 0)
-    except nbd.Error as e:
-        got = e
-    check("a read of the removed snapshot fails", isinstance(got, nbd.Error),
-          f"read {bytes(got[:4])!r}" if not isinstance(got, nbd.Error) else "")
+    check("the server says the snapshot was removed",
+          s.says("snapshot was removed", REFUSE_LIMIT), s.stderr())
+    check_read_fails("the removed snapshot", hs)
     hs.shutdown()
     s.stop()
     h.shutdown()
@@ -792,17 +781,9 @@ def section_snapshot_removed():
     hs = s.connect()
     c.rbd("snap", "purge", c.spec("snapped"))
     c.rbd("rm", "--no-progress", c.spec("snapped"))
-    deadline = time.monotonic() + REFUSE_LIMIT
-    while "snapshot was removed" not in s.stderr() and time.monotonic() < deadline:
-        time.sleep(0.1)
     check("the server says the snapshot of a removed image was removed",
-          "snapshot was removed" in s.stderr(), s.stderr())
-    try:
-        got = hs.pread(4096, 0)
-    except nbd.Error as e:
-        got = e
-    check("a read of the removed image's snapshot fails", isinstance(got, nbd.Error),
-          f"read {bytes(got[:4])!r}" if not isinstance(got, nbd.Error) else "")
+          s.says("snapshot was removed", REFUSE_LIMIT), s.stderr())
+    check_read_fails("the removed image's snapshot", hs)
     hs.shutdown()
     s.stop()
 
