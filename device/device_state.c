@@ -22,9 +22,17 @@
 const char *
 mloop_runtime_dir (void)
 {
+  static char *absolute;
   const char *env = g_getenv ("MLOOP_RUNTIME_DIR");
 
-  return env && *env ? env : "/run/mloop";
+  if (!env || !*env)
+    return "/run/mloop";
+  if (env[0] == '/')
+    return env;
+  /* A relative one, made absolute once: servers run in /. */
+  if (g_once_init_enter (&absolute))
+    g_once_init_leave (&absolute, g_canonicalize_filename (env, NULL));
+  return absolute;
 }
 
 int

@@ -35,8 +35,12 @@ mloop_locate_program (const char *env_name, const char *build_relative,
   g_autofree char *dir = NULL;
   char *candidate;
 
+  /* Made absolute: the programs started here run in / (see
+   * detach_session), where a relative path would lead elsewhere.
+   */
   if (env && *env)
-    return g_strdup (env);
+    return strchr (env, '/') ? g_canonicalize_filename (env, NULL)
+      : g_strdup (env);
   exe = g_file_read_link ("/proc/self/exe", NULL);
   if (exe) {
     dir = g_path_get_dirname (exe);
@@ -49,12 +53,17 @@ mloop_locate_program (const char *env_name, const char *build_relative,
 }
 
 /* Runs in the child between fork and exec: leave the caller's session so
- * its terminal's signals (^C, hangup) do not reach the server.
+ * its terminal's signals (^C, hangup) do not reach the server, and the
+ * caller's working directory, which a server living for weeks would
+ * keep busy (its file system could not be unmounted).  Every path a
+ * server is given is absolute.
  */
 static void
 detach_session (gpointer unused)
 {
   setsid ();
+  if (chdir ("/") == -1)
+    _exit (127);
 }
 
 /* The last non-empty line of the server's log, or NULL. */

@@ -72,7 +72,8 @@ keep_held_image (void)
   return MLOOP_HELD_IMAGE_FD + 1;
 }
 
-/* In a forked child: its own session, no blocked signal, stdin NULL_FD,
+/* In a forked child: its own session, working directory /, no blocked
+ * signal, stdin NULL_FD,
  * stdout and stderr its log, no other descriptor but a held image
  * (held_image.h), then exec.  Only
  * async-signal-safe calls: the parent may have other threads.
@@ -85,6 +86,11 @@ launch_exec (const struct launch *l, int null_fd)
   sigemptyset (&none);
   sigprocmask (SIG_SETMASK, &none, NULL);
   setsid ();
+  /* Not the caller's working directory, which would stay busy for the
+   * device's whole life (the server's too: it inherits this one).
+   */
+  if (chdir ("/") == -1)
+    _exit (127);
   dup2 (null_fd, STDIN_FILENO);
   dup2 (l->log_fd, STDOUT_FILENO);
   dup2 (l->log_fd, STDERR_FILENO);

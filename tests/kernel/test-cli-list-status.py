@@ -1,6 +1,7 @@
 """mloop list --json and mloop status describe what is attached: the
 device, the image, its size, read-only, connections, threads, the server
-kind, a live server process serving that image, and its socket."""
+kind, a live server process serving that image, and its socket; and the
+device's processes work in /, not in the directory attach ran in."""
 import json
 import os
 
@@ -26,16 +27,33 @@ def check_entry(kind, e, device, image, read_only):
     assert os.path.exists(e["socket"]), f"socket {e['socket']} does not exist"
 
 
+def check_not_in_cwd(e, attached_from):
+    """A device's processes live for weeks: they must not keep the
+    directory `mloop attach` ran in busy (its file system could not be
+    unmounted)."""
+    for key in ("server_pid", "supervisor_pid"):
+        if e.get(key):
+            cwd = os.readlink(f"/proc/{e[key]}/cwd")
+            assert cwd == "/", f"{key} {e[key]} works in {cwd}, attached from {attached_from}"
+
+
 def run_test(kind, cl):
     rw_image, ro_image = make_image(cl, seed=1), make_image(cl, seed=2)
-    rw = kind.attach(cl, rw_image).device
-    ro = kind.attach(cl, ro_image, read_only=True).device
+    here = os.getcwd()
+    attached_from = os.path.dirname(rw_image)
+    os.chdir(attached_from)
+    try:
+        rw = kind.attach(cl, rw_image).device
+        ro = kind.attach(cl, ro_image, read_only=True).device
+    finally:
+        os.chdir(here)
 
     entries = json.loads(kind.cli("list", "--json").stdout)
     assert isinstance(entries, list) and len(entries) == 2, f"list --json: {entries}"
     by_dev = {e.get("device"): e for e in entries}
     check_entry(kind, by_dev.get(rw, {}), rw, rw_image, False)
     check_entry(kind, by_dev.get(ro, {}), ro, ro_image, True)
+    check_not_in_cwd(by_dev.get(rw, {}), attached_from)
 
     plain = kind.cli("list").stdout
     for dev, image in [(rw, rw_image), (ro, ro_image)]:
