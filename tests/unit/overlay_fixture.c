@@ -67,4 +67,5 @@ unit_make_overlay (const char *base_path, const char *path)
   mloop_range_lock_destroy (&lock);
   mloop_overlay_close (&ov);
   mloop_backing_close (&base);
+  mloop_free_aligned (buf, MLOOP_OVERLAY_CLUSTER);
 }
