@@ -59,6 +59,33 @@ device_exists (int index)
   return g_file_test (path, G_FILE_TEST_IS_DIR);
 }
 
+/* Whether a mount of type FSTYPE with options OPTIONS (as
+ * /proc/self/mounts shows them) may be taken at its source's word when
+ * that names device DEV: a FUSE file system's source is whatever its
+ * mounter said (fusermount lets any user say "/dev/nbd3"), so only
+ * root's, and the device's owner's, are.  Else a user could make anyone's
+ * device look mounted, and its detach refused, for as long as they like.
+ */
+static bool
+source_trusted (const char *fstype, const char *options, const char *dev)
+{
+  g_auto (GStrv) opts = NULL;
+  struct stat st;
+
+  if (strcmp (fstype, "fuse") != 0 && !g_str_has_prefix (fstype, "fuse."))
+    return true;
+  opts = g_strsplit (options, ",", -1);
+  for (char **o = opts; *o; o++) {
+    guint64 uid;
+
+    if (!g_str_has_prefix (*o, "user_id=") ||
+        !g_ascii_string_to_unsigned (*o + 8, 10, 0, G_MAXUINT32, &uid, NULL))
+      continue;
+    return uid == 0 || (stat (dev, &st) == 0 && st.st_uid == uid);
+  }
+  return false;
+}
+
 char *
 mloop_device_mount_point (const char *dev)
 {
@@ -69,14 +96,15 @@ mloop_device_mount_point (const char *dev)
     return NULL;
   lines = g_strsplit (text, "\n", -1);
   for (char **l = lines; *l; l++) {
-    g_auto (GStrv) f = g_strsplit (*l, " ", 3);
+    g_auto (GStrv) f = g_strsplit (*l, " ", 5);
     const char *rest;
 
-    if (!f[0] || !f[1] || !g_str_has_prefix (f[0], dev))
+    if (g_strv_length (f) < 4 || !g_str_has_prefix (f[0], dev))
       continue;
     /* /dev/nbd1 must not match /dev/nbd12; /dev/nbd1p2 must (ublkb too). */
     rest = f[0] + strlen (dev);
-    if (*rest == '\0' || (*rest == 'p' && g_ascii_isdigit (rest[1])))
+    if ((*rest == '\0' || (*rest == 'p' && g_ascii_isdigit (rest[1]))) &&
+        source_trusted (f[2], f[3], dev))
       return g_strdup (f[1]);
   }
   return NULL;

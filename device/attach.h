@@ -125,7 +125,8 @@ int mloop_lookup_resolved (const char *path, const struct stat *st,
 int mloop_cleanup_incomplete (void);
 
 /* Where DEVICE ("/dev/nbdN", "/dev/ublkbN") or one of its partitions
- * is mounted (g_free it), or NULL.
+ * is mounted (g_free it), or NULL.  A FUSE mount naming it counts only
+ * when root or DEVICE's owner made it (its source is its mounter's say).
  */
 char *mloop_device_mount_point (const char *device);
 
