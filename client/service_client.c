@@ -63,7 +63,12 @@ int
 mloop_service_attach (const struct mloop_service_attach *req, char **device,
                       char *err, size_t errlen)
 {
-  g_autofree char *name = g_canonicalize_filename (req->file, NULL);
+  g_autofree char *path = g_canonicalize_filename (req->file, NULL);
+  /* Only a label (the service never opens it), and a D-Bus string is
+   * UTF-8: a name in another encoding goes with what is not UTF-8 as
+   * U+FFFD.
+   */
+  g_autofree char *name = g_utf8_make_valid (path, -1);
   g_autoptr (GUnixFDList) fds = g_unix_fd_list_new ();
   g_autoptr (GVariant) reply = NULL;
   g_autoptr (GError) gerr = NULL;
@@ -106,6 +111,14 @@ mloop_service_detach (const char *device, char *err, size_t errlen)
 {
   g_autoptr (GVariant) reply = NULL;
 
+  /* The service looks for a path as it is named, and can only be sent
+   * UTF-8.
+   */
+  if (!g_utf8_validate (device, -1, NULL)) {
+    snprintf (err, errlen, "the name is not UTF-8, which the service "
+              "cannot be sent: detach the device (mloop list names it)");
+    return -1;
+  }
   return call ("Detach", g_variant_new ("(s)", device), NULL, NULL, &reply,
                err, errlen);
 }
