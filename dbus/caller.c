@@ -11,25 +11,55 @@
 
 #include "caller.h"
 
-int
-mloop_caller_uid (GDBusMethodInvocation *invocation, uid_t *uid, char *err,
-                  size_t errlen)
-{
-  const char *sender = g_dbus_method_invocation_get_sender (invocation);
-  g_autoptr (PolkitSubject) subject = polkit_system_bus_name_new (sender);
-  g_autoptr (PolkitUnixUser) user = NULL;
-  g_autoptr (GError) gerr = NULL;
+/* One lookup of a caller's user in progress. */
+struct lookup {
+  GDBusMethodInvocation *invocation;
+  mloop_caller_uid_fn done;
+  gpointer data;
+};
 
-  /* Answered by the bus daemon itself, never by a user: no dialog. */
-  user = polkit_system_bus_name_get_user_sync (POLKIT_SYSTEM_BUS_NAME
-                                               (subject), NULL, &gerr);
-  if (user == NULL) {
-    snprintf (err, errlen, "cannot tell which user %s is: %s", sender,
-              gerr->message);
-    return -1;
+static void
+uid_answered (GObject *source, GAsyncResult *res, gpointer data)
+{
+  struct lookup *l = data;
+  const char *sender = g_dbus_method_invocation_get_sender (l->invocation);
+  g_autoptr (GVariant) reply = NULL;
+  g_autoptr (GError) gerr = NULL;
+  g_autofree char *err = NULL;
+  guint32 uid = 0;
+
+  reply = g_dbus_connection_call_finish (G_DBUS_CONNECTION (source), res,
+                                         &gerr);
+  if (reply == NULL) {
+    g_dbus_error_strip_remote_error (gerr);
+    err = g_strdup_printf ("cannot tell which user %s is: %s", sender,
+                           gerr->message);
   }
-  *uid = (uid_t) polkit_unix_user_get_uid (user);
-  return 0;
+  else
+    g_variant_get (reply, "(u)", &uid);
+  l->done (l->invocation, (uid_t) uid, err, l->data);
+  g_object_unref (l->invocation);
+  g_free (l);
+}
+
+void
+mloop_caller_uid (GDBusMethodInvocation *invocation, unsigned timeout_ms,
+                  mloop_caller_uid_fn done, gpointer data)
+{
+  struct lookup *l = g_new0 (struct lookup, 1);
+
+  l->invocation = g_object_ref (invocation);
+  l->done = done;
+  l->data = data;
+  /* Answered by the bus daemon itself, never by a user. */
+  g_dbus_connection_call (g_dbus_method_invocation_get_connection
+                          (invocation), "org.freedesktop.DBus",
+                          "/org/freedesktop/DBus", "org.freedesktop.DBus",
+                          "GetConnectionUnixUser",
+                          g_variant_new ("(s)", g_dbus_method_invocation_get_sender
+                                         (invocation)),
+                          G_VARIANT_TYPE ("(u)"), G_DBUS_CALL_FLAGS_NONE,
+                          (int) timeout_ms, NULL, uid_answered, l);
 }
 
 /* One authorization in progress. */

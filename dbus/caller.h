@@ -18,9 +18,22 @@
 #define MLOOP_ACTION_DETACH "org.mloop.detach"
 #define MLOOP_ACTION_DETACH_OTHER "org.mloop.detach-other"
 
-/* The user INVOCATION's caller runs as: 0 and *UID, or -1 with ERR. */
-int mloop_caller_uid (GDBusMethodInvocation *invocation, uid_t *uid,
-                      char *err, size_t errlen);
+/* The user INVOCATION's caller runs as, or ERR (one line) saying why it
+ * is not known.  Called in the main loop's thread.
+ */
+typedef void (*mloop_caller_uid_fn) (GDBusMethodInvocation *invocation,
+                                     uid_t uid, const char *err,
+                                     gpointer data);
+
+/* Asks the bus which user INVOCATION's caller runs as, without waiting:
+ * DONE is called with the answer, or after TIMEOUT_MS without one.  The
+ * bus answers at once, but drops what it would deliver to this service
+ * while its queue to the service is full (a burst of calls fills it):
+ * a wait in the main loop would then hold up every call for the
+ * lookup's whole timeout.
+ */
+void mloop_caller_uid (GDBusMethodInvocation *invocation, unsigned timeout_ms,
+                       mloop_caller_uid_fn done, gpointer data);
 
 /* polkit's answer: ERR is NULL when the caller may, else one line saying
  * why not (polkit said no, could not be asked, or did not answer in

@@ -59,6 +59,9 @@ static GHashTable *calls_of;
 
 enum call_kind { CALL_ATTACH, CALL_DETACH, CALL_DETACH_OTHER };
 
+/* How long the bus may take to say which user a caller is. */
+#define UID_LOOKUP_TIMEOUT_MS 5000
+
 /* What a detach asks for, as the device library may look for it. */
 struct detach_target {
   char *name;           /* a device's name, a URI or RBD name, or a path */
@@ -69,6 +72,7 @@ struct detach_target {
 /* A call on its way from polkit's answer to the device thread. */
 struct call {
   enum call_kind kind;
+  const char *action;           /* the polkit action asked first */
   GDBusMethodInvocation *invocation;
   uid_t uid;
   /* Attach: the image's name; detach: the device or image asked for,
@@ -663,6 +667,40 @@ ask_detach_other (gpointer data)
   return G_SOURCE_REMOVE;
 }
 
+/* Calls whose caller's user the bus has not told yet (main thread
+ * only).  Each holds its message, descriptors and all, and is counted
+ * against no user yet: past MLOOP_MAX_UID_LOOKUPS the next is refused
+ * at once.  The bus answers at once, but drops its answers while its
+ * queue to the service is full, and those wait out the timeout.
+ */
+static unsigned uid_lookups;
+
+/* The bus's answer: C's user, then polkit's answer for C's ACTION. */
+static void
+caller_known (GDBusMethodInvocation *invocation, uid_t uid, const char *err,
+              gpointer data)
+{
+  struct call *c = data;
+  char why[256];
+
+  uid_lookups--;
+  if (err) {
+    call_fail (c, ERROR_FAILED, err);
+    return;
+  }
+  c->uid = uid;
+  /* Before polkit is asked: refused calls must cost nothing. */
+  if (!calls_take (c->uid)) {
+    snprintf (why, sizeof why, "you have %u calls in progress, the most "
+              "one user may: wait for one to end", MLOOP_MAX_CALLS_PER_USER);
+    call_fail (c, ERROR_LIMIT, why);
+    return;
+  }
+  c->counted = true;
+  mloop_caller_authorize (invocation, c->action,
+                          limits.authorization_timeout_s, authorized, c);
+}
+
 /* A new call of KIND: who makes it, then polkit's answer for ACTION. */
 static void
 start_call (GDBusMethodInvocation *invocation, enum call_kind kind,
@@ -670,27 +708,22 @@ start_call (GDBusMethodInvocation *invocation, enum call_kind kind,
             gint32 handle)
 {
   struct call *c = g_new0 (struct call, 1);
-  char err[1024];
+  char err[256];
 
   c->kind = kind;
+  c->action = action;
   c->invocation = g_object_ref (invocation);
   c->what = g_strdup (what);
   c->options = options ? g_variant_ref (options) : NULL;
   c->handle = handle;
-  if (mloop_caller_uid (invocation, &c->uid, err, sizeof err) == -1) {
-    call_fail (c, ERROR_FAILED, err);
-    return;
-  }
-  /* Before polkit is asked: refused calls must cost nothing. */
-  if (!calls_take (c->uid)) {
-    snprintf (err, sizeof err, "you have %u calls in progress, the most "
-              "one user may: wait for one to end", MLOOP_MAX_CALLS_PER_USER);
+  if (uid_lookups >= MLOOP_MAX_UID_LOOKUPS) {
+    snprintf (err, sizeof err, "the service is asking the bus who %u "
+              "callers are already: try again", uid_lookups);
     call_fail (c, ERROR_LIMIT, err);
     return;
   }
-  c->counted = true;
-  mloop_caller_authorize (invocation, action,
-                          limits.authorization_timeout_s, authorized, c);
+  uid_lookups++;
+  mloop_caller_uid (invocation, UID_LOOKUP_TIMEOUT_MS, caller_known, c);
 }
 
 static void

@@ -54,6 +54,15 @@
  */
 #define MLOOP_MAX_CALLS_PER_USER 8
 
+/* Calls, all users' together, waiting for the bus to say which user
+ * makes them: until it does, a call is counted against nobody, and
+ * holds its message and descriptor.  The bus answers at once, but drops
+ * its answers while a burst of calls fills its queue to the service,
+ * and such a call waits out the lookup's timeout (5 s).  Past this many
+ * the next call is refused at once (org.mloop.Error.LimitsExceeded).
+ */
+#define MLOOP_MAX_UID_LOOKUPS 64
+
 struct mloop_manager_limits {
   /* Devices attached through the service one user (not root) may have
    * at once: each costs a server, AIO events and an nbd index that the

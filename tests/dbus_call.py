@@ -20,6 +20,13 @@ or "ERROR message".
       prints them ("OK" or "ERROR message", one line each).  Through
       GDBus (python3-gi), since dbus-python sends only the descriptors
       the arguments name: exit 77 without it.
+  dbus_call.py flood N PATH
+      N read-only attaches of PATH expecting no reply, over 4
+      connections, as fast as the bus takes them: a burst that fills the
+      bus's queue to the service.  Prints "SENT".
+  dbus_call.py answered-within SECONDS
+      Lists every 0.1 s (each try given 1 s) until the service answers,
+      for at most SECONDS: "ANSWERED T" (seconds it took) or "NO ANSWER".
   dbus_call.py handle H PATH
       A read-only attach carrying one descriptor, of PATH, whose image
       argument names descriptor H of the message instead of the first
@@ -71,6 +78,10 @@ def main():
         elif what == "heavy":
             heavy(int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5]),
                   int(sys.argv[6]), int(sys.argv[7]) if len(sys.argv) > 7 else 1)
+        elif what == "flood":
+            flood(int(sys.argv[2]), sys.argv[3])
+        elif what == "answered-within":
+            answered_within(bus, float(sys.argv[2]))
         elif what == "handle":
             handle(int(sys.argv[2]), sys.argv[3])
         elif what == "detach":
@@ -109,6 +120,36 @@ def pile(bus, n, path, wait):
         time.sleep(0.2)
         later = ask()
     print(f"{first} / {later}")
+
+
+def flood(n, path):
+    """N attaches of PATH expecting no answer, over 4 connections."""
+    address = os.environ["DBUS_SYSTEM_BUS_ADDRESS"]
+    buses = [dbus.bus.BusConnection(address) for _ in range(4)]
+    fd = os.open(path, os.O_RDONLY)
+    for i in range(n):
+        msg = attach_message(fd, os.path.abspath(path), False)
+        msg.set_no_reply(True)
+        buses[i % len(buses)].send_message(msg)
+    for b in buses:
+        b.flush()
+    print("SENT", flush=True)
+
+
+def answered_within(bus, seconds):
+    """How long until the service answers a list, or NO ANSWER."""
+    start = time.monotonic()
+    while time.monotonic() - start < seconds:
+        msg = dbus.lowlevel.MethodCallMessage("org.mloop.Manager1", "/org/mloop/Manager1",
+                                              "org.mloop.Manager1", "List")
+        msg.append(False, signature="b")
+        try:
+            bus.send_message_with_reply_and_block(msg, 1)
+            print(f"ANSWERED {time.monotonic() - start:.1f}")
+            return
+        except dbus.DBusException:
+            time.sleep(0.1)
+    print("NO ANSWER")
 
 
 def gio():
