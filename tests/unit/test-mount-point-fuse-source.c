@@ -55,12 +55,18 @@ mount_fuse (const char *source, const char *dir, unsigned mounter)
                 opts) == 0, "mount fuse on %s: %s", dir, strerror (errno));
 }
 
+/* The directories made, kept until exit. */
+static GPtrArray *made;
+
 static const char *
 subdir (const char *top, const char *name)
 {
   char *path = g_build_filename (top, name, NULL);
 
   CHECK (mkdir (path, 0755) == 0, "mkdir %s: %s", path, strerror (errno));
+  if (made == NULL)
+    made = g_ptr_array_new_with_free_func (g_free);
+  g_ptr_array_add (made, path);
   return path;
 }
 
@@ -68,6 +74,7 @@ int
 main (void)
 {
   g_autofree char *node = NULL, *part = NULL, *mnt = NULL;
+  const char *owner_dir, *root_dir;
 
   if (geteuid () != 0)
     unit_skip ("needs root: it mounts");
@@ -98,21 +105,23 @@ main (void)
          "makes it look mounted on %s", node, mnt);
 
   /* The owner's own FUSE mount on their device counts. */
-  mount_fuse (node, subdir (top, "owner"), USER_UID);
+  owner_dir = subdir (top, "owner");
+  mount_fuse (node, owner_dir, USER_UID);
   mnt = mloop_device_mount_point (node);
   CHECK (mnt && g_str_has_suffix (mnt, "/owner"), "the owner's FUSE mount "
          "of %s is not seen: %s", node, mnt ? mnt : "(none)");
   g_clear_pointer (&mnt, g_free);
-  CHECK (umount (g_build_filename (top, "owner", NULL)) == 0, "umount: %s",
+  CHECK (umount (owner_dir) == 0, "umount: %s",
          strerror (errno));
 
   /* Root's FUSE mount counts, whoever owns the node. */
-  mount_fuse (part, subdir (top, "root"), 0);
+  root_dir = subdir (top, "root");
+  mount_fuse (part, root_dir, 0);
   mnt = mloop_device_mount_point (node);
   CHECK (mnt && g_str_has_suffix (mnt, "/root"), "root's FUSE mount of "
          "%s is not seen: %s", part, mnt ? mnt : "(none)");
   g_clear_pointer (&mnt, g_free);
-  CHECK (umount (g_build_filename (top, "root", NULL)) == 0, "umount: %s",
+  CHECK (umount (root_dir) == 0, "umount: %s",
          strerror (errno));
 
   /* Any other file system whose source names the device counts. */
