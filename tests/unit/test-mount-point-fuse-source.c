@@ -80,7 +80,7 @@ main (void)
     unit_skip ("needs root: it mounts");
   if (unshare (CLONE_NEWNS) == -1)
     unit_skip ("no mount namespace: %s", strerror (errno));
-  CHECK (mount (NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) == 0,
+  CHECK (mount ("none", "/", "none", MS_REC | MS_PRIVATE, NULL) == 0,
          "make / private: %s", strerror (errno));
   if (access ("/dev/fuse", R_OK | W_OK) == -1)
     unit_skip ("/dev/fuse: %s", strerror (errno));
