@@ -197,8 +197,7 @@ mloop_overlay_merge (const char *path, const char *base_path, bool adopt,
   }
   /* Before the overlay's lock goes (with its descriptors, closed
    * below): a server that took the lock after it would serve a file
-   * about to be unlinked.  Should the unlink not survive a power cut,
-   * the overlay comes back reading the same over the merged base.
+   * about to be unlinked.
    */
   /* Only the overlay merged: its name may have been given to another
    * file during the merge (a rename over it), which is not removed.
@@ -212,6 +211,17 @@ mloop_overlay_merge (const char *path, const char *base_path, bool adopt,
     r = -errno;
     snprintf (err, errlen, "committed, but %s stays: %s", path,
               strerror (-r));
+  }
+  /* Durably, as discard does: undone by a power cut, the removal would
+   * bring the overlay back with the merge's mark, and a device attached
+   * with its name later would serve its clusters over whatever the
+   * base was given since (discard refuses it, a commit writes them
+   * over the base again).
+   */
+  if (r == 0 && remove && fsync (dir) == -1) {
+    r = -errno;
+    snprintf (err, errlen, "committed and removed %s, but its directory "
+              "could not be synced: %s", path, strerror (-r));
   }
   free (buf);
   mloop_overlay_close (&ov);
