@@ -14,6 +14,7 @@
 #include "align.h"
 #include "engine.h"
 #include "file_store.h"
+#include "fileio.h"
 #include "unaligned.h"
 
 static int
@@ -482,10 +483,11 @@ mloop_file_store_open (struct mloop_store **out,
    * commit` takes it exclusively to merge into this file, which no
    * server may read or write meanwhile, whatever name it was given.
    * Shared, so that readers, overlays and side-by-side windows of one
-   * image coexist.
+   * image coexist; an open file description lock, not flock(), so that
+   * a user who may only read the image cannot hold it exclusively and
+   * keep every server off it (fileio.h).
    */
-  if (flock (e->backing.fd, LOCK_SH | LOCK_NB) == -1) {
-    r = -errno;
+  if ((r = mloop_lock_image (e->backing.fd, false)) < 0) {
     snprintf (err, errlen, "%s is locked by an overlay being merged into "
               "it (mloop overlay commit): %s", cfg->path, strerror (-r));
     mloop_backing_close (&e->backing);

@@ -143,3 +143,16 @@ mloop_open_regular (int dirfd, const char *path, int flags,
   errno = saved;
   return fd;
 }
+
+int
+mloop_lock_image (int fd, bool exclusive)
+{
+  struct flock lock = {
+    .l_type = exclusive ? F_WRLCK : F_RDLCK,
+    .l_whence = SEEK_SET,
+  };
+
+  if (fcntl (fd, F_OFD_SETLK, &lock) == 0)
+    return 0;
+  return errno == EACCES ? -EAGAIN : -errno;
+}

@@ -52,4 +52,14 @@ int mloop_open_looked_up (int looked_up, int dirfd, const char *path,
 int mloop_open_regular (int dirfd, const char *path, int flags,
                         bool *not_regular);
 
+/* Locks the whole file open as FD, without waiting: shared, or
+ * EXCLUSIVE.  An open file description lock (F_OFD_SETLK): held by the
+ * descriptor and its copies (a fork's as well) until the last of them
+ * closes, like flock(), but an exclusive one needs FD open for writing,
+ * so a process that may only read the file cannot keep others' shared
+ * locks off it.  0, or a negative errno (-EAGAIN: a conflicting lock is
+ * held).
+ */
+int mloop_lock_image (int fd, bool exclusive);
+
 #endif /* MLOOP_FILEIO_H */

@@ -1140,6 +1140,14 @@ open_locked (struct mloop_overlay *ov, const char *path,
     snprintf (err, errlen, "overlay %s is in use by another server", path);
     return r;
   }
+  /* Nor an image any store serves (its lock, file_store.c): a plain
+   * server writing it, or the base under this very overlay.
+   */
+  if ((r = mloop_lock_image (ov->fd, true)) < 0) {
+    snprintf (err, errlen, "overlay %s is in use by a server as its image",
+              path);
+    return r;
+  }
   /* The map goes through the page cache, a word at a time (see
    * mloop_overlay_mark); the data area never does when O_DIRECT is on,
    * and the two never share a page.

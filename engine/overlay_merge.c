@@ -166,8 +166,7 @@ mloop_overlay_merge (const char *path, const char *base_path, bool adopt,
    * written is the one checked: a writer that let go of it in between
    * would have changed it unseen.
    */
-  if (flock (base.fd, LOCK_EX | LOCK_NB) == -1) {
-    r = -errno;
+  if ((r = mloop_lock_image (base.fd, true)) < 0) {
     snprintf (err, errlen, "%s, the overlay's base, is in use by a server "
               "or device: stop it first", base_path);
     goto out_base;

@@ -6,7 +6,7 @@
  * let go of, and the merge then writes the overlay's clusters into
  * an image they were never made over.
  *
- * The window is made certain, not raced for: this program's flock()
+ * The window is made certain, not raced for: this program's fcntl()
  * stands in for the C library's (the engine is linked in statically)
  * and, just before the base's exclusive lock is taken, writes the
  * base's first MiB as such a writer would.  No root, no clock: about
@@ -14,6 +14,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,13 +34,21 @@ static const char *base_path;
 static struct stat base_st;
 static bool written;
 
-/* The engine's flock(): writes the base just before its exclusive lock. */
+/* The engine's fcntl(): writes the base just before its exclusive lock
+ * (mloop_lock_image).
+ */
 int
-flock (int fd, int operation)
+fcntl (int fd, int cmd, ...)
 {
+  va_list ap;
+  void *arg;
   struct stat st;
 
-  if (!written && (operation & LOCK_EX) && fstat (fd, &st) == 0 &&
+  va_start (ap, cmd);
+  arg = va_arg (ap, void *);
+  va_end (ap);
+  if (!written && cmd == F_OFD_SETLK &&
+      ((struct flock *) arg)->l_type == F_WRLCK && fstat (fd, &st) == 0 &&
       st.st_dev == base_st.st_dev && st.st_ino == base_st.st_ino) {
     int w = open (base_path, O_WRONLY | O_CLOEXEC);
 
@@ -47,7 +56,7 @@ flock (int fd, int operation)
     CHECK (w >= 0 && pwrite (w, "another image", 13, 512) == 13 &&
            close (w) == 0, "writing %s: %s", base_path, strerror (errno));
   }
-  return (int) syscall (SYS_flock, fd, operation);
+  return (int) syscall (SYS_fcntl, fd, cmd, arg);
 }
 
 int
