@@ -125,9 +125,16 @@ json_print (FILE *f, JsonBuilder *b)
     else if (c == 0xc2 && (unsigned char) p[1] >= 0x80 &&
              (unsigned char) p[1] <= 0x9f)
       fprintf (f, "\\u00%02x", (unsigned char) *++p);
-    else if (c >= 0xd8 &&
+    else if (c >= 0xc2 &&
              mloop_is_invisible_format (g_utf8_get_char_validated (p, -1))) {
-      fprintf (f, "\\u%04x", (unsigned) g_utf8_get_char (p));
+      gunichar u = g_utf8_get_char (p);
+
+      /* Past U+FFFF (tag characters), JSON's \u is a surrogate pair. */
+      if (u > 0xffff)
+        fprintf (f, "\\u%04x\\u%04x", 0xd800 + ((u - 0x10000) >> 10),
+                 0xdc00 + ((u - 0x10000) & 0x3ff));
+      else
+        fprintf (f, "\\u%04x", (unsigned) u);
       p = g_utf8_next_char (p) - 1;
     } else
       fputc (c, f);

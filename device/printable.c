@@ -15,9 +15,17 @@ append_escaped (GString *out, const char *from, const char *to)
 bool
 mloop_is_invisible_format (gunichar c)
 {
-  return c == 0x061c || (c >= 0x200b && c <= 0x200f) ||
-    (c >= 0x202a && c <= 0x202e) || (c >= 0x2060 && c <= 0x2064) ||
-    (c >= 0x2066 && c <= 0x2069) || c == 0xfeff;
+  switch (g_unichar_type (c)) {
+  case G_UNICODE_FORMAT:
+  case G_UNICODE_LINE_SEPARATOR:
+  case G_UNICODE_PARAGRAPH_SEPARATOR:
+    return true;
+  default:
+    /* Named too, whatever the Unicode tables GLib has. */
+    return c == 0x061c || (c >= 0x200b && c <= 0x200f) ||
+      (c >= 0x202a && c <= 0x202e) || (c >= 0x2060 && c <= 0x2064) ||
+      (c >= 0x2066 && c <= 0x2069) || c == 0xfeff;
+  }
 }
 
 char *

@@ -4,7 +4,7 @@
  * character there could move the cursor, rewrite a line or fake
  * another, so none is shown raw; nor is an invisible character that
  * reorders or hides what is shown (RLO before "gmi.toor" reads
- * "root.img").
+ * "root.img"), nor a line or paragraph separator.
  */
 #ifndef MLOOP_PRINTABLE_H
 #define MLOOP_PRINTABLE_H
@@ -14,9 +14,14 @@
 #include <glib.h>
 
 /* Whether C is shown as nothing yet changes how what is around it is
- * shown: Unicode's bidi controls (U+061C, U+200E, U+200F, U+202A to
- * U+202E, U+2066 to U+2069), the zero-width characters (U+200B to
- * U+200D, U+FEFF) and the invisible operators (U+2060 to U+2064).
+ * shown, or hides text: every format character (Unicode's category Cf:
+ * the bidi controls U+061C, U+200E, U+200F, U+202A to U+202E and U+2066
+ * to U+2069, the zero-width characters U+200B to U+200D and U+FEFF, the
+ * invisible operators U+2060 to U+2064, the soft hyphen, the deprecated
+ * shaping controls U+206A to U+206F, the tag characters U+E0001 and
+ * U+E0020 to U+E007F, which spell a text no one sees), and the line and
+ * paragraph separators U+2028 and U+2029, at which a viewer may start
+ * what looks like another line.
  */
 bool mloop_is_invisible_format (gunichar c);
 

@@ -4,7 +4,10 @@
  * (ESC, the C1 CSI, DEL, a byte that is not UTF-8) but escaped, with
  * printable UTF-8 kept; nor the invisible characters that reorder or
  * hide what is shown (Unicode's bidi controls, such as RLO making
- * "gmi.toor" read "root.img", and zero-width ones); `mloop list --json`
+ * "gmi.toor" read "root.img", zero-width ones, and every other format
+ * character: the soft hyphen, the deprecated shaping controls, tag
+ * characters that hide a text within the name), nor the line and
+ * paragraph separators, at which viewers break lines; `mloop list --json`
  * holds no raw control byte nor invisible character either and gives
  * the exact name back to a JSON reader.
  */
@@ -32,6 +35,20 @@
   "\xe2\x81\xa6\xd8\x9c\xe2\x81\xa0\xe2\x80\x8e.img"
 #define SPOOFED_SHOWN "/home/u/x\\xe2\\x80\\xaegmi.toor\\xe2\\x80\\x8b" \
   "\\xef\\xbb\\xbf\\xe2\\x81\\xa6\\xd8\\x9c\\xe2\\x81\\xa0\\xe2\\x80\\x8e.img"
+/* The line separator (U+2028), which a log viewer may break a line at,
+ * the soft hyphen (U+00AD), NATIONAL DIGIT SHAPES (U+206E), an
+ * interlinear annotation anchor (U+FFF9), the Mongolian vowel separator
+ * (U+180E), a tag character (U+E0041, invisible text) and the paragraph
+ * separator (U+2029): format characters and separators beyond those
+ * above.
+ */
+#define HIDDEN "/home/u/y\xe2\x80\xa8root\xc2\xad\xe2\x81\xae\xef\xbf\xb9" \
+  "\xe1\xa0\x8e\xf3\xa0\x81\x81\xe2\x80\xa9.img"
+#define HIDDEN_SHOWN "/home/u/y\\xe2\\x80\\xa8root\\xc2\\xad\\xe2\\x81" \
+  "\\xae\\xef\\xbf\\xb9\\xe1\\xa0\\x8e\\xf3\\xa0\\x81\\x81\\xe2\\x80" \
+  "\\xa9.img"
+#define HIDDEN_JSON "/home/u/y\\u2028root\\u00ad\\u206e\\ufff9\\u180e" \
+  "\\udb40\\udc41\\u2029.img"
 #define NOT_UTF8 "/home/u/b\x9b" "31m.img"
 #define NOT_UTF8_SHOWN "/home/u/b\\x9b31m.img"
 
@@ -73,7 +90,10 @@ check_no_invisible (const char *what, const char *text)
     gunichar c = g_utf8_get_char_validated (p, -1);
     bool invisible = c == 0x061c || (c >= 0x200b && c <= 0x200f) ||
       (c >= 0x202a && c <= 0x202e) || (c >= 0x2060 && c <= 0x2064) ||
-      (c >= 0x2066 && c <= 0x2069) || c == 0xfeff;
+      (c >= 0x2066 && c <= 0x2069) || c == 0xfeff || c == 0x00ad ||
+      c == 0x180e || c == 0x2028 || c == 0x2029 ||
+      (c >= 0x206a && c <= 0x206f) || (c >= 0xfff9 && c <= 0xfffb) ||
+      (c >= 0xe0000 && c <= 0xe007f);
 
     CHECK (c != (gunichar) -1 && c != (gunichar) -2 && !invisible,
            "%s: U+%04X (or a byte that is not UTF-8) at %td in: %s", what,
@@ -84,7 +104,7 @@ check_no_invisible (const char *what, const char *text)
 int
 main (void)
 {
-  struct mloop_device_state list[3] = {
+  struct mloop_device_state list[4] = {
     { .index = 0, .file = (char *) HOSTILE, .overlay = (char *) HOSTILE,
       .size = 1 << 20, .block_size = 512, .connections = 1, .threads = 1,
       .owner = 65534, .server = mloop_server_kind_default () },
@@ -94,11 +114,15 @@ main (void)
     { .index = 2, .file = (char *) SPOOFED, .size = 1 << 20,
       .block_size = 512, .connections = 1, .threads = 1, .owner = 65534,
       .server = mloop_server_kind_default () },
+    { .index = 3, .file = (char *) HIDDEN, .size = 1 << 20,
+      .block_size = 512, .connections = 1, .threads = 1, .owner = 65534,
+      .server = mloop_server_kind_default () },
   };
-  g_autofree char *table = describe (list, 3, 0);
-  g_autofree char *json = describe (list, 3, 1);
+  g_autofree char *table = describe (list, 4, 0);
+  g_autofree char *json = describe (list, 4, 1);
   g_autofree char *status = describe (list, 3, 2);
   g_autofree char *spoofed_status = describe (&list[2], 1, 2);
+  g_autofree char *hidden_status = describe (&list[3], 1, 2);
   g_autoptr (JsonParser) parser = json_parser_new ();
   g_autoptr (GError) gerr = NULL;
   JsonArray *devices;
@@ -116,6 +140,13 @@ main (void)
   CHECK (strstr (spoofed_status, "/dev/nbd2: " SPOOFED_SHOWN "\n"),
          "status: %s", spoofed_status);
   check_no_invisible ("status (a spoofing name)", spoofed_status);
+  CHECK (strstr (table, HIDDEN_SHOWN), "list: %s", table);
+  check_no_invisible ("list (a name hiding text)",
+                      strstr (table, "/home/u/y"));
+  CHECK (strstr (hidden_status, "/dev/nbd3: " HIDDEN_SHOWN "\n"),
+         "status: %s", hidden_status);
+  check_no_invisible ("status (a name hiding text)", hidden_status);
+  CHECK (strstr (json, HIDDEN_JSON), "list --json: %s", json);
   check_no_control ("list --json", json);
   check_no_invisible ("list --json", json);
   CHECK (json_parser_load_from_data (parser, json, -1, &gerr),
@@ -132,6 +163,10 @@ main (void)
   CHECK (strcmp (json_object_get_string_member
                  (json_array_get_object_element (devices, 2), "file"),
                  SPOOFED) == 0, "list --json changed a spoofing name: %s",
+         json);
+  CHECK (strcmp (json_object_get_string_member
+                 (json_array_get_object_element (devices, 3), "file"),
+                 HIDDEN) == 0, "list --json changed a name hiding text: %s",
          json);
   return EXIT_SUCCESS;
 }
