@@ -4,6 +4,7 @@
  *
  * Thread model: everything here runs in the main loop's thread; an
  * authorization in progress is a pending call to polkitd, not a thread.
+ * Only the proxy for polkitd is made in a thread of GIO's, once.
  */
 #include <stdio.h>
 
@@ -67,12 +68,26 @@ struct check {
   GDBusMethodInvocation *invocation;
   char *action;
   unsigned timeout_s;
+  PolkitSubject *subject;
+  PolkitCheckAuthorizationFlags flags;
   GCancellable *cancel;
   guint timer;
   bool timed_out;
+  bool waiting;                 /* in checks_waiting, not asked yet */
   mloop_authorized_fn done;
   gpointer data;
 };
+
+/* polkit's authority, a proxy for polkitd: made once, on the side
+ * (polkit_authority_get_async, whose round trips to the bus and to
+ * polkitd run in a thread of GIO's), since those answers can be lost
+ * as the uid lookup's can (caller.h) and a wait for them here would
+ * hold up every call.  Checks that come meanwhile wait for it in
+ * CHECKS_WAITING, their time limit running.
+ */
+static PolkitAuthority *authority;
+static bool authority_asked;
+static GQueue checks_waiting = G_QUEUE_INIT;
 
 static void
 check_finish (struct check *c, const char *err)
@@ -81,9 +96,19 @@ check_finish (struct check *c, const char *err)
     g_source_remove (c->timer);
   c->done (c->invocation, err, c->data);
   g_object_unref (c->invocation);
+  g_object_unref (c->subject);
   g_object_unref (c->cancel);
   g_free (c->action);
   g_free (c);
+}
+
+/* The refusal of C after its time limit. */
+static char *
+timed_out_refusal (const struct check *c)
+{
+  return g_strdup_printf ("not authorized: polkit did not answer for %s "
+                          "within %u s (an authentication left waiting?)",
+                          c->action, c->timeout_s);
 }
 
 /* polkitd has not answered: cancelling the check makes the client
@@ -96,7 +121,14 @@ check_timed_out (gpointer data)
 
   c->timer = 0;
   c->timed_out = true;
-  g_cancellable_cancel (c->cancel);
+  if (c->waiting) {
+    g_autofree char *err = timed_out_refusal (c);
+
+    g_queue_remove (&checks_waiting, c);
+    check_finish (c, err);
+  }
+  else
+    g_cancellable_cancel (c->cancel);
   return G_SOURCE_REMOVE;
 }
 
@@ -111,9 +143,7 @@ check_answered (GObject *source, GAsyncResult *res, gpointer data)
   result = polkit_authority_check_authorization_finish
     (POLKIT_AUTHORITY (source), res, &gerr);
   if (result == NULL && c->timed_out)
-    err = g_strdup_printf ("not authorized: polkit did not answer for %s "
-                           "within %u s (an authentication left waiting?)",
-                           c->action, c->timeout_s);
+    err = timed_out_refusal (c);
   else if (result == NULL)
     err = g_strdup_printf ("cannot ask polkit whether you may (%s): %s",
                            c->action, gerr->message);
@@ -125,6 +155,39 @@ check_answered (GObject *source, GAsyncResult *res, gpointer data)
   check_finish (c, err);
 }
 
+static void
+ask (struct check *c)
+{
+  polkit_authority_check_authorization (authority, c->subject, c->action,
+                                        NULL, c->flags, c->cancel,
+                                        check_answered, c);
+}
+
+/* The authority made, or not: every check waiting for it is asked, or
+ * refused (the next check asks for the authority again).
+ */
+static void
+authority_made (GObject *source, GAsyncResult *res, gpointer unused)
+{
+  g_autoptr (GError) gerr = NULL;
+  struct check *c;
+
+  authority = polkit_authority_get_finish (res, &gerr);
+  authority_asked = false;
+  while ((c = g_queue_pop_head (&checks_waiting)) != NULL) {
+    c->waiting = false;
+    if (authority)
+      ask (c);
+    else {
+      g_autofree char *err =
+        g_strdup_printf ("cannot ask polkit whether you may (%s): %s",
+                         c->action, gerr->message);
+
+      check_finish (c, err);
+    }
+  }
+}
+
 void
 mloop_caller_authorize (GDBusMethodInvocation *invocation,
                         const char *action, unsigned timeout_s,
@@ -132,36 +195,29 @@ mloop_caller_authorize (GDBusMethodInvocation *invocation,
 {
   const char *sender = g_dbus_method_invocation_get_sender (invocation);
   GDBusMessage *msg = g_dbus_method_invocation_get_message (invocation);
-  g_autoptr (PolkitSubject) subject = polkit_system_bus_name_new (sender);
-  /* Made once, at the first call: a proxy for polkitd, no round trip
-   * that a user could hold up.
-   */
-  static PolkitAuthority *authority;
-  PolkitCheckAuthorizationFlags flags =
-    POLKIT_CHECK_AUTHORIZATION_FLAGS_NONE;
   struct check *c = g_new0 (struct check, 1);
-  g_autoptr (GError) gerr = NULL;
 
   c->invocation = g_object_ref (invocation);
   c->action = g_strdup (action);
   c->timeout_s = timeout_s;
+  c->subject = polkit_system_bus_name_new (sender);
+  c->flags = POLKIT_CHECK_AUTHORIZATION_FLAGS_NONE;
+  if (g_dbus_message_get_flags (msg) &
+      G_DBUS_MESSAGE_FLAGS_ALLOW_INTERACTIVE_AUTHORIZATION)
+    c->flags = POLKIT_CHECK_AUTHORIZATION_FLAGS_ALLOW_USER_INTERACTION;
   c->cancel = g_cancellable_new ();
   c->done = done;
   c->data = data;
-  if (authority == NULL)
-    authority = polkit_authority_get_sync (NULL, &gerr);
-  if (authority == NULL) {
-    g_autofree char *err =
-      g_strdup_printf ("cannot ask polkit whether you may (%s): %s", action,
-                       gerr->message);
-
-    check_finish (c, err);
+  /* The wait for the authority counts in the time limit. */
+  c->timer = g_timeout_add_seconds (timeout_s, check_timed_out, c);
+  if (authority) {
+    ask (c);
     return;
   }
-  if (g_dbus_message_get_flags (msg) &
-      G_DBUS_MESSAGE_FLAGS_ALLOW_INTERACTIVE_AUTHORIZATION)
-    flags = POLKIT_CHECK_AUTHORIZATION_FLAGS_ALLOW_USER_INTERACTION;
-  c->timer = g_timeout_add_seconds (timeout_s, check_timed_out, c);
-  polkit_authority_check_authorization (authority, subject, action, NULL,
-                                        flags, c->cancel, check_answered, c);
+  c->waiting = true;
+  g_queue_push_tail (&checks_waiting, c);
+  if (!authority_asked) {
+    authority_asked = true;
+    polkit_authority_get_async (NULL, authority_made, NULL);
+  }
 }
