@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <libgen.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -147,9 +148,16 @@ mloop_open_regular (int dirfd, const char *path, int flags,
 int
 mloop_lock_image (int fd, bool exclusive)
 {
+  /* One byte at the far end of the offset range, not the whole file:
+   * QEMU's tools lock bytes 100 to 299 of every image they open (one
+   * byte per permission taken or refused to others) and read any lock
+   * there as an image in use, so a whole-file lock would refuse even
+   * qemu-img info and map of a served image. */
   struct flock lock = {
     .l_type = exclusive ? F_WRLCK : F_RDLCK,
     .l_whence = SEEK_SET,
+    .l_start = INT64_MAX,
+    .l_len = 1,
   };
 
   if (fcntl (fd, F_OFD_SETLK, &lock) == 0)

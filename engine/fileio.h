@@ -52,8 +52,10 @@ int mloop_open_looked_up (int looked_up, int dirfd, const char *path,
 int mloop_open_regular (int dirfd, const char *path, int flags,
                         bool *not_regular);
 
-/* Locks the whole file open as FD, without waiting: shared, or
- * EXCLUSIVE.  An open file description lock (F_OFD_SETLK): held by the
+/* Locks the file open as FD, without waiting: shared, or EXCLUSIVE.
+ * The lock is on the last byte of the offset range, where no other
+ * program's byte locks are (QEMU's, at bytes 100 to 299, stay free),
+ * and a whole-file lock still conflicts with it.  An open file description lock (F_OFD_SETLK): held by the
  * descriptor and its copies (a fork's as well) until the last of them
  * closes, like flock(), but an exclusive one needs FD open for writing,
  * so a process that may only read the file cannot keep others' shared

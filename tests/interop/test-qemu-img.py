@@ -2,7 +2,9 @@
 """qemu-img convert into and out of mloop, and qemu-img compare finds
 the image, the export and the round trip equal; qemu-img map through
 mloop agrees with the image's own map (qemu-img map of the file, or an
-RBD image's allocation)."""
+RBD image's allocation).  qemu-img opens the file while mloop serves
+it: the server's image lock is not on the bytes QEMU locks, which
+would read to it as an image in use."""
 import json
 import shutil
 import subprocess
