@@ -43,7 +43,7 @@ serves_file (const struct mloop_device_state *s, const struct stat *st)
 /* Whether a device or an attach in progress uses OVERLAY or, unless NULL,
  * BASE (as its image or the base under its overlay): -1 with ERR naming
  * it, else 0.  Called under the state lock.  Servers started by hand are
- * refused by the locks: the overlay's, and the base's flock, which the
+ * refused by the locks: the overlay's, and the base's image lock, which the
  * merge takes exclusively (overlay.h).
  */
 static int

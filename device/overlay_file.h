@@ -12,7 +12,7 @@
  * the base durable, then removes the overlay.  Refused for an image
  * that is not its base unless ADOPT, while a device (or an attach in
  * progress) uses the overlay or the base (compared by device and
- * inode), while any server holds the base (its flock), and for an
+ * inode), while any server holds the base (its image lock), and for an
  * overlay made for a window of its base.  Holds the state lock
  * throughout, so no attach takes either meanwhile.  *BASE is the base
  * written (to free).  0, or -1 with one line in ERR.

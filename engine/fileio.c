@@ -145,22 +145,49 @@ mloop_open_regular (int dirfd, const char *path, int flags,
   return fd;
 }
 
-int
-mloop_lock_image (int fd, bool exclusive)
+/* QEMU's lock bytes: it holds byte 100 + P while it holds permission
+ * P of an image and byte 200 + P while it refuses P to others, and
+ * before it takes P it tests byte 200 + P for another's lock.
+ * Permission 1 is "write".
+ */
+#define QEMU_REFUSES_WRITE_BYTE 201
+
+static int
+lock_range (int fd, short type, off_t start, off_t len)
 {
-  /* One byte at the far end of the offset range, not the whole file:
-   * QEMU's tools lock bytes 100 to 299 of every image they open (one
-   * byte per permission taken or refused to others) and read any lock
-   * there as an image in use, so a whole-file lock would refuse even
-   * qemu-img info and map of a served image. */
   struct flock lock = {
-    .l_type = exclusive ? F_WRLCK : F_RDLCK,
-    .l_whence = SEEK_SET,
-    .l_start = INT64_MAX,
-    .l_len = 1,
+    .l_type = type, .l_whence = SEEK_SET, .l_start = start, .l_len = len,
   };
 
   if (fcntl (fd, F_OFD_SETLK, &lock) == 0)
     return 0;
   return errno == EACCES ? -EAGAIN : -errno;
+}
+
+int
+mloop_lock_image (int fd, bool exclusive)
+{
+  int r;
+
+  /* The whole file: the commit that takes it rewrites the image under
+   * anyone reading or writing it, QEMU (a virtual machine's disk,
+   * qemu-img) as much as mloop's servers; QEMU's byte locks all lie
+   * in it.
+   */
+  if (exclusive)
+    return lock_range (fd, F_WRLCK, 0, 0);
+  /* mloop's own byte, at the far end of the offset range: not a whole
+   * file read lock, which QEMU would take for an image in use and so
+   * refuse even qemu-img info and map of a served image.
+   */
+  if ((r = lock_range (fd, F_RDLCK, INT64_MAX, 1)) < 0)
+    return r;
+  /* And QEMU's own "others may not write": an image served, the base
+   * under overlays above all, must not change under its devices, so a
+   * QEMU process that would write it is refused, in its terms.  Readers
+   * (qemu-img info, map) test other bytes and are let in.
+   */
+  if ((r = lock_range (fd, F_RDLCK, QEMU_REFUSES_WRITE_BYTE, 1)) < 0)
+    (void) lock_range (fd, F_UNLCK, INT64_MAX, 1);
+  return r;
 }

@@ -53,14 +53,17 @@ int mloop_open_regular (int dirfd, const char *path, int flags,
                         bool *not_regular);
 
 /* Locks the file open as FD, without waiting: shared, or EXCLUSIVE.
- * The lock is on the last byte of the offset range, where no other
- * program's byte locks are (QEMU's, at bytes 100 to 299, stay free),
- * and a whole-file lock still conflicts with it.  An open file description lock (F_OFD_SETLK): held by the
- * descriptor and its copies (a fork's as well) until the last of them
- * closes, like flock(), but an exclusive one needs FD open for writing,
- * so a process that may only read the file cannot keep others' shared
- * locks off it.  0, or a negative errno (-EAGAIN: a conflicting lock is
- * held).
+ * Shared is mloop's byte, the last of the offset range, and QEMU's
+ * byte for refusing its "write" permission to others (201): a QEMU
+ * writer is refused, qemu-img info and map are not.  Exclusive is the
+ * whole file: it meets mloop's shared locks and every QEMU process
+ * with the file open (each holds byte 100 at least), and keeps QEMU
+ * from opening it meanwhile.  An open file description lock
+ * (F_OFD_SETLK): held by the descriptor and its copies (a fork's as
+ * well) until the last of them closes, like flock(), but an exclusive
+ * one needs FD open for writing, so a process that may only read the
+ * file cannot keep others' shared locks off it.  0, or a negative errno
+ * (-EAGAIN: a conflicting lock is held).
  */
 int mloop_lock_image (int fd, bool exclusive);
 

@@ -158,8 +158,9 @@ int mloop_overlay_inspect_fd (int fd, const char *path, char **base_path,
  * server can take it in between and answer writes into a file about to
  * vanish; without REMOVE it is left as it was.
  * Nothing else may use either meanwhile: the overlay's lock refuses a
- * server on it, and the base is flock()ed exclusively, which every
- * server reading or writing it refuses (they hold it shared).  Stopped
+ * server on it, and the base is locked exclusively (mloop_lock_image),
+ * which every server reading or writing it refuses (they hold it
+ * shared), and every QEMU process with it open.  Stopped
  * half-way it can run again: the overlay still reads the same over the
  * base.  0, or a negative errno with a one-line reason in ERR.
  */

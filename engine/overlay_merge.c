@@ -161,14 +161,15 @@ mloop_overlay_merge (const char *path, const char *base_path, bool adopt,
     goto out_base;
   }
   /* Every server reading or writing the base holds it shared, whatever
-   * name it was given (file_store.c): none may while it changes here.
+   * name it was given (file_store.c), and every QEMU process with it
+   * open holds QEMU's lock bytes: none may while it changes here.
    * Taken before the overlay's check of the base, so that the base
    * written is the one checked: a writer that let go of it in between
    * would have changed it unseen.
    */
   if ((r = mloop_lock_image (base.fd, true)) < 0) {
     snprintf (err, errlen, "%s, the overlay's base, is in use by a server "
-              "or device: stop it first", base_path);
+              "or device, or open in QEMU: stop it first", base_path);
     goto out_base;
   }
   r = mloop_overlay_open_existing (&ov, path, &base,

@@ -3,8 +3,9 @@
 the image, the export and the round trip equal; qemu-img map through
 mloop agrees with the image's own map (qemu-img map of the file, or an
 RBD image's allocation).  qemu-img opens the file while mloop serves
-it: the server's image lock is not on the bytes QEMU locks, which
-would read to it as an image in use."""
+it: the server's image lock lets QEMU's readers in, while qemu-io may
+not open it for writing, served plain or as the base under an overlay
+(the server holds QEMU's lock byte for refusing writers)."""
 import json
 import shutil
 import subprocess
@@ -56,5 +57,29 @@ if harness.STORE == "file":
 else:
     local = harness.image_data_ranges(target, 0, SIZE)
 assert served == local, f"qemu-img map via mloop {served} != the image's {local}"
+
+
+def qemu_may_not_write(image):
+    """QEMU refuses, in its own lock bytes, to open a served image for
+    writing, and writes nothing into it."""
+    before = harness.file_digest(image)
+    r = subprocess.run(["qemu-io", "-f", "raw", "-c", "write -P 0x77 0 4k",
+                        image], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and '"write" lock' in r.stderr, \
+        f"qemu-io opened {image} for writing while mloop served it: " \
+        f"{r.stdout.strip()} {r.stderr.strip()}"
+    assert harness.file_digest(image) == before, f"qemu-io wrote {image}"
+
+
+if harness.STORE == "file" and shutil.which("qemu-io"):
+    qemu_may_not_write(target)
 srv.stop()
-print(f"ok: qemu-img convert in and out, compare equal, map {served}")
+if harness.STORE == "file" and shutil.which("qemu-io"):
+    # The base under an overlay: its devices read it for as long as the
+    # overlay lives.  qemu-img still reads it.
+    srv = harness.Server(src, [f"overlay={d}/overlay"])
+    qemu_img("info", "-f", "raw", src)
+    qemu_may_not_write(src)
+    srv.stop()
+print(f"ok: qemu-img convert in and out, compare equal, map {served}; "
+      "QEMU may not write a served image")
