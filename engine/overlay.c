@@ -41,6 +41,13 @@ static const char overlay_magic[8] = { 'M', 'L', 'O', 'O', 'P', 'C', 'O', 'W' };
 #define HDR_BASE_FIRST_CRC  4064 /* u32: CRC-32 of the base's first MiB */
 #define HDR_BASE_LAST_CRC   4068 /* u32: CRC-32 of the base's last MiB */
 #define HDR_FLAGS           4072 /* u32, version 2: OVERLAY_FLAG_* */
+/* With OVERLAY_FLAG_TIMES: the base's modification time (u64 seconds,
+ * u32 nanoseconds) and birth time (u64 seconds, 0 when its filesystem
+ * does not tell), when recorded.
+ */
+#define HDR_BASE_MTIME      4076
+#define HDR_BASE_MTIME_NS   4084
+#define HDR_BASE_BIRTH      4088
 #define HDR_BYTES           MLOOP_OVERLAY_CLUSTER
 #define BASE_PATH_MAX       (HDR_BASE_FIRST_CRC - HDR_BASE_PATH - 1)
 /* A merge has begun writing into the recorded base: its ends may differ
@@ -50,6 +57,10 @@ static const char overlay_magic[8] = { 'M', 'L', 'O', 'O', 'P', 'C', 'O', 'W' };
  * the base (kept when the same file is, its ends changed or its name).
  */
 #define OVERLAY_FLAG_MERGING 1u
+/* The base's times are recorded (HDR_BASE_MTIME): a header made before
+ * has none, and gets them when its base is next recorded.
+ */
+#define OVERLAY_FLAG_TIMES 2u
 /* How much of each end of the base its fingerprint covers. */
 #define FINGERPRINT_SPAN    (1u << 20)
 /* The data area starts on a 1 MiB boundary, so its clusters line up with
@@ -547,6 +558,12 @@ struct base_identity {
   char path[BASE_PATH_MAX + 1];
   uint64_t dev, ino;
   uint32_t first_crc, last_crc;
+  /* A regular file's times: a block device node's say nothing of
+   * writes to the device, and it is made anew at each boot.
+   */
+  bool has_times;
+  uint64_t mtime, birth;        /* seconds; birth 0: not known */
+  uint32_t mtime_ns;
 };
 
 /* CRC-32 of the window's [offset, offset + count), read in whole
@@ -590,7 +607,23 @@ fingerprint (const struct mloop_backing *base, struct base_identity *id)
   return r;
 }
 
-/* BASE's identity: its absolute path, device and inode, fingerprint. */
+/* The birth time of the file open as FD, in seconds, or 0 where its
+ * filesystem does not keep one.
+ */
+static uint64_t
+birth_time (int fd)
+{
+  struct statx stx;
+
+  if (statx (fd, "", AT_EMPTY_PATH, STATX_BTIME, &stx) == 0 &&
+      (stx.stx_mask & STATX_BTIME))
+    return (uint64_t) stx.stx_btime.tv_sec;
+  return 0;
+}
+
+/* BASE's identity: its absolute path, device and inode, fingerprint
+ * and times.
+ */
 static int
 identify_base (const struct mloop_backing *base, struct base_identity *id,
                char *err, size_t errlen)
@@ -622,6 +655,12 @@ identify_base (const struct mloop_backing *base, struct base_identity *id,
   }
   id->dev = (uint64_t) st.st_dev;
   id->ino = (uint64_t) st.st_ino;
+  if (S_ISREG (st.st_mode)) {
+    id->has_times = true;
+    id->mtime = (uint64_t) st.st_mtim.tv_sec;
+    id->mtime_ns = (uint32_t) st.st_mtim.tv_nsec;
+    id->birth = birth_time (base->fd);
+  }
   r = fingerprint (base, id);
   if (r < 0)
     snprintf (err, errlen, "cannot read %s: %s", base->path, strerror (-r));
@@ -640,7 +679,10 @@ encode_identity (unsigned char *h, const struct base_identity *id)
   memcpy (h + HDR_BASE_PATH, id->path, strlen (id->path));
   put_le32 (h + HDR_BASE_FIRST_CRC, id->first_crc);
   put_le32 (h + HDR_BASE_LAST_CRC, id->last_crc);
-  put_le32 (h + HDR_FLAGS, 0);
+  put_le32 (h + HDR_FLAGS, id->has_times ? OVERLAY_FLAG_TIMES : 0);
+  put_le64 (h + HDR_BASE_MTIME, id->mtime);
+  put_le32 (h + HDR_BASE_MTIME_NS, id->mtime_ns);
+  put_le64 (h + HDR_BASE_BIRTH, id->birth);
 }
 
 static void
@@ -773,7 +815,7 @@ create_overlay (const char *path, const struct mloop_backing *base,
 }
 
 /* Records BASE as the overlay's base in header H, and in the file,
- * with the header flags FLAGS.
+ * with the merge's mark when FLAGS has it.
  */
 static int
 record_base (struct mloop_overlay *ov, unsigned char *h,
@@ -783,7 +825,8 @@ record_base (struct mloop_overlay *ov, unsigned char *h,
   int r;
 
   encode_identity (h, id);
-  put_le32 (h + HDR_FLAGS, flags);
+  put_le32 (h + HDR_FLAGS, (flags & OVERLAY_FLAG_MERGING) |
+            (id->has_times ? OVERLAY_FLAG_TIMES : 0));
   r = mloop_pwrite_all (ov->fd, h, HDR_BYTES, 0, 0);
   if (r == 0)
     r = sync_fd (ov->fd);
@@ -791,6 +834,28 @@ record_base (struct mloop_overlay *ov, unsigned char *h,
     snprintf (err, errlen, "cannot record %s as the base of overlay %s: %s",
               id->path, ov->path, strerror (-r));
   return r;
+}
+
+/* Whether header H records ID's file as written since: the same file
+ * (device, inode, and birth where both are known: not another file
+ * given a freed inode's number) with another modification time.  The
+ * fingerprint sees only the base's ends, and a partitioned image keeps
+ * its filesystems past the first MiB: there, a commit of another
+ * overlay over the same base, or any write, changes nothing it sees.
+ */
+static bool
+written_since (const unsigned char *h, const struct base_identity *id)
+{
+  const uint64_t birth = get_le64 (h + HDR_BASE_BIRTH);
+
+  if (!id->has_times || get_le32 (h + HDR_VERSION) != OVERLAY_VERSION ||
+      !(get_le32 (h + HDR_FLAGS) & OVERLAY_FLAG_TIMES) ||
+      get_le64 (h + HDR_BASE_DEV) != id->dev ||
+      get_le64 (h + HDR_BASE_INO) != id->ino ||
+      (birth != 0 && id->birth != 0 && birth != id->birth))
+    return false;
+  return get_le64 (h + HDR_BASE_MTIME) != id->mtime ||
+    get_le32 (h + HDR_BASE_MTIME_NS) != id->mtime_ns;
 }
 
 /* Whether BASE is the base recorded in header H, as CHECK asks; when it
@@ -806,7 +871,7 @@ check_base (struct mloop_overlay *ov, unsigned char *h,
   const uint32_t version = get_le32 (h + HDR_VERSION);
   const uint64_t dev = get_le64 (h + HDR_BASE_DEV);
   const uint64_t ino = get_le64 (h + HDR_BASE_INO);
-  bool same_content, same_file, same_inode, resumed;
+  bool same_content, same_file, same_inode, written, resumed;
   int r;
 
   /* No identity recorded: the size was all an older mloop checked, and
@@ -824,6 +889,7 @@ check_base (struct mloop_overlay *ov, unsigned char *h,
     get_le32 (h + HDR_BASE_LAST_CRC) == id.last_crc;
   same_file = version == OVERLAY_VERSION && dev == id.dev && ino == id.ino &&
     strcmp (ov->base_path, id.path) == 0;
+  written = written_since (h, &id);
   /* A merge stopped half-way has changed its base's ends already, and
    * said so in the header first.  The header is the overlay owner's to
    * write, mark and all: mloop_overlay_merge also checks that owner may
@@ -831,8 +897,13 @@ check_base (struct mloop_overlay *ov, unsigned char *h,
    */
   resumed = same_file && check == MLOOP_OVERLAY_MERGE_BASE &&
     (get_le32 (h + HDR_FLAGS) & OVERLAY_FLAG_MERGING);
-  if (!same_content && !resumed && check != MLOOP_OVERLAY_ADOPT_BASE) {
-    if (same_file)
+  if ((!same_content || written) && !resumed &&
+      check != MLOOP_OVERLAY_ADOPT_BASE) {
+    if (same_content)
+      snprintf (err, errlen, "overlay %s: its base %s was written since the "
+                "overlay was made: its modification time differs "
+                "(adopting the base overrides this)", ov->path, id.path);
+    else if (same_file)
       snprintf (err, errlen, "overlay %s: its base %s was written since the "
                 "overlay was made: its first or last MiB differ (adopting "
                 "the base overrides this)", ov->path, id.path);
@@ -842,7 +913,9 @@ check_base (struct mloop_overlay *ov, unsigned char *h,
                 "this)", ov->path, ov->base_path, id.path);
     return -EINVAL;
   }
-  if (same_file && same_content)
+  /* A header made before the times were recorded gets them now. */
+  if (same_file && same_content && !written &&
+      (!id.has_times || (get_le32 (h + HDR_FLAGS) & OVERLAY_FLAG_TIMES)))
     return 0;
   /* A merge records nothing here: the file it writes is recorded with
    * its mark, once its owner may write it (mloop_overlay_note_merging).

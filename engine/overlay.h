@@ -80,7 +80,8 @@ struct mloop_overlay {
 
 /* How mloop_overlay_open takes a base other than the one recorded.
  * The base is the same image when the CRC-32s of its first and last MiB
- * match the recorded ones (design.md, "The format").
+ * match the recorded ones (design.md, "The format"), and the recorded
+ * file itself was not written since (its modification time).
  */
 enum mloop_overlay_base_check {
   /* Refuse any other image; the same one under another name (copied,
