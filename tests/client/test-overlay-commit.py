@@ -19,9 +19,12 @@ in the base's place is refused in one line naming both, unless
 base by the mark the commit wrote first, refused without it; a moved base is named with --base; `mloop overlay adopt`
 records another image as the base.  The base is locked,
 not compared by name: a server writing it under another name (a hard
-link) makes commit refuse.  About 3 s (standard tier, client suite)."""
+link) makes commit refuse, and so does qemu-io with it open.  About 3 s
+(standard tier, client suite)."""
+import fcntl
 import os
 import shutil
+import struct
 import subprocess
 import time
 
@@ -31,6 +34,7 @@ import harness
 from harness import check
 
 MLOOP = os.environ["MLOOP_CLI"]
+F_OFD_GETLK = 36
 SIZE = 8 << 20
 if harness.SERVER_KIND != "native":
     harness.skip("drives mloop-server's --overlay")
@@ -87,6 +91,34 @@ refused("commit of an overlay a server holds", ["overlay", "commit", overlay],
 refused("discard of an overlay a server holds", ["overlay", "discard", overlay],
         "is in use by a server")
 srv.stop()
+
+
+def qemu_holds(path):
+    """Whether another process holds QEMU's lock byte 100 of PATH (every
+    QEMU process with the image open does)."""
+    probe = struct.pack("hhqqi", fcntl.F_WRLCK, 0, 100, 1, 0)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return struct.unpack("hhqqi", fcntl.fcntl(fd, F_OFD_GETLK, probe))[0] \
+            != fcntl.F_UNLCK
+    finally:
+        os.close(fd)
+
+
+# QEMU with the base open (qemu-io, as a virtual machine would): the
+# commit would rewrite the image under it.
+if shutil.which("qemu-io"):
+    qemu = subprocess.Popen(["qemu-io", "-f", "raw", base], stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    harness.on_exit(lambda: harness.terminate(qemu))
+    deadline = time.time() + 30
+    while not qemu_holds(base) and time.time() < deadline and qemu.poll() is None:
+        time.sleep(0.05)
+    check("qemu-io holds the base", qemu_holds(base))
+    refused("commit into a base QEMU has open", ["overlay", "commit", overlay],
+            "open in QEMU")
+    qemu.stdin.close()
+    qemu.wait(timeout=60)
 refused("discard of a file that is not an overlay", ["overlay", "discard", base],
         "is not an mloop overlay")
 refused("commit of a missing overlay", ["overlay", "commit", os.path.join(d, "none")],
