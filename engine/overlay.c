@@ -558,8 +558,10 @@ struct base_identity {
   char path[BASE_PATH_MAX + 1];
   uint64_t dev, ino;
   uint32_t first_crc, last_crc;
-  /* A regular file's times: a block device node's say nothing of
-   * writes to the device, and it is made anew at each boot.
+  /* The times of a whole regular file: a block device node's say
+   * nothing of writes to the device, and it is made anew at each boot;
+   * a window's file may be written in another window by a device
+   * beside this overlay's.
    */
   bool has_times;
   uint64_t mtime, birth;        /* seconds; birth 0: not known */
@@ -655,7 +657,7 @@ identify_base (const struct mloop_backing *base, struct base_identity *id,
   }
   id->dev = (uint64_t) st.st_dev;
   id->ino = (uint64_t) st.st_ino;
-  if (S_ISREG (st.st_mode)) {
+  if (S_ISREG (st.st_mode) && base->offset == 0 && base->sizelimit == 0) {
     id->has_times = true;
     id->mtime = (uint64_t) st.st_mtim.tv_sec;
     id->mtime_ns = (uint32_t) st.st_mtim.tv_nsec;

@@ -12,7 +12,9 @@
  * Here overlay A writes a cluster in the middle of a 4 MiB base and is
  * committed; overlay B, made before, must then be refused, served and
  * committed alike, until adopted; a copy of the base (another file,
- * the same bytes) is then served.  The base's times are set back
+ * the same bytes) is then served, and so is an overlay of a window of
+ * the file after a write into another window, which no device over
+ * this one sees.  The base's times are set back
  * first, so the commit's write shows whatever the clock's grain.  No
  * root: about 0.05 s, in the unit suite of every tier.
  */
@@ -57,18 +59,19 @@ write_inside (const char *base_path, const char *path)
   mloop_free_aligned (buf, MLOOP_OVERLAY_CLUSTER);
 }
 
-/* Opens the overlay at PATH over BASE_PATH as CHECK says: 0 or the
- * error, its message in ERR.
+/* Opens the overlay at PATH over WINDOW of BASE_PATH (NULL: all of it)
+ * as CHECK says: 0 or the error, its message in ERR.
  */
 static int
-try_open (const char *base_path, const char *path,
-          enum mloop_overlay_base_check check, char *err, size_t errlen)
+try_open_window (const char *base_path, const struct mloop_window *window,
+                 const char *path, enum mloop_overlay_base_check check,
+                 char *err, size_t errlen)
 {
   struct mloop_backing base;
   struct mloop_overlay ov;
   int r;
 
-  r = mloop_backing_open (&base, base_path, MLOOP_DIRECT_OFF, false, NULL,
+  r = mloop_backing_open (&base, base_path, MLOOP_DIRECT_OFF, false, window,
                           err, errlen);
   CHECK (r == 0, "base: %s", err);
   r = mloop_overlay_open (&ov, path, &base, false, check, err, errlen);
@@ -76,6 +79,27 @@ try_open (const char *base_path, const char *path,
     mloop_overlay_close (&ov);
   mloop_backing_close (&base);
   return r;
+}
+
+static int
+try_open (const char *base_path, const char *path,
+          enum mloop_overlay_base_check check, char *err, size_t errlen)
+{
+  return try_open_window (base_path, NULL, path, check, err, errlen);
+}
+
+/* Writes a cluster of 0x33 at AT of the file at PATH, as a device
+ * serving another window of it would.
+ */
+static void
+write_file (const char *path, off_t at)
+{
+  char buf[MLOOP_OVERLAY_CLUSTER];
+  int fd = open (path, O_WRONLY | O_CLOEXEC);
+
+  memset (buf, 0x33, sizeof buf);
+  CHECK (fd >= 0 && pwrite (fd, buf, sizeof buf, at) == (ssize_t) sizeof buf
+         && close (fd) == 0, "writing %s: %s", path, strerror (errno));
 }
 
 static void
@@ -135,5 +159,25 @@ main (void)
   copy_file (base_path, copy_path);
   r = try_open (copy_path, b_path, MLOOP_OVERLAY_SAME_BASE, err, sizeof err);
   CHECK (r == 0, "overlay B over a copy of its base: %s", err);
+
+  /* An overlay of a window of the file: a device may write another
+   * window of it meanwhile, which is no write into this one's.
+   */
+  {
+    const struct mloop_window first = { 0, INSIDE };
+    char w_path[4096];
+
+    snprintf (w_path, sizeof w_path, "%s/window.overlay", dir);
+    CHECK (utimensat (AT_FDCWD, base_path, long_ago, 0) == 0,
+           "utimensat: %s", strerror (errno));
+    r = try_open_window (base_path, &first, w_path, MLOOP_OVERLAY_SAME_BASE,
+                         err, sizeof err);
+    CHECK (r == 0, "overlay of a window: %s", err);
+    write_file (base_path, INSIDE + MLOOP_OVERLAY_CLUSTER);
+    r = try_open_window (base_path, &first, w_path, MLOOP_OVERLAY_SAME_BASE,
+                         err, sizeof err);
+    CHECK (r == 0, "an overlay of a window was refused for a write into "
+           "another window: %s", err);
+  }
   return 0;
 }
