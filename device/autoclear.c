@@ -25,34 +25,63 @@ mloop_autoclear_enable (struct mloop_device_state *s, char *err,
   return mloop_state_save (s, err, errlen);
 }
 
-bool
-mloop_autoclear_released (const struct mloop_device_state *s)
+/* The real kernel's answers (mloop_autoclear_kernel). */
+static int
+kernel_connected (int index)
 {
-  g_autofree char *path = g_strdup_printf ("/sys/block/nbd%d/backend",
-                                           s->index);
-  g_autofree char *backend = NULL;
   bool connected = true;
   char why[512];
 
-  if (mloop_nbd_netlink_connected (s->index, &connected, why,
-                                   sizeof why) == 0 && !connected)
-    return true;
-  /* The backend file exists while the device has a configuration. */
-  if (!g_file_get_contents (path, &backend, NULL, NULL))
-    return !connected;
-  return strcmp (g_strchomp (backend), s->file) != 0;
+  if (mloop_nbd_netlink_connected (index, &connected, why, sizeof why) < 0)
+    return -1;
+  return connected;
 }
 
-void
-mloop_autoclear_give_back (const struct mloop_device_state *s)
+static char *
+kernel_backend (int index)
 {
-  g_autofree char *name = mloop_state_device_name (s);
-  bool connected = true;
+  g_autofree char *path = g_strdup_printf ("/sys/block/nbd%d/backend",
+                                           index);
+  char *backend = NULL;
+
+  /* The backend file exists while the device has a configuration. */
+  if (!g_file_get_contents (path, &backend, NULL, NULL))
+    return NULL;
+  return g_strchomp (backend);
+}
+
+static bool
+kernel_give_back (const char *name)
+{
   char why[512];
 
+  mloop_device_owner_set (name, 0, why, sizeof why);
+  return mloop_device_owner_is_root (name);
+}
+
+const struct mloop_autoclear_kernel mloop_autoclear_kernel_now = {
+  .connected = kernel_connected,
+  .backend = kernel_backend,
+  .give_back = kernel_give_back,
+};
+
+bool
+mloop_autoclear_finished (const struct mloop_device_state *s,
+                          const struct mloop_autoclear_kernel *k)
+{
+  g_autofree char *name = mloop_state_device_name (s);
+  int connected = k->connected (s->index);
+
+  if (connected != 0) {
+    /* Still S's image, or held open (no backend): not yet. */
+    g_autofree char *backend = k->backend (s->index);
+
+    return backend && strcmp (backend, s->file) != 0;
+  }
   if (s->owner == 0 || s->transport == MLOOP_TRANSPORT_UBLK)
-    return;
-  if (mloop_nbd_netlink_connected (s->index, &connected, why,
-                                   sizeof why) == 0 && !connected)
-    mloop_device_owner_set (name, 0, why, sizeof why);
+    return true;
+  /* Root's first, then asked again: opened in between, the device is
+   * its user's still, and counts as theirs until they close it.
+   */
+  return k->give_back (name) && k->connected (s->index) == 0;
 }

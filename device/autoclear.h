@@ -21,16 +21,37 @@
 int mloop_autoclear_enable (struct mloop_device_state *s, char *err,
                             size_t errlen);
 
-/* Whether the kernel has let go of S's device: not connected, or
- * connected to another image (a later attach may reuse the index).
+/* What autoclear asks of the kernel about a device, and does to its
+ * nodes: the real kernel's (mloop_autoclear_kernel_now), or a test's.
  */
-bool mloop_autoclear_released (const struct mloop_device_state *s);
+struct mloop_autoclear_kernel {
+  /* 1 when nbd device INDEX has a configuration (an image connected, or
+   * a descriptor open on it: the kernel gives an idle device opened one),
+   * 0 when it has none, -1 when the kernel cannot be asked.
+   */
+  int (*connected) (int index);
+  /* The backend device INDEX's configuration names (g_free), or NULL. */
+  char *(*backend) (int index);
+  /* Gives node NAME ("nbdN") and its partitions' back to root
+   * (device_owner.h): whether NAME's node is root's only now.
+   */
+  bool (*give_back) (const char *name);
+};
 
-/* Gives S's node back to root (device_owner.h) once the kernel has let
- * S's device go, unless another image is connected there by then (its
- * own attach decides that node's owner).  For a device attached for a
- * user, whose node would otherwise stay theirs: no detach ran.
+extern const struct mloop_autoclear_kernel mloop_autoclear_kernel_now;
+
+/* Whether autoclear device S is gone for good, so that its supervisor
+ * may remove its state: the kernel let it go and, for a device attached
+ * for a user, its node is root's again with no descriptor open on the
+ * device; or another image is connected there by now (its attach gave
+ * the node back first).  The node goes back to root before the kernel
+ * is asked the second time: until then its user may open the idle
+ * device, which the kernel then keeps for them, and asked only before,
+ * the device would be forgotten while they hold it, uncounted, its node
+ * still theirs (mloop-dbus's cap counts a user's devices by the state).
+ * Asked of K.
  */
-void mloop_autoclear_give_back (const struct mloop_device_state *s);
+bool mloop_autoclear_finished (const struct mloop_device_state *s,
+                               const struct mloop_autoclear_kernel *k);
 
 #endif /* MLOOP_AUTOCLEAR_H */

@@ -8,7 +8,9 @@
 static const char *watched_dir;
 static void (*on_released) (int lock);
 
-/* Whether the device is autoclear and released, by its state now. */
+/* Whether the device is autoclear and gone for good, by its state now
+ * (its node given back to root on the way: autoclear.h).
+ */
 static bool
 released (void)
 {
@@ -17,9 +19,8 @@ released (void)
 
   if (mloop_state_load (watched_dir, &st) == -1)
     return false;               /* attach has not finished */
-  r = st.autoclear && mloop_autoclear_released (&st);
-  if (r)
-    mloop_autoclear_give_back (&st);
+  r = st.autoclear && mloop_autoclear_finished (&st,
+                                                &mloop_autoclear_kernel_now);
   mloop_state_clear (&st);
   return r;
 }
