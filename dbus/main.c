@@ -16,6 +16,7 @@
 #include <glib-unix.h>
 
 #include "manager.h"
+#include "refusal_log.h"
 
 /* How often exited supervisors are reaped, seconds (manager.h). */
 #define REAP_INTERVAL_S 5
@@ -134,6 +135,8 @@ main (int argc, char **argv)
                           G_BUS_NAME_OWNER_FLAGS_NONE, on_bus, NULL,
                           on_name_lost, NULL, NULL);
   g_main_loop_run (loop);
+  /* What the log was spared is said before the service goes. */
+  mloop_refusal_log_flush ();
   g_bus_unown_name (owner);
   return status;
 }

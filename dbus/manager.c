@@ -40,6 +40,7 @@
 #include "manager.h"
 #include "nbd_netlink.h"
 #include "printable.h"
+#include "refusal_log.h"
 #include "store_name.h"
 
 #define ERROR_FAILED "org.mloop.Error.Failed"
@@ -378,8 +379,8 @@ attach_now (struct call *c)
                 "once (mloop-dbus --max-devices-per-user) and you have %u, "
                 "%u of them detached but still open: close them or detach "
                 "one first", limits.max_devices_per_user, mine + held, held);
-    g_message ("uid %u: attach %s refused: %s", (unsigned) c->uid, shown,
-               err);
+    mloop_refusal_log (c->uid, "uid %u: attach %s refused: %s",
+                       (unsigned) c->uid, shown, err);
     call_fail (c, ERROR_LIMIT, err);
     return;
   }
@@ -400,8 +401,8 @@ attach_now (struct call *c)
   close (fd);
   if (r == -1) {
     why = mloop_printable (err);
-    g_message ("uid %u: attach %s refused: %s", (unsigned) c->uid, shown,
-               why);
+    mloop_refusal_log (c->uid, "uid %u: attach %s refused: %s",
+                       (unsigned) c->uid, shown, why);
     call_fail (c, ERROR_FAILED, err);
     return;
   }

@@ -27,6 +27,9 @@ or "ERROR message".
   dbus_call.py answered-within SECONDS
       Lists every 0.1 s (each try given 1 s) until the service answers,
       for at most SECONDS: "ANSWERED T" (seconds it took) or "NO ANSWER".
+  dbus_call.py repeat N PATH NAME
+      N read-only attaches of PATH under NAME, one after the other:
+      prints each distinct answer once, as "COUNT x ANSWER".
   dbus_call.py handle H PATH
       A read-only attach carrying one descriptor, of PATH, whose image
       argument names descriptor H of the message instead of the first
@@ -82,6 +85,8 @@ def main():
             flood(int(sys.argv[2]), sys.argv[3])
         elif what == "answered-within":
             answered_within(bus, float(sys.argv[2]))
+        elif what == "repeat":
+            repeat(bus, int(sys.argv[2]), sys.argv[3], sys.argv[4])
         elif what == "handle":
             handle(int(sys.argv[2]), sys.argv[3])
         elif what == "detach":
@@ -99,6 +104,23 @@ def attach_message(fd, name, interactive):
                signature="hsa{sv}")
     msg.set_allow_interactive_authorization(interactive)
     return msg
+
+
+def repeat(bus, n, path, name):
+    """N attaches in turn, each answered before the next is sent."""
+    fd = os.open(path, os.O_RDONLY)
+    answers = {}
+    for _ in range(n):
+        try:
+            device = manager(bus).Attach(dbus.types.UnixFd(fd), name,
+                                         dbus.Dictionary({"read-only": dbus.Boolean(True)},
+                                                         signature="sv"), timeout=30)
+            answer = f"OK {device}"
+        except dbus.DBusException as e:
+            answer = f"ERROR {e.get_dbus_message()}"
+        answers[answer] = answers.get(answer, 0) + 1
+    for answer, count in answers.items():
+        print(f"{count} x {answer}")
 
 
 def pile(bus, n, path, wait):
