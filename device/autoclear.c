@@ -73,7 +73,10 @@ mloop_autoclear_finished (const struct mloop_device_state *s,
   int connected = k->connected (s->index);
 
   if (connected != 0) {
-    /* Still S's image, or held open (no backend): not yet. */
+    /* Another image there by now is done with (its attach gave the
+     * node back first); S's image, or a descriptor open on the idle
+     * device (no backend), is not yet.
+     */
     g_autofree char *backend = k->backend (s->index);
 
     return backend && strcmp (backend, s->file) != 0;
@@ -81,7 +84,9 @@ mloop_autoclear_finished (const struct mloop_device_state *s,
   if (s->owner == 0 || s->transport == MLOOP_TRANSPORT_UBLK)
     return true;
   /* Root's first, then asked again: opened in between, the device is
-   * its user's still, and counts as theirs until they close it.
+   * its user's still, and counts as theirs until they close it.  A node
+   * that could not be given back stays counted too: asked again at the
+   * next look.
    */
   return k->give_back (name) && k->connected (s->index) == 0;
 }
