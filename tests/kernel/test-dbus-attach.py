@@ -9,7 +9,9 @@ an image they cannot open.  The device survives its server's SIGKILL
 the service's SIGKILL; the user then detaches it through a service the
 bus starts again, and the node is root's again.  A read-only attach is
 read-only; a polkit rule denying attach is obeyed.  A user's autoclear
-device gives its node back to root when the kernel lets it go, and a
+device gives its node back to root when the kernel lets it go; one its
+user opens again at once, which the kernel keeps for them, stays
+recorded until they close it, and its node is then root's.  A
 node a user was left holding is root's again before the next device is
 connected there (a user watching its size never opens it).  The name a
 caller gives is only a label: a user who names their image after
@@ -118,6 +120,31 @@ def watch_as(user, bus, dev, cl):
     return p
 
 
+# Run as a user: opens DEV, closes it (an autoclear device's last close)
+# and opens it again at once, then holds it until stdin closes.
+HOLD_AGAIN = """
+import os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+os.close(fd)
+fd = os.open(sys.argv[1], os.O_RDONLY)
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def hold_again_as(user, bus, dev, cl):
+    """A process of USER's holding DEV opened again after its last close."""
+    _, uid, gid = user
+    p = subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={gid}",
+                          "--clear-groups", "--", sys.executable, "-c", HOLD_AGAIN, dev],
+                         env=bus.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True)
+    cl.push(lambda: p.poll() is None and (p.kill(), p.wait()))
+    line = p.stdout.readline().strip()
+    assert line == "held", f"the user could not open {dev} again: {line!r}"
+    return p
+
+
 def run_test(kind, cl, unit=None, check_sandbox=None):
     """UNIT: the service runs in that systemd unit; CHECK_SANDBOX(PID)
     then asserts the sandbox of the service and of a device's server."""
@@ -221,6 +248,23 @@ def run_test(kind, cl, unit=None, check_sandbox=None):
     wait_until(lambda: not kind.state_entries(), "the autoclear device's cleanup")
     assert node_owner(dev) == (0, 0o660), \
         f"after an autoclear release {dev} is still uid/mode {node_owner(dev)}"
+
+    # 7b. Its user opens it again the moment the kernel lets it go: the
+    # kernel configures the idle device again and keeps it for them, so
+    # it stays recorded (and counted) until they close it, and its node
+    # is root's then.
+    out = as_user(USER, *CALL, "attach", "rw", image, image, "autoclear=true").stdout.strip()
+    assert out.startswith("OK /dev/nbd"), f"autoclear attach: {out}"
+    dev = out.split()[1]
+    cl.push(lambda: kind.cli("detach", dev, check=False))
+    holder = hold_again_as(USER, bus, dev, cl)
+    time.sleep(1.5)                     # three of the supervisor's looks
+    assert kind.state_entries(), f"{dev}, held by its user, was forgotten"
+    holder.stdin.close()
+    holder.wait(10)
+    wait_until(lambda: not kind.state_entries(), "the reopened device's cleanup")
+    assert node_owner(dev) == (0, 0o660) and not nbd_in_use(dev), \
+        f"after its user closed it {dev} is uid/mode {node_owner(dev)}"
 
     # 8. A node left a user's (as by an attach that died) is root's again
     # before root's next image is connected there: a user watching its
