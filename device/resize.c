@@ -60,14 +60,46 @@ open_image (const struct mloop_device_state *s, bool for_write,
   return mloop_engine_open (e, &cfg, err, errlen) < 0 ? -1 : 0;
 }
 
-/* Keeps the offset of the first extent of data in *OPAQUE. */
+/* One extents reply, as mloop_first_data_past reads it. */
+struct data_search {
+  uint64_t first;               /* the first byte of data seen, or end */
+  uint64_t covered;             /* the reply's extents end here */
+};
+
 static int
 note_first_data (void *opaque, uint64_t offset, uint64_t length, bool hole)
 {
-  uint64_t *first = opaque;
+  struct data_search *d = opaque;
 
-  if (!hole && offset < *first)
-    *first = offset;
+  if (!hole && offset < d->first)
+    d->first = offset;
+  if (offset + length > d->covered)
+    d->covered = offset + length;
+  return 0;
+}
+
+int
+mloop_first_data_past (struct mloop_engine *e, uint64_t from,
+                       uint64_t *first)
+{
+  const uint64_t size = mloop_engine_size (e);
+  struct data_search d = { .first = size, .covered = from };
+
+  /* A reply may cover a prefix of the range only (NBD allows it; the
+   * RBD store's stops after 1 GiB): ask again from where it ended,
+   * until data or the end.
+   */
+  while (d.first == size && d.covered < size) {
+    const uint64_t pos = d.covered;
+    int r = mloop_engine_extents (e, pos, size - pos, false,
+                                  note_first_data, &d);
+
+    if (r < 0)
+      return r;
+    if (d.covered <= pos)
+      return -EIO;              /* an empty reply would loop for ever */
+  }
+  *first = d.first;
   return 0;
 }
 
@@ -84,10 +116,12 @@ check_no_data_past (struct mloop_engine *e, uint64_t from, const char *file,
 
   if (from >= size)
     return 0;
-  r = mloop_engine_extents (e, from, size - from, false, note_first_data, &first);
+  r = mloop_first_data_past (e, from, &first);
   if (r < 0)
     return mloop_fail (err, errlen, "%s: looking for data past byte %"
-                       PRIu64 ": %s", file, from, strerror (-r));
+                       PRIu64 ": %s", file, from,
+                       r == -EIO ? "the store answered with no extents"
+                       : strerror (-r));
   if (first == size)
     return 0;
   return mloop_fail (err, errlen, "shrinking to %" PRIu64 " bytes would cut "

@@ -56,6 +56,15 @@ int mloop_resize_follow (const char *dir, mloop_restart_fn restart,
                          uint64_t *old_size, uint64_t *new_size,
                          char *err, size_t errlen);
 
+/* The first byte at or past FROM that E's image stores, in *FIRST (the
+ * image's size when there is none): asks for extents until data or the
+ * end, since a reply may cover only a prefix of what was asked.  0, or
+ * a negative errno (EIO: a reply covered nothing).
+ */
+struct mloop_engine;
+int mloop_first_data_past (struct mloop_engine *e, uint64_t from,
+                           uint64_t *first);
+
 /* Opens /dev/nbdINDEX read-only and closes it again.  A resize marks the
  * disk for a partition scan on its next open (Linux: nbd_set_size sets
  * GD_NEED_PART_SCAN when max_part > 0); this is that open, so the
