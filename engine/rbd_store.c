@@ -5,7 +5,8 @@
  * [:shared=on]", as qemu spells them (POOL defaults to "rbd"; the
  * namespace, to the pool's default one; the options stand in for
  * the configuration's ceph_id, ceph_conf and shared).  A snapshot is
- * served read-only, and fails once removed ("a snapshot removed").  A
+ * served read-only; a read-only open fails once its image or snapshot
+ * is removed ("a read-only image removed").  A
  * device's servers serve the image and snapshot its first server opened,
  * by their ids, whatever has the name by then ("which image").
  *
@@ -127,14 +128,16 @@ struct rbd_store {
   uint64_t last_timeout_ms;     /* monotonic */
   unsigned timed_out;           /* requests failed since it was said */
   bool blocklisted;             /* atomic: said that the cluster refuses us */
-  /* A snapshot's: its id, its image's header object (NULL: not
-   * checked), and whether it is gone (atomic; see "a snapshot removed").
+  /* A snapshot's id; a read-only open's image id and header object
+   * (NULL: not checked), and whether the image or snapshot is gone
+   * (atomic; see "a read-only image removed").
    */
   uint64_t snap_id;
   bool snap_id_known;
+  char image_id[RBD_MAX_IMAGE_NAME_SIZE];
   char *header_oid;
-  bool snap_gone;
-  unsigned char *snapc;         /* the header's answer */
+  bool gone;
+  unsigned char *answer;        /* the cluster's answer to a check */
 };
 
 static struct rbd_store *
@@ -160,7 +163,7 @@ check_request (const struct rbd_store *st, bool is_write, uint64_t offset,
 {
   const uint64_t size = store_size (&st->base);
 
-  if (__atomic_load_n (&st->snap_gone, __ATOMIC_ACQUIRE))
+  if (__atomic_load_n (&st->gone, __ATOMIC_ACQUIRE))
     return -EIO;
   if (offset > size || count > size - offset)
     return is_write ? -ENOSPC : -EINVAL;
@@ -410,18 +413,22 @@ stop_lock_checker (struct rbd_store *st)
   __atomic_store_n (&st->checker_running, false, __ATOMIC_RELEASE);
 }
 
-/* ------------------------------------------------ a snapshot removed */
+/* ------------------------------------------- a read-only image removed */
 
-/* A snapshot is opened read-only, and a read-only librbd open sets no
- * watch on the image's header: librbd never learns that the snapshot
- * was removed, and goes on reading at its id, which the OSDs, with no
- * clone left for it, answer from the image as it is now, changing
- * under a reader that believes it reads a snapshot.  So a thread asks
- * the header for the image's snapshots every SNAP_CHECK_MS; once the
- * snapshot's id is not among them, every request fails with EIO and
- * the store says so.
+/* A read-only librbd open (a snapshot's, or --read-only) sets no watch
+ * on the image's header, so nothing stops `rbd rm` or `rbd snap rm`
+ * while it is served, and librbd never learns of either: a removed
+ * snapshot's reads go on at its id, which the OSDs, with no clone left
+ * for it, answer from the image as it is now; a removed image's
+ * objects are gone, and its reads answer zeroes.  So a thread looks
+ * every CHECK_MS: the header must still be there, and list the
+ * snapshot's id; the image itself must not be in the trash (`rbd rm`
+ * moves it there first, then removes its objects one by one, the
+ * header last; `rbd trash mv` defers the same).  Once one is not so,
+ * every request fails with EIO and the store says so.
  */
-#define SNAP_CHECK_MS 2000
+#define CHECK_MS 2000
+#define TRASH_OID "rbd_trash"    /* librbd's RBD_TRASH */
 #define MOST_SNAPS 4096         /* more than Ceph lets an image have */
 
 static uint64_t
@@ -434,16 +441,17 @@ le64 (const unsigned char *p)
   return v;
 }
 
-#define SNAPC_LEN (12 + 8 * (size_t) MOST_SNAPS)
+#define ANSWER_LEN (12 + 8 * (size_t) MOST_SNAPS)
 
-/* Asks the header for its snapshots and waits for the answer while
- * the store is not closing: a cluster gone must not hold up a close,
- * so the request is then cancelled (librados completes it at once).
- * Called with check_lock held.
+/* Calls cls_rbd's METHOD on object OID with IN, into st->answer, and
+ * waits for the answer while the store is not closing: a cluster gone
+ * must not hold up a close, so the request is then cancelled (librados
+ * completes it at once).  Called with check_lock held.
  * Returns the answer's length, or a negative errno.
  */
 static int
-ask_snapc (struct rbd_store *st)
+ask_cls (struct rbd_store *st, const char *oid, const char *method,
+         const char *in, size_t in_len)
 {
   const struct timespec tick = { 0, 50 * 1000000L };
   rados_completion_t c;
@@ -451,8 +459,8 @@ ask_snapc (struct rbd_store *st)
 
   if (rados_aio_create_completion2 (NULL, NULL, &c) < 0)
     return -ENOMEM;
-  r = rados_aio_exec (st->ioctx, st->header_oid, c, "rbd", "get_snapcontext",
-                      NULL, 0, (char *) st->snapc, SNAPC_LEN);
+  r = rados_aio_exec (st->ioctx, oid, c, "rbd", method, in, in_len,
+                      (char *) st->answer, ANSWER_LEN);
   while (r == 0 && !rados_aio_is_complete (c) && !st->check_stop) {
     pthread_mutex_unlock (&st->check_lock);
     nanosleep (&tick, NULL);
@@ -468,22 +476,23 @@ ask_snapc (struct rbd_store *st)
   return r;
 }
 
-/* Whether the header lists ST's snapshot: 1, 0 (nor is there a header
- * any more), or a negative errno
- * (unknown: the cluster did not answer, or an answer not understood).
- * cls_rbd's get_snapcontext: the sequence (64 bits), the count (32),
- * then each id (64), little-endian.  Called with check_lock held.
+/* Whether the header is there and, for a snapshot, lists ST's: 1, 0,
+ * or a negative errno (unknown: the cluster did not answer, or an
+ * answer not understood).  cls_rbd's get_snapcontext: the sequence (64
+ * bits), the count (32), then each id (64), little-endian.  Called
+ * with check_lock held.
  */
 static int
-snap_listed (struct rbd_store *st)
+header_lists (struct rbd_store *st)
 {
-  const unsigned char *buf = st->snapc;
-  int r = ask_snapc (st), found = 0;
+  const unsigned char *buf = st->answer;
+  int r = ask_cls (st, st->header_oid, "get_snapcontext", NULL, 0);
+  int found = st->snap == NULL;
   uint32_t n;
 
   if (r >= 0 && r < 12)
     r = -EBADMSG;
-  if (r >= 12) {
+  if (r >= 12 && !found) {
     n = (uint32_t) buf[8] | (uint32_t) buf[9] << 8 |
       (uint32_t) buf[10] << 16 | (uint32_t) buf[11] << 24;
     if ((size_t) r < 12 + 8 * (size_t) n)
@@ -496,9 +505,39 @@ snap_listed (struct rbd_store *st)
   return r == -ENOENT ? 0 : r < 0 ? r : found;
 }
 
+/* Whether the pool's trash (the object rbd_trash, in ST's namespace)
+ * holds the image: 1, 0, or a negative errno.  cls_rbd's trash_get
+ * takes the id as Ceph encodes a string: its length (32 bits,
+ * little-endian), then its bytes.  Called with check_lock held.
+ */
+static int
+in_trash (struct rbd_store *st)
+{
+  char in[4 + RBD_MAX_IMAGE_NAME_SIZE];
+  const size_t len = strlen (st->image_id);
+  int r;
+
+  in[0] = (char) (len & 0xff);
+  in[1] = (char) (len >> 8 & 0xff);
+  in[2] = (char) (len >> 16 & 0xff);
+  in[3] = (char) (len >> 24 & 0xff);
+  memcpy (in + 4, st->image_id, len);
+  r = ask_cls (st, TRASH_OID, "trash_get", in, 4 + len);
+  return r == -ENOENT ? 0 : r < 0 ? r : 1;
+}
+
+/* Marks the store gone and says WHY, once. */
+static void
+mark_gone (struct rbd_store *st, const char *why)
+{
+  __atomic_store_n (&st->gone, true, __ATOMIC_RELEASE);
+  say (st, "%s: %s: requests fail with EIO (they would read %s)", st->name,
+       why, st->snap ? "the image as it is now" : "zeroes, or what is left");
+}
+
 /* Waits for the cluster: a thread of its own. */
 static void *
-snap_checker (void *arg)
+removal_checker (void *arg)
 {
   struct rbd_store *st = arg;
   struct timespec until;
@@ -506,8 +545,8 @@ snap_checker (void *arg)
   pthread_mutex_lock (&st->check_lock);
   while (!st->check_stop) {
     clock_gettime (CLOCK_MONOTONIC, &until);
-    until.tv_sec += SNAP_CHECK_MS / 1000;
-    until.tv_nsec += (SNAP_CHECK_MS % 1000) * 1000000L;
+    until.tv_sec += CHECK_MS / 1000;
+    until.tv_nsec += (CHECK_MS % 1000) * 1000000L;
     if (until.tv_nsec >= 1000000000L) {
       until.tv_sec++;
       until.tv_nsec -= 1000000000L;
@@ -518,10 +557,15 @@ snap_checker (void *arg)
       ;
     if (st->check_stop)
       break;
-    if (snap_listed (st) == 0) {
-      __atomic_store_n (&st->snap_gone, true, __ATOMIC_RELEASE);
-      say (st, "%s: the snapshot was removed: requests fail with EIO (they "
-           "would read the image as it is now)", st->name);
+    if (header_lists (st) == 0) {
+      mark_gone (st, st->snap ? "the snapshot was removed"
+            : "the image was removed");
+      break;
+    }
+    /* A snapshot keeps its image from removal: only the header counts. */
+    if (st->snap == NULL && !st->check_stop && in_trash (st) == 1) {
+      mark_gone (st, "the image was moved to the trash (`rbd rm` does so "
+            "first)");
       break;
     }
   }
@@ -529,21 +573,20 @@ snap_checker (void *arg)
   return NULL;
 }
 
-/* Starts the snapshot's check, where the image is of format 2 (a
- * format 1 image, long deprecated, is not checked).
+/* Starts the check of a read-only open, where the image is of format 2
+ * (a format 1 image, long deprecated, is not checked).
  */
 static void
-start_snap_checker (struct rbd_store *st)
+start_removal_checker (struct rbd_store *st)
 {
-  char id[64];
-
-  if (!st->snap_id_known || rbd_get_id (st->rbd, id, sizeof id) < 0 ||
-      (st->snapc = malloc (SNAPC_LEN)) == NULL ||
-      asprintf (&st->header_oid, "rbd_header.%s", id) < 0) {
+  if ((st->snap && !st->snap_id_known) ||
+      rbd_get_id (st->rbd, st->image_id, sizeof st->image_id) < 0 ||
+      (st->answer = malloc (ANSWER_LEN)) == NULL ||
+      asprintf (&st->header_oid, "rbd_header.%s", st->image_id) < 0) {
     st->header_oid = NULL;
     return;
   }
-  if (pthread_create (&st->checker, NULL, snap_checker, st) == 0)
+  if (pthread_create (&st->checker, NULL, removal_checker, st) == 0)
     __atomic_store_n (&st->checker_running, true, __ATOMIC_RELEASE);
 }
 
@@ -889,7 +932,7 @@ store_extents (struct mloop_store *s, uint64_t offset, uint64_t count,
   };
   int r;
 
-  if (__atomic_load_n (&st->snap_gone, __ATOMIC_ACQUIRE))
+  if (__atomic_load_n (&st->gone, __ATOMIC_ACQUIRE))
     return -EIO;
   if (offset > store_size (s) || count > store_size (s) - offset)
     return -EINVAL;
@@ -1012,8 +1055,8 @@ store_describe (const struct mloop_store *s, char *buf, size_t len)
     owner = 0;
   snprintf (buf, len, "%s: %" PRIu64 " bytes, %s%s%s", st->name,
             store_size (s), s->info.writable ? "read-write" : "read-only",
-            __atomic_load_n (&st->snap_gone, __ATOMIC_ACQUIRE)
-            ? ", snapshot removed" : "",
+            __atomic_load_n (&st->gone, __ATOMIC_ACQUIRE)
+            ? st->snap ? ", snapshot removed" : ", image removed" : "",
             owner ? ", exclusive lock held"
             : st->locked || (s->info.writable && !st->shared)
             ? ", exclusive lock lost" : s->info.writable ? ", shared" : "");
@@ -1059,7 +1102,7 @@ store_close (struct mloop_store *s)
   pthread_cond_destroy (&st->check_wanted);
   free (st->own_address);
   free (st->header_oid);
-  free (st->snapc);
+  free (st->answer);
   free (st->name);
   free (st->pool);
   free (st->ns);
@@ -1944,8 +1987,8 @@ open_image (struct rbd_store *st, const struct mloop_engine_config *cfg,
     .can_extents = true,
   };
   read_effective_config (st);
-  if (st->snap)
-    start_snap_checker (st);
+  if (!writable)
+    start_removal_checker (st);
   return 0;
 }
 

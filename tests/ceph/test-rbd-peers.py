@@ -50,6 +50,9 @@ on a real one-node cluster (tests/ceph/cluster.py):
    once that image is removed it is refused in one line naming both; a
    snapshot's next server serves its snapshot, renamed, not the one
    given its name, and is refused once it is removed;
+2g. an image served read-only removed (`rbd rm`: a read-only open has
+   no watch to stop it) or moved to the trash: the server says so within
+   10 s and fails the reads, which would answer zeroes;
 3. librbd's cache and partial trims turned on for the image in the
    cluster (`rbd config image set`: rbd_cache true, writeback, dirty data
    kept 60 s; rbd_skip_partial_discard true), over the server's own
@@ -82,6 +85,8 @@ SKIPs (77) without the Ceph packages, python3-libnbd or python3-rbd.
 Run by hand from the repository root:
   MLOOP_SERVER_BIN=build/server/mloop-server PYTHONPATH=tests:tests/ceph \\
       /usr/bin/python3 tests/ceph/test-rbd-peers.py
+MLOOP_RBD_SECTIONS="WORD,WORD" runs only the sections whose name (the
+"# NAME" lines it prints) has one of the words.
 
 Cost on the project machine (2 cores): 40-55 s alone, up to 70 s beside
 other heavy work: the cluster's start 6-7 s (up to 19 s loaded), 1 and
@@ -788,6 +793,39 @@ def section_snapshot_removed():
     s.stop()
 
 
+def section_read_only_removed():
+    """An image served read-only, then removed (`rbd rm`, which nothing
+    stops: a read-only open sets no watch) or moved to the trash: its
+    objects are gone or may go at any time, and reads would answer
+    zeroes; the server must fail them instead, and say why."""
+    # `rbd rm` moves the image to the trash first: either may be seen.
+    for name, remove, words in [
+            ("removed", ("rm", "--no-progress"), ("was removed", "moved to the trash")),
+            ("trashed", ("trash", "mv"), ("moved to the trash",))]:
+        c.create_image(name, 8 * MiB)
+        w = start(f"mloop-server writing the image to be {name}", f"rbd:{c.spec(name)}")
+        h = w.connect()
+        h.pwrite(b"r" * 4096, 0)
+        h.flush()
+        h.shutdown()
+        w.stop()
+        s = start(f"a read-only mloop-server of the image to be {name}",
+                  f"rbd:{c.spec(name)}", args=["--read-only"])
+        hs = s.connect()
+        check(f"the image to be {name} reads as written",
+              hs.pread(4096, 0) == b"r" * 4096)
+        c.rbd(*remove, c.spec(name))
+        deadline = time.monotonic() + REFUSE_LIMIT
+        while (not any(w in s.stderr() for w in words)
+               and time.monotonic() < deadline):
+            time.sleep(0.1)
+        check(f"the read-only server says its image {' or '.join(words)}",
+              any(w in s.stderr() for w in words), s.stderr())
+        check_read_fails(f"the image {name}", hs)
+        hs.shutdown()
+        s.stop()
+
+
 # --- 3: the cache and partial trims, turned on by the cluster --------------
 
 def section_settings():
@@ -973,7 +1011,14 @@ def section_mount_timeout():
 # --- run ------------------------------------------------------------------
 
 
+# MLOOP_RBD_SECTIONS="word,word": only the sections whose name has one
+# of the words (the cluster's start and the final checks run all the same).
+ONLY = [w for w in os.environ.get("MLOOP_RBD_SECTIONS", "").split(",") if w]
+
+
 def section(name, fn):
+    if ONLY and not any(w in name for w in ONLY):
+        return
     t = time.monotonic()
     print(f"# {name}")
     try:
@@ -1006,6 +1051,7 @@ try:
     section("a device's image renamed", section_renamed)
     section("the exclusive-lock feature turned off", section_feature_off)
     section("a snapshot removed while served", section_snapshot_removed)
+    section("a read-only server's image removed", section_read_only_removed)
     section("the cache and partial trims set by the cluster", section_settings)
     section("partial trims turned on while served", section_settings_changed)
     section("BLOCK_STATUS over a large sparse image", section_extents)
