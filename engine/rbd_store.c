@@ -1855,6 +1855,37 @@ named_now (struct rbd_store *st, char *buf, size_t len)
   rbd_close (other);
 }
 
+/* Refuses the image of id ID when it is in the pool's trash (`rbd trash
+ * mv`, or an `rbd rm` under way): librbd opens it by id all the same,
+ * but its owner removed it, and `rbd trash purge` may remove its
+ * objects under the server at any time.  0, or a negative errno with
+ * ERR (the trash unreadable: not knowing, refused).
+ */
+static int
+refuse_trashed (struct rbd_store *st, const char *id, char *err,
+                size_t errlen)
+{
+  rbd_trash_image_info_t info;
+  int r = rbd_trash_get (st->ioctx, id, &info);
+
+  if (r == -ENOENT)
+    return 0;
+  if (r < 0) {
+    snprintf (err, errlen, "%s: looking for the image its device was "
+              "attached to (id %s) in the pool's trash: %s", st->name, id,
+              strerror (-r));
+    return r;
+  }
+  /* Not the name it has there: another client chose it, and it may
+   * hold anything, a line break included.
+   */
+  snprintf (err, errlen, "%s: the image its device was attached to (id %s) "
+            "is in the pool's trash (`rbd trash restore` of that id brings "
+            "it back)", st->name, id);
+  rbd_trash_get_cleanup (&info);
+  return -ENOENT;
+}
+
 /* Opens the image PATH records: 1, 0 when there is no record, or a
  * negative errno with ERR.
  */
@@ -1880,6 +1911,10 @@ open_recorded (struct rbd_store *st, bool writable, const char *path,
               st->name, path, rec.spec);
     image_record_clear (&rec);
     return -EINVAL;
+  }
+  if ((r = refuse_trashed (st, rec.id, err, errlen)) < 0) {
+    image_record_clear (&rec);
+    return r;
   }
   r = writable ? rbd_open_by_id (st->ioctx, rec.id, &st->rbd, NULL)
     : rbd_open_by_id_read_only (st->ioctx, rec.id, &st->rbd, NULL);

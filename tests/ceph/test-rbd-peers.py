@@ -53,6 +53,9 @@ on a real one-node cluster (tests/ceph/cluster.py):
 2g. an image served read-only removed (`rbd rm`: a read-only open has
    no watch to stop it) or moved to the trash: the server says so within
    10 s and fails the reads, which would answer zeroes;
+2h. a device's image moved to the trash (`rbd trash mv`) while its
+   server is down: its next server, and a snapshot's, are refused in one
+   line naming the trash (librbd would open it by its recorded id);
 3. librbd's cache and partial trims turned on for the image in the
    cluster (`rbd config image set`: rbd_cache true, writeback, dirty data
    kept 60 s; rbd_skip_partial_discard true), over the server's own
@@ -826,6 +829,32 @@ def section_read_only_removed():
         s.stop()
 
 
+def section_trashed_while_down():
+    """A device's image moved to the trash (`rbd trash mv`) while its
+    server is down: librbd opens an image in the trash by the id the
+    device's record keeps, but its owner removed it and a purge may
+    remove its objects at any time; the device's next server, and a
+    snapshot's, must be refused in one line naming the trash."""
+    c.create_image("binned", 8 * MiB)
+    spec = f"rbd:{c.spec('binned')}"
+    record = ["--lock-record=" + c.path("test", "binned.lock")]
+    s = start("a device's server", spec, args=record)
+    h = s.connect()
+    h.pwrite(b"t" * 4096, 0)
+    h.flush()
+    h.shutdown()
+    s.stop()
+    c.rbd("snap", "create", c.spec("binned", "kept"))
+    snap = f"rbd:{c.spec('binned', 'kept')}"
+    snap_record = ["--lock-record=" + c.path("test", "binned-kept.lock")]
+    start("a snapshot's server", snap, args=snap_record).stop()
+    c.rbd("trash", "mv", c.spec("binned"))
+    refused_in_one_line("its next server, the image in the trash",
+                        Server(spec, args=record), ["trash", "binned"])
+    refused_in_one_line("the snapshot's next server, the image in the trash",
+                        Server(snap, args=snap_record), ["trash", "binned"])
+
+
 # --- 3: the cache and partial trims, turned on by the cluster --------------
 
 def section_settings():
@@ -1052,6 +1081,7 @@ try:
     section("the exclusive-lock feature turned off", section_feature_off)
     section("a snapshot removed while served", section_snapshot_removed)
     section("a read-only server's image removed", section_read_only_removed)
+    section("an image trashed while its server is down", section_trashed_while_down)
     section("the cache and partial trims set by the cluster", section_settings)
     section("partial trims turned on while served", section_settings_changed)
     section("BLOCK_STATUS over a large sparse image", section_extents)
