@@ -62,6 +62,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1659,14 +1660,41 @@ take_lock (struct rbd_store *st, const char *record, char *err,
   return r;
 }
 
-/* Whether librbd's effective OPTION, as ST's image sees it, is true. */
+/* Whether librbd may take VALUE, a boolean option's, for true.  An
+ * image's or a pool's value is listed as it was set, not as librbd
+ * reads it, and librbd reads as Ceph parses a boolean: "true" or
+ * "false" in any case, else a decimal integer, true unless 0 (`rbd
+ * config image set IMAGE rbd_cache 1` turns the cache on).  A value
+ * not understood is taken for true, the safe way round.
+ */
+static bool
+value_may_be_true (const char *value)
+{
+  char *end;
+  long n;
+
+  if (strcasecmp (value, "true") == 0)
+    return true;
+  if (strcasecmp (value, "false") == 0)
+    return false;
+  errno = 0;
+  n = strtol (value, &end, 10);
+  if (end == value || *end != '\0' || errno != 0)
+    return true;
+  return n != 0;
+}
+
+/* Whether librbd's effective OPTION, as ST's image sees it, may be true
+ * (librbd lists every option of its own; one unlisted is not known, and
+ * taken for true as well).
+ */
 static bool
 option_on (const rbd_config_option_t *options, int n, const char *option)
 {
   for (int i = 0; i < n; i++)
     if (strcmp (options[i].name, option) == 0)
-      return strcmp (options[i].value, "true") == 0;
-  return false;
+      return value_may_be_true (options[i].value);
+  return true;
 }
 
 /* What the image will do with writes.  The store asks for no cache,

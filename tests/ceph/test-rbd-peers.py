@@ -66,6 +66,9 @@ on a real one-node cluster (tests/ceph/cluster.py):
 3b. rbd_skip_partial_discard turned on for the image while a server
    has it open (librbd applies it at its next refresh): a trim inside
    an object made after it still reads back as zeroes;
+3c. rbd_cache set on the image as "1", then as "TRUE" (librbd reads
+   both as true; its configuration list shows them as set): a FUA write
+   acknowledged just before the server is SIGKILLed is in the image;
 4. BLOCK_STATUS over a sparse 8 GiB image with data scattered in 64
    objects: a request for 4 GiB - 4 KiB is answered with extents
    covering at most 1 GiB, neighbours of one kind merged; REQ_ONE
@@ -894,6 +897,36 @@ def section_settings():
           zeroed == bytes(64 * 1024), f"{zeroed.count(0)} of {len(zeroed)} bytes zero")
 
 
+# --- 3c: the cache turned on in another spelling -------------------------
+
+def section_cache_spelled():
+    """rbd_cache set on the image as "1" or "TRUE", which librbd reads as
+    true (Ceph parses a boolean so) while its configuration list shows
+    the value as set: a FUA write acknowledged before a SIGKILL must be
+    in the image all the same."""
+    for n, spelling in enumerate(["1", "TRUE"]):
+        name = f"spelled{n}"
+        c.create_image(name, 8 * MiB)
+        for key, value in [("rbd_cache", spelling), ("rbd_cache_policy", "writeback"),
+                           ("rbd_cache_writethrough_until_flush", "false"),
+                           ("rbd_cache_max_dirty_age", "60")]:
+            c.rbd("config", "image", "set", c.spec(name), key, value)
+        s = start(f"mloop-server on an image with rbd_cache {spelling}",
+                  f"rbd:{c.spec(name)}")
+        h = s.connect()
+        data = os.urandom(64 * 1024)
+        h.pwrite(data, MiB, nbd.CMD_FLAG_FUA)
+        s.proc.kill()           # nothing flushed after the FUA write
+        s.proc.wait()
+        del h
+        check(f"the server says rbd_cache {spelling} turns the cache on",
+              "cache on" in s.stderr(), s.stderr())
+        got = export(c.spec(name))[MiB:MiB + len(data)]
+        check(f"a FUA write acknowledged before a SIGKILL is in the image "
+              f"(rbd_cache {spelling})", got == data,
+              f"{got.count(0)} of {len(data)} bytes zero")
+
+
 # --- 3b: partial trims turned on while served ----------------------------
 
 def section_settings_changed():
@@ -1084,6 +1117,7 @@ try:
     section("an image trashed while its server is down", section_trashed_while_down)
     section("the cache and partial trims set by the cluster", section_settings)
     section("partial trims turned on while served", section_settings_changed)
+    section("the cache turned on in another spelling", section_cache_spelled)
     section("BLOCK_STATUS over a large sparse image", section_extents)
     section("a namespace", section_namespace)
     section("client_mount_timeout in ceph.conf", section_mount_timeout)
