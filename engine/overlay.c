@@ -838,23 +838,45 @@ record_base (struct mloop_overlay *ov, unsigned char *h,
   return r;
 }
 
-/* Whether header H records ID's file as written since: the same file
- * (device, inode, and birth where both are known: not another file
- * given a freed inode's number) with another modification time.  The
- * fingerprint sees only the base's ends, and a partitioned image keeps
- * its filesystems past the first MiB: there, a commit of another
- * overlay over the same base, or any write, changes nothing it sees.
+/* Whether header H records ID's file, under whatever name: the same
+ * inode, born at the same time where both births are known (not another
+ * file given a freed inode's number), on the same device or at the
+ * path the header names (RECORDED).  A device number is not the
+ * file's: NFS and btrfs number their mounts as they are made,
+ * device-mapper and USB disks theirs as they appear, so after a reboot
+ * or a remount the same file may show another.  Taken for a copy of
+ * itself, it would go by its ends alone, be served over a write in its
+ * middle and have its new times recorded, and lose a merge's mark.
+ * Another file taken for it (another filesystem at that place, one
+ * inode number alike) is at worst refused as written since, which
+ * adopting it overrides.
  */
 static bool
-written_since (const unsigned char *h, const struct base_identity *id)
+recorded_file (const unsigned char *h, const char *recorded,
+               const struct base_identity *id)
 {
-  const uint64_t birth = get_le64 (h + HDR_BASE_BIRTH);
+  const uint64_t birth = (get_le32 (h + HDR_FLAGS) & OVERLAY_FLAG_TIMES)
+    ? get_le64 (h + HDR_BASE_BIRTH) : 0;
 
-  if (!id->has_times || get_le32 (h + HDR_VERSION) != OVERLAY_VERSION ||
-      !(get_le32 (h + HDR_FLAGS) & OVERLAY_FLAG_TIMES) ||
-      get_le64 (h + HDR_BASE_DEV) != id->dev ||
-      get_le64 (h + HDR_BASE_INO) != id->ino ||
-      (birth != 0 && id->birth != 0 && birth != id->birth))
+  return get_le32 (h + HDR_VERSION) == OVERLAY_VERSION &&
+    get_le64 (h + HDR_BASE_INO) == id->ino &&
+    (birth == 0 || id->birth == 0 || birth == id->birth) &&
+    (get_le64 (h + HDR_BASE_DEV) == id->dev ||
+     strcmp (recorded, id->path) == 0);
+}
+
+/* Whether header H records ID's file (recorded_file) as written since:
+ * with another modification time.  The fingerprint sees only the
+ * base's ends, and a partitioned image keeps its filesystems past the
+ * first MiB: there, a commit of another overlay over the same base, or
+ * any write, changes nothing it sees.
+ */
+static bool
+written_since (const unsigned char *h, const char *recorded,
+               const struct base_identity *id)
+{
+  if (!id->has_times || !(get_le32 (h + HDR_FLAGS) & OVERLAY_FLAG_TIMES) ||
+      !recorded_file (h, recorded, id))
     return false;
   return get_le64 (h + HDR_BASE_MTIME) != id->mtime ||
     get_le32 (h + HDR_BASE_MTIME_NS) != id->mtime_ns;
@@ -871,9 +893,7 @@ check_base (struct mloop_overlay *ov, unsigned char *h,
 {
   struct base_identity id;
   const uint32_t version = get_le32 (h + HDR_VERSION);
-  const uint64_t dev = get_le64 (h + HDR_BASE_DEV);
-  const uint64_t ino = get_le64 (h + HDR_BASE_INO);
-  bool same_content, same_file, same_inode, written, resumed;
+  bool same_content, same_file, recorded, written, resumed;
   int r;
 
   /* No identity recorded: the size was all an older mloop checked, and
@@ -889,9 +909,9 @@ check_base (struct mloop_overlay *ov, unsigned char *h,
   same_content = version == OVERLAY_VERSION &&
     get_le32 (h + HDR_BASE_FIRST_CRC) == id.first_crc &&
     get_le32 (h + HDR_BASE_LAST_CRC) == id.last_crc;
-  same_file = version == OVERLAY_VERSION && dev == id.dev && ino == id.ino &&
-    strcmp (ov->base_path, id.path) == 0;
-  written = written_since (h, &id);
+  recorded = recorded_file (h, ov->base_path, &id);
+  same_file = recorded && strcmp (ov->base_path, id.path) == 0;
+  written = written_since (h, ov->base_path, &id);
   /* A merge stopped half-way has changed its base's ends already, and
    * said so in the header first.  The header is the overlay owner's to
    * write, mark and all: mloop_overlay_merge also checks that owner may
@@ -915,8 +935,11 @@ check_base (struct mloop_overlay *ov, unsigned char *h,
                 "this)", ov->path, ov->base_path, id.path);
     return -EINVAL;
   }
-  /* A header made before the times were recorded gets them now. */
+  /* A header made before the times were recorded gets them now, one
+   * made before a remount the base's device number.
+   */
   if (same_file && same_content && !written &&
+      get_le64 (h + HDR_BASE_DEV) == id.dev &&
       (!id.has_times || (get_le32 (h + HDR_FLAGS) & OVERLAY_FLAG_TIMES)))
     return 0;
   /* A merge records nothing here: the file it writes is recorded with
@@ -924,13 +947,12 @@ check_base (struct mloop_overlay *ov, unsigned char *h,
    */
   if (check == MLOOP_OVERLAY_MERGE_BASE)
     return 0;
-  /* The same file, adopted (its ends changed) or moved, is still the
-   * base a merge stopped half-way in: its mark stays, which discard
-   * heeds.  Another file is no merge's.
+  /* The same file, adopted (its ends changed), moved or under another
+   * device number, is still the base a merge stopped half-way in: its
+   * mark stays, which discard heeds.  Another file is no merge's.
    */
-  same_inode = version == OVERLAY_VERSION && dev == id.dev && ino == id.ino;
   r = record_base (ov, h, &id,
-                   same_inode ? get_le32 (h + HDR_FLAGS) & OVERLAY_FLAG_MERGING
+                   recorded ? get_le32 (h + HDR_FLAGS) & OVERLAY_FLAG_MERGING
                    : 0, err, errlen);
   if (r == 0) {
     free (ov->base_path);

@@ -88,9 +88,9 @@ enum mloop_overlay_base_check {
    * moved) is recorded as the base from now on.
    */
   MLOOP_OVERLAY_SAME_BASE,
-  /* As SAME_BASE, and also accept the recorded file itself, same path,
-   * device and inode, with other ends when the header carries the mark
-   * a merge writes before its first write into it
+  /* As SAME_BASE, and also accept the recorded file itself, at the same
+   * path (overlay.c, recorded_file), with other ends when the header
+   * carries the mark a merge writes before its first write into it
    * (mloop_overlay_note_merging): a merge stopped half-way has written
    * them.  Records nothing (the merge records the file it writes, with
    * its mark).  The header is its owner's to write: the merge also
