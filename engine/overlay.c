@@ -560,8 +560,8 @@ struct base_identity {
   uint32_t first_crc, last_crc;
   /* The times of a whole regular file: a block device node's say
    * nothing of writes to the device, and it is made anew at each boot;
-   * a window's file may be written in another window by a device
-   * beside this overlay's.
+   * the file of a window less than all of it may be written in
+   * another window by a device beside this overlay's.
    */
   bool has_times;
   uint64_t mtime, birth;        /* seconds; birth 0: not known */
@@ -657,7 +657,11 @@ identify_base (const struct mloop_backing *base, struct base_identity *id,
   }
   id->dev = (uint64_t) st.st_dev;
   id->ino = (uint64_t) st.st_ino;
-  if (S_ISREG (st.st_mode) && base->offset == 0 && base->sizelimit == 0) {
+  /* A window of all of the file (a --sizelimit as large as it or
+   * larger) is the whole file: no other window is left to write.
+   */
+  if (S_ISREG (st.st_mode) && base->offset == 0 &&
+      mloop_backing_size (base) == (uint64_t) st.st_size) {
     id->has_times = true;
     id->mtime = (uint64_t) st.st_mtim.tv_sec;
     id->mtime_ns = (uint32_t) st.st_mtim.tv_nsec;

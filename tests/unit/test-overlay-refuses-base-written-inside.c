@@ -14,7 +14,8 @@
  * committed alike, until adopted; a copy of the base (another file,
  * the same bytes) is then served, and so is an overlay of a window of
  * the file after a write into another window, which no device over
- * this one sees.  The base's times are set back
+ * this one sees; but not one whose window is the whole file, which is
+ * the file itself.  The base's times are set back
  * first, so the commit's write shows whatever the clock's grain.  No
  * root: about 0.05 s, in the unit suite of every tier.
  */
@@ -178,6 +179,30 @@ main (void)
                          err, sizeof err);
     CHECK (r == 0, "an overlay of a window was refused for a write into "
            "another window: %s", err);
+  }
+
+  /* A window that is the whole file (a --sizelimit as large as the
+   * image or larger) leaves no other window to write: it is the file,
+   * and so is the base it names, written since.
+   */
+  {
+    const struct mloop_window all = { 0, BASE_SIZE };
+    const struct mloop_window beyond = { 0, 2 * BASE_SIZE };
+    char o_path[4096];
+
+    snprintf (o_path, sizeof o_path, "%s/whole.overlay", dir);
+    CHECK (utimensat (AT_FDCWD, base_path, long_ago, 0) == 0,
+           "utimensat: %s", strerror (errno));
+    unit_make_empty_overlay (base_path, o_path);
+    write_file (base_path, INSIDE);
+    r = try_open_window (base_path, &all, o_path, MLOOP_OVERLAY_SAME_BASE,
+                         err, sizeof err);
+    CHECK (r < 0, "an overlay was served over its base written since, "
+           "given as a window of all of it");
+    r = try_open_window (base_path, &beyond, o_path, MLOOP_OVERLAY_SAME_BASE,
+                         err, sizeof err);
+    CHECK (r < 0, "an overlay was served over its base written since, "
+           "given as a window past its end");
   }
   return 0;
 }
