@@ -673,6 +673,27 @@ identify_base (const struct mloop_backing *base, struct base_identity *id,
   return r;
 }
 
+/* Makes BASE's bytes and times durable before a header records them:
+ * else a base just written in place and recorded as it read then could
+ * go back to its old bytes at a power cut, its new modification time
+ * perhaps journaled already, under an overlay that kept every flushed
+ * write, and no check would tell.  A file that cannot be synced (a
+ * read-only filesystem) holds nothing unwritten.
+ */
+static int
+sync_base (const struct mloop_backing *base, const char *overlay, char *err,
+           size_t errlen)
+{
+  int r;
+
+  if (fsync (base->fd) == 0 || errno == EINVAL || errno == EROFS)
+    return 0;
+  r = -errno;
+  snprintf (err, errlen, "cannot sync %s before overlay %s records it as "
+            "its base: %s", base->path, overlay, strerror (-r));
+  return r;
+}
+
 /* ---- opening ---- */
 
 static void
@@ -775,6 +796,8 @@ create_overlay (const char *path, const struct mloop_backing *base,
   int fd, r;
 
   r = identify_base (base, &id, err, errlen);
+  if (r == 0)
+    r = sync_base (base, path, err, errlen);
   if (r < 0)
     return r;
   tmp = malloc (len + sizeof ".new-XXXXXX");
@@ -820,16 +843,19 @@ create_overlay (const char *path, const struct mloop_backing *base,
   return r;
 }
 
-/* Records BASE as the overlay's base in header H, and in the file,
- * with the merge's mark when FLAGS has it.
+/* Records BASE, whose identity is ID, as the overlay's base in header
+ * H, and in the file, with the merge's mark when FLAGS has it.
  */
 static int
 record_base (struct mloop_overlay *ov, unsigned char *h,
+             const struct mloop_backing *base,
              const struct base_identity *id, uint32_t flags, char *err,
              size_t errlen)
 {
   int r;
 
+  if ((r = sync_base (base, ov->path, err, errlen)) < 0)
+    return r;
   encode_identity (h, id);
   put_le32 (h + HDR_FLAGS, (flags & OVERLAY_FLAG_MERGING) |
             (id->has_times ? OVERLAY_FLAG_TIMES : 0));
@@ -955,7 +981,7 @@ check_base (struct mloop_overlay *ov, unsigned char *h,
    * device number, is still the base a merge stopped half-way in: its
    * mark stays, which discard heeds.  Another file is no merge's.
    */
-  r = record_base (ov, h, &id,
+  r = record_base (ov, h, base, &id,
                    recorded ? get_le32 (h + HDR_FLAGS) & OVERLAY_FLAG_MERGING
                    : 0, err, errlen);
   if (r == 0) {
@@ -1015,7 +1041,8 @@ mloop_overlay_note_merging (struct mloop_overlay *ov,
   }
   /* A version 1 path ran into the bytes after the flags word. */
   memset (h + HDR_FLAGS, 0, HDR_BYTES - HDR_FLAGS);
-  r = record_base (ov, h, &id, flags | OVERLAY_FLAG_MERGING, err, errlen);
+  r = record_base (ov, h, base, &id, flags | OVERLAY_FLAG_MERGING, err,
+                   errlen);
   if (r == 0) {
     free (ov->base_path);
     ov->base_path = strdup (id.path);
