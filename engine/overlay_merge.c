@@ -191,7 +191,13 @@ mloop_overlay_merge (const char *path, const char *base_path, bool adopt,
     ;
   else
     r = copy_marked (&ov, &base, buf, err, errlen);
-  if (r == 0 && fdatasync (base.fd) == -1) {
+  /* fsync, not fdatasync: the base's new modification time is how
+   * every other overlay made over it tells it was written since, and
+   * fdatasync may leave it to the filesystem's journal, seconds later.
+   * A power cut that kept the bytes but not the time would have them
+   * served over the merged bytes.
+   */
+  if (r == 0 && fsync (base.fd) == -1) {
     r = -errno;
     snprintf (err, errlen, "cannot sync %s: %s", base_path, strerror (-r));
   }

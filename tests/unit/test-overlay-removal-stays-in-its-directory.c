@@ -73,11 +73,11 @@ flock (int fd, int operation)
 }
 
 int
-fdatasync (int fd)
+fsync (int fd)
 {
   if (watching == COMMIT && is_file (fd, &base_st))
     armed = true;
-  return (int) syscall (SYS_fdatasync, fd);
+  return (int) syscall (SYS_fsync, fd);
 }
 
 int
