@@ -355,13 +355,21 @@ devices_of (uid_t uid, unsigned *held)
   return mine;
 }
 
+/* The most of a caller's image name, and of a refusal, one log line
+ * shows: a name may be 4,095 control characters, each shown as four,
+ * and an attach that works, detached again, is logged every second or
+ * two, as often as a user likes.
+ */
+#define LOGGED_NAME_MAX 256
+#define LOGGED_REFUSAL_MAX 512
+
 /* In the device thread: C's attach, if its user may have one more. */
 static void
 attach_now (struct call *c)
 {
   struct mloop_device_state st;
   g_autofree char *device = NULL;
-  g_autofree char *shown = mloop_printable (c->what);
+  g_autofree char *shown = mloop_printable_short (c->what, LOGGED_NAME_MAX);
   g_autofree char *why = NULL;
   unsigned mine, held = 0;
   char err[1024];
@@ -400,7 +408,7 @@ attach_now (struct call *c)
   r = mloop_attach (&req, &st, err, sizeof err);
   close (fd);
   if (r == -1) {
-    why = mloop_printable (err);
+    why = mloop_printable_short (err, LOGGED_REFUSAL_MAX);
     mloop_refusal_log (c->uid, "uid %u: attach %s refused: %s",
                        (unsigned) c->uid, shown, why);
     call_fail (c, ERROR_FAILED, err);

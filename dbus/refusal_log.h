@@ -12,7 +12,8 @@
  * MLOOP_REFUSAL_LOG_WINDOW_S seconds; at the window's end one line says
  * how many more were not logged.  Whatever else the service logs is
  * bounded by what it costs: an attach that works takes a device, and a
- * second or two.
+ * second or two.  Every line shows at most the first 256 bytes of the
+ * escaped name (manager.c), a line of the 16 KB it could be.
  *
  * Thread-safe: the device thread logs; the counts of lines not logged
  * are said in the main loop's thread, or by mloop_refusal_log_flush.

@@ -33,4 +33,11 @@ bool mloop_is_invisible_format (gunichar c);
  */
 char *mloop_printable (const char *text);
 
+/* TEXT as mloop_printable shows it, but at most MAX bytes of it (never
+ * half an escape or a character), then, when cut, "... (N bytes)"
+ * with TEXT's length: for a log, where one call's name of 4,095 control
+ * characters would be 16 KB a line.  NULL for NULL; g_free it.
+ */
+char *mloop_printable_short (const char *text, size_t max);
+
 #endif /* MLOOP_PRINTABLE_H */
