@@ -5,6 +5,8 @@
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "clock.h"
 #include "log_limit.h"
@@ -16,12 +18,37 @@ static struct {
   unsigned long suppressed;     /* dropped since the last report */
 } lim = { .lock = PTHREAD_MUTEX_INITIALIZER, .window_start_ms = INT64_MIN / 2 };
 
+/* When stderr is a file (a device's server.log under /run, a tmpfs: RAM)
+ * past LOG_LIMIT_FILE_BYTES, empties it and says so: the lines a client
+ * causes come at most LOG_LIMIT_LINES a window, but for as long as the
+ * server runs.  The latest lines are the ones worth keeping.  Under the
+ * lock.
+ */
+static void
+bound_file_locked (void)
+{
+  struct stat st;
+
+  if (fstat (STDERR_FILENO, &st) == -1 || !S_ISREG (st.st_mode) ||
+      st.st_size < LOG_LIMIT_FILE_BYTES)
+    return;
+  fflush (stderr);
+  if (ftruncate (STDERR_FILENO, 0) == -1)
+    return;
+  /* Opened for appending (as mloop opens it), the next line goes at
+   * its start; else past a hole, which takes no room either.
+   */
+  fprintf (stderr, "mloop-server: the log reached %d bytes: the lines "
+           "before were dropped\n", LOG_LIMIT_FILE_BYTES);
+}
+
 /* Says how many lines were dropped.  Called under the lock. */
 static void
 report_locked (void)
 {
   if (lim.suppressed == 0)
     return;
+  bound_file_locked ();
   fprintf (stderr, "mloop-server: %lu similar log line(s) suppressed "
            "(at most %d lines every %d s)\n", lim.suppressed,
            LOG_LIMIT_LINES, LOG_LIMIT_INTERVAL_S);
@@ -52,6 +79,7 @@ log_limited (const char *fmt, ...)
   }
   lim.lines++;
   report_locked ();
+  bound_file_locked ();
   fputs ("mloop-server: ", stderr);
   va_start (ap, fmt);
   vfprintf (stderr, fmt, ap);

@@ -17,9 +17,16 @@
 
 #define LOG_LIMIT_INTERVAL_S 10
 #define LOG_LIMIT_LINES 20
+/* A log file (stderr) that reaches this size is emptied first: a
+ * device's server.log is on /run, in RAM, and a client may make the
+ * server log for as long as it runs.
+ */
+#define LOG_LIMIT_FILE_BYTES (256 * 1024)
 
 /* Writes one line (FMT, no newline) to stderr, prefixed "mloop-server: ",
  * unless this window's lines are spent; then counts it as suppressed.
+ * A log file past LOG_LIMIT_FILE_BYTES is emptied first, with a line
+ * saying so.
  */
 void log_limited (const char *fmt, ...)
   __attribute__ ((format (printf, 1, 2)));

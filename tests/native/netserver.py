@@ -43,9 +43,12 @@ class NetServer:
     hard) pair."""
 
     def __init__(self, image, args=(), unix=False, nofile=None, valgrind=None,
-                 valgrind_args=()):
+                 valgrind_args=(), log_start=None):
         self.dir = harness.tmpdir()
         self.log = os.path.join(self.dir, "server.log")
+        # LOG_START: what the log holds already, appended to as mloop
+        # appends to a device's server.log.
+        self.log_start = log_start
         self.valgrind = harness.VALGRIND if valgrind is None else valgrind
         self.valgrind_args = list(valgrind_args)
         self.logf = None
@@ -89,7 +92,12 @@ class NetServer:
                 hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
                 resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, hard))
 
-        self.logf = open(self.log, "w")
+        if self.log_start is None:
+            self.logf = open(self.log, "w")
+        else:
+            with open(self.log, "wb") as f:
+                f.write(self.log_start)
+            self.logf = open(self.log, "a")
         self.proc = subprocess.Popen(cmd, stdout=self.logf, stderr=subprocess.STDOUT,
                                      preexec_fn=limit)
         self.pid = self.proc.pid

@@ -12,6 +12,10 @@ counted as suppressed add up to every event.
 2. Failed reads: the image shrunk under the server, 2,000 reads past its
    new end, each failing with an error: the log stays within the bound
    (one line per failure before: 2,003 lines in 0.1 s).
+3. The log file's size: a log that has reached LOG_FILE_BYTES (a
+   device's server.log is on /run, in RAM, and a client makes the
+   server log for as long as it runs) is emptied before the next line,
+   which a line says; before, it grew by every line, without end.
 """
 import os
 import re
@@ -24,6 +28,7 @@ import harness
 import netserver
 
 LINES, INTERVAL = 20, 10        # server/log_limit.h
+LOG_FILE_BYTES = 256 * 1024     # server/log_limit.h
 ADDRESSES = 2000
 READS = 2000
 SUPPRESSED = re.compile(r"mloop-server: (\d+) similar log line\(s\) suppressed")
@@ -97,3 +102,24 @@ assert logged + suppressed == READS, \
 assert within_bound(total, elapsed), f"{total} log lines for {READS} failed reads"
 print(f"ok: {READS} failed reads in {elapsed:.1f} s: {logged} lines, {suppressed} "
       f"counted as suppressed, {total} lines in all")
+
+# 3. A log that reached its bound is emptied before the next line.
+os.truncate(image, 4 << 20)
+filler = b"an earlier line\n" * (LOG_FILE_BYTES // 16)
+srv = netserver.NetServer(image, log_start=filler)
+h = nbd.NBD()
+h.connect_tcp(*map(str, srv.addr))
+os.truncate(image, 1 << 20)
+for i in range(3):
+    try:
+        h.pread(4096, 2 << 20)
+    except nbd.Error:
+        pass
+netserver.disconnect(h)
+srv.stop()
+size = os.path.getsize(srv.log)
+text = srv.log_text()
+assert size < LOG_FILE_BYTES and "an earlier line" not in text and \
+    f"the log reached {LOG_FILE_BYTES} bytes" in text and "error: read" in text, \
+    f"a log of {LOG_FILE_BYTES} bytes was {size} bytes after 3 failed reads: {text[-300:]!r}"
+print(f"ok: a full log was emptied before the next line: {size} bytes after it")
