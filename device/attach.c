@@ -145,12 +145,34 @@ check_image_fd (const struct mloop_attach_request *req, struct stat *st,
 {
   int flags = fcntl (req->image_fd, F_GETFL);
   const char *pseudo;
+  struct statx sx;
+  unsigned mounter;
 
-  if (flags == -1 || fstat (req->image_fd, st) == -1)
+  if (flags == -1)
     return mloop_fail (err, errlen, "%s: the descriptor passed is not open: "
                        "%s", req->file, strerror (errno));
   if (mloop_held_image_label_check (req->file, err, errlen) == -1)
     return -1;
+  /* Which file system, asking it nothing (AT_STATX_DONT_SYNC: FUSE
+   * answers from what it holds), before any look that would wait on a
+   * user's FUSE server for as long as they like: the attach holds up
+   * every other caller's meanwhile (held_image.h).
+   */
+  if (statx (req->image_fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC,
+             STATX_TYPE, &sx) == -1)
+    return mloop_fail (err, errlen, "%s: cannot look at the file the "
+                       "descriptor passed is open on: %s", req->file,
+                       strerror (errno));
+  if (mloop_held_image_users_fuse (sx.stx_dev_major, sx.stx_dev_minor,
+                                   &mounter))
+    return mloop_fail (err, errlen, "%s: on a FUSE file system uid %d "
+                       "mounted, whose server the service would wait on: "
+                       "copy the image to a disk's file system", req->file,
+                       (int) mounter);
+  if (fstat (req->image_fd, st) == -1)
+    return mloop_fail (err, errlen, "%s: cannot look at the file the "
+                       "descriptor passed is open on: %s", req->file,
+                       strerror (errno));
   if ((flags & O_PATH) || (flags & O_ACCMODE) == O_WRONLY)
     return mloop_fail (err, errlen, "%s: the descriptor passed was not "
                        "opened for reading", req->file);

@@ -1,8 +1,11 @@
 /* mloop — an image reached through a descriptor (held_image.h). */
 #include <limits.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/vfs.h>
 #include <linux/magic.h>
+
+#include <glib.h>
 
 #include "errmsg.h"
 #include "held_image.h"
@@ -55,6 +58,61 @@ mloop_held_image_pseudo_fs (int fd)
     if ((unsigned long) fs.f_type == pseudo[i].magic)
       return pseudo[i].name;
   return NULL;
+}
+
+/* Whether mountinfo LINE is of a FUSE file system a user mounted: its
+ * file system type, after " - ", is fuse, fuseblk or fuse.NAME, and its
+ * super options say a user_id other than root's.
+ */
+static bool
+users_fuse_line (const char *line, unsigned *mounter)
+{
+  const char *dash = strstr (line, " - ");
+  g_auto (GStrv) f = NULL;
+  g_auto (GStrv) opts = NULL;
+
+  if (dash == NULL)
+    return false;
+  f = g_strsplit (dash + 3, " ", 3);
+  if (g_strv_length (f) < 3 || !(strcmp (f[0], "fuse") == 0 ||
+                                 strcmp (f[0], "fuseblk") == 0 ||
+                                 g_str_has_prefix (f[0], "fuse.")))
+    return false;
+  opts = g_strsplit (f[2], ",", -1);
+  for (char **o = opts; *o; o++) {
+    guint64 uid;
+
+    if (g_str_has_prefix (*o, "user_id=") &&
+        g_ascii_string_to_unsigned (*o + 8, 10, 0, G_MAXUINT32, &uid, NULL)) {
+      *mounter = (unsigned) uid;
+      return uid != 0;
+    }
+  }
+  /* FUSE always says who mounted it: without it, trust nobody. */
+  *mounter = (unsigned) -1;
+  return true;
+}
+
+bool
+mloop_held_image_users_fuse (unsigned major, unsigned minor,
+                             unsigned *mounter)
+{
+  g_autofree char *text = NULL;
+  g_autofree char *dev = g_strdup_printf (" %u:%u ", major, minor);
+  g_auto (GStrv) lines = NULL;
+
+  if (!g_file_get_contents ("/proc/self/mountinfo", &text, NULL, NULL))
+    return false;
+  lines = g_strsplit (text, "\n", -1);
+  for (char **l = lines; *l; l++) {
+    /* The third field, after the mount's id and its parent's. */
+    const char *sp = strchr (*l, ' ');
+
+    sp = sp ? strchr (sp + 1, ' ') : NULL;
+    if (sp && g_str_has_prefix (sp, dev) && users_fuse_line (*l, mounter))
+      return true;
+  }
+  return false;
 }
 
 int

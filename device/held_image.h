@@ -42,6 +42,17 @@ bool mloop_is_held_image (const char *image);
  */
 const char *mloop_held_image_pseudo_fs (int fd);
 
+/* Whether the file system whose device number is MAJOR:MINOR (as
+ * statx gives it, asking the file system nothing) is a FUSE file
+ * system a user mounted, as /proc/self/mountinfo says: then *MOUNTER
+ * is their uid.  Every look at such a file's data or attributes may
+ * wait on a server its user runs, for as long as they like (a server
+ * stopped with SIGSTOP answers never), and the service would wait with
+ * it: a user's FUSE file is no held image.
+ */
+bool mloop_held_image_users_fuse (unsigned major, unsigned minor,
+                                  unsigned *mounter);
+
 /* Whether NAME may label a held image: an absolute path on one line,
  * no longer than a path can be.  It is kept in the device's state,
  * shown to everyone who lists and written to the service's log, so it
