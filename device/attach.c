@@ -184,6 +184,10 @@ check_image_fd (const struct mloop_attach_request *req, struct stat *st,
   if ((pseudo = mloop_held_image_pseudo_fs (req->image_fd)) != NULL)
     return mloop_fail (err, errlen, "%s: on %s, a pseudo file system: not "
                        "a disk image", req->file, pseudo);
+  if ((pseudo = mloop_held_image_memory_fs (req->image_fd)) != NULL)
+    return mloop_fail (err, errlen, "%s: on %s, in memory, which the "
+                       "device's server would pay for, not you: copy the "
+                       "image to a disk's file system", req->file, pseudo);
   if (req->overlay || req->transport != MLOOP_CHOOSE_NBD)
     return mloop_fail (err, errlen, "%s: an image passed as a descriptor is "
                        "attached over NBD without an overlay", req->file);

@@ -60,6 +60,25 @@ mloop_held_image_pseudo_fs (int fd)
   return NULL;
 }
 
+const char *
+mloop_held_image_memory_fs (int fd)
+{
+  struct statfs fs;
+
+  if (fstatfs (fd, &fs) == -1)
+    return NULL;
+  switch ((unsigned long) fs.f_type) {
+  case TMPFS_MAGIC:
+    return "tmpfs";
+  case RAMFS_MAGIC:
+    return "ramfs";
+  case HUGETLBFS_MAGIC:
+    return "hugetlbfs";
+  default:
+    return NULL;
+  }
+}
+
 /* Whether mountinfo LINE is of a FUSE file system a user mounted: its
  * file system type, after " - ", is fuse, fuseblk or fuse.NAME, and its
  * super options say a user_id other than root's.

@@ -42,6 +42,14 @@ bool mloop_is_held_image (const char *image);
  */
 const char *mloop_held_image_pseudo_fs (int fd);
 
+/* The name of the file system in memory (tmpfs, which memfd_create's
+ * files are on too, ramfs, hugetlbfs) the file open at FD is on, or
+ * NULL when it is on none.  Written through a device, such a file's
+ * pages are the server's: charged to the service's cgroup, root's, not
+ * to the user who fills them, and on ramfs bounded by nothing.
+ */
+const char *mloop_held_image_memory_fs (int fd);
+
 /* Whether the file system whose device number is MAJOR:MINOR (as
  * statx gives it, asking the file system nothing) is a FUSE file
  * system a user mounted, as /proc/self/mountinfo says: then *MOUNTER

@@ -6,7 +6,8 @@ naming the action; a descriptor that proves no right to read (O_PATH,
 O_WRONLY), or only to read when writing is asked, a directory or a
 device node, a relative name and an unknown option are refused before
 anything starts, and so is a file of a pseudo file system (proc, sysfs:
-what it reads depends on who opened it); a good descriptor gets as far as the kernel (which has
+what it reads depends on who opened it) and one in memory (/dev/shm:
+written through a device, its pages would be the service's); a good descriptor gets as far as the kernel (which has
 no NBD client here).  `mloop attach` as a user goes through the service
 and refuses root's options; a user's list and detach ask it too (a
 file named without a slash is named absolutely, and the service refuses
@@ -106,6 +107,14 @@ def run(bus, work):
     with open(root_only, "wb") as f:
         f.truncate(1 << 20)
     os.chmod(root_only, 0o644)
+    # In memory: written through a device, charged to the service.
+    shm_image = None
+    if os.path.isdir("/dev/shm"):
+        fd, shm_image = tempfile.mkstemp(prefix="mloop-dbus-test-", dir="/dev/shm")
+        os.close(fd)
+        os.truncate(shm_image, 1 << 20)
+        os.chown(shm_image, USER[1], USER[2])
+        harness.on_exit(lambda: os.unlink(shm_image))
 
     def call(*args, user=USER):
         return one_line(bus.run_as(user, CALL + list(args)))
@@ -120,7 +129,11 @@ def run(bus, work):
             ("ro", "/proc/version", ["read-only=true"], "on proc, a pseudo file system"),
             ("ro", "/sys/kernel/uevent_seqnum", ["read-only=true"],
              "on sysfs, a pseudo file system"),
+            ("rw", shm_image, [], "on tmpfs, in memory"),
             ("rw", image, ["bogus=true"], "unknown option bogus")]:
+        if path is None:
+            print("# skipped: an image in memory: no /dev/shm")
+            continue
         out = call("attach", how, path, os.path.abspath(path), *options)
         check(f"refused: {how} descriptor of {os.path.basename(path)} {options}",
               out.startswith("ERROR") and expect in out and "\n" not in out, out)
