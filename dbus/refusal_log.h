@@ -13,7 +13,7 @@
  * how many more were not logged.  Whatever else the service logs is
  * bounded by what it costs: an attach that works takes a device, and a
  * second or two.  Every line shows at most the first 256 bytes of the
- * escaped name (manager.c), a line of the 16 KB it could be.
+ * escaped name (manager.c), not the 16 KB a name can escape to.
  *
  * Thread-safe: the device thread logs; the counts of lines not logged
  * are said in the main loop's thread, or by mloop_refusal_log_flush.
