@@ -26,8 +26,9 @@ uid_answered (GObject *source, GAsyncResult *res, gpointer data)
   const char *sender = g_dbus_method_invocation_get_sender (l->invocation);
   g_autoptr (GVariant) reply = NULL;
   g_autoptr (GError) gerr = NULL;
+  g_autoptr (GVariant) creds = NULL;
   g_autofree char *err = NULL;
-  guint32 uid = 0;
+  guint32 uid = 0, pid = 0;
 
   reply = g_dbus_connection_call_finish (G_DBUS_CONNECTION (source), res,
                                          &gerr);
@@ -36,9 +37,14 @@ uid_answered (GObject *source, GAsyncResult *res, gpointer data)
     err = g_strdup_printf ("cannot tell which user %s is: %s", sender,
                            gerr->message);
   }
-  else
-    g_variant_get (reply, "(u)", &uid);
-  l->done (l->invocation, (uid_t) uid, err, l->data);
+  else {
+    creds = g_variant_get_child_value (reply, 0);
+    if (!g_variant_lookup (creds, "UnixUserID", "u", &uid))
+      err = g_strdup_printf ("cannot tell which user %s is: the bus does "
+                             "not say", sender);
+    g_variant_lookup (creds, "ProcessID", "u", &pid);
+  }
+  l->done (l->invocation, (uid_t) uid, (pid_t) pid, err, l->data);
   g_object_unref (l->invocation);
   g_free (l);
 }
@@ -56,10 +62,10 @@ mloop_caller_uid (GDBusMethodInvocation *invocation, unsigned timeout_ms,
   g_dbus_connection_call (g_dbus_method_invocation_get_connection
                           (invocation), "org.freedesktop.DBus",
                           "/org/freedesktop/DBus", "org.freedesktop.DBus",
-                          "GetConnectionUnixUser",
+                          "GetConnectionCredentials",
                           g_variant_new ("(s)", g_dbus_method_invocation_get_sender
                                          (invocation)),
-                          G_VARIANT_TYPE ("(u)"), G_DBUS_CALL_FLAGS_NONE,
+                          G_VARIANT_TYPE ("(a{sv})"), G_DBUS_CALL_FLAGS_NONE,
                           (int) timeout_ms, NULL, uid_answered, l);
 }
 

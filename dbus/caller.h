@@ -18,14 +18,16 @@
 #define MLOOP_ACTION_DETACH "org.mloop.detach"
 #define MLOOP_ACTION_DETACH_OTHER "org.mloop.detach-other"
 
-/* The user INVOCATION's caller runs as, or ERR (one line) saying why it
- * is not known.  Called in the main loop's thread.
+/* The user INVOCATION's caller runs as and its process (0 when the bus
+ * does not say), or ERR (one line) saying why the user is not known.
+ * Called in the main loop's thread.
  */
 typedef void (*mloop_caller_uid_fn) (GDBusMethodInvocation *invocation,
-                                     uid_t uid, const char *err,
+                                     uid_t uid, pid_t pid, const char *err,
                                      gpointer data);
 
-/* Asks the bus which user INVOCATION's caller runs as, without waiting:
+/* Asks the bus which user INVOCATION's caller runs as, and which
+ * process it is (the mounts it sees: attach.h), without waiting:
  * DONE is called with the answer, or after TIMEOUT_MS without one.  The
  * bus answers at once, but drops what it would deliver to this service
  * while its queue to the service is full (a burst of calls fills it):

@@ -76,6 +76,7 @@ struct call {
   const char *action;           /* the polkit action asked first */
   GDBusMethodInvocation *invocation;
   uid_t uid;
+  pid_t pid;                    /* the caller's process, 0: unknown */
   /* Attach: the image's name; detach: the device or image asked for,
    * then (CALL_DETACH_OTHER) the device found, its owner and
    * supervisor, which must be the same when polkit has said yes.
@@ -400,7 +401,8 @@ attach_now (struct call *c)
 
   const struct mloop_attach_request req = {
     .file = c->what, .has_image_fd = true, .image_fd = fd,
-    .owner = c->uid, .index = -1, .transport = MLOOP_CHOOSE_NBD,
+    .owner = c->uid, .caller_pid = c->pid, .index = -1,
+    .transport = MLOOP_CHOOSE_NBD,
     .read_only = option (c->options, "read-only"),
     .no_partscan = option (c->options, "no-partscan"),
     .autoclear = option (c->options, "autoclear"),
@@ -686,8 +688,8 @@ static unsigned uid_lookups;
 
 /* The bus's answer: C's user, then polkit's answer for C's ACTION. */
 static void
-caller_known (GDBusMethodInvocation *invocation, uid_t uid, const char *err,
-              gpointer data)
+caller_known (GDBusMethodInvocation *invocation, uid_t uid, pid_t pid,
+              const char *err, gpointer data)
 {
   struct call *c = data;
   char why[256];
@@ -698,6 +700,7 @@ caller_known (GDBusMethodInvocation *invocation, uid_t uid, const char *err,
     return;
   }
   c->uid = uid;
+  c->pid = pid;
   /* Before polkit is asked: refused calls must cost nothing. */
   if (!calls_take (c->uid)) {
     snprintf (why, sizeof why, "you have %u calls in progress, the most "

@@ -159,16 +159,31 @@ check_image_fd (const struct mloop_attach_request *req, struct stat *st,
    * every other caller's meanwhile (held_image.h).
    */
   if (statx (req->image_fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC,
-             STATX_TYPE, &sx) == -1)
+             STATX_TYPE | STATX_MNT_ID, &sx) == -1)
     return mloop_fail (err, errlen, "%s: cannot look at the file the "
                        "descriptor passed is open on: %s", req->file,
                        strerror (errno));
-  if (mloop_held_image_users_fuse (sx.stx_dev_major, sx.stx_dev_minor,
-                                   &mounter))
+  if (!S_ISREG (sx.stx_mode))
+    return mloop_fail (err, errlen, "%s: not a regular file", req->file);
+  switch (mloop_held_image_mount (req->caller_pid,
+                                  (sx.stx_mask & STATX_MNT_ID)
+                                  ? sx.stx_mnt_id : 0,
+                                  sx.stx_dev_major, sx.stx_dev_minor,
+                                  &mounter)) {
+  case MLOOP_HELD_MOUNT_USERS_FUSE:
     return mloop_fail (err, errlen, "%s: on a FUSE file system uid %d "
                        "mounted, whose server the service would wait on: "
                        "copy the image to a disk's file system", req->file,
                        (int) mounter);
+  case MLOOP_HELD_MOUNT_UNSEEN:
+    return mloop_fail (err, errlen, "%s: on a file system the calling "
+                       "process has no mount of (unmounted since the file "
+                       "was opened, or a memfd's), whose server the "
+                       "service could wait on: copy the image to a disk's "
+                       "file system", req->file);
+  case MLOOP_HELD_MOUNT_SEEN:
+    break;
+  }
   if (fstat (req->image_fd, st) == -1)
     return mloop_fail (err, errlen, "%s: cannot look at the file the "
                        "descriptor passed is open on: %s", req->file,

@@ -55,6 +55,10 @@ struct mloop_attach_request {
    */
   bool has_image_fd;
   int image_fd;
+  /* The process that passed IMAGE_FD, whose mounts tell which file
+   * system it is on (held_image.h), or 0: this process's mounts.
+   */
+  pid_t caller_pid;
   uid_t owner;                  /* recorded as who attached it */
   enum mloop_transport_choice transport;
   /* The window of FILE to attach (losetup's --offset, --sizelimit):

@@ -112,26 +112,51 @@ users_fuse_line (const char *line, unsigned *mounter)
   return true;
 }
 
-bool
-mloop_held_image_users_fuse (unsigned major, unsigned minor,
-                             unsigned *mounter)
+/* Whether mountinfo LINE's field FIELD (0: the mount's id, 2: its
+ * device number) is WANT.
+ */
+static bool
+field_is (const char *line, unsigned field, const char *want)
 {
+  size_t len = strlen (want);
+
+  for (; field > 0 && line; field--) {
+    line = strchr (line, ' ');
+    line = line ? line + 1 : NULL;
+  }
+  return line && strncmp (line, want, len) == 0 && line[len] == ' ';
+}
+
+enum mloop_held_mount
+mloop_held_image_mount (pid_t pid, uint64_t mnt_id, unsigned major,
+                        unsigned minor, unsigned *mounter)
+{
+  const bool by_id = pid > 0 && mnt_id > 0;
+  g_autofree char *path = by_id
+    ? g_strdup_printf ("/proc/%d/mountinfo", (int) pid)
+    : g_strdup ("/proc/self/mountinfo");
+  g_autofree char *want = by_id
+    ? g_strdup_printf ("%" G_GUINT64_FORMAT, mnt_id)
+    : g_strdup_printf ("%u:%u", major, minor);
   g_autofree char *text = NULL;
-  g_autofree char *dev = g_strdup_printf (" %u:%u ", major, minor);
   g_auto (GStrv) lines = NULL;
 
-  if (!g_file_get_contents ("/proc/self/mountinfo", &text, NULL, NULL))
-    return false;
+  if (!g_file_get_contents (path, &text, NULL, NULL))
+    return MLOOP_HELD_MOUNT_UNSEEN;
   lines = g_strsplit (text, "\n", -1);
   for (char **l = lines; *l; l++) {
-    /* The third field, after the mount's id and its parent's. */
-    const char *sp = strchr (*l, ' ');
-
-    sp = sp ? strchr (sp + 1, ' ') : NULL;
-    if (sp && g_str_has_prefix (sp, dev) && users_fuse_line (*l, mounter))
-      return true;
+    if (!field_is (*l, by_id ? 0 : 2, want))
+      continue;
+    if (users_fuse_line (*l, mounter))
+      return MLOOP_HELD_MOUNT_USERS_FUSE;
+    if (by_id)
+      return MLOOP_HELD_MOUNT_SEEN;
   }
-  return false;
+  /* By device number, a file system mounted nowhere here may still be
+   * one (a btrfs subvolume's files have a number of their own): only a
+   * user's FUSE is known for one.
+   */
+  return by_id ? MLOOP_HELD_MOUNT_UNSEEN : MLOOP_HELD_MOUNT_SEEN;
 }
 
 int

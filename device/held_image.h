@@ -21,6 +21,8 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
 
 #define MLOOP_HELD_IMAGE_FD 3
 #define MLOOP_HELD_IMAGE_PATH "/proc/self/fd/3"
@@ -50,16 +52,27 @@ const char *mloop_held_image_pseudo_fs (int fd);
  */
 const char *mloop_held_image_memory_fs (int fd);
 
-/* Whether the file system whose device number is MAJOR:MINOR (as
- * statx gives it, asking the file system nothing) is a FUSE file
- * system a user mounted, as /proc/self/mountinfo says: then *MOUNTER
- * is their uid.  Every look at such a file's data or attributes may
- * wait on a server its user runs, for as long as they like (a server
- * stopped with SIGSTOP answers never), and the service would wait with
- * it: a user's FUSE file is no held image.
+/* Where the file a held image's descriptor is open on is mounted, as
+ * the caller's process PID sees it (/proc/PID/mountinfo): the mount
+ * with id MNT_ID, which statx gives asking the file system nothing.
+ * Every look at the data or attributes of a file on a FUSE file system
+ * a user mounted may wait on a server its user runs, for as long as
+ * they like (a server stopped with SIGSTOP answers never), and the
+ * service would wait with it; so may one on a mount the caller no
+ * longer has (unmounted lazily since the file was opened), whose file
+ * system no mountinfo shows.  Neither is a held image.  PID 0 (not
+ * known) or MNT_ID 0 (a kernel before 5.8): the file system is looked
+ * for in this process's mounts by its device number, MAJOR:MINOR.
  */
-bool mloop_held_image_users_fuse (unsigned major, unsigned minor,
-                                  unsigned *mounter);
+enum mloop_held_mount {
+  MLOOP_HELD_MOUNT_SEEN,        /* mounted, and no user's FUSE */
+  MLOOP_HELD_MOUNT_USERS_FUSE,  /* *MOUNTER's FUSE file system */
+  MLOOP_HELD_MOUNT_UNSEEN,      /* not among the caller's mounts */
+};
+enum mloop_held_mount mloop_held_image_mount (pid_t pid, uint64_t mnt_id,
+                                              unsigned major,
+                                              unsigned minor,
+                                              unsigned *mounter);
 
 /* Whether NAME may label a held image: an absolute path on one line,
  * no longer than a path can be.  It is kept in the device's state,

@@ -41,7 +41,9 @@ its detach by that name is refused in one line, by the client, since a
 D-Bus string cannot carry it (0.06 s).  An image on a FUSE file system
 its user mounts (nbdfuse), whose server they stop once the call is the
 service's, is refused at once, and another user's call is answered
-meanwhile (4.5 s; skipped without nbdfuse and nbdkit).  A burst of 3,000 calls
+meanwhile; so is one whose mount they took away lazily (umount -l)
+after opening the file (4.5 s each; skipped without nbdfuse and
+nbdkit).  A burst of 3,000 calls
 expecting no answer, which fills the bus's queue to the service and
 makes the bus drop its answers to the service, holds the service up for
 seconds, not the 25 s a wait for a lost answer in its main loop
@@ -215,7 +217,8 @@ def run(bus, work):
     long_name_not_logged(bus, image)
     heavy_calls(bus, root_only)
     detach_on_stalled_fuse(bus, work)
-    attach_on_stalled_fuse(bus, work)
+    attach_on_stalled_fuse(bus, work, lazy=False)
+    attach_on_stalled_fuse(bus, work, lazy=True)
     per_user_cap(bus, image)
     polkit_silent_at_start(bus, image)
 
@@ -606,10 +609,11 @@ def detach_on_stalled_fuse(bus, work):
         subprocess.run(["umount", "-l", mnt], capture_output=True)
 
 
-def attach_on_stalled_fuse(bus, work):
+def attach_on_stalled_fuse(bus, work, lazy):
     """A user's image on a FUSE file system they mount (nbdfuse, as
     fusermount would mount it for them with allow_other): they open it,
-    then stop its server.  Every look at the file would wait for it, the
+    (LAZY: unmount it lazily, which no mountinfo shows then, while the
+    file stays open), then stop its server.  Every look at the file would wait for it, the
     attach's and every other caller's after it in the device thread, for
     as long as the user likes: the attach is refused at once, naming
     the cause, asking the file system nothing, and another user's detach
@@ -621,10 +625,10 @@ def attach_on_stalled_fuse(bus, work):
             print(f"# skipped: an attach on a stalled FUSE mount: no {tool}")
             return
     _, uid, gid = USER
-    mnt = os.path.join(work, "fuse-image")
+    mnt = os.path.join(work, "fuse-image-lazy" if lazy else "fuse-image")
     backing = os.path.join(work, "fuse-backing.img")
     os.mkdir(mnt)
-    with open(backing, "wb") as f:
+    with open(backing, "ab") as f:
         f.truncate(4 << 20)
     for path in (mnt, backing):
         os.chown(path, uid, gid)
@@ -654,6 +658,8 @@ def attach_on_stalled_fuse(bus, work):
                                   text=True)
         opened = caller.stdout.readline().strip()
         check("the user opens their FUSE image", opened == "OPEN", opened)
+        if lazy:
+            subprocess.run(["umount", "-l", mnt], check=True)
         # The bus looks at the descriptor it passes on (a stopped FUSE
         # server would hold up the bus itself): the server is stopped
         # once the call waits for the service, stopped meanwhile.
@@ -670,16 +676,19 @@ def attach_on_stalled_fuse(bus, work):
             os.kill(service, signal.SIGCONT)
         time.sleep(1)
         out = call_as(bus, OTHER, ["detach", "/dev/nbd0"], 10)
-        check("an attach of a stalled FUSE image holds up no other user's call",
+        check(f"an attach of a stalled FUSE image{' unmounted lazily' if lazy else ''} "
+              "holds up no other user's call",
               out == "ERROR /dev/nbd0 is not attached by mloop", out)
         fuse.send_signal(signal.SIGCONT)
         try:
             said = caller.communicate(timeout=60)[0].strip()
         except subprocess.TimeoutExpired:
             said = "no answer"
-        check("an image on a user's FUSE file system is refused, naming it",
-              said.startswith("ERROR") and f"on a FUSE file system uid {uid} mounted" in said,
-              said)
+        why = ("on a file system the calling process has no mount of" if lazy
+               else f"on a FUSE file system uid {uid} mounted")
+        how = " unmounted lazily" if lazy else ""
+        check(f"an image on a user's FUSE file system{how} is refused, naming it",
+              said.startswith("ERROR") and why in said, said)
     finally:
         bus.set_rules(servicebus.ALLOW_USER)
         if caller and caller.poll() is None:
