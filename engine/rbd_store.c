@@ -1914,6 +1914,30 @@ refuse_trashed (struct rbd_store *st, const char *id, char *err,
   return -ENOENT;
 }
 
+/* The open image's name now (malloc'ed), or NULL.  A name may be longer
+ * than librbd's RBD_MAX_IMAGE_NAME_SIZE, a bound of format 1's: librbd
+ * answers ERANGE with the length it needs.
+ */
+static char *
+name_now (struct rbd_store *st)
+{
+  size_t len = RBD_MAX_IMAGE_NAME_SIZE;
+  char *name = NULL;
+  int r;
+
+  do {
+    free (name);
+    if ((name = malloc (len)) == NULL)
+      return NULL;
+    r = rbd_get_name (st->rbd, name, &len);
+  } while (r == -ERANGE);
+  if (r < 0) {
+    free (name);
+    return NULL;
+  }
+  return name;
+}
+
 /* Opens the image PATH records: 1, 0 when there is no record, or a
  * negative errno with ERR.
  */
@@ -1922,8 +1946,7 @@ open_recorded (struct rbd_store *st, bool writable, const char *path,
                const char *spec, char *err, size_t errlen)
 {
   struct image_record rec;
-  char now[160], name[RBD_MAX_IMAGE_NAME_SIZE];
-  size_t name_len = sizeof name;
+  char now[160], *name;
   int r = read_image_record (path, st->snap != NULL, &rec);
 
   if (r < 0 || rec.id == NULL) {
@@ -1969,10 +1992,10 @@ open_recorded (struct rbd_store *st, bool writable, const char *path,
   }
   st->snap_id = rec.snap_id;
   st->snap_id_known = st->snap != NULL;
-  if (rbd_get_name (st->rbd, name, &name_len) == 0 &&
-      strcmp (name, st->image) != 0)
+  if ((name = name_now (st)) != NULL && strcmp (name, st->image) != 0)
     say (st, "%s: the image was renamed %s: served all the same, as the "
          "image its device was attached to (id %s)", st->name, name, rec.id);
+  free (name);
   image_record_clear (&rec);
   return 1;
 }

@@ -44,7 +44,8 @@ on a real one-node cluster (tests/ceph/cluster.py):
    stopped (SIGTERM) while every daemon is paused stops within 10 s;
    and a snapshot's server whose image is removed (its snapshots
    purged, then `rbd rm`) fails its reads too;
-2f. a device's image renamed (`rbd mv`) while its server holds it, the
+2f. a device's image renamed (`rbd mv`, to a name longer than librbd's
+   96-byte bound of format 1) while its server holds it, the
    server killed and another image given the old name: the next server
    with the same lock record serves the renamed image, and says so, and
    once that image is removed it is refused in one line naming both; a
@@ -652,6 +653,10 @@ def section_unfenced_predecessor():
     old.stop()
 
 
+# Longer than librbd's RBD_MAX_IMAGE_NAME_SIZE (96), a bound of format 1.
+MOVED = "moved-" + "x" * 120
+
+
 def section_renamed():
     """A device's image renamed (`rbd mv`) while its server holds it, the
     server killed and another image given the old name: the device's
@@ -667,7 +672,7 @@ def section_renamed():
     h = s.connect()
     h.pwrite(b"a" * 4096, 0)
     h.flush()
-    c.rbd("mv", c.spec("moving"), c.spec("moved"))
+    c.rbd("mv", c.spec("moving"), c.spec(MOVED))
     s.proc.kill()
     s.proc.wait()
     h = None   # closes the dead connection
@@ -679,14 +684,14 @@ def section_renamed():
           f"{h.get_size()} bytes")
     h.pwrite(b"b" * 4096, 4096)
     h.flush()
-    check("it says the image was renamed", "moved" in s.stderr(), s.stderr())
+    check("it says the image was renamed, naming it", MOVED in s.stderr(), s.stderr())
     h.shutdown()
     s.stop()
     check("the image now named as it was is untouched",
           export(c.spec("moving"))[:8192] == bytes(8192))
     check("the renamed image has both servers' writes",
-          export(c.spec("moved"))[:8192] == b"a" * 4096 + b"b" * 4096)
-    c.rbd("rm", "--no-progress", c.spec("moved"))
+          export(c.spec(MOVED))[:8192] == b"a" * 4096 + b"b" * 4096)
+    c.rbd("rm", "--no-progress", c.spec(MOVED))
     refused_in_one_line("its next server, the image removed", Server(spec, args=record),
                         ["gone", "moving"])
 
