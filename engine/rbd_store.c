@@ -57,6 +57,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -137,8 +138,8 @@ struct rbd_store {
   bool snap_id_known;
   char image_id[RBD_MAX_IMAGE_NAME_SIZE];
   char *header_oid;
+  uint64_t opened_size;         /* what librbd's read-only open reads */
   bool gone;
-  unsigned char *answer;        /* the cluster's answer to a check */
 };
 
 static struct rbd_store *
@@ -418,19 +419,29 @@ stop_lock_checker (struct rbd_store *st)
 
 /* A read-only librbd open (a snapshot's, or --read-only) sets no watch
  * on the image's header, so nothing stops `rbd rm` or `rbd snap rm`
- * while it is served, and librbd never learns of either: a removed
- * snapshot's reads go on at its id, which the OSDs, with no clone left
- * for it, answer from the image as it is now; a removed image's
- * objects are gone, and its reads answer zeroes.  So a thread looks
- * every CHECK_MS: the header must still be there, and list the
- * snapshot's id; the image itself must not be in the trash (`rbd rm`
+ * while it is served, and librbd never learns of either, nor of a
+ * resize: a removed snapshot's reads go on at its id, which the OSDs,
+ * with no clone left for it, answer from the image as it is now; a
+ * removed image's objects are gone, and its reads answer zeroes; so do
+ * the reads past the end of an image its writer shrank.  So a thread
+ * asks the header every CHECK_MS for the size of what is served
+ * (cls_rbd's get_size, which answers ENOENT once the snapshot or the
+ * header is gone: one small answer, however many snapshots the image
+ * has); the image itself must not be in the trash either (`rbd rm`
  * moves it there first, then removes its objects one by one, the
- * header last; `rbd trash mv` defers the same).  Once one is not so,
- * every request fails with EIO and the store says so.
+ * header last; `rbd trash mv` defers the same).  Once one is gone,
+ * every request fails with EIO and the store says so; a shrunk image
+ * is served at its new size, so that reads past it fail (see
+ * follow_shrink).
  */
 #define CHECK_MS 2000
 #define TRASH_OID "rbd_trash"    /* librbd's RBD_TRASH */
-#define MOST_SNAPS 4096         /* more than Ceph lets an image have */
+#define HEAD_SNAP_ID ((uint64_t) -2)    /* Ceph's CEPH_NOSNAP: the image */
+
+/* What get_size answers: the object order (8 bits), then the size (64
+ * bits, little-endian).
+ */
+#define SIZE_ANSWER_LEN 9
 
 static uint64_t
 le64 (const unsigned char *p)
@@ -442,26 +453,35 @@ le64 (const unsigned char *p)
   return v;
 }
 
-#define ANSWER_LEN (12 + 8 * (size_t) MOST_SNAPS)
-
-/* Calls cls_rbd's METHOD on object OID with IN, into st->answer, and
- * waits for the answer while the store is not closing: a cluster gone
- * must not hold up a close, so the request is then cancelled (librados
- * completes it at once).  Called with check_lock held.
- * Returns the answer's length, or a negative errno.
+/* Calls cls_rbd's METHOD on object OID with IN, and waits for the
+ * answer while the store is not closing: a cluster gone must not hold
+ * up a close, so the request is then cancelled (librados completes it
+ * at once).  The answer's first OUT_LEN bytes go to OUT.  Not
+ * rados_aio_exec: given a buffer, it copies an answer longer than the
+ * buffer past its end; a read operation's answer is librados's own.
+ * Called with check_lock held.  Returns the answer's whole length, or
+ * a negative errno.
  */
 static int
 ask_cls (struct rbd_store *st, const char *oid, const char *method,
-         const char *in, size_t in_len)
+         const char *in, size_t in_len, unsigned char *out, size_t out_len)
 {
   const struct timespec tick = { 0, 50 * 1000000L };
+  rados_read_op_t op = rados_create_read_op ();
   rados_completion_t c;
-  int r;
+  char *answer = NULL;
+  size_t answer_len = 0;
+  int method_r = 0, r;
 
-  if (rados_aio_create_completion2 (NULL, NULL, &c) < 0)
+  if (op == NULL)
     return -ENOMEM;
-  r = rados_aio_exec (st->ioctx, oid, c, "rbd", method, in, in_len,
-                      (char *) st->answer, ANSWER_LEN);
+  if (rados_aio_create_completion2 (NULL, NULL, &c) < 0) {
+    rados_release_read_op (op);
+    return -ENOMEM;
+  }
+  rados_read_op_exec (op, "rbd", method, in, in_len, &answer, &answer_len,
+                      &method_r);
+  r = rados_aio_read_op_operate (op, st->ioctx, c, oid, 0);
   while (r == 0 && !rados_aio_is_complete (c) && !st->check_stop) {
     pthread_mutex_unlock (&st->check_lock);
     nanosleep (&tick, NULL);
@@ -473,37 +493,46 @@ ask_cls (struct rbd_store *st, const char *oid, const char *method,
   }
   if (r == 0)
     r = rados_aio_get_return_value (c);
+  if (r >= 0)
+    r = method_r;
+  if (r >= 0) {
+    if (answer && out_len > 0)
+      memcpy (out, answer, answer_len < out_len ? answer_len : out_len);
+    r = answer_len > INT_MAX ? -EBADMSG : (int) answer_len;
+  }
   rados_aio_release (c);
+  rados_release_read_op (op);
+  if (answer)
+    rados_buffer_free (answer);
   return r;
 }
 
-/* Whether the header is there and, for a snapshot, lists ST's: 1, 0,
- * or a negative errno (unknown: the cluster did not answer, or an
- * answer not understood).  cls_rbd's get_snapcontext: the sequence (64
- * bits), the count (32), then each id (64), little-endian.  Called
- * with check_lock held.
+/* The size the header gives what ST serves (its snapshot, or the image
+ * itself), in SIZE: 1, 0 when the snapshot or the header is gone, or a
+ * negative errno (unknown: the cluster did not answer, or an answer
+ * not understood).  get_size takes the snapshot's id as Ceph encodes
+ * a 64-bit integer, little-endian.  Called with check_lock held.
  */
 static int
-header_lists (struct rbd_store *st)
+size_in_header (struct rbd_store *st, uint64_t *size)
 {
-  const unsigned char *buf = st->answer;
-  int r = ask_cls (st, st->header_oid, "get_snapcontext", NULL, 0);
-  int found = st->snap == NULL;
-  uint32_t n;
+  const uint64_t id = st->snap ? st->snap_id : HEAD_SNAP_ID;
+  unsigned char answer[SIZE_ANSWER_LEN];
+  char in[8];
+  int r;
 
-  if (r >= 0 && r < 12)
+  for (int i = 0; i < 8; i++)
+    in[i] = (char) (id >> (8 * i) & 0xff);
+  r = ask_cls (st, st->header_oid, "get_size", in, sizeof in, answer,
+               sizeof answer);
+  if (r == -ENOENT)
+    return 0;
+  if (r >= 0 && r != SIZE_ANSWER_LEN)
     r = -EBADMSG;
-  if (r >= 12 && !found) {
-    n = (uint32_t) buf[8] | (uint32_t) buf[9] << 8 |
-      (uint32_t) buf[10] << 16 | (uint32_t) buf[11] << 24;
-    if ((size_t) r < 12 + 8 * (size_t) n)
-      r = -EBADMSG;
-    else
-      for (uint32_t i = 0; i < n && !found; i++)
-        found = le64 (buf + 12 + 8 * (size_t) i) == st->snap_id;
-  }
-  /* No header: the image itself is gone (`rbd snap purge`, `rbd rm`). */
-  return r == -ENOENT ? 0 : r < 0 ? r : found;
+  if (r < 0)
+    return r;
+  *size = le64 (answer + 1);
+  return 1;
 }
 
 /* Whether the pool's trash (the object rbd_trash, in ST's namespace)
@@ -523,8 +552,31 @@ in_trash (struct rbd_store *st)
   in[2] = (char) (len >> 16 & 0xff);
   in[3] = (char) (len >> 24 & 0xff);
   memcpy (in + 4, st->image_id, len);
-  r = ask_cls (st, TRASH_OID, "trash_get", in, 4 + len);
+  r = ask_cls (st, TRASH_OID, "trash_get", in, 4 + len, NULL, 0);
   return r == -ENOENT ? 0 : r < 0 ? r : 1;
+}
+
+/* The image's writer resized it to NOW bytes.  librbd's read-only open
+ * still reads up to the size it opened with, and past a shrink it would
+ * answer zeroes, or whatever a later growth wrote there, for data that
+ * is no longer the image's: the store serves at most NOW bytes, so
+ * that a read past them fails (EINVAL, which the kernel gives its
+ * reader as EIO) and a supervisor polling the size shrinks the device.
+ * Never more than librbd opened: it cannot read past that.
+ */
+static void
+follow_shrink (struct rbd_store *st, uint64_t now)
+{
+  const uint64_t served = now < st->opened_size ? now : st->opened_size;
+  const uint64_t was = __atomic_exchange_n (&st->size, served,
+                                            __ATOMIC_ACQ_REL);
+
+  if (served < was)
+    say (st, "%s: the image was shrunk to %" PRIu64 " bytes: served at "
+         "that size, reads past it fail", st->name, served);
+  else if (served > was)
+    say (st, "%s: the image has %" PRIu64 " bytes again: served at that "
+         "size", st->name, served);
 }
 
 /* Marks the store gone and says WHY, once. */
@@ -534,6 +586,32 @@ mark_gone (struct rbd_store *st, const char *why)
   __atomic_store_n (&st->gone, true, __ATOMIC_RELEASE);
   say (st, "%s: %s: requests fail with EIO (they would read %s)", st->name,
        why, st->snap ? "the image as it is now" : "zeroes, or what is left");
+}
+
+/* One look at the header and the trash: whether to look again (not
+ * once the store is gone).  Called with check_lock held.
+ */
+static bool
+check_image (struct rbd_store *st)
+{
+  uint64_t now;
+  const int r = size_in_header (st, &now);
+
+  if (r == 0) {
+    mark_gone (st, st->snap ? "the snapshot was removed"
+               : "the image was removed");
+    return false;
+  }
+  /* A snapshot's size never changes. */
+  if (r == 1 && st->snap == NULL)
+    follow_shrink (st, now);
+  /* A snapshot keeps its image from removal: only the header counts. */
+  if (st->snap == NULL && !st->check_stop && in_trash (st) == 1) {
+    mark_gone (st, "the image was moved to the trash (`rbd rm` does so "
+               "first)");
+    return false;
+  }
+  return true;
 }
 
 /* Waits for the cluster: a thread of its own. */
@@ -556,19 +634,8 @@ removal_checker (void *arg)
            pthread_cond_timedwait (&st->check_wanted, &st->check_lock,
                                    &until) == 0)
       ;
-    if (st->check_stop)
+    if (st->check_stop || !check_image (st))
       break;
-    if (header_lists (st) == 0) {
-      mark_gone (st, st->snap ? "the snapshot was removed"
-            : "the image was removed");
-      break;
-    }
-    /* A snapshot keeps its image from removal: only the header counts. */
-    if (st->snap == NULL && !st->check_stop && in_trash (st) == 1) {
-      mark_gone (st, "the image was moved to the trash (`rbd rm` does so "
-            "first)");
-      break;
-    }
   }
   pthread_mutex_unlock (&st->check_lock);
   return NULL;
@@ -582,11 +649,11 @@ start_removal_checker (struct rbd_store *st)
 {
   if ((st->snap && !st->snap_id_known) ||
       rbd_get_id (st->rbd, st->image_id, sizeof st->image_id) < 0 ||
-      (st->answer = malloc (ANSWER_LEN)) == NULL ||
       asprintf (&st->header_oid, "rbd_header.%s", st->image_id) < 0) {
     st->header_oid = NULL;
     return;
   }
+  st->opened_size = store_size (&st->base);
   if (pthread_create (&st->checker, NULL, removal_checker, st) == 0)
     __atomic_store_n (&st->checker_running, true, __ATOMIC_RELEASE);
 }
@@ -1103,7 +1170,6 @@ store_close (struct mloop_store *s)
   pthread_cond_destroy (&st->check_wanted);
   free (st->own_address);
   free (st->header_oid);
-  free (st->answer);
   free (st->name);
   free (st->pool);
   free (st->ns);

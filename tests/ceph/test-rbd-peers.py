@@ -57,6 +57,12 @@ on a real one-node cluster (tests/ceph/cluster.py):
 2h. a device's image moved to the trash (`rbd trash mv`) while its
    server is down: its next server, and a snapshot's, are refused in one
    line naming the trash (librbd would open it by its recorded id);
+2i. a snapshot of an image with 4,101 snapshots (a list of their ids
+   is over 32 KiB), removed while served, under AddressSanitizer where installed: the server says so
+   and fails the reads, and overruns nothing;
+2j. an image served read-only and shrunk by its writer: the server
+   says so within 10 s, fails a read past the new end (which librbd
+   would answer with zeroes) and gives new connections the new size;
 3. librbd's cache and partial trims turned on for the image in the
    cluster (`rbd config image set`: rbd_cache true, writeback, dirty data
    kept 60 s; rbd_skip_partial_discard true), over the server's own
@@ -101,7 +107,8 @@ other heavy work: the cluster's start 6-7 s (up to 19 s loaded), 1 and
 test sets osd_client_watch_timeout to), the arriving writer 2-3 s
 (gdb's start), 20 watchers, 2c, 2e and 3 to 6 about 1-3 s each, 2d about 5 s
 (`rbd feature disable`), 1d about 6 s (a watch timeout), 2f 3-5 s, 3b
-under 1 s; 60-64 s in all with 2f, beside other work.
+under 1 s, 2i 9 s (4,100 snapshots added to the header), 2j 2-3 s;
+70-75 s in all, beside other work.
 """
 import json
 import os
@@ -837,6 +844,120 @@ def section_read_only_removed():
         s.stop()
 
 
+# Adds N snapshots to IMAGE's header by cls_rbd's snapshot_add alone,
+# in batches of one operation each: the header lists them as librbd's
+# own, at a few ms each where `rbd snap create` takes 100 ms (each asks
+# the monitors for a snapshot id).  Their ids are past any the pool
+# gives; nothing writes the image after them.
+MANY_SNAPS = r"""
+import rados, rbd, struct, sys
+conf, client, pool, image, n = sys.argv[1:6]
+cl = rados.Rados(conffile=conf, rados_id=client)
+cl.connect()
+io = cl.open_ioctx(pool)
+img = rbd.Image(io, image, read_only=True)
+header = f"rbd_header.{img.id()}"
+img.close()
+for first in range(0, int(n), 500):
+    with rados.WriteOpCtx() as op:
+        for i in range(first, min(first + 500, int(n))):
+            name = f"many-{i}".encode()
+            op.execute("rbd", "snapshot_add",
+                       struct.pack("<I", len(name)) + name + struct.pack("<Q", (1 << 40) + i))
+        io.operate_write_op(op, header)
+io.close()
+cl.shutdown()
+print("added", flush=True)
+"""
+
+
+def asan_env():
+    """The environment of a server whose overruns of its heap buffers,
+    librados's copies into them included, must kill it: AddressSanitizer's
+    allocator and memcpy, preloaded with the C++ library the RBD module
+    needs (its exceptions), where GCC's libasan is installed; else none."""
+    found = subprocess.run(["gcc", "-print-file-name=libasan.so"], capture_output=True,
+                           text=True).stdout.strip() if shutil.which("gcc") else ""
+    cxx = subprocess.run(["gcc", "-print-file-name=libstdc++.so.6"], capture_output=True,
+                         text=True).stdout.strip() if found else ""
+    if not (os.path.isabs(found) and os.path.isabs(cxx)):
+        print("# no libasan: an overrun of the server's buffers may go unseen")
+        return {}
+    return {"LD_PRELOAD": f"{os.path.realpath(found)} {os.path.realpath(cxx)}",
+            "ASAN_OPTIONS": "detect_leaks=0"}
+
+
+def section_many_snapshots():
+    """A snapshot of an image with 4,101 snapshots (a list of their ids,
+    8 bytes each, is over 32 KiB), removed while served: the server must still say so and
+    fail the reads, not overrun its buffer (AddressSanitizer watches,
+    where installed) nor stop looking."""
+    c.create_image("snapped-often", 8 * MiB)
+    w = start("mloop-server writing the image", f"rbd:{c.spec('snapped-often')}")
+    h = w.connect()
+    h.pwrite(b"1" * 4096, 0)
+    h.flush()
+    h.shutdown()
+    w.stop()
+    c.rbd("snap", "create", c.spec("snapped-often", "oldest"))
+    p = subprocess.run([sys.executable, "-c", MANY_SNAPS, c.conf, c.client_id, c.pool,
+                        "snapped-often", "4100"], capture_output=True, text=True, timeout=120)
+    listed = c.rbd("snap", "ls", "--format", "json", c.spec("snapped-often"))
+    if not check("the image has 4,101 snapshots",
+                 p.returncode == 0 and len(json.loads(listed)) == 4101,
+                 f"{p.stdout!r} {p.stderr[-300:]!r}"):
+        raise Abort("no snapshots")
+    s = start("mloop-server of its oldest snapshot", f"rbd:{c.spec('snapped-often', 'oldest')}",
+              env=asan_env())
+    hs = s.connect()
+    check("the snapshot reads as it was", hs.pread(4096, 0) == b"1" * 4096)
+    c.rbd("snap", "rm", c.spec("snapped-often", "oldest"))
+    check("the server says the snapshot was removed",
+          s.says("snapshot was removed", REFUSE_LIMIT), s.stderr())
+    check_read_fails("the removed snapshot among many", hs)
+    check("the server is still running", s.proc.poll() is None,
+          f"exit {s.proc.poll()}: {s.stderr()[-500:]!r}")
+    hs.shutdown()
+    s.stop()
+
+
+def section_read_only_shrunk():
+    """An image served read-only and shrunk by its writer (`rbd resize
+    --allow-shrink`, which the writer, holding the lock, performs):
+    librbd's read-only open learns nothing and would answer zeroes past
+    the new end, where the image's data was; the server must serve the
+    new size, fail reads past it, and say so."""
+    c.create_image("shrinking", 16 * MiB)
+    w = start("mloop-server writing the image", f"rbd:{c.spec('shrinking')}")
+    h = w.connect()
+    h.pwrite(b"k" * 4096, 0)
+    h.pwrite(b"e" * 4096, 12 * MiB)
+    h.flush()
+    s = start("a read-only mloop-server of the image", f"rbd:{c.spec('shrinking')}",
+              args=["--read-only"])
+    hs = s.connect()
+    check("the end of the image reads as written", hs.pread(4096, 12 * MiB) == b"e" * 4096)
+    c.rbd("resize", "--no-progress", "--allow-shrink", "--size", f"{8 * MiB}B",
+          c.spec("shrinking"))
+    check("the read-only server says the image was shrunk",
+          s.says("shrunk to 8388608 bytes", REFUSE_LIMIT), s.stderr())
+    try:
+        got = hs.pread(4096, 12 * MiB)
+    except nbd.Error as e:
+        got = e
+    check("a read past the new end fails", isinstance(got, nbd.Error),
+          "" if isinstance(got, nbd.Error) else f"read {bytes(got[:4])!r}")
+    check("a read before it reads as written", hs.pread(4096, 0) == b"k" * 4096)
+    h2 = s.connect()
+    check("a new connection is given the new size", h2.get_size() == 8 * MiB,
+          f"{h2.get_size()} bytes")
+    h2.shutdown()
+    hs.shutdown()
+    s.stop()
+    h.shutdown()
+    w.stop()
+
+
 def section_trashed_while_down():
     """A device's image moved to the trash (`rbd trash mv`) while its
     server is down: librbd opens an image in the trash by the id the
@@ -1119,6 +1240,8 @@ try:
     section("the exclusive-lock feature turned off", section_feature_off)
     section("a snapshot removed while served", section_snapshot_removed)
     section("a read-only server's image removed", section_read_only_removed)
+    section("a snapshot removed among thousands", section_many_snapshots)
+    section("a read-only server's image shrunk", section_read_only_shrunk)
     section("an image trashed while its server is down", section_trashed_while_down)
     section("the cache and partial trims set by the cluster", section_settings)
     section("partial trims turned on while served", section_settings_changed)
