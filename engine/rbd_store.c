@@ -1447,49 +1447,102 @@ lock_holder (struct rbd_store *st)
   return holder;
 }
 
-/* Records us, the lock's holder now, in PATH (best effort: without it a
- * successor waits for librbd instead): our address first, then the
- * device's earlier servers, newest first, RECORD_HISTORY in all.  Each
- * of those had its lock broken by the server after it, which
- * blocklisted it: its watch, which lingers osd_client_watch_timeout
- * after its death, is no sign of life when a device's servers are
- * killed one after another.
+/* Replaces PATH with TEXT whole or not at all: through a temporary,
+ * synced before the rename and the directory after it, so that neither
+ * a server killed meanwhile nor a power cut leaves half a record, nor
+ * an empty one, for the next server to read.  The temporary is a fresh
+ * file: a link left there, where whoever chose PATH can write, must
+ * not be written through.  0, or a negative errno.
+ */
+static int
+replace_file (const char *path, const char *text)
+{
+  const size_t len = strlen (text);
+  char *tmp, *dir, *slash;
+  size_t done = 0;
+  int fd, r = 0;
+
+  if (asprintf (&tmp, "%s.tmp", path) < 0)
+    return -ENOMEM;
+  unlink (tmp);
+  fd = open (tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    r = -errno;
+    free (tmp);
+    return r;
+  }
+  while (r == 0 && done < len) {
+    ssize_t n = write (fd, text + done, len - done);
+
+    if (n < 0 && errno != EINTR)
+      r = -errno;
+    else if (n > 0)
+      done += (size_t) n;
+  }
+  if (r == 0 && fsync (fd) < 0)
+    r = -errno;
+  if (close (fd) < 0 && r == 0)
+    r = -errno;
+  if (r == 0 && rename (tmp, path) < 0)
+    r = -errno;
+  if (r < 0)
+    unlink (tmp);
+  free (tmp);
+  /* The rename itself, through a power cut. */
+  if (r == 0 && (dir = strdup (path)) != NULL) {
+    slash = strrchr (dir, '/');
+    if (slash)
+      slash[slash == dir ? 1 : 0] = '\0';
+    fd = open (slash ? dir : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+      fsync (fd);
+      close (fd);
+    }
+    free (dir);
+  }
+  return r;
+}
+
+/* Records ADDRESS, the lock's holder, in PATH (best effort: without it
+ * a successor waits for librbd instead): first, then the device's
+ * earlier servers, newest first, RECORD_HISTORY in all.  Each of those
+ * had its lock broken by the server after it, which blocklisted it:
+ * its watch, which lingers osd_client_watch_timeout after its death,
+ * is no sign of life when a device's servers are killed one after
+ * another.
  */
 #define RECORD_HISTORY 8
+#define RECORD_LINE_MOST 128    /* an address; "[v2:IPv6]:port/nonce" fits */
+#define RECORD_MOST (RECORD_HISTORY * (RECORD_LINE_MOST + 1) + 1)
 
 static void
-write_record (struct rbd_store *st, const char *path)
+write_record (const char *path, const char *address)
 {
-  rbd_lock_mode_t mode;
-  char *owners[1];
-  char old[RECORD_HISTORY * 128];
-  size_t n = 1;
-  FILE *f;
+  char old[RECORD_MOST], text[RECORD_MOST];
+  size_t used;
+  unsigned kept = 1;
 
-  if (path == NULL || rbd_lock_get_owners (st->rbd, &mode, owners, &n) != 0)
+  if (path == NULL || address == NULL || strlen (address) > RECORD_LINE_MOST)
     return;
   if (!read_record (path, old, sizeof old))
     old[0] = '\0';
-  if (n == 1 && (f = fopen (path, "we")) != NULL) {
-    unsigned kept = 1;
+  used = (size_t) snprintf (text, sizeof text, "%s\n", address);
+  for (char *line = old; *line && kept < RECORD_HISTORY; ) {
+    char *end = strchrnul (line, '\n');
+    const bool last = *end == '\0';
 
-    fprintf (f, "%s\n", owners[0]);
-    for (char *line = old; *line && kept < RECORD_HISTORY; ) {
-      char *end = strchrnul (line, '\n');
-      const bool last = *end == '\0';
-
-      *end = '\0';
-      if (*line && strcmp (line, owners[0]) != 0) {
-        fprintf (f, "%s\n", line);
-        kept++;
-      }
-      if (last)
-        break;
-      line = end + 1;
+    *end = '\0';
+    if (*line && strcmp (line, address) != 0 &&
+        strlen (line) <= RECORD_LINE_MOST) {
+      used += (size_t) snprintf (text + used, sizeof text - used, "%s\n",
+                                 line);
+      kept++;
     }
-    fclose (f);
+    if (last)
+      break;
+    line = end + 1;
   }
-  rbd_lock_get_owners_cleanup (owners, n);
+  replace_file (path, text);
 }
 
 /* Breaks OWNER's lock, having the cluster refuse OWNER first (for
@@ -1564,11 +1617,11 @@ free_peers (struct peers *p)
   p->n = 0;
 }
 
+/* Every watcher of the image, us included, into P. */
 static int
-list_peers (struct rbd_store *st, const char *broken, struct peers *p)
+read_watchers (struct rbd_store *st, struct peers *p)
 {
-  const int64_t self = (int64_t) rados_get_instance_id (st->cluster);
-  size_t i, kept = 0, room = FIRST_WATCHERS;
+  size_t room = FIRST_WATCHERS;
   int r;
 
   p->watchers = NULL;
@@ -1586,8 +1639,19 @@ list_peers (struct rbd_store *st, const char *broken, struct peers *p)
     free (p->watchers);
     p->watchers = NULL;
     p->n = 0;
-    return r;
   }
+  return r;
+}
+
+static int
+list_peers (struct rbd_store *st, const char *broken, struct peers *p)
+{
+  const int64_t self = (int64_t) rados_get_instance_id (st->cluster);
+  size_t i, kept = 0;
+  int r = read_watchers (st, p);
+
+  if (r < 0)
+    return r;
   for (i = 0; i < p->n; i++) {
     if (p->watchers[i].id == self ||
         (broken && in_history (broken, p->watchers[i].addr)))
@@ -1597,6 +1661,26 @@ list_peers (struct rbd_store *st, const char *broken, struct peers *p)
   }
   p->n = kept;
   return 0;
+}
+
+/* Our own watch's address (malloc'ed), or NULL: the address the
+ * cluster will name the lock's holder by once we hold it, as
+ * refuse_live_peers matches owners with watchers.
+ */
+static char *
+own_watch_address (struct rbd_store *st)
+{
+  const int64_t self = (int64_t) rados_get_instance_id (st->cluster);
+  struct peers p;
+  char *addr = NULL;
+
+  if (read_watchers (st, &p) < 0)
+    return NULL;
+  for (size_t i = 0; i < p.n && addr == NULL; i++)
+    if (p.watchers[i].id == self)
+      addr = strdup (p.watchers[i].addr);
+  free_peers (&p);
+  return addr;
 }
 
 /* The watcher that is the lock's OWNER, or NULL.  librbd names an
@@ -1690,7 +1774,7 @@ take_lock (struct rbd_store *st, const char *record, char *err,
 {
   uint64_t features = 0;
   rbd_lock_mode_t mode;
-  char *owners[4], recorded[RECORD_HISTORY * 128];
+  char *owners[4], recorded[RECORD_MOST], *own;
   size_t n = 4;
   bool broken;
   int r;
@@ -1708,13 +1792,22 @@ take_lock (struct rbd_store *st, const char *record, char *err,
   broken = break_recorded (st, record, recorded, sizeof recorded);
   if ((r = refuse_live_peers (st, broken ? recorded : NULL, err, errlen)) < 0)
     return r;
+  /* Recorded before the lock is ours: a server killed once it holds
+   * the lock, before it could say so, would otherwise leave its
+   * successor a lock it may not break.
+   */
+  own = record ? own_watch_address (st) : NULL;
+  write_record (record, own);
   r = rbd_lock_acquire (st->rbd, RBD_LOCK_MODE_EXCLUSIVE);
   if (r == 0) {
     st->locked = true;
     st->own_address = lock_holder (st);
-    write_record (st, record);
+    if (st->own_address && (own == NULL || strcmp (own, st->own_address)))
+      write_record (record, st->own_address);
+    free (own);
     return 0;
   }
+  free (own);
   if (rbd_lock_get_owners (st->rbd, &mode, owners, &n) == 0 && n > 0) {
     snprintf (err, errlen, "%s is in use: %s holds its exclusive lock "
               "(--shared to write it alongside)", st->name, owners[0]);
@@ -1872,16 +1965,13 @@ image_record_clear (struct image_record *rec)
   *rec = (struct image_record) { 0 };
 }
 
-/* Records the open image's ids and SPEC in PATH, through a temporary
- * and a rename: a server killed meanwhile leaves no half id.
+/* Records the open image's ids and SPEC in PATH, whole or not at all
+ * (replace_file): a server killed meanwhile leaves no half id.
  */
 static int
 write_image_record (struct rbd_store *st, const char *path, const char *spec)
 {
-  char id[RBD_MAX_IMAGE_NAME_SIZE], *tmp;
-  FILE *f;
-  bool failed;
-  int fd;
+  char id[RBD_MAX_IMAGE_NAME_SIZE], *text;
   int r = rbd_get_id (st->rbd, id, sizeof id);
 
   /* A format 1 image (long deprecated) has no id to open it by. */
@@ -1894,32 +1984,12 @@ write_image_record (struct rbd_store *st, const char *path, const char *spec)
     r = -ENOENT;
   if (r < 0)
     return r;
-  if (asprintf (&tmp, "%s.tmp", path) < 0)
+  if ((st->snap ? asprintf (&text, "%s@%" PRIu64 "\n%s\n", id, st->snap_id,
+                            spec)
+       : asprintf (&text, "%s\n%s\n", id, spec)) < 0)
     return -ENOMEM;
-  /* A fresh file: a link left there, where whoever chose PATH can
-   * write, must not be written through.
-   */
-  unlink (tmp);
-  fd = open (tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0 || (f = fdopen (fd, "w")) == NULL) {
-    r = -errno;
-    if (fd >= 0)
-      close (fd);
-  }
-  else {
-    if (st->snap)
-      fprintf (f, "%s@%" PRIu64 "\n%s\n", id, st->snap_id, spec);
-    else
-      fprintf (f, "%s\n%s\n", id, spec);
-    failed = ferror (f) != 0;
-    if (fclose (f) != 0 || failed)
-      r = -EIO;
-    else if (rename (tmp, path) < 0)
-      r = -errno;
-    if (r < 0)
-      unlink (tmp);
-  }
-  free (tmp);
+  r = replace_file (path, text);
+  free (text);
   return r;
 }
 

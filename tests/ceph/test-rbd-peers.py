@@ -28,6 +28,9 @@ on a real one-node cluster (tests/ceph/cluster.py):
    image; the next write through the
    server's same connection succeeds, the server saying it took the
    lock again, which it holds;
+2b. a device's server killed (gdb) as its rbd_lock_acquire returns,
+   its watch still up: its successor with the same lock record breaks
+   its lock and serves (the record names it before it takes the lock);
 2c. a device's server stopped (SIGSTOP), not dead, on an image whose
    configuration turns librbd's blocklisting off
    (rbd_blocklist_on_break_lock false), and its successor started with
@@ -616,6 +619,75 @@ def section_successors():
     check("the image has every server's write",
           export(spec[len("rbd:"):])[:3 * 4096] == b"".join(bytes([n + 1]) * 4096
                                                              for n in range(3)))
+
+
+# Runs the server until its first rbd_lock_acquire has returned, then
+# kills it (SIGKILL): a device's server killed once it holds the lock.
+KILL_AFTER_ACQUIRE = """set pagination off
+set confirm off
+set breakpoint pending on
+handle all nostop noprint pass
+break rbd_lock_acquire
+run
+finish
+shell touch {killed}
+kill
+quit
+"""
+
+
+def section_killed_holding():
+    """A device's server killed the moment it holds the lock, before any
+    later step (gdb stops it as rbd_lock_acquire returns): its watch
+    lingers (Ceph's 30 s here), and its successor with the same lock
+    record must still take it for the device's own dead server, break
+    its lock and serve, as the supervisor's restart needs; the record
+    must already name it."""
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        print("# skipped: no gdb to kill the server as it takes the lock")
+        return
+    c.create_image("cut-short", 8 * MiB)
+    spec = f"rbd:{c.spec('cut-short')}"
+    record = ["--lock-record=" + c.path("test", "cut-short.lock")]
+    killed = c.path("test", "killed")
+    script = c.path("test", "kill.gdb")
+    with open(script, "w") as f:
+        f.write(KILL_AFTER_ACQUIRE.format(killed=killed))
+    c.ceph("config", "set", "osd", "osd_client_watch_timeout",
+           str(SUCCESSOR_WATCH_TIMEOUT))
+    try:
+        s = Server(spec, args=record, wrap=[gdb, "-q", "-batch", "-nx", "-x", script,
+                                            "--args"])
+        try:
+            s.proc.wait(START_LIMIT)
+        except subprocess.TimeoutExpired:
+            pass
+        held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("cut-short")))
+        if not check("the first server was killed holding the lock",
+                     os.path.exists(killed) and len(held) == 1,
+                     f"{held!r}: {s.stderr().strip()[-300:]!r}"):
+            s.stop()
+            raise Abort("not killed")
+        check("its watch is up as its successor starts",
+              len(watchers("cut-short")) >= 1, repr(watchers("cut-short")))
+        n = start("its successor", spec, args=record)
+        h = n.connect()
+        h.pwrite(b"n" * 4096, 0)
+        h.flush()
+        check("the successor's write is in the image", h.pread(4096, 0) == b"n" * 4096)
+        held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("cut-short")))
+        with open(record[0].split("=", 1)[1]) as f:
+            lines = f.read().splitlines()
+        check("the record names the successor, then the server killed",
+              len(held) == 1 and len(lines) == 2 and lines[0] == held[0]["address"],
+              f"{lines!r}, lock {held!r}")
+        check("no temporary record is left",
+              not os.path.exists(record[0].split("=", 1)[1] + ".tmp"))
+        h.shutdown()
+        n.stop()
+    finally:
+        c.ceph("config", "set", "osd", "osd_client_watch_timeout", str(WATCH_TIMEOUT))
 
 
 def section_unfenced_predecessor():
@@ -1234,6 +1306,7 @@ try:
     section("a writer arriving while the server looks", section_writer_arriving)
     section("the lock lost without a blocklist", section_lock_lost)
     section("a device's servers killed one after another", section_successors)
+    section("a device's server killed as it takes the lock", section_killed_holding)
     section("a stopped server's successor, blocklisting off",
             section_unfenced_predecessor)
     section("a device's image renamed", section_renamed)
