@@ -1545,20 +1545,92 @@ write_record (const char *path, const char *address)
   replace_file (path, text);
 }
 
-/* Breaks OWNER's lock, having the cluster refuse OWNER first (for
- * rbd_blocklist_expire_seconds, the monitors' default when unset):
- * a holder taken for dead may be only stopped, and once continued it
- * would write beside us until its watch came back.  librbd blocklists
- * the holder itself only where rbd_blocklist_on_break_lock is true,
- * which the configuration, the pool's or the image's may turn off; so
- * the store does it whatever they say (when librbd does too, the
- * second entry is the first renewed).  A holder that cannot be fenced
- * keeps its lock.
+/* The open image's effective configuration (client, pool and image
+ * levels, as librbd applies them), in *OPTIONS and *N: 0, or a negative
+ * errno.  free_options gives it back.
+ */
+static int
+image_options (struct rbd_store *st, rbd_config_option_t **options, int *n)
+{
+  int r;
+
+  *options = NULL;
+  *n = 0;
+  r = rbd_config_image_list (st->rbd, NULL, n);
+  if (r == -ERANGE && *n > 0) {
+    if ((*options = calloc ((size_t) *n, sizeof **options)) == NULL)
+      return -ENOMEM;
+    r = rbd_config_image_list (st->rbd, *options, n);
+  }
+  if (r < 0 || *options == NULL) {
+    free (*options);
+    *options = NULL;
+    return r < 0 ? r : -ENOENT;
+  }
+  return 0;
+}
+
+static void
+free_options (rbd_config_option_t *options, int n)
+{
+  rbd_config_image_list_cleanup (options, n);
+  free (options);
+}
+
+/* OPTION's value in OPTIONS, or NULL. */
+static const char *
+option_value (const rbd_config_option_t *options, int n, const char *option)
+{
+  for (int i = 0; i < n; i++)
+    if (strcmp (options[i].name, option) == 0)
+      return options[i].value;
+  return NULL;
+}
+
+/* How long the cluster is to refuse a holder whose lock we break: the
+ * image's rbd_blocklist_expire_seconds, which librbd blocklists for
+ * (its pool's or its own configuration may set it, to fence longer than
+ * the monitors' default hour); 0, that default, when it is unset or not
+ * understood (librbd would not apply such a value either).
+ */
+static uint32_t
+blocklist_seconds (struct rbd_store *st)
+{
+  rbd_config_option_t *options;
+  const char *value;
+  unsigned long long secs = 0;
+  char *end;
+  int n;
+
+  if (image_options (st, &options, &n) < 0)
+    return 0;
+  value = option_value (options, n, "rbd_blocklist_expire_seconds");
+  /* Digits only: strtoull would take " -1" for a huge number. */
+  if (value && *value && strspn (value, "0123456789") == strlen (value)) {
+    errno = 0;
+    secs = strtoull (value, &end, 10);
+    if (errno != 0 || secs > UINT32_MAX)
+      secs = 0;
+  }
+  free_options (options, n);
+  return (uint32_t) secs;
+}
+
+/* Breaks OWNER's lock, having the cluster refuse OWNER first, for as
+ * long as librbd would (blocklist_seconds): a holder taken for dead may
+ * be only stopped, and once continued it would write beside us until
+ * its watch came back.  librbd blocklists the holder itself only where
+ * rbd_blocklist_on_break_lock is true, which the configuration, the
+ * pool's or the image's may turn off; so the store does it whatever
+ * they say (when librbd does too, the second entry is the first
+ * renewed, for as long).  A holder that cannot be fenced keeps its
+ * lock.
  */
 static int
 break_lock (struct rbd_store *st, const char *owner)
 {
-  int r = rados_blocklist_add (st->cluster, (char *) owner, 0);
+  int r = rados_blocklist_add (st->cluster, (char *) owner,
+                               blocklist_seconds (st));
 
   return r < 0 ? r : rbd_lock_break (st->rbd, RBD_LOCK_MODE_EXCLUSIVE, owner);
 }
@@ -1850,10 +1922,9 @@ value_may_be_true (const char *value)
 static bool
 option_on (const rbd_config_option_t *options, int n, const char *option)
 {
-  for (int i = 0; i < n; i++)
-    if (strcmp (options[i].name, option) == 0)
-      return value_may_be_true (options[i].value);
-  return true;
+  const char *value = option_value (options, n, option);
+
+  return value == NULL || value_may_be_true (value);
 }
 
 /* What the image will do with writes.  The store asks for no cache,
@@ -1865,20 +1936,15 @@ option_on (const rbd_config_option_t *options, int n, const char *option)
 static void
 read_effective_config (struct rbd_store *st)
 {
-  rbd_config_option_t *options = NULL;
-  int n = 0;
-  int r = rbd_config_image_list (st->rbd, NULL, &n);
+  rbd_config_option_t *options;
+  int n;
 
-  if (r == -ERANGE && n > 0 && (options = calloc ((size_t) n, sizeof *options)))
-    r = rbd_config_image_list (st->rbd, options, &n);
-  if (r < 0 || options == NULL) {
+  if (image_options (st, &options, &n) < 0) {
     st->write_back = true;
-    free (options);
     return;
   }
   st->write_back = option_on (options, n, "rbd_cache");
-  rbd_config_image_list_cleanup (options, n);
-  free (options);
+  free_options (options, n);
   if (st->write_back && st->base.info.writable)
     say (st, "%s: its pool or image turns librbd's cache on: FUA writes "
          "are flushed", st->name);

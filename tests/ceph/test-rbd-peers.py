@@ -35,8 +35,9 @@ on a real one-node cluster (tests/ceph/cluster.py):
    configuration turns librbd's blocklisting off
    (rbd_blocklist_on_break_lock false), and its successor started with
    the same lock record: the successor breaks the lock and writes, the
-   stopped server is blocklisted all the same, and once continued its
-   write fails instead of landing over the successor's;
+   stopped server is blocklisted all the same (for the day the image's
+   rbd_blocklist_expire_seconds says, not the monitors' default hour),
+   and once continued its write fails instead of landing over the successor's;
 2d. the image's exclusive-lock feature turned off (`rbd feature
    disable`) while the server holds the lock: the server says that
    other clients may now write beside it;
@@ -113,6 +114,7 @@ test sets osd_client_watch_timeout to), the arriving writer 2-3 s
 under 1 s, 2i 9 s (4,100 snapshots added to the header), 2j 2-3 s;
 70-75 s in all, beside other work.
 """
+import datetime
 import json
 import os
 import shutil
@@ -699,6 +701,9 @@ def section_unfenced_predecessor():
     c.create_image("unfenced", 8 * MiB)
     c.rbd("config", "image", "set", c.spec("unfenced"), "rbd_blocklist_on_break_lock",
           "false")
+    # A fence of a day, where the monitors' default is an hour.
+    c.rbd("config", "image", "set", c.spec("unfenced"), "rbd_blocklist_expire_seconds",
+          "86400")
     spec = f"rbd:{c.spec('unfenced')}"
     record = ["--lock-record=" + c.path("test", "unfenced.lock")]
     old = start("a device's server", spec, args=record)
@@ -717,6 +722,17 @@ def section_unfenced_predecessor():
         listed = c.ceph("osd", "blocklist", "ls")
         check("the stopped server is blocklisted", held[0]["address"] in listed,
               f"{held[0]['address']} not in {listed!r}")
+        # (Its JSON shares stdout with "[]", the range blocklist's.)
+        out = c.ceph("osd", "blocklist", "ls", "-f", "json")
+        listed = json.JSONDecoder().raw_decode(out.lstrip())[0]
+        entries = [e for e in listed if e.get("addr") == held[0]["address"]]
+        until = [datetime.datetime.strptime(e["until"], "%Y-%m-%dT%H:%M:%S.%f%z")
+                 for e in entries]
+        left = [(u - datetime.datetime.now(datetime.timezone.utc)).total_seconds()
+                for u in until]
+        check("for the day the image's rbd_blocklist_expire_seconds says",
+              len(left) == 1 and 86400 - 600 < left[0] <= 86400,
+              f"{entries!r}")
     finally:
         old.proc.send_signal(signal.SIGCONT)
     try:
