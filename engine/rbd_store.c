@@ -1965,7 +1965,7 @@ read_effective_config (struct rbd_store *st)
  * ("ID" or "ID@SNAPID"), the second the name ("POOL/[NS/]IMAGE[@SNAP]").
  */
 #define IMAGE_RECORD_SUFFIX ".image"
-#define IMAGE_RECORD_MOST 4096
+#define IMAGE_RECORD_MOST (1 << 20)     /* names of any length Ceph takes */
 
 struct image_record {
   char *id;                     /* NULL: none recorded */
@@ -1986,22 +1986,13 @@ image_spec (const struct rbd_store *st)
   return spec;
 }
 
-/* Reads PATH into REC: 0 (REC->id NULL when there is no record), or a
- * negative errno (-EBADMSG: not a record of this kind).
- */
+/* Parses BUF, a record's LEN bytes, into REC: 0, or -EBADMSG. */
 static int
-read_image_record (const char *path, bool with_snap, struct image_record *rec)
+parse_image_record (char *buf, size_t len, bool with_snap,
+                    struct image_record *rec)
 {
-  char buf[IMAGE_RECORD_MOST], *nl, *at, *end;
-  size_t len;
-  FILE *f = fopen (path, "re");
+  char *nl, *at, *end;
 
-  *rec = (struct image_record) { 0 };
-  if (f == NULL)
-    return errno == ENOENT ? 0 : -errno;
-  len = fread (buf, 1, sizeof buf - 1, f);
-  fclose (f);
-  buf[len] = '\0';
   if ((nl = strchr (buf, '\n')) == NULL || len < 2 || buf[len - 1] != '\n')
     return -EBADMSG;
   *nl = '\0';
@@ -2021,6 +2012,66 @@ read_image_record (const char *path, bool with_snap, struct image_record *rec)
   if (rec->id == NULL || rec->spec == NULL)
     return -ENOMEM;
   return 0;
+}
+
+/* PATH's whole text, NUL-terminated, in *TEXT (malloc'ed) and its
+ * length in *LEN: 0, or a negative errno (-EFBIG: over MOST bytes).
+ */
+static int
+read_text (const char *path, size_t most, char **text, size_t *len)
+{
+  size_t room = 4096;
+  char *buf = NULL, *grown;
+  FILE *f = fopen (path, "re");
+  int r = 0;
+
+  *text = NULL;
+  *len = 0;
+  if (f == NULL)
+    return -errno;
+  for (;;) {
+    if ((grown = realloc (buf, room + 1)) == NULL) {
+      r = -ENOMEM;
+      break;
+    }
+    buf = grown;
+    *len += fread (buf + *len, 1, room - *len, f);
+    if (*len < room)
+      break;
+    if (room >= most) {
+      r = -EFBIG;
+      break;
+    }
+    room *= 2;
+  }
+  if (r == 0 && ferror (f))
+    r = -EIO;
+  fclose (f);
+  if (r < 0) {
+    free (buf);
+    return r;
+  }
+  buf[*len] = '\0';
+  *text = buf;
+  return 0;
+}
+
+/* Reads PATH into REC: 0 (REC->id NULL when there is no record), or a
+ * negative errno (-EBADMSG: not a record of this kind).
+ */
+static int
+read_image_record (const char *path, bool with_snap, struct image_record *rec)
+{
+  char *buf;
+  size_t len;
+  int r = read_text (path, IMAGE_RECORD_MOST, &buf, &len);
+
+  *rec = (struct image_record) { 0 };
+  if (r < 0)
+    return r == -ENOENT ? 0 : r == -EFBIG ? -EBADMSG : r;
+  r = parse_image_record (buf, len, with_snap, rec);
+  free (buf);
+  return r;
 }
 
 static void

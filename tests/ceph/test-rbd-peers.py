@@ -38,6 +38,8 @@ on a real one-node cluster (tests/ceph/cluster.py):
    stopped server is blocklisted all the same (for the day the image's
    rbd_blocklist_expire_seconds says, not the monitors' default hour),
    and once continued its write fails instead of landing over the successor's;
+2k. a snapshot's device, its snapshot's name 5,000 characters long:
+   its next server (the same lock record) serves it;
 2d. the image's exclusive-lock feature turned off (`rbd feature
    disable`) while the server holds the lock: the server says that
    other clients may now write beside it;
@@ -816,6 +818,30 @@ def section_renamed():
     h.shutdown()
     w.stop()
 
+def section_long_snapshot_name():
+    """A snapshot's device whose snapshot has a name of 5,000 characters
+    (Ceph takes it): the record of which snapshot the device serves is
+    as long, and the device's next server must read it and serve, not
+    take it for no record at all and refuse every restart."""
+    c.create_image("long-named", 8 * MiB)
+    w = start("mloop-server writing the image", f"rbd:{c.spec('long-named')}")
+    h = w.connect()
+    h.pwrite(b"l" * 4096, 0)
+    h.flush()
+    h.shutdown()
+    w.stop()
+    snap = "s" * 5000
+    c.rbd("snap", "create", c.spec("long-named", snap))
+    spec = f"rbd:{c.spec('long-named', snap)}"
+    record = ["--lock-record=" + c.path("test", "long-named.lock")]
+    start("the snapshot's first server", spec, args=record).stop()
+    s = start("its next server", spec, args=record)
+    hs = s.connect()
+    check("it serves the snapshot", hs.pread(4096, 0) == b"l" * 4096)
+    hs.shutdown()
+    s.stop()
+
+
 def section_feature_off():
     """The exclusive-lock feature turned off while the server holds the
     lock (librbd has the holder perform it): any client may then write
@@ -1326,6 +1352,8 @@ try:
     section("a stopped server's successor, blocklisting off",
             section_unfenced_predecessor)
     section("a device's image renamed", section_renamed)
+    section("a snapshot's device, the snapshot's name 5,000 long",
+            section_long_snapshot_name)
     section("the exclusive-lock feature turned off", section_feature_off)
     section("a snapshot removed while served", section_snapshot_removed)
     section("a read-only server's image removed", section_read_only_removed)
