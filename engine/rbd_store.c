@@ -1038,7 +1038,16 @@ static int
 store_reprobe_size (struct mloop_store *s, char *err, size_t errlen)
 {
   struct rbd_store *st = store_of (s);
-  int r = read_size (st);
+  int r;
+
+  /* A read-only open's librbd answers the size it opened with, whatever
+   * the image's is now: the removal checker follows the header instead
+   * (follow_shrink), and librbd's answer would undo a shrink it saw.
+   */
+  if (__atomic_load_n (&st->checker_running, __ATOMIC_ACQUIRE) &&
+      !s->info.writable)
+    return 0;
+  r = read_size (st);
 
   if (r < 0)
     snprintf (err, errlen, "%s: reading the size: %s", st->name,

@@ -68,7 +68,8 @@ on a real one-node cluster (tests/ceph/cluster.py):
    and fails the reads, and overruns nothing;
 2j. an image served read-only and shrunk by its writer: the server
    says so within 10 s, fails a read past the new end (which librbd
-   would answer with zeroes) and gives new connections the new size;
+   would answer with zeroes) and gives new connections the new size,
+   after a SIGHUP too;
 3. librbd's cache and partial trims turned on for the image in the
    cluster (`rbd config image set`: rbd_cache true, writeback, dirty data
    kept 60 s; rbd_skip_partial_discard true), over the server's own
@@ -1065,6 +1066,14 @@ def section_read_only_shrunk():
     h2 = s.connect()
     check("a new connection is given the new size", h2.get_size() == 8 * MiB,
           f"{h2.get_size()} bytes")
+    h2.shutdown()
+    # SIGHUP re-reads the size (`mloop resize` sends it): librbd's read-only
+    # open still answers the size it opened with, which must not come back.
+    s.proc.send_signal(signal.SIGHUP)
+    time.sleep(0.5)
+    h2 = s.connect()
+    check("after SIGHUP, a new connection is given the new size still",
+          h2.get_size() == 8 * MiB, f"{h2.get_size()} bytes")
     h2.shutdown()
     hs.shutdown()
     s.stop()
