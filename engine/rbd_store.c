@@ -1644,34 +1644,25 @@ break_lock (struct rbd_store *st, const char *owner)
   return r < 0 ? r : rbd_lock_break (st->rbd, RBD_LOCK_MODE_EXCLUSIVE, owner);
 }
 
-/* When the lock's holder is the one recorded in PATH, breaks its lock
- * (which also blocklists it: were it alive after all, it could write no
- * more) so that the caller can take it.  Returns whether it did, with
- * the holder's address in RECORDED: its watch may outlive it by
- * osd_client_watch_timeout, and is no sign of life.
+/* When the lock's holder is one of the device's servers HISTORY
+ * records, breaks its lock (which also blocklists it: were it alive
+ * after all, it could write no more) so that the caller can take it:
+ * its watch may outlive it by osd_client_watch_timeout, and is no sign
+ * of life.  librbd breaks a lock only when given its holder's address
+ * whole, so the holder's own string is given, not a line of HISTORY.
  */
-static bool
-break_recorded (struct rbd_store *st, const char *path, char *recorded,
-                size_t len)
+static void
+break_recorded (struct rbd_store *st, const char *history)
 {
   rbd_lock_mode_t mode;
   char *owners[4];
   size_t n = 4;
-  bool match;
-  int r;
 
-  if (!read_record (path, recorded, len) ||
-      rbd_lock_get_owners (st->rbd, &mode, owners, &n) != 0)
-    return false;
-  /* The newest line is the holder the device's last server was; it is
-   * the one to break, by its address alone (librbd compares the whole
-   * string with the holder's address, so the history must not follow).
-   */
-  match = n == 1 && strlen (owners[0]) == strcspn (recorded, "\n") &&
-    strncmp (owners[0], recorded, strlen (owners[0])) == 0;
-  r = match ? break_lock (st, owners[0]) : -ENOENT;
+  if (rbd_lock_get_owners (st->rbd, &mode, owners, &n) != 0)
+    return;
+  if (n == 1 && in_history (history, owners[0]))
+    break_lock (st, owners[0]);
   rbd_lock_get_owners_cleanup (owners, n);
-  return r == 0;
 }
 
 /* The image's watchers other than us (rbd_watchers_list): a client
@@ -1857,7 +1848,7 @@ take_lock (struct rbd_store *st, const char *record, char *err,
   rbd_lock_mode_t mode;
   char *owners[4], recorded[RECORD_MOST], *own;
   size_t n = 4;
-  bool broken;
+  bool have;
   int r;
 
   if (rbd_get_features (st->rbd, &features) == 0 &&
@@ -1867,18 +1858,25 @@ take_lock (struct rbd_store *st, const char *record, char *err,
               "enable IMAGE exclusive-lock`, or --shared)", st->name);
     return -EINVAL;
   }
-  /* First: a killed server of the same device keeps its watch for
-   * osd_client_watch_timeout after its death, so it would look alive.
+  /* The device's earlier servers, newest first, then us before them,
+   * before anything else: a server killed at any point after this, the
+   * lock taken or not, is one of them to its successor.
    */
-  broken = break_recorded (st, record, recorded, sizeof recorded);
-  if ((r = refuse_live_peers (st, broken ? recorded : NULL, err, errlen)) < 0)
-    return r;
-  /* Recorded before the lock is ours: a server killed once it holds
-   * the lock, before it could say so, would otherwise leave its
-   * successor a lock it may not break.
-   */
+  have = read_record (record, recorded, sizeof recorded);
   own = record ? own_watch_address (st) : NULL;
   write_record (record, own);
+  /* A killed server of the device keeps its watch (and maybe the lock)
+   * for osd_client_watch_timeout after its death, so it would look
+   * alive: its lock is broken, and its watch not counted.  An earlier
+   * server alive after all holds no lock then, and librbd writes only
+   * under the lock.
+   */
+  if (have)
+    break_recorded (st, recorded);
+  if ((r = refuse_live_peers (st, have ? recorded : NULL, err, errlen)) < 0) {
+    free (own);
+    return r;
+  }
   r = rbd_lock_acquire (st->rbd, RBD_LOCK_MODE_EXCLUSIVE);
   if (r == 0) {
     st->locked = true;

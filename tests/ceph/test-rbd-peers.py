@@ -29,8 +29,10 @@ on a real one-node cluster (tests/ceph/cluster.py):
    server's same connection succeeds, the server saying it took the
    lock again, which it holds;
 2b. a device's server killed (gdb) as its rbd_lock_acquire returns,
-   its watch still up: its successor with the same lock record breaks
-   its lock and serves (the record names it before it takes the lock);
+   then its successor as its rbd_lock_break of that lock returns, both
+   watches still up: the next server with the same lock record breaks
+   what lock they hold and serves (the record names each server before
+   it breaks or takes a lock);
 2c. a device's server stopped (SIGSTOP), not dead, on an image whose
    configuration turns librbd's blocklisting off
    (rbd_blocklist_on_break_lock false), and its successor started with
@@ -114,8 +116,9 @@ other heavy work: the cluster's start 6-7 s (up to 19 s loaded), 1 and
 test sets osd_client_watch_timeout to), the arriving writer 2-3 s
 (gdb's start), 20 watchers, 2c, 2e and 3 to 6 about 1-3 s each, 2d about 5 s
 (`rbd feature disable`), 1d about 6 s (a watch timeout), 2f 3-5 s, 3b
-under 1 s, 2i 9 s (4,100 snapshots added to the header), 2j 2-3 s;
-70-75 s in all, beside other work.
+under 1 s, 2b 12 s (two gdb starts), 2i 9 s (4,100 snapshots added
+to the header), 2j 2-3 s, 2k under 1 s; 80-90 s in all, beside other
+work.
 """
 import datetime
 import json
@@ -626,13 +629,13 @@ def section_successors():
                                                              for n in range(3)))
 
 
-# Runs the server until its first rbd_lock_acquire has returned, then
-# kills it (SIGKILL): a device's server killed once it holds the lock.
-KILL_AFTER_ACQUIRE = """set pagination off
+# Runs the server until its first call of FUNCTION has returned, then
+# kills it (SIGKILL): a device's server killed mid-start.
+KILL_AFTER = """set pagination off
 set confirm off
 set breakpoint pending on
 handle all nostop noprint pass
-break rbd_lock_acquire
+break {function}
 run
 finish
 shell touch {killed}
@@ -641,56 +644,68 @@ quit
 """
 
 
-def section_killed_holding():
-    """A device's server killed the moment it holds the lock, before any
-    later step (gdb stops it as rbd_lock_acquire returns): its watch
-    lingers (Ceph's 30 s here), and its successor with the same lock
-    record must still take it for the device's own dead server, break
-    its lock and serve, as the supervisor's restart needs; the record
-    must already name it."""
-    gdb = shutil.which("gdb")
-    if gdb is None:
-        print("# skipped: no gdb to kill the server as it takes the lock")
+def killed_after(function, spec, record, name):
+    """Starts a server of SPEC under gdb, killed once FUNCTION returns;
+    waits for its end; whether it got there."""
+    killed = c.path("test", f"killed-{name}")
+    script = c.path("test", f"kill-{name}.gdb")
+    with open(script, "w") as f:
+        f.write(KILL_AFTER.format(function=function, killed=killed))
+    s = Server(spec, args=record, wrap=[shutil.which("gdb"), "-q", "-batch", "-nx", "-x",
+                                        script, "--args"])
+    try:
+        s.proc.wait(START_LIMIT)
+    except subprocess.TimeoutExpired:
+        s.stop()
+    return os.path.exists(killed)
+
+
+def section_killed_mid_start():
+    """A device's servers killed mid-start (gdb stops each as a librbd
+    call returns), their watches lingering (Ceph's 30 s here): one the
+    moment it holds the lock (rbd_lock_acquire), before any later step;
+    then its successor the moment it has broken that lock
+    (rbd_lock_break), before it takes it.  The next server with the same
+    lock record must still take each for the device's own dead server,
+    break what lock it holds, and serve, as the supervisor's restart
+    needs: the record must already name each."""
+    if shutil.which("gdb") is None:
+        print("# skipped: no gdb to kill the server mid-start")
         return
     c.create_image("cut-short", 8 * MiB)
     spec = f"rbd:{c.spec('cut-short')}"
-    record = ["--lock-record=" + c.path("test", "cut-short.lock")]
-    killed = c.path("test", "killed")
-    script = c.path("test", "kill.gdb")
-    with open(script, "w") as f:
-        f.write(KILL_AFTER_ACQUIRE.format(killed=killed))
+    path = c.path("test", "cut-short.lock")
+    record = ["--lock-record=" + path]
     c.ceph("config", "set", "osd", "osd_client_watch_timeout",
            str(SUCCESSOR_WATCH_TIMEOUT))
     try:
-        s = Server(spec, args=record, wrap=[gdb, "-q", "-batch", "-nx", "-x", script,
-                                            "--args"])
-        try:
-            s.proc.wait(START_LIMIT)
-        except subprocess.TimeoutExpired:
-            pass
-        held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("cut-short")))
-        if not check("the first server was killed holding the lock",
-                     os.path.exists(killed) and len(held) == 1,
-                     f"{held!r}: {s.stderr().strip()[-300:]!r}"):
-            s.stop()
-            raise Abort("not killed")
-        check("its watch is up as its successor starts",
+        held = []
+        for n, function in enumerate(["rbd_lock_acquire", "rbd_lock_break"]):
+            died = killed_after(function, spec, record, function)
+            held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("cut-short")))
+            if not check(f"server {n + 1} was killed as its {function} returned", died,
+                         f"lock {held!r}"):
+                raise Abort("not killed")
+        check("the lock is free, the second server killed before taking it", held == [],
+              repr(held))
+        # (The first's is gone: the second blocklisted it, and the OSD
+        # drops a blocklisted client's watch.)
+        check("the second killed server's watch is up as the third starts",
               len(watchers("cut-short")) >= 1, repr(watchers("cut-short")))
-        n = start("its successor", spec, args=record)
-        h = n.connect()
+        s = start("the third server", spec, args=record)
+        h = s.connect()
         h.pwrite(b"n" * 4096, 0)
         h.flush()
-        check("the successor's write is in the image", h.pread(4096, 0) == b"n" * 4096)
+        check("its write is in the image", h.pread(4096, 0) == b"n" * 4096)
         held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("cut-short")))
-        with open(record[0].split("=", 1)[1]) as f:
+        with open(path) as f:
             lines = f.read().splitlines()
-        check("the record names the successor, then the server killed",
-              len(held) == 1 and len(lines) == 2 and lines[0] == held[0]["address"],
+        check("the record names it, then the two servers killed",
+              len(held) == 1 and len(lines) == 3 and lines[0] == held[0]["address"],
               f"{lines!r}, lock {held!r}")
-        check("no temporary record is left",
-              not os.path.exists(record[0].split("=", 1)[1] + ".tmp"))
+        check("no temporary record is left", not os.path.exists(path + ".tmp"))
         h.shutdown()
-        n.stop()
+        s.stop()
     finally:
         c.ceph("config", "set", "osd", "osd_client_watch_timeout", str(WATCH_TIMEOUT))
 
@@ -1357,7 +1372,7 @@ try:
     section("a writer arriving while the server looks", section_writer_arriving)
     section("the lock lost without a blocklist", section_lock_lost)
     section("a device's servers killed one after another", section_successors)
-    section("a device's server killed as it takes the lock", section_killed_holding)
+    section("a device's servers killed mid-start", section_killed_mid_start)
     section("a stopped server's successor, blocklisting off",
             section_unfenced_predecessor)
     section("a device's image renamed", section_renamed)
