@@ -271,7 +271,7 @@ answered (struct rbd_store *st, long r)
 
 /* ------------------------------------------------------------ lock lost */
 
-static int refuse_live_peers (struct rbd_store *st, const char *broken,
+static int refuse_live_peers (struct rbd_store *st, const char *history,
                               char *err, size_t errlen);
 
 /* librbd can lose the exclusive lock without our being blocklisted:
@@ -1512,13 +1512,12 @@ replace_file (const char *path, const char *text)
   return r;
 }
 
-/* Records ADDRESS, the lock's holder, in PATH (best effort: without it
- * a successor waits for librbd instead): first, then the device's
- * earlier servers, newest first, RECORD_HISTORY in all.  Each of those
- * had its lock broken by the server after it, which blocklisted it:
- * its watch, which lingers osd_client_watch_timeout after its death,
- * is no sign of life when a device's servers are killed one after
- * another.
+/* Records ADDRESS, a server of the device (best effort: without it a
+ * successor waits for librbd instead), in PATH: first, then the
+ * device's earlier servers, newest first, RECORD_HISTORY in all.  A
+ * recorded server's lock is broken by the next, and its watch, which
+ * lingers osd_client_watch_timeout after its death, is no sign of life
+ * when a device's servers are killed one after another (take_lock).
  */
 #define RECORD_HISTORY 8
 #define RECORD_LINE_MOST 128    /* an address; "[v2:IPv6]:port/nonce" fits */
@@ -1716,7 +1715,7 @@ read_watchers (struct rbd_store *st, struct peers *p)
 }
 
 static int
-list_peers (struct rbd_store *st, const char *broken, struct peers *p)
+list_peers (struct rbd_store *st, const char *history, struct peers *p)
 {
   const int64_t self = (int64_t) rados_get_instance_id (st->cluster);
   size_t i, kept = 0;
@@ -1726,7 +1725,7 @@ list_peers (struct rbd_store *st, const char *broken, struct peers *p)
     return r;
   for (i = 0; i < p->n; i++) {
     if (p->watchers[i].id == self ||
-        (broken && in_history (broken, p->watchers[i].addr)))
+        (history && in_history (history, p->watchers[i].addr)))
       rbd_watchers_list_cleanup (&p->watchers[i], 1);
     else
       p->watchers[kept++] = p->watchers[i];
@@ -1770,13 +1769,14 @@ watcher_of (const struct peers *p, const char *owner)
 
 /* Refuses an image another client lives on, naming it; breaks the lock
  * of a holder that is gone (which blocklists it: were it alive after
- * all, it could write no more).  Asking a live holder for the lock
+ * all, it could write no more).  The watches of the device's servers
+ * HISTORY records (NULL: none) are not counted (see take_lock).  Asking a live holder for the lock
  * instead, as rbd_lock_acquire does, would have it hand the lock over
  * (krbd, rbd-nbd and qemu do) and fail its next write (EROFS), since
  * this store then never hands it back.
  */
 static int
-refuse_live_peers (struct rbd_store *st, const char *broken, char *err,
+refuse_live_peers (struct rbd_store *st, const char *history, char *err,
                    size_t errlen)
 {
   struct peers p;
@@ -1796,7 +1796,7 @@ refuse_live_peers (struct rbd_store *st, const char *broken, char *err,
   /* Not knowing who lives on the image, asking for its lock could take
    * it from a live holder: refused instead.
    */
-  if ((r = list_peers (st, broken, &p)) < 0) {
+  if ((r = list_peers (st, history, &p)) < 0) {
     snprintf (err, errlen, "%s: listing the clients that have it open, to "
               "tell a live lock holder from a dead one: %s", st->name,
               strerror (-r));
