@@ -868,31 +868,49 @@ record_base (struct mloop_overlay *ov, unsigned char *h,
   return r;
 }
 
+/* The base's birth time as header H records it, or 0 when it does not. */
+static uint64_t
+recorded_birth (const unsigned char *h)
+{
+  return (get_le32 (h + HDR_FLAGS) & OVERLAY_FLAG_TIMES)
+    ? get_le64 (h + HDR_BASE_BIRTH) : 0;
+}
+
+/* Whether header H and ID both know their file's birth time, which then
+ * tells apart two files of one inode number (a freed number given
+ * again, another filesystem's file).
+ */
+static bool
+births_known (const unsigned char *h, const struct base_identity *id)
+{
+  return recorded_birth (h) != 0 && id->birth != 0;
+}
+
 /* Whether header H records ID's file, under whatever name: the same
- * inode, born at the same time where both births are known (not another
- * file given a freed inode's number), on the same device or at the
- * path the header names (RECORDED).  A device number is not the
- * file's: NFS and btrfs number their mounts as they are made,
- * device-mapper and USB disks theirs as they appear, so after a reboot
- * or a remount the same file may show another.  Taken for a copy of
- * itself, it would go by its ends alone, be served over a write in its
- * middle and have its new times recorded, and lose a merge's mark.
- * Another file taken for it (another filesystem at that place, one
- * inode number alike) is at worst refused as written since, which
- * adopting it overrides.
+ * inode, and where both births are known the same birth, wherever it
+ * is found; where one is not known, on the same device or at the path
+ * the header names (RECORDED).  A device number is not the file's: NFS
+ * and btrfs number their mounts as they are made, device-mapper and
+ * USB disks theirs as they appear, so after a reboot or a remount the
+ * same file may show another, and be mounted at another place (a USB
+ * disk's mount point named anew).  Taken for a copy of itself, it would
+ * go by its ends alone, be served over a write in its middle and have
+ * its new times recorded, and lose a merge's mark.  Another file taken
+ * for it (one inode number and birth second alike, or another
+ * filesystem at that place without births) is at worst refused as
+ * written since, which adopting it overrides.
  */
 static bool
 recorded_file (const unsigned char *h, const char *recorded,
                const struct base_identity *id)
 {
-  const uint64_t birth = (get_le32 (h + HDR_FLAGS) & OVERLAY_FLAG_TIMES)
-    ? get_le64 (h + HDR_BASE_BIRTH) : 0;
-
-  return get_le32 (h + HDR_VERSION) == OVERLAY_VERSION &&
-    get_le64 (h + HDR_BASE_INO) == id->ino &&
-    (birth == 0 || id->birth == 0 || birth == id->birth) &&
-    (get_le64 (h + HDR_BASE_DEV) == id->dev ||
-     strcmp (recorded, id->path) == 0);
+  if (get_le32 (h + HDR_VERSION) != OVERLAY_VERSION ||
+      get_le64 (h + HDR_BASE_INO) != id->ino)
+    return false;
+  if (births_known (h, id))
+    return recorded_birth (h) == id->birth;
+  return get_le64 (h + HDR_BASE_DEV) == id->dev ||
+    strcmp (recorded, id->path) == 0;
 }
 
 /* Whether header H records ID's file (recorded_file) as written since:
