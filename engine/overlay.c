@@ -898,7 +898,8 @@ births_known (const unsigned char *h, const struct base_identity *id)
  * its new times recorded, and lose a merge's mark.  Another file taken
  * for it (one inode number and birth second alike, or another
  * filesystem at that place without births) is at worst refused as
- * written since, which adopting it overrides.
+ * written since, which adopting it overrides; a merge resumes in it
+ * only on firmer ground (check_base).
  */
 static bool
 recorded_file (const unsigned char *h, const char *recorded,
@@ -963,10 +964,15 @@ check_base (struct mloop_overlay *ov, unsigned char *h,
   /* A merge stopped half-way has changed its base's ends already, and
    * said so in the header first.  The header is the overlay owner's to
    * write, mark and all: mloop_overlay_merge also checks that owner may
-   * write the base.
+   * write the base.  The mark lets the merge write that file whatever
+   * its ends, so an inode number alike at the path is not enough: another
+   * filesystem mounted at that place, keeping no births, may hold
+   * another image of that number.  The recorded device too, or a birth
+   * both know; else commit --adopt-base says to write it.
    */
   resumed = same_file && check == MLOOP_OVERLAY_MERGE_BASE &&
-    (get_le32 (h + HDR_FLAGS) & OVERLAY_FLAG_MERGING);
+    (get_le32 (h + HDR_FLAGS) & OVERLAY_FLAG_MERGING) &&
+    (get_le64 (h + HDR_BASE_DEV) == id.dev || births_known (h, &id));
   if ((!same_content || written) && !resumed &&
       check != MLOOP_OVERLAY_ADOPT_BASE) {
     if (same_content)

@@ -89,7 +89,8 @@ enum mloop_overlay_base_check {
    */
   MLOOP_OVERLAY_SAME_BASE,
   /* As SAME_BASE, and also accept the recorded file itself, at the same
-   * path (overlay.c, recorded_file), with other ends when the header
+   * path (overlay.c, recorded_file) and on the recorded device or of a
+   * birth both know, with other ends when the header
    * carries the mark a merge writes before its first write into it
    * (mloop_overlay_note_merging): a merge stopped half-way has written
    * them.  Records nothing (the merge records the file it writes, with
