@@ -184,8 +184,9 @@ int mloop_overlay_note_merging (struct mloop_overlay *ov,
 /* Records the image BASE_PATH, whole, as the base of the overlay at
  * PATH, whatever image it was made for, if it has the size the overlay
  * was made for (overlay_merge.c): the explicit override for an overlay
- * a device will attach.  Refused while a server holds the overlay.  0,
- * or a negative errno with a one-line reason in ERR.
+ * a device will attach.  Refused while a server holds the overlay, and
+ * while a commit writes the image (it is read under its shared lock).
+ * 0, or a negative errno with a one-line reason in ERR.
  */
 int mloop_overlay_adopt (const char *path, const char *base_path,
                          char *err, size_t errlen);

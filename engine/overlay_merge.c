@@ -259,10 +259,21 @@ mloop_overlay_adopt (const char *path, const char *base_path, char *err,
                           err, errlen);
   if (r < 0)
     return r;
-  r = mloop_overlay_open_existing (&ov, path, &base, MLOOP_OVERLAY_ADOPT_BASE,
-                                   err, errlen);
-  if (r == 0)
-    mloop_overlay_close (&ov);
+  /* Read under the base's shared lock, as a server reads it: a commit
+   * writing it meanwhile (another overlay's, holding it exclusively)
+   * would have its fingerprint and times recorded half-way, and its
+   * last writes, within one timestamp tick of that, would go unseen.
+   */
+  if ((r = mloop_lock_image (base.fd, false)) < 0)
+    snprintf (err, errlen, "%s is locked by an overlay being merged into "
+              "it (mloop overlay commit): %s: not adopted", base_path,
+              strerror (-r));
+  else {
+    r = mloop_overlay_open_existing (&ov, path, &base,
+                                     MLOOP_OVERLAY_ADOPT_BASE, err, errlen);
+    if (r == 0)
+      mloop_overlay_close (&ov);
+  }
   mloop_backing_close (&base);
   return r;
 }
