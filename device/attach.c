@@ -181,6 +181,13 @@ check_image_fd (const struct mloop_attach_request *req, struct stat *st,
                        "was opened, or a memfd's), whose server the "
                        "service could wait on: copy the image to a disk's "
                        "file system", req->file);
+  case MLOOP_HELD_MOUNT_TOO_MANY:
+    return mloop_fail (err, errlen, "%s: the image's mount is not within "
+                       "the first %u MiB of the calling process's mounts "
+                       "(its mountinfo, a mount's line at most %u KiB), "
+                       "as much as the service reads", req->file,
+                       MLOOP_HELD_MOUNTINFO_MAX >> 20,
+                       MLOOP_HELD_MOUNTINFO_LINE_MAX >> 10);
   case MLOOP_HELD_MOUNT_SEEN:
     break;
   }

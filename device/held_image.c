@@ -127,6 +127,32 @@ field_is (const char *line, unsigned field, const char *want)
   return line && strncmp (line, want, len) == 0 && line[len] == ' ';
 }
 
+/* The next line of F into LINE, without its newline and cut to
+ * MLOOP_HELD_MOUNTINFO_LINE_MAX bytes (*CUT says whether it was),
+ * counting the bytes read in *TOTAL: false at the end, or once *TOTAL
+ * passes MLOOP_HELD_MOUNTINFO_MAX.  One line at a time: the file is
+ * the caller's to make long (held_image.h).
+ */
+static bool
+next_line (FILE *f, GString *line, bool *cut, size_t *total)
+{
+  int c;
+
+  g_string_truncate (line, 0);
+  *cut = false;
+  while ((c = getc_unlocked (f)) != EOF) {
+    if (++*total > MLOOP_HELD_MOUNTINFO_MAX)
+      return false;
+    if (c == '\n')
+      return true;
+    if (line->len < MLOOP_HELD_MOUNTINFO_LINE_MAX)
+      g_string_append_c (line, (char) c);
+    else
+      *cut = true;
+  }
+  return line->len > 0;
+}
+
 enum mloop_held_mount
 mloop_held_image_mount (pid_t pid, uint64_t mnt_id, unsigned major,
                         unsigned minor, unsigned *mounter)
@@ -138,25 +164,42 @@ mloop_held_image_mount (pid_t pid, uint64_t mnt_id, unsigned major,
   g_autofree char *want = by_id
     ? g_strdup_printf ("%" G_GUINT64_FORMAT, mnt_id)
     : g_strdup_printf ("%u:%u", major, minor);
-  g_autofree char *text = NULL;
-  g_auto (GStrv) lines = NULL;
-
-  if (!g_file_get_contents (path, &text, NULL, NULL))
-    return MLOOP_HELD_MOUNT_UNSEEN;
-  lines = g_strsplit (text, "\n", -1);
-  for (char **l = lines; *l; l++) {
-    if (!field_is (*l, by_id ? 0 : 2, want))
-      continue;
-    if (users_fuse_line (*l, mounter))
-      return MLOOP_HELD_MOUNT_USERS_FUSE;
-    if (by_id)
-      return MLOOP_HELD_MOUNT_SEEN;
-  }
+  g_autoptr (GString) line = g_string_new (NULL);
   /* By device number, a file system mounted nowhere here may still be
    * one (a btrfs subvolume's files have a number of their own): only a
    * user's FUSE is known for one.
    */
-  return by_id ? MLOOP_HELD_MOUNT_UNSEEN : MLOOP_HELD_MOUNT_SEEN;
+  enum mloop_held_mount found = by_id ? MLOOP_HELD_MOUNT_UNSEEN
+    : MLOOP_HELD_MOUNT_SEEN;
+  size_t total = 0;
+  bool cut;
+  FILE *f = fopen (path, "re");
+
+  if (f == NULL)
+    return MLOOP_HELD_MOUNT_UNSEEN;
+  for (;;) {
+    if (!next_line (f, line, &cut, &total)) {
+      if (total > MLOOP_HELD_MOUNTINFO_MAX)
+        found = MLOOP_HELD_MOUNT_TOO_MANY;
+      break;
+    }
+    if (!field_is (line->str, by_id ? 0 : 2, want))
+      continue;
+    if (cut) {
+      found = MLOOP_HELD_MOUNT_TOO_MANY;
+      break;
+    }
+    if (users_fuse_line (line->str, mounter)) {
+      found = MLOOP_HELD_MOUNT_USERS_FUSE;
+      break;
+    }
+    if (by_id) {
+      found = MLOOP_HELD_MOUNT_SEEN;
+      break;
+    }
+  }
+  fclose (f);
+  return found;
 }
 
 int

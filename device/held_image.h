@@ -52,6 +52,19 @@ const char *mloop_held_image_pseudo_fs (int fd);
  */
 const char *mloop_held_image_memory_fs (int fd);
 
+/* How much of a process's mountinfo is read looking for a mount.  A
+ * line is a hundred bytes or two, and a host with thousands of mounts
+ * shows a megabyte or two; but a user may make 100,000 mounts
+ * (fs.mount-max) in a mount namespace of their own, on paths as deep as
+ * they like, each byte of them shown as up to four escaped: gigabytes,
+ * which the service would read (12 s for 300 MB) and hold, in the
+ * device thread that serves every user.  A line is kept up to
+ * MLOOP_HELD_MOUNTINFO_LINE_MAX bytes: what is looked at of it, the
+ * file system's type, source and options, takes a few kilobytes.
+ */
+#define MLOOP_HELD_MOUNTINFO_MAX (8u << 20)
+#define MLOOP_HELD_MOUNTINFO_LINE_MAX (64u << 10)
+
 /* Where the file a held image's descriptor is open on is mounted, as
  * the caller's process PID sees it (/proc/PID/mountinfo): the mount
  * with id MNT_ID, which statx gives asking the file system nothing.
@@ -60,7 +73,8 @@ const char *mloop_held_image_memory_fs (int fd);
  * they like (a server stopped with SIGSTOP answers never), and the
  * service would wait with it; so may one on a mount the caller no
  * longer has (unmounted lazily since the file was opened), whose file
- * system no mountinfo shows.  Neither is a held image.  PID 0 (not
+ * system no mountinfo shows.  Neither is a held image.  At most
+ * MLOOP_HELD_MOUNTINFO_MAX bytes of the mountinfo are read.  PID 0 (not
  * known) or MNT_ID 0 (a kernel before 5.8): the file system is looked
  * for in this process's mounts by its device number, MAJOR:MINOR.
  */
@@ -68,6 +82,10 @@ enum mloop_held_mount {
   MLOOP_HELD_MOUNT_SEEN,        /* mounted, and no user's FUSE */
   MLOOP_HELD_MOUNT_USERS_FUSE,  /* *MOUNTER's FUSE file system */
   MLOOP_HELD_MOUNT_UNSEEN,      /* not among the caller's mounts */
+  /* Not in the first MLOOP_HELD_MOUNTINFO_MAX bytes of the caller's
+   * mountinfo, or its line longer than MLOOP_HELD_MOUNTINFO_LINE_MAX.
+   */
+  MLOOP_HELD_MOUNT_TOO_MANY,
 };
 enum mloop_held_mount mloop_held_image_mount (pid_t pid, uint64_t mnt_id,
                                               unsigned major,
