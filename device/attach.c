@@ -175,6 +175,13 @@ check_image_fd (const struct mloop_attach_request *req, struct stat *st,
                        "mounted, whose server the service would wait on: "
                        "copy the image to a disk's file system", req->file,
                        (int) mounter);
+  case MLOOP_HELD_MOUNT_USERS_OVERLAY:
+    return mloop_fail (err, errlen, "%s: on an overlay file system, and the "
+                       "calling process is in a user namespace of its own, "
+                       "where the overlay's layers may be a FUSE file system "
+                       "whose server the service would wait on, or a "
+                       "memory's: copy the image to a disk's file system",
+                       req->file);
   case MLOOP_HELD_MOUNT_UNSEEN:
     return mloop_fail (err, errlen, "%s: on a file system the calling "
                        "process has no mount of (unmounted since the file "

@@ -1,8 +1,10 @@
 /* mloop — an image reached through a descriptor (held_image.h). */
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/vfs.h>
+#include <unistd.h>
 #include <linux/magic.h>
 
 #include <glib.h>
@@ -112,6 +114,56 @@ users_fuse_line (const char *line, unsigned *mounter)
   return true;
 }
 
+/* Whether mountinfo LINE is of an overlay file system: its type, the
+ * first field after " - " (no field before it holds a space: the
+ * kernel escapes those of paths), is overlay.
+ */
+static bool
+overlay_line (const char *line)
+{
+  const char *dash = strstr (line, " - ");
+
+  return dash && strncmp (dash + 3, "overlay ", 8) == 0;
+}
+
+/* The contents of NAME in the directory open at DIR, up to 64 KiB, or
+ * NULL.
+ */
+static char *
+read_at (int dir, const char *name)
+{
+  const size_t size = 64 << 10;
+  g_autofree char *buf = g_malloc (size);
+  size_t len = 0;
+  ssize_t n;
+  int fd = openat (dir, name, O_RDONLY | O_CLOEXEC);
+
+  if (fd == -1)
+    return NULL;
+  while (len < size - 1 &&
+         (n = read (fd, buf + len, size - 1 - len)) > 0)
+    len += (size_t) n;
+  close (fd);
+  buf[len] = '\0';
+  return g_steal_pointer (&buf);
+}
+
+/* Whether the process whose /proc directory is open at PROC is in a
+ * user namespace other than this process's: then the mounts it sees
+ * may be its user's own, made where they are root.  Its uid_map
+ * (which needs no right to trace it: this service has none) reads as
+ * this process's own only from this namespace, or from one root made
+ * with the same map.  When it cannot be read, it is taken to be in one.
+ */
+static bool
+in_other_user_ns (int proc)
+{
+  g_autofree char *theirs = read_at (proc, "uid_map");
+  g_autofree char *mine = read_at (AT_FDCWD, "/proc/self/uid_map");
+
+  return theirs == NULL || mine == NULL || strcmp (theirs, mine) != 0;
+}
+
 /* Whether mountinfo LINE's field FIELD (0: the mount's id, 2: its
  * device number) is WANT.
  */
@@ -158,9 +210,8 @@ mloop_held_image_mount (pid_t pid, uint64_t mnt_id, unsigned major,
                         unsigned minor, unsigned *mounter)
 {
   const bool by_id = pid > 0 && mnt_id > 0;
-  g_autofree char *path = by_id
-    ? g_strdup_printf ("/proc/%d/mountinfo", (int) pid)
-    : g_strdup ("/proc/self/mountinfo");
+  g_autofree char *path = by_id ? g_strdup_printf ("/proc/%d", (int) pid)
+    : g_strdup ("/proc/self");
   g_autofree char *want = by_id
     ? g_strdup_printf ("%" G_GUINT64_FORMAT, mnt_id)
     : g_strdup_printf ("%u:%u", major, minor);
@@ -173,10 +224,20 @@ mloop_held_image_mount (pid_t pid, uint64_t mnt_id, unsigned major,
     : MLOOP_HELD_MOUNT_SEEN;
   size_t total = 0;
   bool cut;
-  FILE *f = fopen (path, "re");
+  /* The process's directory, opened once: its pid, were it to exit,
+   * could be another process's by the time a second file is opened.
+   */
+  int proc = open (path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  int fd = proc == -1 ? -1 : openat (proc, "mountinfo", O_RDONLY | O_CLOEXEC);
+  FILE *f = fd == -1 ? NULL : fdopen (fd, "re");
 
-  if (f == NULL)
+  if (f == NULL) {
+    if (fd != -1)
+      close (fd);
+    if (proc != -1)
+      close (proc);
     return MLOOP_HELD_MOUNT_UNSEEN;
+  }
   for (;;) {
     if (!next_line (f, line, &cut, &total)) {
       if (total > MLOOP_HELD_MOUNTINFO_MAX)
@@ -193,12 +254,17 @@ mloop_held_image_mount (pid_t pid, uint64_t mnt_id, unsigned major,
       found = MLOOP_HELD_MOUNT_USERS_FUSE;
       break;
     }
+    if (by_id && overlay_line (line->str) && in_other_user_ns (proc)) {
+      found = MLOOP_HELD_MOUNT_USERS_OVERLAY;
+      break;
+    }
     if (by_id) {
       found = MLOOP_HELD_MOUNT_SEEN;
       break;
     }
   }
   fclose (f);
+  close (proc);
   return found;
 }
 

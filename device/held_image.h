@@ -73,15 +73,23 @@ const char *mloop_held_image_memory_fs (int fd);
  * they like (a server stopped with SIGSTOP answers never), and the
  * service would wait with it; so may one on a mount the caller no
  * longer has (unmounted lazily since the file was opened), whose file
- * system no mountinfo shows.  Neither is a held image.  At most
- * MLOOP_HELD_MOUNTINFO_MAX bytes of the mountinfo are read.  PID 0 (not
- * known) or MNT_ID 0 (a kernel before 5.8): the file system is looked
- * for in this process's mounts by its device number, MAJOR:MINOR.
+ * system no mountinfo shows; so may one through an overlay its user
+ * made of their FUSE file system, where they are root.  None is a held
+ * image.  At most MLOOP_HELD_MOUNTINFO_MAX bytes of the mountinfo are
+ * read.  PID 0 (not known) or MNT_ID 0 (a kernel before 5.8): the file
+ * system is looked for in this process's mounts by its device number,
+ * MAJOR:MINOR.
  */
 enum mloop_held_mount {
   MLOOP_HELD_MOUNT_SEEN,        /* mounted, and no user's FUSE */
   MLOOP_HELD_MOUNT_USERS_FUSE,  /* *MOUNTER's FUSE file system */
   MLOOP_HELD_MOUNT_UNSEEN,      /* not among the caller's mounts */
+  /* An overlay file system, and the caller in a user namespace of its
+   * own, where its user may have made it of layers the service cannot
+   * see: their FUSE file system, to which the overlay asks with their
+   * rights whatever root asks, or a tmpfs.
+   */
+  MLOOP_HELD_MOUNT_USERS_OVERLAY,
   /* Not in the first MLOOP_HELD_MOUNTINFO_MAX bytes of the caller's
    * mountinfo, or its line longer than MLOOP_HELD_MOUNTINFO_LINE_MAX.
    */

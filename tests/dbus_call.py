@@ -6,9 +6,10 @@ or "ERROR message".
   dbus_call.py attach HOW PATH [NAME] [OPTION=BOOL...]
       HOW: rw, ro (O_RDWR, O_RDONLY), wo (O_WRONLY), path (O_PATH)
   dbus_call.py hangup PATH     send an attach and disconnect at once
-  dbus_call.py attach-when-told PATH
-      opens PATH (O_RDWR), prints "OPEN", and attaches it once a line
-      comes on stdin: the test changes the file's server meanwhile.
+  dbus_call.py attach-when-told PATH [ro]
+      opens PATH (O_RDWR; ro: O_RDONLY, attached read-only), prints
+      "OPEN", and attaches it once a line comes on stdin: the test
+      changes the file's server meanwhile.
   dbus_call.py detach DEVICE
   dbus_call.py pile N PATH WAIT
       N read-only attaches of PATH sent at once, each allowing an
@@ -71,14 +72,16 @@ def main():
                                          timeout=120)
             print(f"OK {device}")
         elif what == "attach-when-told":
-            fd = os.open(sys.argv[2], os.O_RDWR)
+            ro = sys.argv[3:] == ["ro"]
+            fd = os.open(sys.argv[2], os.O_RDONLY if ro else os.O_RDWR)
             print("OPEN", flush=True)
             sys.stdin.readline()
             # Sent at once, without introspecting the service first.
             m = dbus.Interface(bus.get_object("org.mloop.Manager1", "/org/mloop/Manager1",
                                               introspect=False), "org.mloop.Manager1")
+            options = {"read-only": dbus.Boolean(True)} if ro else {}
             device = m.Attach(dbus.types.UnixFd(fd), sys.argv[2],
-                                         dbus.Dictionary({}, signature="sv"),
+                                         dbus.Dictionary(options, signature="sv"),
                                          timeout=120)
             print(f"OK {device}")
         elif what == "hangup":
