@@ -64,6 +64,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1410,15 +1411,75 @@ connect_cluster (struct rbd_store *st, char *err, size_t errlen)
   return 0;
 }
 
-/* The lock holder recorded in PATH by a server before us, in OWNER. */
+/* Opens PATH, a record of the device's servers or of its image, into
+ * *F when it can be trusted: a regular file, not a link, of this user's
+ * or root's, that no one else may write.  A record says whose lock is
+ * broken and whose watch is not counted, and which image is served:
+ * one that another user could write (a path in /tmp, say) would let
+ * that user have a live client's lock broken, the client blocklisted
+ * and its image served here.  0, or a negative errno: -EPERM, -ELOOP
+ * (a link) for a record not to be trusted.
+ */
+static int
+open_record (const char *path, FILE **f)
+{
+  struct stat st;
+  /* Not blocking: a FIFO put there would hold the open up forever. */
+  int fd = open (path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC), r;
+
+  *f = NULL;
+  if (fd < 0)
+    return -errno;
+  if (fstat (fd, &st) < 0 || !S_ISREG (st.st_mode) ||
+      (st.st_uid != geteuid () && st.st_uid != 0) ||
+      (st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+    close (fd);
+    return -EPERM;
+  }
+  if ((*f = fdopen (fd, "r")) == NULL) {
+    r = -errno;
+    close (fd);
+    return r;
+  }
+  return 0;
+}
+
+/* Whether R, open_record's answer, refuses the record as untrusted. */
 static bool
+untrusted (int r)
+{
+  return r == -EPERM || r == -ELOOP;
+}
+
+/* ERR for a record at PATH open_record refused with R. */
+static void
+say_untrusted (struct rbd_store *st, const char *path, int r, char *err,
+               size_t errlen)
+{
+  snprintf (err, errlen, "%s: %s: %s", st->name, path,
+            untrusted (r) ? "refused: a record must be a file of this "
+            "user's or root's that no one else may write, since it says "
+            "whose lock is broken and which image is served"
+            : strerror (-r));
+}
+
+/* The device's servers recorded in PATH before us, in OWNER: 1, 0 when
+ * there are none (or the record cannot be read: then no lock is broken
+ * and no watch ignored, the safe way round), or a negative errno for a
+ * record not to be trusted (open_record).
+ */
+static int
 read_record (const char *path, char *owner, size_t len)
 {
-  FILE *f = path ? fopen (path, "re") : NULL;
-  size_t got = f ? fread (owner, 1, len - 1, f) : 0;
+  FILE *f;
+  size_t got;
+  int r = path ? open_record (path, &f) : -ENOENT;
 
-  if (f)
-    fclose (f);
+  owner[0] = '\0';
+  if (r < 0)
+    return untrusted (r) ? r : 0;
+  got = fread (owner, 1, len - 1, f);
+  fclose (f);
   owner[got] = '\0';
   return got > 0 && owner[0] != '\n';
 }
@@ -1532,7 +1593,7 @@ write_record (const char *path, const char *address)
 
   if (path == NULL || address == NULL || strlen (address) > RECORD_LINE_MOST)
     return;
-  if (!read_record (path, old, sizeof old))
+  if (read_record (path, old, sizeof old) <= 0)
     old[0] = '\0';
   used = (size_t) snprintf (text, sizeof text, "%s\n", address);
   for (char *line = old; *line && kept < RECORD_HISTORY; ) {
@@ -1862,7 +1923,11 @@ take_lock (struct rbd_store *st, const char *record, char *err,
    * before anything else: a server killed at any point after this, the
    * lock taken or not, is one of them to its successor.
    */
-  have = read_record (record, recorded, sizeof recorded);
+  if ((r = read_record (record, recorded, sizeof recorded)) < 0) {
+    say_untrusted (st, record, r, err, errlen);
+    return r;
+  }
+  have = r == 1;
   own = record ? own_watch_address (st) : NULL;
   write_record (record, own);
   /* A killed server of the device keeps its watch (and maybe the lock)
@@ -2021,21 +2086,22 @@ parse_image_record (char *buf, size_t len, bool with_snap,
   return 0;
 }
 
-/* PATH's whole text, NUL-terminated, in *TEXT (malloc'ed) and its
- * length in *LEN: 0, or a negative errno (-EFBIG: over MOST bytes).
+/* The whole text of PATH, a record (open_record), NUL-terminated, in
+ * *TEXT (malloc'ed) and its length in *LEN: 0, or a negative errno
+ * (-EFBIG: over MOST bytes; open_record's).
  */
 static int
 read_text (const char *path, size_t most, char **text, size_t *len)
 {
   size_t room = 4096;
   char *buf = NULL, *grown;
-  FILE *f = fopen (path, "re");
-  int r = 0;
+  FILE *f;
+  int r = open_record (path, &f);
 
   *text = NULL;
   *len = 0;
-  if (f == NULL)
-    return -errno;
+  if (r < 0)
+    return r;
   for (;;) {
     if ((grown = realloc (buf, room + 1)) == NULL) {
       r = -ENOMEM;
@@ -2210,7 +2276,9 @@ open_recorded (struct rbd_store *st, bool writable, const char *path,
   int r = read_image_record (path, st->snap != NULL, &rec);
 
   if (r < 0 || rec.id == NULL) {
-    if (r < 0)
+    if (untrusted (r))
+      say_untrusted (st, path, r, err, errlen);
+    else if (r < 0)
       snprintf (err, errlen, "%s: reading which image its device serves "
                 "(%s): %s", st->name, path,
                 r == -EBADMSG ? "not a record of an image" : strerror (-r));

@@ -40,6 +40,10 @@ on a real one-node cluster (tests/ceph/cluster.py):
    stopped server is blocklisted all the same (for the day the image's
    rbd_blocklist_expire_seconds says, not the monitors' default hour),
    and once continued its write fails instead of landing over the successor's;
+2l. a lock record another user could write (nobody's, or anybody's
+   to write) naming a live librbd writer: the server refuses it in one
+   line naming the record, and the writer keeps writing (its lock not
+   broken, it not blocklisted);
 2k. a snapshot's device, its snapshot's name 5,000 characters long:
    its next server (the same lock record) serves it;
 2d. the image's exclusive-lock feature turned off (`rbd feature
@@ -117,8 +121,8 @@ test sets osd_client_watch_timeout to), the arriving writer 2-3 s
 (gdb's start), 20 watchers, 2c, 2e and 3 to 6 about 1-3 s each, 2d about 5 s
 (`rbd feature disable`), 1d about 6 s (a watch timeout), 2f 3-5 s, 3b
 under 1 s, 2b 12 s (two gdb starts), 2i 9 s (4,100 snapshots added
-to the header), 2j 2-3 s, 2k under 1 s; 80-90 s in all, beside other
-work.
+to the header), 2j 2-3 s, 2k under 1 s, 2l 1-2 s; 80-90 s in all,
+beside other work.
 """
 import datetime
 import json
@@ -708,6 +712,38 @@ def section_killed_mid_start():
         s.stop()
     finally:
         c.ceph("config", "set", "osd", "osd_client_watch_timeout", str(WATCH_TIMEOUT))
+
+
+def section_foreign_record():
+    """A lock record that another user could have written (theirs, or
+    writable by them: a path in /tmp, say), naming a live writer as if
+    it were one of the device's servers: the server refuses the record
+    in one line instead of breaking the writer's lock, blocklisting it
+    and ignoring its watch, and the writer keeps writing."""
+    c.create_image("foreign-record", 8 * MiB)
+    w = librbd_client(WRITER, "foreign-record")
+    if not check("a librbd writer writes", w.stdout.readline().strip() == "writing"):
+        raise Abort("no writer")
+    held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("foreign-record")))
+    if not check("the librbd writer holds the exclusive lock", len(held) == 1, repr(held)):
+        raise Abort("no lock")
+    path = c.path("test", "foreign.lock")
+    with open(path, "w") as f:
+        f.write(held[0]["address"] + "\n")
+    if os.geteuid() == 0:
+        os.chown(path, 65534, 65534)        # nobody's
+    else:
+        os.chmod(path, 0o666)               # anybody may write it
+    refused_in_one_line("mloop-server given another user's lock record",
+                        Server(f"rbd:{c.spec('foreign-record')}",
+                               args=["--lock-record=" + path]),
+                        [path, "no one else may write"])
+    time.sleep(1)               # the writer's next writes, had it lost the lock
+    w.stdin.close()
+    out = w.stdout.read().strip()
+    w.wait(30)
+    check("the librbd writer kept writing without an error",
+          w.returncode == 0 and out.startswith("wrote"), f"exit {w.returncode}: {out!r}")
 
 
 def section_unfenced_predecessor():
@@ -1375,6 +1411,7 @@ try:
     section("a device's servers killed mid-start", section_killed_mid_start)
     section("a stopped server's successor, blocklisting off",
             section_unfenced_predecessor)
+    section("a lock record another user could write", section_foreign_record)
     section("a device's image renamed", section_renamed)
     section("a snapshot's device, the snapshot's name 5,000 long",
             section_long_snapshot_name)
