@@ -106,9 +106,10 @@ def module_name_and_data(path):
     return base, data
 
 
-def build(path, busybox, moddir, kver, guest_cmd, preserve=(), out=False):
+def build(path, busybox, moddir, kver, guest_cmd, preserve=(), out=False, early_cmd=""):
     """Writes the initramfs to PATH; GUEST_CMD is the shell script the guest
-    runs chrooted into the host root; PRESERVE lists host directories under
+    runs chrooted into the host root, EARLY_CMD one it runs there first,
+    while only one vCPU is up (tests/vm/init says why); PRESERVE lists host directories under
     /tmp, /run or /var/tmp to keep visible over the guest's mounts there;
     OUT says whether qemu shares an output directory (tag "out")."""
     init = os.path.join(os.path.dirname(os.path.abspath(__file__)), "init")
@@ -129,6 +130,7 @@ def build(path, busybox, moddir, kver, guest_cmd, preserve=(), out=False):
             a.file("init", i.read(), 0o755)
         a.file("etc/vm.conf", conf.encode())
         a.file("etc/guest-cmd", guest_cmd.encode())
+        a.file("etc/guest-early-cmd", early_cmd.encode())
         unpacked = [module_name_and_data(m) for m in modules]
         a.file("etc/modules.order", "".join(n + "\n" for n, _ in unpacked).encode())
         for name, data in unpacked:

@@ -144,6 +144,13 @@ def boot_cpu_args(tree, kver):
     the patch is done: "Oops: int3" in a jump label's NOP and a panic at
     boot, about 1 boot in 20 of Debian's 6.12 on this project's machines
     (a CI run died of it).  With one vCPU running, no other sees it.
+    Turning a tracepoint on or off patches the kernel the same way, so
+    the kernel tests turn theirs on before the other vCPUs come up (run's
+    EARLY_CMD): on 6.1, in a guest toggling a few tracepoints while a
+    shell forked on the other vCPUs, within half a minute one vCPU looped
+    in the int3 handler at a patched tracepoint in __schedule, and the
+    toggling one waited on it forever (soft lockups; a CI run hung so
+    while its tracing started).
 
     A CPU brought up late measures its delay loop, about 2 s per vCPU
     under TCG, unless lpj= gives it.  The guest's TSC is the host's
@@ -166,7 +173,8 @@ DEADLINE_WARNING = 120
 
 
 def run(guest_cmd, on_output, on_console, timeout, smp=4, memory_mb=2048, preserve=(),
-        series=None, outdir=None, scratch_size=SCRATCH_SIZE, on_deadline=None):
+        series=None, outdir=None, scratch_size=SCRATCH_SIZE, on_deadline=None,
+        early_cmd=""):
     """Boots the VM with the kernel of SERIES, runs the shell script
     GUEST_CMD chrooted into the host root, and calls ON_OUTPUT(line) for
     each line it prints and ON_CONSOLE(line) for each console line.  OUTDIR,
@@ -175,7 +183,10 @@ def run(guest_cmd, on_output, on_console, timeout, smp=4, memory_mb=2048, preser
     size, for images larger than the tests' (bench/kernel-path).
     ON_DEADLINE(seconds_left), if given, is called once DEADLINE_WARNING
     seconds before the VM is killed, so a log shows a run nearing its
-    limit before it is cut.  Returns a Result."""
+    limit before it is cut.  EARLY_CMD, if given, is a shell script the
+    guest runs before GUEST_CMD while it has one vCPU up: whatever turns
+    on a tracepoint or another static key belongs there (boot_cpu_args
+    says why).  Returns a Result."""
     if shutil.which(QEMU) is None:
         raise VmError(f"{QEMU} is not installed (package qemu-system-x86)")
     busybox = initramfs.find_busybox()
@@ -191,7 +202,7 @@ def run(guest_cmd, on_output, on_console, timeout, smp=4, memory_mb=2048, preser
     try:
         rd = os.path.join(work, "initramfs.cpio")
         initramfs.build(rd, busybox, tree, kver, guest_cmd, preserve,
-                        out=outdir is not None)
+                        out=outdir is not None, early_cmd=early_cmd)
         # Formatted here at host speed rather than by the emulated guest.
         scratch = os.path.join(work, "scratch.img")
         with open(scratch, "wb") as f:
