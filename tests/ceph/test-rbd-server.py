@@ -1065,15 +1065,19 @@ def section_cluster_loss():
         done = await_commands([x for x in cmds if x[0] != "waiting read"],
                               IO_TIMEOUT + LOSS_MARGIN)
         done.update(await_commands([cmds[2]], 0.1))
-        fails_in_time(f"--io-timeout {IO_TIMEOUT}, the cluster paused: a READ",
-                      done.get("read"))
-        fails_in_time(f"--io-timeout {IO_TIMEOUT}, the cluster paused: a WRITE",
-                      done.get("write"))
+        ok = fails_in_time(f"--io-timeout {IO_TIMEOUT}, the cluster paused: a READ",
+                           done.get("read"))
+        ok &= fails_in_time(f"--io-timeout {IO_TIMEOUT}, the cluster paused: a WRITE",
+                            done.get("write"))
         if p:
             fails_in_time(f"nbdkit io-timeout={IO_TIMEOUT}, the cluster paused: a READ",
                           done.get("nbdkit read"))
-        check(f"without --io-timeout, a READ still waits after {IO_TIMEOUT} s",
-              "waiting read" not in done, repr(done.get("waiting read")))
+        ok &= check(f"without --io-timeout, a READ still waits after {IO_TIMEOUT} s",
+                    "waiting read" not in done, repr(done.get("waiting read")))
+        if not ok:  # what the servers knew of their cluster
+            for what, s in (("--io-timeout", a), ("no timeout", b)):
+                for line in s.stderr().splitlines()[-20:]:
+                    print(f"# {what} server: {line}")
     finally:
         c.resume()
     t = time.monotonic()
