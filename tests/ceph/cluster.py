@@ -67,6 +67,10 @@ import threading
 import time
 import uuid
 
+# tests/procstop.py, one directory up (standard library only).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import procstop  # noqa: E402
+
 # Debian 12 package of each program the cluster needs.
 TOOLS = {
     "ceph-mon": "ceph-mon",
@@ -172,27 +176,6 @@ class Daemon:
 
     def alive(self):
         return self.proc is not None and self.proc.poll() is None
-
-    def running_threads(self):
-        """The daemon's threads not stopped by a signal, as NAME(STATE):
-        SIGSTOP stops each thread on its own way back to user space."""
-        running = []
-        task = f"/proc/{self.proc.pid}/task"
-        try:
-            tids = os.listdir(task)
-        except OSError:
-            return running  # gone
-        for tid in tids:
-            try:
-                with open(f"{task}/{tid}/stat") as f:
-                    stat = f.read()
-            except OSError:
-                continue  # a thread that ended
-            name = stat[stat.index("(") + 1:stat.rindex(")")]
-            state = stat[stat.rindex(")") + 2]
-            if state not in "tT":
-                running.append(f"{name}({state})")
-        return running
 
     def send(self, sig):
         if self.alive():
@@ -366,18 +349,10 @@ class Cluster:
         its connections left open, as behind a network that drops
         everything.  resume() undoes it; stop() works on paused daemons.
         Returns once every thread of every daemon is stopped, so that a
-        request sent afterwards cannot be answered."""
+        request sent afterwards cannot be answered (procstop.py: why)."""
         for d in self.daemons.values():
             d.send(signal.SIGSTOP)
-        deadline = time.monotonic() + 10
-        running = {}
-        while time.monotonic() < deadline:
-            running = {name: r for name, d in self.daemons.items()
-                       if d.alive() and (r := d.running_threads())}
-            if not running:
-                return
-            time.sleep(0.01)
-        raise RuntimeError(f"SIGSTOP left threads running after 10 s: {running}")
+        procstop.wait_stopped([d.proc.pid for d in self.daemons.values() if d.alive()])
 
     def resume(self):
         for d in self.daemons.values():

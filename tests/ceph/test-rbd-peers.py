@@ -146,6 +146,7 @@ if subprocess.run([sys.executable, "-c", "import rados, rbd"],
 
 os.environ.setdefault("MLOOP_SERVER", "native")
 import harness  # tests/: skips without python3-libnbd or MLOOP_SERVER_BIN
+import procstop  # tests/: a SIGSTOP that has taken effect
 import nbd
 from harness import check
 
@@ -554,7 +555,7 @@ def section_lock_lost():
     if not check("it holds the exclusive lock", len(held) == 1, repr(held)):
         raise Abort("no lock")
     mine = held[0]["address"]
-    s.proc.send_signal(signal.SIGSTOP)
+    procstop.sigstop(s.proc.pid)
     try:
         check("the stopped server's watch ends", watches_end("regain"))
         b = librbd_client(BREAKER, "regain")
@@ -767,7 +768,7 @@ def section_unfenced_predecessor():
     held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("unfenced")))
     if not check("it holds the exclusive lock", len(held) == 1, repr(held)):
         raise Abort("no lock")
-    old.proc.send_signal(signal.SIGSTOP)
+    procstop.sigstop(old.proc.pid)
     try:
         new = start("its successor, the first stopped", spec, args=record)
         h_new = new.connect()

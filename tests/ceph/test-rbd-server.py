@@ -108,6 +108,7 @@ if reason:
 # for by their own checks (6 to 9), which skip without them.
 os.environ.setdefault("MLOOP_SERVER", "native")
 import harness  # tests/: skips without python3-libnbd or MLOOP_SERVER_BIN
+import procstop  # tests/: a SIGSTOP that has taken effect
 import nbd
 
 if harness.SERVER_KIND != "native":
@@ -922,7 +923,7 @@ def check_fenced(rng):
     before = rng.randbytes(MiB)
     h.pwrite(before, 0)
     h.flush()
-    old.proc.send_signal(signal.SIGSTOP)
+    procstop.sigstop(old.proc.pid)
     try:
         new = start("its successor", f"rbd:{c.spec('fenced')}", f"--lock-record={record}")
     finally:

@@ -74,6 +74,7 @@ import tempfile
 import time
 
 import harness
+import procstop  # tests/: a SIGSTOP that has taken effect
 from harness import check
 import servicebus
 
@@ -699,12 +700,12 @@ def attach_on_stalled_fuse(bus, work, lazy=False, overlay=False):
         # once the call waits for the service, stopped meanwhile.
         call_on(bus, "list")
         service = bus.service_pid()
-        os.kill(service, signal.SIGSTOP)
+        procstop.sigstop(service)
         try:
             caller.stdin.write("go\n")
             caller.stdin.flush()
             time.sleep(1)
-            fuse.send_signal(signal.SIGSTOP)
+            procstop.sigstop(fuse.pid)
             time.sleep(2)               # past what FUSE keeps of the file
         finally:
             os.kill(service, signal.SIGCONT)
@@ -795,12 +796,12 @@ def attach_on_namespaced_fuse(bus, work):
         bus.set_rules(servicebus.ALLOW_BOTH_ATTACH)
         call_on(bus, "list")
         service = bus.service_pid()
-        os.kill(service, signal.SIGSTOP)
+        procstop.sigstop(service)
         try:
             user.stdin.write("go\n")
             user.stdin.flush()
             time.sleep(1)
-            os.kill(fuse, signal.SIGSTOP)
+            procstop.sigstop(fuse)
             time.sleep(2)               # past what FUSE keeps of the file
         finally:
             os.kill(service, signal.SIGCONT)
@@ -1002,7 +1003,7 @@ def polkit_silent_at_start(bus, image):
     bus.set_service_args(["--authorization-timeout", "3"])
     call_on(bus, "list")                # started, polkit not asked yet
     polkitd = bus.name_owner_pid("org.freedesktop.PolicyKit1")
-    os.kill(polkitd, signal.SIGSTOP)
+    procstop.sigstop(polkitd)
     try:
         first = subprocess.Popen(
             ["setpriv", f"--reuid={USER[1]}", f"--regid={USER[2]}", "--clear-groups",

@@ -17,6 +17,7 @@ import os
 import signal
 
 import harness
+import procstop  # tests/: a SIGSTOP that has taken effect
 
 BLOCK = 64 << 10
 REQUESTS = 64
@@ -56,7 +57,7 @@ def burst_of_reads(srv, handles):
     one by one to a running server, each may be done before the next
     arrives and the context never fills."""
     cookies = []
-    os.kill(srv.proc.pid, signal.SIGSTOP)
+    procstop.sigstop(srv.proc.pid)
     try:
         for h in handles:
             for i in range(REQUESTS):
