@@ -1046,11 +1046,12 @@ mloop_overlay_note_merging (struct mloop_overlay *ov,
    * its place), the image a user's override names, the base of a
    * version 1 header, which records no identity.  Else a merge stopped
    * half-way in it could not run again as it began, and discard,
-   * finding no mark, would leave that image half-merged.
+   * finding no mark, would leave that image half-merged.  A copy put in
+   * its place may be given the freed inode number again (ext4 does):
+   * then only a birth both know tells it apart (recorded_file).
    */
-  if (version == OVERLAY_VERSION &&
+  if (recorded_file (h, ov->base_path, &id) &&
       get_le64 (h + HDR_BASE_DEV) == id.dev &&
-      get_le64 (h + HDR_BASE_INO) == id.ino &&
       strcmp (ov->base_path, id.path) == 0) {
     if (flags & OVERLAY_FLAG_MERGING)
       goto out;
