@@ -75,9 +75,14 @@ check_unused (const char *overlay, const struct stat *ov_st,
   return r;
 }
 
-/* The base to merge into: BASE_ARG when given, else the one the header
- * records, which an overlay made by an older mloop may name relatively
- * to wherever its server ran: then only BASE_ARG will do.
+/* The base to merge into: BASE_ARG when given, resolved, else the one
+ * the header records, which an overlay made by an older mloop may name
+ * relatively to wherever its server ran: then only BASE_ARG will do.
+ * A version 2 header records a canonical path, taken as it is: were its
+ * symbolic links followed, the owner of a directory on it (a user whose
+ * image root serves) could make one and lead root's commit to a file of
+ * their choosing with their image's ends; the merge refuses a path with
+ * a link on it.
  */
 static char *
 base_to_write (const char *path, const char *base_arg, char *err,
@@ -91,7 +96,7 @@ base_to_write (const char *path, const char *base_arg, char *err,
   if (mloop_overlay_inspect (path, &recorded, &size, &known, err,
                              errlen) < 0)
     return NULL;
-  if (base_arg == NULL && !known && !g_path_is_absolute (recorded)) {
+  if (base_arg == NULL && !g_path_is_absolute (recorded)) {
     mloop_fail (err, errlen, "overlay %s names its base only as %s, "
                 "relative to where its server ran: name it with --base",
                 path, recorded);
@@ -102,6 +107,12 @@ base_to_write (const char *path, const char *base_arg, char *err,
     mloop_fail (err, errlen, "%s, the overlay's base: %s%s",
                 base_arg ? base_arg : recorded, strerror (errno),
                 base_arg ? "" : " (if it moved, name it with --base)");
+  if (abs && base_arg == NULL && known) {
+    free (abs);
+    abs = strdup (recorded);
+    if (abs == NULL)
+      mloop_fail (err, errlen, "out of memory");
+  }
   return abs;
 }
 

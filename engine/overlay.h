@@ -159,6 +159,8 @@ int mloop_overlay_inspect_fd (int fd, const char *path, char **base_path,
  * more: REMOVE unlinks it then, while its lock is still held, so no
  * server can take it in between and answer writes into a file about to
  * vanish; without REMOVE it is left as it was.
+ * BASE_PATH must lead to the base through no symbolic link (realpath's
+ * result, or a header's record of one): a link on it is refused.
  * Nothing else may use either meanwhile: the overlay's lock refuses a
  * server on it, and the base is locked exclusively (mloop_lock_image),
  * which every server reading or writing it refuses (they hold it

@@ -9,7 +9,9 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
+#include <linux/openat2.h>
 
 #include "backing.h"
 #include "fileio.h"
@@ -118,6 +120,64 @@ check_owner_may_write (const struct mloop_overlay *ov,
   return r;
 }
 
+/* Whether BASE_PATH leads to the file open in BASE through no symbolic
+ * link: refused in ERR if not.  The path is canonical when the caller
+ * chose it (realpath, or the overlay's record of one); a link on it now
+ * was put there since, by whoever owns a directory on it, perhaps a
+ * user whose image root serves, and would have root's commit write a
+ * file of that user's choosing.  Looked at once the base is open, so a
+ * link swapped out again in between is seen: the path, followed
+ * without links, must name the very file written.
+ */
+static int
+check_no_link (const char *base_path, const struct mloop_backing *base,
+               char *err, size_t errlen)
+{
+  struct open_how how = {
+    .flags = O_PATH | O_CLOEXEC, .resolve = RESOLVE_NO_SYMLINKS,
+  };
+  struct stat named, held;
+  int fd, r;
+
+  fd = (int) syscall (SYS_openat2, AT_FDCWD, base_path, &how, sizeof how);
+  if (fd == -1 && errno == ENOSYS) {
+    /* A kernel before 5.6 or a seccomp filter: the path as realpath
+     * finds it, without the guarantee against a swap in between.
+     */
+    char *abs = realpath (base_path, NULL);
+    bool canonical = abs && base_path[0] == '/' &&
+      strcmp (abs, base_path) == 0;
+
+    free (abs);
+    fd = canonical ? open (base_path, O_PATH | O_CLOEXEC) : -1;
+    if (!canonical)
+      errno = ELOOP;
+  }
+  if (fd == -1 && errno == ELOOP) {
+    snprintf (err, errlen, "%s leads through a symbolic link: not "
+              "committed (name the base with --base if it is there)",
+              base_path);
+    return -ELOOP;
+  }
+  if (fd == -1) {
+    r = -errno;
+    snprintf (err, errlen, "%s: %s", base_path, strerror (-r));
+    return r;
+  }
+  r = fstat (fd, &named) == 0 && fstat (base->fd, &held) == 0 ? 0 : -errno;
+  close (fd);
+  if (r < 0) {
+    snprintf (err, errlen, "%s: %s", base_path, strerror (-r));
+    return r;
+  }
+  if (named.st_dev != held.st_dev || named.st_ino != held.st_ino) {
+    snprintf (err, errlen, "%s was replaced while being opened: not "
+              "committed", base_path);
+    return -ESTALE;
+  }
+  return 0;
+}
+
 int
 mloop_overlay_merge (const char *path, const char *base_path, bool adopt,
                      bool remove, char *err, size_t errlen)
@@ -160,6 +220,8 @@ mloop_overlay_merge (const char *path, const char *base_path, bool adopt,
     r = -EACCES;
     goto out_base;
   }
+  if ((r = check_no_link (base_path, &base, err, errlen)) < 0)
+    goto out_base;
   /* Every server reading or writing the base holds it shared, whatever
    * name it was given (file_store.c), and every QEMU process with it
    * open holds QEMU's lock bytes: none may while it changes here.
