@@ -623,6 +623,28 @@ birth_time (int fd)
   return 0;
 }
 
+/* Whether the canonical path ABS names the base open with the status
+ * ST (NAME: the path it was opened by): refused in ERR if not.  The
+ * path is resolved after the open, so a link on it (a user's, on the
+ * path of the user's image root serves) may lead elsewhere by then:
+ * recorded, it would name another file with the base's identity and
+ * fingerprint, which a commit, going by that path, would take for a
+ * copy of the base and write.
+ */
+static int
+path_names_base (const char *abs, const struct stat *st, const char *name,
+                 char *err, size_t errlen)
+{
+  struct stat named;
+
+  if (stat (abs, &named) == 0 && named.st_dev == st->st_dev &&
+      named.st_ino == st->st_ino)
+    return 0;
+  snprintf (err, errlen, "%s was replaced while being opened (it leads "
+            "to %s now)", name, abs);
+  return -ESTALE;
+}
+
 /* BASE's identity: its absolute path, device and inode, fingerprint
  * and times.
  */
@@ -655,6 +677,8 @@ identify_base (const struct mloop_backing *base, struct base_identity *id,
     snprintf (err, errlen, "%s: %s", base->path, strerror (-r));
     return r;
   }
+  if ((r = path_names_base (id->path, &st, base->path, err, errlen)) < 0)
+    return r;
   id->dev = (uint64_t) st.st_dev;
   id->ino = (uint64_t) st.st_ino;
   /* A window of all of the file (a --sizelimit as large as it or
