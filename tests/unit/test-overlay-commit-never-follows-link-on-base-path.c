@@ -8,7 +8,8 @@
  * file.  The recorded path must be taken as it is, a link on it
  * refused; and the merge itself refuses a base path with a link on it
  * (one swapped in after the path was resolved).  Named with --base, the
- * file is written: that is root's own choice.
+ * file is written: that is root's own choice.  Nor is a header's
+ * relative path resolved from wherever the commit runs.
  *
  * The overlay here is the caller's, which may name any base, as root's
  * may.  No root: about 0.05 s, in the unit suite of every tier.
@@ -49,6 +50,17 @@ byte_at (const char *path, off_t at)
   return b;
 }
 
+/* Makes the header of the overlay at PATH name its base as NAME. */
+static void
+record_path (const char *path, const char *name)
+{
+  int fd = open (path, O_WRONLY | O_CLOEXEC);
+
+  CHECK (fd >= 0 && pwrite (fd, name, strlen (name) + 1, 64) ==
+         (ssize_t) strlen (name) + 1 && close (fd) == 0, "%s: %s", path,
+         strerror (errno));
+}
+
 int
 main (void)
 {
@@ -82,6 +94,17 @@ main (void)
   printf ("refused: %s\n", err);
   CHECK (byte_at (target, UNIT_OVERLAY_CLUSTER_AT) == 0,
          "the file the link led to was written");
+
+  /* A relative path, resolved from where root's commit runs. */
+  record_path (path, "root.img");
+  CHECK (chdir (dir) == 0, "%s: %s", dir, strerror (errno));
+  CHECK (mloop_overlay_file_commit (path, NULL, false, &written, err,
+                                    sizeof err) == -1,
+         "a commit resolved a relative base path from its directory and "
+         "wrote %s", written ? written : "(null)");
+  printf ("refused: %s\n", err);
+  CHECK (byte_at (target, UNIT_OVERLAY_CLUSTER_AT) == 0,
+         "the file the relative path named was written");
 
   CHECK (mloop_overlay_file_commit (path, image, false, &written, err,
                                     sizeof err) == 0,
