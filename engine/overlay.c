@@ -566,6 +566,10 @@ struct base_identity {
   bool has_times;
   uint64_t mtime, birth;        /* seconds; birth 0: not known */
   uint32_t mtime_ns;
+  /* A block device node: the same node may hold another disk (a loop
+   * or NBD device attached again, disks found in another order).
+   */
+  bool device_node;
 };
 
 /* CRC-32 of the window's [offset, offset + count), read in whole
@@ -681,6 +685,7 @@ identify_base (const struct mloop_backing *base, struct base_identity *id,
     return r;
   id->dev = (uint64_t) st.st_dev;
   id->ino = (uint64_t) st.st_ino;
+  id->device_node = S_ISBLK (st.st_mode);
   /* A window of all of the file (a --sizelimit as large as it or
    * larger) is the whole file: no other window is left to write.
    */
@@ -992,10 +997,12 @@ check_base (struct mloop_overlay *ov, unsigned char *h,
    * its ends, so an inode number alike at the path is not enough: another
    * filesystem mounted at that place, keeping no births, may hold
    * another image of that number.  The recorded device too, or a birth
-   * both know; else commit --adopt-base says to write it.
+   * both know; else commit --adopt-base says to write it.  Never a
+   * block device node: the node is the same file whatever disk it holds
+   * now, and the ends are all that tell.
    */
   resumed = same_file && check == MLOOP_OVERLAY_MERGE_BASE &&
-    (get_le32 (h + HDR_FLAGS) & OVERLAY_FLAG_MERGING) &&
+    (get_le32 (h + HDR_FLAGS) & OVERLAY_FLAG_MERGING) && !id.device_node &&
     (get_le64 (h + HDR_BASE_DEV) == id.dev || births_known (h, &id));
   if ((!same_content || written) && !resumed &&
       check != MLOOP_OVERLAY_ADOPT_BASE) {
@@ -1003,6 +1010,12 @@ check_base (struct mloop_overlay *ov, unsigned char *h,
       snprintf (err, errlen, "overlay %s: its base %s was written since the "
                 "overlay was made: its modification time differs "
                 "(adopting the base overrides this)", ov->path, id.path);
+    else if (same_file && id.device_node &&
+             (get_le32 (h + HDR_FLAGS) & OVERLAY_FLAG_MERGING))
+      snprintf (err, errlen, "overlay %s: a commit into %s stopped half-way, "
+                "and its first or last MiB differ: a device node does not "
+                "tell which disk it holds now (--adopt-base writes it if it "
+                "is that one)", ov->path, id.path);
     else if (same_file)
       snprintf (err, errlen, "overlay %s: its base %s was written since the "
                 "overlay was made: its first or last MiB differ (adopting "

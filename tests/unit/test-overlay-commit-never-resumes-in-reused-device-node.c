@@ -1,0 +1,151 @@
+/* A commit into a block device stopped half-way, then the device was
+ * given another disk: a loop device detached and attached again to
+ * another image (losetup -f picks the first free one), an NBD device
+ * connected to another export, /dev/sdb after a reboot that found the
+ * disks in another order.  The node at the path is the same file, its
+ * inode and device alike (or made again at boot in the same order, with
+ * the same number): a node tells nothing of the disk behind it.  The
+ * merge's mark let the commit run again over the changed ends of the
+ * recorded file, so it wrote the overlay's clusters into the other
+ * disk, over its partition table and filesystem.  For a device node,
+ * the mark must not excuse other ends: --adopt-base says it is the one.
+ *
+ * Needs root and loop devices (else it skips).  About 0.1 s, in the
+ * unit suite of every tier.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+#include <linux/loop.h>
+
+#include "overlay.h"
+#include "overlay_file.h"
+#include "overlay_fixture.h"
+#include "unit.h"
+
+#define BASE_SIZE (4u << 20)
+
+/* Makes an image whose first bytes are TAG: ends of its own. */
+static void
+make_image (const char *path, const char *tag)
+{
+  int fd = open (path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+
+  CHECK (fd >= 0 && ftruncate (fd, BASE_SIZE) == 0 &&
+         pwrite (fd, tag, strlen (tag), 0) == (ssize_t) strlen (tag) &&
+         close (fd) == 0, "%s: %s", path, strerror (errno));
+}
+
+/* Attaches IMAGE to the loop device NODE, detached again when the last
+ * descriptor of it closes (the test's, at its exit at the latest).
+ * Returns that descriptor.
+ */
+static int
+attach (const char *node, const char *image)
+{
+  struct loop_config config;
+  int fd, file;
+
+  file = open (image, O_RDWR | O_CLOEXEC);
+  CHECK (file >= 0, "%s: %s", image, strerror (errno));
+  fd = open (node, O_RDWR | O_CLOEXEC);
+  CHECK (fd >= 0, "%s: %s", node, strerror (errno));
+  memset (&config, 0, sizeof config);
+  config.fd = (unsigned) file;
+  config.info.lo_flags = LO_FLAGS_AUTOCLEAR;
+  /* The last detach may still be finishing. */
+  for (int i = 0; ioctl (fd, LOOP_CONFIGURE, &config) == -1; i++) {
+    if (errno != EBUSY || i == 100)
+      unit_skip ("cannot attach %s to %s: %s", image, node, strerror (errno));
+    unit_sleep_ms (20);
+  }
+  close (file);
+  return fd;
+}
+
+static unsigned char
+byte_at (const char *path, off_t at)
+{
+  unsigned char b = 0;
+  int fd = open (path, O_RDONLY | O_CLOEXEC);
+
+  CHECK (fd >= 0 && pread (fd, &b, 1, at) == 1 && close (fd) == 0,
+         "%s: %s", path, strerror (errno));
+  return b;
+}
+
+/* What a commit into NODE does up to its first write, and stops. */
+static void
+stop_commit (const char *path, const char *node)
+{
+  const struct mloop_window whole = { 0, 0 };
+  struct mloop_backing base;
+  struct mloop_overlay ov;
+  char cluster[MLOOP_OVERLAY_CLUSTER];
+  char err[512];
+
+  CHECK (mloop_backing_open (&base, node, MLOOP_DIRECT_OFF, true, &whole,
+                             err, sizeof err) == 0, "base: %s", err);
+  CHECK (mloop_overlay_open (&ov, path, &base, false,
+                             MLOOP_OVERLAY_MERGE_BASE, err, sizeof err) == 0,
+         "a commit refused its base: %s", err);
+  CHECK (mloop_overlay_note_merging (&ov, &base, err, sizeof err) == 0,
+         "mark: %s", err);
+  memset (cluster, 0x5a, sizeof cluster);
+  CHECK (pwrite (base.fd, cluster, sizeof cluster, UNIT_OVERLAY_CLUSTER_AT)
+         == (ssize_t) sizeof cluster && fsync (base.fd) == 0,
+         "write: %s", strerror (errno));
+  mloop_overlay_close (&ov);
+  mloop_backing_close (&base);
+}
+
+int
+main (void)
+{
+  const char *dir;
+  char first[4096], other[4096], path[4096], node[64], err[512];
+  char *written = NULL;
+  int control, n, held;
+
+  if (geteuid () != 0)
+    unit_skip ("loop devices need root");
+  control = open ("/dev/loop-control", O_RDWR | O_CLOEXEC);
+  if (control == -1 || (n = ioctl (control, LOOP_CTL_GET_FREE)) < 0)
+    unit_skip ("no loop devices: %s", strerror (errno));
+  close (control);
+  snprintf (node, sizeof node, "/dev/loop%d", n);
+  unit_deadline (30);
+  dir = unit_tmpdir ("/var/tmp");
+  unit_runtime_dir (dir);
+  snprintf (first, sizeof first, "%s/first.img", dir);
+  snprintf (other, sizeof other, "%s/other.img", dir);
+  snprintf (path, sizeof path, "%s/overlay", dir);
+  make_image (first, "first disk");
+  make_image (other, "another disk");
+
+  held = attach (node, first);
+  unit_make_overlay (node, path);
+  stop_commit (path, node);
+  /* The device given another disk: detached at the last close. */
+  CHECK (ioctl (held, LOOP_CLR_FD) == 0 || errno == ENXIO, "%s: %s", node,
+         strerror (errno));
+  close (held);
+  held = attach (node, other);
+
+  CHECK (mloop_overlay_file_commit (path, NULL, false, &written, err,
+                                    sizeof err) == -1,
+         "a commit stopped in %s ran again over the other disk now there",
+         node);
+  printf ("refused: %s\n", err);
+  close (held);
+  CHECK (byte_at (other, UNIT_OVERLAY_CLUSTER_AT) == 0,
+         "the overlay's clusters were written into the other disk");
+  CHECK (byte_at (other, 0) == 'a', "the other disk's first bytes changed");
+  printf ("ok: a stopped commit does not run again in another disk at "
+          "its device node\n");
+  return 0;
+}
