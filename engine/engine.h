@@ -65,6 +65,8 @@ struct mloop_engine_config {
   const char *ceph_id;          /* the cephx user, without "client." */
   /* Serve without taking the image's exclusive lock: another writer may
    * use the image at the same time (a cluster filesystem's business).
+   * An rbd: name's ":shared=off" does not take it back (mloop resize
+   * opens a device's image so, beside the server holding the lock).
    */
   bool shared;
   /* Where the servers of one device record the holder of an rbd:

@@ -1212,9 +1212,10 @@ static const struct mloop_store_ops rbd_ops = {
 };
 
 /* The options a name may carry after the image, as qemu spells them:
- * ":id=NAME", ":conf=FILE", ":shared=on|off".  They win over the
+ * ":id=NAME", ":conf=FILE", ":shared=on|off".  id and conf win over the
  * configuration's (mloop attach records the device's this way, so that
- * every server restarted for it connects the same).
+ * every server restarted for it connects the same); shared=on or the
+ * configuration's shared, either one, takes no lock.
  */
 static int
 parse_option (struct rbd_store *st, const char *opt, char *err,
@@ -1235,7 +1236,14 @@ parse_option (struct rbd_store *st, const char *opt, char *err,
                 value);
       return -EINVAL;
     }
-    st->shared = strcmp (value, "on") == 0;
+    /* "off" is the default, and takes back no caller's request for no
+     * lock: mloop resize opens a device's image shared, beside the
+     * server that holds the lock, and a name the device was attached by
+     * with ":shared=off" would otherwise have it take that lock, break
+     * the server's and blocklist it (it is a recorded server).
+     */
+    if (strcmp (value, "on") == 0)
+      st->shared = true;
     return 0;
   }
   if (to == NULL || *value == '\0') {

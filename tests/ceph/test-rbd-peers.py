@@ -44,6 +44,10 @@ on a real one-node cluster (tests/ceph/cluster.py):
    to write) naming a live librbd writer: the server refuses it in one
    line naming the record, and the writer keeps writing (its lock not
    broken, it not blocklisted);
+2m. a shared open (mloop-server --shared, as `mloop resize` opens a
+   device's image) with a device's lock record, beside that device's
+   server, on a name saying :shared=off: the server keeps its lock, is
+   not blocklisted and writes on;
 2k. a snapshot's device, its snapshot's name 5,000 characters long:
    its next server (the same lock record) serves it;
 2d. the image's exclusive-lock feature turned off (`rbd feature
@@ -121,7 +125,7 @@ test sets osd_client_watch_timeout to), the arriving writer 2-3 s
 (gdb's start), 20 watchers, 2c, 2e and 3 to 6 about 1-3 s each, 2d about 5 s
 (`rbd feature disable`), 1d about 6 s (a watch timeout), 2f 3-5 s, 3b
 under 1 s, 2b 12 s (two gdb starts), 2i 9 s (4,100 snapshots added
-to the header), 2j 2-3 s, 2k under 1 s, 2l 1-2 s; 80-90 s in all,
+to the header), 2j 2-3 s, 2k under 1 s, 2l 1-2 s, 2m 1-2 s; 80-90 s in all,
 beside other work.
 """
 import datetime
@@ -803,6 +807,44 @@ def section_unfenced_predecessor():
     old.stop()
 
 
+def section_resize_open():
+    """`mloop resize` opens a device's image with no lock (shared), by the
+    name the device was attached by and with its lock record, beside the
+    device's server, which holds the lock and is the newest server the
+    record names; mloop-server --shared with that record opens it the
+    same way.  A name saying :shared=off must not make that open take
+    the lock: it would break the server's and blocklist it, and every
+    later request of the device would fail."""
+    c.create_image("resize-open", 8 * MiB)
+    spec = f"rbd:{c.spec('resize-open')}:shared=off"
+    record = ["--lock-record=" + c.path("test", "resize-open.lock")]
+    s = start("a device's server on NAME:shared=off", spec, args=record)
+    h = s.connect()
+    h.pwrite(b"s" * 4096, 0)
+    h.flush()
+    held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("resize-open")))
+    if not check("it holds the exclusive lock", len(held) == 1, repr(held)):
+        raise Abort("no lock")
+    opener = start("a shared open beside it with the device's lock record, as "
+                   "mloop resize's", spec, args=["--shared", *record])
+    now = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("resize-open")))
+    check("the device's server keeps the exclusive lock",
+          [e["address"] for e in now] == [held[0]["address"]], f"{now!r}, was {held!r}")
+    listed = c.ceph("osd", "blocklist", "ls")
+    check("the device's server is not blocklisted", held[0]["address"] not in listed,
+          listed)
+    try:
+        h.pwrite(b"t" * 4096, 0)
+        h.flush()
+        wrote = h.pread(4096, 0) == b"t" * 4096
+    except nbd.Error as e:
+        wrote = e
+    check("the device's server still writes", wrote is True, repr(wrote))
+    opener.stop()
+    h.shutdown()
+    s.stop()
+
+
 # Longer than librbd's RBD_MAX_IMAGE_NAME_SIZE (96), a bound of format 1.
 MOVED = "moved-" + "x" * 120
 
@@ -1413,6 +1455,8 @@ try:
     section("a stopped server's successor, blocklisting off",
             section_unfenced_predecessor)
     section("a lock record another user could write", section_foreign_record)
+    section("a shared open beside a device's server, the name shared=off",
+            section_resize_open)
     section("a device's image renamed", section_renamed)
     section("a snapshot's device, the snapshot's name 5,000 long",
             section_long_snapshot_name)
