@@ -2272,6 +2272,29 @@ name_now (struct rbd_store *st)
   return name;
 }
 
+/* NAME, chosen by whichever client of the cluster gave it (`rbd mv`),
+ * as a log may show it (malloc'ed), or NULL: every byte outside
+ * printable ASCII, and a backslash, written \xHH.  Raw, a line break
+ * would start a line the server never wrote, an escape sequence would
+ * move the cursor of whoever reads the log, a bidi control reorder it.
+ */
+static char *
+shown_name (const char *name)
+{
+  const size_t len = strlen (name);
+  char *shown = malloc (4 * len + 1), *p = shown;
+
+  if (shown == NULL)
+    return NULL;
+  for (const unsigned char *c = (const unsigned char *) name; *c; c++)
+    if (*c < 0x20 || *c >= 0x7f || *c == '\\')
+      p += sprintf (p, "\\x%02x", *c);
+    else
+      *p++ = (char) *c;
+  *p = '\0';
+  return shown;
+}
+
 /* Opens the image PATH records: 1, 0 when there is no record, or a
  * negative errno with ERR.
  */
@@ -2328,9 +2351,14 @@ open_recorded (struct rbd_store *st, bool writable, const char *path,
   }
   st->snap_id = rec.snap_id;
   st->snap_id_known = st->snap != NULL;
-  if ((name = name_now (st)) != NULL && strcmp (name, st->image) != 0)
+  if ((name = name_now (st)) != NULL && strcmp (name, st->image) != 0) {
+    char *shown = shown_name (name);
+
     say (st, "%s: the image was renamed %s: served all the same, as the "
-         "image its device was attached to (id %s)", st->name, name, rec.id);
+         "image its device was attached to (id %s)", st->name,
+         shown ? shown : "(a name)", rec.id);
+    free (shown);
+  }
   free (name);
   image_record_clear (&rec);
   return 1;

@@ -48,6 +48,9 @@ on a real one-node cluster (tests/ceph/cluster.py):
    device's image) with a device's lock record, beside that device's
    server, on a name saying :shared=off: the server keeps its lock, is
    not blocklisted and writes on;
+2n. a device's image renamed by another client to a name holding a
+   line break and an escape sequence: its next server says so in one
+   line, no control character raw;
 2k. a snapshot's device, its snapshot's name 5,000 characters long:
    its next server (the same lock record) serves it;
 2d. the image's exclusive-lock feature turned off (`rbd feature
@@ -125,7 +128,7 @@ test sets osd_client_watch_timeout to), the arriving writer 2-3 s
 (gdb's start), 20 watchers, 2c, 2e and 3 to 6 about 1-3 s each, 2d about 5 s
 (`rbd feature disable`), 1d about 6 s (a watch timeout), 2f 3-5 s, 3b
 under 1 s, 2b 12 s (two gdb starts), 2i 9 s (4,100 snapshots added
-to the header), 2j 2-3 s, 2k under 1 s, 2l 1-2 s, 2m 1-2 s; 80-90 s in all,
+to the header), 2j 2-3 s, 2k under 1 s, 2l 1-2 s, 2m 1-2 s, 2n 1-2 s; 80-90 s in all,
 beside other work.
 """
 import datetime
@@ -913,6 +916,46 @@ def section_renamed():
     h.shutdown()
     w.stop()
 
+# A name another client of the cluster gives a device's image: a line
+# break, then a line of its own, and an escape sequence (ESC [2J clears a
+# terminal).
+FORGED = "renamed\nmloop-server: forged line\x1b[2J"
+
+
+def section_renamed_hostile():
+    """A device's image renamed (`rbd mv`, by any client that may write
+    the pool) to a name holding a line break and an escape sequence: the
+    next server says it was renamed in one line, the name's control
+    characters escaped, so that the cluster's client forges no line in
+    the device's server.log and moves no cursor of whoever reads it."""
+    c.create_image("renamed-hostile", 8 * MiB)
+    spec = f"rbd:{c.spec('renamed-hostile')}"
+    record = ["--lock-record=" + c.path("test", "renamed-hostile.lock")]
+    start("a device's first server", spec, args=record).stop()
+    r = subprocess.run([sys.executable, "-c", """
+import rados, rbd, sys
+conf, client, pool, src, dest = sys.argv[1:6]
+cl = rados.Rados(conffile=conf, rados_id=client)
+cl.connect()
+io = cl.open_ioctx(pool)
+rbd.RBD().rename(io, src, dest)
+io.close()
+cl.shutdown()
+""", c.conf, c.client_id, c.pool, "renamed-hostile", FORGED], capture_output=True,
+                       text=True)
+    if not check("another client renames the image", r.returncode == 0, r.stderr):
+        raise Abort("not renamed")
+    s = start("its next server, the image renamed", spec, args=record)
+    err = s.stderr()
+    s.stop()
+    said = [line for line in err.splitlines() if "renamed" in line]
+    check("it says the image was renamed", said != [], repr(err))
+    check("no line of the log is the forged one",
+          not any(line.startswith("mloop-server: forged line") for line in err.splitlines()),
+          repr(err))
+    check("the log holds no escape character", "\x1b" not in err, repr(err))
+
+
 def section_long_snapshot_name():
     """A snapshot's device whose snapshot has a name of 5,000 characters
     (Ceph takes it): the record of which snapshot the device serves is
@@ -1458,6 +1501,7 @@ try:
     section("a shared open beside a device's server, the name shared=off",
             section_resize_open)
     section("a device's image renamed", section_renamed)
+    section("a device's image renamed to a hostile name", section_renamed_hostile)
     section("a snapshot's device, the snapshot's name 5,000 long",
             section_long_snapshot_name)
     section("the exclusive-lock feature turned off", section_feature_off)
