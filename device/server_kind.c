@@ -127,6 +127,11 @@ nbdkit_command (const struct mloop_server_config *c, GPtrArray *argv)
                                 c->image + strlen (MLOOP_RBD_PREFIX)));
   else
     add (argv, g_strdup_printf ("file=%s", c->image));
+  /* Besides --readonly, which the plugin learns only per connection,
+   * after it opened the image (an RBD image's lock taken).
+   */
+  if (c->read_only)
+    add (argv, g_strdup ("readonly=on"));
   if (c->max_connections)
     add (argv, g_strdup_printf ("limit=%u", c->max_connections));
   if (c->threads)

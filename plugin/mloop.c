@@ -44,6 +44,12 @@ static char *ceph_conf;                 /* ceph-conf=FILE */
 static char *ceph_id;                   /* ceph-id=NAME */
 static char *lock_record;               /* lock-record=FILE */
 static bool is_rbd;                     /* rbd=POOL/IMAGE, not file= */
+/* readonly=on: open the image read-only.  nbdkit tells a plugin of its
+ * -r only per connection, after the image is open; an RBD image opened
+ * for writing takes its exclusive lock (refusing a live writer,
+ * breaking a dead one's lock), which a read-only server must not.
+ */
+static bool read_only;
 static bool lock_memory;                /* mlock=on|off */
 static struct mloop_stats *stats;       /* its counters, or NULL */
 static struct mloop_engine engine;
@@ -159,6 +165,12 @@ mloop_config (const char *key, const char *value)
       return -1;
     }
   }
+  else if (strcmp (key, "readonly") == 0) {
+    if (mloop_on_off_parse (value, &read_only) < 0) {
+      nbdkit_error ("readonly=%s: must be on or off", value);
+      return -1;
+    }
+  }
   else if (strcmp (key, "io-timeout") == 0)
     return parse_bounded (key, value, 0, INT_MAX, &config.io_timeout);
   else if (strcmp (key, "threads") == 0)
@@ -251,6 +263,8 @@ mloop_config_complete (void)
   "ceph-conf=FILE      For rbd=: the Ceph configuration (default: librados's).\n" \
   "ceph-id=NAME        For rbd=: the cephx user, without client. (default admin).\n" \
   "shared=on|off       For rbd=: write without the exclusive lock (default off).\n" \
+  "readonly=on|off     Open the image read-only: give it with -r, which an\n" \
+  "                    RBD image's lock needs known at the open (default off).\n" \
   "lock-record=FILE    For rbd=: record the lock's holder; break a dead one's.\n" \
   "io-timeout=SECONDS  For rbd=: fail a request with EIO when the cluster\n" \
   "                    has not answered it in this time (default 0: wait).\n" \
@@ -277,7 +291,7 @@ open_engine (void)
   char err[512], what[512];
 
   config.path = filename;
-  config.want_write = true;
+  config.want_write = !read_only;
   if (mloop_engine_open (&engine, &config, err, sizeof err) < 0) {
     nbdkit_error ("%s", err);
     return -1;

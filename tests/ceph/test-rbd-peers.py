@@ -51,6 +51,10 @@ on a real one-node cluster (tests/ceph/cluster.py):
 2n. a device's image renamed by another client to a name holding a
    line break and an escape sequence: its next server says so in one
    line, no control character raw;
+2o. `mloop serve --read-only --server nbdkit` of an image a live
+   librbd writer holds: it serves read-only beside the writer, which
+   keeps its lock and writes on (without nbdkit, the plugin or mloop,
+   a line says this part is skipped);
 2k. a snapshot's device, its snapshot's name 5,000 characters long:
    its next server (the same lock record) serves it;
 2d. the image's exclusive-lock feature turned off (`rbd feature
@@ -128,7 +132,7 @@ test sets osd_client_watch_timeout to), the arriving writer 2-3 s
 (gdb's start), 20 watchers, 2c, 2e and 3 to 6 about 1-3 s each, 2d about 5 s
 (`rbd feature disable`), 1d about 6 s (a watch timeout), 2f 3-5 s, 3b
 under 1 s, 2b 12 s (two gdb starts), 2i 9 s (4,100 snapshots added
-to the header), 2j 2-3 s, 2k under 1 s, 2l 1-2 s, 2m 1-2 s, 2n 1-2 s; 80-90 s in all,
+to the header), 2j 2-3 s, 2k under 1 s, 2l 1-2 s, 2m 1-2 s, 2n 1-2 s, 2o 1-2 s; 80-90 s in all,
 beside other work.
 """
 import datetime
@@ -747,6 +751,62 @@ def section_foreign_record():
                                args=["--lock-record=" + path]),
                         [path, "no one else may write"])
     time.sleep(1)               # the writer's next writes, had it lost the lock
+    w.stdin.close()
+    out = w.stdout.read().strip()
+    w.wait(30)
+    check("the librbd writer kept writing without an error",
+          w.returncode == 0 and out.startswith("wrote"), f"exit {w.returncode}: {out!r}")
+
+
+def section_read_only_nbdkit():
+    """`mloop serve --read-only --server nbdkit` (and so `mloop attach -r
+    --server nbdkit`) of an image a live librbd writer holds: read-only,
+    it must take no lock, as mloop-server -r takes none, so it serves
+    beside the writer, which keeps its lock and writes on."""
+    cli, plugin = os.environ.get("MLOOP_CLI"), harness.PLUGIN
+    if shutil.which("nbdkit") is None or not cli or not os.path.exists(cli) \
+            or not plugin or not os.path.exists(plugin):
+        print("# skipped: no nbdkit, built plugin (MLOOP_PLUGIN) or mloop (MLOOP_CLI)")
+        return
+    c.create_image("read-only-nbdkit", 8 * MiB)
+    w = librbd_client(WRITER, "read-only-nbdkit")
+    if not check("a librbd writer writes", w.stdout.readline().strip() == "writing"):
+        raise Abort("no writer")
+    held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("read-only-nbdkit")))
+    sock = c.path("test", "read-only-nbdkit.sock")
+    err_path = c.path("test", "read-only-nbdkit.err")
+    with open(err_path, "wb") as err:
+        p = subprocess.Popen([cli, "serve", "--read-only", "--server", "nbdkit",
+                              "--listen", f"unix:{sock}", "--ceph-conf", c.conf,
+                              "--ceph-id", c.client_id, f"rbd:{c.spec('read-only-nbdkit')}"],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=err, env=harness.nbdkit_env(),
+                             preexec_fn=cluster._die_with(os.getpid()))
+    others.append(p)
+    h, deadline = None, time.monotonic() + START_LIMIT
+    while h is None and p.poll() is None and time.monotonic() < deadline:
+        try:
+            h = nbd.NBD()
+            h.connect_unix(sock)
+            h.get_size()
+        except nbd.Error:
+            h = None
+            time.sleep(0.2)
+    try:
+        with open(err_path, errors="replace") as f:
+            said = f.read().strip()
+        if not check("the read-only nbdkit serves beside the writer", h is not None,
+                     f"exit {p.poll()}: {said!r}"):
+            raise Abort("not serving")
+        check("it is read-only", h.is_read_only())
+        check("it reads the image", len(h.pread(4096, 0)) == 4096)
+        now = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("read-only-nbdkit")))
+        check("the writer keeps the exclusive lock",
+              [e["address"] for e in now] == [e["address"] for e in held], f"{now!r}")
+        h.shutdown()
+    finally:
+        p.terminate()
+        p.wait(30)
     w.stdin.close()
     out = w.stdout.read().strip()
     w.wait(30)
@@ -1498,6 +1558,7 @@ try:
     section("a stopped server's successor, blocklisting off",
             section_unfenced_predecessor)
     section("a lock record another user could write", section_foreign_record)
+    section("a read-only nbdkit beside a live writer", section_read_only_nbdkit)
     section("a shared open beside a device's server, the name shared=off",
             section_resize_open)
     section("a device's image renamed", section_renamed)
