@@ -132,8 +132,8 @@ test sets osd_client_watch_timeout to), the arriving writer 2-3 s
 (gdb's start), 20 watchers, 2c, 2e and 3 to 6 about 1-3 s each, 2d about 5 s
 (`rbd feature disable`), 1d about 6 s (a watch timeout), 2f 3-5 s, 3b
 under 1 s, 2b 12 s (two gdb starts), 2i 9 s (4,100 snapshots added
-to the header), 2j 2-3 s, 2k under 1 s, 2l 1-2 s, 2m 1-2 s, 2n 1-2 s, 2o 1-2 s; 80-90 s in all,
-beside other work.
+to the header), 2j 2-3 s, 2k under 1 s, 2l, 2m, 2n and 2o 1-2 s each;
+80-95 s in all, beside other work.
 """
 import datetime
 import json
