@@ -51,6 +51,11 @@ mloop_held_image_pseudo_fs (int fd)
     { DEVMEM_MAGIC, "devmem" },
     { 0x62656570, "configfs" },           /* not in linux/magic.h */
     { 0x65735543, "fusectl" },            /* not in linux/magic.h */
+    /* A message queue, which a user may make wherever mqueue is
+     * mounted (/dev/mqueue): a regular file whose text is the queue's
+     * state, its notified pid as the reader's pid namespace numbers it.
+     */
+    { 0x19800202, "mqueue" },             /* not in linux/magic.h */
   };
   struct statfs fs;
 

@@ -6,7 +6,7 @@ naming the action; a descriptor that proves no right to read (O_PATH,
 O_WRONLY), or only to read when writing is asked, a directory or a
 device node, a relative name and an unknown option are refused before
 anything starts, and so is a file of a pseudo file system (proc, sysfs:
-what it reads depends on who opened it) and one in memory (/dev/shm:
+what it reads depends on who opened it; a message queue of mqueue, which any user may make) and one in memory (/dev/shm:
 written through a device, its pages would be the service's); a good descriptor gets as far as the kernel (which has
 no NBD client here).  `mloop attach` as a user goes through the service
 and refuses root's options; a user's list and detach ask it too (a
@@ -127,6 +127,9 @@ def run(bus, work):
         os.truncate(shm_image, 1 << 20)
         os.chown(shm_image, USER[1], USER[2])
         harness.on_exit(lambda: os.unlink(shm_image))
+    # A message queue is a regular file a user may make where mqueue is
+    # mounted (/dev/mqueue): its text depends on who reads it.
+    mqueue_file = mqueue_image()
 
     def call(*args, user=USER):
         return one_line(bus.run_as(user, CALL + list(args)))
@@ -142,9 +145,11 @@ def run(bus, work):
             ("ro", "/sys/kernel/uevent_seqnum", ["read-only=true"],
              "on sysfs, a pseudo file system"),
             ("rw", shm_image, [], "on tmpfs, in memory"),
+            ("ro", mqueue_file, ["read-only=true"], "on mqueue, a pseudo file system"),
             ("rw", image, ["bogus=true"], "unknown option bogus")]:
         if path is None:
-            print("# skipped: an image in memory: no /dev/shm")
+            print("# skipped: an image in memory (no /dev/shm), or a message "
+                  "queue (mqueue cannot be mounted)")
             continue
         out = call("attach", how, path, os.path.abspath(path), *options)
         check(f"refused: {how} descriptor of {os.path.basename(path)} {options}",
@@ -1024,6 +1029,22 @@ def polkit_silent_at_start(bus, image):
           first_out == "ERROR not authorized: polkit did not answer for "
           "org.mloop.attach within 3 s (an authentication left waiting?)", first_out)
     bus.set_service_args([])
+
+
+def mqueue_image():
+    """A message queue the user may read, on an mqueue file system
+    mounted for the test (unmounted and removed at exit), or None."""
+    mnt = tempfile.mkdtemp(prefix="mloop-dbus-test-mqueue-")
+    os.chmod(mnt, 0o755)
+    harness.on_exit(lambda: os.rmdir(mnt))
+    if subprocess.run(["mount", "-t", "mqueue", "mqueue", mnt],
+                      capture_output=True).returncode != 0:
+        return None
+    harness.on_exit(lambda: subprocess.run(["umount", mnt], check=True))
+    path = os.path.join(mnt, "queue")
+    os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o644))
+    os.chown(path, USER[1], USER[2])
+    return path
 
 
 def call_on(bus, *args, user=USER):
