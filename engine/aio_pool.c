@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "aio_ring.h"
-#include "memory_pressure.h"
+#include "io_rights.h"
 #include "aio_pool.h"
 
 /* Completions reaped per io_getevents call. */
@@ -142,7 +142,7 @@ reaper_thread (void *arg)
   struct pool_ring *w = arg;
   struct io_event events[REAP_BATCH];
 
-  mloop_io_flusher_thread ();
+  mloop_io_thread ();
 
   while (!(atomic_load (&w->stopping) && atomic_load (&w->in_flight) == 0)) {
     int n = mloop_aio_ring_reap (&w->ring, 1, events, REAP_BATCH, NULL);

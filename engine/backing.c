@@ -15,6 +15,7 @@
 
 #include "align.h"
 #include "backing.h"
+#include "io_rights.h"
 #include "fileio.h"
 
 /* Writes the reason into ERR (if any) and returns -ERRNUM. */
@@ -282,6 +283,8 @@ open_held (struct mloop_backing *b, int held, const struct stat *st,
     return set_error (err, errlen, EBADF, "file=%s: the descriptor is not "
                       "open for reading", b->path);
   b->writable = want_write && (flags & O_ACCMODE) == O_RDWR;
+  /* Written with what the opener was given, not root's rights. */
+  mloop_io_rights_open_file_only ();
   b->buffered_fd = fcntl (held, F_DUPFD_CLOEXEC, 0);
   if (b->buffered_fd == -1)
     return set_error (err, errlen, errno, "file=%s: %s", b->path,

@@ -26,6 +26,7 @@
 
 #include "engine.h"
 #include "pooled.h"
+#include "io_rights.h"
 #include "memory_pressure.h"
 #include "nbd_proto.h"
 #include "space.h"
@@ -514,8 +515,10 @@ begin (void *handle, uint16_t cmd, uint32_t count, uint64_t offset)
 {
   static uint64_t next_seq;
 
-  /* nbdkit's threads do the device's IO: keep them out of reclaim. */
-  mloop_io_flusher_thread ();
+  /* nbdkit's threads do the device's IO: keep them out of reclaim, with
+   * no right beyond the open file's when the image is a descriptor's.
+   */
+  mloop_io_thread ();
   MLOOP_STATS_ADD (stats, in_flight, 1);
   if (mloop_trace_enabled) {
     current.conn = ((struct mloop_handle *) handle)->id;

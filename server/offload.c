@@ -6,7 +6,7 @@
 #include <unistd.h>
 #include <sys/eventfd.h>
 
-#include "memory_pressure.h"
+#include "io_rights.h"
 #include "offload.h"
 
 /* Helpers only run fallocate, ioctls and pread/pwrite: a small stack. */
@@ -51,8 +51,10 @@ helper_main (void *arg)
 {
   struct offload *o = arg;
 
-  /* This thread does the device's IO: keep it out of reclaim. */
-  mloop_io_flusher_thread ();
+  /* This thread does the device's IO: keep it out of reclaim, with no
+   * right beyond the open file's when the image is a descriptor's.
+   */
+  mloop_io_thread ();
   pthread_mutex_lock (&o->lock);
   for (;;) {
     struct offload_job *job = o->head;

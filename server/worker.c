@@ -20,7 +20,7 @@
 #include "clock.h"
 #include "conn.h"
 #include "dispatch.h"
-#include "memory_pressure.h"
+#include "io_rights.h"
 #include "trace.h"
 #include "worker.h"
 
@@ -166,8 +166,10 @@ worker_main (void *arg)
   bool shutdown_seen = false, drained = false;
   int64_t deadline = 0;
 
-  /* This thread does the device's IO: keep it out of reclaim. */
-  mloop_io_flusher_thread ();
+  /* This thread does the device's IO: keep it out of reclaim, with no
+   * right beyond the open file's when the image is a descriptor's.
+   */
+  mloop_io_thread ();
 
   for (;;) {
     int n, i;
