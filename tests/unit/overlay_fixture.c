@@ -1,9 +1,11 @@
 /* What the overlay unit tests share (overlay_fixture.h). */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "align.h"
 #include "backing.h"
@@ -48,7 +50,7 @@ unit_make_empty_overlay (const char *base_path, const char *path)
 }
 
 void
-unit_make_overlay (const char *base_path, const char *path)
+unit_write_cluster (const char *base_path, const char *path, uint64_t at)
 {
   struct mloop_backing base;
   struct mloop_overlay ov;
@@ -62,10 +64,132 @@ unit_make_overlay (const char *base_path, const char *path)
   mloop_range_lock_init (&lock);
   memset (buf, 0x5a, MLOOP_OVERLAY_CLUSTER);
   r = mloop_overlay_rw (&ov, &base, &lock, true, buf, MLOOP_OVERLAY_CLUSTER,
-                        UNIT_OVERLAY_CLUSTER_AT, false);
+                        at, false);
   CHECK (r == 0, "write: %s", strerror (-r));
   mloop_range_lock_destroy (&lock);
   mloop_overlay_close (&ov);
   mloop_backing_close (&base);
   mloop_free_aligned (buf, MLOOP_OVERLAY_CLUSTER);
+}
+
+void
+unit_make_overlay (const char *base_path, const char *path)
+{
+  unit_write_cluster (base_path, path, UNIT_OVERLAY_CLUSTER_AT);
+}
+
+void
+unit_make_tagged_image (const char *path, uint64_t size, const char *tag)
+{
+  const ssize_t len = (ssize_t) strlen (tag);
+  int fd = open (path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+
+  CHECK (fd >= 0 && ftruncate (fd, (off_t) size) == 0 &&
+         pwrite (fd, tag, (size_t) len, 0) == len && close (fd) == 0,
+         "%s: %s", path, strerror (errno));
+}
+
+unsigned char
+unit_byte_at (const char *path, off_t at)
+{
+  unsigned char b = 0;
+  int fd = open (path, O_RDONLY | O_CLOEXEC);
+
+  CHECK (fd >= 0 && pread (fd, &b, 1, at) == 1 && close (fd) == 0,
+         "%s: %s", path, strerror (errno));
+  return b;
+}
+
+uint64_t
+unit_get_u64 (const char *path, off_t at)
+{
+  uint64_t v = 0;
+  int fd = open (path, O_RDONLY | O_CLOEXEC);
+
+  CHECK (fd >= 0 && pread (fd, &v, sizeof v, at) == (ssize_t) sizeof v &&
+         close (fd) == 0, "%s: %s", path, strerror (errno));
+  return v;
+}
+
+void
+unit_put_u64 (const char *path, off_t at, uint64_t value)
+{
+  int fd = open (path, O_WRONLY | O_CLOEXEC);
+
+  CHECK (fd >= 0 && pwrite (fd, &value, sizeof value, at) ==
+         (ssize_t) sizeof value && close (fd) == 0, "%s: %s", path,
+         strerror (errno));
+}
+
+int
+unit_try_open_window (const char *base_path, const struct mloop_window *window,
+                      const char *path, enum mloop_overlay_base_check check,
+                      char *err, size_t errlen)
+{
+  struct mloop_backing base;
+  struct mloop_overlay ov;
+  int r;
+
+  r = mloop_backing_open (&base, base_path, MLOOP_DIRECT_OFF, false, window,
+                          err, errlen);
+  CHECK (r == 0, "base: %s", err);
+  r = mloop_overlay_open (&ov, path, &base, false, check, err, errlen);
+  if (r == 0)
+    mloop_overlay_close (&ov);
+  mloop_backing_close (&base);
+  return r;
+}
+
+int
+unit_try_open_overlay (const char *base_path, const char *path,
+                       enum mloop_overlay_base_check check, char *err,
+                       size_t errlen)
+{
+  return unit_try_open_window (base_path, NULL, path, check, err, errlen);
+}
+
+void
+unit_renumber_base_device (const char *path)
+{
+  unit_put_u64 (path, UNIT_HDR_BASE_DEV,
+                unit_get_u64 (path, UNIT_HDR_BASE_DEV) + 1);
+}
+
+void
+unit_mark_merging (const char *base_path, const char *path)
+{
+  struct mloop_backing base;
+  struct mloop_overlay ov;
+  char err[512];
+
+  unit_open_overlay (&base, &ov, base_path, path);
+  CHECK (mloop_overlay_note_merging (&ov, &base, err, sizeof err) == 0,
+         "mark: %s", err);
+  mloop_overlay_close (&ov);
+  mloop_backing_close (&base);
+}
+
+void
+unit_stop_commit (const char *path, const char *base_path,
+                  enum mloop_overlay_base_check check)
+{
+  const struct mloop_window whole = { 0, 0 };
+  struct mloop_backing base;
+  struct mloop_overlay ov;
+  char cluster[MLOOP_OVERLAY_CLUSTER];
+  char err[512];
+
+  CHECK (mloop_backing_open (&base, base_path, MLOOP_DIRECT_OFF, true, &whole,
+                             err, sizeof err) == 0, "base: %s", err);
+  CHECK (mloop_overlay_open (&ov, path, &base, false, check, err,
+                             sizeof err) == 0,
+         "a commit refused the base it should take: %s", err);
+  CHECK (mloop_overlay_note_merging (&ov, &base, err, sizeof err) == 0,
+         "mark: %s", err);
+  memset (cluster, 0x5a, sizeof cluster);
+  CHECK (pwrite (base.fd, cluster, sizeof cluster, UNIT_OVERLAY_CLUSTER_AT)
+         == (ssize_t) sizeof cluster && fsync (base.fd) == 0,
+         "write: %s", strerror (errno));
+  mloop_overlay_close (&ov);
+  mloop_backing_close (&base);
 }

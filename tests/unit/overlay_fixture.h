@@ -4,11 +4,22 @@
 #ifndef MLOOP_TESTS_OVERLAY_FIXTURE_H
 #define MLOOP_TESTS_OVERLAY_FIXTURE_H
 
+#include <stdint.h>
+#include <sys/types.h>
+
 #include "backing.h"
 #include "overlay.h"
 
 /* Where unit_make_overlay writes its one cluster. */
 #define UNIT_OVERLAY_CLUSTER_AT (3 * MLOOP_OVERLAY_CLUSTER)
+
+/* Where an overlay's header keeps what it recorded of its base: st_dev,
+ * st_ino and birth time (docs/design.md, "The format"; little-endian,
+ * as these tests run).
+ */
+#define UNIT_HDR_BASE_DEV 48
+#define UNIT_HDR_BASE_INO 56
+#define UNIT_HDR_BASE_BIRTH 4088
 
 /* Makes DIR/run and names it MLOOP_RUNTIME_DIR: the state lock and the
  * records that discard and commit take there are then the test's own,
@@ -33,5 +44,57 @@ void unit_make_empty_overlay (const char *base_path, const char *path);
  * written at UNIT_OVERLAY_CLUSTER_AT; fails the test if it cannot.
  */
 void unit_make_overlay (const char *base_path, const char *path);
+
+/* Makes the image at PATH, SIZE bytes, with TAG written at its start (so
+ * that images made alike still differ where a test wants them to);
+ * fails the test if it cannot.
+ */
+void unit_make_tagged_image (const char *path, uint64_t size, const char *tag);
+
+/* The byte at AT in the file at PATH. */
+unsigned char unit_byte_at (const char *path, off_t at);
+
+/* The 64-bit word at AT in the file at PATH (a header field), and
+ * writing one there.
+ */
+uint64_t unit_get_u64 (const char *path, off_t at);
+void unit_put_u64 (const char *path, off_t at, uint64_t value);
+
+/* Writes one cluster of 0x5a at AT through the overlay at PATH over
+ * BASE_PATH, as a server does; fails the test if it cannot.
+ */
+void unit_write_cluster (const char *base_path, const char *path, uint64_t at);
+
+/* Opens the overlay at PATH over BASE_PATH with CHECK and closes it:
+ * 0, or the negative errno of the refusal, its reason in ERR.
+ */
+int unit_try_open_overlay (const char *base_path, const char *path,
+                           enum mloop_overlay_base_check check, char *err,
+                           size_t errlen);
+
+/* The same over WINDOW of BASE_PATH (NULL: all of it). */
+int unit_try_open_window (const char *base_path,
+                          const struct mloop_window *window, const char *path,
+                          enum mloop_overlay_base_check check, char *err,
+                          size_t errlen);
+
+/* The header of the overlay at PATH as the next mount finds it: its
+ * base's file system under another device number.
+ */
+void unit_renumber_base_device (const char *path);
+
+/* Marks the overlay at PATH as a commit into BASE_PATH does before its
+ * first write.
+ */
+void unit_mark_merging (const char *base_path, const char *path);
+
+/* Leaves the overlay at PATH and BASE_PATH (a file or a device node) as
+ * a commit stopped half-way does: the base opened with CHECK (a merge's:
+ * MLOOP_OVERLAY_MERGE_BASE or MLOOP_OVERLAY_MERGE_ANY_BASE), the overlay
+ * marked, and one cluster of 0x5a written into the base at
+ * UNIT_OVERLAY_CLUSTER_AT and synced.
+ */
+void unit_stop_commit (const char *path, const char *base_path,
+                       enum mloop_overlay_base_check check);
 
 #endif

@@ -25,105 +25,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "align.h"
 #include "overlay.h"
 #include "overlay_file.h"
 #include "overlay_fixture.h"
-#include "range_lock.h"
 #include "unit.h"
 
 #define BASE_SIZE (4u << 20)
 #define INSIDE (2u << 20)
-/* Where the header keeps the base's st_dev (design.md, "The format"). */
-#define HDR_BASE_DEV 48
-
-/* Writes one cluster of 0x5a at INSIDE into the overlay at PATH. */
-static void
-write_inside (const char *base_path, const char *path)
-{
-  struct mloop_backing base;
-  struct mloop_overlay ov;
-  struct mloop_range_lock lock;
-  char *buf = mloop_alloc_aligned (MLOOP_OVERLAY_CLUSTER,
-                                   MLOOP_OVERLAY_CLUSTER);
-  int r;
-
-  CHECK (buf != NULL, "no memory");
-  unit_open_overlay (&base, &ov, base_path, path);
-  mloop_range_lock_init (&lock);
-  memset (buf, 0x5a, MLOOP_OVERLAY_CLUSTER);
-  r = mloop_overlay_rw (&ov, &base, &lock, true, buf, MLOOP_OVERLAY_CLUSTER,
-                        INSIDE, false);
-  CHECK (r == 0, "write: %s", strerror (-r));
-  mloop_range_lock_destroy (&lock);
-  mloop_overlay_close (&ov);
-  mloop_backing_close (&base);
-  mloop_free_aligned (buf, MLOOP_OVERLAY_CLUSTER);
-}
-
-/* The base's device number as the header of the overlay at PATH
- * records it (little-endian, as this machine's tests run).
- */
-static uint64_t
-recorded_dev (const char *path)
-{
-  uint64_t dev;
-  int fd = open (path, O_RDONLY | O_CLOEXEC);
-
-  CHECK (fd >= 0 && pread (fd, &dev, sizeof dev, HDR_BASE_DEV) ==
-         (ssize_t) sizeof dev && close (fd) == 0, "%s: %s", path,
-         strerror (errno));
-  return dev;
-}
-
-/* The header of the overlay at PATH as the next boot finds it: its
- * base's filesystem mounted under another device number.
- */
-static void
-renumber_base_device (const char *path)
-{
-  const uint64_t dev = recorded_dev (path) + 1;
-  int fd = open (path, O_WRONLY | O_CLOEXEC);
-
-  CHECK (fd >= 0 && pwrite (fd, &dev, sizeof dev, HDR_BASE_DEV) ==
-         (ssize_t) sizeof dev && close (fd) == 0, "%s: %s", path,
-         strerror (errno));
-}
-
-static int
-try_open (const char *base_path, const char *path,
-          enum mloop_overlay_base_check check, char *err, size_t errlen)
-{
-  struct mloop_backing base;
-  struct mloop_overlay ov;
-  int r;
-
-  r = mloop_backing_open (&base, base_path, MLOOP_DIRECT_OFF, false, NULL,
-                          err, errlen);
-  CHECK (r == 0, "base: %s", err);
-  r = mloop_overlay_open (&ov, path, &base, false, check, err, errlen);
-  if (r == 0)
-    mloop_overlay_close (&ov);
-  mloop_backing_close (&base);
-  return r;
-}
-
-/* Marks the overlay at PATH as a commit into BASE_PATH stopped
- * half-way would have left it.
- */
-static void
-mark_merging (const char *base_path, const char *path)
-{
-  struct mloop_backing base;
-  struct mloop_overlay ov;
-  char err[512];
-
-  unit_open_overlay (&base, &ov, base_path, path);
-  CHECK (mloop_overlay_note_merging (&ov, &base, err, sizeof err) == 0,
-         "mark: %s", err);
-  mloop_overlay_close (&ov);
-  mloop_backing_close (&base);
-}
 
 int
 main (void)
@@ -147,10 +55,10 @@ main (void)
 
   /* Not written since: served, and the new number recorded. */
   unit_make_empty_overlay (base_path, b_path);
-  renumber_base_device (b_path);
-  r = try_open (base_path, b_path, MLOOP_OVERLAY_SAME_BASE, err, sizeof err);
+  unit_renumber_base_device (b_path);
+  r = unit_try_open_overlay (base_path, b_path, MLOOP_OVERLAY_SAME_BASE, err, sizeof err);
   CHECK (r == 0, "overlay B over its unchanged base: %s", err);
-  CHECK (recorded_dev (b_path) == (uint64_t) st.st_dev,
+  CHECK (unit_get_u64 (b_path, UNIT_HDR_BASE_DEV) == (uint64_t) st.st_dev,
          "the base's new device number was not recorded");
 
   /* Written since in its middle, by another overlay's commit: the
@@ -161,11 +69,11 @@ main (void)
          strerror (errno));
   unlink (b_path);
   unit_make_empty_overlay (base_path, b_path);
-  write_inside (base_path, a_path);
+  unit_write_cluster (base_path, a_path, INSIDE);
   r = mloop_overlay_merge (a_path, base_path, false, true, err, sizeof err);
   CHECK (r == 0, "commit of A: %s", err);
-  renumber_base_device (b_path);
-  r = try_open (base_path, b_path, MLOOP_OVERLAY_SAME_BASE, err, sizeof err);
+  unit_renumber_base_device (b_path);
+  r = unit_try_open_overlay (base_path, b_path, MLOOP_OVERLAY_SAME_BASE, err, sizeof err);
   CHECK (r < 0, "overlay B was served over its base written since, its "
          "filesystem under another device number");
   CHECK (strstr (err, "written since") != NULL, "the refusal does not say "
@@ -178,8 +86,8 @@ main (void)
    * the mark, which discard heeds.
    */
   unit_make_empty_overlay (base_path, c_path);
-  mark_merging (base_path, c_path);
-  renumber_base_device (c_path);
+  unit_mark_merging (base_path, c_path);
+  unit_renumber_base_device (c_path);
   CHECK (mloop_overlay_adopt (c_path, base_path, err, sizeof err) == 0,
          "adopt: %s", err);
   CHECK (mloop_overlay_file_discard (c_path, err, sizeof err) == -1,

@@ -24,93 +24,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "align.h"
 #include "overlay.h"
 #include "overlay_file.h"
 #include "overlay_fixture.h"
-#include "range_lock.h"
 #include "unit.h"
 
 #define BASE_SIZE (4u << 20)
 #define INSIDE (2u << 20)
-/* Where the header keeps the base's st_dev (design.md, "The format"). */
-#define HDR_BASE_DEV 48
-
-/* Writes one cluster of 0x5a at INSIDE into the overlay at PATH. */
-static void
-write_inside (const char *base_path, const char *path)
-{
-  struct mloop_backing base;
-  struct mloop_overlay ov;
-  struct mloop_range_lock lock;
-  char *buf = mloop_alloc_aligned (MLOOP_OVERLAY_CLUSTER,
-                                   MLOOP_OVERLAY_CLUSTER);
-  int r;
-
-  CHECK (buf != NULL, "no memory");
-  unit_open_overlay (&base, &ov, base_path, path);
-  mloop_range_lock_init (&lock);
-  memset (buf, 0x5a, MLOOP_OVERLAY_CLUSTER);
-  r = mloop_overlay_rw (&ov, &base, &lock, true, buf, MLOOP_OVERLAY_CLUSTER,
-                        INSIDE, false);
-  CHECK (r == 0, "write: %s", strerror (-r));
-  mloop_range_lock_destroy (&lock);
-  mloop_overlay_close (&ov);
-  mloop_backing_close (&base);
-  mloop_free_aligned (buf, MLOOP_OVERLAY_CLUSTER);
-}
-
-/* The header of the overlay at PATH as the next mount finds it: its
- * base's filesystem under another device number (little-endian, as
- * this machine's tests run).
- */
-static void
-renumber_base_device (const char *path)
-{
-  uint64_t dev;
-  int fd = open (path, O_RDWR | O_CLOEXEC);
-
-  CHECK (fd >= 0 && pread (fd, &dev, sizeof dev, HDR_BASE_DEV) ==
-         (ssize_t) sizeof dev, "%s: %s", path, strerror (errno));
-  dev++;
-  CHECK (pwrite (fd, &dev, sizeof dev, HDR_BASE_DEV) == (ssize_t) sizeof dev
-         && close (fd) == 0, "%s: %s", path, strerror (errno));
-}
-
-static int
-try_open (const char *base_path, const char *path, char *err, size_t errlen)
-{
-  struct mloop_backing base;
-  struct mloop_overlay ov;
-  int r;
-
-  r = mloop_backing_open (&base, base_path, MLOOP_DIRECT_OFF, false, NULL,
-                          err, errlen);
-  CHECK (r == 0, "base: %s", err);
-  r = mloop_overlay_open (&ov, path, &base, false, MLOOP_OVERLAY_SAME_BASE,
-                          err, errlen);
-  if (r == 0)
-    mloop_overlay_close (&ov);
-  mloop_backing_close (&base);
-  return r;
-}
-
-/* Marks the overlay at PATH as a commit into BASE_PATH stopped
- * half-way would have left it.
- */
-static void
-mark_merging (const char *base_path, const char *path)
-{
-  struct mloop_backing base;
-  struct mloop_overlay ov;
-  char err[512];
-
-  unit_open_overlay (&base, &ov, base_path, path);
-  CHECK (mloop_overlay_note_merging (&ov, &base, err, sizeof err) == 0,
-         "mark: %s", err);
-  mloop_overlay_close (&ov);
-  mloop_backing_close (&base);
-}
 
 int
 main (void)
@@ -140,18 +60,18 @@ main (void)
   unit_make_empty_overlay (base_path, b_path);
   /* A commit into the base stopped half-way. */
   unit_make_empty_overlay (base_path, c_path);
-  mark_merging (base_path, c_path);
+  unit_mark_merging (base_path, c_path);
 
   /* The base's filesystem mounted again, elsewhere. */
   CHECK (rename (base_path, moved_path) == 0, "rename: %s", strerror (errno));
-  renumber_base_device (b_path);
-  renumber_base_device (c_path);
+  unit_renumber_base_device (b_path);
+  unit_renumber_base_device (c_path);
 
   /* Written since in its middle, by another overlay's commit. */
-  write_inside (moved_path, a_path);
+  unit_write_cluster (moved_path, a_path, INSIDE);
   r = mloop_overlay_merge (a_path, moved_path, false, true, err, sizeof err);
   CHECK (r == 0, "commit of A: %s", err);
-  r = try_open (moved_path, b_path, err, sizeof err);
+  r = unit_try_open_overlay (moved_path, b_path, MLOOP_OVERLAY_SAME_BASE, err, sizeof err);
   CHECK (r < 0, "overlay B was served over its base written since, its "
          "filesystem mounted elsewhere under another device number");
   CHECK (strstr (err, "written since") != NULL, "the refusal does not say "

@@ -29,27 +29,6 @@
 
 #define BASE_SIZE (1u << 20)
 
-static void
-make_image (const char *path)
-{
-  int fd = open (path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-
-  CHECK (fd >= 0 && ftruncate (fd, BASE_SIZE) == 0 &&
-         pwrite (fd, "template", 8, 0) == 8 && close (fd) == 0,
-         "%s: %s", path, strerror (errno));
-}
-
-static unsigned char
-byte_at (const char *path, off_t at)
-{
-  unsigned char b = 0;
-  int fd = open (path, O_RDONLY | O_CLOEXEC);
-
-  CHECK (fd >= 0 && pread (fd, &b, 1, at) == 1 && close (fd) == 0,
-         "%s: %s", path, strerror (errno));
-  return b;
-}
-
 /* Makes the header of the overlay at PATH name its base as NAME. */
 static void
 record_path (const char *path, const char *name)
@@ -65,7 +44,7 @@ int
 main (void)
 {
   const char *dir = unit_tmpdir ("/var/tmp");
-  char user_dir[4096], image[4096], target[4096], path[4096], err[512];
+  char user_dir[2048], image[4096], target[4096], path[4096], err[512];
   char *written = NULL;
 
   unit_deadline (30);
@@ -75,8 +54,8 @@ main (void)
   snprintf (target, sizeof target, "%s/root.img", dir);
   snprintf (path, sizeof path, "%s/overlay", dir);
   CHECK (mkdir (user_dir, 0700) == 0, "%s: %s", user_dir, strerror (errno));
-  make_image (target);
-  make_image (image);
+  unit_make_tagged_image (target, BASE_SIZE, "template");
+  unit_make_tagged_image (image, BASE_SIZE, "template");
   unit_make_overlay (image, path);
 
   CHECK (unlink (image) == 0 && symlink (target, image) == 0,
@@ -86,13 +65,13 @@ main (void)
          "a commit followed a link put on the recorded path and wrote %s",
          written ? written : "(null)");
   printf ("refused: %s\n", err);
-  CHECK (byte_at (target, UNIT_OVERLAY_CLUSTER_AT) == 0,
+  CHECK (unit_byte_at (target, UNIT_OVERLAY_CLUSTER_AT) == 0,
          "the file the link led to was written");
 
   CHECK (mloop_overlay_merge (path, image, false, true, err, sizeof err) < 0,
          "a merge wrote through a link on the base's path");
   printf ("refused: %s\n", err);
-  CHECK (byte_at (target, UNIT_OVERLAY_CLUSTER_AT) == 0,
+  CHECK (unit_byte_at (target, UNIT_OVERLAY_CLUSTER_AT) == 0,
          "the file the link led to was written");
 
   /* A relative path, resolved from where root's commit runs. */
@@ -103,7 +82,7 @@ main (void)
          "a commit resolved a relative base path from its directory and "
          "wrote %s", written ? written : "(null)");
   printf ("refused: %s\n", err);
-  CHECK (byte_at (target, UNIT_OVERLAY_CLUSTER_AT) == 0,
+  CHECK (unit_byte_at (target, UNIT_OVERLAY_CLUSTER_AT) == 0,
          "the file the relative path named was written");
 
   CHECK (mloop_overlay_file_commit (path, image, false, &written, err,
@@ -112,7 +91,7 @@ main (void)
   CHECK (strcmp (written, target) == 0, "the commit wrote %s, not %s",
          written, target);
   free (written);
-  CHECK (byte_at (target, UNIT_OVERLAY_CLUSTER_AT) == 0x5a,
+  CHECK (unit_byte_at (target, UNIT_OVERLAY_CLUSTER_AT) == 0x5a,
          "the base --base names does not hold the overlay's clusters");
   printf ("ok: a commit writes through no link put on the base's path\n");
   return 0;

@@ -29,17 +29,6 @@
 
 #define BASE_SIZE (4u << 20)
 
-/* Makes an image whose first bytes are TAG: ends of its own. */
-static void
-make_image (const char *path, const char *tag)
-{
-  int fd = open (path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-
-  CHECK (fd >= 0 && ftruncate (fd, BASE_SIZE) == 0 &&
-         pwrite (fd, tag, strlen (tag), 0) == (ssize_t) strlen (tag) &&
-         close (fd) == 0, "%s: %s", path, strerror (errno));
-}
-
 /* Attaches IMAGE to the loop device NODE, detached again when the last
  * descriptor of it closes (the test's, at its exit at the latest).
  * Returns that descriptor.
@@ -67,42 +56,6 @@ attach (const char *node, const char *image)
   return fd;
 }
 
-static unsigned char
-byte_at (const char *path, off_t at)
-{
-  unsigned char b = 0;
-  int fd = open (path, O_RDONLY | O_CLOEXEC);
-
-  CHECK (fd >= 0 && pread (fd, &b, 1, at) == 1 && close (fd) == 0,
-         "%s: %s", path, strerror (errno));
-  return b;
-}
-
-/* What a commit into NODE does up to its first write, and stops. */
-static void
-stop_commit (const char *path, const char *node)
-{
-  const struct mloop_window whole = { 0, 0 };
-  struct mloop_backing base;
-  struct mloop_overlay ov;
-  char cluster[MLOOP_OVERLAY_CLUSTER];
-  char err[512];
-
-  CHECK (mloop_backing_open (&base, node, MLOOP_DIRECT_OFF, true, &whole,
-                             err, sizeof err) == 0, "base: %s", err);
-  CHECK (mloop_overlay_open (&ov, path, &base, false,
-                             MLOOP_OVERLAY_MERGE_BASE, err, sizeof err) == 0,
-         "a commit refused its base: %s", err);
-  CHECK (mloop_overlay_note_merging (&ov, &base, err, sizeof err) == 0,
-         "mark: %s", err);
-  memset (cluster, 0x5a, sizeof cluster);
-  CHECK (pwrite (base.fd, cluster, sizeof cluster, UNIT_OVERLAY_CLUSTER_AT)
-         == (ssize_t) sizeof cluster && fsync (base.fd) == 0,
-         "write: %s", strerror (errno));
-  mloop_overlay_close (&ov);
-  mloop_backing_close (&base);
-}
-
 int
 main (void)
 {
@@ -124,12 +77,12 @@ main (void)
   snprintf (first, sizeof first, "%s/first.img", dir);
   snprintf (other, sizeof other, "%s/other.img", dir);
   snprintf (path, sizeof path, "%s/overlay", dir);
-  make_image (first, "first disk");
-  make_image (other, "another disk");
+  unit_make_tagged_image (first, BASE_SIZE, "first disk");
+  unit_make_tagged_image (other, BASE_SIZE, "another disk");
 
   held = attach (node, first);
   unit_make_overlay (node, path);
-  stop_commit (path, node);
+  unit_stop_commit (path, node, MLOOP_OVERLAY_MERGE_BASE);
   /* The device given another disk: detached at the last close. */
   CHECK (ioctl (held, LOOP_CLR_FD) == 0 || errno == ENXIO, "%s: %s", node,
          strerror (errno));
@@ -142,9 +95,9 @@ main (void)
          node);
   printf ("refused: %s\n", err);
   close (held);
-  CHECK (byte_at (other, UNIT_OVERLAY_CLUSTER_AT) == 0,
+  CHECK (unit_byte_at (other, UNIT_OVERLAY_CLUSTER_AT) == 0,
          "the overlay's clusters were written into the other disk");
-  CHECK (byte_at (other, 0) == 'a', "the other disk's first bytes changed");
+  CHECK (unit_byte_at (other, 0) == 'a', "the other disk's first bytes changed");
   printf ("ok: a stopped commit does not run again in another disk at "
           "its device node\n");
   return 0;

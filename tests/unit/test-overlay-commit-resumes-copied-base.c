@@ -24,55 +24,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "align.h"
 #include "backing.h"
 #include "overlay.h"
 #include "overlay_file.h"
-#include "range_lock.h"
 #include "overlay_fixture.h"
 #include "unit.h"
 
 #define BASE_SIZE (1u << 20)
 #define CLUSTER_AT UNIT_OVERLAY_CLUSTER_AT
-
-static void
-make_image (const char *path)
-{
-  int fd = open (path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-
-  CHECK (fd >= 0 && ftruncate (fd, BASE_SIZE) == 0 &&
-         pwrite (fd, "template", 8, 0) == 8 && close (fd) == 0,
-         "%s: %s", path, strerror (errno));
-}
-
-/* What a commit into BASE_PATH does up to its first write, and stops;
- * ADOPT: with --adopt-base.
- */
-static void
-stop_commit (const char *path, const char *base_path, bool adopt)
-{
-  const struct mloop_window whole = { 0, 0 };
-  struct mloop_backing base;
-  struct mloop_overlay ov;
-  char cluster[MLOOP_OVERLAY_CLUSTER];
-  char err[512];
-  int r;
-
-  r = mloop_backing_open (&base, base_path, MLOOP_DIRECT_OFF, true, &whole,
-                          err, sizeof err);
-  CHECK (r == 0, "base: %s", err);
-  r = mloop_overlay_open (&ov, path, &base, false,
-                          adopt ? MLOOP_OVERLAY_MERGE_ANY_BASE
-                          : MLOOP_OVERLAY_MERGE_BASE, err, sizeof err);
-  CHECK (r == 0, "a commit refused the base it should take: %s", err);
-  CHECK (mloop_overlay_note_merging (&ov, &base, err, sizeof err) == 0,
-         "mark: %s", err);
-  memset (cluster, 0x5a, sizeof cluster);
-  CHECK (pwrite (base.fd, cluster, sizeof cluster, CLUSTER_AT) ==
-         (ssize_t) sizeof cluster, "write: %s", strerror (errno));
-  mloop_overlay_close (&ov);
-  mloop_backing_close (&base);
-}
 
 /* Writes byte B at OFFSET of PATH: true, or false with errno. */
 static bool
@@ -116,11 +75,11 @@ main (void)
   snprintf (path, sizeof path, "%s/overlay", dir);
 
   /* The base replaced at its path by a copy of itself. */
-  make_image (base_path);
+  unit_make_tagged_image (base_path, BASE_SIZE, "template");
   unit_make_overlay (base_path, path);
-  make_image (copy);
+  unit_make_tagged_image (copy, BASE_SIZE, "template");
   CHECK (rename (copy, base_path) == 0, "rename: %s", strerror (errno));
-  stop_commit (path, base_path, false);
+  unit_stop_commit (path, base_path, MLOOP_OVERLAY_MERGE_BASE);
   CHECK (mloop_overlay_file_discard (path, err, sizeof err) == -1,
          "discard removed an overlay whose commit into a copy of its base "
          "stopped half-way");
@@ -134,10 +93,10 @@ main (void)
   CHECK (unlink (base_path) == 0, "unlink: %s", strerror (errno));
 
   /* The base moved, and the commit named it with --base. */
-  make_image (base_path);
+  unit_make_tagged_image (base_path, BASE_SIZE, "template");
   unit_make_overlay (base_path, path);
   CHECK (rename (base_path, moved) == 0, "rename: %s", strerror (errno));
-  stop_commit (path, moved, false);
+  unit_stop_commit (path, moved, MLOOP_OVERLAY_MERGE_BASE);
   CHECK (mloop_overlay_file_discard (path, err, sizeof err) == -1,
          "discard removed an overlay whose commit into its moved base "
          "stopped half-way");
@@ -150,11 +109,11 @@ main (void)
   CHECK (unlink (moved) == 0, "unlink: %s", strerror (errno));
 
   /* Another image, by the user's override (--adopt-base). */
-  make_image (base_path);
+  unit_make_tagged_image (base_path, BASE_SIZE, "template");
   unit_make_overlay (base_path, path);
-  make_image (other);
+  unit_make_tagged_image (other, BASE_SIZE, "template");
   CHECK (pwrite_byte (other, 0, 'X'), "%s: %s", other, strerror (errno));
-  stop_commit (path, other, true);
+  unit_stop_commit (path, other, MLOOP_OVERLAY_MERGE_ANY_BASE);
   CHECK (mloop_overlay_file_discard (path, err, sizeof err) == -1,
          "discard removed an overlay whose commit into another image, by "
          "--adopt-base, stopped half-way");
@@ -168,7 +127,7 @@ main (void)
   /* A version 1 overlay, which records no identity. */
   unit_make_overlay (base_path, path);
   CHECK (pwrite_byte (path, 8, 1), "%s: %s", path, strerror (errno));
-  stop_commit (path, base_path, false);
+  unit_stop_commit (path, base_path, MLOOP_OVERLAY_MERGE_BASE);
   CHECK (mloop_overlay_file_discard (path, err, sizeof err) == -1,
          "discard removed a version 1 overlay whose commit stopped "
          "half-way");

@@ -30,41 +30,6 @@
 #include "unit.h"
 
 #define BASE_SIZE (1u << 20)
-/* Where the header keeps the base's st_ino and birth time (design.md,
- * "The format"; little-endian, as this machine's tests run).
- */
-#define HDR_BASE_INO 56
-#define HDR_BASE_BIRTH 4088
-
-static void
-make_image (const char *path)
-{
-  int fd = open (path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-
-  CHECK (fd >= 0 && ftruncate (fd, BASE_SIZE) == 0 &&
-         pwrite (fd, "template", 8, 0) == 8 && close (fd) == 0,
-         "%s: %s", path, strerror (errno));
-}
-
-static uint64_t
-get_u64 (const char *path, off_t at)
-{
-  uint64_t v;
-  int fd = open (path, O_RDONLY | O_CLOEXEC);
-
-  CHECK (fd >= 0 && pread (fd, &v, sizeof v, at) == (ssize_t) sizeof v &&
-         close (fd) == 0, "%s: %s", path, strerror (errno));
-  return v;
-}
-
-static void
-put_u64 (const char *path, off_t at, uint64_t v)
-{
-  int fd = open (path, O_WRONLY | O_CLOEXEC);
-
-  CHECK (fd >= 0 && pwrite (fd, &v, sizeof v, at) == (ssize_t) sizeof v &&
-         close (fd) == 0, "%s: %s", path, strerror (errno));
-}
 
 static uint64_t
 inode_of (const char *path)
@@ -85,32 +50,6 @@ birth_of (const char *path)
   return (stx.stx_mask & STATX_BTIME) ? (uint64_t) stx.stx_btime.tv_sec : 0;
 }
 
-/* What a commit does up to its first write into BASE_PATH, and stops. */
-static void
-stop_commit (const char *path, const char *base_path)
-{
-  const struct mloop_window whole = { 0, 0 };
-  struct mloop_backing base;
-  struct mloop_overlay ov;
-  char cluster[MLOOP_OVERLAY_CLUSTER];
-  char err[512];
-  int r;
-
-  r = mloop_backing_open (&base, base_path, MLOOP_DIRECT_OFF, true, &whole,
-                          err, sizeof err);
-  CHECK (r == 0, "base: %s", err);
-  r = mloop_overlay_open (&ov, path, &base, false, MLOOP_OVERLAY_MERGE_BASE,
-                          err, sizeof err);
-  CHECK (r == 0, "a commit refused a copy of its base: %s", err);
-  CHECK (mloop_overlay_note_merging (&ov, &base, err, sizeof err) == 0,
-         "mark: %s", err);
-  memset (cluster, 0x5a, sizeof cluster);
-  CHECK (pwrite (base.fd, cluster, sizeof cluster, UNIT_OVERLAY_CLUSTER_AT)
-         == (ssize_t) sizeof cluster, "write: %s", strerror (errno));
-  mloop_overlay_close (&ov);
-  mloop_backing_close (&base);
-}
-
 int
 main (void)
 {
@@ -127,23 +66,23 @@ main (void)
   snprintf (copy, sizeof copy, "%s/backup.img", dir);
   snprintf (path, sizeof path, "%s/overlay", dir);
 
-  make_image (base_path);
+  unit_make_tagged_image (base_path, BASE_SIZE, "template");
   unit_make_overlay (base_path, path);
-  birth = get_u64 (path, HDR_BASE_BIRTH);
+  birth = unit_get_u64 (path, UNIT_HDR_BASE_BIRTH);
   if (birth == 0)
     unit_skip ("%s keeps no birth times", dir);
-  make_image (copy);
+  unit_make_tagged_image (copy, BASE_SIZE, "template");
   CHECK (unlink (base_path) == 0, "unlink: %s", strerror (errno));
   fd = open (base_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   CHECK (fd >= 0 && ftruncate (fd, BASE_SIZE) == 0 &&
          pwrite (fd, "template", 8, 0) == 8 && close (fd) == 0,
          "%s: %s", base_path, strerror (errno));
-  if (inode_of (base_path) != get_u64 (path, HDR_BASE_INO))
-    put_u64 (path, HDR_BASE_INO, inode_of (base_path));
+  if (inode_of (base_path) != unit_get_u64 (path, UNIT_HDR_BASE_INO))
+    unit_put_u64 (path, UNIT_HDR_BASE_INO, inode_of (base_path));
   if (birth_of (base_path) == birth)
-    put_u64 (path, HDR_BASE_BIRTH, birth - 1);
+    unit_put_u64 (path, UNIT_HDR_BASE_BIRTH, birth - 1);
 
-  stop_commit (path, base_path);
+  unit_stop_commit (path, base_path, MLOOP_OVERLAY_MERGE_BASE);
   CHECK (mloop_overlay_file_commit (path, NULL, false, &written, err,
                                     sizeof err) == 0,
          "the commit stopped in a copy of the base holding its inode "

@@ -27,29 +27,6 @@
 #include "unit.h"
 
 #define BASE_SIZE (4u << 20)
-/* Where the header keeps the base's st_dev, st_ino and birth time
- * (design.md, "The format"; little-endian, as this machine's tests run).
- */
-#define HDR_BASE_DEV 48
-#define HDR_BASE_INO 56
-#define HDR_BASE_BIRTH 4088
-
-/* Marks the overlay at PATH as a commit into BASE_PATH stopped
- * half-way would have left it.
- */
-static void
-mark_merging (const char *base_path, const char *path)
-{
-  struct mloop_backing base;
-  struct mloop_overlay ov;
-  char err[512];
-
-  unit_open_overlay (&base, &ov, base_path, path);
-  CHECK (mloop_overlay_note_merging (&ov, &base, err, sizeof err) == 0,
-         "mark: %s", err);
-  mloop_overlay_close (&ov);
-  mloop_backing_close (&base);
-}
 
 static void
 put_u64 (const char *path, off_t at, uint64_t v)
@@ -85,17 +62,6 @@ fill_first_mib (const char *path, int byte)
          && close (fd) == 0, "%s: %s", path, strerror (errno));
 }
 
-static int
-byte_at (const char *path, off_t at)
-{
-  unsigned char c;
-  int fd = open (path, O_RDONLY | O_CLOEXEC);
-
-  CHECK (fd >= 0 && pread (fd, &c, 1, at) == 1 && close (fd) == 0, "%s: %s",
-         path, strerror (errno));
-  return c;
-}
-
 int
 main (void)
 {
@@ -116,21 +82,21 @@ main (void)
    */
   unit_make_image (base_path, BASE_SIZE);
   unit_make_overlay (base_path, ov_path);
-  mark_merging (base_path, ov_path);
+  unit_mark_merging (base_path, ov_path);
   CHECK (unlink (base_path) == 0, "unlink: %s", strerror (errno));
   unit_make_image (base_path, BASE_SIZE);
   fill_first_mib (base_path, 0x11);
   CHECK (stat (base_path, &st) == 0, "%s: %s", base_path, strerror (errno));
-  put_u64 (ov_path, HDR_BASE_INO, (uint64_t) st.st_ino);
-  put_u64 (ov_path, HDR_BASE_DEV, (uint64_t) st.st_dev + 1);
-  put_u64 (ov_path, HDR_BASE_BIRTH, 0);
+  put_u64 (ov_path, UNIT_HDR_BASE_INO, (uint64_t) st.st_ino);
+  put_u64 (ov_path, UNIT_HDR_BASE_DEV, (uint64_t) st.st_dev + 1);
+  put_u64 (ov_path, UNIT_HDR_BASE_BIRTH, 0);
   r = mloop_overlay_merge (ov_path, base_path, false, false, err,
                            sizeof err);
   CHECK (r < 0, "a stopped commit was resumed into another filesystem's "
          "image of the recorded inode number at the base's path");
   CHECK (strstr (err, "written since") != NULL, "the refusal does not say "
          "why: %s", err);
-  CHECK (byte_at (base_path, UNIT_OVERLAY_CLUSTER_AT) == 0x11,
+  CHECK (unit_byte_at (base_path, UNIT_OVERLAY_CLUSTER_AT) == 0x11,
          "the other image was written");
 
   /* The recorded file itself, its filesystem mounted again under
@@ -145,14 +111,14 @@ main (void)
   }
   CHECK (unlink (ov_path) == 0, "unlink: %s", strerror (errno));
   unit_make_overlay (base_path, ov_path);
-  mark_merging (base_path, ov_path);
+  unit_mark_merging (base_path, ov_path);
   fill_first_mib (base_path, 0x22);
-  put_u64 (ov_path, HDR_BASE_DEV, get_u64 (ov_path, HDR_BASE_DEV) + 1);
+  put_u64 (ov_path, UNIT_HDR_BASE_DEV, get_u64 (ov_path, UNIT_HDR_BASE_DEV) + 1);
   r = mloop_overlay_merge (ov_path, base_path, false, true, err,
                            sizeof err);
   CHECK (r == 0, "the stopped commit did not resume in its own base, its "
          "filesystem under another device number: %s", err);
-  CHECK (byte_at (base_path, UNIT_OVERLAY_CLUSTER_AT) == 0x5a,
+  CHECK (unit_byte_at (base_path, UNIT_OVERLAY_CLUSTER_AT) == 0x5a,
          "the resumed commit did not write the overlay's cluster");
 
   printf ("ok: a stopped commit resumes only in its recorded base\n");

@@ -28,16 +28,6 @@
 #define BASE_SIZE (1u << 20)
 
 static void
-make_image (const char *path)
-{
-  int fd = open (path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-
-  CHECK (fd >= 0 && ftruncate (fd, BASE_SIZE) == 0 &&
-         pwrite (fd, "template", 8, 0) == 8 && close (fd) == 0,
-         "%s: %s", path, strerror (errno));
-}
-
-static void
 point (const char *link, const char *to)
 {
   CHECK ((unlink (link) == 0 || errno == ENOENT) && symlink (to, link) == 0,
@@ -61,8 +51,8 @@ main (void)
   snprintf (link, sizeof link, "%s/link.img", dir);
   snprintf (target, sizeof target, "%s/root.img", dir);
   snprintf (path, sizeof path, "%s/overlay", dir);
-  make_image (target);
-  make_image (image);
+  unit_make_tagged_image (target, BASE_SIZE, "template");
+  unit_make_tagged_image (image, BASE_SIZE, "template");
 
   point (link, image);
   CHECK (mloop_backing_open (&base, link, MLOOP_DIRECT_OFF, false, NULL, err,

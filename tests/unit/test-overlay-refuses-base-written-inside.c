@@ -27,67 +27,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "align.h"
 #include "overlay.h"
 #include "overlay_fixture.h"
-#include "range_lock.h"
 #include "unit.h"
 
 #define BASE_SIZE (4u << 20)
 #define INSIDE (2u << 20)
-
-/* Writes one cluster of 0x5a at INSIDE into the overlay at PATH. */
-static void
-write_inside (const char *base_path, const char *path)
-{
-  struct mloop_backing base;
-  struct mloop_overlay ov;
-  struct mloop_range_lock lock;
-  char *buf = mloop_alloc_aligned (MLOOP_OVERLAY_CLUSTER,
-                                   MLOOP_OVERLAY_CLUSTER);
-  int r;
-
-  CHECK (buf != NULL, "no memory");
-  unit_open_overlay (&base, &ov, base_path, path);
-  mloop_range_lock_init (&lock);
-  memset (buf, 0x5a, MLOOP_OVERLAY_CLUSTER);
-  r = mloop_overlay_rw (&ov, &base, &lock, true, buf, MLOOP_OVERLAY_CLUSTER,
-                        INSIDE, false);
-  CHECK (r == 0, "write: %s", strerror (-r));
-  mloop_range_lock_destroy (&lock);
-  mloop_overlay_close (&ov);
-  mloop_backing_close (&base);
-  mloop_free_aligned (buf, MLOOP_OVERLAY_CLUSTER);
-}
-
-/* Opens the overlay at PATH over WINDOW of BASE_PATH (NULL: all of it)
- * as CHECK says: 0 or the error, its message in ERR.
- */
-static int
-try_open_window (const char *base_path, const struct mloop_window *window,
-                 const char *path, enum mloop_overlay_base_check check,
-                 char *err, size_t errlen)
-{
-  struct mloop_backing base;
-  struct mloop_overlay ov;
-  int r;
-
-  r = mloop_backing_open (&base, base_path, MLOOP_DIRECT_OFF, false, window,
-                          err, errlen);
-  CHECK (r == 0, "base: %s", err);
-  r = mloop_overlay_open (&ov, path, &base, false, check, err, errlen);
-  if (r == 0)
-    mloop_overlay_close (&ov);
-  mloop_backing_close (&base);
-  return r;
-}
-
-static int
-try_open (const char *base_path, const char *path,
-          enum mloop_overlay_base_check check, char *err, size_t errlen)
-{
-  return try_open_window (base_path, NULL, path, check, err, errlen);
-}
 
 /* Writes a cluster of 0x33 at AT of the file at PATH, as a device
  * serving another window of it would.
@@ -138,11 +83,11 @@ main (void)
   CHECK (utimensat (AT_FDCWD, base_path, long_ago, 0) == 0, "utimensat: %s",
          strerror (errno));
   unit_make_empty_overlay (base_path, b_path);
-  write_inside (base_path, a_path);
+  unit_write_cluster (base_path, a_path, INSIDE);
   r = mloop_overlay_merge (a_path, base_path, false, true, err, sizeof err);
   CHECK (r == 0, "commit of A: %s", err);
 
-  r = try_open (base_path, b_path, MLOOP_OVERLAY_SAME_BASE, err, sizeof err);
+  r = unit_try_open_overlay (base_path, b_path, MLOOP_OVERLAY_SAME_BASE, err, sizeof err);
   CHECK (r < 0, "overlay B was served over its base written since");
   CHECK (strstr (err, "written since") != NULL, "the refusal does not say "
          "why: %s", err);
@@ -150,15 +95,15 @@ main (void)
   CHECK (r < 0, "overlay B was committed over its base written since");
 
   /* The user's word says it is the base. */
-  r = try_open (base_path, b_path, MLOOP_OVERLAY_ADOPT_BASE, err, sizeof err);
+  r = unit_try_open_overlay (base_path, b_path, MLOOP_OVERLAY_ADOPT_BASE, err, sizeof err);
   CHECK (r == 0, "adopting the base: %s", err);
-  r = try_open (base_path, b_path, MLOOP_OVERLAY_SAME_BASE, err, sizeof err);
+  r = unit_try_open_overlay (base_path, b_path, MLOOP_OVERLAY_SAME_BASE, err, sizeof err);
   CHECK (r == 0, "overlay B once its base was adopted: %s", err);
   /* A copy is another file, with its own times: its bytes say what it
    * is, as before.
    */
   copy_file (base_path, copy_path);
-  r = try_open (copy_path, b_path, MLOOP_OVERLAY_SAME_BASE, err, sizeof err);
+  r = unit_try_open_overlay (copy_path, b_path, MLOOP_OVERLAY_SAME_BASE, err, sizeof err);
   CHECK (r == 0, "overlay B over a copy of its base: %s", err);
 
   /* An overlay of a window of the file: a device may write another
@@ -171,11 +116,11 @@ main (void)
     snprintf (w_path, sizeof w_path, "%s/window.overlay", dir);
     CHECK (utimensat (AT_FDCWD, base_path, long_ago, 0) == 0,
            "utimensat: %s", strerror (errno));
-    r = try_open_window (base_path, &first, w_path, MLOOP_OVERLAY_SAME_BASE,
+    r = unit_try_open_window (base_path, &first, w_path, MLOOP_OVERLAY_SAME_BASE,
                          err, sizeof err);
     CHECK (r == 0, "overlay of a window: %s", err);
     write_file (base_path, INSIDE + MLOOP_OVERLAY_CLUSTER);
-    r = try_open_window (base_path, &first, w_path, MLOOP_OVERLAY_SAME_BASE,
+    r = unit_try_open_window (base_path, &first, w_path, MLOOP_OVERLAY_SAME_BASE,
                          err, sizeof err);
     CHECK (r == 0, "an overlay of a window was refused for a write into "
            "another window: %s", err);
@@ -195,11 +140,11 @@ main (void)
            "utimensat: %s", strerror (errno));
     unit_make_empty_overlay (base_path, o_path);
     write_file (base_path, INSIDE);
-    r = try_open_window (base_path, &all, o_path, MLOOP_OVERLAY_SAME_BASE,
+    r = unit_try_open_window (base_path, &all, o_path, MLOOP_OVERLAY_SAME_BASE,
                          err, sizeof err);
     CHECK (r < 0, "an overlay was served over its base written since, "
            "given as a window of all of it");
-    r = try_open_window (base_path, &beyond, o_path, MLOOP_OVERLAY_SAME_BASE,
+    r = unit_try_open_window (base_path, &beyond, o_path, MLOOP_OVERLAY_SAME_BASE,
                          err, sizeof err);
     CHECK (r < 0, "an overlay was served over its base written since, "
            "given as a window past its end");
