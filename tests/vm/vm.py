@@ -16,7 +16,6 @@ VM has powered off or been killed, and always removes its temporary files.
 """
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -104,6 +103,7 @@ class Result:
     def __init__(self):
         self.exit_status = None  # the guest command's, None if it never said
         self.timed_out = False
+        self.gave_up = None  # why run() stopped a guest before its deadline
         self.qemu_status = None
         self.console = []  # kernel console lines
 
@@ -174,7 +174,7 @@ DEADLINE_WARNING = 120
 
 def run(guest_cmd, on_output, on_console, timeout, smp=4, memory_mb=2048, preserve=(),
         series=None, outdir=None, scratch_size=SCRATCH_SIZE, on_deadline=None,
-        early_cmd=""):
+        early_cmd="", give_up=None):
     """Boots the VM with the kernel of SERIES, runs the shell script
     GUEST_CMD chrooted into the host root, and calls ON_OUTPUT(line) for
     each line it prints and ON_CONSOLE(line) for each console line.  OUTDIR,
@@ -186,7 +186,9 @@ def run(guest_cmd, on_output, on_console, timeout, smp=4, memory_mb=2048, preser
     limit before it is cut.  EARLY_CMD, if given, is a shell script the
     guest runs before GUEST_CMD while it has one vCPU up: whatever turns
     on a tracepoint or another static key belongs there (boot_cpu_args
-    says why).  Returns a Result."""
+    says why).  GIVE_UP(), if given, is asked as the guest runs: a reason
+    it returns stops the VM at once (a guest that cannot recover need not
+    wait for TIMEOUT), kept in the Result.  Returns a Result."""
     if shutil.which(QEMU) is None:
         raise VmError(f"{QEMU} is not installed (package qemu-system-x86)")
     busybox = initramfs.find_busybox()
@@ -259,12 +261,16 @@ def run(guest_cmd, on_output, on_console, timeout, smp=4, memory_mb=2048, preser
                 proc.kill()
                 break
             pump()
+            result.gave_up = give_up() if give_up else None
+            if result.gave_up:
+                proc.kill()
+                break
             time.sleep(0.2)
         proc.wait()
         pump(final=True)
         result.qemu_status = proc.returncode
         qemu_log.close()
-        if result.exit_status is None and not result.timed_out:
+        if result.exit_status is None and not result.timed_out and not result.gave_up:
             with open(os.path.join(work, "qemu.log")) as f:
                 for line in f.read().splitlines():
                     on_console("qemu: " + line)
