@@ -105,8 +105,8 @@ check_owner_may_write (const struct mloop_overlay *ov,
               (unsigned) (st.st_mode & 07777));
     return -EACCES;
   }
-  r = mloop_owner_may_write (ov->fd, base->fd, user, sizeof user, why,
-                             sizeof why);
+  r = mloop_owner_may_write (ov->fd, base->fd, base->path, user,
+                             sizeof user, why, sizeof why);
 
   if (r == 1)
     return 0;

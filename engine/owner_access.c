@@ -9,8 +9,14 @@
  * child, not setfsuid() in this process: the ids it takes, the groups
  * above all (setgroups() changes every thread), die with it, and no
  * other thread ever runs with them.
+ *
+ * The /proc/self/fd entry leads to the file without a look at the
+ * directories on its path, so the child first looks the target up by
+ * its path, with those ids: a file anyone may write behind a directory
+ * only root may enter is not the owner's to write.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <grp.h>
 #include <pwd.h>
 #include <stdio.h>
@@ -18,13 +24,18 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <linux/openat2.h>
 
 #include "owner_access.h"
 
 /* The child's exit codes. */
-enum { MAY_WRITE = 0, MAY_NOT_WRITE = 1, CANNOT_TAKE_IDS = 2, NO_PROC = 3 };
+enum {
+  MAY_WRITE = 0, MAY_NOT_WRITE = 1, CANNOT_TAKE_IDS = 2, NO_PROC = 3,
+  REPLACED = 4,
+};
 
 /* The group a uid the user database does not know is given: the
  * kernel's overflow group, which owns nothing.  Not the file's group:
@@ -81,11 +92,42 @@ groups_of (uid_t uid, char *user, size_t userlen, gid_t **groups, int *n)
   return 0;
 }
 
-int
-mloop_owner_may_write (int owned_fd, int target_fd, char *user,
-                       size_t userlen, char *err, size_t errlen)
+/* In the child, with the owner's ids: whether TARGET_PATH leads, through
+ * no symbolic link and directories the owner may search, to the file of
+ * status HELD.  An exit code: MAY_WRITE when it does (the rest of the
+ * check follows), MAY_NOT_WRITE when the owner cannot reach it there,
+ * REPLACED when the path names another file now.  System calls only.
+ */
+static int
+owner_reaches (const char *target_path, const struct stat *held)
 {
-  struct stat st;
+  struct open_how how = {
+    .flags = O_PATH | O_CLOEXEC, .resolve = RESOLVE_NO_SYMLINKS,
+  };
+  struct stat named;
+  int fd, r;
+
+  fd = (int) syscall (SYS_openat2, AT_FDCWD, target_path, &how, sizeof how);
+  /* A kernel before 5.6: the caller has refused links on the path, and
+   * a file swapped in since is told by its inode below.
+   */
+  if (fd == -1 && errno == ENOSYS)
+    fd = open (target_path, O_PATH | O_CLOEXEC);
+  if (fd == -1)
+    return MAY_NOT_WRITE;
+  r = fstat (fd, &named);
+  close (fd);
+  if (r == -1)
+    return MAY_NOT_WRITE;
+  return named.st_dev == held->st_dev && named.st_ino == held->st_ino
+    ? MAY_WRITE : REPLACED;
+}
+
+int
+mloop_owner_may_write (int owned_fd, int target_fd, const char *target_path,
+                       char *user, size_t userlen, char *err, size_t errlen)
+{
+  struct stat st, held;
   char target[64];
   gid_t *groups = NULL;
   gid_t gid;
@@ -99,6 +141,11 @@ mloop_owner_may_write (int owned_fd, int target_fd, char *user,
   }
   if (st.st_uid == 0 || st.st_uid == geteuid ())
     return 1;
+  if (fstat (target_fd, &held) == -1) {
+    r = -errno;
+    snprintf (err, errlen, "%s: %s", target_path, strerror (-r));
+    return r;
+  }
   r = groups_of (st.st_uid, user, userlen, &groups, &n);
   if (r < 0) {
     snprintf (err, errlen, "out of memory");
@@ -113,6 +160,8 @@ mloop_owner_may_write (int owned_fd, int target_fd, char *user,
     if (setgroups ((size_t) n, groups) == -1 || setgid (gid) == -1 ||
         setuid (st.st_uid) == -1)
       _exit (CANNOT_TAKE_IDS);
+    if ((r = owner_reaches (target_path, &held)) != MAY_WRITE)
+      _exit (r);
     if (access (target, W_OK) == 0)
       _exit (MAY_WRITE);
     _exit (errno == ENOENT ? NO_PROC : MAY_NOT_WRITE);
@@ -129,7 +178,7 @@ mloop_owner_may_write (int owned_fd, int target_fd, char *user,
       snprintf (err, errlen, "cannot check as %s: %s", user, strerror (-r));
       return r;
     }
-  if (!WIFEXITED (status) || WEXITSTATUS (status) > NO_PROC) {
+  if (!WIFEXITED (status) || WEXITSTATUS (status) > REPLACED) {
     snprintf (err, errlen, "cannot check as %s: the check failed", user);
     return -EIO;
   }
@@ -142,6 +191,9 @@ mloop_owner_may_write (int owned_fd, int target_fd, char *user,
     snprintf (err, errlen, "cannot check as %s: only root may take "
               "another user's ids", user);
     return -EPERM;
+  case REPLACED:
+    snprintf (err, errlen, "%s names another file now", target_path);
+    return -ESTALE;
   default:
     snprintf (err, errlen, "cannot check as %s: /proc is not mounted", user);
     return -ENOENT;

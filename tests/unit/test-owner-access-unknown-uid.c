@@ -48,7 +48,8 @@ main (void)
          fchown (tfd, 0, STRANGER_GID) == 0 && fchmod (tfd, 0660) == 0,
          "chown: %s", strerror (errno));
 
-  r = mloop_owner_may_write (ofd, tfd, user, sizeof user, err, sizeof err);
+  r = mloop_owner_may_write (ofd, tfd, target, user, sizeof user, err,
+                             sizeof err);
   CHECK (r == 0, "an unknown owner may write a base through the overlay "
          "file's group (%d: %s)", r, r < 0 ? err : "");
   CHECK (strstr (user, "4000123") != NULL, "the owner is named: %s", user);
