@@ -1090,8 +1090,11 @@ mloop_overlay_note_merging (struct mloop_overlay *ov,
   if (recorded_file (h, ov->base_path, &id) &&
       get_le64 (h + HDR_BASE_DEV) == id.dev &&
       strcmp (ov->base_path, id.path) == 0) {
-    if (flags & OVERLAY_FLAG_MERGING)
-      goto out;
+    /* Written and synced even when the header read shows the mark: a
+     * commit whose sync of it failed left it perhaps only in the page
+     * cache, which the kernel then holds as clean and a later sync does
+     * not write.  Written again, it is dirty and the sync counts.
+     */
     put_le32 (h + HDR_FLAGS, flags | OVERLAY_FLAG_MERGING);
     r = mloop_pwrite_all (ov->fd, h, HDR_BYTES, 0, 0);
     if (r == 0)
