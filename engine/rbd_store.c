@@ -73,6 +73,7 @@
 
 #include "engine.h"
 #include "rbd_load.h"
+#include "rbd_peers.h"
 #include "store.h"
 
 #define DEFAULT_POOL MLOOP_RBD_DEFAULT_POOL
@@ -1783,16 +1784,23 @@ read_watchers (struct rbd_store *st, struct peers *p)
   return r;
 }
 
+/* The image's watchers but ours and those HISTORY records, into P; our
+ * own watch's address (malloc'ed, or NULL) into *OWN.
+ */
 static int
-list_peers (struct rbd_store *st, const char *history, struct peers *p)
+list_peers (struct rbd_store *st, const char *history, struct peers *p,
+            char **own)
 {
   const int64_t self = (int64_t) rados_get_instance_id (st->cluster);
   size_t i, kept = 0;
   int r = read_watchers (st, p);
 
+  *own = NULL;
   if (r < 0)
     return r;
   for (i = 0; i < p->n; i++) {
+    if (p->watchers[i].id == self && *own == NULL)
+      *own = strdup (p->watchers[i].addr);
     if (p->watchers[i].id == self ||
         (history && in_history (history, p->watchers[i].addr)))
       rbd_watchers_list_cleanup (&p->watchers[i], 1);
@@ -1839,7 +1847,9 @@ watcher_of (const struct peers *p, const char *owner)
 /* Refuses an image another client lives on, naming it; breaks the lock
  * of a holder that is gone (which blocklists it: were it alive after
  * all, it could write no more).  The watches of the device's servers
- * HISTORY records (NULL: none) are not counted (see take_lock).  Asking a live holder for the lock
+ * HISTORY records (NULL: none) are not counted (see take_lock), and a
+ * holder that is this server itself is named, never broken
+ * (rbd_peers_judge says why).  Asking a live holder for the lock
  * instead, as rbd_lock_acquire does, would have it hand the lock over
  * (krbd, rbd-nbd and qemu do) and fail its next write (EROFS), since
  * this store then never hands it back.
@@ -1850,8 +1860,9 @@ refuse_live_peers (struct rbd_store *st, const char *history, char *err,
 {
   struct peers p;
   rbd_lock_mode_t mode;
-  char *owners[4];
-  size_t n = 4;
+  char *owners[4], *own = NULL;
+  const char **addrs = NULL;
+  size_t n = 4, which;
   int r = 0;
 
   /* The owners first, then the watchers: a client takes the lock only
@@ -1865,7 +1876,7 @@ refuse_live_peers (struct rbd_store *st, const char *history, char *err,
   /* Not knowing who lives on the image, asking for its lock could take
    * it from a live holder: refused instead.
    */
-  if ((r = list_peers (st, history, &p)) < 0) {
+  if ((r = list_peers (st, history, &p, &own)) < 0) {
     snprintf (err, errlen, "%s: listing the clients that have it open, to "
               "tell a live lock holder from a dead one: %s", st->name,
               strerror (-r));
@@ -1873,27 +1884,44 @@ refuse_live_peers (struct rbd_store *st, const char *history, char *err,
       rbd_lock_get_owners_cleanup (owners, n);
     return r;
   }
-  /* Every watcher is a live client: a live owner is named as such;
-   * any other has the image open for writing, lock or not, and would
-   * fail its next write once we hold the lock, even where the owner is
-   * dead.  Only then are the dead owners' locks broken.
-   */
-  for (size_t i = 0; i < n && r == 0; i++) {
-    const rbd_image_watcher_t *w = watcher_of (&p, owners[i]);
+  if ((addrs = calloc (p.n + 1, sizeof *addrs)) == NULL)
+    r = -ENOMEM;
+  for (size_t i = 0; addrs && i < p.n; i++)
+    addrs[i] = p.watchers[i].addr;
+  if (r == 0) {
+    const char *self[2] = { own, st->own_address };
 
-    if (w) {
+    switch (rbd_peers_judge ((const char *const *) owners, n, addrs, p.n,
+                             self, 2, &which)) {
+    case RBD_PEERS_SELF_HOLDER:
+      snprintf (err, errlen, "%s: the cluster records this server (%s) as "
+                "its exclusive lock's holder, which librbd does not know: "
+                "its lock is not broken, which would fence this server",
+                st->name, owners[which]);
+      r = -EBUSY;
+      break;
+    case RBD_PEERS_LIVE_HOLDER: {
+      const rbd_image_watcher_t *w = watcher_of (&p, owners[which]);
+
       snprintf (err, errlen, "%s is in use: client.%" PRId64 " at %s "
                 "holds its exclusive lock (--shared to write it alongside)",
                 st->name, w->id, w->addr);
       r = -EBUSY;
+      break;
+    }
+    case RBD_PEERS_LIVE_WRITER:
+      snprintf (err, errlen, "%s is in use: client.%" PRId64 " at %s has it "
+                "open for writing (--shared to write it alongside)",
+                st->name, p.watchers[which].id, p.watchers[which].addr);
+      r = -EBUSY;
+      break;
+    case RBD_PEERS_NONE_LIVE:
+      break;
     }
   }
-  if (r == 0 && p.n > 0) {
-    snprintf (err, errlen, "%s is in use: client.%" PRId64 " at %s has it "
-              "open for writing (--shared to write it alongside)", st->name,
-              p.watchers[0].id, p.watchers[0].addr);
-    r = -EBUSY;
-  }
+  /* Only now, no client alive on the image, are the dead owners' locks
+   * broken.
+   */
   for (size_t i = 0; i < n && r == 0; i++) {
     if ((r = break_lock (st, owners[i])) == -ENOENT)
       r = 0;                    /* let go meanwhile */
@@ -1904,6 +1932,8 @@ refuse_live_peers (struct rbd_store *st, const char *history, char *err,
   }
   if (n > 0)
     rbd_lock_get_owners_cleanup (owners, n);
+  free (addrs);
+  free (own);
   free_peers (&p);
   return r;
 }

@@ -28,6 +28,11 @@ on a real one-node cluster (tests/ceph/cluster.py):
    image; the next write through the
    server's same connection succeeds, the server saying it took the
    lock again, which it holds;
+2p. librbd answering a write EROFS while the cluster's lock record
+   still names the server, and failing to say who owns the lock (gdb
+   forges both answers; ~7 s with the cluster): the server names itself
+   as the holder, does not break its own lock nor blocklist itself, and
+   later writes go through under the lock it holds;
 2b. a device's server killed (gdb) as its rbd_lock_acquire returns,
    then its successor as its rbd_lock_break of that lock returns, both
    watches still up: the next server with the same lock record breaks
@@ -604,6 +609,109 @@ def section_lock_lost():
     h.shutdown()
     s.stop()
     check("the image has the write", export(c.spec("regain"))[:4096] == b"b" * 4096)
+
+
+# Makes librbd, once {armed} exists, answer one write EROFS (the lock
+# lost, as librbd says it) and then fail to say who owns the lock: the
+# server, which still holds it in the cluster's record, finds its own
+# address there with no other watch than its own.
+FORGET_OWN_LOCK = """set pagination off
+set confirm off
+set breakpoint pending on
+handle all nostop noprint pass
+python
+import os
+class Armed(gdb.Function):
+    def __init__(self):
+        super().__init__("armed")
+    def invoke(self):
+        return 1 if os.path.exists("{armed}") else 0
+Armed()
+end
+set $forged = 0
+break rbd_aio_get_return_value if $armed() && $forged == 0
+commands 1
+silent
+set $forged = 1
+return (long) -30
+continue
+end
+break rbd_write if $armed() && $forged == 0
+commands 2
+silent
+set $forged = 1
+return (long) -30
+continue
+end
+break rbd_is_exclusive_lock_owner if $armed()
+commands 3
+silent
+return (int) -110
+continue
+end
+run
+"""
+
+
+def blocklisted():
+    return c.ceph("osd", "blocklist", "ls")
+
+
+def section_own_lock_unknown():
+    """librbd answers a write EROFS while the cluster still records this
+    server as the lock's holder, and cannot say who owns it (gdb forges
+    both answers).  The server's own watch is not counted among the
+    live clients, so its own lock looked dead: it must not break it and
+    blocklist itself; later writes go on under the lock it holds."""
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        print("# skipped: no gdb to forge librbd's answers")
+        return
+    c.create_image("own-lock", 8 * MiB)
+    armed = c.path("test", "armed")
+    script = c.path("test", "forget.gdb")
+    with open(script, "w") as f:
+        f.write(FORGET_OWN_LOCK.format(armed=armed))
+    s = start("mloop-server under gdb", f"rbd:{c.spec('own-lock')}",
+              wrap=[gdb, "-q", "-batch", "-nx", "-x", script, "--args"])
+    try:
+        h = s.connect()
+        h.pwrite(b"a" * 4096, 0)
+        h.flush()
+        held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("own-lock")))
+        if not check("it holds the exclusive lock", len(held) == 1, repr(held)):
+            raise Abort("no lock")
+        mine = held[0]["address"]
+        open(armed, "w").close()
+        try:
+            h.pwrite(b"b" * 4096, 0)
+        except nbd.Error:
+            pass                # the forged EROFS may fail it: not the point
+        check("the server says the record names it",
+              s.says("records this server", 10), s.stderr()[-600:])
+        check("the server did not blocklist itself", mine not in blocklisted(),
+              f"{mine} in {blocklisted()!r}")
+        os.unlink(armed)
+        held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("own-lock")))
+        check("it still holds the exclusive lock",
+              len(held) == 1 and held[0]["address"] == mine, repr(held))
+        try:
+            h.pwrite(b"c" * 4096, 4096)
+            h.flush()
+            wrote = None
+        except nbd.Error as e:
+            wrote = e
+        check("a later write goes through", wrote is None, str(wrote))
+        h.shutdown()
+    finally:
+        try:
+            with open(s.pid_file) as f:
+                os.kill(int(f.read()), signal.SIGTERM)
+        except (OSError, ValueError):
+            pass
+        s.stop()
+    check("the image has the later write",
+          export(c.spec("own-lock"))[4096:8192] == b"c" * 4096)
 
 
 # --- a device's successive servers -----------------------------------------
@@ -1553,6 +1661,8 @@ try:
     section("a dead holder beside a live client", section_dead_holder_live_client)
     section("a writer arriving while the server looks", section_writer_arriving)
     section("the lock lost without a blocklist", section_lock_lost)
+    section("the cluster records this server, librbd says not",
+            section_own_lock_unknown)
     section("a device's servers killed one after another", section_successors)
     section("a device's servers killed mid-start", section_killed_mid_start)
     section("a stopped server's successor, blocklisting off",
