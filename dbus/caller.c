@@ -6,7 +6,12 @@
  * authorization in progress is a pending call to polkitd, not a thread.
  * Only the proxy for polkitd is made in a thread of GIO's, once.
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include <polkit/polkit.h>
 
@@ -67,6 +72,89 @@ mloop_caller_uid (GDBusMethodInvocation *invocation, unsigned timeout_ms,
                                          (invocation)),
                           G_VARIANT_TYPE ("(a{sv})"), G_DBUS_CALL_FLAGS_NONE,
                           (int) timeout_ms, NULL, uid_answered, l);
+}
+
+/* The text of file NAME in directory DIR, at most SIZE - 1 bytes, into
+ * BUF; -1 with errno.
+ */
+static int
+read_small (int dir, const char *name, char *buf, size_t size)
+{
+  int fd = openat (dir, name, O_RDONLY | O_CLOEXEC);
+  ssize_t n;
+  int saved;
+
+  if (fd == -1)
+    return -1;
+  n = read (fd, buf, size - 1);
+  saved = errno;
+  close (fd);
+  errno = saved;
+  if (n < 0)
+    return -1;
+  buf[n] = '\0';
+  return 0;
+}
+
+/* The effective uid in the text of /proc/PID/status, or -1. */
+static long long
+status_euid (const char *status)
+{
+  const char *line = strstr (status, "\nUid:");
+  unsigned long long real, effective;
+
+  if (line == NULL || sscanf (line, "\nUid:\t%llu\t%llu", &real,
+                              &effective) != 2)
+    return -1;
+  return (long long) effective;
+}
+
+int
+mloop_caller_person (pid_t pid, uid_t uid, uid_t *person, char *err,
+                     size_t errlen)
+{
+  /* status holds a line per group: 2 KB fit the lines before Uid. */
+  char status[2048], login[32], path[32], *end;
+  unsigned long long l;
+  int dir;
+
+  *person = uid;
+  /* Root is root, whoever logged in: root's calls are not counted. */
+  if (pid <= 0 || uid == 0)
+    return 0;
+  /* Opened once: the pid, were the process to exit, could be another
+   * process's by the time a second file is opened.
+   */
+  snprintf (path, sizeof path, "/proc/%d", (int) pid);
+  dir = open (path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir == -1 || read_small (dir, "status", status, sizeof status) == -1 ||
+      read_small (dir, "loginuid", login, sizeof login) == -1) {
+    snprintf (err, errlen, "cannot tell who runs process %d: %s", (int) pid,
+              strerror (errno));
+    if (dir != -1)
+      close (dir);
+    return -1;
+  }
+  close (dir);
+  if (status_euid (status) != (long long) uid) {
+    snprintf (err, errlen, "process %d no longer runs as uid %u, the "
+              "user it called as", (int) pid, (unsigned) uid);
+    return -1;
+  }
+  errno = 0;
+  l = strtoull (login, &end, 10);
+  if (errno || end == login || (*end != '\0' && *end != '\n')) {
+    snprintf (err, errlen, "cannot tell who runs process %d: its login "
+              "uid reads %.20s", (int) pid, login);
+    return -1;
+  }
+  /* (uid_t) -1: no login uid (a process no login started); 0: root
+   * logged in and became UID, whose calls count as UID's, since root's
+   * are not counted at all.
+   */
+  if (l != 0 && l < (uid_t) -1)
+    *person = (uid_t) l;
+  return 0;
 }
 
 /* One authorization in progress. */

@@ -37,6 +37,22 @@ typedef void (*mloop_caller_uid_fn) (GDBusMethodInvocation *invocation,
 void mloop_caller_uid (GDBusMethodInvocation *invocation, unsigned timeout_ms,
                        mloop_caller_uid_fn done, gpointer data);
 
+/* The person behind a caller the bus says runs as UID in process PID
+ * (0: not said): what each per-user limit counts by (manager.h).  A
+ * user with subordinate uids (/etc/subuid) runs callers as any of them
+ * in a user namespace, each its own uid on the bus, and polkit lets
+ * them all do what the user may (it judges by the session, not the
+ * uid); but all of them keep the login uid the user's session gave
+ * (/proc/PID/loginuid), which no process without CAP_AUDIT_CONTROL can
+ * change.  So the person is the login uid when one is set (and not
+ * root's), else UID.
+ * The process must still run as UID (its effective uid): a pid reused
+ * by another user's process would charge that user.  Returns 0 with
+ * *PERSON, or -1 with ERR (one line).
+ */
+int mloop_caller_person (pid_t pid, uid_t uid, uid_t *person, char *err,
+                         size_t errlen);
+
 /* polkit's answer: ERR is NULL when the caller may, else one line saying
  * why not (polkit said no, could not be asked, or did not answer in
  * time).  Called in the main loop's thread.

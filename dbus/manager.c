@@ -54,7 +54,9 @@ static GThreadPool *device_thread;
 /* Held by the device thread while it works; the reaper only tries it. */
 static GMutex device_work;
 
-/* Each user's calls in progress (uid -> count), from every thread. */
+/* Each person's calls in progress (person -> count: caller.h), from
+ * every thread.
+ */
 static GMutex calls_lock;
 static GHashTable *calls_of;
 
@@ -76,6 +78,10 @@ struct call {
   const char *action;           /* the polkit action asked first */
   GDBusMethodInvocation *invocation;
   uid_t uid;
+  /* Whom UID's call counts against: its login uid, shared by every
+   * subordinate uid of theirs (caller.h).  0 only for root.
+   */
+  uid_t person;
   pid_t pid;                    /* the caller's process, 0: unknown */
   /* Attach: the image's name; detach: the device or image asked for,
    * then (CALL_DETACH_OTHER) the device found, its owner and
@@ -90,17 +96,17 @@ struct call {
   bool counted;                 /* among its user's calls in progress */
 };
 
-/* Counts one more call of UID's in progress: false, counting nothing,
- * when UID (not root) has as many as they may.
+/* Counts one more call of PERSON's in progress: false, counting
+ * nothing, when PERSON (not root) has as many as they may.
  */
 static bool
-calls_take (uid_t uid)
+calls_take (uid_t person)
 {
-  gpointer key = GUINT_TO_POINTER ((guint) uid);
+  gpointer key = GUINT_TO_POINTER ((guint) person);
   guint n;
   bool ok;
 
-  if (uid == 0)
+  if (person == 0)
     return true;
   g_mutex_lock (&calls_lock);
   if (calls_of == NULL)
@@ -114,12 +120,12 @@ calls_take (uid_t uid)
 }
 
 static void
-calls_release (uid_t uid)
+calls_release (uid_t person)
 {
-  gpointer key = GUINT_TO_POINTER ((guint) uid);
+  gpointer key = GUINT_TO_POINTER ((guint) person);
   guint n;
 
-  if (uid == 0)
+  if (person == 0)
     return;
   g_mutex_lock (&calls_lock);
   n = GPOINTER_TO_UINT (g_hash_table_lookup (calls_of, key));
@@ -134,7 +140,7 @@ static void
 call_free (struct call *c)
 {
   if (c->counted)
-    calls_release (c->uid);
+    calls_release (c->person);
   g_object_unref (c->invocation);
   g_free (c->what);
   if (c->options)
@@ -281,15 +287,19 @@ descriptors_passed (GDBusMethodInvocation *invocation, int want,
 struct held_device {
   int index;
   uid_t owner;
+  uid_t person;                 /* whom it counts against */
 };
 
 static GArray *held_after_detach;
 
-/* After a detach of OWNER's device INDEX: remembered if still held. */
+/* After a detach of OWNER's device INDEX, attached for PERSON:
+ * remembered if still held.
+ */
 static void
-note_if_held (int index, uid_t owner)
+note_if_held (int index, uid_t owner, uid_t person)
 {
-  struct held_device h = { .index = index, .owner = owner };
+  struct held_device h = { .index = index, .owner = owner,
+    .person = person };
   bool connected = false;
   char why[256];
 
@@ -312,11 +322,11 @@ attached_at (const struct mloop_device_state *devices, size_t n, int index)
   return false;
 }
 
-/* How many of UID's detached devices are still held, forgetting those
- * the kernel let go (or that hold a device attached since).
+/* How many of PERSON's detached devices are still held, forgetting
+ * those the kernel let go (or that hold a device attached since).
  */
 static unsigned
-held_of (uid_t uid, const struct mloop_device_state *devices, size_t n)
+held_of (uid_t person, const struct mloop_device_state *devices, size_t n)
 {
   unsigned held = 0;
   char why[256];
@@ -332,26 +342,26 @@ held_of (uid_t uid, const struct mloop_device_state *devices, size_t n)
       g_array_remove_index_fast (held_after_detach, i);
       continue;
     }
-    held += h->owner == uid;
+    held += h->person == person;
     i++;
   }
   return held;
 }
 
-/* How many devices UID has attached (through the service: root's own
- * attaches are root's), and in *HELD how many more it detached but
- * still holds open.
+/* How many devices PERSON has attached, as any uid of theirs (through
+ * the service: root's own attaches are root's), and in *HELD how many
+ * more they detached but still hold open.
  */
 static unsigned
-devices_of (uid_t uid, unsigned *held)
+devices_of (uid_t person, unsigned *held)
 {
   size_t n;
   struct mloop_device_state *devices = mloop_state_list (&n);
   unsigned mine = 0;
 
   for (size_t i = 0; i < n; i++)
-    mine += devices[i].owner == uid;
-  *held = held_of (uid, devices, n);
+    mine += devices[i].owner != 0 && devices[i].person == person;
+  *held = held_of (person, devices, n);
   mloop_state_free_list (devices, n);
   return mine;
 }
@@ -377,7 +387,7 @@ attach_now (struct call *c)
   int fd, r;
 
   if (c->uid != 0 &&
-      (mine = devices_of (c->uid, &held)) + held >=
+      (mine = devices_of (c->person, &held)) + held >=
       limits.max_devices_per_user) {
     if (held == 0)
       snprintf (err, sizeof err, "a user may have %u devices attached at "
@@ -388,7 +398,7 @@ attach_now (struct call *c)
                 "once (mloop-dbus --max-devices-per-user) and you have %u, "
                 "%u of them detached but still open: close them or detach "
                 "one first", limits.max_devices_per_user, mine + held, held);
-    mloop_refusal_log (c->uid, "uid %u: attach %s refused: %s",
+    mloop_refusal_log (c->person, "uid %u: attach %s refused: %s",
                        (unsigned) c->uid, shown, err);
     call_fail (c, ERROR_LIMIT, err);
     return;
@@ -401,7 +411,7 @@ attach_now (struct call *c)
 
   const struct mloop_attach_request req = {
     .file = c->what, .has_image_fd = true, .image_fd = fd,
-    .owner = c->uid, .caller_pid = c->pid, .index = -1,
+    .owner = c->uid, .person = c->person, .caller_pid = c->pid, .index = -1,
     .transport = MLOOP_CHOOSE_NBD,
     .read_only = option (c->options, "read-only"),
     .no_partscan = option (c->options, "no-partscan"),
@@ -411,7 +421,7 @@ attach_now (struct call *c)
   close (fd);
   if (r == -1) {
     why = mloop_printable_short (err, LOGGED_REFUSAL_MAX);
-    mloop_refusal_log (c->uid, "uid %u: attach %s refused: %s",
+    mloop_refusal_log (c->person, "uid %u: attach %s refused: %s",
                        (unsigned) c->uid, shown, why);
     call_fail (c, ERROR_FAILED, err);
     return;
@@ -595,7 +605,7 @@ detach_now (struct call *c)
     call_fail (c, ERROR_FAILED, err);
   else {
     if (st.transport == MLOOP_TRANSPORT_NBD)
-      note_if_held (st.index, st.owner);
+      note_if_held (st.index, st.owner, st.person);
     g_message ("uid %u: detached %s", (unsigned) c->uid, device);
     g_dbus_method_invocation_return_value (c->invocation, NULL);
     call_free (c);
@@ -701,8 +711,12 @@ caller_known (GDBusMethodInvocation *invocation, uid_t uid, pid_t pid,
   }
   c->uid = uid;
   c->pid = pid;
+  if (mloop_caller_person (pid, uid, &c->person, why, sizeof why) == -1) {
+    call_fail (c, ERROR_FAILED, why);
+    return;
+  }
   /* Before polkit is asked: refused calls must cost nothing. */
-  if (!calls_take (c->uid)) {
+  if (!calls_take (c->person)) {
     snprintf (why, sizeof why, "you have %u calls in progress, the most "
               "one user may: wait for one to end", MLOOP_MAX_CALLS_PER_USER);
     call_fail (c, ERROR_LIMIT, why);

@@ -20,6 +20,8 @@
  *
  * A user's Attach or Detach past MLOOP_MAX_CALLS_PER_USER of their calls
  * in progress is refused at once (org.mloop.Error.LimitsExceeded).
+ * A "user" of each limit is a person, counted by login uid with all
+ * their subordinate uids (caller.h, mloop_caller_person).
  *
  * Calls are served in parallel: each waits for polkit without holding up
  * the others (an authentication dialog may stay open a long time), then

@@ -28,7 +28,8 @@
 
 /* Logs the refusal of UID's call (FMT, a line with no newline, as for
  * g_message) unless UID's lines for this window are spent; then counts
- * it as not logged.
+ * it as not logged.  UID is the person who called (dbus/caller.h): the
+ * lines of all their subordinate uids are counted together.
  */
 void mloop_refusal_log (uid_t uid, const char *fmt, ...)
   __attribute__ ((format (printf, 2, 3)));

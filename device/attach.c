@@ -918,6 +918,7 @@ claim (const struct mloop_attach_request *req, const char *file,
   out->held_image = req->has_image_fd;
   out->label = req->has_image_fd ? g_strdup (req->file) : NULL;
   out->owner = req->owner;
+  out->person = req->person ? req->person : req->owner;
   out->overlay = g_strdup (overlay);
   out->overlay_temporary = overlay && req->overlay &&
                            strcmp (req->overlay, MLOOP_OVERLAY_TEMPORARY) == 0;

@@ -60,6 +60,10 @@ struct mloop_attach_request {
    */
   pid_t caller_pid;
   uid_t owner;                  /* recorded as who attached it */
+  /* The person OWNER is, whose devices mloop-dbus counts together
+   * (device_state.h); 0: OWNER.
+   */
+  uid_t person;
   enum mloop_transport_choice transport;
   /* The window of FILE to attach (losetup's --offset, --sizelimit):
    * from byte OFFSET, at most SIZELIMIT bytes (0: to the end).  Windows

@@ -202,6 +202,7 @@ save_as (const struct mloop_device_state *s, const char *name, char *err,
   if (s->label)
     g_key_file_set_string (kf, GROUP, "label", s->label);
   g_key_file_set_uint64 (kf, GROUP, "owner", s->owner);
+  g_key_file_set_uint64 (kf, GROUP, "person", s->person);
   g_key_file_set_uint64 (kf, GROUP, "offset", s->offset);
   g_key_file_set_uint64 (kf, GROUP, "sizelimit", s->sizelimit);
   g_key_file_set_uint64 (kf, GROUP, "size", s->size);
@@ -315,6 +316,8 @@ load_from (const char *dir, const char *name, struct mloop_device_state *s)
   s->held_image = g_key_file_get_boolean (kf, GROUP, "held_image", NULL);
   s->label = g_key_file_get_string (kf, GROUP, "label", NULL);
   s->owner = (uid_t) g_key_file_get_uint64 (kf, GROUP, "owner", NULL);
+  s->person = g_key_file_has_key (kf, GROUP, "person", NULL)
+    ? (uid_t) g_key_file_get_uint64 (kf, GROUP, "person", NULL) : s->owner;
   s->offset = g_key_file_get_uint64 (kf, GROUP, "offset", NULL);
   s->sizelimit = g_key_file_get_uint64 (kf, GROUP, "sizelimit", NULL);
   s->size = g_key_file_get_uint64 (kf, GROUP, "size", NULL);

@@ -76,6 +76,12 @@ struct mloop_device_state {
   char *label;
   uid_t owner;                  /* who attached it (mloop's D-Bus service
                                    attaches for other users); root: 0 */
+  /* The person behind OWNER, by whom mloop-dbus counts a user's devices:
+   * their login uid, which every uid of theirs shares, subordinate uids
+   * in a user namespace included (dbus/caller.h).  OWNER when the
+   * service did not say (a state written before it was recorded too).
+   */
+  uid_t person;
   uint64_t file_dev, file_ino;  /* its identity, to refuse double attach */
   /* The window of FILE served (losetup's OFFSET and SIZELIMIT): from
    * byte OFFSET; SIZELIMIT as asked, 0 for none.  SIZE is what the

@@ -24,7 +24,9 @@ open files, its cwd, its executable) are not followed.  A caller whose authentic
 polkit agent that never answers: silent_agent.py) holds up no other
 user's call, and is refused after --authorization-timeout; an attach
 past --max-devices-per-user is refused in one line, and so is a call
-past the calls one user may have in progress, and so is, before polkit
+past the calls one user may have in progress (counted by login uid:
+a second uid with the first's login uid is refused past the first's
+calls, as subordinate uids in a user namespace would be), and so is, before polkit
 is asked, a call carrying more than it needs (descriptors beyond an
 attach's image, a detach's name longer than a path, an option given
 twice), which would keep it all while it waits; the service logs a
@@ -401,6 +403,7 @@ def bounded_wait(bus, root_only):
           out == f"mloop: attach {root_only}: not authorized: polkit did not answer "
           "for org.mloop.attach within 2 s (an authentication left waiting?)", out)
     calls_in_progress(bus, root_only)
+    calls_of_one_person(bus, root_only)
     bus.set_service_args([])
 
 
@@ -444,6 +447,63 @@ def calls_in_progress(bus, root_only):
             except ProcessLookupError:
                 pass
             pile.wait()
+
+
+# Two uids of one person: subordinate uids of a user's (/etc/subuid),
+# in a user namespace of theirs, reach the bus as uids of their own but
+# keep the login uid of the user's session.
+ONE_PERSON = [("bin", 2, 2), ("sys", 3, 3)]
+LOGIN_UID = 4242
+
+
+def as_person(user, argv):
+    """ARGV as USER, with the login uid LOGIN_UID, as a login gives it."""
+    _, uid, gid = user
+    return ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"] + argv
+
+
+def set_login_uid():
+    with open("/proc/self/loginuid", "w") as f:
+        f.write(str(LOGIN_UID))
+
+
+def calls_of_one_person(bus, root_only):
+    """The calls in progress one user may have are counted by the
+    person, their login uid: one uid of theirs leaves as many calls
+    waiting for authentication as they may have, and a call of another
+    uid of theirs is refused at once; each uid counted on its own, one
+    person could have 65,537 times as many (a uid and its subordinate
+    ones), and take every descriptor the service has."""
+    if not os.path.exists("/proc/self/loginuid"):
+        print("# skipped: the calls of one person's uids: no login uids "
+              "(a kernel without audit)")
+        return
+    first, second = ONE_PERSON
+    pile = None
+    try:
+        pile = subprocess.Popen(
+            as_person(first, SILENT_AGENT + CALL + ["pile", str(MAX_CALLS_PER_USER),
+                                                    root_only, "20"]),
+            env=bus.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True, preexec_fn=set_login_uid)
+        time.sleep(0.5)
+        r = subprocess.run(
+            as_person(second, CALL + ["attach", "ro", root_only,
+                                      os.path.abspath(root_only), "read-only=true"]),
+            env=bus.env, capture_output=True, text=True, timeout=60,
+            preexec_fn=set_login_uid)
+        out = one_line(r)
+        check("a call of another uid of one person's is refused past the calls "
+              "that person may have in progress",
+              out == f"ERROR you have {MAX_CALLS_PER_USER} calls in progress, the most "
+              "one user may: wait for one to end", out)
+    finally:
+        if pile is not None:
+            try:
+                os.killpg(pile.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            pile.communicate()
 
 
 # gdb, attached to the service, holds the thread resolving a path where it takes
