@@ -19,7 +19,8 @@ root's neither becomes its kernel backend nor is found by `mloop detach
 ROOT-IMAGE`, and their own `mloop detach FILE` finds it by the file they
 resolved.  With the service's per-user
 cap at 1 a user's second attach is refused until the first is detached,
-and a name with control characters and an RLO (U+202E) is listed
+and so is another uid's attach made with the first user's login uid
+(as a user's subordinate uids in a user namespace keep it), and a name with control characters and an RLO (U+202E) is listed
 escaped, in root's list and the user's; a device the user detached
 while holding its node open counts against the cap until they close it.  An ACL the
 user set on their node while it was theirs is gone once it is root's
@@ -143,6 +144,33 @@ def hold_again_as(user, bus, dev, cl):
     line = p.stdout.readline().strip()
     assert line == "held", f"the user could not open {dev} again: {line!r}"
     return p
+
+
+def same_person_refused(kind, bus, cl, dev):
+    """With one device per user, USER's DEV attached: OTHER's attach is
+    refused when OTHER runs with USER's login uid, as a user's
+    subordinate uids in a user namespace of theirs do (the service
+    counts a user's devices by login uid, else by uid: USER's attach
+    here had none, so DEV counts against uid USER)."""
+    if not os.path.exists("/proc/self/loginuid"):
+        print("# skipped: the devices of one person's uids: no login uids")
+        return
+
+    def login_as_user():
+        with open("/proc/self/loginuid", "w") as f:
+            f.write(str(USER[1]))
+
+    image = user_image(cl, OTHER, seed=3)
+    r = subprocess.run(["setpriv", f"--reuid={OTHER[1]}", f"--regid={OTHER[2]}",
+                        "--clear-groups", "--", kinds.CLI, "attach", image],
+                       env=bus.env, capture_output=True, text=True, timeout=120,
+                       preexec_fn=login_as_user)
+    if r.returncode == 0:
+        kind.cli("detach", r.stdout.strip(), check=False)
+    assert r.returncode != 0 and one_line(r) == \
+        f"mloop: attach {image}: a user may have 1 devices attached at once " \
+        "(mloop-dbus --max-devices-per-user) and you have 1: detach one first", \
+        f"a second uid with the login uid of {dev}'s user: {one_line(r)}"
 
 
 def run_test(kind, cl, unit=None, check_sandbox=None):
@@ -327,6 +355,7 @@ def run_test(kind, cl, unit=None, check_sandbox=None):
         "(mloop-dbus --max-devices-per-user) and you have 1: detach one first", one_line(r)
     as_user(USER, kinds.CLI, "detach", dev)
     dev = as_user(USER, kinds.CLI, "attach", second).stdout.strip()
+    same_person_refused(kind, bus, cl, dev)
 
     # 11. A device detached while the user holds its node open stays
     # the kernel's (busy) until they close it, and counts against their
