@@ -31,7 +31,8 @@ is asked, a call carrying more than it needs (descriptors beyond an
 attach's image, a detach's name longer than a path, an option given
 twice), which would keep it all while it waits; the service logs a
 caller's name with its control characters escaped, and a user's
-refusals at most 5 times in 10 s, each showing at most 256 bytes of
+refusals at most 5 times in 10 s (two uids with one login uid 5 times
+in all), each showing at most 256 bytes of
 the name (40 refused attaches with a name of 4,095 control characters:
 4 lines under 1 KB after the cap's, root's refusal still logged, the count of the rest said as the service stops; 1 s).  The attach itself
 is the VM's (tests/kernel/test-dbus-attach.py).  An attach whose
@@ -1009,6 +1010,7 @@ def per_user_cap(bus, image):
     check("an attach past the per-user cap is refused in one line",
           out == "ERROR a user may have 0 devices attached at once "
           "(mloop-dbus --max-devices-per-user) and you have 0: detach one first", out)
+    refusals_of_one_person(bus, image)
     refusals_logged(bus, image)
     bus.set_service_args([])
     for args, expect in [(["--max-devices-per-user", "many"], "--max-devices-per-user many"),
@@ -1019,6 +1021,33 @@ def per_user_cap(bus, image):
         check(f"mloop-dbus {' '.join(args)} is refused in one line",
               r.returncode != 0 and one_line(r).startswith(f"mloop-dbus: {expect}")
               and "\n" not in one_line(r), one_line(r))
+
+
+def refusals_of_one_person(bus, image):
+    """The refusals logged are counted by the person too: two uids with
+    one login uid, each refused 10 times past the cap (polkit lets
+    both), are logged 5 times in all, not 5 times each."""
+    if not os.path.exists("/proc/self/loginuid"):
+        print("# skipped: the refusals of one person's uids: no login uids")
+        return
+    bus.set_rules(servicebus.ALLOW_USER + "".join(
+        'polkit.addRule(function(action, subject) {\n'
+        f'    if (action.id == "org.mloop.attach" && subject.user == "{name}")\n'
+        '        return polkit.Result.YES;\n'
+        '});\n' for name, _, _ in ONE_PERSON))
+    try:
+        before = bus.log("daemon.log")
+        outs = [subprocess.run(as_person(user, CALL + ["repeat", "10", image, "/one-person.img"]),
+                               env=bus.env, capture_output=True, text=True, timeout=120,
+                               preexec_fn=set_login_uid).stdout.strip()
+                for user in ONE_PERSON]
+        during = bus.log("daemon.log")[len(before):]
+    finally:
+        bus.set_rules(servicebus.ALLOW_USER)
+    logged = len(re.findall(r"uid [23]: attach /one-person.img refused", during))
+    check("the refusals of two uids with one login uid are logged 5 times in all",
+          all(o.startswith("10 x ERROR a user may have 0") for o in outs) and logged == 5,
+          f"{outs}: {logged} lines logged")
 
 
 def refusals_logged(bus, image):
