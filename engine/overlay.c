@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -960,6 +961,57 @@ written_since (const unsigned char *h, const char *recorded,
     get_le32 (h + HDR_BASE_MTIME_NS) != id->mtime_ns;
 }
 
+/* Whether header H carries a merge's mark and its recorded file is
+ * still at the path it records (RECORDED), looked up without following
+ * a link: a merge stopped half-way in that file, which holds part of
+ * the overlay already.
+ */
+static bool
+half_merged_in_place (const unsigned char *h, const char *recorded)
+{
+  struct base_identity there;
+  struct statx stx;
+
+  if (get_le32 (h + HDR_VERSION) != OVERLAY_VERSION ||
+      !(get_le32 (h + HDR_FLAGS) & OVERLAY_FLAG_MERGING) ||
+      statx (AT_FDCWD, recorded, AT_SYMLINK_NOFOLLOW,
+             STATX_INO | STATX_BTIME, &stx) != 0)
+    return false;
+  memset (&there, 0, sizeof there);
+  there.dev = (uint64_t) makedev (stx.stx_dev_major, stx.stx_dev_minor);
+  there.ino = stx.stx_ino;
+  if (stx.stx_mask & STATX_BTIME)
+    there.birth = (uint64_t) stx.stx_btime.tv_sec;
+  return recorded_file (h, recorded, &there);
+}
+
+/* Refuses, in ERR, a base other than the recorded file ID while a
+ * merge stopped half-way in that file, still at its path: recorded in
+ * its place (a copy keeping its ends, served or committed), the other
+ * image would take the mark, and the half-merged file keep nothing
+ * that says so, which discard would then leave so.  Adopting the other
+ * image (CHECK) is the owner's word that it is to be the base.
+ */
+static int
+refuse_other_than_half_merged (struct mloop_overlay *ov,
+                               const unsigned char *h,
+                               const struct base_identity *id, bool recorded,
+                               enum mloop_overlay_base_check check,
+                               char *err, size_t errlen)
+{
+  if (recorded || check == MLOOP_OVERLAY_ADOPT_BASE ||
+      check == MLOOP_OVERLAY_MERGE_ANY_BASE ||
+      !half_merged_in_place (h, ov->base_path))
+    return 0;
+  snprintf (err, errlen, "overlay %s: a commit into %s stopped half-way, "
+            "and %s is another file: finish the commit there (mloop "
+            "overlay commit %s), or give %s to move it to %s on purpose",
+            ov->path, ov->base_path, id->path, ov->path,
+            check == MLOOP_OVERLAY_MERGE_BASE ? "--adopt-base"
+            : "--overlay-adopt-base", id->path);
+  return -EBUSY;
+}
+
 /* Whether BASE is the base recorded in header H, as CHECK asks; when it
  * is the same image under another name (a copy, a move), or adopted,
  * the header is brought up to date.
@@ -990,6 +1042,9 @@ check_base (struct mloop_overlay *ov, unsigned char *h,
   recorded = recorded_file (h, ov->base_path, &id);
   same_file = recorded && strcmp (ov->base_path, id.path) == 0;
   written = written_since (h, ov->base_path, &id);
+  if ((r = refuse_other_than_half_merged (ov, h, &id, recorded, check, err,
+                                          errlen)) < 0)
+    return r;
   /* A merge stopped half-way has changed its base's ends already, and
    * said so in the header first.  The header is the overlay owner's to
    * write, mark and all: mloop_overlay_merge also checks that owner may
