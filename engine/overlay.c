@@ -650,6 +650,28 @@ path_names_base (const char *abs, const struct stat *st, const char *name,
   return -ESTALE;
 }
 
+/* Refuses in ERR a base given as an open descriptor (/proc/self/fd/N)
+ * whose link does not lead to it here: the link names the file as its
+ * opener saw it, which in another mount namespace (a service's
+ * PrivateTmp, a container) may be nothing here or another file.  Told
+ * it "was replaced", its user would look for a race that was not.
+ */
+static int
+refuse_unnamed_held (const struct mloop_backing *base, char *err,
+                     size_t errlen)
+{
+  char target[BASE_PATH_MAX + 1];
+  ssize_t n = readlink (base->path, target, sizeof target - 1);
+
+  target[n > 0 ? n : 0] = '\0';
+  snprintf (err, errlen, "%s: the file open there, named %s by whoever "
+            "opened it, is not at that path here (opened in another mount "
+            "namespace, such as a service's PrivateTmp, or moved since): an "
+            "overlay records its base by a path, so name the image by a path "
+            "this server sees", base->path, n > 0 ? target : "(unknown)");
+  return -ESTALE;
+}
+
 /* BASE's identity: its absolute path, device and inode, fingerprint
  * and times.
  */
@@ -662,6 +684,8 @@ identify_base (const struct mloop_backing *base, struct base_identity *id,
   int r;
 
   memset (id, 0, sizeof *id);
+  if (abs == NULL && mloop_backing_named_descriptor (base->path) >= 0)
+    return refuse_unnamed_held (base, err, errlen);
   if (abs == NULL) {
     r = -errno;
     snprintf (err, errlen, "%s: %s", base->path, strerror (-r));
@@ -683,7 +707,8 @@ identify_base (const struct mloop_backing *base, struct base_identity *id,
     return r;
   }
   if ((r = path_names_base (id->path, &st, base->path, err, errlen)) < 0)
-    return r;
+    return mloop_backing_named_descriptor (base->path) >= 0
+      ? refuse_unnamed_held (base, err, errlen) : r;
   id->dev = (uint64_t) st.st_dev;
   id->ino = (uint64_t) st.st_ino;
   id->device_node = S_ISBLK (st.st_mode);
