@@ -1030,10 +1030,12 @@ refuse_other_than_half_merged (struct mloop_overlay *ov,
     return 0;
   snprintf (err, errlen, "overlay %s: a commit into %s stopped half-way, "
             "and %s is another file: finish the commit there (mloop "
-            "overlay commit %s), or give %s to move it to %s on purpose",
-            ov->path, ov->base_path, id->path, ov->path,
-            check == MLOOP_OVERLAY_MERGE_BASE ? "--adopt-base"
-            : "--overlay-adopt-base", id->path);
+            "overlay commit %s), or give %s", ov->path, ov->base_path,
+            id->path, ov->path,
+            check == MLOOP_OVERLAY_MERGE_BASE
+            ? "--adopt-base to move the commit to it on purpose"
+            : "--overlay-adopt-base to serve the overlay over it on purpose, "
+            "leaving that commit half-way");
   return -EBUSY;
 }
 
