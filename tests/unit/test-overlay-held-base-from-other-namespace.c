@@ -31,7 +31,7 @@
 
 /* In a child with a mount namespace of its own and HIDDEN bound over
  * SHOWN, opens SHOWN/base.img and sends it on SOCK.  Exits 77 where no
- * namespace can be made.
+ * namespace or mount can be made.
  */
 static void
 open_in_other_namespace (int sock, const char *hidden, const char *shown)
@@ -46,9 +46,10 @@ open_in_other_namespace (int sock, const char *hidden, const char *shown)
 
   if (unshare (CLONE_NEWNS) == -1)
     _exit (77);
+  /* A container may deny mounts even to its root. */
   if (mount (NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) == -1 ||
       mount (hidden, shown, NULL, MS_BIND, NULL) == -1)
-    _exit (2);
+    _exit (errno == EPERM || errno == EACCES ? 77 : 2);
   snprintf (path, sizeof path, "%s/base.img", shown);
   if ((fd = open (path, O_RDONLY | O_CLOEXEC)) == -1)
     _exit (3);
