@@ -8,6 +8,8 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <pwd.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +18,9 @@
 #include <polkit/polkit.h>
 
 #include "caller.h"
+
+/* Whose subordinate uids each uid is, as newuidmap reads it. */
+#define MLOOP_SUBUID_FILE "/etc/subuid"
 
 /* One lookup of a caller's user in progress. */
 struct lookup {
@@ -109,6 +114,53 @@ status_euid (const char *status)
   return (long long) effective;
 }
 
+/* Whether OWNER, a name or a uid as /etc/subuid gives it, is LOGIN. */
+static bool
+owner_is (const char *owner, uid_t login)
+{
+  struct passwd pw, *found = NULL;
+  char buf[4096], *end;
+  unsigned long long n;
+
+  errno = 0;
+  n = strtoull (owner, &end, 10);
+  if (errno == 0 && end != owner && *end == '\0')
+    return n == (unsigned long long) login;
+  return getpwnam_r (owner, &pw, buf, sizeof buf, &found) == 0 &&
+    found != NULL && pw.pw_uid == login;
+}
+
+/* Whether UID is one of LOGIN's subordinate uids (FILE: /etc/subuid,
+ * lines "owner:first:count"), those newuidmap lets LOGIN's processes
+ * run as.  A file that cannot be read gives LOGIN none.
+ */
+static bool
+subordinate_of (const char *file, uid_t uid, uid_t login)
+{
+  FILE *f = fopen (file, "re");
+  char *line = NULL, *save = NULL;
+  size_t size = 0;
+  bool found = false;
+
+  if (f == NULL)
+    return false;
+  while (!found && getline (&line, &size, f) != -1) {
+    char *owner = strtok_r (line, ":\n", &save);
+    char *first = strtok_r (NULL, ":\n", &save);
+    char *count = strtok_r (NULL, ":\n", &save);
+    unsigned long long lo, n;
+
+    if (owner == NULL || first == NULL || count == NULL)
+      continue;
+    lo = strtoull (first, NULL, 10);
+    n = strtoull (count, NULL, 10);
+    found = uid >= lo && uid - lo < n && owner_is (owner, login);
+  }
+  free (line);
+  fclose (f);
+  return found;
+}
+
 int
 mloop_caller_person (pid_t pid, uid_t uid, uid_t *person, char *err,
                      size_t errlen)
@@ -150,9 +202,14 @@ mloop_caller_person (pid_t pid, uid_t uid, uid_t *person, char *err,
   }
   /* (uid_t) -1: no login uid (a process no login started); 0: root
    * logged in and became UID, whose calls count as UID's, since root's
-   * are not counted at all.
+   * are not counted at all.  Any other login uid is UID's person only
+   * if UID is theirs or one of their subordinate uids: a process with
+   * no login uid may write any uid there once, without privilege, and
+   * would else charge that person, or escape its own caps with a new
+   * login uid for each call.
    */
-  if (l != 0 && l < (uid_t) -1)
+  if (l != 0 && l < (uid_t) -1 &&
+      (l == uid || subordinate_of (MLOOP_SUBUID_FILE, uid, (uid_t) l)))
     *person = (uid_t) l;
   return 0;
 }

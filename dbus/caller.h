@@ -44,8 +44,10 @@ void mloop_caller_uid (GDBusMethodInvocation *invocation, unsigned timeout_ms,
  * them all do what the user may (it judges by the session, not the
  * uid); but all of them keep the login uid the user's session gave
  * (/proc/PID/loginuid), which no process without CAP_AUDIT_CONTROL can
- * change.  So the person is the login uid when one is set (and not
- * root's), else UID.
+ * change once set.  So the person is the login uid when one is set,
+ * not root's, and UID is it or one of its subordinate uids
+ * (/etc/subuid); else UID.  A process with none may set any once,
+ * unprivileged: it names only the person who may run as UID.
  * The process must still run as UID (its effective uid): a pid reused
  * by another user's process would charge that user.  Returns 0 with
  * *PERSON, or -1 with ERR (one line).

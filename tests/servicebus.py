@@ -91,12 +91,15 @@ def _wait(pred, what, timeout=20):
 
 
 class ServiceBus:
-    def __init__(self, service_bin, source_dbus_dir, env=None, unit=None):
+    def __init__(self, service_bin, source_dbus_dir, env=None, unit=None, subuid=None):
         """ENV: the environment of the bus and what it starts (the
         service's runtime directory, say); this process's by default.
         UNIT: the built mloop-dbus.service; the bus then activates the
         service through systemd (tests/unitmanager.py), which runs it in
-        that unit, sandbox and all, as on a machine booted with systemd."""
+        that unit, sandbox and all, as on a machine booted with systemd.
+        SUBUID: the text of /etc/subuid the service sees (bound over the
+        machine's in a mount namespace of its own, which later mounts of
+        the machine's may not reach), or None for the machine's."""
         for tool in ("dbus-daemon", "gdbus", "unshare", "setpriv"):
             if shutil.which(tool) is None:
                 raise Unavailable(f"{tool} is not installed")
@@ -116,6 +119,7 @@ class ServiceBus:
         self.daemon = self.polkitd = self.manager = None
         self.service_args = []
         self.unit = unit
+        self.subuid = subuid
         if unit is not None and not os.path.exists(unit):
             raise Unavailable(f"{unit} is not built (no systemd pkg-config file at setup)")
 
@@ -187,8 +191,17 @@ class ServiceBus:
 
     def _write_service_file(self):
         command = " ".join([self.service_bin] + self.service_args)
+        exec_line = command
+        if self.subuid is not None:
+            subuid = self._write("subuid", self.subuid)
+            if not self.unit:
+                # The bus runs a program by its absolute path only;
+                # slave: the tests' later mounts (FUSE) reach the service.
+                exec_line = (f"{shutil.which('unshare')} --mount --propagation slave "
+                             f"{shutil.which('sh')} -c "
+                             f"'mount --bind {subuid} /etc/subuid && exec {command}'")
         activation = ("[D-BUS Service]\nName=org.mloop.Manager1\n"
-                      f"Exec={command}\nUser=root\n")
+                      f"Exec={exec_line}\nUser=root\n")
         if self.unit:
             activation += f"SystemdService={os.path.basename(self.unit)}\n"
         self._write("services/org.mloop.Manager1.service", activation)
@@ -197,16 +210,19 @@ class ServiceBus:
             self.manager.write_unit(os.path.basename(self.unit) + ".d/test.conf",
                                     f"[Service]\nExecStart=\nExecStart={command}\n"
                                     f"StandardOutput=append:{self.dir}/service.log\n"
-                                    f"StandardError=append:{self.dir}/service.log\n")
+                                    f"StandardError=append:{self.dir}/service.log\n" +
+                                    (f"BindReadOnlyPaths={self.dir}/subuid:/etc/subuid\n"
+                                     if self.subuid is not None else ""))
             if self.manager.proc is not None:
                 self.manager.systemctl("daemon-reload")
 
-    def set_service_args(self, args):
-        """The service's options (mloop-dbus(8)) from its next start on:
-        the running one is stopped, and the bus rereads its service
-        files."""
+    def set_service_args(self, args, subuid=None):
+        """The service's options (mloop-dbus(8)) from its next start on,
+        and the /etc/subuid it sees (SUBUID: as for __init__): the
+        running one is stopped, and the bus rereads its service files."""
         self.kill_service()
         self.service_args = list(args)
+        self.subuid = subuid
         self._write_service_file()
         subprocess.run(
             ["gdbus", "call", "--system", "--dest", "org.freedesktop.DBus",

@@ -452,9 +452,11 @@ def calls_in_progress(bus, root_only):
 
 # Two uids of one person: subordinate uids of a user's (/etc/subuid),
 # in a user namespace of theirs, reach the bus as uids of their own but
-# keep the login uid of the user's session.
+# keep the login uid of the user's session.  The service sees
+# SUBUID as /etc/subuid while it tests them.
 ONE_PERSON = [("bin", 2, 2), ("sys", 3, 3)]
 LOGIN_UID = 4242
+SUBUID = f"{LOGIN_UID}:2:2\n"
 
 
 def as_person(user, argv):
@@ -481,6 +483,8 @@ def calls_of_one_person(bus, root_only):
         return
     first, second = ONE_PERSON
     pile = None
+    args = bus.service_args
+    bus.set_service_args(args, subuid=SUBUID)
     try:
         pile = subprocess.Popen(
             as_person(first, SILENT_AGENT + CALL + ["pile", str(MAX_CALLS_PER_USER),
@@ -498,6 +502,17 @@ def calls_of_one_person(bus, root_only):
               "that person may have in progress",
               out == f"ERROR you have {MAX_CALLS_PER_USER} calls in progress, the most "
               "one user may: wait for one to end", out)
+        # A process with no login uid may write any there, unprivileged:
+        # OTHER, no subordinate uid of LOGIN_UID's, is not counted as them.
+        r = subprocess.run(
+            ["setpriv", f"--reuid={OTHER[1]}", f"--regid={OTHER[2]}", "--clear-groups",
+             "--", "sh", "-c", f'echo {LOGIN_UID} > /proc/self/loginuid && exec "$@"',
+             "sh"] + CALL + ["attach", "ro", root_only, os.path.abspath(root_only),
+                             "read-only=true"],
+            env=bus.env, capture_output=True, text=True, timeout=60)
+        out = one_line(r)
+        check("a uid that wrote another person's login uid itself is not counted "
+              "as that person", out.startswith("ERROR not authorized"), out)
     finally:
         if pile is not None:
             try:
@@ -505,6 +520,7 @@ def calls_of_one_person(bus, root_only):
             except ProcessLookupError:
                 pass
             pile.communicate()
+        bus.set_service_args(args)
 
 
 # gdb, attached to the service, holds the thread resolving a path where it takes
@@ -1005,7 +1021,7 @@ def heavy_calls(bus, root_only):
 def per_user_cap(bus, image):
     """A user has at most --max-devices-per-user devices: past it an
     attach is refused in one line before anything starts."""
-    bus.set_service_args(["--max-devices-per-user", "0"])
+    bus.set_service_args(["--max-devices-per-user", "0"], subuid=SUBUID)
     out = call_on(bus, "attach", "rw", image)
     check("an attach past the per-user cap is refused in one line",
           out == "ERROR a user may have 0 devices attached at once "
@@ -1026,7 +1042,8 @@ def per_user_cap(bus, image):
 def refusals_of_one_person(bus, image):
     """The refusals logged are counted by the person too: two uids with
     one login uid, each refused 10 times past the cap (polkit lets
-    both), are logged 5 times in all, not 5 times each."""
+    both), are logged 5 times in all, not 5 times each.  The service
+    sees SUBUID as /etc/subuid."""
     if not os.path.exists("/proc/self/loginuid"):
         print("# skipped: the refusals of one person's uids: no login uids")
         return

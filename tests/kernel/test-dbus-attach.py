@@ -148,7 +148,8 @@ def hold_again_as(user, bus, dev, cl):
 
 def same_person_refused(kind, bus, cl, dev):
     """With one device per user, USER's DEV attached: OTHER's attach is
-    refused when OTHER runs with USER's login uid, as a user's
+    refused when OTHER, one of USER's subordinate uids in the service's
+    /etc/subuid, runs with USER's login uid, as a user's
     subordinate uids in a user namespace of theirs do (the service
     counts a user's devices by login uid, else by uid: USER's attach
     here had none, so DEV counts against uid USER)."""
@@ -336,7 +337,8 @@ def run_test(kind, cl, unit=None, check_sandbox=None):
     # 10. One device per user here: a second is refused until the first
     # is detached.  A name with control characters is shown escaped.
     bus.set_rules(servicebus.ALLOW_BOTH_ATTACH)
-    bus.set_service_args(["--max-devices-per-user", "1"])
+    # OTHER is one of USER's subordinate uids here (same_person_refused).
+    bus.set_service_args(["--max-devices-per-user", "1"], subuid=f"{USER[0]}:{OTHER[1]}:1\n")
     hostile = os.path.join(os.path.dirname(image), "x\x1b[2J\u009bm\u202e.img")
     r = as_user(USER, sys.executable, DBUS_CALL, "attach", "rw", image, hostile)
     assert r.stdout.startswith("OK /dev/nbd"), one_line(r)
