@@ -73,6 +73,7 @@
 
 #include "engine.h"
 #include "rbd_load.h"
+#include "rbd_answer.h"
 #include "rbd_peers.h"
 #include "store.h"
 
@@ -724,16 +725,15 @@ store_prepare (struct mloop_store *s, struct mloop_io *io)
 }
 
 /* RES: librbd's return value: a negative errno, or for a read the
- * bytes read (0 for an asynchronous write, the bytes for rbd_write).
+ * bytes read; for a write 0 when ASYNC (rbd_aio_write), else the bytes
+ * written (rbd_write).  Fewer bytes than asked: the image shrank under
+ * the request (rbd_answer.h).
  */
 static int
-result_error (const struct mloop_io *io, long res)
+result_error (const struct mloop_io *io, long res, bool async)
 {
-  if (res < 0)
-    return (int) -res;
-  if (io->op == MLOOP_IO_READ && (size_t) res != io->count)
-    return EIO;                 /* the image shrank under the request */
-  return 0;
+  return rbd_answer_error (res, io->op == MLOOP_IO_READ || !async,
+                           io->count);
 }
 
 static int store_perform_blocking (struct mloop_store *s, struct mloop_io *io);
@@ -745,7 +745,7 @@ store_complete_event (struct mloop_store *s, struct mloop_io *io, long res)
   if (regained (store_of (s), res))
     io->complete (io, -store_perform_blocking (s, io));
   else
-    io->complete (io, result_error (io, answered (store_of (s), res)));
+    io->complete (io, result_error (io, answered (store_of (s), res), true));
   return MLOOP_EVENT_DONE;
 }
 
@@ -772,7 +772,7 @@ perform_once (struct rbd_store *st, struct mloop_io *io)
   default:
     return -EINVAL;
   }
-  return -result_error (io, answered (st, (long) n));
+  return -result_error (io, answered (st, (long) n), false);
 }
 
 static int
@@ -875,7 +875,7 @@ store_trim (struct mloop_store *s, uint64_t offset, uint64_t count,
       n = trim_step (st, offset, step);
     n = answered (st, n);
 
-    r = n < 0 ? (int) n : 0;
+    r = -rbd_answer_error (n, true, step);
     offset += step;
     count -= step;
   }
@@ -908,8 +908,8 @@ store_zero (struct mloop_store *s, uint64_t offset, uint64_t count,
     if (regained (st, n))
       n = rbd_write_zeroes (st->rbd, offset, step, zero_flags, 0);
     n = answered (st, n);
-    if (n < 0)
-      return (int) n;
+    if (n != (ssize_t) step)
+      return -rbd_answer_error (n, true, step);
     offset += step;
     count -= step;
   }
