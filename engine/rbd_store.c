@@ -1526,6 +1526,29 @@ lock_holder (struct rbd_store *st)
   return holder;
 }
 
+/* The address the cluster records the lock we just took under
+ * (malloc'ed), or NULL when that cannot be told.  The owner is read
+ * after the lock was taken, and is ours only if librbd still holds the
+ * lock once it has been read: a client breaking it meanwhile without
+ * blocklisting us (rbd_blocklist_on_break_lock false) and taking it
+ * would otherwise be taken for this server, written into the device's
+ * lock record as one of its servers (its lock broken and itself
+ * blocklisted by the next), and never judged by its watch.
+ */
+static char *
+own_lock_address (struct rbd_store *st)
+{
+  char *holder = lock_holder (st);
+  int owner = 0;
+
+  if (holder && (rbd_is_exclusive_lock_owner (st->rbd, &owner) < 0 ||
+                 !owner)) {
+    free (holder);
+    holder = NULL;
+  }
+  return holder;
+}
+
 /* Replaces PATH with TEXT whole or not at all: through a temporary,
  * synced before the rename and the directory after it, so that neither
  * a server killed meanwhile nor a power cut leaves half a record, nor
@@ -1983,7 +2006,7 @@ take_lock (struct rbd_store *st, const char *record, char *err,
   r = rbd_lock_acquire (st->rbd, RBD_LOCK_MODE_EXCLUSIVE);
   if (r == 0) {
     st->locked = true;
-    st->own_address = lock_holder (st);
+    st->own_address = own_lock_address (st);
     if (st->own_address && (own == NULL || strcmp (own, st->own_address)))
       write_record (record, st->own_address);
     free (own);

@@ -33,6 +33,10 @@ on a real one-node cluster (tests/ceph/cluster.py):
    forges both answers; ~7 s with the cluster): the server names itself
    as the holder, does not break its own lock nor blocklist itself, and
    later writes go through under the lock it holds;
+2q. another client, which does not blocklist, breaking the lock the
+   server has just taken and taking it, before the server reads whose
+   the lock is (gdb holds it there): the device's lock record must not
+   name that client as one of its servers;
 2b. a device's server killed (gdb) as its rbd_lock_acquire returns,
    then its successor as its rbd_lock_break of that lock returns, both
    watches still up: the next server with the same lock record breaks
@@ -136,7 +140,7 @@ other heavy work: the cluster's start 6-7 s (up to 19 s loaded), 1 and
 test sets osd_client_watch_timeout to), the arriving writer 2-3 s
 (gdb's start), 20 watchers, 2c, 2e and 3 to 6 about 1-3 s each, 2d about 5 s
 (`rbd feature disable`), 1d about 6 s (a watch timeout), 2f 3-5 s, 3b
-under 1 s, 2b 12 s (two gdb starts), 2i 9 s (4,100 snapshots added
+under 1 s, 2q 1-2 s, 2b 12 s (two gdb starts), 2i 9 s (4,100 snapshots added
 to the header), 2j 2-3 s, 2k under 1 s, 2l, 2m, 2n and 2o 1-2 s each;
 80-95 s in all, beside other work.
 """
@@ -712,6 +716,101 @@ def section_own_lock_unknown():
         s.stop()
     check("the image has the later write",
           export(c.spec("own-lock"))[4096:8192] == b"c" * 4096)
+
+
+# Holds mloop-server at its second rbd_lock_get_owners, the first after
+# its rbd_lock_acquire (no lock record yet: the first is its look at who
+# lives on the image), until {go} exists.
+PAUSE_AFTER_ACQUIRE = """set pagination off
+set confirm off
+set breakpoint pending on
+handle all nostop noprint pass
+break rbd_lock_get_owners
+ignore 1 1
+commands 1
+silent
+shell touch {paused}
+shell while [ ! -e {go} ]; do sleep 0.05; done
+delete 1
+continue
+end
+run
+"""
+
+# Breaks the lock's holders without blocklisting them, takes the lock
+# explicitly, says "holding", and lets it go when a line comes on stdin.
+STEALER = r"""
+import rados, rbd, sys
+conf, client, pool, image = sys.argv[1:5]
+cl = rados.Rados(conffile=conf, rados_id=client)
+cl.conf_set("rbd_blocklist_on_break_lock", "false")
+cl.connect()
+io = cl.open_ioctx(pool)
+img = rbd.Image(io, image)
+for o in list(img.lock_get_owners()):
+    img.lock_break(rbd.RBD_LOCK_MODE_EXCLUSIVE, o["owner"])
+img.lock_acquire(rbd.RBD_LOCK_MODE_EXCLUSIVE)
+print("holding", flush=True)
+sys.stdin.readline()
+img.lock_release()
+img.close()
+io.close()
+cl.shutdown()
+print("closed", flush=True)
+"""
+
+
+def section_lock_stolen_at_start():
+    """Another client breaks the lock mloop-server has just taken, without
+    blocklisting it, and takes it, before the server reads whose the
+    lock is (gdb holds it there): the server must not take that client
+    for itself, nor write it into the device's lock record as one of
+    the device's servers (whose lock the next server breaks, and which
+    it blocklists)."""
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        print("# skipped: no gdb to hold the server after it took the lock")
+        return
+    c.create_image("stolen", 8 * MiB)
+    paused, go = c.path("test", "stolen-paused"), c.path("test", "stolen-go")
+    record = c.path("test", "stolen.lock")
+    script = c.path("test", "stolen.gdb")
+    with open(script, "w") as f:
+        f.write(PAUSE_AFTER_ACQUIRE.format(paused=paused, go=go))
+    s = Server(f"rbd:{c.spec('stolen')}", args=["--lock-record=" + record],
+               wrap=[gdb, "-q", "-batch", "-nx", "-x", script, "--args"])
+    b = None
+    try:
+        deadline = time.monotonic() + START_LIMIT
+        while not os.path.exists(paused) and s.proc.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not check("gdb holds mloop-server after it took the lock",
+                     os.path.exists(paused), s.stderr().strip()[-500:]):
+            raise Abort("no pause")
+        b = librbd_client(STEALER, "stolen")
+        said = b.stdout.readline().strip()
+        if not check("another client broke the lock, unblocklisted, and holds it",
+                     said == "holding", said):
+            raise Abort("no stealer")
+        held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("stolen")))
+        theirs = held[0]["address"] if len(held) == 1 else None
+        open(go, "w").close()
+        s.ready()
+        with open(record) as f:
+            lines = f.read().split()
+        check("the lock record does not name the other client as this device's",
+              theirs is not None and theirs not in lines, f"{theirs!r} in {lines!r}")
+    finally:
+        if b is not None:
+            b.stdin.close()
+            b.wait(30)
+        try:
+            with open(s.pid_file) as f:
+                os.kill(int(f.read()), signal.SIGTERM)
+        except (OSError, ValueError):
+            pass
+        s.stop()
 
 
 # --- a device's successive servers -----------------------------------------
@@ -1663,6 +1762,8 @@ try:
     section("the lock lost without a blocklist", section_lock_lost)
     section("the cluster records this server, librbd says not",
             section_own_lock_unknown)
+    section("the lock taken from the server as it starts",
+            section_lock_stolen_at_start)
     section("a device's servers killed one after another", section_successors)
     section("a device's servers killed mid-start", section_killed_mid_start)
     section("a stopped server's successor, blocklisting off",
