@@ -1526,6 +1526,20 @@ lock_holder (struct rbd_store *st)
   return holder;
 }
 
+/* The lock just taken was taken from us at once.  A break tells librbd
+ * nothing: it still believes it holds the lock, and would write beside
+ * the new holder.  That belief is dropped, as check_lock_record does,
+ * so that the next write is answered EROFS and takes the lock again
+ * once it is free (regained).
+ */
+static void
+drop_taken_lock (struct rbd_store *st)
+{
+  rbd_lock_release (st->rbd);
+  say (st, "%s: its exclusive lock was taken from this server as it took "
+       "it: a write takes it again once it is free", st->name);
+}
+
 /* The address the cluster records the lock we just took under
  * (malloc'ed), or NULL when that cannot be told.  The owner is read
  * after the lock was taken, and is ours only if librbd still holds the
@@ -1540,9 +1554,11 @@ own_lock_address (struct rbd_store *st)
 {
   char *holder = lock_holder (st);
   int owner = 0;
+  const int r = rbd_is_exclusive_lock_owner (st->rbd, &owner);
 
-  if (holder && (rbd_is_exclusive_lock_owner (st->rbd, &owner) < 0 ||
-                 !owner)) {
+  if (r == 0 && !owner)
+    drop_taken_lock (st);
+  if (holder && (r < 0 || !owner)) {
     free (holder);
     holder = NULL;
   }

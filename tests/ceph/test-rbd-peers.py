@@ -36,7 +36,9 @@ on a real one-node cluster (tests/ceph/cluster.py):
 2q. another client, which does not blocklist, breaking the lock the
    server has just taken and taking it, before the server reads whose
    the lock is (gdb holds it there): the device's lock record must not
-   name that client as one of its servers;
+   name that client as one of its servers, and the server's first
+   write must fail rather than land beside that client's (librbd still
+   believes it holds the lock: a break tells it nothing);
 2b. a device's server killed (gdb) as its rbd_lock_acquire returns,
    then its successor as its rbd_lock_break of that lock returns, both
    watches still up: the next server with the same lock record breaks
@@ -801,6 +803,20 @@ def section_lock_stolen_at_start():
             lines = f.read().split()
         check("the lock record does not name the other client as this device's",
               theirs is not None and theirs not in lines, f"{theirs!r} in {lines!r}")
+        h = s.connect()
+        try:
+            h.pwrite(b"s" * 4096, 0)
+            h.flush()
+            wrote = None
+        except nbd.Error as e:
+            wrote = e
+        check("its write fails rather than land beside the lock's holder",
+              wrote is not None, "the write succeeded")
+        h.shutdown()
+        check("the image does not have that write",
+              export(c.spec("stolen"))[:4096] != b"s" * 4096)
+        check("the server says its lock was taken from it",
+              s.says("taken from this server", 10), s.stderr()[-600:])
     finally:
         if b is not None:
             b.stdin.close()
