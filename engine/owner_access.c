@@ -44,12 +44,20 @@ enum {
  */
 #define NO_GROUP ((gid_t) 65534)
 
+/* Room for the groups of most users on the caller's stack: the check's
+ * child (system calls only) cannot free a heap block of its parent's,
+ * which valgrind would then count as lost in it.
+ */
+#define GROUPS_ON_STACK 64
+
 /* The groups of UID, its primary group first: from the user database,
  * or NO_GROUP alone for a uid it does not know (or cannot tell of).
- * *GROUPS, to free, and the count in *N; -ENOMEM.
+ * In ROOM (GROUPS_ON_STACK of them) when they fit, else in a block to
+ * free; *GROUPS says which, the count in *N.  0, or -ENOMEM.
  */
 static int
-groups_of (uid_t uid, char *user, size_t userlen, gid_t **groups, int *n)
+groups_of (uid_t uid, char *user, size_t userlen, gid_t *room,
+           gid_t **groups, int *n)
 {
   struct passwd pw, *found = NULL;
   size_t size = 4096;
@@ -57,10 +65,8 @@ groups_of (uid_t uid, char *user, size_t userlen, gid_t **groups, int *n)
   int r;
 
   *n = 1;
-  *groups = malloc (sizeof **groups);
-  if (*groups == NULL)
-    return -ENOMEM;
-  (*groups)[0] = NO_GROUP;
+  *groups = room;
+  room[0] = NO_GROUP;
   do {
     char *more = realloc (buf, size);
 
@@ -78,11 +84,16 @@ groups_of (uid_t uid, char *user, size_t userlen, gid_t **groups, int *n)
     return 0;
   }
   snprintf (user, userlen, "%s", pw.pw_name);
-  (*groups)[0] = pw.pw_gid;
+  room[0] = pw.pw_gid;
+  *n = GROUPS_ON_STACK;
   while (getgrouplist (pw.pw_name, pw.pw_gid, *groups, n) == -1) {
-    gid_t *more = realloc (*groups, (size_t) *n * sizeof **groups);
+    gid_t *more = realloc (*groups == room ? NULL : *groups,
+                           (size_t) *n * sizeof **groups);
 
     if (more == NULL) {
+      if (*groups != room)
+        free (*groups);
+      *groups = room;
       free (buf);
       return -ENOMEM;
     }
@@ -129,7 +140,7 @@ mloop_owner_may_write (int owned_fd, int target_fd, const char *target_path,
 {
   struct stat st, held;
   char target[64];
-  gid_t *groups = NULL;
+  gid_t room[GROUPS_ON_STACK], *groups = room;
   gid_t gid;
   int n, r, status;
   pid_t pid;
@@ -146,10 +157,9 @@ mloop_owner_may_write (int owned_fd, int target_fd, const char *target_path,
     snprintf (err, errlen, "%s: %s", target_path, strerror (-r));
     return r;
   }
-  r = groups_of (st.st_uid, user, userlen, &groups, &n);
+  r = groups_of (st.st_uid, user, userlen, room, &groups, &n);
   if (r < 0) {
     snprintf (err, errlen, "out of memory");
-    free (groups);
     return r;
   }
   gid = groups[0];
@@ -166,7 +176,8 @@ mloop_owner_may_write (int owned_fd, int target_fd, const char *target_path,
       _exit (MAY_WRITE);
     _exit (errno == ENOENT ? NO_PROC : MAY_NOT_WRITE);
   }
-  free (groups);
+  if (groups != room)
+    free (groups);
   if (pid == -1) {
     r = -errno;
     snprintf (err, errlen, "cannot check as %s: %s", user, strerror (-r));
