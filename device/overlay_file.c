@@ -116,10 +116,10 @@ base_to_write (const char *path, const char *base_arg, char *err,
   return abs;
 }
 
-int
-mloop_overlay_file_commit (const char *path, const char *base_arg,
-                           bool adopt, char **base, char *err,
-                           size_t errlen)
+/* mloop_overlay_file_commit, leaving *BASE to its caller either way. */
+static int
+commit_into_base (const char *path, const char *base_arg, bool adopt,
+                  char **base, char *err, size_t errlen)
 {
   struct stat ov_st, base_st;
   int lock, r;
@@ -144,6 +144,20 @@ mloop_overlay_file_commit (const char *path, const char *base_arg,
                                      errlen) < 0)
     r = -1;
   mloop_state_unlock (lock);
+  return r;
+}
+
+int
+mloop_overlay_file_commit (const char *path, const char *base_arg,
+                           bool adopt, char **base, char *err,
+                           size_t errlen)
+{
+  int r = commit_into_base (path, base_arg, adopt, base, err, errlen);
+
+  if (r < 0) {
+    free (*base);
+    *base = NULL;
+  }
   return r;
 }
 

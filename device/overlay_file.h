@@ -15,7 +15,8 @@
  * inode), while any server holds the base (its image lock), and for an
  * overlay made for a window of its base.  Holds the state lock
  * throughout, so no attach takes either meanwhile.  *BASE is the base
- * written (to free).  0, or -1 with one line in ERR.
+ * written (to free), NULL after a failure.  0, or -1 with one line in
+ * ERR.
  */
 int mloop_overlay_file_commit (const char *path, const char *base_arg,
                                bool adopt, char **base, char *err,
