@@ -31,17 +31,6 @@
 #define STRANGER_UID 4000123
 #define BASE_SIZE (1u << 20)
 
-static unsigned char
-byte_at (const char *path, off_t at)
-{
-  unsigned char b = 0;
-  int fd = open (path, O_RDONLY | O_CLOEXEC);
-
-  CHECK (fd >= 0 && pread (fd, &b, 1, at) == 1 && close (fd) == 0,
-         "%s: %s", path, strerror (errno));
-  return b;
-}
-
 int
 main (void)
 {
@@ -75,7 +64,7 @@ main (void)
   printf ("refused: %s\n", err);
   free (written);
   written = NULL;
-  CHECK (byte_at (image, UNIT_OVERLAY_CLUSTER_AT) == 0,
+  CHECK (unit_byte_at (image, UNIT_OVERLAY_CLUSTER_AT) == 0,
          "the base behind the private directory was written");
 
   /* Let in (search only), the owner may write it. */
@@ -84,7 +73,7 @@ main (void)
                                     sizeof err) == 0,
          "a commit refused a base its owner may reach and write: %s", err);
   free (written);
-  CHECK (byte_at (image, UNIT_OVERLAY_CLUSTER_AT) == 0x5a,
+  CHECK (unit_byte_at (image, UNIT_OVERLAY_CLUSTER_AT) == 0x5a,
          "the base does not hold the overlay's clusters");
   printf ("ok: a commit writes only a base its owner may reach\n");
   return 0;
