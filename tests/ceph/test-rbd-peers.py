@@ -567,15 +567,23 @@ print("closed", flush=True)
 """
 
 
+def holds_lock_after_write(h, image, fill):
+    """Writes a block of FILL at 0 through H and flushes it, as a device's
+    first write does; checks that its server then holds IMAGE's exclusive
+    lock (Abort if not) and returns `rbd lock ls`'s list of holders."""
+    h.pwrite(fill * 4096, 0)
+    h.flush()
+    held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec(image)))
+    if not check("it holds the exclusive lock", len(held) == 1, repr(held)):
+        raise Abort("no lock")
+    return held
+
+
 def section_lock_lost():
     c.create_image("regain", 8 * MiB)
     s = start("mloop-server", f"rbd:{c.spec('regain')}")
     h = s.connect()
-    h.pwrite(b"a" * 4096, 0)
-    h.flush()
-    held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("regain")))
-    if not check("it holds the exclusive lock", len(held) == 1, repr(held)):
-        raise Abort("no lock")
+    held = holds_lock_after_write(h, "regain", b"a")
     mine = held[0]["address"]
     procstop.sigstop(s.proc.pid)
     try:
@@ -682,11 +690,7 @@ def section_own_lock_unknown():
               wrap=[gdb, "-q", "-batch", "-nx", "-x", script, "--args"])
     try:
         h = s.connect()
-        h.pwrite(b"a" * 4096, 0)
-        h.flush()
-        held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("own-lock")))
-        if not check("it holds the exclusive lock", len(held) == 1, repr(held)):
-            raise Abort("no lock")
+        held = holds_lock_after_write(h, "own-lock", b"a")
         mine = held[0]["address"]
         open(armed, "w").close()
         try:
@@ -1053,11 +1057,7 @@ def section_unfenced_predecessor():
     record = ["--lock-record=" + c.path("test", "unfenced.lock")]
     old = start("a device's server", spec, args=record)
     h_old = old.connect()
-    h_old.pwrite(b"o" * 4096, 0)
-    h_old.flush()
-    held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("unfenced")))
-    if not check("it holds the exclusive lock", len(held) == 1, repr(held)):
-        raise Abort("no lock")
+    held = holds_lock_after_write(h_old, "unfenced", b"o")
     procstop.sigstop(old.proc.pid)
     try:
         new = start("its successor, the first stopped", spec, args=record)
@@ -1106,11 +1106,7 @@ def section_resize_open():
     record = ["--lock-record=" + c.path("test", "resize-open.lock")]
     s = start("a device's server on NAME:shared=off", spec, args=record)
     h = s.connect()
-    h.pwrite(b"s" * 4096, 0)
-    h.flush()
-    held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("resize-open")))
-    if not check("it holds the exclusive lock", len(held) == 1, repr(held)):
-        raise Abort("no lock")
+    held = holds_lock_after_write(h, "resize-open", b"s")
     opener = start("a shared open beside it with the device's lock record, as "
                    "mloop resize's", spec, args=["--shared", *record])
     now = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("resize-open")))
