@@ -90,6 +90,16 @@ SILENT_AGENT = [sys.executable, os.path.join(TESTS, "silent_agent.py")]
 USER, OTHER = servicebus.USER, servicebus.OTHER
 
 
+def end_pile(pile):
+    """Kills a caller started in a session of its own to keep calls
+    waiting (`pile`), its whole group, and reaps it."""
+    try:
+        os.killpg(pile.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    pile.communicate()
+
+
 def one_line(r):
     lines = (r.stdout + r.stderr).strip().splitlines()
     return lines[0] if len(lines) == 1 else "\n".join(lines)
@@ -443,11 +453,7 @@ def calls_in_progress(bus, root_only):
               "asked again once they end", out == f"{refused} / {polkit_no}", out)
     finally:
         if pile is not None:
-            try:
-                os.killpg(pile.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            pile.wait()
+            end_pile(pile)
 
 
 # Two uids of one person: subordinate uids of a user's (/etc/subuid),
@@ -515,11 +521,7 @@ def calls_of_one_person(bus, root_only):
               "as that person", out.startswith("ERROR not authorized"), out)
     finally:
         if pile is not None:
-            try:
-                os.killpg(pile.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            pile.communicate()
+            end_pile(pile)
         bus.set_service_args(args)
 
 
