@@ -989,7 +989,11 @@ written_since (const unsigned char *h, const char *recorded,
 /* Whether header H carries a merge's mark and its recorded file is
  * still at the path it records (RECORDED), looked up without following
  * a link: a merge stopped half-way in that file, which holds part of
- * the overlay already.
+ * the overlay already.  Found at that path, it is the recorded file by
+ * its inode (and birth, where both know it) on whatever device number
+ * its filesystem has now: NFS numbers its mounts as they are made and
+ * keeps no birth time here, and a remount must not let a copy take the
+ * mark from the half-merged file.
  */
 static bool
 half_merged_in_place (const unsigned char *h, const char *recorded)
@@ -1003,6 +1007,7 @@ half_merged_in_place (const unsigned char *h, const char *recorded)
              STATX_INO | STATX_BTIME, &stx) != 0)
     return false;
   memset (&there, 0, sizeof there);
+  snprintf (there.path, sizeof there.path, "%s", recorded);
   there.dev = (uint64_t) makedev (stx.stx_dev_major, stx.stx_dev_minor);
   there.ino = stx.stx_ino;
   if (stx.stx_mask & STATX_BTIME)
