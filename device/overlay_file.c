@@ -78,11 +78,12 @@ check_unused (const char *overlay, const struct stat *ov_st,
 /* The base to merge into: BASE_ARG when given, resolved, else the one
  * the header records, which an overlay made by an older mloop may name
  * relatively to wherever its server ran: then only BASE_ARG will do.
- * A version 2 header records a canonical path, taken as it is: were its
- * symbolic links followed, the owner of a directory on it (a user whose
- * image root serves) could make one and lead root's commit to a file of
- * their choosing with their image's ends; the merge refuses a path with
- * a link on it.
+ * A recorded path is taken as it is: were its symbolic links followed,
+ * the owner of a directory on it (a user whose image root serves) could
+ * make one and lead root's commit to a file of their choosing, with
+ * their image's ends (version 2) or only its size (version 1, which
+ * records nothing else); the merge refuses a path with a link on it,
+ * and --base names a base reached through one.
  */
 static char *
 base_to_write (const char *path, const char *base_arg, char *err,
@@ -107,7 +108,7 @@ base_to_write (const char *path, const char *base_arg, char *err,
     mloop_fail (err, errlen, "%s, the overlay's base: %s%s",
                 base_arg ? base_arg : recorded, strerror (errno),
                 base_arg ? "" : " (if it moved, name it with --base)");
-  if (abs && base_arg == NULL && known) {
+  if (abs && base_arg == NULL) {
     free (abs);
     abs = strdup (recorded);
     if (abs == NULL)
