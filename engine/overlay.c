@@ -996,9 +996,9 @@ written_since (const unsigned char *h, const char *recorded,
  * mark from the half-merged file.
  */
 static bool
-half_merged_in_place (const unsigned char *h, const char *recorded)
+half_merged_in_place (const unsigned char *h, const char *recorded,
+                      struct base_identity *there)
 {
-  struct base_identity there;
   struct statx stx;
 
   if (get_le32 (h + HDR_VERSION) != OVERLAY_VERSION ||
@@ -1006,32 +1006,38 @@ half_merged_in_place (const unsigned char *h, const char *recorded)
       statx (AT_FDCWD, recorded, AT_SYMLINK_NOFOLLOW,
              STATX_INO | STATX_BTIME, &stx) != 0)
     return false;
-  memset (&there, 0, sizeof there);
-  snprintf (there.path, sizeof there.path, "%s", recorded);
-  there.dev = (uint64_t) makedev (stx.stx_dev_major, stx.stx_dev_minor);
-  there.ino = stx.stx_ino;
+  memset (there, 0, sizeof *there);
+  snprintf (there->path, sizeof there->path, "%s", recorded);
+  there->dev = (uint64_t) makedev (stx.stx_dev_major, stx.stx_dev_minor);
+  there->ino = stx.stx_ino;
   if (stx.stx_mask & STATX_BTIME)
-    there.birth = (uint64_t) stx.stx_btime.tv_sec;
-  return recorded_file (h, recorded, &there);
+    there->birth = (uint64_t) stx.stx_btime.tv_sec;
+  return recorded_file (h, recorded, there);
 }
 
-/* Refuses, in ERR, a base other than the recorded file ID while a
- * merge stopped half-way in that file, still at its path: recorded in
- * its place (a copy keeping its ends, served or committed), the other
- * image would take the mark, and the half-merged file keep nothing
- * that says so, which discard would then leave so.  Adopting the other
- * image (CHECK) is the owner's word that it is to be the base.
+/* Refuses, in ERR, an image ID other than the file a merge stopped
+ * half-way in, while that file is still at its path: recorded in its
+ * place (a copy keeping its ends, served or committed), the other image
+ * would take the mark, and the half-merged file keep nothing that says
+ * so, which discard would then leave so.  Only that very file (its
+ * device and inode: under another name, a hard link) is exempt, not
+ * one merely taken for it by inode and birth: a snapshot of its
+ * filesystem, elsewhere, holds one alike.  Adopting the other image
+ * (CHECK) is the owner's word that it is to be the base.
  */
 static int
 refuse_other_than_half_merged (struct mloop_overlay *ov,
                                const unsigned char *h,
-                               const struct base_identity *id, bool recorded,
+                               const struct base_identity *id,
                                enum mloop_overlay_base_check check,
                                char *err, size_t errlen)
 {
-  if (recorded || check == MLOOP_OVERLAY_ADOPT_BASE ||
+  struct base_identity there;
+
+  if (check == MLOOP_OVERLAY_ADOPT_BASE ||
       check == MLOOP_OVERLAY_MERGE_ANY_BASE ||
-      !half_merged_in_place (h, ov->base_path))
+      !half_merged_in_place (h, ov->base_path, &there) ||
+      (there.dev == id->dev && there.ino == id->ino))
     return 0;
   snprintf (err, errlen, "overlay %s: a commit into %s stopped half-way, "
             "and %s is another file: finish the commit there (mloop "
@@ -1074,7 +1080,7 @@ check_base (struct mloop_overlay *ov, unsigned char *h,
   recorded = recorded_file (h, ov->base_path, &id);
   same_file = recorded && strcmp (ov->base_path, id.path) == 0;
   written = written_since (h, ov->base_path, &id);
-  if ((r = refuse_other_than_half_merged (ov, h, &id, recorded, check, err,
+  if ((r = refuse_other_than_half_merged (ov, h, &id, check, err,
                                           errlen)) < 0)
     return r;
   /* A merge stopped half-way has changed its base's ends already, and
