@@ -898,8 +898,27 @@ create_overlay (const char *path, const struct mloop_backing *base,
   return r;
 }
 
+/* Writes header H whole and syncs it. */
+static int
+write_header (struct mloop_overlay *ov, const unsigned char *h)
+{
+  int r = mloop_pwrite_all (ov->fd, h, HDR_BYTES, 0, 0);
+
+  return r == 0 ? sync_fd (ov->fd) : r;
+}
+
 /* Records BASE, whose identity is ID, as the overlay's base in header
  * H, and in the file, with the merge's mark when FLAGS has it.
+ *
+ * A disk writes a sector whole, not the 4 KiB header: a power cut
+ * during a rewrite can leave some of its sectors old.  The mark is in
+ * the last one, the path, device and inode in the first ones; one write
+ * changing both could leave the old file's identity under the new
+ * mark's state (a half-merged base recorded without its mark, which
+ * discard would then treat as done with).  So the mark changes in a
+ * write of its own that changes nothing else, synced: cleared before the
+ * other file is recorded, set after.  A torn identity alone names no
+ * file and is refused as another image.
  */
 static int
 record_base (struct mloop_overlay *ov, unsigned char *h,
@@ -907,16 +926,30 @@ record_base (struct mloop_overlay *ov, unsigned char *h,
              const struct base_identity *id, uint32_t flags, char *err,
              size_t errlen)
 {
+  /* Version 1 kept its path up to the header's end: no flags word. */
+  uint32_t was = get_le32 (h + HDR_VERSION) == OVERLAY_VERSION
+    ? get_le32 (h + HDR_FLAGS) : 0;
+  uint32_t kept = was & OVERLAY_FLAG_MERGING;
+  uint32_t times = id->has_times ? OVERLAY_FLAG_TIMES : 0;
   int r;
 
   if ((r = sync_base (base, ov->path, err, errlen)) < 0)
     return r;
+  if (kept && !(flags & OVERLAY_FLAG_MERGING)) {
+    kept = 0;
+    put_le32 (h + HDR_FLAGS, was & ~OVERLAY_FLAG_MERGING);
+    if ((r = write_header (ov, h)) < 0)
+      goto out;
+  }
   encode_identity (h, id);
-  put_le32 (h + HDR_FLAGS, (flags & OVERLAY_FLAG_MERGING) |
-            (id->has_times ? OVERLAY_FLAG_TIMES : 0));
-  r = mloop_pwrite_all (ov->fd, h, HDR_BYTES, 0, 0);
-  if (r == 0)
-    r = sync_fd (ov->fd);
+  put_le32 (h + HDR_FLAGS, kept | times);
+  if ((r = write_header (ov, h)) < 0)
+    goto out;
+  if ((flags & OVERLAY_FLAG_MERGING) && !kept) {
+    put_le32 (h + HDR_FLAGS, OVERLAY_FLAG_MERGING | times);
+    r = write_header (ov, h);
+  }
+ out:
   if (r < 0)
     snprintf (err, errlen, "cannot record %s as the base of overlay %s: %s",
               id->path, ov->path, strerror (-r));
@@ -1189,16 +1222,15 @@ mloop_overlay_note_merging (struct mloop_overlay *ov,
      * not write.  Written again, it is dirty and the sync counts.
      */
     put_le32 (h + HDR_FLAGS, flags | OVERLAY_FLAG_MERGING);
-    r = mloop_pwrite_all (ov->fd, h, HDR_BYTES, 0, 0);
-    if (r == 0)
-      r = sync_fd (ov->fd);
+    r = write_header (ov, h);
     if (r < 0)
       snprintf (err, errlen, "cannot mark overlay %s as being committed: "
                 "%s", ov->path, strerror (-r));
     goto out;
   }
   /* A version 1 path ran into the bytes after the flags word. */
-  memset (h + HDR_FLAGS, 0, HDR_BYTES - HDR_FLAGS);
+  if (version != OVERLAY_VERSION)
+    memset (h + HDR_FLAGS, 0, HDR_BYTES - HDR_FLAGS);
   r = record_base (ov, h, base, &id, flags | OVERLAY_FLAG_MERGING, err,
                    errlen);
   if (r == 0) {
