@@ -4,7 +4,9 @@
  *
  * Thread model: everything here runs in the main loop's thread; an
  * authorization in progress is a pending call to polkitd, not a thread.
- * Only the proxy for polkitd is made in a thread of GIO's, once.
+ * Only the proxy for polkitd is made in a thread of GIO's, once, and
+ * mloop_caller_subordinate, which may wait on the user database, runs
+ * in a thread of its caller's.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -162,15 +164,15 @@ subordinate_of (const char *file, uid_t uid, uid_t login)
 }
 
 int
-mloop_caller_person (pid_t pid, uid_t uid, uid_t *person, char *err,
-                     size_t errlen)
+mloop_caller_login (pid_t pid, uid_t uid, uid_t *login, char *err,
+                    size_t errlen)
 {
   /* status holds a line per group: 2 KB fit the lines before Uid. */
-  char status[2048], login[32], path[32], *end;
+  char status[2048], text[32], path[32], *end;
   unsigned long long l;
   int dir;
 
-  *person = uid;
+  *login = uid;
   /* Root is root, whoever logged in: root's calls are not counted. */
   if (pid <= 0 || uid == 0)
     return 0;
@@ -180,7 +182,7 @@ mloop_caller_person (pid_t pid, uid_t uid, uid_t *person, char *err,
   snprintf (path, sizeof path, "/proc/%d", (int) pid);
   dir = open (path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir == -1 || read_small (dir, "status", status, sizeof status) == -1 ||
-      read_small (dir, "loginuid", login, sizeof login) == -1) {
+      read_small (dir, "loginuid", text, sizeof text) == -1) {
     snprintf (err, errlen, "cannot tell who runs process %d: %s", (int) pid,
               strerror (errno));
     if (dir != -1)
@@ -194,24 +196,25 @@ mloop_caller_person (pid_t pid, uid_t uid, uid_t *person, char *err,
     return -1;
   }
   errno = 0;
-  l = strtoull (login, &end, 10);
-  if (errno || end == login || (*end != '\0' && *end != '\n')) {
+  l = strtoull (text, &end, 10);
+  if (errno || end == text || (*end != '\0' && *end != '\n')) {
     snprintf (err, errlen, "cannot tell who runs process %d: its login "
-              "uid reads %.20s", (int) pid, login);
+              "uid reads %.20s", (int) pid, text);
     return -1;
   }
   /* (uid_t) -1: no login uid (a process no login started); 0: root
    * logged in and became UID, whose calls count as UID's, since root's
-   * are not counted at all.  Any other login uid is UID's person only
-   * if UID is theirs or one of their subordinate uids: a process with
-   * no login uid may write any uid there once, without privilege, and
-   * would else charge that person, or escape its own caps with a new
-   * login uid for each call.
+   * are not counted at all.
    */
-  if (l != 0 && l < (uid_t) -1 &&
-      (l == uid || subordinate_of (MLOOP_SUBUID_FILE, uid, (uid_t) l)))
-    *person = (uid_t) l;
+  if (l != 0 && l < (uid_t) -1)
+    *login = (uid_t) l;
   return 0;
+}
+
+bool
+mloop_caller_subordinate (uid_t uid, uid_t login)
+{
+  return subordinate_of (MLOOP_SUBUID_FILE, uid, login);
 }
 
 /* One authorization in progress. */

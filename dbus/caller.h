@@ -38,7 +38,7 @@ void mloop_caller_uid (GDBusMethodInvocation *invocation, unsigned timeout_ms,
                        mloop_caller_uid_fn done, gpointer data);
 
 /* The person behind a caller the bus says runs as UID in process PID
- * (0: not said): what each per-user limit counts by (manager.h).  A
+ * (0: not said) is what each per-user limit counts by (manager.h).  A
  * user with subordinate uids (/etc/subuid) runs callers as any of them
  * in a user namespace, each its own uid on the bus, and polkit lets
  * them all do what the user may (it judges by the session, not the
@@ -48,12 +48,25 @@ void mloop_caller_uid (GDBusMethodInvocation *invocation, unsigned timeout_ms,
  * not root's, and UID is it or one of its subordinate uids
  * (/etc/subuid); else UID.  A process with none may set any once,
  * unprivileged: it names only the person who may run as UID.
- * The process must still run as UID (its effective uid): a pid reused
- * by another user's process would charge that user.  Returns 0 with
- * *PERSON, or -1 with ERR (one line).
+ *
+ * In two steps.  mloop_caller_login reads the process's /proc only,
+ * never waiting on anyone: *LOGIN is the person when it is UID (root,
+ * no pid, no login uid or root's, or UID's own); else the login uid,
+ * the person only if mloop_caller_subordinate (UID, *LOGIN) says so,
+ * and UID otherwise.  The process must still run as UID (its effective
+ * uid): a pid reused by another user's process would charge that user.
+ * Returns 0 with *LOGIN, or -1 with ERR (one line).
  */
-int mloop_caller_person (pid_t pid, uid_t uid, uid_t *person, char *err,
-                         size_t errlen);
+int mloop_caller_login (pid_t pid, uid_t uid, uid_t *login, char *err,
+                        size_t errlen);
+
+/* Whether UID is one of LOGIN's subordinate uids in /etc/subuid.  Its
+ * owners may be named, and each name of a range holding UID is looked
+ * up in the user database, whose sources (LDAP, sssd) may take as long
+ * as they like: never called in the main loop's thread, where it would
+ * hold up every call.
+ */
+bool mloop_caller_subordinate (uid_t uid, uid_t login);
 
 /* polkit's answer: ERR is NULL when the caller may, else one line saying
  * why not (polkit said no, could not be asked, or did not answer in

@@ -3,7 +3,9 @@
  *
  * Thread model: calls arrive in the main loop's thread, which asks
  * polkit for each without waiting (caller.h), so a caller whose
- * authentication dialog stays open holds up nobody else.  A detach's
+ * authentication dialog stays open holds up nobody else.  A caller
+ * whose login uid is not its uid is matched with /etc/subuid in a
+ * thread of its own, since the user database may never answer.  A detach's
  * path is then resolved as its caller in a thread of the call's own,
  * since a path on the caller's FUSE mount may never resolve: that holds
  * up only the caller, whose calls in progress are bounded.  What a call
@@ -696,25 +698,19 @@ ask_detach_other (gpointer data)
  */
 static unsigned uid_lookups;
 
-/* The bus's answer: C's user, then polkit's answer for C's ACTION. */
+/* Calls whose person is looked for in the user database (main thread
+ * only): each holds a thread of its own, its message and descriptor,
+ * and is counted against nobody yet.  Past MLOOP_MAX_OWNER_LOOKUPS the
+ * next such call is refused at once.
+ */
+static unsigned owner_lookups;
+
+/* C's person known: counted, then polkit's answer for C's ACTION. */
 static void
-caller_known (GDBusMethodInvocation *invocation, uid_t uid, pid_t pid,
-              const char *err, gpointer data)
+person_known (struct call *c)
 {
-  struct call *c = data;
   char why[256];
 
-  uid_lookups--;
-  if (err) {
-    call_fail (c, ERROR_FAILED, err);
-    return;
-  }
-  c->uid = uid;
-  c->pid = pid;
-  if (mloop_caller_person (pid, uid, &c->person, why, sizeof why) == -1) {
-    call_fail (c, ERROR_FAILED, why);
-    return;
-  }
   /* Before polkit is asked: refused calls must cost nothing. */
   if (!calls_take (c->person)) {
     snprintf (why, sizeof why, "you have %u calls in progress, the most "
@@ -723,8 +719,75 @@ caller_known (GDBusMethodInvocation *invocation, uid_t uid, pid_t pid,
     return;
   }
   c->counted = true;
-  mloop_caller_authorize (invocation, c->action,
+  mloop_caller_authorize (c->invocation, c->action,
                           limits.authorization_timeout_s, authorized, c);
+}
+
+/* Back in the main thread: C's person, looked for. */
+static gboolean
+owner_looked_up (gpointer data)
+{
+  owner_lookups--;
+  person_known (data);
+  return G_SOURCE_REMOVE;
+}
+
+/* In a thread of C's own: whether C's login uid, in C->person, is its
+ * person, which may wait on the user database as long as its sources
+ * take (caller.h): a wait in the main thread would hold up every call.
+ */
+static gpointer
+owner_thread (gpointer data)
+{
+  struct call *c = data;
+
+  if (!mloop_caller_subordinate (c->uid, c->person))
+    c->person = c->uid;
+  g_main_context_invoke (NULL, owner_looked_up, c);
+  return NULL;
+}
+
+/* The bus's answer: C's user, then its person, counted. */
+static void
+caller_known (GDBusMethodInvocation *invocation, uid_t uid, pid_t pid,
+              const char *err, gpointer data)
+{
+  g_autoptr (GError) gerr = NULL;
+  struct call *c = data;
+  char why[256];
+  GThread *t;
+
+  uid_lookups--;
+  if (err) {
+    call_fail (c, ERROR_FAILED, err);
+    return;
+  }
+  c->uid = uid;
+  c->pid = pid;
+  if (mloop_caller_login (pid, uid, &c->person, why, sizeof why) == -1) {
+    call_fail (c, ERROR_FAILED, why);
+    return;
+  }
+  if (c->person == uid) {
+    person_known (c);
+    return;
+  }
+  if (owner_lookups >= MLOOP_MAX_OWNER_LOOKUPS) {
+    snprintf (why, sizeof why, "the service is looking up the owners of "
+              "%u callers' subordinate uids already: try again",
+              owner_lookups);
+    call_fail (c, ERROR_LIMIT, why);
+    return;
+  }
+  owner_lookups++;
+  t = g_thread_try_new ("mloop-owner", owner_thread, c, &gerr);
+  if (t == NULL) {
+    owner_lookups--;
+    snprintf (why, sizeof why, "cannot start a thread: %s", gerr->message);
+    call_fail (c, ERROR_FAILED, why);
+    return;
+  }
+  g_thread_unref (t);
 }
 
 /* A new call of KIND: who makes it, then polkit's answer for ACTION. */

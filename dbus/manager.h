@@ -21,7 +21,7 @@
  * A user's Attach or Detach past MLOOP_MAX_CALLS_PER_USER of their calls
  * in progress is refused at once (org.mloop.Error.LimitsExceeded).
  * A "user" of each limit is a person, counted by login uid with all
- * their subordinate uids (caller.h, mloop_caller_person).
+ * their subordinate uids (caller.h, mloop_caller_login).
  *
  * Calls are served in parallel: each waits for polkit without holding up
  * the others (an authentication dialog may stay open a long time), then
@@ -64,6 +64,15 @@
  * the next call is refused at once (org.mloop.Error.LimitsExceeded).
  */
 #define MLOOP_MAX_UID_LOOKUPS 64
+
+/* Calls, all users' together, waiting for the user database to say
+ * whether their uid is a subordinate uid of their login uid's
+ * (caller.h), each in a thread of its own: a source that does not
+ * answer (LDAP, say) holds those calls, not the service's main loop.
+ * Past this many the next such call is refused at once
+ * (org.mloop.Error.LimitsExceeded); others are served as before.
+ */
+#define MLOOP_MAX_OWNER_LOOKUPS 64
 
 struct mloop_manager_limits {
   /* Devices attached through the service one user (not root) may have

@@ -26,7 +26,9 @@ user's call, and is refused after --authorization-timeout; an attach
 past --max-devices-per-user is refused in one line, and so is a call
 past the calls one user may have in progress (counted by login uid:
 a second uid with the first's login uid is refused past the first's
-calls, as subordinate uids in a user namespace would be), and so is, before polkit
+calls, as subordinate uids in a user namespace would be; with gdb
+holding the service's user database lookup of a named /etc/subuid
+owner for 6 s, another user's call is answered), and so is, before polkit
 is asked, a call carrying more than it needs (descriptors beyond an
 attach's image, a detach's name longer than a path, an option given
 twice), which would keep it all while it waits; the service logs a
@@ -415,6 +417,7 @@ def bounded_wait(bus, root_only):
           "for org.mloop.attach within 2 s (an authentication left waiting?)", out)
     calls_in_progress(bus, root_only)
     calls_of_one_person(bus, root_only)
+    owner_lookup_holds_nobody(bus, os.path.dirname(root_only), root_only)
     bus.set_service_args([])
 
 
@@ -471,9 +474,13 @@ def as_person(user, argv):
     return ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"] + argv
 
 
-def set_login_uid():
+def write_login_uid(login):
     with open("/proc/self/loginuid", "w") as f:
-        f.write(str(LOGIN_UID))
+        f.write(str(login))
+
+
+def set_login_uid():
+    write_login_uid(LOGIN_UID)
 
 
 def calls_of_one_person(bus, root_only):
@@ -522,6 +529,83 @@ def calls_of_one_person(bus, root_only):
     finally:
         if pile is not None:
             end_pile(pile)
+        bus.set_service_args(args)
+
+
+# gdb, attached to the service, holds the thread making its user
+# database lookup of an /etc/subuid owner's name (a slow NSS source:
+# LDAP, say) for HOLD_S seconds: that thread sleeps in a call gdb makes,
+# which lets the service's other threads run on meanwhile.
+HOLD_S = 6
+HOLD_IN_OWNER_LOOKUP = """set pagination off
+set confirm off
+set breakpoint pending on
+handle all nostop noprint pass
+break getpwnam_r
+commands 1
+silent
+delete 1
+shell touch {held}
+call (unsigned int) sleep (%d)
+detach
+quit
+end
+shell touch {ready}
+continue
+""" % HOLD_S
+# An owner named in /etc/subuid, as adduser writes it: Debian's lp.
+NAMED_OWNER = ("lp", 7)
+
+
+def owner_lookup_holds_nobody(bus, work, root_only):
+    """The service looks up the name of the owner of a subordinate uid's
+    range when a caller of that uid has the owner's login uid; with that
+    lookup held (gdb), another user's call is answered meanwhile, and
+    the held call then gets polkit's answer."""
+    gdb = shutil.which("gdb")
+    if gdb is None or not os.path.exists("/proc/self/loginuid"):
+        print("# skipped: an owner's lookup held: no gdb or no login uids")
+        return
+    name, login = NAMED_OWNER
+    held, ready = (os.path.join(work, f) for f in ("held", "ready"))
+    for f in (held, ready):
+        if os.path.exists(f):
+            os.unlink(f)
+    args = bus.service_args
+    bus.set_service_args(args, subuid=f"{name}:2:2\n")
+    call_on(bus, "detach", "/dev/nbd0")          # the service is running
+    script = os.path.join(work, "hold-owner.gdb")
+    with open(script, "w") as f:
+        f.write(HOLD_IN_OWNER_LOOKUP.format(held=held, ready=ready))
+    debugger = subprocess.Popen([gdb, "-q", "-batch", "-nx", "-x", script, "-p",
+                                 str(bus.service_pid())],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    caller = None
+    try:
+        harness_wait(lambda: os.path.exists(ready) or debugger.poll() is not None)
+        if not os.path.exists(ready):
+            why = (stop_gdb(debugger).strip().splitlines() or ["no answer"])[-1]
+            print(f"# skipped: gdb cannot attach to the service ({why})")
+            return
+        caller = subprocess.Popen(
+            as_person(ONE_PERSON[0], CALL + ["attach", "ro", root_only]),
+            env=bus.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            preexec_fn=lambda: write_login_uid(login))
+        harness_wait(lambda: os.path.exists(held) or debugger.poll() is not None)
+        check("the service looks up the name of a subordinate uid's owner",
+              os.path.exists(held), stop_gdb(debugger)[-300:] if not os.path.exists(held)
+              else "")
+        out = call_as(bus, USER, ["answered-within", str(HOLD_S // 2)], timeout=30)
+        check("another user's call is answered while an owner's lookup is held",
+              out.startswith("ANSWERED"), out)
+        out = one_line(subprocess.CompletedProcess([], 0, caller.communicate(timeout=30)[0], ""))
+        check("the call whose owner was looked up gets polkit's answer",
+              out.startswith("ERROR not authorized: polkit refused"), out)
+    finally:
+        stop_gdb(debugger)
+        if caller is not None and caller.poll() is None:
+            caller.kill()
+            caller.wait()
         bus.set_service_args(args)
 
 
