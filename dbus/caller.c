@@ -116,20 +116,32 @@ status_euid (const char *status)
   return (long long) effective;
 }
 
-/* Whether OWNER, a name or a uid as /etc/subuid gives it, is LOGIN. */
+/* Whether OWNER, a name or a uid as /etc/subuid gives it, is LOGIN.
+ * The user database's entry may be larger than any first guess (a
+ * long GECOS field, a directory's attributes): the buffer grows until
+ * it fits, to a bound, since an owner not matched would leave each of
+ * their subordinate uids a person of its own.
+ */
 static bool
 owner_is (const char *owner, uid_t login)
 {
   struct passwd pw, *found = NULL;
-  char buf[4096], *end;
+  g_autofree char *buf = NULL;
+  size_t size = 4096;
+  char *end;
   unsigned long long n;
+  int r;
 
   errno = 0;
   n = strtoull (owner, &end, 10);
   if (errno == 0 && end != owner && *end == '\0')
     return n == (unsigned long long) login;
-  return getpwnam_r (owner, &pw, buf, sizeof buf, &found) == 0 &&
-    found != NULL && pw.pw_uid == login;
+  do {
+    buf = g_realloc (g_steal_pointer (&buf), size);
+    r = getpwnam_r (owner, &pw, buf, size, &found);
+    size *= 2;
+  } while (r == ERANGE && size <= (1u << 20));
+  return r == 0 && found != NULL && pw.pw_uid == login;
 }
 
 /* Whether UID is one of LOGIN's subordinate uids (FILE: /etc/subuid,

@@ -4,8 +4,9 @@
  * Thread model: calls arrive in the main loop's thread, which asks
  * polkit for each without waiting (caller.h), so a caller whose
  * authentication dialog stays open holds up nobody else.  A caller
- * whose login uid is not its uid is matched with /etc/subuid in a
- * thread of its own, since the user database may never answer.  A detach's
+ * whose login uid is not its uid is matched with /etc/subuid in the
+ * owner lookup thread, since the user database may never answer.  A
+ * detach's
  * path is then resolved as its caller in a thread of the call's own,
  * since a path on the caller's FUSE mount may never resolve: that holds
  * up only the caller, whose calls in progress are bounded.  What a call
@@ -699,11 +700,19 @@ ask_detach_other (gpointer data)
 static unsigned uid_lookups;
 
 /* Calls whose person is looked for in the user database (main thread
- * only): each holds a thread of its own, its message and descriptor,
- * and is counted against nobody yet.  Past MLOOP_MAX_OWNER_LOOKUPS the
- * next such call is refused at once.
+ * only): each holds its message and descriptor, and is counted against
+ * nobody yet.  Past MLOOP_MAX_OWNER_LOOKUPS the next such call is
+ * refused at once.
  */
 static unsigned owner_lookups;
+
+/* The one thread that looks them up, one after the other: their calls
+ * come back to the main loop in the order they came, and are counted
+ * so (a caller's last call past their cap is the one refused), which
+ * a thread per call would not keep.  A lookup that never ends holds up
+ * only calls that need one.
+ */
+static GThreadPool *owner_thread;
 
 /* C's person known: counted, then polkit's answer for C's ACTION. */
 static void
@@ -732,19 +741,20 @@ owner_looked_up (gpointer data)
   return G_SOURCE_REMOVE;
 }
 
-/* In a thread of C's own: whether C's login uid, in C->person, is its
+/* In the owner thread: whether C's login uid, in C->person, is its
  * person, which may wait on the user database as long as its sources
  * take (caller.h): a wait in the main thread would hold up every call.
+ * Sources of one priority run in the order they were attached, so the
+ * main loop takes the answers in this thread's order.
  */
-static gpointer
-owner_thread (gpointer data)
+static void
+owner_thread_run (gpointer data, gpointer unused)
 {
   struct call *c = data;
 
   if (!mloop_caller_subordinate (c->uid, c->person))
     c->person = c->uid;
   g_main_context_invoke (NULL, owner_looked_up, c);
-  return NULL;
 }
 
 /* The bus's answer: C's user, then its person, counted. */
@@ -752,10 +762,8 @@ static void
 caller_known (GDBusMethodInvocation *invocation, uid_t uid, pid_t pid,
               const char *err, gpointer data)
 {
-  g_autoptr (GError) gerr = NULL;
   struct call *c = data;
   char why[256];
-  GThread *t;
 
   uid_lookups--;
   if (err) {
@@ -780,14 +788,7 @@ caller_known (GDBusMethodInvocation *invocation, uid_t uid, pid_t pid,
     return;
   }
   owner_lookups++;
-  t = g_thread_try_new ("mloop-owner", owner_thread, c, &gerr);
-  if (t == NULL) {
-    owner_lookups--;
-    snprintf (why, sizeof why, "cannot start a thread: %s", gerr->message);
-    call_fail (c, ERROR_FAILED, why);
-    return;
-  }
-  g_thread_unref (t);
+  g_thread_pool_push (owner_thread, c, NULL);
 }
 
 /* A new call of KIND: who makes it, then polkit's answer for ACTION. */
@@ -943,6 +944,13 @@ mloop_manager_export (GDBusConnection *connection,
                                        &gerr);
   if (device_thread == NULL) {
     g_warning ("cannot start the device thread: %s", gerr->message);
+    return false;
+  }
+  if (owner_thread == NULL)
+    owner_thread = g_thread_pool_new (owner_thread_run, NULL, 1, FALSE,
+                                      &gerr);
+  if (owner_thread == NULL) {
+    g_warning ("cannot start the owner lookup thread: %s", gerr->message);
     return false;
   }
 

@@ -14,8 +14,9 @@ or "ERROR message".
   dbus_call.py pile N PATH WAIT
       N read-only attaches of PATH sent at once, each allowing an
       authentication dialog (run under silent_agent.py, they wait),
-      then one more without: its answer; then, once that answer
-      changes (asked every 0.2 s, for at most WAIT seconds), the new one.
+      then one more without: its answer, at once on a line of its own
+      ("FIRST answer"); then, once that answer changes (asked every
+      0.2 s, for at most WAIT seconds), both on one line, "first / new".
   dbus_call.py heavy N attach|detach PATH FDS NAME_BYTES [REPEAT]
       N calls sent at once, as pile's, each carrying FDS descriptors of
       PATH (an attach's image is the first) and a name of NAME_BYTES
@@ -154,6 +155,7 @@ def pile(bus, n, path, wait):
             return f"ERROR {e.get_dbus_message()}"
 
     first = later = ask()
+    print(f"FIRST {first}", flush=True)
     end = time.monotonic() + wait
     while later == first and time.monotonic() < end:
         time.sleep(0.2)

@@ -91,7 +91,8 @@ def _wait(pred, what, timeout=20):
 
 
 class ServiceBus:
-    def __init__(self, service_bin, source_dbus_dir, env=None, unit=None, subuid=None):
+    def __init__(self, service_bin, source_dbus_dir, env=None, unit=None, subuid=None,
+                 passwd=None):
         """ENV: the environment of the bus and what it starts (the
         service's runtime directory, say); this process's by default.
         UNIT: the built mloop-dbus.service; the bus then activates the
@@ -99,7 +100,8 @@ class ServiceBus:
         that unit, sandbox and all, as on a machine booted with systemd.
         SUBUID: the text of /etc/subuid the service sees (bound over the
         machine's in a mount namespace of its own, which later mounts of
-        the machine's may not reach), or None for the machine's."""
+        the machine's may not reach), or None for the machine's.  PASSWD:
+        likewise, the text of /etc/passwd the service sees."""
         for tool in ("dbus-daemon", "gdbus", "unshare", "setpriv"):
             if shutil.which(tool) is None:
                 raise Unavailable(f"{tool} is not installed")
@@ -119,7 +121,7 @@ class ServiceBus:
         self.daemon = self.polkitd = self.manager = None
         self.service_args = []
         self.unit = unit
-        self.subuid = subuid
+        self._set_etc(subuid, passwd)
         if unit is not None and not os.path.exists(unit):
             raise Unavailable(f"{unit} is not built (no systemd pkg-config file at setup)")
 
@@ -192,14 +194,16 @@ class ServiceBus:
     def _write_service_file(self):
         command = " ".join([self.service_bin] + self.service_args)
         exec_line = command
-        if self.subuid is not None:
-            subuid = self._write("subuid", self.subuid)
-            if not self.unit:
-                # The bus runs a program by its absolute path only;
-                # slave: the tests' later mounts (FUSE) reach the service.
-                exec_line = (f"{shutil.which('unshare')} --mount --propagation slave "
-                             f"{shutil.which('sh')} -c "
-                             f"'mount --bind {subuid} /etc/subuid && exec {command}'")
+        # Files of /etc the service sees in place of the machine's.
+        binds = {self._write(name, text): f"/etc/{name}"
+                 for name, text in self.etc.items()}
+        if binds and not self.unit:
+            # The bus runs a program by its absolute path only;
+            # slave: the tests' later mounts (FUSE) reach the service.
+            mounts = "".join(f"mount --bind {source} {target} && "
+                             for source, target in binds.items())
+            exec_line = (f"{shutil.which('unshare')} --mount --propagation slave "
+                         f"{shutil.which('sh')} -c '{mounts}exec {command}'")
         activation = ("[D-BUS Service]\nName=org.mloop.Manager1\n"
                       f"Exec={exec_line}\nUser=root\n")
         if self.unit:
@@ -211,18 +215,23 @@ class ServiceBus:
                                     f"[Service]\nExecStart=\nExecStart={command}\n"
                                     f"StandardOutput=append:{self.dir}/service.log\n"
                                     f"StandardError=append:{self.dir}/service.log\n" +
-                                    (f"BindReadOnlyPaths={self.dir}/subuid:/etc/subuid\n"
-                                     if self.subuid is not None else ""))
+                                    "".join(f"BindReadOnlyPaths={source}:{target}\n"
+                                            for source, target in binds.items()))
             if self.manager.proc is not None:
                 self.manager.systemctl("daemon-reload")
 
-    def set_service_args(self, args, subuid=None):
+    def _set_etc(self, subuid, passwd):
+        self.etc = {name: text for name, text in (("subuid", subuid), ("passwd", passwd))
+                    if text is not None}
+
+    def set_service_args(self, args, subuid=None, passwd=None):
         """The service's options (mloop-dbus(8)) from its next start on,
-        and the /etc/subuid it sees (SUBUID: as for __init__): the
-        running one is stopped, and the bus rereads its service files."""
+        and the /etc/subuid and /etc/passwd it sees (SUBUID, PASSWD: as
+        for __init__): the running one is stopped, and the bus rereads
+        its service files."""
         self.kill_service()
         self.service_args = list(args)
-        self.subuid = subuid
+        self._set_etc(subuid, passwd)
         self._write_service_file()
         subprocess.run(
             ["gdbus", "call", "--system", "--dest", "org.freedesktop.DBus",

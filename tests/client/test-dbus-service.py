@@ -28,7 +28,8 @@ past the calls one user may have in progress (counted by login uid:
 a second uid with the first's login uid is refused past the first's
 calls, as subordinate uids in a user namespace would be; with gdb
 holding the service's user database lookup of a named /etc/subuid
-owner for 6 s, another user's call is answered), and so is, before polkit
+owner for 6 s, another user's call is answered; an owner whose entry
+is 6,000 bytes long is still matched), and so is, before polkit
 is asked, a call carrying more than it needs (descriptors beyond an
 attach's image, a detach's name longer than a path, an option given
 twice), which would keep it all while it waits; the service logs a
@@ -69,6 +70,7 @@ measured with the machine loaded; 37 s measured since the FUSE file
 system of a user namespace, 7 s, the overlay of one, 4.5 s, and the
 many mounts, 1-2 s, came);
 the standard and full tiers' client suite."""
+import contextlib
 import os
 import re
 import shutil
@@ -418,6 +420,7 @@ def bounded_wait(bus, root_only):
     calls_in_progress(bus, root_only)
     calls_of_one_person(bus, root_only)
     owner_lookup_holds_nobody(bus, os.path.dirname(root_only), root_only)
+    owner_with_long_entry(bus, root_only)
     bus.set_service_args([])
 
 
@@ -445,8 +448,8 @@ def calls_in_progress(bus, root_only):
         check("a user's call is not counted against another's calls in progress",
               out.startswith("ERROR") and "NBD" in out, out)
         try:
-            out = pile.communicate(timeout=40)[0].strip()
-        except subprocess.TimeoutExpired:
+            out = pile.communicate(timeout=40)[0].strip().splitlines()[-1]
+        except (subprocess.TimeoutExpired, IndexError):
             out = "no answer within 30 s"
         refused = (f"ERROR you have {MAX_CALLS_PER_USER} calls in progress, the most "
                    "one user may: wait for one to end")
@@ -483,6 +486,48 @@ def set_login_uid():
     write_login_uid(LOGIN_UID)
 
 
+@contextlib.contextmanager
+def one_person_piled(bus, root_only, login, subuid, passwd=None):
+    """With the service seeing SUBUID as /etc/subuid (and PASSWD as
+    /etc/passwd), the first uid of ONE_PERSON with login uid LOGIN keeps
+    as many calls waiting for authentication as one person may have;
+    then a call of the second uid with that login uid must be refused
+    at once, as the same person's.  The calls stay waiting while the
+    caller's block runs."""
+    first, second = ONE_PERSON
+    pile = None
+    args = bus.service_args
+    # The piled calls wait for authentication until the caller's block
+    # is done, however slowly the second call starts.
+    bus.set_service_args(["--authorization-timeout", "60"], subuid=subuid, passwd=passwd)
+    try:
+        pile = subprocess.Popen(
+            as_person(first, SILENT_AGENT + CALL + ["pile", str(MAX_CALLS_PER_USER),
+                                                    root_only, "60"]),
+            env=bus.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True, preexec_fn=lambda: write_login_uid(login))
+        # Its own next call refused: the piled ones are counted.
+        out = pile.stdout.readline().strip()
+        check("one uid's calls fill the calls one person may have in progress",
+              out == f"FIRST ERROR you have {MAX_CALLS_PER_USER} calls in progress, "
+              "the most one user may: wait for one to end", out)
+        r = subprocess.run(
+            as_person(second, CALL + ["attach", "ro", root_only,
+                                      os.path.abspath(root_only), "read-only=true"]),
+            env=bus.env, capture_output=True, text=True, timeout=60,
+            preexec_fn=lambda: write_login_uid(login))
+        out = one_line(r)
+        check("a call of another uid of one person's is refused past the calls "
+              "that person may have in progress",
+              out == f"ERROR you have {MAX_CALLS_PER_USER} calls in progress, the most "
+              "one user may: wait for one to end", out)
+        yield
+    finally:
+        if pile is not None:
+            end_pile(pile)
+        bus.set_service_args(args)
+
+
 def calls_of_one_person(bus, root_only):
     """The calls in progress one user may have are counted by the
     person, their login uid: one uid of theirs leaves as many calls
@@ -494,27 +539,7 @@ def calls_of_one_person(bus, root_only):
         print("# skipped: the calls of one person's uids: no login uids "
               "(a kernel without audit)")
         return
-    first, second = ONE_PERSON
-    pile = None
-    args = bus.service_args
-    bus.set_service_args(args, subuid=SUBUID)
-    try:
-        pile = subprocess.Popen(
-            as_person(first, SILENT_AGENT + CALL + ["pile", str(MAX_CALLS_PER_USER),
-                                                    root_only, "20"]),
-            env=bus.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            start_new_session=True, preexec_fn=set_login_uid)
-        time.sleep(0.5)
-        r = subprocess.run(
-            as_person(second, CALL + ["attach", "ro", root_only,
-                                      os.path.abspath(root_only), "read-only=true"]),
-            env=bus.env, capture_output=True, text=True, timeout=60,
-            preexec_fn=set_login_uid)
-        out = one_line(r)
-        check("a call of another uid of one person's is refused past the calls "
-              "that person may have in progress",
-              out == f"ERROR you have {MAX_CALLS_PER_USER} calls in progress, the most "
-              "one user may: wait for one to end", out)
+    with one_person_piled(bus, root_only, LOGIN_UID, SUBUID):
         # A process with no login uid may write any there, unprivileged:
         # OTHER, no subordinate uid of LOGIN_UID's, is not counted as them.
         r = subprocess.run(
@@ -526,10 +551,28 @@ def calls_of_one_person(bus, root_only):
         out = one_line(r)
         check("a uid that wrote another person's login uid itself is not counted "
               "as that person", out.startswith("ERROR not authorized"), out)
-    finally:
-        if pile is not None:
-            end_pile(pile)
-        bus.set_service_args(args)
+
+
+def owner_with_long_entry(bus, root_only):
+    """An /etc/subuid owner named, whose user database entry is larger
+    than a first guess of a buffer (a long GECOS field: 6,000 bytes), is
+    still matched: else each of their subordinate uids would count as a
+    person of its own, with caps of its own."""
+    if not os.path.exists("/proc/self/loginuid"):
+        print("# skipped: an owner with a long entry: no login uids")
+        return
+    name, login = NAMED_OWNER
+    with open("/etc/passwd") as f:
+        entries = f.read().splitlines()
+    found = [e for e in entries if e.split(":")[0] == name]
+    if not found or found[0].split(":")[2] != str(login):
+        print(f"# skipped: an owner with a long entry: no user {name} of uid {login}")
+        return
+    fields = found[0].split(":")
+    fields[4] = "x" * 6000
+    passwd = "".join((":".join(fields) if e == found[0] else e) + "\n" for e in entries)
+    with one_person_piled(bus, root_only, login, f"{name}:2:2\n", passwd):
+        pass
 
 
 # gdb, attached to the service, holds the thread making its user
