@@ -104,6 +104,7 @@ struct rbd_store {
   rbd_image_t rbd;
   uint64_t size;                /* atomic: the update watch changes it */
   bool locked;                  /* atomic: we hold the exclusive lock */
+  bool lock_wanted;             /* atomic: one lost is taken again */
   /* What librbd's effective configuration (client, pool and image
    * levels; see read_effective_config) makes of writes.
    */
@@ -121,6 +122,7 @@ struct rbd_store {
   bool silent;                  /* atomic: said so, not yet that it answers */
   pthread_mutex_t silence_lock; /* the rest, and the notices' order */
   pthread_mutex_t regain_lock;  /* one request takes a lost lock again */
+  uint64_t regain_refused_ms;   /* monotonic: the last try, refused */
   /* The lock record checked after librbd's watch comes back (see
    * "lock lost"): the checker thread, woken by the update watch.
    */
@@ -277,43 +279,63 @@ answered (struct rbd_store *st, long r)
 static int refuse_live_peers (struct rbd_store *st, const char *history,
                               char *err, size_t errlen);
 
+/* How long after a refused try at taking a lost lock again the next
+ * write tries again: each try asks the cluster twice or three times on
+ * the thread of the request that makes it.
+ */
+#define REGAIN_PAUSE_MS 1000
+
 /* librbd can lose the exclusive lock without our being blocklisted:
  * when its watch on the header is re-established after a timeout (the
  * process stopped, the network gone for longer than
  * osd_client_watch_timeout) and the lock was broken meanwhile by a
  * client that did not blocklist us and holds it explicitly.  librbd
  * asks that client for the lock, is refused, and once the other lets
- * it go never asks again: every later write fails with EROFS.  R: what librbd answered a write, trim, zero or flush.
- * Returns whether the lock was lost and is ours again, so that the
- * request can be made once more; a live client holding it now is left
- * alone, and the store says it has lost the lock.  Blocks (librbd's
- * calls): never on a librbd thread.
+ * it go never asks again: every later write fails with EROFS.  R: what
+ * librbd answered a write, trim, zero or flush.  Returns whether the
+ * lock was lost and is ours again, so that the request can be made once
+ * more.  A live client holding it or having the image open is left
+ * alone, and the store says it has lost the lock; a later write tries
+ * again, at most once every REGAIN_PAUSE_MS, so that the lock comes
+ * back once that client lets it go, as the store says, whenever the
+ * first write after the loss came.  Blocks (librbd's calls): never on a
+ * librbd thread.
  */
 static bool
 regained (struct rbd_store *st, long r)
 {
   char err[256];
   int owner = 0;
-  bool ok;
+  bool ok, was_locked;
 
-  if (r != -EROFS || !__atomic_load_n (&st->locked, __ATOMIC_ACQUIRE))
+  if (r != -EROFS || !__atomic_load_n (&st->lock_wanted, __ATOMIC_ACQUIRE))
     return false;
   pthread_mutex_lock (&st->regain_lock);
-  if (!__atomic_load_n (&st->locked, __ATOMIC_ACQUIRE))
+  was_locked = __atomic_load_n (&st->locked, __ATOMIC_ACQUIRE);
+  if (!__atomic_load_n (&st->lock_wanted, __ATOMIC_ACQUIRE))
     ok = false;
-  else if (rbd_is_exclusive_lock_owner (st->rbd, &owner) == 0 && owner)
+  else if (was_locked && rbd_is_exclusive_lock_owner (st->rbd, &owner) == 0
+           && owner)
     ok = true;                  /* another request took it again */
+  else if (!was_locked &&
+           monotonic_ms () - st->regain_refused_ms < REGAIN_PAUSE_MS)
+    ok = false;                 /* refused a moment ago */
   else {
     err[0] = '\0';
     ok = refuse_live_peers (st, NULL, err, sizeof err) == 0 &&
       rbd_lock_acquire (st->rbd, RBD_LOCK_MODE_EXCLUSIVE) == 0;
-    if (ok)
-      say (st, "%s: librbd lost the exclusive lock (its watch "
-           "re-established): taken again", st->name);
+    if (ok) {
+      __atomic_store_n (&st->locked, true, __ATOMIC_RELEASE);
+      say (st, "%s: librbd lost the exclusive lock: taken again", st->name);
+    }
     else {
       __atomic_store_n (&st->locked, false, __ATOMIC_RELEASE);
-      say (st, "%s: librbd lost the exclusive lock and it cannot be taken "
-           "again%s%s: writes fail", st->name, err[0] ? ": " : "", err);
+      st->regain_refused_ms = monotonic_ms ();
+      /* Once: a write that finds it still taken says nothing new. */
+      if (was_locked)
+        say (st, "%s: librbd lost the exclusive lock and it cannot be "
+             "taken again now%s%s: writes fail until it is free",
+             st->name, err[0] ? ": " : "", err);
     }
   }
   pthread_mutex_unlock (&st->regain_lock);
@@ -1084,24 +1106,26 @@ store_set_size (struct mloop_store *s, uint64_t size, char *err,
 
 /* The exclusive-lock feature turned off (`rbd feature disable IMAGE
  * exclusive-lock`, which librbd hands to the holder, us, to perform)
- * while we hold the lock: there is no lock any more, and any client
- * may write beside us.  Nothing refuses it, so the store says so once;
- * its description says the lock is lost.  A feature turned on again
- * gives no lock back: librbd would take one on its own at the next
- * write, and hand it to any client that asked.
+ * while we hold the lock, or want it back: there is no lock any more,
+ * and any client may write beside us.  Nothing refuses it, so the store
+ * says so once; its description says the lock is lost.  A feature
+ * turned on again gives no lock back: librbd would take one on its own
+ * at the next write, and hand it to any client that asked.
  */
 static void
 check_feature_kept (struct rbd_store *st)
 {
   uint64_t features;
 
-  if (__atomic_load_n (&st->locked, __ATOMIC_ACQUIRE) &&
+  if (__atomic_load_n (&st->lock_wanted, __ATOMIC_ACQUIRE) &&
       rbd_get_features (st->rbd, &features) == 0 &&
       !(features & RBD_FEATURE_EXCLUSIVE_LOCK) &&
-      __atomic_exchange_n (&st->locked, false, __ATOMIC_ACQ_REL))
+      __atomic_exchange_n (&st->lock_wanted, false, __ATOMIC_ACQ_REL)) {
+    __atomic_store_n (&st->locked, false, __ATOMIC_RELEASE);
     say (st, "%s: its exclusive-lock feature was turned off: other clients "
          "may now write it beside this server (turn it on and restart the "
          "server to be its one writer again)", st->name);
+  }
 }
 
 /* librbd's update watch: the image's header changed (a resize, a
@@ -2022,6 +2046,7 @@ take_lock (struct rbd_store *st, const char *record, char *err,
   r = rbd_lock_acquire (st->rbd, RBD_LOCK_MODE_EXCLUSIVE);
   if (r == 0) {
     st->locked = true;
+    st->lock_wanted = true;
     st->own_address = own_lock_address (st);
     if (st->own_address && (own == NULL || strcmp (own, st->own_address)))
       write_record (record, st->own_address);

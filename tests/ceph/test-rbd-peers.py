@@ -38,7 +38,9 @@ on a real one-node cluster (tests/ceph/cluster.py):
    the lock is (gdb holds it there): the device's lock record must not
    name that client as one of its servers, and the server's first
    write must fail rather than land beside that client's (librbd still
-   believes it holds the lock: a break tells it nothing);
+   believes it holds the lock: a break tells it nothing); once that
+   client lets the lock go, a later write through the same connection
+   takes it again and succeeds (not only the first write tries);
 2b. a device's server killed (gdb) as its rbd_lock_acquire returns,
    then its successor as its rbd_lock_break of that lock returns, both
    watches still up: the next server with the same lock record breaks
@@ -142,7 +144,7 @@ other heavy work: the cluster's start 6-7 s (up to 19 s loaded), 1 and
 test sets osd_client_watch_timeout to), the arriving writer 2-3 s
 (gdb's start), 20 watchers, 2c, 2e and 3 to 6 about 1-3 s each, 2d about 5 s
 (`rbd feature disable`), 1d about 6 s (a watch timeout), 2f 3-5 s, 3b
-under 1 s, 2q 1-2 s, 2b 12 s (two gdb starts), 2i 9 s (4,100 snapshots added
+under 1 s, 2q 2-3 s, 2b 12 s (two gdb starts), 2i 9 s (4,100 snapshots added
 to the header), 2j 2-3 s, 2k under 1 s, 2l, 2m, 2n and 2o 1-2 s each;
 80-95 s in all, beside other work.
 """
@@ -816,11 +818,33 @@ def section_lock_stolen_at_start():
             wrote = e
         check("its write fails rather than land beside the lock's holder",
               wrote is not None, "the write succeeded")
-        h.shutdown()
         check("the image does not have that write",
               export(c.spec("stolen"))[:4096] != b"s" * 4096)
         check("the server says its lock was taken from it",
               s.says("taken from this server", 10), s.stderr()[-600:])
+        # It said a write takes the lock again once it is free: not only
+        # the first write, which found the other client holding it.
+        b.stdin.write("\n")
+        b.stdin.flush()
+        said = b.stdout.readline().strip()
+        b.wait(30)
+        b = None
+        check("the other client let the lock go", said == "closed", said)
+        time.sleep(1.1)     # past the server's pause between two tries
+        try:
+            h.pwrite(b"t" * 4096, 0)
+            h.flush()
+            wrote = None
+        except nbd.Error as e:
+            wrote = e
+        check("once the lock is free, the server writes again", wrote is None,
+              str(wrote))
+        held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("stolen")))
+        check("it holds the exclusive lock again", len(held) == 1
+              and held[0]["address"] != theirs, repr(held))
+        h.shutdown()
+        check("the image has the write made once the lock was free",
+              export(c.spec("stolen"))[:4096] == b"t" * 4096)
     finally:
         if b is not None:
             b.stdin.close()
