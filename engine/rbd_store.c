@@ -1934,8 +1934,19 @@ refuse_live_peers (struct rbd_store *st, const char *history, char *err,
    * a client opening the image and taking the lock between the two
    * would be an owner missing from the list, taken for dead and broken.
    */
-  if (rbd_lock_get_owners (st->rbd, &mode, owners, &n) != 0)
-    n = 0;
+  /* Not knowing who holds the lock, asking librbd for it would have
+   * librbd break it wherever the holder has no watch, blocklisting it
+   * only where rbd_blocklist_on_break_lock says so: a holder only
+   * stopped would write beside us once continued.  Refused instead.
+   */
+  if ((r = rbd_lock_get_owners (st->rbd, &mode, owners, &n)) == -ENOENT)
+    n = 0;                      /* nobody holds it */
+  else if (r < 0) {
+    snprintf (err, errlen, "%s: reading who holds its exclusive lock, to "
+              "tell a live holder from a dead one: %s", st->name,
+              strerror (-r));
+    return r;
+  }
   /* Not knowing who lives on the image, asking for its lock could take
    * it from a live holder: refused instead.
    */

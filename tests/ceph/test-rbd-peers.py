@@ -41,6 +41,12 @@ on a real one-node cluster (tests/ceph/cluster.py):
    believes it holds the lock: a break tells it nothing); once that
    client lets the lock go, a later write through the same connection
    takes it again and succeeds (not only the first write tries);
+2r. the lock's owners unreadable (gdb forges a timeout of the server's
+   rbd_lock_get_owners) while its holder, a server stopped until the
+   OSD dropped its watch, is on an image that turns librbd's
+   blocklisting off: the new server is refused in one line, rather
+   than have librbd break the holder's lock unfenced; the holder,
+   continued, still holds the lock and writes on;
 2b. a device's server killed (gdb) as its rbd_lock_acquire returns,
    then its successor as its rbd_lock_break of that lock returns, both
    watches still up: the next server with the same lock record breaks
@@ -144,7 +150,7 @@ other heavy work: the cluster's start 6-7 s (up to 19 s loaded), 1 and
 test sets osd_client_watch_timeout to), the arriving writer 2-3 s
 (gdb's start), 20 watchers, 2c, 2e and 3 to 6 about 1-3 s each, 2d about 5 s
 (`rbd feature disable`), 1d about 6 s (a watch timeout), 2f 3-5 s, 3b
-under 1 s, 2q 2-3 s, 2b 12 s (two gdb starts), 2i 9 s (4,100 snapshots added
+under 1 s, 2q 2-3 s, 2r 6-7 s (a watch timeout), 2b 12 s (two gdb starts), 2i 9 s (4,100 snapshots added
 to the header), 2j 2-3 s, 2k under 1 s, 2l, 2m, 2n and 2o 1-2 s each;
 80-95 s in all, beside other work.
 """
@@ -855,6 +861,79 @@ def section_lock_stolen_at_start():
         except (OSError, ValueError):
             pass
         s.stop()
+
+
+# Makes mloop-server's first rbd_lock_get_owners (its look at who holds
+# the lock) fail with ETIMEDOUT, as an OSD slow past --io-timeout would
+# answer it, and leaves librbd alone after.
+OWNERS_UNREAD = """set pagination off
+set confirm off
+set breakpoint pending on
+handle all nostop noprint pass
+break rbd_lock_get_owners
+commands 1
+silent
+delete 1
+return (int) -110
+continue
+end
+run
+"""
+
+
+def section_owners_unread():
+    """The lock's owners cannot be read (gdb forges a timeout) while its
+    holder, a server stopped (SIGSTOP) until the OSD dropped its watch,
+    is on an image whose configuration turns librbd's blocklisting off.
+    Not knowing who holds the lock, the new server must not ask librbd
+    for it: librbd would break a holder it finds without a watch, not
+    blocklisting it, and the holder, continued, would write beside the
+    new server.  It is refused in one line, and the holder writes on."""
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        print("# skipped: no gdb to forge librbd's answer")
+        return
+    c.create_image("owners-unread", 8 * MiB)
+    c.rbd("config", "image", "set", c.spec("owners-unread"),
+          "rbd_blocklist_on_break_lock", "false")
+    spec = f"rbd:{c.spec('owners-unread')}"
+    old = start("a server holding the lock", spec)
+    h_old = old.connect()
+    held = holds_lock_after_write(h_old, "owners-unread", b"o")
+    procstop.sigstop(old.proc.pid)
+    try:
+        check("the stopped server's watch ends", watches_end("owners-unread"))
+        script = c.path("test", "owners-unread.gdb")
+        with open(script, "w") as f:
+            f.write(OWNERS_UNREAD)
+        new = Server(spec, wrap=[gdb, "-q", "-batch", "-nx", "-x", script, "--args"])
+        if new.ready(REFUSE_LIMIT):
+            check("a server that cannot read the lock's owners is refused", False,
+                  "it started: " + new.stderr().strip()[-500:])
+            with open(new.pid_file) as f:
+                os.kill(int(f.read()), signal.SIGTERM)
+            new.stop()
+        else:
+            new.proc.wait(60)   # gdb's exit, not the server's: its line says
+            said = [line for line in new.stderr().splitlines()
+                    if line.startswith("mloop-server")]
+            check("a server that cannot read the lock's owners is refused in one line",
+                  len(said) == 1 and "who holds its exclusive lock" in said[0],
+                  repr(said))
+    finally:
+        old.proc.send_signal(signal.SIGCONT)
+    now = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("owners-unread")))
+    check("the stopped server still holds the lock",
+          [e["address"] for e in now] == [held[0]["address"]], f"{now!r}, was {held!r}")
+    try:
+        h_old.pwrite(b"p" * 4096, 0)
+        h_old.flush()
+        wrote = None
+    except nbd.Error as e:
+        wrote = e
+    check("the continued server writes on", wrote is None, str(wrote))
+    h_old.shutdown()
+    old.stop()
 
 
 # --- a device's successive servers -----------------------------------------
@@ -1800,6 +1879,8 @@ try:
             section_own_lock_unknown)
     section("the lock taken from the server as it starts",
             section_lock_stolen_at_start)
+    section("the lock's owners unread, a stopped holder, blocklisting off",
+            section_owners_unread)
     section("a device's servers killed one after another", section_successors)
     section("a device's servers killed mid-start", section_killed_mid_start)
     section("a stopped server's successor, blocklisting off",
