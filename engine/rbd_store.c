@@ -1550,18 +1550,25 @@ lock_holder (struct rbd_store *st)
   return holder;
 }
 
-/* The lock just taken was taken from us at once.  A break tells librbd
- * nothing: it still believes it holds the lock, and would write beside
- * the new holder.  That belief is dropped, as check_lock_record does,
- * so that the next write is answered EROFS and takes the lock again
- * once it is free (regained).
+/* The lock just taken was taken from us at once, or whether it was
+ * cannot be told (R, rbd_is_exclusive_lock_owner's error).  A break
+ * tells librbd nothing: it still believes it holds the lock, and would
+ * write beside the new holder.  That belief is dropped, as
+ * check_lock_record does, so that the next write is answered EROFS and
+ * takes the lock again once it is free (regained), having looked at
+ * who holds it then.
  */
 static void
-drop_taken_lock (struct rbd_store *st)
+drop_taken_lock (struct rbd_store *st, int r)
 {
   rbd_lock_release (st->rbd);
-  say (st, "%s: its exclusive lock was taken from this server as it took "
-       "it: a write takes it again once it is free", st->name);
+  if (r < 0)
+    say (st, "%s: whether this server still holds the exclusive lock it "
+         "took cannot be told (%s): let go, a write takes it again once "
+         "it is free", st->name, strerror (-r));
+  else
+    say (st, "%s: its exclusive lock was taken from this server as it "
+         "took it: a write takes it again once it is free", st->name);
 }
 
 /* The address the cluster records the lock we just took under
@@ -1571,7 +1578,10 @@ drop_taken_lock (struct rbd_store *st)
  * blocklisting us (rbd_blocklist_on_break_lock false) and taking it
  * would otherwise be taken for this server, written into the device's
  * lock record as one of its servers (its lock broken and itself
- * blocklisted by the next), and never judged by its watch.
+ * blocklisted by the next), and never judged by its watch.  Where
+ * librbd cannot say whether it still holds the lock, it is let go all
+ * the same: librbd would go on writing under a lock that may be that
+ * client's.
  */
 static char *
 own_lock_address (struct rbd_store *st)
@@ -1580,9 +1590,8 @@ own_lock_address (struct rbd_store *st)
   int owner = 0;
   const int r = rbd_is_exclusive_lock_owner (st->rbd, &owner);
 
-  if (r == 0 && !owner)
-    drop_taken_lock (st);
-  if (holder && (r < 0 || !owner)) {
+  if (r < 0 || !owner) {
+    drop_taken_lock (st, r);
     free (holder);
     holder = NULL;
   }

@@ -40,7 +40,10 @@ on a real one-node cluster (tests/ceph/cluster.py):
    write must fail rather than land beside that client's (librbd still
    believes it holds the lock: a break tells it nothing); once that
    client lets the lock go, a later write through the same connection
-   takes it again and succeeds (not only the first write tries);
+   takes it again and succeeds (not only the first write tries); the
+   same again with librbd failing (gdb) to say whether the server still
+   holds the lock once it has read the owner: its first write fails
+   all the same;
 2r. the lock's owners unreadable (gdb forges a timeout of the server's
    rbd_lock_get_owners) while its holder, a server stopped until the
    OSD dropped its watch, is on an image that turns librbd's
@@ -150,9 +153,9 @@ other heavy work: the cluster's start 6-7 s (up to 19 s loaded), 1 and
 test sets osd_client_watch_timeout to), the arriving writer 2-3 s
 (gdb's start), 20 watchers, 2c, 2e and 3 to 6 about 1-3 s each, 2d about 5 s
 (`rbd feature disable`), 1d about 6 s (a watch timeout), 2f 3-5 s, 3b
-under 1 s, 2q 2-3 s, 2r 6-7 s (a watch timeout), 2b 12 s (two gdb starts), 2i 9 s (4,100 snapshots added
+under 1 s, 2q 5-6 s (two cases), 2r 6-7 s (a watch timeout), 2b 12 s (two gdb starts), 2i 9 s (4,100 snapshots added
 to the header), 2j 2-3 s, 2k under 1 s, 2l, 2m, 2n and 2o 1-2 s each;
-80-95 s in all, beside other work.
+90-120 s in all, beside other work.
 """
 import datetime
 import json
@@ -748,7 +751,19 @@ shell while [ ! -e {go} ]; do sleep 0.05; done
 delete 1
 continue
 end
-run
+{more}run
+"""
+
+# With PAUSE_AFTER_ACQUIRE: the server's first rbd_is_exclusive_lock_owner,
+# its look at whether it still holds the lock it read the owner of,
+# fails with ETIMEDOUT (an OSD slow past --io-timeout).
+OWNER_UNTOLD = """break rbd_is_exclusive_lock_owner
+commands 2
+silent
+delete 2
+return (int) -110
+continue
+end
 """
 
 # Breaks the lock's holders without blocklisting them, takes the lock
@@ -774,24 +789,27 @@ print("closed", flush=True)
 """
 
 
-def section_lock_stolen_at_start():
+def section_lock_stolen_at_start(untold=False):
     """Another client breaks the lock mloop-server has just taken, without
     blocklisting it, and takes it, before the server reads whose the
     lock is (gdb holds it there): the server must not take that client
     for itself, nor write it into the device's lock record as one of
     the device's servers (whose lock the next server breaks, and which
-    it blocklists)."""
+    it blocklists).  UNTOLD: librbd then fails to say whether it still
+    holds the lock, and the server must not write all the same."""
     gdb = shutil.which("gdb")
     if gdb is None:
         print("# skipped: no gdb to hold the server after it took the lock")
         return
-    c.create_image("stolen", 8 * MiB)
-    paused, go = c.path("test", "stolen-paused"), c.path("test", "stolen-go")
-    record = c.path("test", "stolen.lock")
-    script = c.path("test", "stolen.gdb")
+    name = "stolen-untold" if untold else "stolen"
+    c.create_image(name, 8 * MiB)
+    paused, go = c.path("test", f"{name}-paused"), c.path("test", f"{name}-go")
+    record = c.path("test", f"{name}.lock")
+    script = c.path("test", f"{name}.gdb")
     with open(script, "w") as f:
-        f.write(PAUSE_AFTER_ACQUIRE.format(paused=paused, go=go))
-    s = Server(f"rbd:{c.spec('stolen')}", args=["--lock-record=" + record],
+        f.write(PAUSE_AFTER_ACQUIRE.format(paused=paused, go=go,
+                                           more=OWNER_UNTOLD if untold else ""))
+    s = Server(f"rbd:{c.spec(name)}", args=["--lock-record=" + record],
                wrap=[gdb, "-q", "-batch", "-nx", "-x", script, "--args"])
     b = None
     try:
@@ -802,12 +820,12 @@ def section_lock_stolen_at_start():
         if not check("gdb holds mloop-server after it took the lock",
                      os.path.exists(paused), s.stderr().strip()[-500:]):
             raise Abort("no pause")
-        b = librbd_client(STEALER, "stolen")
+        b = librbd_client(STEALER, name)
         said = b.stdout.readline().strip()
         if not check("another client broke the lock, unblocklisted, and holds it",
                      said == "holding", said):
             raise Abort("no stealer")
-        held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("stolen")))
+        held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec(name)))
         theirs = held[0]["address"] if len(held) == 1 else None
         open(go, "w").close()
         s.ready()
@@ -825,9 +843,10 @@ def section_lock_stolen_at_start():
         check("its write fails rather than land beside the lock's holder",
               wrote is not None, "the write succeeded")
         check("the image does not have that write",
-              export(c.spec("stolen"))[:4096] != b"s" * 4096)
-        check("the server says its lock was taken from it",
-              s.says("taken from this server", 10), s.stderr()[-600:])
+              export(c.spec(name))[:4096] != b"s" * 4096)
+        check("the server says it let the lock go",
+              s.says("cannot be told" if untold else "taken from this server", 10),
+              s.stderr()[-600:])
         # It said a write takes the lock again once it is free: not only
         # the first write, which found the other client holding it.
         b.stdin.write("\n")
@@ -845,12 +864,12 @@ def section_lock_stolen_at_start():
             wrote = e
         check("once the lock is free, the server writes again", wrote is None,
               str(wrote))
-        held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("stolen")))
+        held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec(name)))
         check("it holds the exclusive lock again", len(held) == 1
               and held[0]["address"] != theirs, repr(held))
         h.shutdown()
         check("the image has the write made once the lock was free",
-              export(c.spec("stolen"))[:4096] == b"t" * 4096)
+              export(c.spec(name))[:4096] == b"t" * 4096)
     finally:
         if b is not None:
             b.stdin.close()
@@ -1879,6 +1898,8 @@ try:
             section_own_lock_unknown)
     section("the lock taken from the server as it starts",
             section_lock_stolen_at_start)
+    section("the lock taken from the server as it starts, librbd not saying",
+            lambda: section_lock_stolen_at_start(untold=True))
     section("the lock's owners unread, a stopped holder, blocklisting off",
             section_owners_unread)
     section("a device's servers killed one after another", section_successors)
