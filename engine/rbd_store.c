@@ -377,22 +377,32 @@ record_names_us (struct rbd_store *st, char *holder, size_t len)
  * client or for nobody, and writes.  Its watch coming back reaches the
  * update watch, so this compares the record with us then: when it is
  * not ours, librbd's belief is dropped (rbd_lock_release) and the next
- * write, answered EROFS, takes the lock again as regained() does.
+ * write, answered EROFS, takes the lock again as regained() does.  So
+ * it is when the record cannot be read: librbd may be writing beside
+ * its holder, and taking the lock again costs a write a look at who
+ * holds it.  (A release that cannot reach the cluster leaves librbd
+ * holding the lock, as it was.)
  */
 static void
 check_lock_record (struct rbd_store *st)
 {
   char holder[128];
+  int r;
 
   pthread_mutex_lock (&st->regain_lock);
   if (__atomic_load_n (&st->locked, __ATOMIC_ACQUIRE) &&
-      record_names_us (st, holder, sizeof holder) == 0) {
+      (r = record_names_us (st, holder, sizeof holder)) <= 0) {
     /* Not rbd_is_exclusive_lock_owner first: it asks the cluster too,
      * and says no.  Where librbd holds nothing, this answers EINVAL.
      */
     rbd_lock_release (st->rbd);
-    say (st, "%s: the exclusive lock is lost (the cluster records %s): "
-         "a write takes it again once it is free", st->name, holder);
+    if (r < 0)
+      say (st, "%s: whose the exclusive lock is cannot be told (%s): let "
+           "go, a write takes it again once it is free", st->name,
+           strerror (-r));
+    else
+      say (st, "%s: the exclusive lock is lost (the cluster records %s): "
+           "a write takes it again once it is free", st->name, holder);
   }
   pthread_mutex_unlock (&st->regain_lock);
 }

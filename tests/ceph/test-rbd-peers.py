@@ -44,6 +44,12 @@ on a real one-node cluster (tests/ceph/cluster.py):
    same again with librbd failing (gdb) to say whether the server still
    holds the lock once it has read the owner: its first write fails
    all the same;
+2s. another client, which does not blocklist, breaking the server's
+   lock with the server's watch up (librbd, whom a break tells nothing,
+   believes it still holds it), taking it and then a snapshot, which
+   wakes the server's check of the lock record, whose read fails (gdb
+   forges a timeout): the server lets the lock go rather than write
+   beside that client, and writes again once it lets the lock go;
 2r. the lock's owners unreadable (gdb forges a timeout of the server's
    rbd_lock_get_owners) while its holder, a server stopped until the
    OSD dropped its watch, is on an image that turns librbd's
@@ -153,7 +159,7 @@ other heavy work: the cluster's start 6-7 s (up to 19 s loaded), 1 and
 test sets osd_client_watch_timeout to), the arriving writer 2-3 s
 (gdb's start), 20 watchers, 2c, 2e and 3 to 6 about 1-3 s each, 2d about 5 s
 (`rbd feature disable`), 1d about 6 s (a watch timeout), 2f 3-5 s, 3b
-under 1 s, 2q 5-6 s (two cases), 2r 6-7 s (a watch timeout), 2b 12 s (two gdb starts), 2i 9 s (4,100 snapshots added
+under 1 s, 2q 5-6 s (two cases), 2r 6-7 s (a watch timeout), 2s 3 s, 2b 12 s (two gdb starts), 2i 9 s (4,100 snapshots added
 to the header), 2j 2-3 s, 2k under 1 s, 2l, 2m, 2n and 2o 1-2 s each;
 90-120 s in all, beside other work.
 """
@@ -733,6 +739,114 @@ def section_own_lock_unknown():
         s.stop()
     check("the image has the later write",
           export(c.spec("own-lock"))[4096:8192] == b"c" * 4096)
+
+
+# Makes every rbd_lock_get_owners fail with ETIMEDOUT (an OSD slow past
+# --io-timeout) while {armed} exists.
+OWNERS_FAIL_ARMED = """set pagination off
+set confirm off
+set breakpoint pending on
+handle all nostop noprint pass
+python
+import os
+class Armed(gdb.Function):
+    def __init__(self):
+        super().__init__("armed")
+    def invoke(self):
+        return 1 if os.path.exists("{armed}") else 0
+Armed()
+end
+break rbd_lock_get_owners if $armed()
+commands 1
+silent
+return (int) -110
+continue
+end
+run
+"""
+
+
+def section_break_unseen_record_unread():
+    """Another client breaks the server's lock without blocklisting it and
+    takes it, the server's watch up all along: librbd, whom a break tells
+    nothing, believes it still holds the lock.  The next change of the
+    image's header reaches the server's update watch, whose check of the
+    lock record would find the other client; here the record cannot be
+    read (gdb forges a timeout).  Not knowing, the server must not go on
+    writing beside that client; once the record reads again and the
+    client lets the lock go, it writes again."""
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        print("# skipped: no gdb to forge librbd's answers")
+        return
+    c.create_image("unseen", 8 * MiB)
+    armed = c.path("test", "unseen-armed")
+    script = c.path("test", "unseen.gdb")
+    with open(script, "w") as f:
+        f.write(OWNERS_FAIL_ARMED.format(armed=armed))
+    s = start("mloop-server under gdb", f"rbd:{c.spec('unseen')}",
+              wrap=[gdb, "-q", "-batch", "-nx", "-x", script, "--args"])
+    b = None
+    try:
+        h = s.connect()
+        held = holds_lock_after_write(h, "unseen", b"a")
+        mine = held[0]["address"]
+        open(armed, "w").close()
+        # The other client, holding the lock, changes the header (a
+        # snapshot), which tells the watchers: the server's update watch
+        # checks the lock record.  (A change asked of the holder by a
+        # third client finds two holders and fails.)
+        b = librbd_client(STEALER.replace('print("holding"',
+                                          'img.create_snap("touched")\nprint("holding"'),
+                          "unseen")
+        said = b.stdout.readline().strip()
+        if not check("another client broke the lock, unblocklisted, holds it and "
+                     "takes a snapshot", said == "holding", said):
+            raise Abort("no stealer")
+        check("the server says it let the lock go",
+              s.says("cannot be told", 5), s.stderr()[-600:])
+        try:
+            h.pwrite(b"s" * 4096, 0)
+            h.flush()
+            wrote = None
+        except nbd.Error as e:
+            wrote = e
+        check("its write fails rather than land beside the lock's holder",
+              wrote is not None, "the write succeeded")
+        os.unlink(armed)
+        check("the image does not have that write",
+              export(c.spec("unseen"))[:4096] != b"s" * 4096)
+        b.stdin.write("\n")
+        b.stdin.flush()
+        said = b.stdout.readline().strip()
+        b.wait(30)
+        b = None
+        check("the other client let the lock go", said == "closed", said)
+        time.sleep(1.1)     # past the server's pause between two tries
+        try:
+            h.pwrite(b"t" * 4096, 0)
+            h.flush()
+            wrote = None
+        except nbd.Error as e:
+            wrote = e
+        check("once the lock is free, the server writes again", wrote is None,
+              str(wrote))
+        held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("unseen")))
+        check("it holds the exclusive lock again",
+              len(held) == 1 and held[0]["address"] == mine, repr(held))
+        h.shutdown()
+    finally:
+        if os.path.exists(armed):
+            os.unlink(armed)
+        if b is not None:
+            b.stdin.close()
+            b.wait(30)
+        try:
+            with open(s.pid_file) as f:
+                os.kill(int(f.read()), signal.SIGTERM)
+        except (OSError, ValueError):
+            pass
+        s.stop()
 
 
 # Holds mloop-server at its second rbd_lock_get_owners, the first after
@@ -1896,6 +2010,8 @@ try:
     section("the lock lost without a blocklist", section_lock_lost)
     section("the cluster records this server, librbd says not",
             section_own_lock_unknown)
+    section("a break unseen, the lock record unread",
+            section_break_unseen_record_unread)
     section("the lock taken from the server as it starts",
             section_lock_stolen_at_start)
     section("the lock taken from the server as it starts, librbd not saying",
