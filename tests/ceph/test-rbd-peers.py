@@ -153,15 +153,16 @@ Run by hand from the repository root:
 MLOOP_RBD_SECTIONS="WORD,WORD" runs only the sections whose name (the
 "# NAME" lines it prints) has one of the words.
 
-Cost on the project machine (2 cores): 40-55 s alone, up to 70 s beside
-other heavy work: the cluster's start 6-7 s (up to 19 s loaded), 1 and
-2 about 7-8 s each (each waits once for a watch to end: the 5 s this
-test sets osd_client_watch_timeout to), the arriving writer 2-3 s
-(gdb's start), 20 watchers, 2c, 2e and 3 to 6 about 1-3 s each, 2d about 5 s
-(`rbd feature disable`), 1d about 6 s (a watch timeout), 2f 3-5 s, 3b
-under 1 s, 2q 5-6 s (two cases), 2r 6-7 s (a watch timeout), 2s 3 s, 2b 12 s (two gdb starts), 2i 9 s (4,100 snapshots added
-to the header), 2j 2-3 s, 2k under 1 s, 2l, 2m, 2n and 2o 1-2 s each;
-90-120 s in all, beside other work.
+Cost on the project machine (2 cores): the cluster's start 6-7 s (up
+to 19 s loaded), 1 and 2 about 7-8 s each (each waits once for a watch
+to end: the 5 s this test sets osd_client_watch_timeout to), the
+arriving writer 2-3 s (gdb's start), 20 watchers, 2c, 2e and 3 to 6
+about 1-3 s each, 2d about 5 s (`rbd feature disable`), 1d about 6 s (a
+watch timeout), 2f 3-5 s, 3b under 1 s, 2q 5-6 s (two cases), 2r 6-7 s
+(a watch timeout), 2s 3 s, 2b 12-13 s (two gdb starts), 2i 9-13 s
+(4,100 snapshots added to the header), 2j 2-3 s, 2k under 1 s, 2l, 2m,
+2n and 2o 1-2 s each; about 120 s in all alone, more beside other
+work.
 """
 import datetime
 import json
