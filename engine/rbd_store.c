@@ -278,6 +278,7 @@ answered (struct rbd_store *st, long r)
 
 static int refuse_live_peers (struct rbd_store *st, const char *history,
                               char *err, size_t errlen);
+static void know_own_lock (struct rbd_store *st);
 
 /* How long after a refused try at taking a lost lock again the next
  * write tries again: each try asks the cluster twice or three times on
@@ -327,6 +328,7 @@ regained (struct rbd_store *st, long r)
     if (ok) {
       __atomic_store_n (&st->locked, true, __ATOMIC_RELEASE);
       say (st, "%s: librbd lost the exclusive lock: taken again", st->name);
+      know_own_lock (st);
     }
     else {
       __atomic_store_n (&st->locked, false, __ATOMIC_RELEASE);
@@ -1606,6 +1608,24 @@ own_lock_address (struct rbd_store *st)
     holder = NULL;
   }
   return holder;
+}
+
+/* The lock taken again (regained) with no address of ours known for it
+ * (the start read none, or let the lock go): learns it as the start
+ * does, and starts the lock record's check, without which a break
+ * librbd does not see would never be found (check_lock_record).
+ * Called with regain_lock held.
+ */
+static void
+know_own_lock (struct rbd_store *st)
+{
+  if (st->own_address != NULL)
+    return;
+  st->own_address = own_lock_address (st);
+  if (st->own_address && st->watching &&
+      !__atomic_load_n (&st->checker_running, __ATOMIC_ACQUIRE) &&
+      pthread_create (&st->checker, NULL, lock_checker, st) == 0)
+    __atomic_store_n (&st->checker_running, true, __ATOMIC_RELEASE);
 }
 
 /* Replaces PATH with TEXT whole or not at all: through a temporary,

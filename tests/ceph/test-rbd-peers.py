@@ -40,10 +40,13 @@ on a real one-node cluster (tests/ceph/cluster.py):
    write must fail rather than land beside that client's (librbd still
    believes it holds the lock: a break tells it nothing); once that
    client lets the lock go, a later write through the same connection
-   takes it again and succeeds (not only the first write tries); the
-   same again with librbd failing (gdb) to say whether the server still
-   holds the lock once it has read the owner: its first write fails
-   all the same;
+   takes it again and succeeds (not only the first write tries), and
+   a third client breaking it then, unseen by librbd, and taking a
+   snapshot has the server fail its next write (it knows its address
+   as the lock's holder once it took the lock again, and checks the
+   record); the same again with librbd failing (gdb) to say whether
+   the server still holds the lock once it has read the owner: its
+   first write fails all the same;
 2s. another client, which does not blocklist, breaking the server's
    lock with the server's watch up (librbd, whom a break tells nothing,
    believes it still holds it), taking it and then a snapshot, which
@@ -158,7 +161,7 @@ to 19 s loaded), 1 and 2 about 7-8 s each (each waits once for a watch
 to end: the 5 s this test sets osd_client_watch_timeout to), the
 arriving writer 2-3 s (gdb's start), 20 watchers, 2c, 2e and 3 to 6
 about 1-3 s each, 2d about 5 s (`rbd feature disable`), 1d about 6 s (a
-watch timeout), 2f 3-5 s, 3b under 1 s, 2q 5-6 s (two cases), 2r 6-7 s
+watch timeout), 2f 3-5 s, 3b under 1 s, 2q 8-11 s (two cases), 2r 6-7 s
 (a watch timeout), 2s 3 s, 2b 12-13 s (two gdb starts), 2i 9-13 s
 (4,100 snapshots added to the header), 2j 2-3 s, 2k under 1 s, 2l, 2m,
 2n and 2o 1-2 s each; about 120 s in all alone, more beside other
@@ -982,9 +985,30 @@ def section_lock_stolen_at_start(untold=False):
         held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec(name)))
         check("it holds the exclusive lock again", len(held) == 1
               and held[0]["address"] != theirs, repr(held))
-        h.shutdown()
         check("the image has the write made once the lock was free",
               export(c.spec(name))[:4096] == b"t" * 4096)
+        # The lock taken again, its holder is known: a client breaking
+        # it unseen (the server's watch up) and changing the header is
+        # found, as it is for a server that knew its address from the
+        # start (2s).
+        b = librbd_client(STEALER.replace('print("holding"',
+                                          'img.create_snap("touched")\nprint("holding"'),
+                          name)
+        said = b.stdout.readline().strip()
+        if not check("a third client breaks the lock unseen, holds it and takes a "
+                     "snapshot", said == "holding", said):
+            raise Abort("no second stealer")
+        check("the server says the lock is lost",
+              s.says("exclusive lock is lost", 5), s.stderr()[-600:])
+        try:
+            h.pwrite(b"u" * 4096, 0)
+            h.flush()
+            wrote = None
+        except nbd.Error as e:
+            wrote = e
+        check("its write fails rather than land beside that client",
+              wrote is not None, "the write succeeded")
+        h.shutdown()
     finally:
         if b is not None:
             b.stdin.close()
