@@ -1593,15 +1593,20 @@ drop_taken_lock (struct rbd_store *st, int r)
  * blocklisted by the next), and never judged by its watch.  Where
  * librbd cannot say whether it still holds the lock, it is let go all
  * the same: librbd would go on writing under a lock that may be that
- * client's.
+ * client's.  So it is when the holder's address cannot be read: not
+ * knowing it, the lock record's check (check_lock_record) never runs,
+ * and a break librbd does not see would never be found; a write takes
+ * the lock again and reads it then (know_own_lock).
  */
 static char *
 own_lock_address (struct rbd_store *st)
 {
   char *holder = lock_holder (st);
   int owner = 0;
-  const int r = rbd_is_exclusive_lock_owner (st->rbd, &owner);
+  int r = rbd_is_exclusive_lock_owner (st->rbd, &owner);
 
+  if (r == 0 && owner && holder == NULL)
+    r = -EIO;                   /* whose it is cannot be told */
   if (r < 0 || !owner) {
     drop_taken_lock (st, r);
     free (holder);

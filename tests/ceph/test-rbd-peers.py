@@ -53,6 +53,11 @@ on a real one-node cluster (tests/ceph/cluster.py):
    wakes the server's check of the lock record, whose read fails (gdb
    forges a timeout): the server lets the lock go rather than write
    beside that client, and writes again once it lets the lock go;
+2t. the server unable to read (gdb forges a timeout) the address it
+   holds the lock it has just taken under: it lets the lock go, its
+   first write takes it again and learns the address, and a client
+   breaking the lock unseen and taking a snapshot then has the
+   server's next write fail rather than land beside it;
 2r. the lock's owners unreadable (gdb forges a timeout of the server's
    rbd_lock_get_owners) while its holder, a server stopped until the
    OSD dropped its watch, is on an image that turns librbd's
@@ -162,7 +167,7 @@ to end: the 5 s this test sets osd_client_watch_timeout to), the
 arriving writer 2-3 s (gdb's start), 20 watchers, 2c, 2e and 3 to 6
 about 1-3 s each, 2d about 5 s (`rbd feature disable`), 1d about 6 s (a
 watch timeout), 2f 3-5 s, 3b under 1 s, 2q 8-11 s (two cases), 2r 6-7 s
-(a watch timeout), 2s 3 s, 2b 12-13 s (two gdb starts), 2i 9-13 s
+(a watch timeout), 2s 3 s, 2t 3-4 s, 2b 12-13 s (two gdb starts), 2i 9-13 s
 (4,100 snapshots added to the header), 2j 2-3 s, 2k under 1 s, 2l, 2m,
 2n and 2o 1-2 s each; about 120 s in all alone, more beside other
 work.
@@ -800,8 +805,7 @@ def section_break_unseen_record_unread():
         # snapshot), which tells the watchers: the server's update watch
         # checks the lock record.  (A change asked of the holder by a
         # third client finds two holders and fails.)
-        b = librbd_client(STEALER.replace('print("holding"',
-                                          'img.create_snap("touched")\nprint("holding"'),
+        b = librbd_client(STEALER_TOUCHING,
                           "unseen")
         said = b.stdout.readline().strip()
         if not check("another client broke the lock, unblocklisted, holds it and "
@@ -906,6 +910,11 @@ cl.shutdown()
 print("closed", flush=True)
 """
 
+# STEALER, which then takes a snapshot: a change of the image's header,
+# which librbd tells every watcher of (the server's update watch).
+STEALER_TOUCHING = STEALER.replace('print("holding"',
+                                   'img.create_snap("touched")\nprint("holding"')
+
 
 def section_lock_stolen_at_start(untold=False):
     """Another client breaks the lock mloop-server has just taken, without
@@ -991,8 +1000,7 @@ def section_lock_stolen_at_start(untold=False):
         # it unseen (the server's watch up) and changing the header is
         # found, as it is for a server that knew its address from the
         # start (2s).
-        b = librbd_client(STEALER.replace('print("holding"',
-                                          'img.create_snap("touched")\nprint("holding"'),
+        b = librbd_client(STEALER_TOUCHING,
                           name)
         said = b.stdout.readline().strip()
         if not check("a third client breaks the lock unseen, holds it and takes a "
@@ -1008,6 +1016,79 @@ def section_lock_stolen_at_start(untold=False):
             wrote = e
         check("its write fails rather than land beside that client",
               wrote is not None, "the write succeeded")
+        h.shutdown()
+    finally:
+        if b is not None:
+            b.stdin.close()
+            b.wait(30)
+        try:
+            with open(s.pid_file) as f:
+                os.kill(int(f.read()), signal.SIGTERM)
+        except (OSError, ValueError):
+            pass
+        s.stop()
+
+
+# Makes mloop-server's second rbd_lock_get_owners, its read of the
+# address it holds the lock it has just taken under, fail with
+# ETIMEDOUT, and leaves librbd alone after.
+HOLDER_UNREAD = """set pagination off
+set confirm off
+set breakpoint pending on
+handle all nostop noprint pass
+break rbd_lock_get_owners
+ignore 1 1
+commands 1
+silent
+delete 1
+return (int) -110
+continue
+end
+run
+"""
+
+
+def section_holder_unread_at_start():
+    """The server takes the lock, then cannot read the address it holds
+    it under (gdb forges a timeout): not knowing it, it could never tell
+    from the lock record that another client broke the lock unseen, and
+    would write beside it.  It lets the lock go, a write takes it again
+    and learns the address; then a client breaking the lock unseen (the
+    server's watch up) and taking a snapshot has the server's next write
+    fail rather than land beside it."""
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        print("# skipped: no gdb to forge librbd's answer")
+        return
+    c.create_image("holder-unread", 8 * MiB)
+    script = c.path("test", "holder-unread.gdb")
+    with open(script, "w") as f:
+        f.write(HOLDER_UNREAD)
+    s = Server(f"rbd:{c.spec('holder-unread')}",
+               wrap=[gdb, "-q", "-batch", "-nx", "-x", script, "--args"])
+    b = None
+    try:
+        if not check("the server starts", s.ready(), s.stderr().strip()[-500:]):
+            raise Abort("no start")
+        h = s.connect()
+        holds_lock_after_write(h, "holder-unread", b"a")
+        b = librbd_client(STEALER_TOUCHING,
+                          "holder-unread")
+        said = b.stdout.readline().strip()
+        if not check("another client breaks the lock unseen, holds it and takes a "
+                     "snapshot", said == "holding", said):
+            raise Abort("no stealer")
+        time.sleep(1)       # the server's check, woken by the snapshot
+        try:
+            h.pwrite(b"b" * 4096, 0)
+            h.flush()
+            wrote = None
+        except nbd.Error as e:
+            wrote = e
+        check("its write fails rather than land beside that client",
+              wrote is not None, "the write succeeded")
+        check("the image does not have that write",
+              export(c.spec("holder-unread"))[:4096] != b"b" * 4096)
         h.shutdown()
     finally:
         if b is not None:
@@ -2043,6 +2124,8 @@ try:
             lambda: section_lock_stolen_at_start(untold=True))
     section("the lock's owners unread, a stopped holder, blocklisting off",
             section_owners_unread)
+    section("the lock's holder unread as the server starts",
+            section_holder_unread_at_start)
     section("a device's servers killed one after another", section_successors)
     section("a device's servers killed mid-start", section_killed_mid_start)
     section("a stopped server's successor, blocklisting off",
