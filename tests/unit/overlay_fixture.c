@@ -193,3 +193,37 @@ unit_stop_commit (const char *path, const char *base_path,
   mloop_overlay_close (&ov);
   mloop_backing_close (&base);
 }
+
+void
+unit_copy_file (const char *from, const char *to)
+{
+  static char buf[1 << 16];
+  int in = open (from, O_RDONLY | O_CLOEXEC);
+  int out = open (to, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  ssize_t n;
+
+  CHECK (in >= 0 && out >= 0, "copying %s: %s", from, strerror (errno));
+  while ((n = read (in, buf, sizeof buf)) > 0)
+    CHECK (write (out, buf, (size_t) n) == n, "%s: %s", to, strerror (errno));
+  CHECK (n == 0 && close (out) == 0, "%s: %s", to, strerror (errno));
+  close (in);
+}
+
+bool
+unit_still_marks (const char *path, const char *base_path)
+{
+  char *recorded = NULL;
+  uint64_t size;
+  bool known, merging = false, marks;
+  char err[512];
+  int fd = open (path, O_RDONLY | O_CLOEXEC), r;
+
+  CHECK (fd >= 0, "%s: %s", path, strerror (errno));
+  r = mloop_overlay_inspect_fd (fd, path, &recorded, &size, &known,
+                                &merging, err, sizeof err);
+  CHECK (r == 0, "inspect: %s", err);
+  close (fd);
+  marks = merging && strcmp (recorded, base_path) == 0;
+  free (recorded);
+  return marks;
+}

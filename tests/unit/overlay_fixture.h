@@ -4,6 +4,7 @@
 #ifndef MLOOP_TESTS_OVERLAY_FIXTURE_H
 #define MLOOP_TESTS_OVERLAY_FIXTURE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -96,5 +97,11 @@ void unit_mark_merging (const char *base_path, const char *path);
  */
 void unit_stop_commit (const char *path, const char *base_path,
                        enum mloop_overlay_base_check check);
+
+/* Copies the file at FROM to a new file TO, byte for byte. */
+void unit_copy_file (const char *from, const char *to);
+
+/* Whether the overlay at PATH records BASE_PATH with the merge's mark. */
+bool unit_still_marks (const char *path, const char *base_path);
 
 #endif

@@ -28,39 +28,6 @@
 
 #define BASE_SIZE (4u << 20)
 
-/* Copies the file at FROM to TO, byte for byte. */
-static void
-copy_file (const char *from, const char *to)
-{
-  static char buf[BASE_SIZE];
-  int in = open (from, O_RDONLY | O_CLOEXEC);
-  int out = open (to, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-
-  CHECK (in >= 0 && out >= 0 && read (in, buf, sizeof buf) == BASE_SIZE &&
-         write (out, buf, sizeof buf) == BASE_SIZE && close (in) == 0 &&
-         close (out) == 0, "copy %s: %s", from, strerror (errno));
-}
-
-/* Whether the overlay at PATH still records BASE_PATH with the mark. */
-static int
-still_marks (const char *path, const char *base_path)
-{
-  char *recorded = NULL;
-  uint64_t size;
-  bool known, merging = false;
-  char err[512];
-  int fd = open (path, O_RDONLY | O_CLOEXEC), r;
-
-  CHECK (fd >= 0, "%s: %s", path, strerror (errno));
-  r = mloop_overlay_inspect_fd (fd, path, &recorded, &size, &known,
-                                &merging, err, sizeof err);
-  CHECK (r == 0, "inspect: %s", err);
-  close (fd);
-  r = merging && strcmp (recorded, base_path) == 0;
-  free (recorded);
-  return r;
-}
-
 int
 main (void)
 {
@@ -76,7 +43,7 @@ main (void)
 
   unit_make_image (base_path, BASE_SIZE);
   unit_make_overlay (base_path, ov_path);
-  copy_file (base_path, copy_path);
+  unit_copy_file (base_path, copy_path);
   unit_stop_commit (ov_path, base_path, MLOOP_OVERLAY_MERGE_BASE);
   unit_renumber_base_device (ov_path);
   unit_put_u64 (ov_path, UNIT_HDR_BASE_BIRTH, 0);
@@ -87,7 +54,7 @@ main (void)
          "half-way in is still at its path, under another device number");
   CHECK (strstr (err, base_path) != NULL && strstr (err, "half-way"),
          "the refusal does not name the half-merged base: %s", err);
-  CHECK (still_marks (ov_path, base_path), "the mark left the half-merged "
+  CHECK (unit_still_marks (ov_path, base_path), "the mark left the half-merged "
          "base");
   CHECK (unit_byte_at (copy_path, UNIT_OVERLAY_CLUSTER_AT) == 0,
          "the copy was written");
@@ -98,7 +65,7 @@ main (void)
          "half-way in, its filesystem under another device number");
   CHECK (strstr (err, base_path) != NULL && strstr (err, "half-way"),
          "the server's refusal does not name the half-merged base: %s", err);
-  CHECK (still_marks (ov_path, base_path), "the server moved the mark");
+  CHECK (unit_still_marks (ov_path, base_path), "the server moved the mark");
 
   printf ("ok: a half-merged base at its path is known after a remount\n");
   return 0;

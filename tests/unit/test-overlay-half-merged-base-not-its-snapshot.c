@@ -39,26 +39,6 @@ run (const char *cmd)
   return system (cmd) == 0;
 }
 
-/* Whether the overlay at PATH still records BASE_PATH with the mark. */
-static int
-still_marks (const char *path, const char *base_path)
-{
-  char *recorded = NULL;
-  uint64_t size;
-  bool known, merging = false;
-  char err[512];
-  int fd = open (path, O_RDONLY | O_CLOEXEC), r;
-
-  CHECK (fd >= 0, "%s: %s", path, strerror (errno));
-  r = mloop_overlay_inspect_fd (fd, path, &recorded, &size, &known,
-                                &merging, err, sizeof err);
-  CHECK (r == 0, "inspect: %s", err);
-  close (fd);
-  r = merging && strcmp (recorded, base_path) == 0;
-  free (recorded);
-  return r;
-}
-
 int
 main (void)
 {
@@ -113,7 +93,7 @@ main (void)
          "base it stopped half-way in is still at its path");
   CHECK (strstr (err, base_path) != NULL && strstr (err, "half-way"),
          "the refusal does not name the half-merged base: %s", err);
-  CHECK (still_marks (ov_path, base_path), "the mark left the half-merged "
+  CHECK (unit_still_marks (ov_path, base_path), "the mark left the half-merged "
          "base");
   CHECK (unit_byte_at (snap_base, UNIT_OVERLAY_CLUSTER_AT) == 0,
          "the snapshot was written");
@@ -122,7 +102,7 @@ main (void)
                              err, sizeof err);
   CHECK (r < 0, "a server took a snapshot of the base a commit stopped "
          "half-way in");
-  CHECK (still_marks (ov_path, base_path), "the server moved the mark");
+  CHECK (unit_still_marks (ov_path, base_path), "the server moved the mark");
 
   /* The half-merged file itself, resumed: still written. */
   r = mloop_overlay_merge (ov_path, base_path, false, false, err,

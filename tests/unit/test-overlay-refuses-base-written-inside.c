@@ -48,21 +48,6 @@ write_file (const char *path, off_t at)
          && close (fd) == 0, "writing %s: %s", path, strerror (errno));
 }
 
-static void
-copy_file (const char *from, const char *to)
-{
-  static char buf[1 << 16];
-  int in = open (from, O_RDONLY | O_CLOEXEC);
-  int out = open (to, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  ssize_t n;
-
-  CHECK (in >= 0 && out >= 0, "copying %s: %s", from, strerror (errno));
-  while ((n = read (in, buf, sizeof buf)) > 0)
-    CHECK (write (out, buf, (size_t) n) == n, "%s: %s", to, strerror (errno));
-  CHECK (n == 0 && close (out) == 0, "%s: %s", to, strerror (errno));
-  close (in);
-}
-
 int
 main (void)
 {
@@ -102,7 +87,7 @@ main (void)
   /* A copy is another file, with its own times: its bytes say what it
    * is, as before.
    */
-  copy_file (base_path, copy_path);
+  unit_copy_file (base_path, copy_path);
   r = unit_try_open_overlay (copy_path, b_path, MLOOP_OVERLAY_SAME_BASE, err, sizeof err);
   CHECK (r == 0, "overlay B over a copy of its base: %s", err);
 
