@@ -1019,6 +1019,23 @@ written_since (const unsigned char *h, const char *recorded,
     get_le32 (h + HDR_BASE_MTIME_NS) != id->mtime_ns;
 }
 
+/* Whether ID's modification time is older than the one header H
+ * records.  A merge only moves its base's time forward, so such a file
+ * is no file a merge wrote: the recorded file rolled back to an earlier
+ * version (a snapshot of its filesystem put back in its place), which
+ * keeps its device, inode, birth and path.
+ */
+static bool
+older_than_recorded (const unsigned char *h, const struct base_identity *id)
+{
+  const uint64_t sec = get_le64 (h + HDR_BASE_MTIME);
+
+  if (!id->has_times || !(get_le32 (h + HDR_FLAGS) & OVERLAY_FLAG_TIMES))
+    return false;
+  return id->mtime < sec ||
+    (id->mtime == sec && id->mtime_ns < get_le32 (h + HDR_BASE_MTIME_NS));
+}
+
 /* Whether header H carries a merge's mark and its recorded file is
  * still at the path it records (RECORDED), looked up without following
  * a link: a merge stopped half-way in that file, which holds part of
@@ -1094,7 +1111,7 @@ check_base (struct mloop_overlay *ov, unsigned char *h,
 {
   struct base_identity id;
   const uint32_t version = get_le32 (h + HDR_VERSION);
-  bool same_content, same_file, recorded, written, resumed;
+  bool same_content, same_file, recorded, written, resumed, rolled_back;
   int r;
 
   /* No identity recorded: the size was all an older mloop checked, and
@@ -1130,9 +1147,22 @@ check_base (struct mloop_overlay *ov, unsigned char *h,
   resumed = same_file && check == MLOOP_OVERLAY_MERGE_BASE &&
     (get_le32 (h + HDR_FLAGS) & OVERLAY_FLAG_MERGING) && !id.device_node &&
     (get_le64 (h + HDR_BASE_DEV) == id.dev || births_known (h, &id));
+  /* Nor the file rolled back past the overlay's base: device, inode,
+   * birth and path alike, it holds an older image, which the mark would
+   * let the merge write as it never writes a base written since.
+   */
+  rolled_back = resumed && older_than_recorded (h, &id);
+  if (rolled_back)
+    resumed = false;
   if ((!same_content || written) && !resumed &&
       check != MLOOP_OVERLAY_ADOPT_BASE) {
-    if (same_content)
+    if (rolled_back)
+      snprintf (err, errlen, "overlay %s: a commit into %s stopped half-way, "
+                "but its modification time is older than the overlay "
+                "recorded: it holds an older version than the overlay's base "
+                "(a snapshot put back?), not the one the commit wrote "
+                "(--adopt-base writes it all the same)", ov->path, id.path);
+    else if (same_content)
       snprintf (err, errlen, "overlay %s: its base %s was written since the "
                 "overlay was made: its modification time differs "
                 "(adopting the base overrides this)", ov->path, id.path);

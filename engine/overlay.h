@@ -93,7 +93,8 @@ enum mloop_overlay_base_check {
    * birth both know, with other ends when the header
    * carries the mark a merge writes before its first write into it
    * (mloop_overlay_note_merging): a merge stopped half-way has written
-   * them.  Records nothing (the merge records the file it writes, with
+   * them.  Not with a modification time older than the recorded one,
+   * which no merge gives (the file rolled back to an older version).  Records nothing (the merge records the file it writes, with
    * its mark).  The header is its owner's to write: the merge also
    * checks that owner may write the base.
    */
