@@ -917,8 +917,8 @@ write_header (struct mloop_overlay *ov, const unsigned char *h)
  * mark's state (a half-merged base recorded without its mark, which
  * discard would then treat as done with).  So the mark changes in a
  * write of its own that changes nothing else, synced: cleared before the
- * other file is recorded, set after.  A torn identity alone names no
- * file and is refused as another image.
+ * other file is recorded, set after.  A torn identity alone is refused
+ * as another image, or judged by its ends as a copy is.
  */
 static int
 record_base (struct mloop_overlay *ov, unsigned char *h,
