@@ -437,8 +437,58 @@ attach_now (struct call *c)
   call_free (c);
 }
 
+/* The most a user database entry (its strings) may take: the buffer
+ * grows to it from a first guess, since an entry may be larger (a long
+ * GECOS field, a directory's attributes) and is still its user's.
+ */
+#define USER_ENTRY_MAX (1u << 20)
+
+/* UID's entry in the user database into *PW, its strings in *BUF (to
+ * free); -1 with errno (ENOENT: no such user).
+ */
+static int
+user_entry (uid_t uid, struct passwd *pw, char **buf)
+{
+  struct passwd *found = NULL;
+  size_t size = 4096;
+  int r;
+
+  do {
+    *buf = g_realloc (*buf, size);
+    r = getpwuid_r (uid, pw, *buf, size, &found);
+    size *= 2;
+  } while (r == ERANGE && size <= USER_ENTRY_MAX);
+  errno = r != 0 ? r : ENOENT;
+  return r == 0 && found != NULL ? 0 : -1;
+}
+
+/* Every group the user database gives PW's user, its primary group
+ * among them, into *LIST (to free); their count, or -1 with errno.
+ * All of them, however many: a file may deny a group (group bits below
+ * other's, an ACL entry of a group with no right), so one left out
+ * can be more rights, not fewer.  The kernel takes at most NGROUPS_MAX.
+ */
+static int
+groups_of (const struct passwd *pw, gid_t **list)
+{
+  int room = 64, count;
+
+  for (;;) {
+    *list = g_renew (gid_t, *list, room);
+    count = room;
+    if (getgrouplist (pw->pw_name, pw->pw_gid, *list, &count) != -1)
+      return count;
+    /* glibc says how many there are; grow at least twofold anyway. */
+    room = MAX (count, room * 2);
+    if (room > NGROUPS_MAX) {
+      errno = EINVAL;
+      return -1;
+    }
+  }
+}
+
 /* Sets this thread's file system credentials to UID's (its primary
- * group and the groups the user database gives it), or back to root's
+ * group and every group the user database gives it), or back to root's
  * (GROUPS, N: root's own) when UID is 0.  Only this thread's: the
  * kernel keeps them per thread, and setgroups is called directly
  * because glibc's would change every thread's.
@@ -446,10 +496,10 @@ attach_now (struct call *c)
 static int
 act_as (uid_t uid, const gid_t *groups, int n)
 {
-  struct passwd pw, *found = NULL;
-  char buf[4096];
-  gid_t list[256];
-  int count = G_N_ELEMENTS (list);
+  struct passwd pw;
+  g_autofree char *buf = NULL;
+  g_autofree gid_t *list = NULL;
+  int count;
 
   if (uid == 0) {
     setfsgid (0);
@@ -457,14 +507,9 @@ act_as (uid_t uid, const gid_t *groups, int n)
     return (int) syscall (SYS_setgroups, (size_t) n, groups);
   }
   /* A uid with no entry has no group to act as: never root's. */
-  if (getpwuid_r (uid, &pw, buf, sizeof buf, &found) != 0 || found == NULL) {
-    errno = ENOENT;
-    return -1;
-  }
-  /* More groups than fit: fewer rights, never more. */
-  if (getgrouplist (pw.pw_name, pw.pw_gid, list, &count) == -1)
-    count = 0;
-  if (syscall (SYS_setgroups, (size_t) count, list) == -1)
+  if (user_entry (uid, &pw, &buf) == -1 ||
+      (count = groups_of (&pw, &list)) == -1 ||
+      syscall (SYS_setgroups, (size_t) count, list) == -1)
     return -1;
   setfsgid (pw.pw_gid);
   setfsuid (uid);

@@ -92,7 +92,7 @@ def _wait(pred, what, timeout=20):
 
 class ServiceBus:
     def __init__(self, service_bin, source_dbus_dir, env=None, unit=None, subuid=None,
-                 passwd=None):
+                 passwd=None, group=None):
         """ENV: the environment of the bus and what it starts (the
         service's runtime directory, say); this process's by default.
         UNIT: the built mloop-dbus.service; the bus then activates the
@@ -100,8 +100,9 @@ class ServiceBus:
         that unit, sandbox and all, as on a machine booted with systemd.
         SUBUID: the text of /etc/subuid the service sees (bound over the
         machine's in a mount namespace of its own, which later mounts of
-        the machine's may not reach), or None for the machine's.  PASSWD:
-        likewise, the text of /etc/passwd the service sees."""
+        the machine's may not reach), or None for the machine's.  PASSWD,
+        GROUP: likewise, the text of /etc/passwd and /etc/group the
+        service sees."""
         for tool in ("dbus-daemon", "gdbus", "unshare", "setpriv"):
             if shutil.which(tool) is None:
                 raise Unavailable(f"{tool} is not installed")
@@ -121,7 +122,7 @@ class ServiceBus:
         self.daemon = self.polkitd = self.manager = None
         self.service_args = []
         self.unit = unit
-        self._set_etc(subuid, passwd)
+        self._set_etc(subuid, passwd, group)
         if unit is not None and not os.path.exists(unit):
             raise Unavailable(f"{unit} is not built (no systemd pkg-config file at setup)")
 
@@ -220,18 +221,19 @@ class ServiceBus:
             if self.manager.proc is not None:
                 self.manager.systemctl("daemon-reload")
 
-    def _set_etc(self, subuid, passwd):
-        self.etc = {name: text for name, text in (("subuid", subuid), ("passwd", passwd))
+    def _set_etc(self, subuid, passwd, group):
+        self.etc = {name: text for name, text in (("subuid", subuid), ("passwd", passwd),
+                                                  ("group", group))
                     if text is not None}
 
-    def set_service_args(self, args, subuid=None, passwd=None):
+    def set_service_args(self, args, subuid=None, passwd=None, group=None):
         """The service's options (mloop-dbus(8)) from its next start on,
-        and the /etc/subuid and /etc/passwd it sees (SUBUID, PASSWD: as
-        for __init__): the running one is stopped, and the bus rereads
-        its service files."""
+        and the /etc/subuid, /etc/passwd and /etc/group it sees (SUBUID,
+        PASSWD, GROUP: as for __init__): the running one is stopped, and
+        the bus rereads its service files."""
         self.kill_service()
         self.service_args = list(args)
-        self._set_etc(subuid, passwd)
+        self._set_etc(subuid, passwd, group)
         self._write_service_file()
         subprocess.run(
             ["gdbus", "call", "--system", "--dest", "org.freedesktop.DBus",

@@ -20,7 +20,10 @@ with gdb holding the service between resolving the path as the caller
 and looking for it, a caller who swaps a directory of theirs for a
 symlink to a root-only one hears the same of a path that exists there
 as of one that does not, and /proc's magic links (the service's own
-open files, its cwd, its executable) are not followed.  A caller whose authentication never ends (a real
+open files, its cwd, its executable) are not followed; the path is
+looked for with the caller's whole entry in the user database (6,000
+bytes) and every group it gives them (301, one of them a group a
+directory denies: still denied; 0.5 s).  A caller whose authentication never ends (a real
 polkit agent that never answers: silent_agent.py) holds up no other
 user's call, and is refused after --authorization-timeout; an attach
 past --max-devices-per-user is refused in one line, and so is a call
@@ -242,6 +245,7 @@ def run(bus, work):
           f"{hidden} / {missing}")
     swapped_while_looking(bus, work, secret)
     magic_links(bus, work)
+    caller_with_large_entries(bus, work, image)
 
     stalled_callers(bus, image, root_only)
     bounded_wait(bus, root_only)
@@ -364,6 +368,56 @@ def magic_links(bus, work):
         check(f"a detach of {path} follows no magic link of the service's",
               out == f"ERROR {path}: not an nbd or ublk device, and Too many "
               "levels of symbolic links", out)
+
+
+# A group of USER's that the directory DENIED denies (group bits below
+# other's), and as many other groups of theirs as an enterprise
+# directory (nested groups) may give a user.
+DENIED_GID = 3100000
+MANY_GROUPS = 300
+
+
+def caller_with_large_entries(bus, work, image):
+    """A detach's path is looked for with the caller's entry in the user
+    database and every group it gives them, however large: an entry of
+    6,000 bytes is still the caller's (the path is found), and with 300
+    groups, one of them a group a directory denies, the directory is
+    still denied to them, as with one group (fewer groups can be more
+    rights)."""
+    with open("/etc/passwd") as f:
+        entries = f.read().splitlines()
+    found = [e for e in entries if e.split(":")[0] == USER[0]]
+    if not found or found[0].split(":")[2] != str(USER[1]):
+        print(f"# skipped: a caller's large entries: no user {USER[0]} of uid {USER[1]}")
+        return
+    fields = found[0].split(":")
+    fields[4] = "x" * 6000
+    passwd = "".join((":".join(fields) if e == found[0] else e) + "\n" for e in entries)
+    args = bus.service_args
+    try:
+        bus.set_service_args(args, passwd=passwd)
+        out = call_on(bus, "detach", image)
+        check("a detach's path is looked for as a caller whose entry is 6,000 bytes",
+              out == f"ERROR {image} is not attached by mloop", out)
+        denied = os.path.join(work, "denied")
+        os.mkdir(denied)
+        os.chown(denied, 0, DENIED_GID)
+        os.chmod(denied, 0o705)
+        inside = os.path.join(denied, "inside.img")
+        open(inside, "w").close()
+        with open("/etc/group") as f:
+            machine = f.read()
+        for many in (0, MANY_GROUPS):
+            group = machine + f"mloop-denied:x:{DENIED_GID}:{USER[0]}\n" + "".join(
+                f"mloop-g{i}:x:{DENIED_GID + 1 + i}:{USER[0]}\n" for i in range(many))
+            bus.set_service_args(args, group=group)
+            out = call_on(bus, "detach", inside)
+            check(f"a directory that denies a group of the caller's is denied to them "
+                  f"with {many + 1} groups",
+                  out == f"ERROR {inside}: not an nbd or ublk device, and Permission denied",
+                  out)
+    finally:
+        bus.set_service_args(args)
 
 
 def stalled_callers(bus, image, root_only):
