@@ -67,8 +67,9 @@
 
 /* Calls, all users' together, waiting for the user database to say
  * whether their uid is a subordinate uid of their login uid's
- * (caller.h), each in a thread of its own: a source that does not
- * answer (LDAP, say) holds those calls, not the service's main loop.
+ * (caller.h), one after the other in one thread of their own: a
+ * source that does not answer (LDAP, say) holds those calls, not the
+ * service's main loop.
  * Past this many the next such call is refused at once
  * (org.mloop.Error.LimitsExceeded); others are served as before.
  */
