@@ -58,6 +58,12 @@ on a real one-node cluster (tests/ceph/cluster.py):
    first write takes it again and learns the address, and a client
    breaking the lock unseen and taking a snapshot then has the
    server's next write fail rather than land beside it;
+2u. as 2t, the release that lets the lock go never reaching the
+   cluster (gdb sends librbd's unlock to a missing object; librbd takes
+   any failed unlock for done): the cluster still records the server as
+   the holder, librbd holds nothing; the server's first write lets that
+   lock of its own go (unlocks its own entry, breaks and blocklists
+   nothing), takes the lock again and succeeds;
 2r. the lock's owners unreadable (gdb forges a timeout of the server's
    rbd_lock_get_owners) while its holder, a server stopped until the
    OSD dropped its watch, is on an image that turns librbd's
@@ -167,7 +173,7 @@ to end: the 5 s this test sets osd_client_watch_timeout to), the
 arriving writer 2-3 s (gdb's start), 20 watchers, 2c, 2e and 3 to 6
 about 1-3 s each, 2d about 5 s (`rbd feature disable`), 1d about 6 s (a
 watch timeout), 2f 3-5 s, 3b under 1 s, 2q 8-11 s (two cases), 2r 6-7 s
-(a watch timeout), 2s 3 s, 2t 3-4 s, 2b 12-13 s (two gdb starts), 2i 9-13 s
+(a watch timeout), 2s 3 s, 2t 3-4 s, 2u 2-3 s, 2b 12-13 s (two gdb starts), 2i 9-13 s
 (4,100 snapshots added to the header), 2j 2-3 s, 2k under 1 s, 2l, 2m,
 2n and 2o 1-2 s each; about 120 s in all alone, more beside other
 work.
@@ -1100,6 +1106,107 @@ def section_holder_unread_at_start():
         except (OSError, ValueError):
             pass
         s.stop()
+
+
+# HOLDER_UNREAD, and the release that follows it never reaching the
+# lock: the first write operation on the image's header after the forged
+# timeout (librbd's unlock) goes to an object that does not exist, as an
+# unlock lost on its way (an OSD restarted, a timeout) leaves the lock
+# recorded.  librbd takes any failed unlock for done.
+HOLDER_UNREAD_UNLOCK_LOST = """set pagination off
+set confirm off
+set breakpoint pending on
+handle all nostop noprint pass
+python
+class OnHeader(gdb.Function):
+    def __init__(self):
+        super().__init__("on_header")
+    def invoke(self, oid):
+        data = oid.cast(gdb.lookup_type("char").pointer().pointer()).dereference()
+        return 1 if data.string(length=11) == "rbd_header." else 0
+OnHeader()
+end
+set $lose = 0
+break rbd_lock_get_owners
+ignore 1 1
+commands 1
+silent
+delete 1
+set $lose = 1
+return (int) -110
+continue
+end
+break _ZN8librados7v14_2_05IoCtx11aio_operateERKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEEPNS0_13AioCompletionEPNS0_20ObjectWriteOperationE if $lose && $on_header($rsi)
+commands 2
+silent
+set $lose = 0
+set var **(char **) $rsi = 'X'
+continue
+end
+run
+"""
+
+
+def section_holder_unread_unlock_lost():
+    """As the lock's holder unread at the start, but the release that
+    lets the lock go never reaches the cluster (gdb sends it astray):
+    librbd, which takes any failed unlock for done, believes it holds
+    nothing while the cluster still records this server as the holder.
+    That lock is this very server's and no one else's, so it must not
+    keep the server from writing: its first write takes the lock again
+    and succeeds, the server neither blocklisted nor holding the lock
+    twice."""
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        print("# skipped: no gdb to forge librbd's answer")
+        return
+    c.create_image("unlock-lost", 8 * MiB)
+    script = c.path("test", "unlock-lost.gdb")
+    with open(script, "w") as f:
+        f.write(HOLDER_UNREAD_UNLOCK_LOST)
+    s = Server(f"rbd:{c.spec('unlock-lost')}",
+               wrap=[gdb, "-q", "-batch", "-nx", "-x", script, "--args"])
+    try:
+        if not check("the server starts", s.ready(), s.stderr().strip()[-500:]):
+            raise Abort("no start")
+        check("it says it let the lock go", s.says("let go", 5),
+              s.stderr()[-600:])
+        held = json.loads(c.rbd("lock", "ls", "--format", "json",
+                                c.spec("unlock-lost")))
+        if not check("the cluster still records the server as the holder",
+                     len(held) == 1, repr(held)):
+            raise Abort("the unlock was not lost")
+        mine = held[0]["address"]
+        h = s.connect()
+        for attempt in range(2):
+            try:
+                h.pwrite(b"u" * 4096, 0)
+                h.flush()
+                wrote = None
+                break
+            except nbd.Error as e:
+                wrote = e
+                time.sleep(1.1)     # past the server's pause between two tries
+        check("its write takes the lock again and succeeds", wrote is None,
+              f"{wrote}: {s.stderr()[-600:]}")
+        check("it says it let its own recorded lock go, not broken",
+              "let go, not broken" in s.stderr(), s.stderr()[-600:])
+        held = json.loads(c.rbd("lock", "ls", "--format", "json",
+                                c.spec("unlock-lost")))
+        check("it holds the exclusive lock, once",
+              len(held) == 1 and held[0]["address"] == mine, repr(held))
+        check("the server did not blocklist itself", mine not in blocklisted(),
+              f"{mine} in {blocklisted()!r}")
+        h.shutdown()
+    finally:
+        try:
+            with open(s.pid_file) as f:
+                os.kill(int(f.read()), signal.SIGTERM)
+        except (OSError, ValueError):
+            pass
+        s.stop()
+    check("the image has the write",
+          export(c.spec("unlock-lost"))[:4096] == b"u" * 4096)
 
 
 # Makes mloop-server's first rbd_lock_get_owners (its look at who holds
@@ -2126,6 +2233,8 @@ try:
             section_owners_unread)
     section("the lock's holder unread as the server starts",
             section_holder_unread_at_start)
+    section("the lock's holder unread as the server starts, its unlock lost",
+            section_holder_unread_unlock_lost)
     section("a device's servers killed one after another", section_successors)
     section("a device's servers killed mid-start", section_killed_mid_start)
     section("a stopped server's successor, blocklisting off",
