@@ -41,7 +41,8 @@ rbd_peers_is_self (const char *address, const char *const *self, size_t n)
  * could not say who owns it), and breaking that lock would have the
  * cluster refuse this very client (break_lock blocklists the holder),
  * failing every request it serves.  So that holder is named instead,
- * and its lock left alone.  *WHICH: the index the verdict names.
+ * and never broken (the store lets that lock go as its own client's,
+ * by its cookie).  *WHICH: the index the verdict names.
  */
 static inline enum rbd_peers_verdict
 rbd_peers_judge (const char *const *holders, size_t n_holders,

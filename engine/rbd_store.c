@@ -382,8 +382,9 @@ record_names_us (struct rbd_store *st, char *holder, size_t len)
  * write, answered EROFS, takes the lock again as regained() does.  So
  * it is when the record cannot be read: librbd may be writing beside
  * its holder, and taking the lock again costs a write a look at who
- * holds it.  (A release that cannot reach the cluster leaves librbd
- * holding the lock, as it was.)
+ * holds it.  (librbd takes a release that cannot reach the cluster for
+ * done: the lock can stay recorded as ours, which that write lets go of
+ * as its own, let_go_own_record.)
  */
 static void
 check_lock_record (struct rbd_store *st)
@@ -1951,6 +1952,62 @@ watcher_of (const struct peers *p, const char *owner)
   return NULL;
 }
 
+/* librbd's name for the exclusive lock on an image's header (its
+ * RBD_LOCK_NAME, which the C API does not export), and the room for the
+ * list of that lock's entries: one each, and a few addresses, fit.
+ */
+#define HEADER_LOCK_NAME "rbd_lock"
+#define LOCKERS_ROOM 1024
+
+/* Removes the entries of the image's exclusive lock that are this very
+ * client's, which the cluster records and librbd does not know of:
+ * librbd takes a release whose unlock never reached the cluster (a
+ * timeout, an OSD restarted) for done, so a lock it let go can stay
+ * recorded as this server's.  Nothing then frees it: not librbd, which
+ * holds nothing, nor another client, which finds our watch alive; and
+ * breaking it (break_lock) would blocklist this very client.  librbd is
+ * first made to let go of whatever it believes it holds (EINVAL: it
+ * holds nothing), so that no write of ours is under way beneath the
+ * entry removed; then each entry of ours is unlocked by its cookie,
+ * which cls_lock allows only its own client: never another's entry,
+ * and no client blocklisted.  0, or a negative errno.
+ */
+static int
+let_go_own_record (struct rbd_store *st)
+{
+  char image_id[RBD_MAX_IMAGE_NAME_SIZE], self[32], *oid;
+  char tag[LOCKERS_ROOM], clients[LOCKERS_ROOM], cookies[LOCKERS_ROOM];
+  char addrs[LOCKERS_ROOM];
+  size_t tag_len = sizeof tag, clients_len = sizeof clients;
+  size_t cookies_len = sizeof cookies, addrs_len = sizeof addrs;
+  const char *client = clients, *cookie = cookies;
+  int exclusive, r = rbd_lock_release (st->rbd);
+  ssize_t n;
+
+  if (r < 0 && r != -EINVAL)
+    return r;                   /* librbd may still hold it */
+  if ((r = rbd_get_id (st->rbd, image_id, sizeof image_id)) < 0)
+    return r;
+  if (asprintf (&oid, "rbd_header.%s", image_id) < 0)
+    return -ENOMEM;
+  snprintf (self, sizeof self, "client.%" PRIu64,
+            rados_get_instance_id (st->cluster));
+  n = rados_list_lockers (st->ioctx, oid, HEADER_LOCK_NAME, &exclusive,
+                          tag, &tag_len, clients, &clients_len, cookies,
+                          &cookies_len, addrs, &addrs_len);
+  r = n < 0 ? (int) n : 0;
+  for (ssize_t i = 0; i < n && r == 0; i++) {
+    if (strcmp (client, self) == 0 &&
+        (r = rados_unlock (st->ioctx, oid, HEADER_LOCK_NAME, cookie))
+        == -ENOENT)
+      r = 0;                    /* gone meanwhile */
+    client += strlen (client) + 1;
+    cookie += strlen (cookie) + 1;
+  }
+  free (oid);
+  return r;
+}
+
 /* Refuses an image another client lives on, naming it; breaks the lock
  * of a holder that is gone (which blocklists it: were it alive after
  * all, it could write no more).  The watches of the device's servers
@@ -1969,7 +2026,7 @@ refuse_live_peers (struct rbd_store *st, const char *history, char *err,
   rbd_lock_mode_t mode;
   char *owners[4], *own = NULL;
   const char **addrs = NULL;
-  size_t n = 4, which;
+  size_t n = 4, which, dead;
   int r = 0;
 
   /* The owners first, then the watchers: a client takes the lock only
@@ -2002,20 +2059,36 @@ refuse_live_peers (struct rbd_store *st, const char *history, char *err,
       rbd_lock_get_owners_cleanup (owners, n);
     return r;
   }
+  dead = n;                     /* broken below when no client lives */
   if ((addrs = calloc (p.n + 1, sizeof *addrs)) == NULL)
     r = -ENOMEM;
   for (size_t i = 0; addrs && i < p.n; i++)
     addrs[i] = p.watchers[i].addr;
   if (r == 0) {
     const char *self[2] = { own, st->own_address };
+    enum rbd_peers_verdict verdict =
+      rbd_peers_judge ((const char *const *) owners, n, addrs, p.n, self, 2,
+                       &which);
 
-    switch (rbd_peers_judge ((const char *const *) owners, n, addrs, p.n,
-                             self, 2, &which)) {
+    /* Our own lock, never broken: let go as ours, then the others
+     * judged as if nobody held it.
+     */
+    if (verdict == RBD_PEERS_SELF_HOLDER &&
+        (r = let_go_own_record (st)) == 0) {
+      say (st, "%s: the cluster records this server (%s) as its exclusive "
+           "lock's holder, which librbd does not know: let go, not broken "
+           "(which would fence this server)", st->name, owners[which]);
+      dead = 0;
+      verdict = rbd_peers_judge ((const char *const *) owners, 0, addrs,
+                                 p.n, self, 2, &which);
+    }
+    switch (verdict) {
     case RBD_PEERS_SELF_HOLDER:
       snprintf (err, errlen, "%s: the cluster records this server (%s) as "
-                "its exclusive lock's holder, which librbd does not know: "
-                "its lock is not broken, which would fence this server",
-                st->name, owners[which]);
+                "its exclusive lock's holder, which librbd does not know, "
+                "and letting it go failed (%s): its lock is not broken, "
+                "which would fence this server", st->name, owners[which],
+                strerror (-r));
       r = -EBUSY;
       break;
     case RBD_PEERS_LIVE_HOLDER: {
@@ -2040,7 +2113,7 @@ refuse_live_peers (struct rbd_store *st, const char *history, char *err,
   /* Only now, no client alive on the image, are the dead owners' locks
    * broken.
    */
-  for (size_t i = 0; i < n && r == 0; i++) {
+  for (size_t i = 0; i < dead && r == 0; i++) {
     if ((r = break_lock (st, owners[i])) == -ENOENT)
       r = 0;                    /* let go meanwhile */
     else if (r < 0)
