@@ -556,12 +556,7 @@ def section_writer_arriving():
         pass
     served = s.proc.poll() is None
     if served:                  # the server itself first, then gdb
-        try:
-            with open(s.pid_file) as f:
-                os.kill(int(f.read()), signal.SIGTERM)
-        except (OSError, ValueError):
-            pass
-        s.stop()
+        stop_under_gdb(s)
     err = s.stderr()
     check("mloop-server is refused, naming the arriving writer",
           not served and "is in use" in err, f"served: {served}: {err.strip()[-300:]!r}")
@@ -597,6 +592,28 @@ io.close()
 cl.shutdown()
 print("closed", flush=True)
 """
+
+
+def write_error(h, fill, offset=0):
+    """Writes a block of FILL at OFFSET through H and flushes it: None
+    if both went through, else the nbd.Error that ended them."""
+    try:
+        h.pwrite(fill * 4096, offset)
+        h.flush()
+        return None
+    except nbd.Error as e:
+        return e
+
+
+def stop_under_gdb(s):
+    """Stops S, a server run under gdb: the server itself first (by its
+    pid file, if it wrote one), then gdb."""
+    try:
+        with open(s.pid_file) as f:
+            os.kill(int(f.read()), signal.SIGTERM)
+    except (OSError, ValueError):
+        pass
+    s.stop()
 
 
 def holds_lock_after_write(h, image, fill):
@@ -641,12 +658,7 @@ def section_lock_lost():
     said = b.stdout.readline().strip()
     b.wait(30)
     check("the other client released the lock", said == "closed", said)
-    try:
-        h.pwrite(b"b" * 4096, 0)
-        h.flush()
-        wrote = None
-    except nbd.Error as e:
-        wrote = e
+    wrote = write_error(h, b"b")
     check("after the lock was lost, the server writes again", wrote is None, str(wrote))
     held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("regain")))
     check("it holds the exclusive lock again",
@@ -737,21 +749,11 @@ def section_own_lock_unknown():
         held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("own-lock")))
         check("it still holds the exclusive lock",
               len(held) == 1 and held[0]["address"] == mine, repr(held))
-        try:
-            h.pwrite(b"c" * 4096, 4096)
-            h.flush()
-            wrote = None
-        except nbd.Error as e:
-            wrote = e
+        wrote = write_error(h, b"c", 4096)
         check("a later write goes through", wrote is None, str(wrote))
         h.shutdown()
     finally:
-        try:
-            with open(s.pid_file) as f:
-                os.kill(int(f.read()), signal.SIGTERM)
-        except (OSError, ValueError):
-            pass
-        s.stop()
+        stop_under_gdb(s)
     check("the image has the later write",
           export(c.spec("own-lock"))[4096:8192] == b"c" * 4096)
 
@@ -819,12 +821,7 @@ def section_break_unseen_record_unread():
             raise Abort("no stealer")
         check("the server says it let the lock go",
               s.says("cannot be told", 5), s.stderr()[-600:])
-        try:
-            h.pwrite(b"s" * 4096, 0)
-            h.flush()
-            wrote = None
-        except nbd.Error as e:
-            wrote = e
+        wrote = write_error(h, b"s")
         check("its write fails rather than land beside the lock's holder",
               wrote is not None, "the write succeeded")
         os.unlink(armed)
@@ -837,12 +834,7 @@ def section_break_unseen_record_unread():
         b = None
         check("the other client let the lock go", said == "closed", said)
         time.sleep(1.1)     # past the server's pause between two tries
-        try:
-            h.pwrite(b"t" * 4096, 0)
-            h.flush()
-            wrote = None
-        except nbd.Error as e:
-            wrote = e
+        wrote = write_error(h, b"t")
         check("once the lock is free, the server writes again", wrote is None,
               str(wrote))
         held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("unseen")))
@@ -855,12 +847,7 @@ def section_break_unseen_record_unread():
         if b is not None:
             b.stdin.close()
             b.wait(30)
-        try:
-            with open(s.pid_file) as f:
-                os.kill(int(f.read()), signal.SIGTERM)
-        except (OSError, ValueError):
-            pass
-        s.stop()
+        stop_under_gdb(s)
 
 
 # Holds mloop-server at its second rbd_lock_get_owners, the first after
@@ -967,12 +954,7 @@ def section_lock_stolen_at_start(untold=False):
         check("the lock record does not name the other client as this device's",
               theirs is not None and theirs not in lines, f"{theirs!r} in {lines!r}")
         h = s.connect()
-        try:
-            h.pwrite(b"s" * 4096, 0)
-            h.flush()
-            wrote = None
-        except nbd.Error as e:
-            wrote = e
+        wrote = write_error(h, b"s")
         check("its write fails rather than land beside the lock's holder",
               wrote is not None, "the write succeeded")
         check("the image does not have that write",
@@ -989,12 +971,7 @@ def section_lock_stolen_at_start(untold=False):
         b = None
         check("the other client let the lock go", said == "closed", said)
         time.sleep(1.1)     # past the server's pause between two tries
-        try:
-            h.pwrite(b"t" * 4096, 0)
-            h.flush()
-            wrote = None
-        except nbd.Error as e:
-            wrote = e
+        wrote = write_error(h, b"t")
         check("once the lock is free, the server writes again", wrote is None,
               str(wrote))
         held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec(name)))
@@ -1014,12 +991,7 @@ def section_lock_stolen_at_start(untold=False):
             raise Abort("no second stealer")
         check("the server says the lock is lost",
               s.says("exclusive lock is lost", 5), s.stderr()[-600:])
-        try:
-            h.pwrite(b"u" * 4096, 0)
-            h.flush()
-            wrote = None
-        except nbd.Error as e:
-            wrote = e
+        wrote = write_error(h, b"u")
         check("its write fails rather than land beside that client",
               wrote is not None, "the write succeeded")
         h.shutdown()
@@ -1027,12 +999,7 @@ def section_lock_stolen_at_start(untold=False):
         if b is not None:
             b.stdin.close()
             b.wait(30)
-        try:
-            with open(s.pid_file) as f:
-                os.kill(int(f.read()), signal.SIGTERM)
-        except (OSError, ValueError):
-            pass
-        s.stop()
+        stop_under_gdb(s)
 
 
 # Makes mloop-server's second rbd_lock_get_owners, its read of the
@@ -1085,12 +1052,7 @@ def section_holder_unread_at_start():
                      "snapshot", said == "holding", said):
             raise Abort("no stealer")
         time.sleep(1)       # the server's check, woken by the snapshot
-        try:
-            h.pwrite(b"b" * 4096, 0)
-            h.flush()
-            wrote = None
-        except nbd.Error as e:
-            wrote = e
+        wrote = write_error(h, b"b")
         check("its write fails rather than land beside that client",
               wrote is not None, "the write succeeded")
         check("the image does not have that write",
@@ -1100,12 +1062,7 @@ def section_holder_unread_at_start():
         if b is not None:
             b.stdin.close()
             b.wait(30)
-        try:
-            with open(s.pid_file) as f:
-                os.kill(int(f.read()), signal.SIGTERM)
-        except (OSError, ValueError):
-            pass
-        s.stop()
+        stop_under_gdb(s)
 
 
 # HOLDER_UNREAD, and the release that follows it never reaching the
@@ -1179,14 +1136,10 @@ def section_holder_unread_unlock_lost():
         mine = held[0]["address"]
         h = s.connect()
         for attempt in range(2):
-            try:
-                h.pwrite(b"u" * 4096, 0)
-                h.flush()
-                wrote = None
+            wrote = write_error(h, b"u")
+            if wrote is None:
                 break
-            except nbd.Error as e:
-                wrote = e
-                time.sleep(1.1)     # past the server's pause between two tries
+            time.sleep(1.1)     # past the server's pause between two tries
         check("its write takes the lock again and succeeds", wrote is None,
               f"{wrote}: {s.stderr()[-600:]}")
         check("it says it let its own recorded lock go, not broken",
@@ -1199,12 +1152,7 @@ def section_holder_unread_unlock_lost():
               f"{mine} in {blocklisted()!r}")
         h.shutdown()
     finally:
-        try:
-            with open(s.pid_file) as f:
-                os.kill(int(f.read()), signal.SIGTERM)
-        except (OSError, ValueError):
-            pass
-        s.stop()
+        stop_under_gdb(s)
     check("the image has the write",
           export(c.spec("unlock-lost"))[:4096] == b"u" * 4096)
 
@@ -1271,12 +1219,7 @@ def section_owners_unread():
     now = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("owners-unread")))
     check("the stopped server still holds the lock",
           [e["address"] for e in now] == [held[0]["address"]], f"{now!r}, was {held!r}")
-    try:
-        h_old.pwrite(b"p" * 4096, 0)
-        h_old.flush()
-        wrote = None
-    except nbd.Error as e:
-        wrote = e
+    wrote = write_error(h_old, b"p")
     check("the continued server writes on", wrote is None, str(wrote))
     h_old.shutdown()
     old.stop()
@@ -1529,12 +1472,7 @@ def section_unfenced_predecessor():
               f"{entries!r}")
     finally:
         old.proc.send_signal(signal.SIGCONT)
-    try:
-        h_old.pwrite(b"x" * 4096, 0)
-        h_old.flush()
-        wrote = None
-    except nbd.Error as e:
-        wrote = e
+    wrote = write_error(h_old, b"x")
     check("the continued server's write fails", wrote is not None, "it succeeded")
     check("the successor's write is intact", h_new.pread(4096, 0) == b"n" * 4096)
     h_new.shutdown()
