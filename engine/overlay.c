@@ -1210,6 +1210,21 @@ check_base (struct mloop_overlay *ov, unsigned char *h,
   return r;
 }
 
+/* Whether header H records ID's file as it is now: its ends, and its
+ * times where it has them.
+ */
+static bool
+records_as_it_is (const unsigned char *h, const struct base_identity *id)
+{
+  const bool times = get_le32 (h + HDR_FLAGS) & OVERLAY_FLAG_TIMES;
+
+  return get_le32 (h + HDR_BASE_FIRST_CRC) == id->first_crc &&
+    get_le32 (h + HDR_BASE_LAST_CRC) == id->last_crc &&
+    (!id->has_times ||
+     (times && get_le64 (h + HDR_BASE_MTIME) == id->mtime &&
+      get_le32 (h + HDR_BASE_MTIME_NS) == id->mtime_ns));
+}
+
 int
 mloop_overlay_note_merging (struct mloop_overlay *ov,
                             const struct mloop_backing *base, char *err,
@@ -1242,10 +1257,18 @@ mloop_overlay_note_merging (struct mloop_overlay *ov,
    * finding no mark, would leave that image half-merged.  A copy put in
    * its place may be given the freed inode number again (ext4 does):
    * then only a birth both know tells it apart (recorded_file).
+   * The recorded file itself is recorded again as it is now when it was
+   * written since (a user's override writes it all the same) and no
+   * merge began in it: a stopped merge resumes in it only while its
+   * modification time is not older than the recorded one (check_base),
+   * which must then be the time of the version the merge began
+   * writing, not of the overlay's base, else a snapshot put back of a
+   * version between the two passes for the merge's own work.
    */
   if (recorded_file (h, ov->base_path, &id) &&
       get_le64 (h + HDR_BASE_DEV) == id.dev &&
-      strcmp (ov->base_path, id.path) == 0) {
+      strcmp (ov->base_path, id.path) == 0 &&
+      ((flags & OVERLAY_FLAG_MERGING) || records_as_it_is (h, &id))) {
     /* Written and synced even when the header read shows the mark: a
      * commit whose sync of it failed left it perhaps only in the page
      * cache, which the kernel then holds as clean and a later sync does

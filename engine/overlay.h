@@ -175,7 +175,10 @@ int mloop_overlay_merge (const char *path, const char *base_path,
 /* Marks in the header of OV, durably, that a merge is about to write
  * into BASE, recording BASE as the overlay's base first when the header
  * names another file (moved, a copy put in its place, the image of the
- * user's override) or none (version 1, made version 2): a merge stopped
+ * user's override) or none (version 1, made version 2), or the recorded
+ * file as it was before (written since, the user's override) when no
+ * merge began in it yet, so that the recorded modification time is the
+ * version's the merge begins writing: a merge stopped
  * half-way may then find that file's ends changed and still run
  * (MLOOP_OVERLAY_MERGE_BASE), and discard refuses the overlay.  0, or a
  * negative errno with ERR.
