@@ -1965,12 +1965,16 @@ watcher_of (const struct peers *p, const char *owner)
  * timeout, an OSD restarted) for done, so a lock it let go can stay
  * recorded as this server's.  Nothing then frees it: not librbd, which
  * holds nothing, nor another client, which finds our watch alive; and
- * breaking it (break_lock) would blocklist this very client.  librbd is
- * first made to let go of whatever it believes it holds (EINVAL: it
- * holds nothing), so that no write of ours is under way beneath the
- * entry removed; then each entry of ours is unlocked by its cookie,
- * which cls_lock allows only its own client: never another's entry,
- * and no client blocklisted.  0, or a negative errno.
+ * breaking it (break_lock) would blocklist this very client.  Only
+ * where librbd says it holds nothing: one that cannot say (a timeout)
+ * may hold the lock after all, and letting it go would hand it to any
+ * live client on the image at its next write, the device's writes then
+ * failing.  librbd is then made to let go of whatever it believes it
+ * holds all the same (EINVAL: nothing), so that no write of ours is
+ * under way beneath the entry removed; then each entry of ours is
+ * unlocked by its cookie, which cls_lock allows only its own client:
+ * never another's entry, and no client blocklisted.  0, or a negative
+ * errno (-EBUSY: librbd holds the lock, or may).
  */
 static int
 let_go_own_record (struct rbd_store *st)
@@ -1981,10 +1985,12 @@ let_go_own_record (struct rbd_store *st)
   size_t tag_len = sizeof tag, clients_len = sizeof clients;
   size_t cookies_len = sizeof cookies, addrs_len = sizeof addrs;
   const char *client = clients, *cookie = cookies;
-  int exclusive, r = rbd_lock_release (st->rbd);
+  int exclusive, owner = 0, r = rbd_is_exclusive_lock_owner (st->rbd, &owner);
   ssize_t n;
 
-  if (r < 0 && r != -EINVAL)
+  if (r < 0 || owner)
+    return -EBUSY;              /* librbd holds it, or may */
+  if ((r = rbd_lock_release (st->rbd)) < 0 && r != -EINVAL)
     return r;                   /* librbd may still hold it */
   if ((r = rbd_get_id (st->rbd, image_id, sizeof image_id)) < 0)
     return r;
@@ -2085,10 +2091,12 @@ refuse_live_peers (struct rbd_store *st, const char *history, char *err,
     switch (verdict) {
     case RBD_PEERS_SELF_HOLDER:
       snprintf (err, errlen, "%s: the cluster records this server (%s) as "
-                "its exclusive lock's holder, which librbd does not know, "
-                "and letting it go failed (%s): its lock is not broken, "
-                "which would fence this server", st->name, owners[which],
-                strerror (-r));
+                "its exclusive lock's holder, %s%s%s: its lock is not "
+                "broken, which would fence this server", st->name,
+                owners[which], r == -EBUSY ? "which librbd may hold: not "
+                "let go" : "which librbd does not know, and letting it go "
+                "failed (", r == -EBUSY ? "" : strerror (-r),
+                r == -EBUSY ? "" : ")");
       r = -EBUSY;
       break;
     case RBD_PEERS_LIVE_HOLDER: {

@@ -33,6 +33,12 @@ on a real one-node cluster (tests/ceph/cluster.py):
    forges both answers; ~7 s with the cluster): the server names itself
    as the holder, does not break its own lock nor blocklist itself, and
    later writes go through under the lock it holds;
+2v. as 2p, with another client having the image open for writing
+   (a watch; its writes refused while the server holds the lock): the
+   server must not let go of a lock librbd may hold (it only failed to
+   say so), which that client would take at its next write: the server
+   still holds it after, the other client's write is still refused and
+   the server's goes through;
 2q. another client, which does not blocklist, breaking the lock the
    server has just taken and taking it, before the server reads whose
    the lock is (gdb holds it there): the device's lock record must not
@@ -173,7 +179,7 @@ to end: the 5 s this test sets osd_client_watch_timeout to), the
 arriving writer 2-3 s (gdb's start), 20 watchers, 2c, 2e and 3 to 6
 about 1-3 s each, 2d about 5 s (`rbd feature disable`), 1d about 6 s (a
 watch timeout), 2f 3-5 s, 3b under 1 s, 2q 8-11 s (two cases), 2r 6-7 s
-(a watch timeout), 2s 3 s, 2t 3-4 s, 2u 2-3 s, 2b 12-13 s (two gdb starts), 2i 9-13 s
+(a watch timeout), 2s 3 s, 2t 3-4 s, 2u 2-3 s, 2v 1-2 s, 2b 12-13 s (two gdb starts), 2i 9-13 s
 (4,100 snapshots added to the header), 2j 2-3 s, 2k under 1 s, 2l, 2m,
 2n and 2o 1-2 s each; about 120 s in all alone, more beside other
 work.
@@ -181,6 +187,7 @@ work.
 import datetime
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -757,6 +764,91 @@ def section_own_lock_unknown():
     check("the image has the later write",
           export(c.spec("own-lock"))[4096:8192] == b"c" * 4096)
 
+
+
+# Opens the image for writing (a watch on its header) and says "open";
+# then, for each line on its stdin, writes 4 KiB at 64 KiB and says
+# "wrote" or "refused: ERROR"; at the end of its stdin, "closed".
+OPENER = r"""
+import rados, rbd, sys
+conf, client, pool, image = sys.argv[1:5]
+cl = rados.Rados(conffile=conf, rados_id=client)
+cl.connect()
+io = cl.open_ioctx(pool)
+img = rbd.Image(io, image)
+print("open", flush=True)
+while sys.stdin.readline():
+    try:
+        img.write(b"w" * 4096, 65536)
+        img.flush()
+        print("wrote", flush=True)
+    except Exception as e:
+        print(f"refused: {type(e).__name__}: {e}", flush=True)
+img.close()
+io.close()
+cl.shutdown()
+print("closed", flush=True)
+"""
+
+
+def answer_within(p, limit):
+    """P's next line (a librbd_client's), or "" when it says nothing in
+    LIMIT seconds."""
+    ready, _, _ = select.select([p.stdout], [], [], limit)
+    return p.stdout.readline().strip() if ready else ""
+
+
+def section_own_lock_unknown_live_client():
+    """As 2p, with another client having the image open for writing: the
+    server, which holds the lock (librbd only fails to say so), refuses
+    to take it beside that client, and must not have let go of it
+    before judging that client: the other client would then take the
+    lock at its next write, and the device's writes fail."""
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        print("# skipped: no gdb to forge librbd's answers")
+        return
+    c.create_image("own-lock-live", 8 * MiB)
+    armed = c.path("test", "armed-live")
+    script = c.path("test", "forget-live.gdb")
+    with open(script, "w") as f:
+        f.write(FORGET_OWN_LOCK.format(armed=armed))
+    s = start("mloop-server under gdb", f"rbd:{c.spec('own-lock-live')}",
+              wrap=[gdb, "-q", "-batch", "-nx", "-x", script, "--args"])
+    o = None
+    try:
+        h = s.connect()
+        held = holds_lock_after_write(h, "own-lock-live", b"a")
+        mine = held[0]["address"]
+        o = librbd_client(OPENER, "own-lock-live")
+        said = answer_within(o, START_LIMIT)
+        if not check("another client has the image open", said == "open", said):
+            raise Abort("no other client")
+        open(armed, "w").close()
+        try:
+            h.pwrite(b"b" * 4096, 0)
+        except nbd.Error:
+            pass                # the forged EROFS may fail it: not the point
+        check("the server says librbd may hold the lock, not let go",
+              s.says("may hold", 10), s.stderr()[-600:])
+        os.unlink(armed)
+        held = json.loads(c.rbd("lock", "ls", "--format", "json",
+                                c.spec("own-lock-live")))
+        check("the server still holds the exclusive lock",
+              len(held) == 1 and held[0]["address"] == mine, repr(held))
+        o.stdin.write("\n")
+        o.stdin.flush()
+        said = answer_within(o, 30)
+        check("the other client's write is still refused",
+              said.startswith("refused"), said)
+        wrote = write_error(h, b"c", 4096)
+        check("the server's later write goes through", wrote is None, str(wrote))
+        h.shutdown()
+    finally:
+        if o is not None:
+            o.stdin.close()
+            o.wait(30)
+        stop_under_gdb(s)
 
 # Makes every rbd_lock_get_owners fail with ETIMEDOUT (an OSD slow past
 # --io-timeout) while {armed} exists.
@@ -2161,6 +2253,8 @@ try:
     section("the lock lost without a blocklist", section_lock_lost)
     section("the cluster records this server, librbd says not",
             section_own_lock_unknown)
+    section("the cluster records this server, librbd says not, a live client",
+            section_own_lock_unknown_live_client)
     section("a break unseen, the lock record unread",
             section_break_unseen_record_unread)
     section("the lock taken from the server as it starts",
