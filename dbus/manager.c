@@ -13,8 +13,9 @@
  * then does to devices runs in one device thread, one call at a time:
  * an attach or detach takes a second or two; one at a time keeps the
  * per-user count exact and lets the reaper (main.c) tell an exited
- * supervisor from a child an attach is waiting for.  List only reads
- * the run directory and is answered from the main thread at once.
+ * supervisor from a child an attach is waiting for.  List reads the
+ * run directory and names the devices' owners, which waits on the user
+ * database, in a list thread of its own, at once unless that waits.
  * D-Bus replies may be sent from any of these threads.
  */
 #include <errno.h>
@@ -922,28 +923,65 @@ detach (GDBusMethodInvocation *invocation, GVariant *params)
   start_call (invocation, CALL_DETACH, MLOOP_ACTION_DETACH, what, NULL, -1);
 }
 
+/* Lists waiting for the list thread, or in it: each holds its message.
+ * Counted up in the main thread, down in the list thread.
+ */
+static gint lists_waiting;
+
+/* The one thread that answers lists.  A list names each device's owner
+ * from the user database, whose sources (LDAP, sssd) may be slow or
+ * never answer: in the main loop, any user's list held up every call.
+ * A lookup that never ends holds up only lists.
+ */
+static GThreadPool *list_thread;
+
 static void
-list (GDBusMethodInvocation *invocation, GVariant *params)
+list_thread_run (gpointer data, gpointer unused)
 {
+  GDBusMethodInvocation *invocation = data;
   struct mloop_device_state *devices;
   g_autofree char *text = NULL;
   gboolean json;
   size_t n, size;
   FILE *f;
 
-  g_variant_get (params, "(b)", &json);
+  g_variant_get (g_dbus_method_invocation_get_parameters (invocation), "(b)",
+                 &json);
   devices = mloop_state_list (&n);
   f = open_memstream (&text, &size);
   if (f)
     mloop_describe_list (f, devices, n, json);
   mloop_state_free_list (devices, n);
-  if (f == NULL || fclose (f) != 0) {
+  if (f == NULL || fclose (f) != 0)
     g_dbus_method_invocation_return_dbus_error (invocation, ERROR_FAILED,
                                                 strerror (errno));
+  else
+    g_dbus_method_invocation_return_value (invocation,
+                                           g_variant_new ("(s)", text));
+  g_object_unref (invocation);
+  g_atomic_int_add (&lists_waiting, -1);
+}
+
+/* Refused at once past MLOOP_MAX_LISTS_WAITING, and with a descriptor,
+ * which a list waiting would keep open.
+ */
+static void
+list (GDBusMethodInvocation *invocation, GVariant *params)
+{
+  char err[256];
+
+  if (!descriptors_passed (invocation, 0, NULL, err, sizeof err)) {
+    reply_error (invocation, ERROR_INVALID, err);
     return;
   }
-  g_dbus_method_invocation_return_value (invocation,
-                                         g_variant_new ("(s)", text));
+  if (g_atomic_int_get (&lists_waiting) >= MLOOP_MAX_LISTS_WAITING) {
+    snprintf (err, sizeof err, "the service has %d lists to answer "
+              "already: try again", MLOOP_MAX_LISTS_WAITING);
+    reply_error (invocation, ERROR_LIMIT, err);
+    return;
+  }
+  g_atomic_int_inc (&lists_waiting);
+  g_thread_pool_push (list_thread, g_object_ref (invocation), NULL);
 }
 
 static void
@@ -996,6 +1034,12 @@ mloop_manager_export (GDBusConnection *connection,
                                       &gerr);
   if (owner_thread == NULL) {
     g_warning ("cannot start the owner lookup thread: %s", gerr->message);
+    return false;
+  }
+  if (list_thread == NULL)
+    list_thread = g_thread_pool_new (list_thread_run, NULL, 1, FALSE, &gerr);
+  if (list_thread == NULL) {
+    g_warning ("cannot start the list thread: %s", gerr->message);
     return false;
   }
 

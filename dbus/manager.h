@@ -16,7 +16,8 @@
  *       org.mloop.detach before DEVICE is looked at or looked for, then
  *       org.mloop.detach-other if another user attached it.
  *   List (b json) -> (s text)
- *       What `mloop list [--json]` prints as root.
+ *       What `mloop list [--json]` prints as root (the message carries
+ *       no descriptor).
  *
  * A user's Attach or Detach past MLOOP_MAX_CALLS_PER_USER of their calls
  * in progress is refused at once (org.mloop.Error.LimitsExceeded).
@@ -74,6 +75,15 @@
  * (org.mloop.Error.LimitsExceeded); others are served as before.
  */
 #define MLOOP_MAX_OWNER_LOOKUPS 64
+
+/* Lists, all users' together, waiting to be answered, one after the
+ * other in one thread of their own: a list names each device's owner,
+ * which waits on the user database (LDAP, say, may not answer).  Each
+ * holds its message.  Past this many the next is refused at once
+ * (org.mloop.Error.LimitsExceeded); attaches and detaches are served
+ * as before.
+ */
+#define MLOOP_MAX_LISTS_WAITING 64
 
 struct mloop_manager_limits {
   /* Devices attached through the service one user (not root) may have

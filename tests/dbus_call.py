@@ -17,7 +17,7 @@ or "ERROR message".
       then one more without: its answer, at once on a line of its own
       ("FIRST answer"); then, once that answer changes (asked every
       0.2 s, for at most WAIT seconds), both on one line, "first / new".
-  dbus_call.py heavy N attach|detach PATH FDS NAME_BYTES [REPEAT]
+  dbus_call.py heavy N attach|detach|list PATH FDS NAME_BYTES [REPEAT]
       N calls sent at once, as pile's, each carrying FDS descriptors of
       PATH (an attach's image is the first) and a name of NAME_BYTES
       bytes (0: PATH), an attach's option read-only given REPEAT times
@@ -247,8 +247,7 @@ def heavy(n, kind, path, fds, name_bytes, repeat):
 
     for _ in range(n):
         msg = Gio.DBusMessage.new_method_call("org.mloop.Manager1", "/org/mloop/Manager1",
-                                              "org.mloop.Manager1",
-                                              "Attach" if kind == "attach" else "Detach")
+                                              "org.mloop.Manager1", kind.capitalize())
         fd_list = Gio.UnixFDList()
         for _ in range(fds):
             fd = os.open(path, os.O_RDONLY)
@@ -262,6 +261,8 @@ def heavy(n, kind, path, fds, name_bytes, repeat):
                     GLib.Variant("v", GLib.Variant("b", True))))
             msg.set_body(GLib.Variant.new_tuple(GLib.Variant("h", 0), GLib.Variant("s", name),
                                                 options.end()))
+        elif kind == "list":
+            msg.set_body(GLib.Variant("(b)", (False,)))
         else:
             msg.set_body(GLib.Variant("(s)", (name,)))
         if fds:

@@ -23,7 +23,11 @@ as of one that does not, and /proc's magic links (the service's own
 open files, its cwd, its executable) are not followed; the path is
 looked for with the caller's whole entry in the user database (6,000
 bytes) and every group it gives them (301, one of them a group a
-directory denies: still denied; 0.5 s).  A caller whose authentication never ends (a real
+directory denies: still denied; 0.5 s).  A list names each device's
+owner from the user database: with gdb holding that lookup 6 s (a
+device's state made up in a runtime directory of the service's own),
+another user's call is answered meanwhile (8-11 s); a list carrying a
+descriptor, which it would keep while it waits, is refused.  A caller whose authentication never ends (a real
 polkit agent that never answers: silent_agent.py) holds up no other
 user's call, and is refused after --authorization-timeout; an attach
 past --max-devices-per-user is refused in one line, and so is a call
@@ -246,6 +250,7 @@ def run(bus, work):
     swapped_while_looking(bus, work, secret)
     magic_links(bus, work)
     caller_with_large_entries(bus, work, image)
+    list_holds_nobody(bus, work)
 
     stalled_callers(bus, image, root_only)
     bounded_wait(bus, root_only)
@@ -706,6 +711,70 @@ def owner_lookup_holds_nobody(bus, work, root_only):
         bus.set_service_args(args)
 
 
+# gdb, attached to the service, holds the thread looking up a device's
+# owner's name for a list (a slow NSS source) for HOLD_S seconds.
+HOLD_IN_OWNER_NAME = HOLD_IN_OWNER_LOOKUP.replace(
+    "break getpwnam_r", "break getpwuid_r")
+
+
+def list_holds_nobody(bus, work):
+    """A list names each device's owner from the user database, whose
+    sources (LDAP, sssd) may be slow or not answer: with gdb holding
+    that lookup, another user's call is answered meanwhile, and the
+    list then shows the device and its owner.  A device's state is
+    made up in a runtime directory of the service's own."""
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        print("# skipped: a list's owner lookup held: no gdb")
+        return
+    run_dir = os.path.join(work, "list-run")
+    device = os.path.join(run_dir, "dev-listed")
+    os.makedirs(device)
+    with open(os.path.join(device, "state"), "w") as f:
+        f.write(f"[device]\nindex=999\nfile=held:listed\nheld_image=true\n"
+                f"label=/listed.img\nowner={USER[1]}\n")
+    held, ready = (os.path.join(work, f) for f in ("held", "ready"))
+    for f in (held, ready):
+        if os.path.exists(f):
+            os.unlink(f)
+    args = bus.service_args
+    bus.set_service_args(args, env={"MLOOP_RUNTIME_DIR": run_dir})
+    call_on(bus, "detach", "/dev/nbd0")          # the service is running
+    script = os.path.join(work, "hold-owner-name.gdb")
+    with open(script, "w") as f:
+        f.write(HOLD_IN_OWNER_NAME.format(held=held, ready=ready))
+    debugger = subprocess.Popen([gdb, "-q", "-batch", "-nx", "-x", script, "-p",
+                                 str(bus.service_pid())],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lister = None
+    try:
+        harness_wait(lambda: os.path.exists(ready) or debugger.poll() is not None)
+        if not os.path.exists(ready):
+            why = (stop_gdb(debugger).strip().splitlines() or ["no answer"])[-1]
+            print(f"# skipped: gdb cannot attach to the service ({why})")
+            return
+        lister = subprocess.Popen(
+            ["setpriv", f"--reuid={USER[1]}", f"--regid={USER[2]}", "--clear-groups",
+             "--", MLOOP, "list"],
+            env=bus.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        harness_wait(lambda: os.path.exists(held) or debugger.poll() is not None)
+        check("a list looks up a device's owner's name",
+              os.path.exists(held), stop_gdb(debugger)[-300:] if not os.path.exists(held)
+              else "")
+        out = call_as(bus, OTHER, ["detach", "/dev/nbd0"], timeout=HOLD_S // 2)
+        check("another user's call is answered while a list's owner lookup is held",
+              out.startswith("ERROR not authorized: polkit refused"), out)
+        out = lister.communicate(timeout=30)[0]
+        check("the list whose owner lookup was held shows the device and its owner",
+              re.search(rf"^/dev/nbd999 .* {USER[0]} +/listed.img$", out, re.M), out)
+    finally:
+        stop_gdb(debugger)
+        if lister is not None and lister.poll() is None:
+            lister.kill()
+            lister.wait()
+        bus.set_service_args(args)
+
+
 # gdb, attached to the service, holds the thread resolving a path where it takes
 # back root's rights (setfsuid (0)) after resolving a path as the
 # caller, until the test has swapped the caller's directory.
@@ -1158,8 +1227,8 @@ def long_name_not_logged(bus, image):
 def heavy_calls(bus, root_only):
     """A call waiting for polkit keeps its message: one carrying more
     than it needs (descriptors beyond an attach's image, a detach's name
-    longer than a path, an option repeated) is refused at once, before
-    polkit is asked.  Else a user's calls in progress, each left waiting
+    longer than a path, an option repeated, a list's descriptor) is
+    refused at once, before polkit is asked.  Else a user's calls in progress, each left waiting
     on an authentication nobody answers, could hold 16 descriptors (as
     many as the bus lets a message carry) or a 32 MiB name each."""
     pid = bus.service_pid()
@@ -1171,6 +1240,9 @@ def heavy_calls(bus, root_only):
             (["detach", root_only, "0", "5000"],
              "ERROR the device's or image's name is 5000 bytes long: a path has at most 4095"),
             (["detach", root_only, "1", "0"],
+             "ERROR 1 descriptors were passed with a call that takes none"),
+            # A list may wait for the user database (list_holds_nobody).
+            (["list", root_only, "1", "0"],
              "ERROR 1 descriptors were passed with a call that takes none")]:
         p = subprocess.Popen(
             ["setpriv", f"--reuid={OTHER[1]}", f"--regid={OTHER[2]}", "--clear-groups",
