@@ -565,7 +565,10 @@ struct base_identity {
    * another window by a device beside this overlay's.
    */
   bool has_times;
-  uint64_t mtime, birth;        /* seconds; birth 0: not known */
+  /* Seconds, kept as time_t's 64 bits: signed (before 1970,
+   * negative); birth 0: not known.
+   */
+  uint64_t mtime, birth;
   uint32_t mtime_ns;
   /* A block device node: the same node may hold another disk (a loop
    * or NBD device attached again, disks found in another order).
@@ -1028,12 +1031,16 @@ written_since (const unsigned char *h, const char *recorded,
 static bool
 older_than_recorded (const unsigned char *h, const struct base_identity *id)
 {
-  const uint64_t sec = get_le64 (h + HDR_BASE_MTIME);
+  /* Seconds are signed, as a file keeps them: a time before 1970 is
+   * negative, and taken as unsigned it would be later than any other.
+   */
+  const int64_t sec = (int64_t) get_le64 (h + HDR_BASE_MTIME);
+  const int64_t now = (int64_t) id->mtime;
 
   if (!id->has_times || !(get_le32 (h + HDR_FLAGS) & OVERLAY_FLAG_TIMES))
     return false;
-  return id->mtime < sec ||
-    (id->mtime == sec && id->mtime_ns < get_le32 (h + HDR_BASE_MTIME_NS));
+  return now < sec ||
+    (now == sec && id->mtime_ns < get_le32 (h + HDR_BASE_MTIME_NS));
 }
 
 /* Whether header H carries a merge's mark and its recorded file is
