@@ -1161,6 +1161,21 @@ check_base (struct mloop_overlay *ov, unsigned char *h,
   rolled_back = resumed && older_than_recorded (h, &id);
   if (rolled_back)
     resumed = false;
+  /* Nor adopted under the mark (the same file keeps it, below): its
+   * older time recorded, the merge would then resume into any version
+   * rolled back to between the two.  Only a merge told to writes it.
+   */
+  if (check == MLOOP_OVERLAY_ADOPT_BASE && recorded &&
+      (get_le32 (h + HDR_FLAGS) & OVERLAY_FLAG_MERGING) &&
+      older_than_recorded (h, &id)) {
+    snprintf (err, errlen, "overlay %s: a commit into %s stopped half-way, "
+              "and its modification time is older than the overlay "
+              "recorded: it holds an older version (a snapshot put back?), "
+              "not the one the commit wrote; adopting it would keep the "
+              "commit's mark on it (`mloop overlay commit --adopt-base` "
+              "writes the overlay into it)", ov->path, id.path);
+    return -EINVAL;
+  }
   if ((!same_content || written) && !resumed &&
       check != MLOOP_OVERLAY_ADOPT_BASE) {
     if (rolled_back)

@@ -12,7 +12,8 @@
  * overlay's clusters into it, as it never does into a base written
  * since when no commit stopped: a merge only moves the file's
  * modification time forward, so one older than the recorded time is
- * no file the merge wrote.
+ * no file the merge wrote.  Nor is it adopted under the mark: only a
+ * commit told to (--adopt-base) writes it.
  *
  * The rollback is played by writing the older image's bytes into the
  * base in place and giving it an older modification time.  No root:
@@ -82,6 +83,20 @@ main (void)
          err);
   CHECK (unit_byte_at (base_path, UNIT_OVERLAY_CLUSTER_AT) == 0x11,
          "the rolled-back base was written");
+
+  /* Nor adopted under the mark (`mloop overlay adopt`, a server's
+   * --overlay-adopt-base): the mark would stay on a version the commit
+   * never wrote with that version's older time recorded, and a later
+   * rollback to any version between the two would be resumed into.
+   */
+  r = unit_try_open_overlay (base_path, ov_path, MLOOP_OVERLAY_ADOPT_BASE,
+                             err, sizeof err);
+  CHECK (r < 0, "a base rolled back under a stopped commit was adopted, "
+         "the commit's mark kept on it");
+  CHECK (strstr (err, "--adopt-base") != NULL,
+         "the refusal does not say what writes it: %s", err);
+  CHECK (unit_still_marks (ov_path, base_path),
+         "the refused adoption changed the mark");
 
   /* Said on purpose, it is written. */
   r = mloop_overlay_merge (ov_path, base_path, true, true, err, sizeof err);
