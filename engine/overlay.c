@@ -1072,6 +1072,25 @@ half_merged_in_place (const unsigned char *h, const char *recorded,
   return recorded_file (h, recorded, there);
 }
 
+/* Whether header H carries a merge's mark and ID is not the file it
+ * records (recorded_file), wherever that file is now.  A server records
+ * the image it serves, a copy under another name too, and would record
+ * it without the mark: fine for a copy while the half-merged file is
+ * elsewhere, but the image may be that file itself, moved to another
+ * filesystem (a copy, then an unlink: another inode), its ends the
+ * recorded ones when the merge wrote only between them.  Then discard
+ * would remove the overlay it still needs.  A commit into it records
+ * it with the mark instead (mloop_overlay_note_merging).
+ */
+static bool
+marked_elsewhere (const struct mloop_overlay *ov, const unsigned char *h,
+                  const struct base_identity *id)
+{
+  return get_le32 (h + HDR_VERSION) == OVERLAY_VERSION &&
+    (get_le32 (h + HDR_FLAGS) & OVERLAY_FLAG_MERGING) &&
+    !recorded_file (h, ov->base_path, id);
+}
+
 /* Refuses, in ERR, an image ID other than the file a merge stopped
  * half-way in, while that file is still at its path: recorded in its
  * place (a copy keeping its ends, served or committed), the other image
@@ -1079,8 +1098,11 @@ half_merged_in_place (const unsigned char *h, const char *recorded,
  * so, which discard would then leave so.  Only that very file (its
  * device and inode: under another name, a hard link) is exempt, not
  * one merely taken for it by inode and birth: a snapshot of its
- * filesystem, elsewhere, holds one alike.  Adopting the other image
- * (CHECK) is the owner's word that it is to be the base.
+ * filesystem, elsewhere, holds one alike.  Once that file is gone from
+ * its path, a server (CHECK: MLOOP_OVERLAY_SAME_BASE) still refuses any
+ * other image (marked_elsewhere), which may be that file moved.
+ * Adopting the other image (CHECK) is the owner's word that it is to be
+ * the base.
  */
 static int
 refuse_other_than_half_merged (struct mloop_overlay *ov,
@@ -1092,18 +1114,30 @@ refuse_other_than_half_merged (struct mloop_overlay *ov,
   struct base_identity there;
 
   if (check == MLOOP_OVERLAY_ADOPT_BASE ||
-      check == MLOOP_OVERLAY_MERGE_ANY_BASE ||
-      !half_merged_in_place (h, ov->base_path, &there) ||
-      (there.dev == id->dev && there.ino == id->ino))
+      check == MLOOP_OVERLAY_MERGE_ANY_BASE)
+    return 0;
+  if (half_merged_in_place (h, ov->base_path, &there)) {
+    if (there.dev == id->dev && there.ino == id->ino)
+      return 0;
+    snprintf (err, errlen, "overlay %s: a commit into %s stopped half-way, "
+              "and %s is another file: finish the commit there (mloop "
+              "overlay commit %s), or give %s", ov->path, ov->base_path,
+              id->path, ov->path,
+              check == MLOOP_OVERLAY_MERGE_BASE
+              ? "--adopt-base to move the commit to it on purpose"
+              : "--overlay-adopt-base to serve the overlay over it on "
+              "purpose, leaving that commit half-way");
+    return -EBUSY;
+  }
+  if (check != MLOOP_OVERLAY_SAME_BASE || !marked_elsewhere (ov, h, id))
     return 0;
   snprintf (err, errlen, "overlay %s: a commit into %s stopped half-way, "
-            "and %s is another file: finish the commit there (mloop "
-            "overlay commit %s), or give %s", ov->path, ov->base_path,
-            id->path, ov->path,
-            check == MLOOP_OVERLAY_MERGE_BASE
-            ? "--adopt-base to move the commit to it on purpose"
-            : "--overlay-adopt-base to serve the overlay over it on purpose, "
-            "leaving that commit half-way");
+            "and %s is another file (a copy, or that file moved to another "
+            "filesystem): finish the commit in it (mloop overlay commit "
+            "--base %s %s, with --adopt-base if its first or last MiB "
+            "changed), or give --overlay-adopt-base to serve the overlay "
+            "over it on purpose", ov->path, ov->base_path, id->path,
+            id->path, ov->path);
   return -EBUSY;
 }
 

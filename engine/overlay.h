@@ -85,7 +85,10 @@ struct mloop_overlay {
  */
 enum mloop_overlay_base_check {
   /* Refuse any other image; the same one under another name (copied,
-   * moved) is recorded as the base from now on.
+   * moved) is recorded as the base from now on, but not while the
+   * header carries a merge's mark: a half-merged base moved to another
+   * filesystem is such a copy, and recorded without the mark it would
+   * let discard remove the overlay it needs.
    */
   MLOOP_OVERLAY_SAME_BASE,
   /* As SAME_BASE, and also accept the recorded file itself, at the same
