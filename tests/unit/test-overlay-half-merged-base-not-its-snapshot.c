@@ -32,6 +32,19 @@
 
 #define BASE_SIZE (4u << 20)
 
+/* The mount points, unmounted at exit before the test's directory is
+ * removed (handlers run last registered first): still mounted in the
+ * test's namespace, they could not be removed, and the directory stayed.
+ */
+static char m1[2048], m2[2048];
+
+static void
+unmount_all (void)
+{
+  umount2 (m2, MNT_DETACH);
+  umount2 (m1, MNT_DETACH);
+}
+
 /* Runs the shell command CMD: whether it succeeded. */
 static int
 run (const char *cmd)
@@ -43,7 +56,7 @@ int
 main (void)
 {
   const char *dir;
-  char fs[2048], snap[2048], m1[2048], m2[2048], cmd[16384];
+  char fs[2048], snap[2048], cmd[16384];
   char base_path[4096], snap_base[4096], ov_path[4096], err[1024];
   struct stat a, b;
   int r;
@@ -68,6 +81,7 @@ main (void)
   snprintf (ov_path, sizeof ov_path, "%s/a.overlay", dir);
   CHECK (mkdir (m1, 0700) == 0 && mkdir (m2, 0700) == 0, "mkdir: %s",
          strerror (errno));
+  atexit (unmount_all);
 
   snprintf (cmd, sizeof cmd, "truncate -s 32M '%s' && mkfs.ext4 -q -F '%s' "
             "&& mount -o loop '%s' '%s'", fs, fs, fs, m1);
