@@ -1005,18 +1005,18 @@ recorded_file (const unsigned char *h, const char *recorded,
     strcmp (recorded, id->path) == 0;
 }
 
-/* Whether header H records ID's file (recorded_file) as written since:
- * with another modification time.  The fingerprint sees only the
- * base's ends, and a partitioned image keeps its filesystems past the
- * first MiB: there, a commit of another overlay over the same base, or
- * any write, changes nothing it sees.
+/* Whether header H records ID's file (RECORDED: check_base tells) as
+ * written since: with another modification time.  The fingerprint sees
+ * only the base's ends, and a partitioned image keeps its filesystems
+ * past the first MiB: there, a commit of another overlay over the same
+ * base, or any write, changes nothing it sees.
  */
 static bool
-written_since (const unsigned char *h, const char *recorded,
+written_since (const unsigned char *h, bool recorded,
                const struct base_identity *id)
 {
   if (!id->has_times || !(get_le32 (h + HDR_FLAGS) & OVERLAY_FLAG_TIMES) ||
-      !recorded_file (h, recorded, id))
+      !recorded)
     return false;
   return get_le64 (h + HDR_BASE_MTIME) != id->mtime ||
     get_le32 (h + HDR_BASE_MTIME_NS) != id->mtime_ns;
@@ -1098,7 +1098,8 @@ marked_elsewhere (const struct mloop_overlay *ov, const unsigned char *h,
  * so, which discard would then leave so.  Only that very file (its
  * device and inode: under another name, a hard link) is exempt, not
  * one merely taken for it by inode and birth: a snapshot of its
- * filesystem, elsewhere, holds one alike.  Once that file is gone from
+ * filesystem, elsewhere, holds one alike.  THERE is that file
+ * (half_merged_in_place), or NULL.  Once that file is gone from
  * its path, a server (CHECK: MLOOP_OVERLAY_SAME_BASE) still refuses any
  * other image (marked_elsewhere), which may be that file moved.
  * Adopting the other image (CHECK) is the owner's word that it is to be
@@ -1108,16 +1109,15 @@ static int
 refuse_other_than_half_merged (struct mloop_overlay *ov,
                                const unsigned char *h,
                                const struct base_identity *id,
+                               const struct base_identity *there,
                                enum mloop_overlay_base_check check,
                                char *err, size_t errlen)
 {
-  struct base_identity there;
-
   if (check == MLOOP_OVERLAY_ADOPT_BASE ||
       check == MLOOP_OVERLAY_MERGE_ANY_BASE)
     return 0;
-  if (half_merged_in_place (h, ov->base_path, &there)) {
-    if (there.dev == id->dev && there.ino == id->ino)
+  if (there) {
+    if (there->dev == id->dev && there->ino == id->ino)
       return 0;
     snprintf (err, errlen, "overlay %s: a commit into %s stopped half-way, "
               "and %s is another file: finish the commit there (mloop "
@@ -1150,9 +1150,10 @@ check_base (struct mloop_overlay *ov, unsigned char *h,
             const struct mloop_backing *base,
             enum mloop_overlay_base_check check, char *err, size_t errlen)
 {
-  struct base_identity id;
+  struct base_identity id, there;
   const uint32_t version = get_le32 (h + HDR_VERSION);
-  bool same_content, same_file, recorded, written, resumed, rolled_back;
+  bool same_content, same_file, in_place, recorded, written, resumed,
+    rolled_back;
   int r;
 
   /* No identity recorded: the size was all an older mloop checked, and
@@ -1168,11 +1169,20 @@ check_base (struct mloop_overlay *ov, unsigned char *h,
   same_content = version == OVERLAY_VERSION &&
     get_le32 (h + HDR_BASE_FIRST_CRC) == id.first_crc &&
     get_le32 (h + HDR_BASE_LAST_CRC) == id.last_crc;
-  recorded = recorded_file (h, ov->base_path, &id);
+  in_place = half_merged_in_place (h, ov->base_path, &there);
+  /* The very file a merge stopped in, found at the recorded path, is
+   * the recorded one under any name (a hard link, a second mount of its
+   * filesystem), though by its device (renumbered) and path alone,
+   * without births, it is not: taken for a copy, a server would serve
+   * it by its ends and record it without the mark, which discard heeds.
+   */
+  recorded = (in_place && there.dev == id.dev && there.ino == id.ino) ||
+    recorded_file (h, ov->base_path, &id);
   same_file = recorded && strcmp (ov->base_path, id.path) == 0;
-  written = written_since (h, ov->base_path, &id);
-  if ((r = refuse_other_than_half_merged (ov, h, &id, check, err,
-                                          errlen)) < 0)
+  written = written_since (h, recorded, &id);
+  if ((r = refuse_other_than_half_merged (ov, h, &id,
+                                          in_place ? &there : NULL, check,
+                                          err, errlen)) < 0)
     return r;
   /* A merge stopped half-way has changed its base's ends already, and
    * said so in the header first.  The header is the overlay owner's to
