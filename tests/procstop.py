@@ -35,6 +35,18 @@ def running_threads(pid):
     return running
 
 
+def has_exited(pid):
+    """Whether PID has exited: gone from /proc, or a zombie its parent
+    has not reaped yet.  /proc/PID may vanish between any two looks at
+    it, so one open answers, and its failure means "gone"."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return stat[stat.rindex(")") + 2] == "Z"
+
+
 def wait_stopped(pids, timeout=10):
     """Returns once every thread of every process in PIDS has stopped;
     RuntimeError naming those still running after TIMEOUT seconds."""

@@ -21,6 +21,7 @@ import subprocess
 import tempfile
 import time
 
+import procstop
 import unitmanager
 
 POLKITD = "/usr/lib/polkit-1/polkitd"
@@ -303,9 +304,7 @@ class ServiceBus:
         pid = self.service_pid()
         if pid:
             os.kill(pid, sig)
-            _wait(lambda: not os.path.exists(f"/proc/{pid}") or
-                  open(f"/proc/{pid}/stat").read().split()[2] == "Z",
-                  "mloop-dbus to exit")
+            _wait(lambda: procstop.has_exited(pid), "mloop-dbus to exit")
             _wait(lambda: not self.service_pid(), "mloop-dbus to leave the bus")
 
     def run_as(self, user, argv, **kw):
