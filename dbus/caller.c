@@ -20,6 +20,7 @@
 #include <polkit/polkit.h>
 
 #include "caller.h"
+#include "user_db.h"
 
 /* Whose subordinate uids each uid is, as newuidmap reads it. */
 #define MLOOP_SUBUID_FILE "/etc/subuid"
@@ -125,23 +126,16 @@ status_euid (const char *status)
 static bool
 owner_is (const char *owner, uid_t login)
 {
-  struct passwd pw, *found = NULL;
+  struct passwd pw;
   g_autofree char *buf = NULL;
-  size_t size = 4096;
   char *end;
   unsigned long long n;
-  int r;
 
   errno = 0;
   n = strtoull (owner, &end, 10);
   if (errno == 0 && end != owner && *end == '\0')
     return n == (unsigned long long) login;
-  do {
-    buf = g_realloc (g_steal_pointer (&buf), size);
-    r = getpwnam_r (owner, &pw, buf, size, &found);
-    size *= 2;
-  } while (r == ERANGE && size <= (1u << 20));
-  return r == 0 && found != NULL && pw.pw_uid == login;
+  return mloop_user_by_name (owner, &pw, &buf) == 0 && pw.pw_uid == login;
 }
 
 /* Whether UID is one of LOGIN's subordinate uids (FILE: /etc/subuid,

@@ -46,6 +46,7 @@
 #include "printable.h"
 #include "refusal_log.h"
 #include "store_name.h"
+#include "user_db.h"
 
 #define ERROR_FAILED "org.mloop.Error.Failed"
 #define ERROR_NOT_AUTHORIZED "org.mloop.Error.NotAuthorized"
@@ -438,31 +439,6 @@ attach_now (struct call *c)
   call_free (c);
 }
 
-/* The most a user database entry (its strings) may take: the buffer
- * grows to it from a first guess, since an entry may be larger (a long
- * GECOS field, a directory's attributes) and is still its user's.
- */
-#define USER_ENTRY_MAX (1u << 20)
-
-/* UID's entry in the user database into *PW, its strings in *BUF (to
- * free); -1 with errno (ENOENT: no such user).
- */
-static int
-user_entry (uid_t uid, struct passwd *pw, char **buf)
-{
-  struct passwd *found = NULL;
-  size_t size = 4096;
-  int r;
-
-  do {
-    *buf = g_realloc (*buf, size);
-    r = getpwuid_r (uid, pw, *buf, size, &found);
-    size *= 2;
-  } while (r == ERANGE && size <= USER_ENTRY_MAX);
-  errno = r != 0 ? r : ENOENT;
-  return r == 0 && found != NULL ? 0 : -1;
-}
-
 /* Every group the user database gives PW's user, its primary group
  * among them, into *LIST (to free); their count, or -1 with errno.
  * All of them, however many: a file may deny a group (group bits below
@@ -508,7 +484,7 @@ act_as (uid_t uid, const gid_t *groups, int n)
     return (int) syscall (SYS_setgroups, (size_t) n, groups);
   }
   /* A uid with no entry has no group to act as: never root's. */
-  if (user_entry (uid, &pw, &buf) == -1 ||
+  if (mloop_user_by_uid (uid, &pw, &buf) == -1 ||
       (count = groups_of (&pw, &list)) == -1 ||
       syscall (SYS_setgroups, (size_t) count, list) == -1)
     return -1;

@@ -12,6 +12,7 @@
 
 #include "describe.h"
 #include "printable.h"
+#include "user_db.h"
 
 static void
 member_string (JsonBuilder *b, const char *name, const char *value)
@@ -56,10 +57,10 @@ member_bool (JsonBuilder *b, const char *name, bool value)
 static char *
 owner_name (const struct mloop_device_state *s)
 {
-  struct passwd pw, *found = NULL;
-  char buf[1024];
+  struct passwd pw;
+  g_autofree char *buf = NULL;
 
-  if (getpwuid_r (s->owner, &pw, buf, sizeof buf, &found) == 0 && found)
+  if (mloop_user_by_uid (s->owner, &pw, &buf) == 0)
     return g_strdup (pw.pw_name);
   return g_strdup_printf ("%u", (unsigned) s->owner);
 }

@@ -14,29 +14,20 @@
 #include "device_owner.h"
 #include "errmsg.h"
 #include "nbd_netlink.h"
+#include "user_db.h"
 
-/* The most the disk group's entry (its strings and member list) may
- * take: the buffer grows to it, since a group with many members is
- * still the disk group, and a lookup that failed gave nodes back to
- * root's own group and took udev's nodes for not root's.
+/* The disk group's id, as udev gives block devices; root's without one.
+ * Looked up however large its entry (user_db.h): a group with many
+ * members is still the disk group, and a lookup that failed would give
+ * nodes back to root's own group and take udev's nodes for not root's.
  */
-#define GROUP_ENTRY_MAX (1u << 20)
-
-/* The disk group's id, as udev gives block devices; root's without one. */
 static gid_t
 disk_group (void)
 {
-  struct group gr, *found = NULL;
+  struct group gr;
   g_autofree char *buf = NULL;
-  size_t size = 1024;
-  int r;
 
-  do {
-    buf = g_realloc (g_steal_pointer (&buf), size);
-    r = getgrnam_r ("disk", &gr, buf, size, &found);
-    size *= 2;
-  } while (r == ERANGE && size <= GROUP_ENTRY_MAX);
-  return r == 0 && found ? found->gr_gid : 0;
+  return mloop_group_by_name ("disk", &gr, &buf) == 0 ? gr.gr_gid : 0;
 }
 
 /* The extended attribute that holds a file's access ACL.  The owner of

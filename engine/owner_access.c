@@ -30,6 +30,7 @@
 #include <linux/openat2.h>
 
 #include "owner_access.h"
+#include "user_db.h"
 
 /* The child's exit codes. */
 enum {
@@ -59,28 +60,17 @@ static int
 groups_of (uid_t uid, char *user, size_t userlen, gid_t *room,
            gid_t **groups, int *n)
 {
-  struct passwd pw, *found = NULL;
-  size_t size = 4096;
+  struct passwd pw;
   char *buf = NULL;
-  int r;
 
   *n = 1;
   *groups = room;
   room[0] = NO_GROUP;
-  do {
-    char *more = realloc (buf, size);
-
-    if (more == NULL) {
-      free (buf);
-      return -ENOMEM;
-    }
-    buf = more;
-    r = getpwuid_r (uid, &pw, buf, size, &found);
-    size *= 2;
-  } while (r == ERANGE && size <= (1u << 20));
-  if (r != 0 || found == NULL) {
-    snprintf (user, userlen, "uid %u", (unsigned) uid);
+  if (mloop_user_by_uid (uid, &pw, &buf) == -1) {
     free (buf);
+    if (errno == ENOMEM)
+      return -ENOMEM;
+    snprintf (user, userlen, "uid %u", (unsigned) uid);
     return 0;
   }
   snprintf (user, userlen, "%s", pw.pw_name);
