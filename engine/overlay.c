@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <zlib.h>
@@ -1291,6 +1292,50 @@ records_as_it_is (const unsigned char *h, const struct base_identity *id)
       get_le32 (h + HDR_BASE_MTIME_NS) == id->mtime_ns));
 }
 
+/* Whether the overlay holds any cluster: a merge writes its base then. */
+static bool
+holds_clusters (const struct mloop_overlay *ov)
+{
+  for (uint64_t i = 0; i < ov->map_bytes / sizeof *ov->map; i++)
+    if (__atomic_load_n (&ov->map[i], __ATOMIC_ACQUIRE) != 0)
+      return true;
+  return false;
+}
+
+/* Sets BASE's modification time to now when it is later than the clock
+ * (unpacked or copied with its times from a machine whose clock ran
+ * ahead, `touch -d` a date to come), as the merge's first write is
+ * about to: recorded as it was, the time that write gives would be
+ * older than the recorded one, and the merge, stopped, would be taken
+ * for a rollback of its own base (check_base).  0, or a negative errno
+ * with ERR.
+ */
+static int
+bring_time_to_now (const struct mloop_overlay *ov,
+                   const struct mloop_backing *base, char *err,
+                   size_t errlen)
+{
+  const struct timespec times[2] = {
+    { .tv_nsec = UTIME_OMIT }, { .tv_nsec = UTIME_NOW },
+  };
+  struct timespec now;
+  struct stat st;
+  int r;
+
+  if (fstat (base->fd, &st) == -1 || !S_ISREG (st.st_mode) ||
+      clock_gettime (CLOCK_REALTIME, &now) == -1 ||
+      st.st_mtim.tv_sec < now.tv_sec ||
+      (st.st_mtim.tv_sec == now.tv_sec && st.st_mtim.tv_nsec <= now.tv_nsec))
+    return 0;
+  if (futimens (base->fd, times) == 0)
+    return 0;
+  r = -errno;
+  snprintf (err, errlen, "%s is dated later than the clock, and its time "
+            "could not be set to now before overlay %s is committed into "
+            "it: %s", base->path, ov->path, strerror (-r));
+  return r;
+}
+
 int
 mloop_overlay_note_merging (struct mloop_overlay *ov,
                             const struct mloop_backing *base, char *err,
@@ -1309,11 +1354,18 @@ mloop_overlay_note_merging (struct mloop_overlay *ov,
               ov->path, strerror (-r));
     goto out;
   }
-  if ((r = identify_base (base, &id, err, errlen)) < 0)
-    goto out;
   version = get_le32 (h + HDR_VERSION);
   /* Version 1 kept its path up to the header's end: no flags word. */
   flags = version == OVERLAY_VERSION ? get_le32 (h + HDR_FLAGS) : 0;
+  /* The version the merge begins writing is recorded with the time its
+   * writes will not go back from.  Only for a merge beginning: one that
+   * stopped has written the base at the clock's time already.
+   */
+  if (!(flags & OVERLAY_FLAG_MERGING) && holds_clusters (ov) &&
+      (r = bring_time_to_now (ov, base, err, errlen)) < 0)
+    goto out;
+  if ((r = identify_base (base, &id, err, errlen)) < 0)
+    goto out;
   /* The mark excuses the file the header records, by path, device and
    * inode (check_base), so whatever file the merge writes is recorded
    * first: the base under another name (moved) or inode (a copy put in

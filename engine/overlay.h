@@ -181,7 +181,9 @@ int mloop_overlay_merge (const char *path, const char *base_path,
  * user's override) or none (version 1, made version 2), or the recorded
  * file as it was before (written since, the user's override) when no
  * merge began in it yet, so that the recorded modification time is the
- * version's the merge begins writing: a merge stopped
+ * version's the merge begins writing (set to now first when it is later
+ * than the clock and the overlay holds clusters, as the merge's first
+ * write would set it): a merge stopped
  * half-way may then find that file's ends changed and still run
  * (MLOOP_OVERLAY_MERGE_BASE), and discard refuses the overlay.  0, or a
  * negative errno with ERR.
