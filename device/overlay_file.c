@@ -230,6 +230,16 @@ mloop_overlay_file_discard (const char *path, char *err, size_t errlen)
     if (mloop_overlay_inspect_fd (fd, path, &recorded, &size, &known,
                                   &merging, err, errlen) < 0)
       r = -1;
+    else if (merging && access (recorded, F_OK) == -1 && errno == ENOENT)
+      /* Gone, or moved: the overlay may hold the only copy of the rest
+       * of that image, so it stays until the owner says which.
+       */
+      r = mloop_fail (err, errlen, "a commit of overlay %s into %s stopped "
+                      "half-way, and %s is not there now: if it moved, "
+                      "finish the commit in it (mloop overlay commit --base "
+                      "NEWPATH %s); to give the commit up, mloop overlay "
+                      "adopt %s IMAGE, then discard (not removed)", path,
+                      recorded, recorded, path, path);
     else if (merging)
       r = mloop_fail (err, errlen, "a commit of overlay %s into %s stopped "
                       "half-way: that image holds part of it; finish it "

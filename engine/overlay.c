@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1142,6 +1143,21 @@ refuse_other_than_half_merged (struct mloop_overlay *ov,
   return -EBUSY;
 }
 
+/* How the owner overrides a refusal of ID's file as OV's base, in the
+ * words of CHECK's caller: a commit's option, else the command that
+ * adopts it (or a server's --overlay-adopt-base).
+ */
+static void
+override_hint (const struct mloop_overlay *ov, const struct base_identity *id,
+               enum mloop_overlay_base_check check, char *hint, size_t len)
+{
+  if (check == MLOOP_OVERLAY_MERGE_BASE)
+    snprintf (hint, len, "mloop overlay commit --adopt-base overrides this");
+  else
+    snprintf (hint, len, "mloop overlay adopt %s %s overrides this",
+              ov->path, id->path);
+}
+
 /* Whether BASE is the base recorded in header H, as CHECK asks; when it
  * is the same image under another name (a copy, a move), or adopted,
  * the header is brought up to date.
@@ -1223,6 +1239,9 @@ check_base (struct mloop_overlay *ov, unsigned char *h,
   }
   if ((!same_content || written) && !resumed &&
       check != MLOOP_OVERLAY_ADOPT_BASE) {
+    char hint[2 * PATH_MAX + 64];
+
+    override_hint (ov, &id, check, hint, sizeof hint);
     if (rolled_back)
       snprintf (err, errlen, "overlay %s: a commit into %s stopped half-way, "
                 "but its modification time is older than the overlay "
@@ -1231,8 +1250,8 @@ check_base (struct mloop_overlay *ov, unsigned char *h,
                 "(--adopt-base writes it all the same)", ov->path, id.path);
     else if (same_content)
       snprintf (err, errlen, "overlay %s: its base %s was written since the "
-                "overlay was made: its modification time differs "
-                "(adopting the base overrides this)", ov->path, id.path);
+                "overlay was made: its modification time differs (%s)",
+                ov->path, id.path, hint);
     else if (same_file && id.device_node &&
              (get_le32 (h + HDR_FLAGS) & OVERLAY_FLAG_MERGING))
       snprintf (err, errlen, "overlay %s: a commit into %s stopped half-way, "
@@ -1241,12 +1260,12 @@ check_base (struct mloop_overlay *ov, unsigned char *h,
                 "is that one)", ov->path, id.path);
     else if (same_file)
       snprintf (err, errlen, "overlay %s: its base %s was written since the "
-                "overlay was made: its first or last MiB differ (adopting "
-                "the base overrides this)", ov->path, id.path);
+                "overlay was made: its first or last MiB differ (%s)",
+                ov->path, id.path, hint);
     else
       snprintf (err, errlen, "overlay %s was made for %s, not %s: their "
-                "first or last MiB differ (adopting the base overrides "
-                "this)", ov->path, ov->base_path, id.path);
+                "first or last MiB differ (%s)", ov->path, ov->base_path,
+                id.path, hint);
     return -EINVAL;
   }
   /* A header made before the times were recorded gets them now, one

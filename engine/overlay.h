@@ -97,8 +97,9 @@ enum mloop_overlay_base_check {
    * carries the mark a merge writes before its first write into it
    * (mloop_overlay_note_merging): a merge stopped half-way has written
    * them.  Not with a modification time older than the recorded one,
-   * which no merge gives (the file rolled back to an older version).  Records nothing (the merge records the file it writes, with
-   * its mark).  The header is its owner's to write: the merge also
+   * which no merge gives (the file rolled back to an older version).
+   * Records nothing (the merge records the file it writes, with its
+   * mark).  The header is its owner's to write: the merge also
    * checks that owner may write the base.
    */
   MLOOP_OVERLAY_MERGE_BASE,

@@ -155,6 +155,29 @@ check("commit succeeds and prints the base", p.returncode == 0 and
 check("the base now reads as the device did", harness.files_equal(base, device))
 check("the overlay is gone", not os.path.exists(overlay))
 
+# A commit stopped half-way into an image that is gone since: discard
+# refuses (the image may have moved, and the overlay holds the rest of
+# it), and names both ways out; adopting another image drops the mark.
+gone_base = harness.make_image(SIZE, harness.pattern(SIZE, 13))
+gone_overlay = os.path.join(d, "gone.overlay")
+written_overlay(gone_base, gone_overlay)
+with open(gone_overlay, "r+b") as f:
+    f.seek(4072)
+    f.write((1).to_bytes(4, "little"))
+os.unlink(gone_base)
+refused("discard of a half-merged overlay whose base is gone",
+        ["overlay", "discard", gone_overlay], "is not there")
+p = mloop("overlay", "discard", gone_overlay)
+check("the refusal names the commit elsewhere and the adoption",
+      "--base" in p.stderr and f"mloop overlay adopt {gone_overlay}" in p.stderr,
+      p.stderr)
+stand_in = harness.make_image(SIZE, harness.pattern(SIZE, 14))
+p = mloop("overlay", "adopt", gone_overlay, stand_in)
+check("adopting another image", p.returncode == 0, p.stderr)
+p = mloop("overlay", "discard", gone_overlay)
+check("then discard removes it", p.returncode == 0 and
+      not os.path.exists(gone_overlay), p.stderr)
+
 committed = digest(base)
 other = os.path.join(d, "two.overlay")
 written_overlay(base, other)

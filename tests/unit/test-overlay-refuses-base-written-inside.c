@@ -76,8 +76,12 @@ main (void)
   CHECK (r < 0, "overlay B was served over its base written since");
   CHECK (strstr (err, "written since") != NULL, "the refusal does not say "
          "why: %s", err);
+  CHECK (strstr (err, "mloop overlay adopt") != NULL, "the refusal of a "
+         "server does not name the command that overrides it: %s", err);
   r = mloop_overlay_merge (b_path, base_path, false, false, err, sizeof err);
   CHECK (r < 0, "overlay B was committed over its base written since");
+  CHECK (strstr (err, "--adopt-base") != NULL, "the refusal of a commit "
+         "does not name the option that overrides it: %s", err);
 
   /* The user's word says it is the base. */
   r = unit_try_open_overlay (base_path, b_path, MLOOP_OVERLAY_ADOPT_BASE, err, sizeof err);
