@@ -408,13 +408,14 @@ check_request (const struct mloop_device_state *s, bool have_size,
  */
 static int
 server_step (const struct mloop_device_state *s, uint64_t size,
-             mloop_restart_fn restart, char *err, size_t errlen)
+             const struct mloop_restart *restart, char *err,
+             size_t errlen)
 {
   if (restart == NULL)
     return server_take_size (s, size, err, errlen);
   if (s->server->resizes_on_sighup)
     return 0;
-  return restart (err, errlen);
+  return restart->fn (restart->data, err, errlen);
 }
 
 /* The resize, under the device's lock (see check_request for SERVED,
@@ -422,8 +423,8 @@ server_step (const struct mloop_device_state *s, uint64_t size,
  */
 static int
 resize_locked (struct mloop_device_state *s, bool have_size, uint64_t want,
-               uint64_t served, mloop_restart_fn restart, char *err,
-               size_t errlen)
+               uint64_t served, const struct mloop_restart *restart,
+               char *err, size_t errlen)
 {
   uint64_t size = 0;
   g_autofree char *name = mloop_state_device_name (s);
@@ -492,7 +493,7 @@ mloop_resize (struct mloop_device_state *s, bool have_size,
 }
 
 int
-mloop_resize_follow (const char *dir, mloop_restart_fn restart,
+mloop_resize_follow (const char *dir, const struct mloop_restart *restart,
                      uint64_t *old_size, uint64_t *new_size,
                      char *err, size_t errlen)
 {

@@ -39,9 +39,12 @@ int mloop_resize (struct mloop_device_state *s, bool have_size,
                   uint64_t new_size, char *err, size_t errlen);
 
 /* Replaces the device's nbdkit with a new one, whose connections all
- * negotiate the image's size now: 0, or -1 with ERR.
+ * negotiate the image's size now: FN (DATA, ...) 0, or -1 with ERR.
  */
-typedef int (*mloop_restart_fn) (char *err, size_t errlen);
+struct mloop_restart {
+  int (*fn) (void *data, char *err, size_t errlen);
+  void *data;
+};
 
 /* For the supervisor of the device in DIR: when its server announces a
  * size other than the device's (an RBD image resized elsewhere, which
@@ -52,7 +55,8 @@ typedef int (*mloop_restart_fn) (char *err, size_t errlen);
  * *NEW_SIZE say from what to what), 0 when there was nothing to do or
  * no way to look now, -1 with ERR.
  */
-int mloop_resize_follow (const char *dir, mloop_restart_fn restart,
+int mloop_resize_follow (const char *dir,
+                         const struct mloop_restart *restart,
                          uint64_t *old_size, uint64_t *new_size,
                          char *err, size_t errlen);
 

@@ -12,6 +12,8 @@
 #ifndef MLOOP_SUPERVISOR_DEAD_SLOTS_H
 #define MLOOP_SUPERVISOR_DEAD_SLOTS_H
 
+#include <stdio.h>
+
 #include <glib.h>
 
 struct mloop_nbd_events;
@@ -21,17 +23,23 @@ struct dead_slots {
   gboolean lost;                /* announcements were lost: fill them all */
   /* Set by dead_slots_listen: */
   struct mloop_nbd_events *events;
-  int (*device_index) (void);   /* -1 until the device's state exists */
-  void (*heal_soon) (void);     /* called when there is something to heal */
+  guint source;                 /* watches events */
+  int (*device_index) (void *data); /* -1 until the device's state exists */
+  void (*heal_soon) (void *data);   /* when there is something to heal */
+  void *data;
   const char *without;          /* what is missed without announcements */
+  FILE *log;
 };
 
-/* Subscribes to the announcements for the device DEVICE_INDEX() names
- * and calls HEAL_SOON() whenever a slot of it dies.  Without the
- * subscription, says so with WITHOUT (the mode's consequence): not fatal.
+/* Subscribes to the announcements for the device DEVICE_INDEX (DATA)
+ * names and calls HEAL_SOON (DATA) whenever a slot of it dies.  Without
+ * the subscription, says so in LOG with WITHOUT (the mode's
+ * consequence): not fatal.
  */
-void dead_slots_listen (struct dead_slots *d, int (*device_index) (void),
-                        void (*heal_soon) (void), const char *without);
+void dead_slots_listen (struct dead_slots *d,
+                        int (*device_index) (void *data),
+                        void (*heal_soon) (void *data), void *data,
+                        const char *without, FILE *log);
 
 /* How many connections to open for the dead slots of a device with N:
  * all N when announcements were lost.
@@ -41,6 +49,7 @@ unsigned dead_slots_wanted (const struct dead_slots *d, unsigned n);
 /* Every dead slot is healed (or will be by a whole new set). */
 void dead_slots_forget (struct dead_slots *d);
 
+/* Stops listening. */
 void dead_slots_close (struct dead_slots *d);
 
 #endif /* MLOOP_SUPERVISOR_DEAD_SLOTS_H */

@@ -1,23 +1,22 @@
-/* mloop-supervisor — noticing that the kernel let go of an autoclear device. */
+/* mloop-supervisor — noticing that the kernel let go of an autoclear
+ * device (release_watch.h).
+ */
 #include <glib.h>
 
 #include "autoclear.h"
 #include "device_state.h"
 #include "release_watch.h"
 
-static const char *watched_dir;
-static void (*on_released) (int lock);
-
 /* Whether the device is autoclear and gone for good, by its state now
  * (its node given back to root on the way: autoclear.h).
  */
 static bool
-released (void)
+released (const char *dir)
 {
   struct mloop_device_state st;
   bool r;
 
-  if (mloop_state_load (watched_dir, &st) == -1)
+  if (mloop_state_load (dir, &st) == -1)
     return false;               /* attach has not finished */
   r = st.autoclear && mloop_autoclear_finished (&st,
                                                 &mloop_autoclear_kernel_now);
@@ -26,28 +25,40 @@ released (void)
 }
 
 static gboolean
-tick (gpointer unused)
+tick (gpointer data)
 {
+  struct release_watch *w = data;
   int lock;
 
-  if (!released ())
+  if (!released (w->dir))
     return G_SOURCE_CONTINUE;
   /* Never wait for the lock: a detach holding it is stopping us. */
-  lock = mloop_state_lock_device (watched_dir, false);
+  lock = mloop_state_lock_device (w->dir, false);
   if (lock == -1)
     return G_SOURCE_CONTINUE;
-  if (!released ()) {           /* looked again under the lock */
+  if (!released (w->dir)) {     /* looked again under the lock */
     mloop_state_unlock (lock);
     return G_SOURCE_CONTINUE;
   }
-  on_released (lock);
+  w->source = 0;
+  w->released (lock, w->data);
   return G_SOURCE_REMOVE;
 }
 
 void
-mloop_release_watch (const char *dir, void (*released_fn) (int lock))
+release_watch_start (struct release_watch *w, const char *dir,
+                     void (*released_fn) (int lock, void *data), void *data)
 {
-  watched_dir = dir;
-  on_released = released_fn;
-  g_timeout_add (RELEASE_POLL_MS, tick, NULL);
+  w->dir = dir;
+  w->released = released_fn;
+  w->data = data;
+  w->source = g_timeout_add (RELEASE_POLL_MS, tick, w);
+}
+
+void
+release_watch_stop (struct release_watch *w)
+{
+  if (w->source != 0)
+    g_source_remove (w->source);
+  w->source = 0;
 }

@@ -9,13 +9,27 @@
 #ifndef MLOOP_RELEASE_WATCH_H
 #define MLOOP_RELEASE_WATCH_H
 
+#include <glib.h>
+
 #define RELEASE_POLL_MS 500
 
-/* Watches the device whose directory is DIR.  Once it is released, calls
- * RELEASED with the device's lock held (mloop_state_lock_device's
- * descriptor, for the callee to unlock): no detach or resize of it runs
- * until it is cleaned up.
+struct release_watch {
+  const char *dir;
+  void (*released) (int lock, void *data);
+  void *data;
+  guint source;
+};
+
+/* Watches the device whose directory is DIR (kept, not copied).  Once
+ * it is released, calls RELEASED (LOCK, DATA) with the device's lock
+ * held (mloop_state_lock_device's descriptor, for the callee to
+ * unlock): no detach or resize of it runs until it is cleaned up.
  */
-void mloop_release_watch (const char *dir, void (*released) (int lock));
+void release_watch_start (struct release_watch *w, const char *dir,
+                          void (*released) (int lock, void *data),
+                          void *data);
+
+/* Stops watching (also after RELEASED was called). */
+void release_watch_stop (struct release_watch *w);
 
 #endif /* MLOOP_RELEASE_WATCH_H */

@@ -40,6 +40,7 @@ static struct {
   const char *uri;
   struct mloop_nbd_address address;
   struct dead_slots slots;
+  struct release_watch release;
   int index;                    /* the device's, once its state exists */
   guint heal_source;
   unsigned backoff_ms;
@@ -79,7 +80,7 @@ record (void)
 
 /* The device's index, once `mloop attach` has written its state. */
 static int
-device_index (void)
+device_index (void *unused)
 {
   struct mloop_device_state st;
 
@@ -300,15 +301,16 @@ check (gpointer unused)
 }
 
 static void
-heal_soon (void)
+heal_soon (void *unused)
 {
   schedule_heal (HEAL_DELAY_MS);
 }
 
 static void
-on_released (int lock)
+on_released (int lock, void *unused)
 {
-  say ("/dev/nbd%d was closed by its last user: autoclear", device_index ());
+  say ("/dev/nbd%d was closed by its last user: autoclear",
+       device_index (NULL));
   rv.released_lock = lock;
   g_main_loop_quit (rv.loop);
 }
@@ -337,11 +339,11 @@ mloop_supervise_remote (const char *dir, const char *uri)
   rv.loop = g_main_loop_new (NULL, FALSE);
   g_unix_signal_add (SIGTERM, on_stop_signal, NULL);
   g_unix_signal_add (SIGINT, on_stop_signal, NULL);
-  dead_slots_listen (&rv.slots, device_index, heal_soon,
+  dead_slots_listen (&rv.slots, device_index, heal_soon, NULL,
                      "dead connections are found by counting receive "
-                     "works only");
+                     "works only", stderr);
   g_timeout_add (CHECK_INTERVAL_MS, check, NULL);
-  mloop_release_watch (dir, on_released);
+  release_watch_start (&rv.release, rv.dir, on_released, NULL);
   /* Listening now: `mloop attach` waits for this before it connects. */
   snprintf (pid_text, sizeof pid_text, "%d\n", (int) getpid ());
   if (!g_file_set_contents (pid_path, pid_text, -1, NULL)) {

@@ -7,17 +7,18 @@
 #include "say.h"
 
 void
-say (const char *fmt, ...)
+say_to (FILE *log, const char *fmt, ...)
 {
   g_autoptr (GDateTime) now = g_date_time_new_now_local ();
   g_autofree char *stamp = g_date_time_format (now, "%F %T");
   va_list ap;
 
-  fprintf (stderr, "mloop-supervisor: %s: ", stamp);
+  fprintf (log, "mloop-supervisor: %s: ", stamp);
   va_start (ap, fmt);
-  vfprintf (stderr, fmt, ap);
+  vfprintf (log, fmt, ap);
   va_end (ap);
-  fputc ('\n', stderr);
+  fputc ('\n', log);
+  fflush (log);
 }
 
 char *

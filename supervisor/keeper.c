@@ -1,0 +1,861 @@
+/* mloop-supervisor — a keeper keeps the server of one attached device
+ * alive (keeper.h).
+ *
+ * `mloop attach` starts the device's first server beside the supervisor
+ * as its child (--adopt, device/side_by_side.c); the keeper watches that
+ * server and, whenever it dies, starts a new one with backoff and hands
+ * the kernel fresh connections to it (NBD_CMD_RECONFIGURE).  The device
+ * is attached with a dead-connection timeout, so while the server is
+ * down the kernel holds IO instead of failing it; requests that were in
+ * flight on the dead connections are requeued by the kernel when their
+ * request timeout expires.
+ *
+ * It also heals connections the kernel dropped while the server lives:
+ * when a request outlives the request timeout (a slow disk under the
+ * image), the kernel shuts that connection down and marks its slot dead,
+ * and after a few such timeouts every slot would be dead and all IO would
+ * fail.  The kernel announces each dead slot (NBD_CMD_LINK_DEAD,
+ * nbd_events.h); the keeper answers with one new negotiated
+ * connection per announcement, each a reconfigure of its own, which the
+ * kernel puts in a dead slot.  A server that died is the restart's
+ * business instead, which hands the kernel a whole new set.
+ *
+ * keeper_restart_server is a planned restart (SIGUSR1 to the
+ * supervisor): `mloop resize` of a device served by nbdkit, which keeps
+ * the export size each connection negotiated.
+ * The next server is started first, on a socket of its own, and only
+ * once it listens is the old one killed, its socket replaced by the new
+ * one (rename) and the kernel handed new connections, which negotiate
+ * the new size.  So the kernel is without a live connection only for the
+ * moment the handover takes, never for a server's start (nbdkit in a TCG
+ * guest can take longer to start than the dead-connection timeout).  The
+ * old server gets SIGKILL, not SIGTERM: a stopping nbdkit answers the
+ * requests it has read but not started with ESHUTDOWN, which the kernel
+ * fails as IO errors (measured: ext4 aborted its journal).  Killed, it
+ * answers nothing more; the kernel requeues what was in flight when the
+ * request timeout expires, as after any death, and a write sent again is
+ * only written again.  It is not counted as a failure.
+ *
+ * For an RBD image it also follows resizes made elsewhere (`rbd
+ * resize`): every SIZE_POLL_S it asks the server's socket for the size,
+ * which the server learns from librbd, and gives a new one to the
+ * kernel as `mloop resize` would (resize.h, mloop_resize_follow).
+ *
+ * It records restarts and reconnects in the directory's "supervisor"
+ * file for `mloop status`, and logs to the device's log.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <glib.h>
+#include <glib-unix.h>
+#include <glib/gstdio.h>
+
+#include "dead_slots.h"
+#include "device_state.h"
+#include "keeper.h"
+#include "nbd_connect.h"
+#include "nbd_netlink.h"
+#include "nbd_receivers.h"
+#include "release_watch.h"
+#include "resize.h"
+#include "say.h"
+#include "server_process.h"
+#include "store_name.h"
+
+#define START_TIMEOUT_MS 60000
+#define STOP_TIMEOUT_MS 10000
+#define BACKOFF_MIN_MS 100
+#define BACKOFF_MAX_MS 8000
+/* A server that lived this long earns a quick restart again. */
+#define HEALTHY_US (30 * G_USEC_PER_SEC)
+/* Reconnecting a connection the kernel dropped: wait this long after an
+ * announcement, so a burst is answered at once and a server's death
+ * (which makes the kernel announce every connection) is seen first.
+ */
+#define HEAL_DELAY_MS 100
+#define HEAL_RETRY_MIN_MS 1000
+#define HEAL_RETRY_MAX_MS 8000
+/* After reconnecting: how long to look for the new receive works. */
+#define RECEIVERS_SETTLE_MS 500
+#define RECEIVERS_TIMEOUT_MS 2000
+/* How often an RBD device's server is asked for the image's size: a
+ * resize made elsewhere (`rbd resize`) reaches the server through
+ * librbd's update watch, and the kernel only through us.
+ */
+#define SIZE_POLL_S 2
+/* Kernel log lines older than this are not about the drop at hand. */
+#define KMSG_WINDOW_US (120 * G_USEC_PER_SEC)
+
+struct keeper {
+  struct mloop_server_spec spec;
+  /* The strings spec points to, ours. */
+  char *image, *overlay, *socket_path, *pid_file, *log_file, *stats_file,
+    *lock_record;
+  char *dir;
+  pid_t server;
+  int pidfd;
+  gint64 started_at;
+  unsigned restarts;
+  char *last_failure;
+  unsigned backoff_ms;
+  /* From a server's death until its successor serves the device. */
+  gboolean restarting;
+  guint pidfd_source;           /* watches pidfd for on_server_exit */
+  /* Connections the kernel dropped while the server lived. */
+  struct dead_slots slots;
+  int index;                    /* the device's, once its state exists */
+  guint heal_source;
+  unsigned heal_retry_ms;
+  unsigned reconnects;
+  char *last_reconnect;
+  unsigned handovers;           /* planned restarts finished */
+  char *handover_error;         /* why the last one failed, or NULL */
+  int kmsg;                     /* /dev/kmsg, read for the kernel's reason */
+  const char *kernel_reason;    /* the last reason it gave, and when */
+  gint64 kernel_reason_at;
+  guint restart_source;         /* the next try at a server */
+  guint size_source;            /* an RBD device's look at its image's size */
+  struct release_watch release;
+  void (*released) (struct keeper *k, void *data);
+  void *released_data;
+  int released_lock;            /* autoclear: the kernel let the device go */
+  FILE *log;
+  char *size_refusal;           /* why the device did not follow, once said */
+};
+
+static void
+record (struct keeper *k)
+{
+  struct mloop_supervisor_record r = {
+    .server_pid = k->server, .restarts = k->restarts,
+    .last_failure = k->last_failure, .reconnects = k->reconnects,
+    .last_reconnect = k->last_reconnect, .handovers = k->handovers,
+    .handover_error = k->handover_error,
+  };
+  char err[512];
+
+  if (mloop_state_save_supervisor (k->dir, &r, err, sizeof err) == -1)
+    say_to (k->log, "%s", err);
+}
+
+static gboolean on_server_exit (gint fd, GIOCondition c, gpointer data);
+
+/* Watches k->server: its pidfd wakes on_server_exit.  0, or -1 with ERR. */
+static int
+watch_server (struct keeper *k, char *err, size_t errlen)
+{
+  k->pidfd = (int) syscall (SYS_pidfd_open, k->server, 0);
+  if (k->pidfd == -1) {
+    snprintf (err, errlen, "pidfd_open: %s", strerror (errno));
+    return -1;
+  }
+  k->pidfd_source = g_unix_fd_add (k->pidfd, G_IO_IN, on_server_exit, k);
+  k->started_at = g_get_monotonic_time ();
+  record (k);
+  return 0;
+}
+
+/* Starts a server and watches it; ADOPTED, when not 0, is the first
+ * one, started beside us as our child (mloop_supervisor_start): then
+ * only waits for it to listen.  0, or -1 with ERR.
+ */
+static int
+start_server (struct keeper *k, pid_t adopted, char *err, size_t errlen)
+{
+  int r;
+
+  if (adopted > 0)
+    r = mloop_server_await (&k->spec, adopted, START_TIMEOUT_MS, &k->server,
+                            err, errlen);
+  else {
+    /* A killed server leaves its pid file and socket behind: the pid
+     * file would look like the new server's, and the socket path must
+     * be free.
+     */
+    g_unlink (k->spec.pid_file);
+    g_unlink (k->spec.socket_path);
+    r = mloop_server_start (&k->spec, START_TIMEOUT_MS, &k->server,
+                            err, errlen);
+  }
+  if (r == -1)
+    return -1;
+  if (watch_server (k, err, errlen) == -1) {
+    mloop_server_stop (k->server, k->spec.socket_path, STOP_TIMEOUT_MS);
+    return -1;
+  }
+  return 0;
+}
+
+/* Hands the kernel fresh connections to the new server.  Before the
+ * device's state exists, `mloop attach` is still connecting it itself.
+ */
+static int
+reconnect_device (struct keeper *k, char *err, size_t errlen)
+{
+  struct mloop_device_state st;
+  struct mloop_nbd_export x;
+  int fds[16];
+  unsigned n;
+  int r;
+
+  if (mloop_state_load (k->dir, &st) == -1)
+    return 0;
+  n = st.connections > 0 && st.connections <= 16 ? st.connections : 1;
+  if (mloop_nbd_connect_unix (k->spec.socket_path, n, fds, &x,
+                              err, errlen) == -1) {
+    mloop_state_clear (&st);
+    return -1;
+  }
+  r = mloop_nbd_netlink_reconfigure (st.index, st.file, fds, n,
+                                     st.dead_timeout,
+                                     err, errlen);
+  mloop_nbd_close_all (fds, n);
+  if (r == 0)
+    say_to (k->log, "server pid %d serves /dev/nbd%d again over %u "
+            "connections", (int) k->server, st.index, n);
+  mloop_state_clear (&st);
+  return r < 0 ? -1 : 0;
+}
+
+static gboolean restart (gpointer data);
+
+/* The next try at a server after BACKOFF_MS, unless one is due. */
+static void
+schedule_restart (struct keeper *k)
+{
+  if (k->restart_source == 0)
+    k->restart_source = g_timeout_add (k->backoff_ms, restart, k);
+}
+
+static gboolean
+restart (gpointer data)
+{
+  struct keeper *k = data;
+  char err[512];
+
+  k->restart_source = 0;
+  if (start_server (k, 0, err, sizeof err) == 0 &&
+      reconnect_device (k, err, sizeof err) == 0) {
+    /* The new set filled every dead slot: what was announced is done. */
+    k->restarting = FALSE;
+    dead_slots_forget (&k->slots);
+    k->heal_retry_ms = HEAL_RETRY_MIN_MS;
+    if (k->heal_source != 0) {
+      g_source_remove (k->heal_source);
+      k->heal_source = 0;
+    }
+    return G_SOURCE_REMOVE;
+  }
+  say_to (k->log, "restart failed: %s", err);
+  g_free (k->last_failure);
+  k->last_failure = g_strdup (err);
+  record (k);
+  if (k->server > 0 && k->pidfd != -1)
+    /* It started but the device could not reach it: try again whole. */
+    kill (k->server, SIGKILL);
+  else
+    schedule_restart (k);
+  k->backoff_ms = MIN (k->backoff_ms * 2, BACKOFF_MAX_MS);
+  return G_SOURCE_REMOVE;
+}
+
+static gboolean
+on_server_exit (gint fd, GIOCondition c, gpointer data)
+{
+  struct keeper *k = data;
+  g_autofree char *how = NULL;
+  int status = 0;
+
+  /* Ours to reap: our child, or adopted as subreaper. */
+  if (waitpid (k->server, &status, WNOHANG) != k->server)
+    status = 0;
+  close (k->pidfd);
+  k->pidfd = -1;
+  k->pidfd_source = 0;
+  how = describe_exit (status);
+  g_free (k->last_failure);
+  k->last_failure = g_strdup_printf ("server pid %d %s", (int) k->server,
+                                     how);
+  if (g_get_monotonic_time () - k->started_at > HEALTHY_US)
+    k->backoff_ms = BACKOFF_MIN_MS;
+  k->server = 0;
+  k->restarting = TRUE;
+  k->restarts++;
+  say_to (k->log, "%s; restart %u in %u ms", k->last_failure, k->restarts,
+          k->backoff_ms);
+  record (k);
+  schedule_restart (k);
+  return G_SOURCE_REMOVE;
+}
+
+/* --- Connections the kernel dropped while the server lives ------------ */
+
+/* The device's index, once `mloop attach` has written its state. */
+static int
+device_index (void *data)
+{
+  struct keeper *k = data;
+  struct mloop_device_state st;
+
+  if (k->index < 0 && mloop_state_load (k->dir, &st) == 0) {
+    k->index = st.index;
+    mloop_state_clear (&st);
+  }
+  return k->index;
+}
+
+/* Whether the server serves, with no restart under way: its pidfd is not
+ * readable yet (a death the main loop has not seen is still a death).
+ */
+static bool
+server_serving (const struct keeper *k)
+{
+  struct pollfd p = { .fd = k->pidfd, .events = POLLIN };
+
+  return k->server > 0 && k->pidfd != -1 && !k->restarting &&
+    poll (&p, 1, 0) == 0;
+}
+
+/* Starts reading the kernel log from its end, for kernel_reason. */
+static void
+kmsg_open (struct keeper *k)
+{
+  k->kmsg = open ("/dev/kmsg", O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (k->kmsg != -1)
+    lseek (k->kmsg, 0, SEEK_END);
+}
+
+/* Why the kernel dropped a connection of /dev/nbdINDEX, from the lines
+ * its nbd client logged since the last look (drivers/block/nbd.c): a
+ * request outlived the request timeout ("Connection timed out,
+ * retrying"), a send failed ("Send control failed", "Send data failed",
+ * "Request send failed"), or a receive did ("Receive control failed",
+ * which also follows a timeout, whose shutdown ends the receive).  The
+ * most telling wins; *LINE gets the kernel's words.  The kernel
+ * rate-limits these lines (10 per 5 s), so when it said nothing new the
+ * reason it gave within the last STICKY_US stands.  NULL when it said
+ * none of these or the log is closed.
+ */
+static const char *
+kernel_reason (struct keeper *k, int index, gint64 sticky_us, char **line)
+{
+  static const struct { const char *says, *reason; } causes[] = {
+    { "Connection timed out", "request timeout" },
+    { "Send control failed", "send failed" },
+    { "Send data failed", "send failed" },
+    { "Request send failed", "send failed" },
+    { "Receive control failed", "receive failed" },
+  };
+  char rec[8192], dev[32];
+  size_t best = G_N_ELEMENTS (causes);
+  gint64 oldest = g_get_monotonic_time () - KMSG_WINDOW_US;
+  ssize_t n;
+
+  *line = NULL;
+  snprintf (dev, sizeof dev, "nbd%d: ", index);
+  /* One record per read: "PRIO,SEQ,USEC,FLAGS;TEXT\n" and continuation
+   * lines; EPIPE says records were overwritten, and reading goes on.
+   */
+  while (k->kmsg != -1 &&
+         ((n = read (k->kmsg, rec, sizeof rec - 1)) > 0 ||
+          (n == -1 && (errno == EPIPE || errno == EINTR)))) {
+    char *text, *at;
+    unsigned long long usec;
+
+    if (n <= 0)
+      continue;
+    rec[n] = '\0';
+    text = strchr (rec, ';');
+    if (text == NULL || sscanf (rec, "%*u,%*u,%llu", &usec) != 1 ||
+        (gint64) usec < oldest)
+      continue;
+    text[strcspn (text, "\n")] = '\0';
+    at = strstr (text, dev);
+    if (at == NULL)
+      continue;
+    at += strlen (dev);
+    for (size_t i = 0; i < G_N_ELEMENTS (causes); i++)
+      if (g_str_has_prefix (at, causes[i].says)) {
+        if (i <= best) {        /* the latest of the most telling */
+          best = i;
+          g_free (*line);
+          *line = g_strdup (at);
+        }
+        break;
+      }
+  }
+  if (best < G_N_ELEMENTS (causes)) {
+    k->kernel_reason = causes[best].reason;
+    k->kernel_reason_at = g_get_monotonic_time ();
+  }
+  else if (k->kernel_reason == NULL ||
+           g_get_monotonic_time () - k->kernel_reason_at > sticky_us)
+    return NULL;
+  return k->kernel_reason;
+}
+
+/* One new connection, offered for a dead slot of the device in ST:
+ * 1 if the kernel took it, 0 if it had no dead slot, -1 with ERR.
+ */
+static int
+replace_one (struct keeper *k, const struct mloop_device_state *st,
+             char *err, size_t errlen)
+{
+  struct mloop_nbd_export x;
+  int fd, r;
+
+  if (mloop_nbd_connect_unix (k->spec.socket_path, 1, &fd, &x,
+                              err, errlen) == -1)
+    return -1;
+  if (x.size != st->size) {
+    close (fd);
+    snprintf (err, errlen, "the server's export has %llu bytes, the "
+              "device %llu", (unsigned long long) x.size,
+              (unsigned long long) st->size);
+    return -1;
+  }
+  r = mloop_nbd_netlink_replace_dead (st->index, st->file, fd,
+                                      st->dead_timeout,
+                                      err, errlen);
+  close (fd);
+  return r < 0 ? -1 : r;
+}
+
+/* Every slot has a reader again?  On Linux 6.1 a receive work can wait
+ * for a kworker (docs/design.md, "A request held for the whole
+ * timeout"); a connection nobody reads times out and is dropped again,
+ * so this is said, not acted on.
+ */
+static void
+check_receivers (struct keeper *k, const struct mloop_device_state *st,
+                 unsigned n)
+{
+  if (!mloop_nbd_receivers_all_running (st->index, n, RECEIVERS_SETTLE_MS,
+                                        RECEIVERS_TIMEOUT_MS))
+    say_to (k->log, "/dev/nbd%d: %u of %u connections have a receive work "
+            "running after the reconnect; requests on the others will time "
+            "out and the kernel will drop them again", st->index,
+            mloop_nbd_receivers (st->index), n);
+}
+
+static gboolean heal (gpointer data);
+
+static void
+schedule_heal (struct keeper *k, unsigned ms)
+{
+  if (k->heal_source == 0)
+    k->heal_source = g_timeout_add (ms, heal, k);
+}
+
+/* Answers the announcements: as many new connections as slots were
+ * announced dead (all of them when announcements were lost), one
+ * reconfigure each, until the kernel has no dead slot left.
+ */
+static gboolean
+heal (gpointer data)
+{
+  struct keeper *k = data;
+  struct mloop_device_state st;
+  g_autofree char *said = NULL;
+  const char *reason;
+  unsigned n, want, done = 0;
+  char err[512];
+  int r = 1, lock;
+
+  k->heal_source = 0;
+  /* A server that died: the restart hands the kernel a whole new set. */
+  if (!server_serving (k)) {
+    dead_slots_forget (&k->slots);
+    return G_SOURCE_REMOVE;
+  }
+  /* An attach, detach or resize of this device is under way: after
+   * it.  A detach must not find its device given a new connection after
+   * its disconnect (the kernel would take it into a slot the disconnect
+   * killed, and clear its "disconnected" mark).
+   */
+  lock = mloop_state_lock_device (k->dir, false);
+  if (lock == -1 && errno == EWOULDBLOCK) {
+    schedule_heal (k, HEAL_DELAY_MS);
+    return G_SOURCE_REMOVE;
+  }
+  /* No state yet: `mloop attach` is still connecting the device. */
+  if (mloop_state_load (k->dir, &st) == -1) {
+    mloop_state_unlock (lock);
+    dead_slots_forget (&k->slots);
+    return G_SOURCE_REMOVE;
+  }
+  n = st.connections > 0 ? st.connections : 1;
+  want = dead_slots_wanted (&k->slots, n);
+  /* A request timeout's storm lasts about two timeouts. */
+  reason = kernel_reason (k, st.index,
+                          2 * (gint64) st.timeout * G_USEC_PER_SEC, &said);
+  while (done < want && (r = replace_one (k, &st, err, sizeof err)) == 1) {
+    done++;
+    k->reconnects++;
+    g_free (k->last_reconnect);
+    k->last_reconnect = g_strdup_printf ("connection dropped by the kernel "
+                                         "(%s)", reason ? reason :
+                                         "cause not in the kernel log");
+    say_to (k->log, "/dev/nbd%d: %s%s%s%s while server pid %d serves; "
+            "reconnect %u gave the kernel a new connection in its place",
+            st.index,
+            k->last_reconnect, said ? " [kernel: \"" : "", said ? said : "",
+            said ? "\"]" : "", (int) k->server, k->reconnects);
+  }
+  if (r == 0 && done == 0)
+    /* A restart (planned or not) replaced them before this ran. */
+    say_to (k->log, "/dev/nbd%d: the %u connection(s) the kernel announced "
+            "dead had been replaced already", st.index, want);
+  else if (r == 0)
+    /* NBD_CMD_RECONFIGURE answered 0 without taking the socket. */
+    say_to (k->log, "/dev/nbd%d: the kernel has no dead connection left "
+            "(it took %u of %u; the next reconfigure was answered 0 and its "
+            "socket dropped)", st.index, done, want);
+  if (r == -1) {
+    say_to (k->log, "/dev/nbd%d: reconnecting a dropped connection failed: "
+            "%s; again in %u ms", st.index, err, k->heal_retry_ms);
+    k->slots.count = want - done;
+    schedule_heal (k, k->heal_retry_ms);
+    k->heal_retry_ms = MIN (k->heal_retry_ms * 2, HEAL_RETRY_MAX_MS);
+  } else {
+    dead_slots_forget (&k->slots);
+    k->heal_retry_ms = HEAL_RETRY_MIN_MS;
+  }
+  mloop_state_unlock (lock);
+  if (done > 0) {
+    record (k);
+    check_receivers (k, &st, n);
+  }
+  mloop_state_clear (&st);
+  return G_SOURCE_REMOVE;
+}
+
+static void
+heal_soon (void *data)
+{
+  struct keeper *k = data;
+
+  schedule_heal (k, HEAL_DELAY_MS);
+}
+
+
+static void replace_server (struct keeper *k);
+
+/* An nbdkit's part in following a resize (mloop_restart_fn). */
+static int
+restart_for_size (void *data, char *err, size_t errlen)
+{
+  struct keeper *k = data;
+
+  replace_server (k);
+  if (k->handover_error == NULL)
+    return 0;
+  snprintf (err, errlen, "%s", k->handover_error);
+  return -1;
+}
+
+/* An RBD image resized elsewhere: the device follows (resize.h). */
+static gboolean
+follow_image_size (gpointer data)
+{
+  struct keeper *k = data;
+  const struct mloop_restart restart = { restart_for_size, k };
+  uint64_t from = 0, to = 0;
+  char err[512];
+  int r;
+
+  if (k->restarting)
+    return G_SOURCE_CONTINUE;
+  r = mloop_resize_follow (k->dir, &restart, &from, &to, err,
+                           sizeof err);
+  if (r == 1) {
+    say_to (k->log, "/dev/nbd%d: the image was resized elsewhere; the "
+            "device follows, %" PRIu64 " -> %" PRIu64 " bytes",
+            device_index (k), from, to);
+    g_clear_pointer (&k->size_refusal, g_free);
+  }
+  else if (r == -1 && g_strcmp0 (err, k->size_refusal) != 0) {
+    say_to (k->log, "/dev/nbd%d: the image was resized elsewhere, but the "
+            "device keeps its size: %s", device_index (k), err);
+    g_free (k->size_refusal);
+    k->size_refusal = g_strdup (err);
+  }
+  return G_SOURCE_CONTINUE;
+}
+
+/* An autoclear device's last user closed it and the kernel disconnected
+ * it: the owner stops the keeper, which removes the device's directory
+ * (under LOCK) on the way out.
+ */
+static void
+on_released (int lock, void *data)
+{
+  struct keeper *k = data;
+
+  say_to (k->log, "/dev/nbd%d was closed by its last user: autoclear",
+          device_index (k));
+  k->released_lock = lock;
+  k->released (k, k->released_data);
+}
+
+/* Kills the old server and waits until it is gone: it is our child, or
+ * was adopted (nbdkit's daemon), so its pidfd says when.
+ */
+static void
+kill_old_server (pid_t pid, int pidfd)
+{
+  struct pollfd p = { .fd = pidfd, .events = POLLIN };
+
+  kill (pid, SIGKILL);
+  poll (&p, 1, STOP_TIMEOUT_MS);
+  waitpid (pid, NULL, WNOHANG);
+  close (pidfd);
+}
+
+/* A planned restart is over: `mloop resize` waits for this record (the
+ * count, and why it failed if it did) before it tells the kernel the new
+ * size, because on Linux 6.9 and later that freezes the device's queue
+ * under the lock a reconnect needs: sent while the kernel waits for the
+ * new connections, it would hold them off until the requests failed.
+ */
+static void
+handover_done (struct keeper *k, const char *error)
+{
+  k->handovers++;
+  g_free (k->handover_error);
+  k->handover_error = error ? g_strdup (error) : NULL;
+  record (k);
+}
+
+/* A planned restart (see the top): the next server first (but see
+ * old_first), on SOCKET.next, then the handover.  The next server's
+ * command line names SOCKET.next, which contains SOCKET, so
+ * mloop_server_running still knows it by the device's socket path.  If
+ * the next server does not start, the old one serves on and `mloop
+ * resize` says so.
+ */
+static void
+replace_server (struct keeper *k)
+{
+  g_autofree char *sock = g_strconcat (k->spec.socket_path, ".next", NULL);
+  g_autofree char *pid_file = g_strconcat (k->spec.pid_file, ".next", NULL);
+  /* Counters of its own: until the old server dies, both count, and a
+   * connection the old one counted open when it was killed would never
+   * be counted closed (mloop status: 5 of 4 connections open).
+   */
+  g_autofree char *stats = g_strconcat (k->spec.stats_file, ".next", NULL);
+  g_autofree char *failed = NULL;
+  struct mloop_server_spec next = k->spec;
+  pid_t old = k->server, pid;
+  /* An RBD image's exclusive lock has one holder: started first, the
+   * next server would break the lock of one still answering requests
+   * (librbd blocklists it, failing the writes it has in flight).  So the
+   * old one goes first, as in a crash; the next takes its lock over at
+   * once (lock_record) while the kernel holds IO.
+   */
+  const bool old_first = k->spec.lock_record != NULL;
+  char err[512];
+
+  next.socket_path = sock;
+  next.pid_file = pid_file;
+  next.stats_file = stats;
+  g_unlink (sock);
+  g_unlink (pid_file);
+  g_unlink (stats);
+  if (old_first) {
+    g_source_remove (k->pidfd_source);
+    kill_old_server (old, k->pidfd);
+    k->server = 0;
+    k->pidfd = -1;
+  }
+  if (mloop_server_start (&next, START_TIMEOUT_MS, &pid, err,
+                          sizeof err) == -1) {
+    if (!old_first) {
+      failed = g_strdup_printf ("the next server did not start: %s; server "
+                                "pid %d serves on", err, (int) old);
+      goto out;
+    }
+    failed = g_strdup_printf ("the next server did not start: %s; "
+                              "restarting it", err);
+    k->restarting = TRUE;
+    schedule_restart (k);
+    goto out;
+  }
+  if (!old_first) {
+    g_source_remove (k->pidfd_source);
+    kill_old_server (old, k->pidfd);
+  }
+  k->server = pid;
+  if (watch_server (k, err, sizeof err) == -1) {
+    failed = g_strdup (err);
+    mloop_server_stop (pid, sock, STOP_TIMEOUT_MS);
+    k->server = 0;
+    k->restarting = TRUE;
+    schedule_restart (k);
+    goto out;
+  }
+  /* From here a failure kills the new server: its death starts the
+   * ordinary restart, which begins from scratch.
+   */
+  if (rename (sock, k->spec.socket_path) == -1 ||
+      rename (pid_file, k->spec.pid_file) == -1 ||
+      rename (stats, k->spec.stats_file) == -1) {
+    failed = g_strdup_printf ("renaming %s: %s", sock, strerror (errno));
+    kill (pid, SIGKILL);
+    goto out;
+  }
+  /* The kernel takes new sockets only into slots it has marked dead,
+   * which it does as each old connection's receive work fails.
+   */
+  if (device_index (k) >= 0)
+    mloop_nbd_receivers_wait_gone (device_index (k), RECEIVERS_TIMEOUT_MS);
+  if (reconnect_device (k, err, sizeof err) == -1) {
+    failed = g_strdup_printf ("reconnecting the device failed: %s", err);
+    kill (pid, SIGKILL);
+    goto out;
+  }
+  say_to (k->log, "server pid %d replaced server pid %d (planned restart: "
+          "the image was resized)", (int) pid, (int) old);
+out:
+  if (failed)
+    say_to (k->log, "planned restart: %s", failed);
+  handover_done (k, failed);
+}
+
+void
+keeper_restart_server (struct keeper *k)
+{
+  if (server_serving (k)) {
+    say_to (k->log, "restart of server pid %d asked for", (int) k->server);
+    replace_server (k);
+  }
+  else
+    handover_done (k, "the server is being restarted after a failure; "
+                   "try again when `mloop status` shows it running");
+}
+
+/* --- The keeper's life ------------------------------------------------ */
+
+struct keeper *
+keeper_new (const struct keeper_config *config)
+{
+  struct keeper *k = g_new0 (struct keeper, 1);
+  const struct mloop_server_spec *s = &config->server;
+
+  k->pidfd = -1;
+  k->backoff_ms = BACKOFF_MIN_MS;
+  k->index = -1;
+  k->heal_retry_ms = HEAL_RETRY_MIN_MS;
+  k->kmsg = -1;
+  k->released_lock = -1;
+  k->log = config->log;
+  k->released = config->released;
+  k->released_data = config->data;
+  k->dir = g_strdup (config->dir);
+  k->image = g_strdup (s->image);
+  k->overlay = g_strdup (s->overlay);
+  k->socket_path = g_build_filename (k->dir, MLOOP_DIR_SOCKET, NULL);
+  k->pid_file = g_build_filename (k->dir, MLOOP_DIR_SERVER_PID, NULL);
+  k->log_file = g_build_filename (k->dir, MLOOP_DIR_SERVER_LOG, NULL);
+  k->stats_file = g_build_filename (k->dir, MLOOP_DIR_STATS, NULL);
+  if (mloop_is_rbd_name (k->image))
+    k->lock_record = g_build_filename (k->dir, MLOOP_DIR_RBD_LOCK, NULL);
+  k->spec = *s;
+  k->spec.image = k->image;
+  k->spec.overlay = k->overlay;
+  k->spec.socket_path = k->socket_path;
+  k->spec.pid_file = k->pid_file;
+  k->spec.log_file = k->log_file;
+  k->spec.stats_file = k->stats_file;
+  k->spec.lock_record = k->lock_record;
+  /* Before the device exists, so no announcement about it is missed. */
+  kmsg_open (k);
+  dead_slots_listen (&k->slots, device_index, heal_soon, k,
+                     "connections the kernel drops will not be reconnected",
+                     k->log);
+  return k;
+}
+
+int
+keeper_start (struct keeper *k, pid_t adopted, char *err, size_t errlen)
+{
+  if (start_server (k, adopted, err, errlen) == -1)
+    return -1;
+  say_to (k->log, "server pid %d started for %s", (int) k->server,
+          k->spec.image);
+  release_watch_start (&k->release, k->dir, on_released, k);
+  if (mloop_is_rbd_name (k->spec.image))
+    k->size_source = g_timeout_add_seconds (SIZE_POLL_S, follow_image_size,
+                                            k);
+  return 0;
+}
+
+pid_t
+keeper_server_pid (const struct keeper *k)
+{
+  return k->server;
+}
+
+static void
+remove_source (guint *source)
+{
+  if (*source != 0)
+    g_source_remove (*source);
+  *source = 0;
+}
+
+void
+keeper_stop (struct keeper *k)
+{
+  say_to (k->log, "stopping server pid %d", (int) k->server);
+  remove_source (&k->pidfd_source);
+  remove_source (&k->restart_source);
+  remove_source (&k->heal_source);
+  remove_source (&k->size_source);
+  release_watch_stop (&k->release);
+  if (k->server > 0)
+    mloop_server_stop (k->server, k->spec.socket_path, STOP_TIMEOUT_MS);
+  if (k->server > 0)
+    waitpid (k->server, NULL, WNOHANG);
+  if (k->pidfd != -1)
+    close (k->pidfd);
+  dead_slots_close (&k->slots);
+  if (k->kmsg != -1)
+    close (k->kmsg);
+  if (k->released_lock != -1) {
+    struct mloop_device_state st;
+
+    /* Detached by its last close: as `mloop detach` would, drop a
+     * temporary overlay now that the server is gone.
+     */
+    if (mloop_state_load (k->dir, &st) == 0) {
+      mloop_state_remove_temporary_overlay (&st);
+      mloop_state_clear (&st);
+    }
+    mloop_state_remove (k->dir);
+    mloop_state_unlock (k->released_lock);
+  }
+  g_free (k->last_failure);
+  g_free (k->last_reconnect);
+  g_free (k->handover_error);
+  g_free (k->size_refusal);
+  g_free (k->image);
+  g_free (k->overlay);
+  g_free (k->socket_path);
+  g_free (k->pid_file);
+  g_free (k->log_file);
+  g_free (k->stats_file);
+  g_free (k->lock_record);
+  g_free (k->dir);
+  g_free (k);
+}

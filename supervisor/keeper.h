@@ -1,0 +1,71 @@
+/* mloop-supervisor — a keeper: what keeps one attached device served by
+ * a local server (its image's mloop-server or nbdkit).
+ *
+ * It starts the server, watches it and, whenever it dies, starts a new
+ * one with backoff and hands the kernel fresh connections to it
+ * (NBD_CMD_RECONFIGURE); it heals the connections the kernel drops while
+ * the server lives; it replaces the server on request (a planned
+ * restart: `mloop resize` of a device nbdkit serves); it makes an RBD
+ * device follow a resize made elsewhere; and it notices when the kernel
+ * let an autoclear device go.  keeper.c says how and why.
+ *
+ * All of it runs as sources on the thread-default main context, so one
+ * process may hold a keeper per device; nothing in it is per process
+ * but the child subreaper its owner sets (a daemonizing nbdkit's daemon
+ * must become a child of ours to be reaped).
+ */
+#ifndef MLOOP_SUPERVISOR_KEEPER_H
+#define MLOOP_SUPERVISOR_KEEPER_H
+
+#include <stdio.h>
+#include <sys/types.h>
+
+#include "server_process.h"
+
+struct keeper;
+
+/* What a keeper is told of its device. */
+struct keeper_config {
+  const char *dir;              /* the device's directory */
+  /* How its server is run: kind, image, window, overlay, threads,
+   * read_only and io_timeout; the paths in the directory (socket, pid
+   * file, log, counters, RBD lock record) the keeper fills in.
+   */
+  struct mloop_server_spec server;
+  FILE *log;                    /* the device's log lines */
+  /* Called once the kernel let an autoclear device go (its last user
+   * closed it): the owner stops the keeper with keeper_stop.
+   */
+  void (*released) (struct keeper *k, void *data);
+  void *data;
+};
+
+/* A keeper for the device CONFIG describes (copied; its strings too),
+ * listening for the kernel's announcements of dropped connections
+ * already, so none about the device is missed once it is connected.
+ */
+struct keeper *keeper_new (const struct keeper_config *config);
+
+/* Starts the device's first server and begins keeping it: ADOPTED, when
+ * not 0, is that server, started beside us as our child (`mloop attach`),
+ * of which the keeper only waits for it to listen.  0, or -1 with ERR:
+ * the attach's failure.
+ */
+int keeper_start (struct keeper *k, pid_t adopted, char *err, size_t errlen);
+
+/* A planned restart: the next server first, then the handover (keeper.c
+ * says why and when the old one goes first); the outcome is recorded
+ * for `mloop resize`.
+ */
+void keeper_restart_server (struct keeper *k);
+
+/* The current server's pid, 0 between servers. */
+pid_t keeper_server_pid (const struct keeper *k);
+
+/* Stops the server and every source of the keeper, and frees it.  After
+ * RELEASED, it also removes the device's directory, as `mloop detach`
+ * would.
+ */
+void keeper_stop (struct keeper *k);
+
+#endif /* MLOOP_SUPERVISOR_KEEPER_H */
