@@ -35,9 +35,9 @@
  */
 #define CHECK_INTERVAL_MS 5000
 
-static struct {
+struct remote_keeper {
   char *dir;
-  const char *uri;
+  char *uri;
   struct mloop_nbd_address address;
   struct dead_slots slots;
   struct release_watch release;
@@ -60,44 +60,47 @@ static struct {
   unsigned reconnects;
   char *last_reconnect;
   char *last_failure;
-  GMainLoop *loop;
+  guint check_source;
+  void (*released) (struct remote_keeper *rk, void *data);
+  void *released_data;
   int released_lock;            /* autoclear: the kernel let the device go */
-} rv = { .index = -1, .backoff_ms = BACKOFF_MIN_MS, .quiet_receivers = -1,
-         .released_lock = -1 };
+  FILE *log;
+};
 
 static void
-record (void)
+record (struct remote_keeper *rk)
 {
   struct mloop_supervisor_record r = {
-    .last_failure = rv.last_failure, .reconnects = rv.reconnects,
-    .last_reconnect = rv.last_reconnect,
+    .last_failure = rk->last_failure, .reconnects = rk->reconnects,
+    .last_reconnect = rk->last_reconnect,
   };
   char err[512];
 
-  if (mloop_state_save_supervisor (rv.dir, &r, err, sizeof err) == -1)
-    say ("%s", err);
+  if (mloop_state_save_supervisor (rk->dir, &r, err, sizeof err) == -1)
+    say_to (rk->log, "%s", err);
 }
 
 /* The device's index, once `mloop attach` has written its state. */
 static int
-device_index (void *unused)
+device_index (void *data)
 {
+  struct remote_keeper *rk = data;
   struct mloop_device_state st;
 
-  if (rv.index < 0 && mloop_state_load (rv.dir, &st) == 0) {
-    rv.index = st.index;
+  if (rk->index < 0 && mloop_state_load (rk->dir, &st) == 0) {
+    rk->index = st.index;
     mloop_state_clear (&st);
   }
-  return rv.index;
+  return rk->index;
 }
 
-static gboolean heal (gpointer unused);
+static gboolean heal (gpointer data);
 
 static void
-schedule_heal (unsigned ms)
+schedule_heal (struct remote_keeper *rk, unsigned ms)
 {
-  if (rv.heal_source == 0)
-    rv.heal_source = g_timeout_add (ms, heal, NULL);
+  if (rk->heal_source == 0)
+    rk->heal_source = g_timeout_add (ms, heal, rk);
 }
 
 /* Whether the export X is the one the device in ST was given: a size or
@@ -129,72 +132,76 @@ export_matches (const struct mloop_device_state *st,
  * the export comes back later.
  */
 static void
-heal_failed (const struct mloop_device_state *st, const char *err)
+heal_failed (struct remote_keeper *rk, const struct mloop_device_state *st,
+             const char *err)
 {
-  if (rv.failing_since == 0) {
-    rv.failing_since = g_get_monotonic_time ();
-    rv.attempts = 0;
+  if (rk->failing_since == 0) {
+    rk->failing_since = g_get_monotonic_time ();
+    rk->attempts = 0;
   }
-  rv.attempts++;
-  if (rv.logged_error == NULL || strcmp (rv.logged_error, err) != 0) {
-    say ("/dev/nbd%d: cannot reconnect to %s: %s; trying again every %u "
-         "ms at most (IO waits up to %u s, then fails with EIO)",
-         st->index, rv.uri, err, BACKOFF_MAX_MS, st->dead_timeout);
-    g_free (rv.logged_error);
-    rv.logged_error = g_strdup (err);
-    g_free (rv.last_failure);
-    rv.last_failure = g_strdup (err);
-    record ();
+  rk->attempts++;
+  if (rk->logged_error == NULL || strcmp (rk->logged_error, err) != 0) {
+    say_to (rk->log, "/dev/nbd%d: cannot reconnect to %s: %s; trying again "
+            "every %u ms at most (IO waits up to %u s, then fails with EIO)",
+            st->index, rk->uri, err, BACKOFF_MAX_MS, st->dead_timeout);
+    g_free (rk->logged_error);
+    rk->logged_error = g_strdup (err);
+    g_free (rk->last_failure);
+    rk->last_failure = g_strdup (err);
+    record (rk);
   }
-  schedule_heal (rv.backoff_ms);
-  rv.backoff_ms = MIN (rv.backoff_ms * 2, BACKOFF_MAX_MS);
+  schedule_heal (rk, rk->backoff_ms);
+  rk->backoff_ms = MIN (rk->backoff_ms * 2, BACKOFF_MAX_MS);
 }
 
 /* The kernel took DONE connections: the streak, if any, is over. */
 static void
-heal_done (const struct mloop_device_state *st, unsigned done)
+heal_done (struct remote_keeper *rk, const struct mloop_device_state *st,
+           unsigned done)
 {
   g_autofree char *outage = NULL;
 
-  if (rv.failing_since != 0) {
-    double s = (double) (g_get_monotonic_time () - rv.failing_since) /
+  if (rk->failing_since != 0) {
+    double s = (double) (g_get_monotonic_time () - rk->failing_since) /
       G_USEC_PER_SEC;
 
     outage = g_strdup_printf ("; %s was unreachable for %.1f s (%u tries)",
-                              rv.uri, s, rv.attempts);
+                              rk->uri, s, rk->attempts);
   }
-  rv.failing_since = 0;
-  rv.backoff_ms = BACKOFF_MIN_MS;
-  g_clear_pointer (&rv.logged_error, g_free);
+  rk->failing_since = 0;
+  rk->backoff_ms = BACKOFF_MIN_MS;
+  g_clear_pointer (&rk->logged_error, g_free);
   if (done == 0)
     return;
-  rv.reconnects += done;
-  g_free (rv.last_reconnect);
-  rv.last_reconnect = g_strdup_printf ("%u connection(s) to %s replaced%s",
-                                       done, rv.uri, outage ? outage : "");
-  say ("/dev/nbd%d: reconnect: the kernel took %u new connection(s) in "
-       "dead slots (%u in all)%s", st->index, done, rv.reconnects,
-       outage ? outage : "");
-  record ();
+  rk->reconnects += done;
+  g_free (rk->last_reconnect);
+  rk->last_reconnect = g_strdup_printf ("%u connection(s) to %s replaced%s",
+                                       done, rk->uri, outage ? outage : "");
+  say_to (rk->log, "/dev/nbd%d: reconnect: the kernel took %u new "
+          "connection(s) in dead slots (%u in all)%s", st->index, done,
+          rk->reconnects, outage ? outage : "");
+  record (rk);
 }
 
 /* Offers the N negotiated sockets in FDS for dead slots, under the
- * device's lock so no detach of it is under way.  How many the kernel took, -1 with ERR
- * when it refused, or -2 when the lock is busy (try again shortly).
+ * device's lock so no detach of it is under way.  How many the kernel
+ * took, -1 with ERR when it refused, or -2 when the lock is busy (try
+ * again shortly).
  * *FULL says it had no dead slot left.
  */
 static int
-offer (int *fds, unsigned n, bool *full, char *err, size_t errlen)
+offer (struct remote_keeper *rk, int *fds, unsigned n, bool *full,
+       char *err, size_t errlen)
 {
   struct mloop_device_state st;
   int lock, r = 0, done = 0;
 
   *full = false;
-  lock = mloop_state_lock_device (rv.dir, false);
+  lock = mloop_state_lock_device (rk->dir, false);
   if (lock == -1 && errno == EWOULDBLOCK)
     return -2;
   /* A detach may have removed the device since it was looked at. */
-  if (mloop_state_load (rv.dir, &st) == -1) {
+  if (mloop_state_load (rk->dir, &st) == -1) {
     mloop_state_unlock (lock);
     *full = true;
     return 0;
@@ -215,8 +222,9 @@ offer (int *fds, unsigned n, bool *full, char *err, size_t errlen)
  * lock, so an unreachable host does not hold up its detach.
  */
 static gboolean
-heal (gpointer unused)
+heal (gpointer data)
 {
+  struct remote_keeper *rk = data;
   struct mloop_device_state st;
   struct mloop_nbd_export x = { 0 };
   int fds[MAX_CONNECTIONS];
@@ -225,49 +233,49 @@ heal (gpointer unused)
   bool full;
   int opened, took;
 
-  rv.heal_source = 0;
+  rk->heal_source = 0;
   /* No state: `mloop attach` is still connecting the device itself. */
-  if (mloop_state_load (rv.dir, &st) == -1) {
-    dead_slots_forget (&rv.slots);
+  if (mloop_state_load (rk->dir, &st) == -1) {
+    dead_slots_forget (&rk->slots);
     return G_SOURCE_REMOVE;
   }
   n = st.connections > 0 && st.connections <= MAX_CONNECTIONS
     ? st.connections : 1;
-  want = dead_slots_wanted (&rv.slots, n);
+  want = dead_slots_wanted (&rk->slots, n);
   if (want == 0)
     goto out;
-  opened = mloop_nbd_connect (&rv.address, want, false, fds, &x,
+  opened = mloop_nbd_connect (&rk->address, want, false, fds, &x,
                               err, sizeof err);
   if (opened > 0 && !export_matches (&st, &x, err, sizeof err)) {
     mloop_nbd_close_all (fds, (unsigned) opened);
     opened = -1;
   }
   if (opened < 0) {
-    heal_failed (&st, err);
+    heal_failed (rk, &st, err);
     goto out;
   }
-  took = offer (fds, (unsigned) opened, &full, err, sizeof err);
+  took = offer (rk, fds, (unsigned) opened, &full, err, sizeof err);
   mloop_nbd_close_all (fds, (unsigned) opened);
   if (took == -2) {
-    schedule_heal (HEAL_DELAY_MS);
+    schedule_heal (rk, HEAL_DELAY_MS);
     goto out;
   }
   if (took == -1) {
-    heal_failed (&st, err);
+    heal_failed (rk, &st, err);
     goto out;
   }
-  heal_done (&st, (unsigned) took);
+  heal_done (rk, &st, (unsigned) took);
   if (full) {
     if (took == 0)
-      rv.quiet_receivers = (int) mloop_nbd_receivers (st.index);
-    dead_slots_forget (&rv.slots);
+      rk->quiet_receivers = (int) mloop_nbd_receivers (st.index);
+    dead_slots_forget (&rk->slots);
   }
   else {
     /* The export took fewer connections than asked (no multi-conn):
      * the rest next, at once.
      */
-    rv.slots.count = want - (unsigned) took;
-    schedule_heal (HEAL_DELAY_MS);
+    rk->slots.count = want - (unsigned) took;
+    schedule_heal (rk, HEAL_DELAY_MS);
   }
 out:
   mloop_state_clear (&st);
@@ -279,88 +287,98 @@ out:
  * not again for a count an offer already found without a dead slot.
  */
 static gboolean
-check (gpointer unused)
+check (gpointer data)
 {
+  struct remote_keeper *rk = data;
   struct mloop_device_state st;
   unsigned running;
 
-  if (rv.heal_source != 0 || mloop_state_load (rv.dir, &st) == -1)
+  if (rk->heal_source != 0 || mloop_state_load (rk->dir, &st) == -1)
     return G_SOURCE_CONTINUE;
   running = mloop_nbd_receivers (st.index);
   if (running > 0)
-    rv.receivers_named = TRUE;
-  if (rv.receivers_named && running < st.connections &&
-      (int) running != rv.quiet_receivers) {
-    rv.slots.lost = TRUE;
-    schedule_heal (0);
+    rk->receivers_named = TRUE;
+  if (rk->receivers_named && running < st.connections &&
+      (int) running != rk->quiet_receivers) {
+    rk->slots.lost = TRUE;
+    schedule_heal (rk, 0);
   }
-  if ((int) running != rv.quiet_receivers && running >= st.connections)
-    rv.quiet_receivers = -1;
+  if ((int) running != rk->quiet_receivers && running >= st.connections)
+    rk->quiet_receivers = -1;
   mloop_state_clear (&st);
   return G_SOURCE_CONTINUE;
 }
 
 static void
-heal_soon (void *unused)
+heal_soon (void *data)
 {
-  schedule_heal (HEAL_DELAY_MS);
+  struct remote_keeper *rk = data;
+
+  schedule_heal (rk, HEAL_DELAY_MS);
 }
 
 static void
-on_released (int lock, void *unused)
+on_released (int lock, void *data)
 {
-  say ("/dev/nbd%d was closed by its last user: autoclear",
-       device_index (NULL));
-  rv.released_lock = lock;
-  g_main_loop_quit (rv.loop);
+  struct remote_keeper *rk = data;
+
+  say_to (rk->log, "/dev/nbd%d was closed by its last user: autoclear",
+          device_index (rk));
+  rk->released_lock = lock;
+  rk->released (rk, rk->released_data);
 }
 
-static gboolean
-on_stop_signal (gpointer unused)
+struct remote_keeper *
+remote_keeper_new (const char *dir, const char *uri, FILE *log,
+                   void (*released) (struct remote_keeper *rk, void *data),
+                   void *data, char *err, size_t errlen)
 {
-  g_main_loop_quit (rv.loop);
-  return G_SOURCE_REMOVE;
-}
+  struct remote_keeper *rk = g_new0 (struct remote_keeper, 1);
 
-int
-mloop_supervise_remote (const char *dir, const char *uri)
-{
-  g_autofree char *pid_path = g_build_filename (dir, MLOOP_DIR_SUPERVISOR_PID,
-                                                NULL);
-  char err[512], pid_text[32];
-
-  rv.dir = g_strdup (dir);
-  rv.uri = uri;
-  if (mloop_nbd_address_parse (uri, MLOOP_NBD_ADDRESS_URI, &rv.address,
-                               err, sizeof err) == -1) {
-    fprintf (stderr, "mloop-supervisor: %s\n", err);
-    return EXIT_FAILURE;
+  rk->index = -1;
+  rk->backoff_ms = BACKOFF_MIN_MS;
+  rk->quiet_receivers = -1;
+  rk->released_lock = -1;
+  rk->log = log;
+  rk->released = released;
+  rk->released_data = data;
+  rk->dir = g_strdup (dir);
+  rk->uri = g_strdup (uri);
+  if (mloop_nbd_address_parse (uri, MLOOP_NBD_ADDRESS_URI, &rk->address,
+                               err, errlen) == -1) {
+    g_free (rk->dir);
+    g_free (rk->uri);
+    g_free (rk);
+    return NULL;
   }
-  rv.loop = g_main_loop_new (NULL, FALSE);
-  g_unix_signal_add (SIGTERM, on_stop_signal, NULL);
-  g_unix_signal_add (SIGINT, on_stop_signal, NULL);
-  dead_slots_listen (&rv.slots, device_index, heal_soon, NULL,
+  dead_slots_listen (&rk->slots, device_index, heal_soon, rk,
                      "dead connections are found by counting receive "
-                     "works only", stderr);
-  g_timeout_add (CHECK_INTERVAL_MS, check, NULL);
-  release_watch_start (&rv.release, rv.dir, on_released, NULL);
-  /* Listening now: `mloop attach` waits for this before it connects. */
-  snprintf (pid_text, sizeof pid_text, "%d\n", (int) getpid ());
-  if (!g_file_set_contents (pid_path, pid_text, -1, NULL)) {
-    fprintf (stderr, "mloop-supervisor: cannot write %s\n", pid_path);
-    return EXIT_FAILURE;
-  }
-  record ();
-  say ("supervising the device on %s", uri);
-  g_main_loop_run (rv.loop);
+                     "works only", log);
+  rk->check_source = g_timeout_add (CHECK_INTERVAL_MS, check, rk);
+  release_watch_start (&rk->release, rk->dir, on_released, rk);
+  record (rk);
+  say_to (log, "supervising the device on %s", uri);
+  return rk;
+}
 
-  say ("stopping");
-  g_unlink (pid_path);
-  dead_slots_close (&rv.slots);
-  mloop_nbd_address_clear (&rv.address);
-  if (rv.released_lock != -1) {
-    mloop_state_remove (rv.dir);
-    mloop_state_unlock (rv.released_lock);
+void
+remote_keeper_stop (struct remote_keeper *rk)
+{
+  say_to (rk->log, "stopping");
+  if (rk->heal_source != 0)
+    g_source_remove (rk->heal_source);
+  g_source_remove (rk->check_source);
+  release_watch_stop (&rk->release);
+  dead_slots_close (&rk->slots);
+  mloop_nbd_address_clear (&rk->address);
+  if (rk->released_lock != -1) {
+    mloop_state_remove (rk->dir);
+    mloop_state_unlock (rk->released_lock);
   }
-  return EXIT_SUCCESS;
+  g_free (rk->logged_error);
+  g_free (rk->last_reconnect);
+  g_free (rk->last_failure);
+  g_free (rk->uri);
+  g_free (rk->dir);
+  g_free (rk);
 }

@@ -13,12 +13,32 @@
  * periodic look at the kernel's receive works catches dead slots whose
  * announcements were lost.
  *
+ * All of it runs as sources on the default main context, so one
+ * process may hold many.
+ *
  *   mloop-supervisor --dir DIR --remote nbd://HOST[:PORT]/NAME
  */
 #ifndef MLOOP_SUPERVISOR_REMOTE_H
 #define MLOOP_SUPERVISOR_REMOTE_H
 
-/* Runs until SIGTERM/SIGINT (or autoclear); returns the exit status. */
-int mloop_supervise_remote (const char *dir, const char *uri);
+#include <stddef.h>
+#include <stdio.h>
+
+struct remote_keeper;
+
+/* Keeps the device whose directory is DIR on the export URI: listens for
+ * the kernel's announcements at once, logs to LOG, and calls RELEASED
+ * (RK, DATA) once the kernel let an autoclear device go.  NULL with ERR
+ * for a URI that does not parse.
+ */
+struct remote_keeper *
+remote_keeper_new (const char *dir, const char *uri, FILE *log,
+                   void (*released) (struct remote_keeper *rk, void *data),
+                   void *data, char *err, size_t errlen);
+
+/* Stops every source of RK and frees it; after RELEASED, also removes
+ * the device's directory.
+ */
+void remote_keeper_stop (struct remote_keeper *rk);
 
 #endif /* MLOOP_SUPERVISOR_REMOTE_H */

@@ -60,6 +60,97 @@ on_released (struct keeper *k, void *unused)
   g_main_loop_quit (loop);
 }
 
+static void
+on_remote_released (struct remote_keeper *rk, void *unused)
+{
+  g_main_loop_quit (loop);
+}
+
+/* Writes our pid into DIR's supervisor pid file: `mloop attach`
+ * connects the device once it exists, so we listen for the kernel's
+ * announcements by then.  Its path, to g_free.
+ */
+static char *
+write_pid_file (const char *dir)
+{
+  char *path = g_build_filename (dir, MLOOP_DIR_SUPERVISOR_PID, NULL);
+  char text[32];
+
+  snprintf (text, sizeof text, "%d\n", (int) getpid ());
+  if (!g_file_set_contents (path, text, -1, NULL)) {
+    fprintf (stderr, "mloop-supervisor: cannot write %s\n", path);
+    g_free (path);
+    return NULL;
+  }
+  return path;
+}
+
+static void
+on_ublk_ended (struct ublk_keeper *uk, void *unused)
+{
+  g_main_loop_quit (loop);
+}
+
+/* A device served through ublk (ublk.h).  The pid file first: attach
+ * waits for it, and the first mloop-ublk takes a while to make the
+ * device.
+ */
+static int
+supervise_ublk (const char *dir, const struct mloop_ublk_spec *spec,
+                unsigned dead_timeout_s, pid_t adopted)
+{
+  g_autofree char *pid_path = write_pid_file (dir);
+  struct ublk_keeper *uk;
+  char err[512];
+
+  if (pid_path == NULL)
+    return EXIT_FAILURE;
+  loop = g_main_loop_new (NULL, FALSE);
+  g_unix_signal_add (SIGTERM, on_stop_signal, NULL);
+  g_unix_signal_add (SIGINT, on_stop_signal, NULL);
+  uk = ublk_keeper_new (dir, spec, dead_timeout_s, stderr, on_ublk_ended,
+                        NULL);
+  /* The first start's failure is attach's failure: say it and leave. */
+  if (ublk_keeper_start (uk, adopted, err, sizeof err) == -1) {
+    fprintf (stderr, "mloop-supervisor: %s\n", err);
+    ublk_keeper_stop (uk);
+    g_unlink (pid_path);
+    return EXIT_FAILURE;
+  }
+  g_main_loop_run (loop);
+  ublk_keeper_stop (uk);
+  g_unlink (pid_path);
+  return EXIT_SUCCESS;
+}
+
+/* A device on the export URI (remote.h). */
+static int
+supervise_remote (const char *dir, const char *uri)
+{
+  g_autofree char *pid_path = NULL;
+  struct remote_keeper *rk;
+  char err[512];
+
+  loop = g_main_loop_new (NULL, FALSE);
+  g_unix_signal_add (SIGTERM, on_stop_signal, NULL);
+  g_unix_signal_add (SIGINT, on_stop_signal, NULL);
+  rk = remote_keeper_new (dir, uri, stderr, on_remote_released, NULL, err,
+                          sizeof err);
+  if (rk == NULL) {
+    fprintf (stderr, "mloop-supervisor: %s\n", err);
+    return EXIT_FAILURE;
+  }
+  pid_path = write_pid_file (dir);
+  if (pid_path == NULL) {
+    remote_keeper_stop (rk);
+    return EXIT_FAILURE;
+  }
+  g_main_loop_run (loop);
+  remote_keeper_stop (rk);
+  g_unlink (pid_path);
+  return EXIT_SUCCESS;
+}
+
 int
 main (int argc, char **argv)
 {
@@ -110,7 +201,7 @@ main (int argc, char **argv)
   g_autofree char *pid_path = NULL;
   struct keeper_config config = { 0 };
   struct keeper *k;
-  char err[512], pid_text[32];
+  char err[512];
 
   g_option_context_add_main_entries (ctx, entries, NULL);
   if (!g_option_context_parse (ctx, &argc, &argv, &gerr)) {
@@ -123,7 +214,7 @@ main (int argc, char **argv)
     return EXIT_FAILURE;
   }
   if (remote && argc == 1 && dir)
-    return mloop_supervise_remote (dir, remote);
+    return supervise_remote (dir, remote);
   if (ublk) {
     const struct mloop_ublk_spec spec = {
       .image = argv[1], .offset = (uint64_t) offset,
@@ -139,8 +230,8 @@ main (int argc, char **argv)
                "--queues and --dead-timeout of at least 1\n");
       return EXIT_FAILURE;
     }
-    return mloop_supervise_ublk (dir, &spec, (unsigned) dead_timeout,
-                                 (pid_t) adopt);
+    return supervise_ublk (dir, &spec, (unsigned) dead_timeout,
+                           (pid_t) adopt);
   }
   if (argc != 2 || dir == NULL) {
     fprintf (stderr, "mloop-supervisor: need --dir DIR and one IMAGE, "
@@ -175,12 +266,11 @@ main (int argc, char **argv)
   g_unix_signal_add (SIGTERM, on_stop_signal, NULL);
   g_unix_signal_add (SIGINT, on_stop_signal, NULL);
   g_unix_signal_add (SIGUSR1, on_restart_signal, k);
-  /* `mloop attach` connects the device once this file exists: the
-   * keeper is listening for the kernel's announcements by then.
-   */
-  pid_path = g_build_filename (dir, MLOOP_DIR_SUPERVISOR_PID, NULL);
-  snprintf (pid_text, sizeof pid_text, "%d\n", (int) getpid ());
-  g_file_set_contents (pid_path, pid_text, -1, NULL);
+  pid_path = write_pid_file (dir);
+  if (pid_path == NULL) {
+    keeper_stop (k);
+    return EXIT_FAILURE;
+  }
   /* The first start's failure is attach's failure: say it and leave. */
   if (keeper_start (k, (pid_t) adopt, err, sizeof err) == -1) {
     fprintf (stderr, "mloop-supervisor: %s\n", err);

@@ -26,9 +26,10 @@
 /* A server that lived this long earns a quick restart again. */
 #define HEALTHY_US (30 * G_USEC_PER_SEC)
 
-static struct {
-  const char *dir;
-  const struct mloop_ublk_spec *spec;
+struct ublk_keeper {
+  char *dir;
+  struct mloop_ublk_spec spec;
+  char *image, *overlay;        /* the strings spec points to, ours */
   char *pid_file, *log_file;
   int index;                    /* /dev/ublkbINDEX, once it exists */
   pid_t server;                 /* 0 while none serves */
@@ -43,40 +44,44 @@ static struct {
   unsigned backoff_ms;
   unsigned dead_timeout_s;      /* give up recovering after this long */
   guint give_up_source;         /* its timer, while no server serves */
-  GMainLoop *loop;
-} su = { .index = -1, .pidfd = -1, .backoff_ms = BACKOFF_MIN_MS };
+  guint pidfd_source;           /* watches pidfd for on_server_exit */
+  guint recover_source;         /* the next recovery's timer */
+  void (*ended) (struct ublk_keeper *uk, void *data);
+  void *ended_data;
+  FILE *log;
+};
 
 static void
-record (void)
+record (struct ublk_keeper *uk)
 {
   struct mloop_supervisor_record r = {
-    .server_pid = su.server, .restarts = su.restarts,
-    .last_failure = su.last_failure,
+    .server_pid = uk->server, .restarts = uk->restarts,
+    .last_failure = uk->last_failure,
   };
   char err[512];
 
-  if (mloop_state_save_supervisor (su.dir, &r, err, sizeof err) == -1)
-    say ("%s", err);
+  if (mloop_state_save_supervisor (uk->dir, &r, err, sizeof err) == -1)
+    say_to (uk->log, "%s", err);
 }
 
-static gboolean on_server_exit (gint fd, GIOCondition c, gpointer unused);
+static gboolean on_server_exit (gint fd, GIOCondition c, gpointer data);
 
 /* PID serves the device: watch it die.  0, or -1 with ERR (PID stopped).
  */
 static int
-serving (pid_t pid, char *err, size_t errlen)
+serving (struct ublk_keeper *uk, pid_t pid, char *err, size_t errlen)
 {
-  su.server = pid;
-  su.pidfd = (int) syscall (SYS_pidfd_open, su.server, 0);
-  if (su.pidfd == -1) {
+  uk->server = pid;
+  uk->pidfd = (int) syscall (SYS_pidfd_open, uk->server, 0);
+  if (uk->pidfd == -1) {
     snprintf (err, errlen, "pidfd_open: %s", strerror (errno));
-    mloop_server_stop (su.server, su.dir, STOP_TIMEOUT_MS);
-    su.server = 0;
+    mloop_server_stop (uk->server, uk->dir, STOP_TIMEOUT_MS);
+    uk->server = 0;
     return -1;
   }
-  g_unix_fd_add (su.pidfd, G_IO_IN, on_server_exit, NULL);
-  su.started_at = g_get_monotonic_time ();
-  record ();
+  uk->pidfd_source = g_unix_fd_add (uk->pidfd, G_IO_IN, on_server_exit, uk);
+  uk->started_at = g_get_monotonic_time ();
+  record (uk);
   return 0;
 }
 
@@ -85,45 +90,46 @@ serving (pid_t pid, char *err, size_t errlen)
  * (side_by_side.h).  Returns once it serves: 0, or -1 with ERR.
  */
 static int
-start_server (pid_t adopted, char *err, size_t errlen)
+start_server (struct ublk_keeper *uk, pid_t adopted, char *err,
+              size_t errlen)
 {
   g_auto (GStrv) argv = NULL;
   pid_t pid;
   int r;
 
   if (adopted > 0)
-    r = mloop_process_await (adopted, su.pid_file, false, su.log_file,
+    r = mloop_process_await (adopted, uk->pid_file, false, uk->log_file,
                              "mloop-ublk", START_TIMEOUT_MS, &pid, err,
                              errlen);
   else {
-    argv = mloop_ublk_command (su.spec, su.dir, -1);
-    g_unlink (su.pid_file);
-    r = mloop_process_start (argv, su.log_file, su.pid_file, "mloop-ublk",
+    argv = mloop_ublk_command (&uk->spec, uk->dir, -1);
+    g_unlink (uk->pid_file);
+    r = mloop_process_start (argv, uk->log_file, uk->pid_file, "mloop-ublk",
                              START_TIMEOUT_MS, NULL, &pid, err, errlen);
   }
-  return r == -1 ? -1 : serving (pid, err, errlen);
+  return r == -1 ? -1 : serving (uk, pid, err, errlen);
 }
 
-static gboolean recover (gpointer unused);
+static gboolean recover (gpointer data);
 
 /* A recovery attempt failed with ERR: try again after the backoff.  The
  * device holds its IO until one takes over, so keep trying (the dead
  * timeout ends that), but say each new reason once, not every try.
  */
 static void
-recovery_failed (const char *err)
+recovery_failed (struct ublk_keeper *uk, const char *err)
 {
-  if (g_strcmp0 (err, su.last_try_error) != 0) {
-    say ("recovering /dev/ublkb%d failed: %s; trying again every %u ms "
-         "at most", su.index, err, BACKOFF_MAX_MS);
-    g_free (su.last_try_error);
-    su.last_try_error = g_strdup (err);
-    g_free (su.last_failure);
-    su.last_failure = g_strdup_printf ("recovery failed: %s", err);
-    record ();
+  if (g_strcmp0 (err, uk->last_try_error) != 0) {
+    say_to (uk->log, "recovering /dev/ublkb%d failed: %s; trying again every "
+            "%u ms at most", uk->index, err, BACKOFF_MAX_MS);
+    g_free (uk->last_try_error);
+    uk->last_try_error = g_strdup (err);
+    g_free (uk->last_failure);
+    uk->last_failure = g_strdup_printf ("recovery failed: %s", err);
+    record (uk);
   }
-  g_timeout_add (su.backoff_ms, recover, NULL);
-  su.backoff_ms = MIN (su.backoff_ms * 2, BACKOFF_MAX_MS);
+  uk->recover_source = g_timeout_add (uk->backoff_ms, recover, uk);
+  uk->backoff_ms = MIN (uk->backoff_ms * 2, BACKOFF_MAX_MS);
 }
 
 static void
@@ -137,14 +143,14 @@ reap (GPid pid, gint status, gpointer unused)
  * the kernel (its image's IO hanging) dies only when that returns.
  */
 static void
-abandon_attempt (void)
+abandon_attempt (struct ublk_keeper *uk)
 {
-  if (su.attempt == 0)
+  if (uk->attempt == 0)
     return;
-  g_clear_handle_id (&su.attempt_source, g_source_remove);
-  kill (su.attempt, SIGKILL);
-  g_child_watch_add (su.attempt, reap, NULL);
-  su.attempt = 0;
+  g_clear_handle_id (&uk->attempt_source, g_source_remove);
+  kill (uk->attempt, SIGKILL);
+  g_child_watch_add (uk->attempt, reap, NULL);
+  uk->attempt = 0;
 }
 
 /* Follows the attempt recover() started, without blocking the loop: so
@@ -152,53 +158,56 @@ abandon_attempt (void)
  * waits on the kernel or on its image.
  */
 static gboolean
-watch_attempt (gpointer unused)
+watch_attempt (gpointer data)
 {
+  struct ublk_keeper *uk = data;
   char err[512];
   pid_t pid = 0;
-  int r = mloop_process_check (su.attempt, su.log_file, su.pid_file,
+  int r = mloop_process_check (uk->attempt, uk->log_file, uk->pid_file,
                                "mloop-ublk", &pid, err, sizeof err);
 
   if (r == 0) {
-    if (g_get_monotonic_time () - su.attempt_began <
+    if (g_get_monotonic_time () - uk->attempt_began <
         (gint64) START_TIMEOUT_MS * 1000)
       return G_SOURCE_CONTINUE;
     snprintf (err, sizeof err, "mloop-ublk --recover did not serve within "
               "%d s", START_TIMEOUT_MS / 1000);
-    su.attempt_source = 0;      /* this source, ending */
-    abandon_attempt ();
-    recovery_failed (err);
+    uk->attempt_source = 0;      /* this source, ending */
+    abandon_attempt (uk);
+    recovery_failed (uk, err);
     return G_SOURCE_REMOVE;
   }
-  su.attempt_source = 0;
-  su.attempt = 0;               /* reaped, or serving as su.server */
-  if (r == 1 && serving (pid, err, sizeof err) == 0) {
-    say ("mloop-ublk pid %d serves /dev/ublkb%d again", (int) su.server,
-         su.index);
-    g_clear_pointer (&su.last_try_error, g_free);
-    g_clear_handle_id (&su.give_up_source, g_source_remove);
+  uk->attempt_source = 0;
+  uk->attempt = 0;              /* reaped, or serving as uk->server */
+  if (r == 1 && serving (uk, pid, err, sizeof err) == 0) {
+    say_to (uk->log, "mloop-ublk pid %d serves /dev/ublkb%d again",
+            (int) uk->server, uk->index);
+    g_clear_pointer (&uk->last_try_error, g_free);
+    g_clear_handle_id (&uk->give_up_source, g_source_remove);
     return G_SOURCE_REMOVE;
   }
-  recovery_failed (err);
+  recovery_failed (uk, err);
   return G_SOURCE_REMOVE;
 }
 
 /* Starts mloop-ublk --recover for the device; watch_attempt follows it. */
 static gboolean
-recover (gpointer unused)
+recover (gpointer data)
 {
-  g_auto (GStrv) argv = mloop_ublk_command (su.spec, su.dir, su.index);
+  struct ublk_keeper *uk = data;
+  g_auto (GStrv) argv = mloop_ublk_command (&uk->spec, uk->dir, uk->index);
   char err[512];
 
+  uk->recover_source = 0;
   /* A killed server's pid file would look like the new one's. */
-  g_unlink (su.pid_file);
-  if (mloop_process_spawn (argv, su.log_file, "mloop-ublk", &su.attempt, err,
+  g_unlink (uk->pid_file);
+  if (mloop_process_spawn (argv, uk->log_file, "mloop-ublk", &uk->attempt, err,
                            sizeof err) == -1) {
-    recovery_failed (err);
+    recovery_failed (uk, err);
     return G_SOURCE_REMOVE;
   }
-  su.attempt_began = g_get_monotonic_time ();
-  su.attempt_source = g_timeout_add (ATTEMPT_POLL_MS, watch_attempt, NULL);
+  uk->attempt_began = g_get_monotonic_time ();
+  uk->attempt_source = g_timeout_add (ATTEMPT_POLL_MS, watch_attempt, uk);
   return G_SOURCE_REMOVE;
 }
 
@@ -209,115 +218,138 @@ recover (gpointer unused)
  * removes what is left.
  */
 static gboolean
-give_up (gpointer unused)
+give_up (gpointer data)
 {
+  struct ublk_keeper *uk = data;
   char err[512];
 
-  su.give_up_source = 0;
-  abandon_attempt ();
-  say ("no mloop-ublk took /dev/ublkb%d over in %u s (%s); stopping it: "
-       "its IO fails from now on", su.index, su.dead_timeout_s,
-       su.last_try_error ? su.last_try_error : "no try finished");
-  if (mloop_ublk_index_reused (su.dir, su.index))
-    say ("/dev/ublkb%d is another device of ours now: not touching it",
-         su.index);
-  else if (mloop_ublk_delete (su.index, err, sizeof err) == -1)
-    say ("%s", err);
-  g_free (su.last_failure);
-  su.last_failure = g_strdup_printf ("no server for %u s (%s): device "
-                                     "stopped", su.dead_timeout_s,
-                                     su.last_try_error ? su.last_try_error
+  uk->give_up_source = 0;
+  abandon_attempt (uk);
+  say_to (uk->log, "no mloop-ublk took /dev/ublkb%d over in %u s (%s); "
+          "stopping it: its IO fails from now on", uk->index,
+          uk->dead_timeout_s,
+          uk->last_try_error ? uk->last_try_error : "no try finished");
+  if (mloop_ublk_index_reused (uk->dir, uk->index))
+    say_to (uk->log, "/dev/ublkb%d is another device of ours now: not "
+            "touching it", uk->index);
+  else if (mloop_ublk_delete (uk->index, err, sizeof err) == -1)
+    say_to (uk->log, "%s", err);
+  g_free (uk->last_failure);
+  uk->last_failure = g_strdup_printf ("no server for %u s (%s): device "
+                                     "stopped", uk->dead_timeout_s,
+                                     uk->last_try_error ? uk->last_try_error
                                      : "no try finished");
-  record ();
-  g_main_loop_quit (su.loop);
+  record (uk);
+  uk->ended (uk, uk->ended_data);
   return G_SOURCE_REMOVE;
 }
 
 static gboolean
-on_server_exit (gint fd, GIOCondition c, gpointer unused)
+on_server_exit (gint fd, GIOCondition c, gpointer data)
 {
+  struct ublk_keeper *uk = data;
   g_autofree char *how = NULL;
   int status = 0;
 
-  if (waitpid (su.server, &status, WNOHANG) != su.server)
+  if (waitpid (uk->server, &status, WNOHANG) != uk->server)
     status = 0;
-  close (su.pidfd);
-  su.pidfd = -1;
+  close (uk->pidfd);
+  uk->pidfd = -1;
+  uk->pidfd_source = 0;
   if (WIFEXITED (status) && WEXITSTATUS (status) == 0) {
     /* Stopped by someone else (its device deleted): nothing to serve. */
-    say ("mloop-ublk pid %d exited: /dev/ublkb%d was stopped from outside; "
-         "not restarting", (int) su.server, su.index);
-    su.server = 0;
-    record ();
-    g_main_loop_quit (su.loop);
+    say_to (uk->log, "mloop-ublk pid %d exited: /dev/ublkb%d was stopped from "
+            "outside; not restarting", (int) uk->server, uk->index);
+    uk->server = 0;
+    record (uk);
+    uk->ended (uk, uk->ended_data);
     return G_SOURCE_REMOVE;
   }
   how = describe_exit (status);
-  g_free (su.last_failure);
-  su.last_failure = g_strdup_printf ("mloop-ublk pid %d %s", (int) su.server,
+  g_free (uk->last_failure);
+  uk->last_failure = g_strdup_printf ("mloop-ublk pid %d %s", (int) uk->server,
                                      how);
-  if (g_get_monotonic_time () - su.started_at > HEALTHY_US)
-    su.backoff_ms = BACKOFF_MIN_MS;
-  su.server = 0;
-  su.restarts++;
-  say ("%s; recovering /dev/ublkb%d (restart %u) in %u ms", su.last_failure,
-       su.index, su.restarts, su.backoff_ms);
-  record ();
-  g_timeout_add (su.backoff_ms, recover, NULL);
-  su.give_up_source = g_timeout_add_seconds (su.dead_timeout_s, give_up,
-                                             NULL);
+  if (g_get_monotonic_time () - uk->started_at > HEALTHY_US)
+    uk->backoff_ms = BACKOFF_MIN_MS;
+  uk->server = 0;
+  uk->restarts++;
+  say_to (uk->log, "%s; recovering /dev/ublkb%d (restart %u) in %u ms",
+          uk->last_failure, uk->index, uk->restarts, uk->backoff_ms);
+  record (uk);
+  uk->recover_source = g_timeout_add (uk->backoff_ms, recover, uk);
+  uk->give_up_source = g_timeout_add_seconds (uk->dead_timeout_s, give_up,
+                                              uk);
   return G_SOURCE_REMOVE;
 }
 
-static gboolean
-on_stop_signal (gpointer unused)
+struct ublk_keeper *
+ublk_keeper_new (const char *dir, const struct mloop_ublk_spec *spec,
+                 unsigned dead_timeout_s, FILE *log,
+                 void (*ended) (struct ublk_keeper *uk, void *data),
+                 void *data)
 {
-  g_main_loop_quit (su.loop);
-  return G_SOURCE_REMOVE;
+  struct ublk_keeper *uk = g_new0 (struct ublk_keeper, 1);
+
+  uk->index = -1;
+  uk->pidfd = -1;
+  uk->backoff_ms = BACKOFF_MIN_MS;
+  uk->log = log;
+  uk->ended = ended;
+  uk->ended_data = data;
+  uk->dir = g_strdup (dir);
+  uk->image = g_strdup (spec->image);
+  uk->overlay = g_strdup (spec->overlay);
+  uk->spec = *spec;
+  uk->spec.image = uk->image;
+  uk->spec.overlay = uk->overlay;
+  uk->dead_timeout_s = dead_timeout_s;
+  uk->pid_file = g_build_filename (dir, MLOOP_DIR_SERVER_PID, NULL);
+  uk->log_file = g_build_filename (dir, MLOOP_DIR_SERVER_LOG, NULL);
+  return uk;
 }
 
 int
-mloop_supervise_ublk (const char *dir, const struct mloop_ublk_spec *spec,
-                      unsigned dead_timeout_s, pid_t adopted)
+ublk_keeper_start (struct ublk_keeper *uk, pid_t adopted, char *err,
+                   size_t errlen)
 {
-  g_autofree char *pid_path = g_build_filename (dir, MLOOP_DIR_SUPERVISOR_PID,
-                                                NULL);
-  char err[512], pid_text[32];
-
-  su.dir = dir;
-  su.spec = spec;
-  su.dead_timeout_s = dead_timeout_s;
-  su.pid_file = g_build_filename (dir, MLOOP_DIR_SERVER_PID, NULL);
-  su.log_file = g_build_filename (dir, MLOOP_DIR_SERVER_LOG, NULL);
-  snprintf (pid_text, sizeof pid_text, "%d\n", (int) getpid ());
-  g_file_set_contents (pid_path, pid_text, -1, NULL);
-
-  su.loop = g_main_loop_new (NULL, FALSE);
-  g_unix_signal_add (SIGTERM, on_stop_signal, NULL);
-  g_unix_signal_add (SIGINT, on_stop_signal, NULL);
-  /* The first start's failure is attach's failure: say it and leave. */
-  if (start_server (adopted, err, sizeof err) == -1 ||
-      mloop_ublk_read_device_file (dir, &su.index, err, sizeof err) == -1) {
-    if (su.server > 0)
-      mloop_server_stop (su.server, dir, STOP_TIMEOUT_MS);
-    fprintf (stderr, "mloop-supervisor: %s\n", err);
-    g_unlink (pid_path);
-    return EXIT_FAILURE;
+  if (start_server (uk, adopted, err, errlen) == -1 ||
+      mloop_ublk_read_device_file (uk->dir, &uk->index, err, errlen) == -1) {
+    if (uk->server > 0) {
+      g_clear_handle_id (&uk->pidfd_source, g_source_remove);
+      mloop_server_stop (uk->server, uk->dir, STOP_TIMEOUT_MS);
+      uk->server = 0;
+    }
+    return -1;
   }
-  say ("mloop-ublk pid %d serves %s as /dev/ublkb%d", (int) su.server,
-       spec->image, su.index);
-  g_main_loop_run (su.loop);
+  say_to (uk->log, "mloop-ublk pid %d serves %s as /dev/ublkb%d",
+          (int) uk->server, uk->spec.image, uk->index);
+  return 0;
+}
 
-  /* SIGTERM: mloop-ublk stops the device and deletes it.  With none
-   * running (a recovery under way or still failing, or given up),
-   * detach deletes it.
+void
+ublk_keeper_stop (struct ublk_keeper *uk)
+{
+  g_clear_handle_id (&uk->give_up_source, g_source_remove);
+  g_clear_handle_id (&uk->recover_source, g_source_remove);
+  g_clear_handle_id (&uk->pidfd_source, g_source_remove);
+  /* mloop-ublk stops the device and deletes it.  With none running (a
+   * recovery under way or still failing, or given up), detach deletes
+   * it.
    */
-  abandon_attempt ();
-  if (su.server > 0) {
-    say ("stopping mloop-ublk pid %d", (int) su.server);
-    mloop_server_stop (su.server, dir, STOP_TIMEOUT_MS);
-    waitpid (su.server, NULL, WNOHANG);
+  abandon_attempt (uk);
+  if (uk->server > 0) {
+    say_to (uk->log, "stopping mloop-ublk pid %d", (int) uk->server);
+    mloop_server_stop (uk->server, uk->dir, STOP_TIMEOUT_MS);
+    waitpid (uk->server, NULL, WNOHANG);
   }
-  g_unlink (pid_path);
-  return EXIT_SUCCESS;
+  if (uk->pidfd != -1)
+    close (uk->pidfd);
+  g_free (uk->last_failure);
+  g_free (uk->last_try_error);
+  g_free (uk->pid_file);
+  g_free (uk->log_file);
+  g_free (uk->image);
+  g_free (uk->overlay);
+  g_free (uk->dir);
+  g_free (uk);
 }
