@@ -274,15 +274,18 @@ on_server_exit (gint fd, GIOCondition c, gpointer data)
 {
   struct keeper *k = data;
   g_autofree char *how = NULL;
-  int status = 0;
+  int status;
 
-  /* Ours to reap: our child, or adopted as subreaper. */
-  if (waitpid (k->server, &status, WNOHANG) != k->server)
-    status = 0;
+  /* Ours to reap: our child, or adopted as subreaper; not one a
+   * process before us started (keeper_take_over).
+   */
+  if (waitpid (k->server, &status, WNOHANG) == k->server)
+    how = describe_exit (status);
+  else
+    how = g_strdup ("ended (not our child: how is not known)");
   close (k->pidfd);
   k->pidfd = -1;
   k->pidfd_source = 0;
-  how = describe_exit (status);
   g_free (k->last_failure);
   k->last_failure = g_strdup_printf ("server pid %d %s", (int) k->server,
                                      how);
@@ -786,6 +789,16 @@ keeper_new (const struct keeper_config *config)
   return k;
 }
 
+/* The watches of a keeper whose server serves. */
+static void
+begin_keeping (struct keeper *k)
+{
+  release_watch_start (&k->release, k->dir, on_released, k);
+  if (mloop_is_rbd_name (k->spec.image))
+    k->size_source = g_timeout_add_seconds (SIZE_POLL_S, follow_image_size,
+                                            k);
+}
+
 int
 keeper_start (struct keeper *k, pid_t adopted, char *err, size_t errlen)
 {
@@ -793,10 +806,26 @@ keeper_start (struct keeper *k, pid_t adopted, char *err, size_t errlen)
     return -1;
   say_to (k->log, "server pid %d started for %s", (int) k->server,
           k->spec.image);
-  release_watch_start (&k->release, k->dir, on_released, k);
-  if (mloop_is_rbd_name (k->spec.image))
-    k->size_source = g_timeout_add_seconds (SIZE_POLL_S, follow_image_size,
-                                            k);
+  begin_keeping (k);
+  return 0;
+}
+
+int
+keeper_take_over (struct keeper *k, pid_t server, char *err, size_t errlen)
+{
+  if (server <= 0 || !mloop_server_running (server, k->spec.socket_path)) {
+    snprintf (err, errlen, "no server of %s runs as pid %d", k->dir,
+              (int) server);
+    return -1;
+  }
+  k->server = server;
+  if (watch_server (k, err, errlen) == -1) {
+    k->server = 0;
+    return -1;
+  }
+  say_to (k->log, "server pid %d taken over for %s", (int) k->server,
+          k->spec.image);
+  begin_keeping (k);
   return 0;
 }
 
@@ -814,37 +843,27 @@ remove_source (guint *source)
   *source = 0;
 }
 
-void
-keeper_stop (struct keeper *k)
+/* Stops every source of K and closes what it watches with. */
+static void
+stop_watching (struct keeper *k)
 {
-  say_to (k->log, "stopping server pid %d", (int) k->server);
   remove_source (&k->pidfd_source);
   remove_source (&k->restart_source);
   remove_source (&k->heal_source);
   remove_source (&k->size_source);
   release_watch_stop (&k->release);
-  if (k->server > 0)
-    mloop_server_stop (k->server, k->spec.socket_path, STOP_TIMEOUT_MS);
-  if (k->server > 0)
-    waitpid (k->server, NULL, WNOHANG);
   if (k->pidfd != -1)
     close (k->pidfd);
+  k->pidfd = -1;
   dead_slots_close (&k->slots);
   if (k->kmsg != -1)
     close (k->kmsg);
-  if (k->released_lock != -1) {
-    struct mloop_device_state st;
+  k->kmsg = -1;
+}
 
-    /* Detached by its last close: as `mloop detach` would, drop a
-     * temporary overlay now that the server is gone.
-     */
-    if (mloop_state_load (k->dir, &st) == 0) {
-      mloop_state_remove_temporary_overlay (&st);
-      mloop_state_clear (&st);
-    }
-    mloop_state_remove (k->dir);
-    mloop_state_unlock (k->released_lock);
-  }
+static void
+keeper_free (struct keeper *k)
+{
   g_free (k->last_failure);
   g_free (k->last_reconnect);
   g_free (k->handover_error);
@@ -858,4 +877,40 @@ keeper_stop (struct keeper *k)
   g_free (k->lock_record);
   g_free (k->dir);
   g_free (k);
+}
+
+void
+keeper_let_go (struct keeper *k)
+{
+  say_to (k->log, "letting go of server pid %d, which serves on",
+          (int) k->server);
+  stop_watching (k);
+  if (k->released_lock != -1)
+    mloop_state_unlock (k->released_lock);
+  keeper_free (k);
+}
+
+void
+keeper_stop (struct keeper *k)
+{
+  say_to (k->log, "stopping server pid %d", (int) k->server);
+  stop_watching (k);
+  if (k->server > 0)
+    mloop_server_stop (k->server, k->spec.socket_path, STOP_TIMEOUT_MS);
+  if (k->server > 0)
+    waitpid (k->server, NULL, WNOHANG);
+  if (k->released_lock != -1) {
+    struct mloop_device_state st;
+
+    /* Detached by its last close: as `mloop detach` would, drop a
+     * temporary overlay now that the server is gone.
+     */
+    if (mloop_state_load (k->dir, &st) == 0) {
+      mloop_state_remove_temporary_overlay (&st);
+      mloop_state_clear (&st);
+    }
+    mloop_state_remove (k->dir);
+    mloop_state_unlock (k->released_lock);
+  }
+  keeper_free (k);
 }

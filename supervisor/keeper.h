@@ -53,6 +53,13 @@ struct keeper *keeper_new (const struct keeper_config *config);
  */
 int keeper_start (struct keeper *k, pid_t adopted, char *err, size_t errlen);
 
+/* Begins keeping a device whose server, SERVER, a keeper before this
+ * one started (a service that was restarted): watches it as its own.
+ * 0, or -1 with ERR when SERVER is not the device's server.
+ */
+int keeper_take_over (struct keeper *k, pid_t server, char *err,
+                      size_t errlen);
+
 /* A planned restart: the next server first, then the handover (keeper.c
  * says why and when the old one goes first); the outcome is recorded
  * for `mloop resize`.
@@ -67,5 +74,10 @@ pid_t keeper_server_pid (const struct keeper *k);
  * would.
  */
 void keeper_stop (struct keeper *k);
+
+/* Stops every source of K and frees it, leaving its server serving the
+ * device: for a keeper after this one to take over.
+ */
+void keeper_let_go (struct keeper *k);
 
 #endif /* MLOOP_SUPERVISOR_KEEPER_H */

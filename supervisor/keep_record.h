@@ -1,0 +1,30 @@
+/* mloopd — what it keeps of a device, on disk: the request that began
+ * keeping it, in the device's directory (KEEP_RECORD), so that the
+ * service started after this one (a crash, an upgrade) takes every
+ * device over with the same server command, instead of forgetting them.
+ */
+#ifndef MLOOP_KEEP_RECORD_H
+#define MLOOP_KEEP_RECORD_H
+
+#include <stddef.h>
+
+#include "server_process.h"
+
+#define KEEP_RECORD "keep"
+
+/* SPEC's server (kind, image, window, overlay, threads, read_only,
+ * io_timeout) into DIR's record, durably replacing any.  0, or -1 with
+ * ERR.
+ */
+int keep_record_save (const char *dir, const struct mloop_server_spec *spec,
+                      char *err, size_t errlen);
+
+/* DIR's record into *SPEC, whose strings (image, overlay) are to
+ * g_free.  0, or -1 with ERR (no record: ENOENT in errno).
+ */
+int keep_record_load (const char *dir, struct mloop_server_spec *spec,
+                      char *err, size_t errlen);
+
+void keep_record_remove (const char *dir);
+
+#endif /* MLOOP_KEEP_RECORD_H */

@@ -1,0 +1,501 @@
+/* mloopd — the resident service that keeps local devices' servers.
+ *
+ * One process holds a keeper (keeper.h) per device: it starts the
+ * device's server, restarts it when it dies and hands the kernel new
+ * connections, heals dropped connections, follows an RBD image's size
+ * and notices autoclear, as a mloop-supervisor does for one device, on
+ * one main loop for all of them.
+ *
+ * It is asked over its control socket (control/message.h: one datagram
+ * per request and answer), by root only: a request names an image root
+ * may open, a server command run as root.
+ *
+ *   op=keep dir=DIR server=native|nbdkit image=IMAGE [overlay=FILE]
+ *           [offset=N] [sizelimit=N] [threads=N] [read-only=1]
+ *           [io-timeout=S]
+ *       starts the device's server and keeps it; answers server-pid=N
+ *   op=restart dir=DIR   a planned restart of the device's server
+ *   op=drop dir=DIR      stops the server and forgets the device
+ *   op=list              answers dirs=DIR\nDIR...
+ *
+ * Every answer has ok=1, or error=WHY (one line).  DIR is a device's
+ * directory under mloop's runtime directory (device_state.h).
+ *
+ * What it keeps survives it: each device's request is recorded in its
+ * directory (keep_record.h), SIGTERM lets go of the keepers and leaves
+ * the servers serving, and the next mloopd (systemd restarts it after a
+ * crash or an upgrade) takes every recorded device over, its running
+ * server or a new one.
+ *
+ *   mloopd [--control PATH]
+ *
+ * The socket is PATH (default RUNTIME_DIR/mloopd.sock), or the one
+ * systemd passes (socket activation: LISTEN_FDS=1, descriptor 3).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <glib.h>
+#include <glib-unix.h>
+#include <glib/gstdio.h>
+
+#include "device_state.h"
+#include "keep_record.h"
+#include "keeper.h"
+#include "message.h"
+#include "say.h"
+#include "server_kind.h"
+
+#define SOCKET_NAME "mloopd.sock"
+#define SD_LISTEN_FDS_START 3
+
+/* One device kept. */
+struct kept {
+  char *dir;
+  struct keeper *k;
+  FILE *log;                    /* the directory's supervisor.log */
+};
+
+static GHashTable *kept;        /* dir -> struct kept */
+static GMainLoop *loop;
+
+static void
+kept_free (gpointer data)
+{
+  struct kept *d = data;
+
+  if (d->log)
+    fclose (d->log);
+  g_free (d->dir);
+  g_free (d);
+}
+
+/* An autoclear device let go by the kernel: stopped from the loop, not
+ * inside the keeper's call.
+ */
+static gboolean
+stop_released (gpointer data)
+{
+  struct kept *d = data;
+
+  keep_record_remove (d->dir);
+  keeper_stop (d->k);
+  g_hash_table_remove (kept, d->dir);
+  return G_SOURCE_REMOVE;
+}
+
+static void
+on_released (struct keeper *k, void *data)
+{
+  g_idle_add (stop_released, data);
+}
+
+/* Whether DIR is a device's directory in mloop's runtime directory:
+ * absolute, no "." or ".." in it, one level below, and a directory.
+ */
+static bool
+device_dir (const char *dir, char *err, size_t errlen)
+{
+  g_autofree char *parent = g_path_get_dirname (dir);
+  g_autofree char *base = g_path_get_basename (dir);
+  struct stat st;
+
+  if (!g_path_is_absolute (dir) || strcmp (parent, mloop_runtime_dir ()) ||
+      strcmp (base, ".") == 0 || strcmp (base, "..") == 0 ||
+      lstat (dir, &st) == -1 || !S_ISDIR (st.st_mode)) {
+    snprintf (err, errlen, "%s is not a device's directory in %s", dir,
+              mloop_runtime_dir ());
+    return false;
+  }
+  return true;
+}
+
+/* A keeper for DIR with SPEC's server (its strings copied): its log
+ * opened, not yet started.  NULL with ERR.
+ */
+static struct kept *
+kept_new (const char *dir, const struct mloop_server_spec *spec, char *err,
+          size_t errlen)
+{
+  g_autofree char *log_path = g_build_filename (dir, MLOOP_DIR_SUPERVISOR_LOG,
+                                                NULL);
+  struct keeper_config config = {
+    .dir = dir, .server = *spec, .released = on_released,
+  };
+  struct kept *d = g_new0 (struct kept, 1);
+
+  d->log = fopen (log_path, "ae");
+  if (d->log == NULL) {
+    snprintf (err, errlen, "cannot open %s: %s", log_path, strerror (errno));
+    g_free (d);
+    return NULL;
+  }
+  d->dir = g_strdup (dir);
+  config.log = d->log;
+  config.data = d;
+  d->k = keeper_new (&config);
+  return d;
+}
+
+/* op=keep: SPEC from the request's fields. */
+static bool
+read_spec (const struct mloop_control_in *in, struct mloop_server_spec *spec,
+           char *err, size_t errlen)
+{
+  const char *kind = mloop_control_get (in, "server");
+  const char *threads = mloop_control_get (in, "threads");
+  const char *offset = mloop_control_get (in, "offset");
+  const char *sizelimit = mloop_control_get (in, "sizelimit");
+  const char *read_only = mloop_control_get (in, "read-only");
+  const char *io_timeout = mloop_control_get (in, "io-timeout");
+  guint64 n;
+
+  *spec = (struct mloop_server_spec) { 0 };
+  spec->kind = kind ? mloop_server_kind_find (kind, err, errlen)
+    : mloop_server_kind_default ();
+  if (spec->kind == NULL)
+    return false;
+  spec->image = mloop_control_get (in, "image");
+  spec->overlay = mloop_control_get (in, "overlay");
+  if (spec->image == NULL || *spec->image == '\0') {
+    snprintf (err, errlen, "keep: no image");
+    return false;
+  }
+#define NUMBER(field, text, max)                                        \
+  if (text) {                                                           \
+    if (!g_ascii_string_to_unsigned (text, 10, 0, max, &n, NULL)) {     \
+      snprintf (err, errlen, "keep: %s=%s is not a number up to %llu", \
+                #field, text, (unsigned long long) (max));              \
+      return false;                                                     \
+    }                                                                   \
+    spec->field = n;                                                    \
+  }
+  NUMBER (offset, offset, G_MAXUINT64);
+  NUMBER (sizelimit, sizelimit, G_MAXUINT64);
+  NUMBER (threads, threads, 1024);
+  NUMBER (io_timeout, io_timeout, 86400);
+#undef NUMBER
+  spec->read_only = read_only && strcmp (read_only, "1") == 0;
+  return true;
+}
+
+static void
+keep (const struct mloop_control_in *in, struct mloop_control_out *out)
+{
+  const char *dir = mloop_control_get (in, "dir");
+  struct mloop_server_spec spec;
+  struct kept *d;
+  char err[1024], pid[32];
+
+  if (dir == NULL || !device_dir (dir, err, sizeof err) ||
+      !read_spec (in, &spec, err, sizeof err))
+    goto fail;
+  if (g_hash_table_contains (kept, dir)) {
+    snprintf (err, sizeof err, "%s is kept already", dir);
+    goto fail;
+  }
+  if (keep_record_save (dir, &spec, err, sizeof err) == -1)
+    goto fail;
+  d = kept_new (dir, &spec, err, sizeof err);
+  if (d == NULL) {
+    keep_record_remove (dir);
+    goto fail;
+  }
+  if (keeper_start (d->k, 0, err, sizeof err) == -1) {
+    keep_record_remove (dir);
+    keeper_stop (d->k);
+    kept_free (d);
+    goto fail;
+  }
+  g_hash_table_insert (kept, d->dir, d);
+  snprintf (pid, sizeof pid, "%d", (int) keeper_server_pid (d->k));
+  mloop_control_add (out, "ok", "1");
+  mloop_control_add (out, "server-pid", pid);
+  return;
+fail:
+  mloop_control_add (out, "error", err);
+}
+
+/* The device DIR names in IN, kept; else says why in OUT. */
+static struct kept *
+find_kept (const struct mloop_control_in *in, struct mloop_control_out *out)
+{
+  const char *dir = mloop_control_get (in, "dir");
+  struct kept *d = dir ? g_hash_table_lookup (kept, dir) : NULL;
+  char err[1024];
+
+  if (d == NULL) {
+    snprintf (err, sizeof err, "%s is not kept here", dir ? dir : "(no dir)");
+    mloop_control_add (out, "error", err);
+  }
+  return d;
+}
+
+static void
+drop (const struct mloop_control_in *in, struct mloop_control_out *out)
+{
+  struct kept *d = find_kept (in, out);
+
+  if (d == NULL)
+    return;
+  keep_record_remove (d->dir);
+  keeper_stop (d->k);
+  g_hash_table_remove (kept, d->dir);
+  mloop_control_add (out, "ok", "1");
+}
+
+static void
+restart (const struct mloop_control_in *in, struct mloop_control_out *out)
+{
+  struct kept *d = find_kept (in, out);
+
+  if (d == NULL)
+    return;
+  keeper_restart_server (d->k);
+  mloop_control_add (out, "ok", "1");
+}
+
+static void
+list (struct mloop_control_out *out)
+{
+  g_autoptr (GString) dirs = g_string_new (NULL);
+  GHashTableIter i;
+  gpointer dir;
+
+  g_hash_table_iter_init (&i, kept);
+  while (g_hash_table_iter_next (&i, &dir, NULL))
+    g_string_append_printf (dirs, "%s%s", dirs->len ? "\n" : "",
+                            (const char *) dir);
+  if (!mloop_control_add (out, "dirs", dirs->str)) {
+    mloop_control_out_init (out);
+    mloop_control_add (out, "error", "too many devices to list in one "
+                       "answer");
+    return;
+  }
+  mloop_control_add (out, "ok", "1");
+}
+
+static void
+answer (const struct mloop_control_in *in, struct mloop_control_out *out)
+{
+  const char *op = mloop_control_get (in, "op");
+
+  if (op && strcmp (op, "keep") == 0)
+    keep (in, out);
+  else if (op && strcmp (op, "drop") == 0)
+    drop (in, out);
+  else if (op && strcmp (op, "restart") == 0)
+    restart (in, out);
+  else if (op && strcmp (op, "list") == 0)
+    list (out);
+  else
+    mloop_control_add (out, "error", "unknown op (keep, drop, restart or "
+                       "list)");
+}
+
+/* One client's requests, each answered in turn. */
+static gboolean
+on_request (gint sock, GIOCondition c, gpointer unused)
+{
+  struct mloop_control_in *in = g_new (struct mloop_control_in, 1);
+  struct mloop_control_out *out = g_new (struct mloop_control_out, 1);
+  char err[512];
+  int r = mloop_control_recv (sock, in, err, sizeof err);
+
+  mloop_control_out_init (out);
+  if (r == 1) {
+    answer (in, out);
+    /* Closes what descriptors came along: none is wanted yet. */
+    mloop_control_in_clear (in);
+  }
+  else if (r == -1)
+    mloop_control_add (out, "error", err);
+  if (r != 0 && mloop_control_send (sock, out, NULL, 0) == -1)
+    r = 0;
+  g_free (in);
+  g_free (out);
+  if (r == 0) {
+    close (sock);
+    return G_SOURCE_REMOVE;
+  }
+  return G_SOURCE_CONTINUE;
+}
+
+static gboolean
+on_connect (gint listener, GIOCondition c, gpointer unused)
+{
+  struct ucred cred;
+  int sock = accept4 (listener, NULL, NULL, SOCK_CLOEXEC);
+
+  if (sock == -1)
+    return G_SOURCE_CONTINUE;
+  /* Root only: a request runs a server as root on the image it names. */
+  if (mloop_control_peer (sock, &cred) == -1 || cred.uid != 0) {
+    struct mloop_control_out out;
+
+    mloop_control_out_init (&out);
+    mloop_control_add (&out, "error", "mloopd answers root only");
+    mloop_control_send (sock, &out, NULL, 0);
+    close (sock);
+    return G_SOURCE_CONTINUE;
+  }
+  g_unix_fd_add (sock, G_IO_IN | G_IO_HUP | G_IO_ERR, on_request, NULL);
+  return G_SOURCE_CONTINUE;
+}
+
+/* The listening socket: systemd's, or PATH bound here.  -1 with ERR. */
+static int
+listen_on (const char *path, char *err, size_t errlen)
+{
+  const char *pid = g_getenv ("LISTEN_PID"), *fds = g_getenv ("LISTEN_FDS");
+  struct sockaddr_un a = { .sun_family = AF_UNIX };
+  int sock;
+
+  if (pid && fds && atoi (pid) == (int) getpid () && atoi (fds) == 1) {
+    g_unsetenv ("LISTEN_PID");
+    g_unsetenv ("LISTEN_FDS");
+    fcntl (SD_LISTEN_FDS_START, F_SETFD, FD_CLOEXEC);
+    return SD_LISTEN_FDS_START;
+  }
+  if (strlen (path) >= sizeof a.sun_path) {
+    snprintf (err, errlen, "%s: the path is too long for a socket", path);
+    return -1;
+  }
+  strcpy (a.sun_path, path);
+  sock = socket (AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  /* A socket left by an mloopd that died; none answers on it. */
+  g_unlink (path);
+  if (sock == -1 || bind (sock, (struct sockaddr *) &a, sizeof a) == -1 ||
+      chmod (path, 0600) == -1 || listen (sock, 64) == -1) {
+    snprintf (err, errlen, "%s: %s", path, strerror (errno));
+    if (sock != -1)
+      close (sock);
+    return -1;
+  }
+  return sock;
+}
+
+/* Takes over every device a service before us kept: its server if it
+ * still serves, else a new one.  Those that cannot be are said, and
+ * their records left for a look.
+ */
+static void
+take_over_recorded (void)
+{
+  g_autoptr (GDir) runtime = g_dir_open (mloop_runtime_dir (), 0, NULL);
+  const char *name;
+
+  while (runtime && (name = g_dir_read_name (runtime)) != NULL) {
+    g_autofree char *dir = g_build_filename (mloop_runtime_dir (), name,
+                                             NULL);
+    g_autofree char *pid_path = g_build_filename (dir, MLOOP_DIR_SERVER_PID,
+                                                  NULL);
+    g_autofree char *pid_text = NULL;
+    struct mloop_server_spec spec;
+    struct kept *d;
+    char err[1024];
+    int r;
+
+    if (keep_record_load (dir, &spec, err, sizeof err) == -1) {
+      if (errno != ENOENT)
+        say ("%s", err);
+      continue;
+    }
+    d = kept_new (dir, &spec, err, sizeof err);
+    if (d == NULL) {
+      say ("%s: %s", dir, err);
+    }
+    else {
+      pid_t server = g_file_get_contents (pid_path, &pid_text, NULL, NULL)
+        ? (pid_t) atoi (pid_text) : 0;
+
+      r = keeper_take_over (d->k, server, err, sizeof err);
+      if (r == -1)
+        r = keeper_start (d->k, 0, err, sizeof err);
+      if (r == -1) {
+        say ("%s: cannot keep it: %s", dir, err);
+        keeper_let_go (d->k);
+        kept_free (d);
+      }
+      else
+        g_hash_table_insert (kept, d->dir, d);
+    }
+    g_free ((char *) spec.image);
+    g_free ((char *) spec.overlay);
+  }
+}
+
+static gboolean
+on_stop_signal (gpointer unused)
+{
+  g_main_loop_quit (loop);
+  return G_SOURCE_REMOVE;
+}
+
+int
+main (int argc, char **argv)
+{
+  g_autofree char *control = NULL;
+  GOptionEntry entries[] = {
+    { "control", 'c', 0, G_OPTION_ARG_FILENAME, &control,
+      "The control socket (default: RUNTIME_DIR/" SOCKET_NAME ")", "PATH" },
+    G_OPTION_ENTRY_NULL
+  };
+  g_autoptr (GOptionContext) ctx = g_option_context_new (NULL);
+  g_autoptr (GError) gerr = NULL;
+  GHashTableIter i;
+  gpointer d;
+  char err[512];
+  int listener;
+
+  g_option_context_add_main_entries (ctx, entries, NULL);
+  if (!g_option_context_parse (ctx, &argc, &argv, &gerr) || argc != 1) {
+    fprintf (stderr, "mloopd: %s\n", gerr ? gerr->message
+             : "no arguments but options");
+    return EXIT_FAILURE;
+  }
+  if (mloop_runtime_dir_create (err, sizeof err) == -1) {
+    fprintf (stderr, "mloopd: %s\n", err);
+    return EXIT_FAILURE;
+  }
+  if (control == NULL)
+    control = g_build_filename (mloop_runtime_dir (), SOCKET_NAME, NULL);
+  listener = listen_on (control, err, sizeof err);
+  if (listener == -1) {
+    fprintf (stderr, "mloopd: %s\n", err);
+    return EXIT_FAILURE;
+  }
+  /* A server a keeper started and then a nbdkit's daemon: ours to reap. */
+  prctl (PR_SET_CHILD_SUBREAPER, 1);
+  signal (SIGPIPE, SIG_IGN);
+  kept = g_hash_table_new_full (g_str_hash, g_str_equal, NULL, kept_free);
+  loop = g_main_loop_new (NULL, FALSE);
+  g_unix_signal_add (SIGTERM, on_stop_signal, NULL);
+  g_unix_signal_add (SIGINT, on_stop_signal, NULL);
+  take_over_recorded ();
+  g_unix_fd_add (listener, G_IO_IN, on_connect, NULL);
+  say ("mloopd pid %d keeps %u device(s), listening on %s", (int) getpid (),
+       g_hash_table_size (kept), control);
+  g_main_loop_run (loop);
+
+  /* Stopped (an upgrade, a restart): the devices serve on, for the next
+   * one to take over from their records.
+   */
+  say ("mloopd pid %d stopping; %u device(s) serve on", (int) getpid (),
+       g_hash_table_size (kept));
+  g_hash_table_iter_init (&i, kept);
+  while (g_hash_table_iter_next (&i, NULL, &d))
+    keeper_let_go (((struct kept *) d)->k);
+  g_hash_table_destroy (kept);
+  close (listener);
+  return EXIT_SUCCESS;
+}

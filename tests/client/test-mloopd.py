@@ -1,0 +1,220 @@
+#!/usr/bin/python3
+"""mloopd, the resident service, keeps many devices' servers in one
+process, and what it keeps survives it.
+
+On the host, with no kernel NBD client: mloopd keeps DEVICES directories
+under its own runtime directory, each with mloop-server on an image of
+its own, asked over its control socket as mloop asks it.  Each export is
+read back by libnbd; a server killed is restarted by mloopd (its
+replacement serves the same bytes); a planned restart replaces one; a
+dropped device's server and socket are gone.  mloopd killed with SIGKILL
+leaves the servers serving, and the next mloopd takes every recorded
+device over (a server killed then is restarted by the new one); SIGTERM
+lets go the same way.  Refusals: a peer that is not root, a directory
+outside the runtime directory, one kept already, an unknown op, a
+missing image, each one line.  The count of processes: one mloopd and
+one server per device, no supervisor.
+
+Root (mloopd answers root only; the non-root check runs as nobody).
+About 5 s (standard tier, client suite)."""
+import os
+import signal
+import socket
+import subprocess
+import time
+
+import nbd
+
+import harness
+import procstop
+from harness import check
+
+MLOOPD = os.environ["MLOOPD_BIN"]
+DEVICES = 8
+SIZE = 4 << 20
+
+if os.geteuid() != 0:
+    harness.skip("mloopd answers root only")
+
+d = harness.tmpdir()
+run = os.path.join(d, "run")
+control = os.path.join(run, "mloopd.sock")
+env = dict(os.environ, MLOOP_RUNTIME_DIR=run)
+servers_seen = set()
+
+
+def kill_leftover_servers():
+    for pid in servers_seen:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+harness.on_exit(kill_leftover_servers)
+
+
+def start_mloopd():
+    log = open(os.path.join(d, "mloopd.log"), "a")
+    p = subprocess.Popen([MLOOPD], env=env, stdout=log, stderr=log)
+    harness.on_exit(lambda: p.poll() is None and (p.kill(), p.wait()))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and p.poll() is None:
+        if os.path.exists(control):
+            try:
+                ask(op="list")
+                return p
+            except OSError:
+                pass
+        time.sleep(0.02)
+    raise AssertionError("mloopd did not listen: " + open(log.name).read())
+
+
+def ask(**fields):
+    """One request, as mloop sends it; the answer's fields."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+        s.connect(control)
+        s.send(b"".join(f"{k.replace('_', '-')}={v}".encode() + b"\0"
+                        for k, v in fields.items()))
+        data = s.recv(70000)
+    return dict(f.decode().split("=", 1) for f in data.split(b"\0") if f)
+
+
+def device_dir(i):
+    return os.path.join(run, f"dev-{i}")
+
+
+def server_pid(i):
+    try:
+        with open(os.path.join(device_dir(i), "server.pid")) as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 0
+
+
+def reads_back(i):
+    h = nbd.NBD()
+    try:
+        h.connect_unix(os.path.join(device_dir(i), "sock"))
+        ok = h.pread(SIZE, 0) == images[i][1]
+        h.shutdown()
+        return ok
+    except nbd.Error:
+        return False
+
+
+def wait_for(what, cond, timeout=30):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+mloopd = start_mloopd()
+images = []
+for i in range(DEVICES):
+    data = harness.pattern(SIZE, 40 + i)
+    images.append((harness.make_image(SIZE, data), data))
+    os.mkdir(device_dir(i), 0o700)
+    a = ask(op="keep", dir=device_dir(i), server="native", image=images[i][0],
+            threads=2)
+    check(f"device {i} kept", a.get("ok") == "1" and int(a.get("server-pid", 0)) > 0, a)
+    servers_seen.add(server_pid(i))
+check("every export reads back its image", all(reads_back(i) for i in range(DEVICES)))
+listed = set(ask(op="list").get("dirs", "").split("\n"))
+check("list names every device", listed == {device_dir(i) for i in range(DEVICES)}, listed)
+
+children = subprocess.run(["pgrep", "-P", str(mloopd.pid)], capture_output=True,
+                          text=True).stdout.split()
+check("one process per device beside mloopd: its server", len(children) == DEVICES,
+      children)
+
+# A server killed: mloopd starts another, which serves the same bytes.
+old = server_pid(3)
+os.kill(old, signal.SIGKILL)
+wait_for("a new server for device 3", lambda: server_pid(3) not in (0, old) and reads_back(3))
+servers_seen.add(server_pid(3))
+check("a killed server is restarted and serves the image", reads_back(3))
+
+# A planned restart: a new server, the old one gone.
+old = server_pid(4)
+a = ask(op="restart", dir=device_dir(4))
+check("restart answered", a.get("ok") == "1", a)
+wait_for("device 4's next server", lambda: server_pid(4) not in (0, old))
+servers_seen.add(server_pid(4))
+check("the restarted device serves its image", reads_back(4))
+
+# Refusals, each one line.
+for name, fields, expect in [
+        ("a directory outside the runtime directory",
+         dict(op="keep", dir=d, image=images[0][0]), "is not a device's directory"),
+        ("a directory kept already",
+         dict(op="keep", dir=device_dir(0), image=images[0][0]), "is kept already"),
+        ("no image", dict(op="keep", dir=device_dir(0)), "no image"),
+        ("a bad number", dict(op="keep", dir=device_dir(0), image=images[0][0],
+                              threads="many"), "threads=many is not a number"),
+        ("an unknown op", dict(op="format"), "unknown op"),
+        ("drop of a device not kept", dict(op="drop", dir=d), "is not kept here")]:
+    a = ask(**fields)
+    check(f"refused: {name}", "ok" not in a and expect in a.get("error", "")
+          and "\n" not in a["error"], a)
+os.mkdir(os.path.join(run, "dev-bad"), 0o700)
+a = ask(op="keep", dir=os.path.join(run, "dev-bad"), image=os.path.join(d, "missing.img"))
+check("refused: an image that is not there, in the server's words",
+      "ok" not in a and "missing.img" in a.get("error", ""), a)
+check("a refused keep leaves no record", not os.path.exists(
+    os.path.join(run, "dev-bad", "keep")))
+nobody = subprocess.run(
+    ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c",
+     "import socket,sys; s=socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET); "
+     "s.connect(sys.argv[1]); s.send(b'op=list\\0'); print(s.recv(4096))", control],
+    capture_output=True, text=True, timeout=30)
+check("a peer that is not root is refused", "root only" in nobody.stdout or
+      "Permission denied" in nobody.stderr, nobody.stdout + nobody.stderr)
+
+# Drop: the server and its socket are gone, the record too.
+old = server_pid(7)
+a = ask(op="drop", dir=device_dir(7))
+check("drop answered", a.get("ok") == "1", a)
+check("a dropped device's server is gone", procstop.has_exited(old))
+check("a dropped device's record is gone",
+      not os.path.exists(os.path.join(device_dir(7), "keep")))
+kept = DEVICES - 1
+
+# SIGKILL: the servers serve on; the next mloopd takes them over.
+before = {i: server_pid(i) for i in range(kept)}
+mloopd.kill()
+mloopd.wait()
+check("with mloopd killed, every server serves on",
+      all(reads_back(i) for i in range(kept)))
+mloopd = start_mloopd()
+listed = set(ask(op="list").get("dirs", "").split("\n"))
+check("the next mloopd keeps every recorded device",
+      listed == {device_dir(i) for i in range(kept)}, listed)
+check("it took the running servers over, starting none",
+      all(server_pid(i) == before[i] for i in range(kept)))
+os.kill(before[1], signal.SIGKILL)
+wait_for("device 1's server, restarted by the new mloopd",
+         lambda: server_pid(1) not in (0, before[1]) and reads_back(1))
+servers_seen.add(server_pid(1))
+check("a server killed after the takeover is restarted", reads_back(1))
+
+# SIGTERM (an upgrade): the same.
+before = {i: server_pid(i) for i in range(kept)}
+mloopd.terminate()
+mloopd.wait(timeout=30)
+check("with mloopd stopped, every server serves on",
+      all(reads_back(i) for i in range(kept)))
+mloopd = start_mloopd()
+check("the next mloopd takes them over again",
+      all(server_pid(i) == before[i] for i in range(kept)) and
+      len(ask(op="list").get("dirs", "").split("\n")) == kept)
+
+for i in range(kept):
+    check(f"device {i} dropped", ask(op="drop", dir=device_dir(i)).get("ok") == "1")
+# A server a killed mloopd started is no one's child here (its reaper,
+# init, may be slow): a zombie has exited all the same.
+check("no server is left", all(procstop.has_exited(p) for p in servers_seen if p > 0))
+harness.terminate(mloopd)
+harness.exit_if_failed()
