@@ -1311,6 +1311,18 @@ records_as_it_is (const unsigned char *h, const struct base_identity *id)
       get_le32 (h + HDR_BASE_MTIME_NS) == id->mtime_ns));
 }
 
+/* Whether header H records ID's file at its path and on its device:
+ * the file a mark there excuses (check_base).
+ */
+static bool
+same_recorded_file (const struct mloop_overlay *ov, const unsigned char *h,
+                    const struct base_identity *id)
+{
+  return recorded_file (h, ov->base_path, id) &&
+    get_le64 (h + HDR_BASE_DEV) == id->dev &&
+    strcmp (ov->base_path, id->path) == 0;
+}
+
 /* Whether the overlay holds any cluster: a merge writes its base then. */
 static bool
 holds_clusters (const struct mloop_overlay *ov)
@@ -1326,8 +1338,8 @@ holds_clusters (const struct mloop_overlay *ov)
  * ahead, `touch -d` a date to come), as the merge's first write is
  * about to: recorded as it was, the time that write gives would be
  * older than the recorded one, and the merge, stopped, would be taken
- * for a rollback of its own base (check_base).  0, or a negative errno
- * with ERR.
+ * for a rollback of its own base (check_base).  1 when it set it, 0
+ * when it had no need, or a negative errno with ERR.
  */
 static int
 bring_time_to_now (const struct mloop_overlay *ov,
@@ -1347,7 +1359,7 @@ bring_time_to_now (const struct mloop_overlay *ov,
       (st.st_mtim.tv_sec == now.tv_sec && st.st_mtim.tv_nsec <= now.tv_nsec))
     return 0;
   if (futimens (base->fd, times) == 0)
-    return 0;
+    return 1;
   r = -errno;
   snprintf (err, errlen, "%s is dated later than the clock, and its time "
             "could not be set to now before overlay %s is committed into "
@@ -1376,15 +1388,21 @@ mloop_overlay_note_merging (struct mloop_overlay *ov,
   version = get_le32 (h + HDR_VERSION);
   /* Version 1 kept its path up to the header's end: no flags word. */
   flags = version == OVERLAY_VERSION ? get_le32 (h + HDR_FLAGS) : 0;
-  /* The version the merge begins writing is recorded with the time its
-   * writes will not go back from.  Only for a merge beginning: one that
-   * stopped has written the base at the clock's time already.
-   */
-  if (!(flags & OVERLAY_FLAG_MERGING) && holds_clusters (ov) &&
-      (r = bring_time_to_now (ov, base, err, errlen)) < 0)
-    goto out;
   if ((r = identify_base (base, &id, err, errlen)) < 0)
     goto out;
+  /* The version the merge begins writing is recorded with the time its
+   * writes will not go back from.  Only for a merge beginning in this
+   * file: one that stopped in it has written it at the clock's time
+   * already, but a mark naming another file (a commit moved to this
+   * one) says nothing of this file's time.
+   */
+  if (!((flags & OVERLAY_FLAG_MERGING) && same_recorded_file (ov, h, &id)) &&
+      holds_clusters (ov)) {
+    if ((r = bring_time_to_now (ov, base, err, errlen)) < 0)
+      goto out;
+    if (r == 1 && (r = identify_base (base, &id, err, errlen)) < 0)
+      goto out;
+  }
   /* The mark excuses the file the header records, by path, device and
    * inode (check_base), so whatever file the merge writes is recorded
    * first: the base under another name (moved) or inode (a copy put in
@@ -1402,9 +1420,7 @@ mloop_overlay_note_merging (struct mloop_overlay *ov,
    * writing, not of the overlay's base, else a snapshot put back of a
    * version between the two passes for the merge's own work.
    */
-  if (recorded_file (h, ov->base_path, &id) &&
-      get_le64 (h + HDR_BASE_DEV) == id.dev &&
-      strcmp (ov->base_path, id.path) == 0 &&
+  if (same_recorded_file (ov, h, &id) &&
       ((flags & OVERLAY_FLAG_MERGING) || records_as_it_is (h, &id))) {
     /* Written and synced even when the header read shows the mark: a
      * commit whose sync of it failed left it perhaps only in the page
