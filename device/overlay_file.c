@@ -182,6 +182,15 @@ mloop_overlay_file_discard (const char *path, char *err, size_t errlen)
   if (dir == -1)
     return mloop_fail (err, errlen, "the directory of %s: %s", path,
                        strerror (errno));
+  /* The entry unlinked is the one named: a symbolic link to the
+   * overlay would go, and the overlay, its writes said dropped, stay.
+   */
+  if (fstatat (dir, name, &held, AT_SYMLINK_NOFOLLOW) == 0 &&
+      S_ISLNK (held.st_mode)) {
+    close (dir);
+    return mloop_fail (err, errlen, "%s is a symbolic link: name the "
+                       "overlay file itself", path);
+  }
   /* Never any file but an overlay. */
   if (mloop_overlay_inspect (path, &base, &size, &known, err, errlen) < 0) {
     close (dir);

@@ -94,7 +94,8 @@ mloop_names_file_at (int dirfd, const char *name, int fd)
 {
   struct stat named, held;
 
-  return fstatat (dirfd, name, &named, 0) == 0 && fstat (fd, &held) == 0 &&
+  return fstatat (dirfd, name, &named, AT_SYMLINK_NOFOLLOW) == 0 &&
+    fstat (fd, &held) == 0 &&
     named.st_dev == held.st_dev && named.st_ino == held.st_ino;
 }
 

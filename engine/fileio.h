@@ -27,8 +27,9 @@ int mloop_pwrite_all (int fd, const void *buf, size_t count, uint64_t pos,
  */
 int mloop_open_parent (const char *path, char **name);
 
-/* Whether NAME in the directory DIRFD names the file open as FD,
- * following a symlink there as open() would.
+/* Whether NAME in the directory DIRFD is the file open as FD: the
+ * entry itself, as unlinkat() acts on it, so a symbolic link there to
+ * that file is not.
  */
 bool mloop_names_file_at (int dirfd, const char *name, int fd);
 

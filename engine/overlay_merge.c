@@ -178,6 +178,23 @@ check_no_link (const char *base_path, const struct mloop_backing *base,
   return 0;
 }
 
+/* Refuses, in ERR, NAME in the directory DIR (PATH) when it is a
+ * symbolic link.
+ */
+static int
+refuse_link_at (int dir, const char *name, const char *path, char *err,
+                size_t errlen)
+{
+  struct stat st;
+
+  if (fstatat (dir, name, &st, AT_SYMLINK_NOFOLLOW) == -1 ||
+      !S_ISLNK (st.st_mode))
+    return 0;
+  snprintf (err, errlen, "%s is a symbolic link: name the overlay file "
+            "itself, which is removed once committed", path);
+  return -ELOOP;
+}
+
 int
 mloop_overlay_merge (const char *path, const char *base_path, bool adopt,
                      bool remove, char *err, size_t errlen)
@@ -204,6 +221,13 @@ mloop_overlay_merge (const char *path, const char *base_path, bool adopt,
     snprintf (err, errlen, "the directory of %s: %s", path, strerror (-r));
     return r;
   }
+  /* The entry unlinked is the one named: a symbolic link to the overlay
+   * would go, and the overlay stay behind with the merge's mark, its
+   * clusters written over the base again by a later commit, whatever
+   * the base was given since.
+   */
+  if (remove && (r = refuse_link_at (dir, name, path, err, errlen)) < 0)
+    goto out;
   r = mloop_backing_open (&base, base_path, MLOOP_DIRECT_OFF, true, &whole,
                           err, errlen);
   if (r < 0)
