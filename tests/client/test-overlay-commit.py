@@ -158,12 +158,17 @@ check("the overlay is gone", not os.path.exists(overlay))
 # A commit stopped half-way into an image that is gone since: discard
 # refuses (the image may have moved, and the overlay holds the rest of
 # it), and names both ways out; adopting another image drops the mark.
+# The other image is made before the base goes: made after, ext4 gives
+# it the freed inode number, and born in the base's second it is taken
+# for that very file (only a birth second tells them apart), which keeps
+# the mark.
 gone_base = harness.make_image(SIZE, harness.pattern(SIZE, 13))
 gone_overlay = os.path.join(d, "gone.overlay")
 written_overlay(gone_base, gone_overlay)
 with open(gone_overlay, "r+b") as f:
     f.seek(4072)
     f.write((1).to_bytes(4, "little"))
+stand_in = harness.make_image(SIZE, harness.pattern(SIZE, 14))
 os.unlink(gone_base)
 refused("discard of a half-merged overlay whose base is gone",
         ["overlay", "discard", gone_overlay], "is not there")
@@ -171,7 +176,6 @@ p = mloop("overlay", "discard", gone_overlay)
 check("the refusal names the commit elsewhere and the adoption",
       "--base" in p.stderr and f"mloop overlay adopt {gone_overlay}" in p.stderr,
       p.stderr)
-stand_in = harness.make_image(SIZE, harness.pattern(SIZE, 14))
 p = mloop("overlay", "adopt", gone_overlay, stand_in)
 check("adopting another image", p.returncode == 0, p.stderr)
 p = mloop("overlay", "discard", gone_overlay)
