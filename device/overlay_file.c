@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
@@ -222,6 +223,14 @@ mloop_overlay_file_discard (const char *path, char *err, size_t errlen)
                  held.st_dev != st.st_dev || held.st_ino != st.st_ino))
     r = mloop_fail (err, errlen, "%s was replaced while being checked: "
                     "not removed", path);
+  /* Removing one name of several would leave the overlay, and its
+   * writes said dropped, under the others (hard links).
+   */
+  if (r == 0 && held.st_nlink > 1)
+    r = mloop_fail (err, errlen, "%s has %ju names (hard links): discard "
+                    "removes only this one, and the overlay would stay "
+                    "under the others; remove them first (not removed)",
+                    path, (uintmax_t) held.st_nlink);
   /* A server started by hand holds the overlay's lock. */
   if (r == 0 && flock (fd, LOCK_EX | LOCK_NB) == -1)
     r = mloop_fail (err, errlen, "overlay %s is in use by a server", path);

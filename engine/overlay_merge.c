@@ -4,6 +4,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -178,6 +179,32 @@ check_no_link (const char *base_path, const struct mloop_backing *base,
   return 0;
 }
 
+/* Refuses, in ERR, the overlay OV when it has another name (a hard
+ * link: a copy of its directory by `cp -al`, rsnapshot): the commit
+ * removes one name, and the file would stay under the other, merged
+ * and marked, for a later commit to write over the base again.
+ */
+static int
+refuse_other_names (const struct mloop_overlay *ov, char *err,
+                    size_t errlen)
+{
+  struct stat st;
+
+  if (fstat (ov->fd, &st) == -1) {
+    int r = -errno;
+
+    snprintf (err, errlen, "overlay %s: %s", ov->path, strerror (-r));
+    return r;
+  }
+  if (st.st_nlink <= 1)
+    return 0;
+  snprintf (err, errlen, "overlay %s has %ju names (hard links): a commit "
+            "removes only this one, and the overlay would stay under the "
+            "others, marked as committed half-way; remove them first",
+            ov->path, (uintmax_t) st.st_nlink);
+  return -EMLINK;
+}
+
 /* Refuses, in ERR, NAME in the directory DIR (PATH) when it is a
  * symbolic link.
  */
@@ -263,7 +290,9 @@ mloop_overlay_merge (const char *path, const char *base_path, bool adopt,
                                    : MLOOP_OVERLAY_MERGE_BASE, err, errlen);
   if (r < 0)
     goto out_base;
-  r = check_owner_may_write (&ov, &base, err, errlen);
+  r = remove ? refuse_other_names (&ov, err, errlen) : 0;
+  if (r == 0)
+    r = check_owner_may_write (&ov, &base, err, errlen);
   if (r < 0) {
     mloop_overlay_close (&ov);
     goto out_base;

@@ -9,6 +9,10 @@
  * over whatever the base was given since.  After a discard, the writes
  * said to be dropped came back with the next device over it.
  *
+ * A hard link is the same: the commit unlinked one name, and the other
+ * (a snapshot of the directory by `cp -al`, rsnapshot) kept the
+ * overlay, merged and marked.
+ *
  * Either may refuse the link or remove the overlay; neither may succeed
  * and leave it.  No root: about 0.05 s.
  */
@@ -74,6 +78,29 @@ main (void)
          strerror (errno));
   r = mloop_overlay_file_discard (link_path, err, sizeof err);
   check_not_left ("discard", r, path, link_path, err);
+  unlink (path);
+  unlink (link_path);
+
+  /* A second name: committed or discarded through the first, the
+   * overlay must not stay under the second.
+   */
+  unit_make_overlay (base_path, path);
+  CHECK (link (path, link_path) == 0, "%s: %s", link_path, strerror (errno));
+  r = mloop_overlay_file_commit (path, NULL, false, &written, err,
+                                 sizeof err);
+  free (written);
+  check_not_left ("commit", r, link_path, path, err);
+  if (r != 0)
+    CHECK (unit_byte_at (base_path, UNIT_OVERLAY_CLUSTER_AT) != 0x5a &&
+           !unit_still_marks (path, base_path), "the refused commit "
+           "wrote the base or marked the overlay");
+  unlink (path);
+  unlink (link_path);
+
+  unit_make_overlay (base_path, path);
+  CHECK (link (path, link_path) == 0, "%s: %s", link_path, strerror (errno));
+  r = mloop_overlay_file_discard (path, err, sizeof err);
+  check_not_left ("discard", r, link_path, path, err);
   unlink (path);
   unlink (link_path);
 
