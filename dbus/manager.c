@@ -90,11 +90,12 @@ struct call {
   pid_t pid;                    /* the caller's process, 0: unknown */
   /* Attach: the image's name; detach: the device or image asked for,
    * then (CALL_DETACH_OTHER) the device found, its owner and
-   * supervisor, which must be the same when polkit has said yes.
+   * directory (each attach makes one of its own: mkdtemp), which must
+   * be the same when polkit has said yes.
    */
   char *what;
   uid_t owner;
-  pid_t supervisor_pid;
+  char *device_dir;
   GVariant *options;            /* attach */
   struct detach_target *target; /* CALL_DETACH: WHAT resolved as UID */
   gint32 handle;                /* attach: the image's descriptor */
@@ -148,6 +149,7 @@ call_free (struct call *c)
     calls_release (c->person);
   g_object_unref (c->invocation);
   g_free (c->what);
+  g_free (c->device_dir);
   if (c->options)
     g_variant_unref (c->options);
   if (c->target)
@@ -617,13 +619,13 @@ detach_now (struct call *c)
     g_free (c->what);
     c->what = g_steal_pointer (&device);
     c->owner = st.owner;
-    c->supervisor_pid = st.supervisor_pid;
+    c->device_dir = g_strdup (st.dir);
     mloop_state_clear (&st);
     g_main_context_invoke (NULL, ask_detach_other, c);
     return;
   }
   if (c->kind == CALL_DETACH_OTHER && (st.owner != c->owner ||
-                                       st.supervisor_pid != c->supervisor_pid))
+                                       g_strcmp0 (st.dir, c->device_dir)))
     call_fail (c, ERROR_FAILED, "the device was detached and attached "
                "again while polkit was asked: ask again");
   else if (mloop_detach (&st, err, sizeof err) == -1)

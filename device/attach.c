@@ -20,6 +20,7 @@
 #include "nbd_receivers.h"
 #include "nbd_proto.h"
 #include "partitions.h"
+#include "resident_service.h"
 #include "store_name.h"
 #include "ublk_device.h"
 
@@ -436,11 +437,18 @@ choose_block_size (const struct mloop_attach_request *req, bool remote,
 
 /* Stops the supervisor first, so it does not restart the server, then
  * the server (the supervisor stops it too; this covers a supervisor that
- * was killed).
+ * was killed).  A device mloopd keeps is dropped by mloopd instead.
  */
 static void
 stop_processes (const struct mloop_device_state *s)
 {
+  char err[512];
+
+  /* A drop refused (mloopd gone, or restarted and not keeping it yet)
+   * leaves the server to the stop below.
+   */
+  if (s->service_kept)
+    mloop_service_drop (s->dir, err, sizeof err);
   if (s->supervisor_pid > 0)
     mloop_server_stop (s->supervisor_pid, s->dir, SERVER_STOP_TIMEOUT_MS);
   /* Every server's command line names a file in the directory (its
@@ -794,13 +802,24 @@ attach_local (const struct mloop_attach_request *req, const char *file,
   int r;
 
   s->threads = req->threads ? req->threads : 4;
-  mloop_held_image_set (req->has_image_fd ? req->image_fd : -1);
-  r = mloop_supervisor_start (&spec, s->dir, SERVER_START_TIMEOUT_MS,
-                              &s->supervisor_pid, &s->server_pid, err,
-                              errlen);
-  mloop_held_image_set (-1);
+  /* mloopd keeps it where mloopd listens; not an image held open by the
+   * caller, whose descriptor mloopd does not take.
+   */
+  r = req->has_image_fd ? 0 : mloop_service_keep (&spec, s->dir,
+                                                  &s->server_pid, err,
+                                                  errlen);
   if (r == -1)
     return -1;
+  s->service_kept = r == 1;
+  if (!s->service_kept) {
+    mloop_held_image_set (req->has_image_fd ? req->image_fd : -1);
+    r = mloop_supervisor_start (&spec, s->dir, SERVER_START_TIMEOUT_MS,
+                                &s->supervisor_pid, &s->server_pid, err,
+                                errlen);
+    mloop_held_image_set (-1);
+    if (r == -1)
+      return -1;
+  }
   mloop_step_done (req->steps, "server start");
   if (connect_kernel (req, &o, file, s, err, errlen) == -1) {
     stop_processes (s);
@@ -1257,6 +1276,14 @@ read_pid (const char *dir, const char *name)
   return g_file_get_contents (path, &text, NULL, NULL) ? atoi (text) : 0;
 }
 
+static bool
+has_file (const char *dir, const char *name)
+{
+  g_autofree char *path = g_build_filename (dir, name, NULL);
+
+  return g_file_test (path, G_FILE_TEST_EXISTS);
+}
+
 int
 mloop_cleanup_incomplete (void)
 {
@@ -1281,6 +1308,7 @@ mloop_cleanup_incomplete (void)
 
     s.supervisor_pid = read_pid (*d, MLOOP_DIR_SUPERVISOR_PID);
     s.server_pid = read_pid (*d, MLOOP_DIR_SERVER_PID);
+    s.service_kept = has_file (*d, MLOOP_DIR_KEEP);
     stop_processes (&s);
     /* The temporary overlay it made goes with it, as at detach. */
     if (mloop_state_load_claim (*d, &claimed) == 0) {

@@ -215,6 +215,7 @@ mloop_describe_status (FILE *f, const struct mloop_device_state *s,
     member_int (b, "hardware_queues", st->hardware_queues);
     member_int (b, "supervisor_pid", s->supervisor_pid);
     member_bool (b, "supervisor_running", st->supervisor_running);
+    member_bool (b, "service_kept", s->service_kept);
     member_int (b, "restarts", s->restarts);
     member_string (b, "last_failure", s->last_failure);
     member_int (b, "reconnects", s->reconnects);
@@ -283,9 +284,16 @@ mloop_describe_status (FILE *f, const struct mloop_device_state *s,
   }
   fprintf (f, "  server:  %s, pid %d, %s\n", mloop_state_server_name (s),
            (int) s->server_pid, st->server_running ? "running" : "NOT running");
-  fprintf (f, "  supervisor: pid %d, %u restarts%s%s\n", (int) s->supervisor_pid,
-           s->restarts, s->last_failure ? "; last failure: " : "",
-           s->last_failure ? s->last_failure : "");
+  if (s->service_kept)
+    fprintf (f, "  supervisor: mloopd, %s, %u restarts%s%s\n",
+             st->supervisor_running ? "keeping it" : "NOT keeping it",
+             s->restarts, s->last_failure ? "; last failure: " : "",
+             s->last_failure ? s->last_failure : "");
+  else
+    fprintf (f, "  supervisor: pid %d, %u restarts%s%s\n",
+             (int) s->supervisor_pid, s->restarts,
+             s->last_failure ? "; last failure: " : "",
+             s->last_failure ? s->last_failure : "");
   fprintf (f, "  reconnects: %u%s%s\n", s->reconnects,
            s->last_reconnect ? "; last: " : "",
            s->last_reconnect ? s->last_reconnect : "");

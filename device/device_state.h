@@ -49,6 +49,9 @@
 /*   CLAIM           the image an attach in progress is attaching: the
  *                   state's keys as far as they are known */
 #define MLOOP_DIR_CLAIM "claim"
+/*   KEEP            mloopd's record of a device it keeps: the request
+ *                   that began it (supervisor/keep_record.h) */
+#define MLOOP_DIR_KEEP "keep"
 
 /* How the kernel reaches the image: the NBD client over sockets to a
  * server (/dev/nbdN), or ublk_drv's io_uring commands straight to
@@ -114,7 +117,10 @@ struct mloop_device_state {
   const struct mloop_server_kind *server;       /* NULL when remote or
                                                    ublk */
   pid_t server_pid;             /* the current one, after any restart */
-  pid_t supervisor_pid;         /* 0: unsupervised */
+  pid_t supervisor_pid;         /* 0: unsupervised, or kept by mloopd */
+  bool service_kept;            /* its server kept by mloopd
+                                   (resident_service.h), not by a
+                                   supervisor of its own */
   unsigned restarts;            /* servers restarted by the supervisor */
   char *last_failure;           /* why the last server died, or NULL */
   unsigned reconnects;          /* connections the kernel dropped while

@@ -5,6 +5,7 @@
 
 #include "device_status.h"
 #include "nbd_netlink.h"
+#include "resident_service.h"
 #include "server_process.h"
 #include "ublk_device.h"
 
@@ -32,7 +33,8 @@ mloop_device_status_read (const struct mloop_device_state *s,
   memset (out, 0, sizeof *out);
   /* Every server's command line names a file in the directory. */
   out->server_running = mloop_server_running (s->server_pid, s->dir);
-  out->supervisor_running = mloop_server_running (s->supervisor_pid, s->dir);
+  out->supervisor_running = s->service_kept ? mloop_service_keeps (s->dir)
+    : mloop_server_running (s->supervisor_pid, s->dir);
   if (s->transport == MLOOP_TRANSPORT_UBLK)
     out->kernel_connected = mloop_ublk_device_present (s->index);
   else if (mloop_nbd_netlink_connected (s->index, &out->kernel_connected,

@@ -15,6 +15,7 @@
 #include "nbd_connect.h"
 #include "nbd_netlink.h"
 #include "partitions.h"
+#include "resident_service.h"
 #include "resize.h"
 #include "store_name.h"
 
@@ -211,13 +212,17 @@ restart_server (const struct mloop_device_state *s, char *err, size_t errlen)
   g_autofree char *error = NULL;
   unsigned before;
 
-  if (s->supervisor_pid <= 0 ||
-      !mloop_server_running (s->supervisor_pid, s->dir))
+  if (!s->service_kept && (s->supervisor_pid <= 0 ||
+                           !mloop_server_running (s->supervisor_pid, s->dir)))
     return mloop_fail (err, errlen, "the %s server is restarted to take a "
                        "new size, but the device has no running supervisor",
                        mloop_state_server_name (s));
   before = handovers (s, &error);
-  if (kill (s->supervisor_pid, SIGUSR1) == -1)
+  if (s->service_kept) {
+    if (mloop_service_restart (s->dir, err, errlen) == -1)
+      return -1;
+  }
+  else if (kill (s->supervisor_pid, SIGUSR1) == -1)
     return mloop_fail (err, errlen, "SIGUSR1 to the supervisor (pid %d): %s",
                        (int) s->supervisor_pid, strerror (errno));
   for (unsigned waited = 0; waited < SERVER_TIMEOUT_MS;
@@ -232,9 +237,9 @@ restart_server (const struct mloop_device_state *s, char *err, size_t errlen)
                          MLOOP_DIR_SUPERVISOR_LOG);
     return 0;
   }
-  return mloop_fail (err, errlen, "the supervisor (pid %d) did not restart "
-                     "the %s server within %u s (see %s)",
-                     (int) s->supervisor_pid, mloop_state_server_name (s),
+  return mloop_fail (err, errlen, "%s did not restart the %s server within "
+                     "%u s (see %s)", s->service_kept ? "mloopd"
+                     : "the supervisor", mloop_state_server_name (s),
                      SERVER_TIMEOUT_MS / 1000, MLOOP_DIR_SUPERVISOR_LOG);
 }
 

@@ -6,6 +6,7 @@
 #include <glib.h>
 #include <glib/gstdio.h>
 
+#include "device_state.h"
 #include "keep_record.h"
 #include "server_kind.h"
 
@@ -16,7 +17,7 @@ keep_record_save (const char *dir, const struct mloop_server_spec *spec,
                   char *err, size_t errlen)
 {
   g_autoptr (GKeyFile) kf = g_key_file_new ();
-  g_autofree char *path = g_build_filename (dir, KEEP_RECORD, NULL);
+  g_autofree char *path = g_build_filename (dir, MLOOP_DIR_KEEP, NULL);
   g_autofree char *offset = g_strdup_printf ("%" PRIu64, spec->offset);
   g_autofree char *sizelimit = g_strdup_printf ("%" PRIu64, spec->sizelimit);
   g_autoptr (GError) gerr = NULL;
@@ -46,7 +47,7 @@ keep_record_load (const char *dir, struct mloop_server_spec *spec,
                   char *err, size_t errlen)
 {
   g_autoptr (GKeyFile) kf = g_key_file_new ();
-  g_autofree char *path = g_build_filename (dir, KEEP_RECORD, NULL);
+  g_autofree char *path = g_build_filename (dir, MLOOP_DIR_KEEP, NULL);
   g_autofree char *kind = NULL, *offset = NULL, *sizelimit = NULL;
   g_autoptr (GError) gerr = NULL;
 
@@ -87,7 +88,7 @@ keep_record_load (const char *dir, struct mloop_server_spec *spec,
 void
 keep_record_remove (const char *dir)
 {
-  g_autofree char *path = g_build_filename (dir, KEEP_RECORD, NULL);
+  g_autofree char *path = g_build_filename (dir, MLOOP_DIR_KEEP, NULL);
 
   g_unlink (path);
 }

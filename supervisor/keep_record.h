@@ -1,5 +1,5 @@
 /* mloopd — what it keeps of a device, on disk: the request that began
- * keeping it, in the device's directory (KEEP_RECORD), so that the
+ * keeping it, in the device's directory (MLOOP_DIR_KEEP), so that the
  * service started after this one (a crash, an upgrade) takes every
  * device over with the same server command, instead of forgetting them.
  */
@@ -9,8 +9,6 @@
 #include <stddef.h>
 
 #include "server_process.h"
-
-#define KEEP_RECORD "keep"
 
 /* SPEC's server (kind, image, window, overlay, threads, read_only,
  * io_timeout) into DIR's record, durably replacing any.  0, or -1 with

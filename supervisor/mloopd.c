@@ -16,6 +16,7 @@
  *       starts the device's server and keeps it; answers server-pid=N
  *   op=restart dir=DIR   a planned restart of the device's server
  *   op=drop dir=DIR      stops the server and forgets the device
+ *   op=has dir=DIR       ok=1 when the device is kept here
  *   op=list              answers dirs=DIR\nDIR...
  *
  * Every answer has ok=1, or error=WHY (one line).  DIR is a device's
@@ -52,10 +53,10 @@
 #include "keep_record.h"
 #include "keeper.h"
 #include "message.h"
+#include "resident_service.h"
 #include "say.h"
 #include "server_kind.h"
 
-#define SOCKET_NAME "mloopd.sock"
 #define SD_LISTEN_FDS_START 3
 
 /* One device kept. */
@@ -295,11 +296,15 @@ answer (const struct mloop_control_in *in, struct mloop_control_out *out)
     drop (in, out);
   else if (op && strcmp (op, "restart") == 0)
     restart (in, out);
+  else if (op && strcmp (op, "has") == 0) {
+    if (find_kept (in, out))
+      mloop_control_add (out, "ok", "1");
+  }
   else if (op && strcmp (op, "list") == 0)
     list (out);
   else
-    mloop_control_add (out, "error", "unknown op (keep, drop, restart or "
-                       "list)");
+    mloop_control_add (out, "error", "unknown op (keep, drop, restart, has "
+                       "or list)");
 }
 
 /* One client's requests, each answered in turn. */
@@ -352,6 +357,13 @@ on_connect (gint listener, GIOCondition c, gpointer unused)
   return G_SOURCE_CONTINUE;
 }
 
+/* The socket path bound here and its file, removed at exit if it is
+ * still ours (the next mloopd may have bound its own there already);
+ * NULL for systemd's.
+ */
+static const char *bound;
+static struct stat bound_st;
+
 /* The listening socket: systemd's, or PATH bound here.  -1 with ERR. */
 static int
 listen_on (const char *path, char *err, size_t errlen)
@@ -381,6 +393,8 @@ listen_on (const char *path, char *err, size_t errlen)
       close (sock);
     return -1;
   }
+  bound = path;
+  stat (path, &bound_st);
   return sock;
 }
 
@@ -447,13 +461,15 @@ main (int argc, char **argv)
   g_autofree char *control = NULL;
   GOptionEntry entries[] = {
     { "control", 'c', 0, G_OPTION_ARG_FILENAME, &control,
-      "The control socket (default: RUNTIME_DIR/" SOCKET_NAME ")", "PATH" },
+      "The control socket (default: RUNTIME_DIR/" MLOOP_SERVICE_SOCKET ")",
+      "PATH" },
     G_OPTION_ENTRY_NULL
   };
   g_autoptr (GOptionContext) ctx = g_option_context_new (NULL);
   g_autoptr (GError) gerr = NULL;
   GHashTableIter i;
   gpointer d;
+  struct stat st;
   char err[512];
   int listener;
 
@@ -468,7 +484,8 @@ main (int argc, char **argv)
     return EXIT_FAILURE;
   }
   if (control == NULL)
-    control = g_build_filename (mloop_runtime_dir (), SOCKET_NAME, NULL);
+    control = g_build_filename (mloop_runtime_dir (), MLOOP_SERVICE_SOCKET,
+                                NULL);
   listener = listen_on (control, err, sizeof err);
   if (listener == -1) {
     fprintf (stderr, "mloopd: %s\n", err);
@@ -497,5 +514,8 @@ main (int argc, char **argv)
     keeper_let_go (((struct kept *) d)->k);
   g_hash_table_destroy (kept);
   close (listener);
+  if (bound && stat (bound, &st) == 0 && st.st_dev == bound_st.st_dev &&
+      st.st_ino == bound_st.st_ino)
+    g_unlink (bound);
   return EXIT_SUCCESS;
 }

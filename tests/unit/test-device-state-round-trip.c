@@ -42,7 +42,7 @@ main (void)
     .connections = 16, .threads = 9,
     .timeout = 45, .dead_timeout = 120, .export_flags = 0x12d,
     .server = mloop_server_kind_find ("nbdkit", NULL, 0),
-    .server_pid = 4242, .supervisor_pid = 4141,
+    .server_pid = 4242, .supervisor_pid = 4141, .service_kept = true,
   };
   struct mloop_device_state got;
   char err[256];
@@ -91,6 +91,8 @@ main (void)
   CHECK (got.server_pid == s.server_pid, "server pid %d", (int) got.server_pid);
   CHECK (got.supervisor_pid == s.supervisor_pid, "supervisor pid %d",
          (int) got.supervisor_pid);
+  CHECK (got.service_kept, "a device mloopd keeps was read as one a "
+         "supervisor keeps");
   /* No supervisor record yet: nothing restarted or reconnected. */
   CHECK (got.restarts == 0 && got.last_failure == NULL,
          "restarts %u, last failure %s", got.restarts, got.last_failure);

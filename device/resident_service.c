@@ -1,0 +1,182 @@
+/* mloop — asking mloopd to keep a device's server (resident_service.h). */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <glib.h>
+
+#include "device_state.h"
+#include "errmsg.h"
+#include "message.h"
+#include "resident_service.h"
+
+/* The longest mloopd may take to answer: a keep waits for the server to
+ * listen (nbdkit in a TCG guest can take many seconds), under its own
+ * start timeout of 60 s.
+ */
+#define ANSWER_TIMEOUT_S 90
+
+/* A connection to mloopd: -1 with errno ENOENT or ECONNREFUSED when
+ * none listens here.
+ */
+static int
+connect_service (void)
+{
+  g_autofree char *path = g_build_filename (mloop_runtime_dir (),
+                                            MLOOP_SERVICE_SOCKET, NULL);
+  struct sockaddr_un a = { .sun_family = AF_UNIX };
+  const struct timeval timeout = { .tv_sec = ANSWER_TIMEOUT_S };
+  int sock;
+
+  if (strlen (path) >= sizeof a.sun_path) {
+    errno = ENAMETOOLONG;
+    return -1;
+  }
+  strcpy (a.sun_path, path);
+  sock = socket (AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (sock == -1)
+    return -1;
+  if (connect (sock, (struct sockaddr *) &a, sizeof a) == -1 ||
+      setsockopt (sock, SOL_SOCKET, SO_RCVTIMEO, &timeout,
+                  sizeof timeout) == -1) {
+    int e = errno;
+
+    close (sock);
+    errno = e;
+    return -1;
+  }
+  return sock;
+}
+
+/* Sends OUT on a new connection and receives the answer into IN: 1, 0
+ * when no mloopd listens, -1 with ERR (its error field, or why there is
+ * no answer).
+ */
+static int
+ask (const struct mloop_control_out *out, struct mloop_control_in *in,
+     char *err, size_t errlen)
+{
+  const char *error;
+  int sock = connect_service (), r;
+
+  if (sock == -1 && (errno == ENOENT || errno == ECONNREFUSED))
+    return 0;
+  if (sock == -1)
+    return mloop_fail (err, errlen, "cannot reach mloopd: %s",
+                       strerror (errno));
+  if (mloop_control_send (sock, out, NULL, 0) == -1) {
+    r = mloop_fail (err, errlen, "asking mloopd: %s", strerror (errno));
+    close (sock);
+    return r;
+  }
+  r = mloop_control_recv (sock, in, err, errlen);
+  close (sock);
+  if (r == 0)
+    return mloop_fail (err, errlen, "mloopd closed the connection without "
+                       "an answer");
+  if (r == -1)
+    return -1;
+  mloop_control_in_clear (in);
+  error = mloop_control_get (in, "error");
+  if (error)
+    return mloop_fail (err, errlen, "%s", error);
+  if (mloop_control_get (in, "ok") == NULL)
+    return mloop_fail (err, errlen, "mloopd answered neither ok nor error");
+  return 1;
+}
+
+/* A request of OP about DIR alone: 1, 0 when no mloopd listens, -1. */
+static int
+ask_about (const char *op, const char *dir, char *err, size_t errlen)
+{
+  struct mloop_control_out *out = g_new (struct mloop_control_out, 1);
+  struct mloop_control_in *in = g_new (struct mloop_control_in, 1);
+  int r;
+
+  mloop_control_out_init (out);
+  mloop_control_add (out, "op", op);
+  mloop_control_add (out, "dir", dir);
+  r = ask (out, in, err, errlen);
+  g_free (out);
+  g_free (in);
+  return r;
+}
+
+int
+mloop_service_keep (const struct mloop_server_spec *spec, const char *dir,
+                    pid_t *server, char *err, size_t errlen)
+{
+  struct mloop_control_out *out = g_new (struct mloop_control_out, 1);
+  struct mloop_control_in *in = g_new (struct mloop_control_in, 1);
+  char n[32];
+  const char *pid;
+  int r;
+
+  mloop_control_out_init (out);
+  mloop_control_add (out, "op", "keep");
+  mloop_control_add (out, "dir", dir);
+  mloop_control_add (out, "server", spec->kind->name);
+  mloop_control_add (out, "image", spec->image);
+  if (spec->overlay)
+    mloop_control_add (out, "overlay", spec->overlay);
+#define NUMBER(key, value)                                      \
+  if (value) {                                                  \
+    snprintf (n, sizeof n, "%" PRIu64, (uint64_t) (value));     \
+    mloop_control_add (out, key, n);                            \
+  }
+  NUMBER ("offset", spec->offset);
+  NUMBER ("sizelimit", spec->sizelimit);
+  NUMBER ("threads", spec->threads);
+  NUMBER ("io-timeout", spec->io_timeout);
+#undef NUMBER
+  if (spec->read_only)
+    mloop_control_add (out, "read-only", "1");
+  if (out->too_big)
+    r = mloop_fail (err, errlen, "the image's name is too long to ask "
+                    "mloopd about");
+  else
+    r = ask (out, in, err, errlen);
+  if (r == 1) {
+    pid = mloop_control_get (in, "server-pid");
+    *server = pid ? (pid_t) atoi (pid) : 0;
+  }
+  g_free (out);
+  g_free (in);
+  return r;
+}
+
+int
+mloop_service_drop (const char *dir, char *err, size_t errlen)
+{
+  int r = ask_about ("drop", dir, err, errlen);
+
+  if (r == 0)
+    return mloop_fail (err, errlen, "mloopd, which keeps %s, does not "
+                       "listen", dir);
+  return r < 0 ? -1 : 0;
+}
+
+int
+mloop_service_restart (const char *dir, char *err, size_t errlen)
+{
+  int r = ask_about ("restart", dir, err, errlen);
+
+  if (r == 0)
+    return mloop_fail (err, errlen, "mloopd, which keeps %s, does not "
+                       "listen", dir);
+  return r < 0 ? -1 : 0;
+}
+
+bool
+mloop_service_keeps (const char *dir)
+{
+  char err[256];
+
+  return ask_about ("has", dir, err, sizeof err) == 1;
+}

@@ -1,0 +1,135 @@
+"""mloop attach through mloopd, the resident service.  With mloopd
+listening, `mloop attach` asks it to keep each device's server: no
+mloop-supervisor runs, and mloopd's only children are the servers.  fio
+writes and verifies on one device while mloopd is killed with SIGKILL
+and started again (it takes every device over, its running servers
+untouched) and while a server is killed (the mloopd of the moment
+starts another and reconnects the kernel): no IO error, no verify
+mismatch.  The image grows and `mloop resize` follows it (nbdkit: a
+planned restart asked of mloopd).  An autoclear device is cleaned up
+after its last close; detach leaves nothing, and mloopd keeps nothing
+once every device is gone.  60-90 s under TCG."""
+import os
+import socket
+import subprocess
+import time
+
+import fioverify
+from kfix import Skip, make_image, processes_mentioning, run, tmpdir, wait_until
+from restart import attach, kill_server, status
+
+MLOOPD = os.environ.get("MLOOPD_BIN")
+DEVICES = 3
+TIMEOUT = 10  # the devices' request timeout: requests on a killed server requeue
+
+
+class Service:
+    """mloopd in the kind's runtime directory, started and restarted."""
+
+    def __init__(self, kind, cl):
+        self.kind, self.env = kind, kind.env()
+        self.sock = os.path.join(kind.runtime_dir, "mloopd.sock")
+        self.log = os.path.join(tmpdir(cl), "mloopd.log")
+        self.proc = None
+        cl.push(self.stop)
+
+    def start(self):
+        with open(self.log, "a") as log:
+            self.proc = subprocess.Popen([MLOOPD], env=self.env, stdout=log, stderr=log)
+        wait_until(self.listening, "mloopd to listen")
+
+    def ask(self, **fields):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+            s.settimeout(30)
+            s.connect(self.sock)
+            s.send(b"".join(f"{k}={v}".encode() + b"\0" for k, v in fields.items()))
+            data = s.recv(70000)
+        return dict(f.decode().split("=", 1) for f in data.split(b"\0") if f)
+
+    def listening(self):
+        try:
+            return self.ask(op="list").get("ok") == "1"
+        except OSError:
+            return False
+
+    def kept(self):
+        dirs = self.ask(op="list").get("dirs", "")
+        return set(dirs.split("\n")) if dirs else set()
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait()
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=60)
+        if os.path.exists(self.sock):
+            os.unlink(self.sock)
+
+
+def run_test(kind, cl):
+    if not MLOOPD or not os.path.exists(MLOOPD):
+        raise Skip("mloopd is not built")
+    service = Service(kind, cl)
+    service.start()
+    images = [make_image(cl, seed=30 + i) for i in range(DEVICES)]
+    devs = [attach(kind, cl, image, TIMEOUT).device for image in images]
+    for dev in devs:
+        s = status(kind, dev)
+        assert s["service_kept"] and s["supervisor_running"] and \
+            s["device"]["supervisor_pid"] == 0, f"{dev} is not kept by mloopd: {s}"
+    supervisors = processes_mentioning("mloop-supervisor")
+    assert not supervisors, f"supervisors run beside mloopd: {supervisors}"
+    children = run(["pgrep", "-P", str(service.proc.pid)], check=False).stdout.split()
+    assert len(children) == DEVICES, \
+        f"mloopd has {len(children)} children, not one server per device: {children}"
+    others = {dev: status(kind, dev)["device"]["server_pid"] for dev in devs[1:]}
+
+    kills = []
+
+    def kill_once():
+        start = time.monotonic()
+        if len(kills) % 2 == 0:
+            kept = service.kept()
+            service.kill()
+            service.start()
+            wait_until(lambda: service.kept() == kept, "the next mloopd to keep every device")
+            kills.append(("mloopd", time.monotonic() - start))
+        else:
+            kills.append(("server", kill_server(kind, devs[0])))
+    fioverify.under_kills(devs[0], cl, 4, kill_once)
+    for dev, pid in others.items():
+        s = status(kind, dev)
+        assert s["device"]["server_pid"] == pid and s["server_running"], \
+            f"{dev}: its server pid {pid} did not serve on through mloopd's restarts: {s}"
+
+    # The image grows; the device follows (nbdkit: mloopd restarts it).
+    with open(images[1], "r+b") as f:
+        f.truncate(os.path.getsize(images[1]) + (4 << 20))
+    kind.cli("resize", devs[1])
+    got = int(run(["blockdev", "--getsize64", devs[1]]).stdout)
+    assert got == os.path.getsize(images[1]), \
+        f"{devs[1]} has {got} bytes after the resize, the image {os.path.getsize(images[1])}"
+
+    # Autoclear through mloopd: the last close cleans everything up.
+    image = make_image(cl, seed=39)
+    dev = kind.cli(*kind.attach_args(image), "--autoclear").stdout.strip()
+    cl.push(lambda: kind.cli("detach", dev, check=False))
+    with open(dev, "rb") as f:
+        f.read(4096)
+    wait_until(lambda: not processes_mentioning(image) and
+               len(service.kept()) == DEVICES,
+               "the autoclear device's server and record to go after its last close",
+               timeout=30)
+
+    for dev in devs:
+        kind.cli("detach", dev)
+    assert not service.kept(), f"mloopd still keeps {service.kept()} after every detach"
+    for image in images:
+        assert not processes_mentioning(image), f"a server of {image} is left"
+    service.stop()
+    left = kind.state_entries()
+    assert not left, f"the runtime directory still holds {left}"
+    print("# " + ", ".join(f"{what} killed: back in {took:.1f} s" for what, took in kills),
+          flush=True)
