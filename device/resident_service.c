@@ -54,9 +54,9 @@ connect_service (void)
   return sock;
 }
 
-/* Sends OUT on a new connection and receives the answer into IN: 1, 0
- * when no mloopd listens, -1 with ERR (its error field, or why there is
- * no answer).
+/* Sends OUT on a new connection and receives the answer into IN (the
+ * caller clears it): 1, 0 when no mloopd listens, -1 with ERR (its error
+ * field, or why there is no answer).
  */
 static int
 ask (const struct mloop_control_out *out, struct mloop_control_in *in,
@@ -82,13 +82,14 @@ ask (const struct mloop_control_out *out, struct mloop_control_in *in,
                        "an answer");
   if (r == -1)
     return -1;
-  mloop_control_in_clear (in);
   error = mloop_control_get (in, "error");
   if (error)
-    return mloop_fail (err, errlen, "%s", error);
-  if (mloop_control_get (in, "ok") == NULL)
-    return mloop_fail (err, errlen, "mloopd answered neither ok nor error");
-  return 1;
+    r = mloop_fail (err, errlen, "%s", error);
+  else if (mloop_control_get (in, "ok") == NULL)
+    r = mloop_fail (err, errlen, "mloopd answered neither ok nor error");
+  if (r == -1)
+    mloop_control_in_clear (in);
+  return r;
 }
 
 /* A request of OP about DIR alone: 1, 0 when no mloopd listens, -1. */
@@ -103,6 +104,8 @@ ask_about (const char *op, const char *dir, char *err, size_t errlen)
   mloop_control_add (out, "op", op);
   mloop_control_add (out, "dir", dir);
   r = ask (out, in, err, errlen);
+  if (r == 1)
+    mloop_control_in_clear (in);
   g_free (out);
   g_free (in);
   return r;
@@ -145,6 +148,7 @@ mloop_service_keep (const struct mloop_server_spec *spec, const char *dir,
   if (r == 1) {
     pid = mloop_control_get (in, "server-pid");
     *server = pid ? (pid_t) atoi (pid) : 0;
+    mloop_control_in_clear (in);
   }
   g_free (out);
   g_free (in);
