@@ -36,6 +36,33 @@ in_overlay (const struct mloop_overlay *ov, uint64_t pos)
     MLOOP_OVERLAY_IN_OVERLAY;
 }
 
+/* Gives BASE, a regular file, a new modification time and makes it
+ * durable, before the merge's first write into it.  That time is how
+ * every other overlay made over the base tells it was written since;
+ * the bytes written in place reach the disk as the kernel writes them
+ * back (at once, under the pressure of a large merge), the time the
+ * writes give only with the filesystem's journal, seconds later: a
+ * power cut in between would leave merged bytes under the old time,
+ * and those overlays would be served over them.
+ */
+static int
+touch_base (const struct mloop_backing *base, char *err, size_t errlen)
+{
+  struct stat st;
+  int r;
+
+  if (fstat (base->fd, &st) == -1)
+    r = -errno;
+  else if (S_ISREG (st.st_mode) && futimens (base->fd, NULL) == -1)
+    r = -errno;
+  else
+    r = fsync (base->fd) == -1 ? -errno : 0;
+  if (r < 0)
+    snprintf (err, errlen, "cannot give %s a new modification time before "
+              "writing into it: %s", base->path, strerror (-r));
+  return r;
+}
+
 /* Copies the marked clusters, a run of at most MERGE_CHUNK at a time:
  * what the data area holds there (holes, trimmed or zeroed clusters,
  * read as zeroes) goes to the same place in BASE.
@@ -44,6 +71,7 @@ static int
 copy_marked (const struct mloop_overlay *ov, const struct mloop_backing *base,
              char *buf, char *err, size_t errlen)
 {
+  bool touched = false;
   uint64_t pos = 0;
   int r;
 
@@ -63,6 +91,9 @@ copy_marked (const struct mloop_overlay *ov, const struct mloop_backing *base,
                 strerror (-r));
       return r;
     }
+    if (!touched && (r = touch_base (base, err, errlen)) < 0)
+      return r;
+    touched = true;
     r = mloop_pwrite_all (base->fd, buf, end - pos, pos, 0);
     if (r < 0) {
       snprintf (err, errlen, "cannot write %s: %s", base->path,
