@@ -214,9 +214,10 @@ check_no_link (const char *base_path, const struct mloop_backing *base,
  * link: a copy of its directory by `cp -al`, rsnapshot): the commit
  * removes one name, and the file would stay under the other, merged
  * and marked, for a later commit to write over the base again.
+ * MERGED: the merge is done, and a name was given during it.
  */
 static int
-refuse_other_names (const struct mloop_overlay *ov, char *err,
+refuse_other_names (const struct mloop_overlay *ov, bool merged, char *err,
                     size_t errlen)
 {
   struct stat st;
@@ -229,10 +230,18 @@ refuse_other_names (const struct mloop_overlay *ov, char *err,
   }
   if (st.st_nlink <= 1)
     return 0;
-  snprintf (err, errlen, "overlay %s has %ju names (hard links): a commit "
-            "removes only this one, and the overlay would stay under the "
-            "others, marked as committed half-way; remove them first",
-            ov->path, (uintmax_t) st.st_nlink);
+  if (merged)
+    snprintf (err, errlen, "committed, but overlay %s was given other names "
+              "(hard links, %ju names in all) during the commit: not "
+              "removed; remove every name with rm (discard refuses an "
+              "overlay marked as committed half-way, and a commit would "
+              "write it over the base again)", ov->path,
+              (uintmax_t) st.st_nlink);
+  else
+    snprintf (err, errlen, "overlay %s has %ju names (hard links): a "
+              "commit removes only this one, and the overlay would stay "
+              "under the others, marked as committed half-way; remove them "
+              "first", ov->path, (uintmax_t) st.st_nlink);
   return -EMLINK;
 }
 
@@ -321,7 +330,7 @@ mloop_overlay_merge (const char *path, const char *base_path, bool adopt,
                                    : MLOOP_OVERLAY_MERGE_BASE, err, errlen);
   if (r < 0)
     goto out_base;
-  r = remove ? refuse_other_names (&ov, err, errlen) : 0;
+  r = remove ? refuse_other_names (&ov, false, err, errlen) : 0;
   if (r == 0)
     r = check_owner_may_write (&ov, &base, err, errlen);
   if (r < 0) {
@@ -359,6 +368,14 @@ mloop_overlay_merge (const char *path, const char *base_path, bool adopt,
     snprintf (err, errlen, "committed, but %s was replaced during the "
               "merge: the file there now is not removed", path);
   }
+  /* Names were counted before the merge, which may take minutes: one
+   * given meanwhile (a snapshot of the directory by `cp -al`) would
+   * keep the overlay, merged and marked.  Counted again here, not once
+   * the name is unlinked: NFS keeps an open file it unlinks under a
+   * name of its own (.nfsXXXX) until it is closed.
+   */
+  if (r == 0 && remove)
+    r = refuse_other_names (&ov, true, err, errlen);
   if (r == 0 && remove && unlinkat (dir, name, 0) == -1) {
     r = -errno;
     snprintf (err, errlen, "committed, but %s stays: %s", path,
