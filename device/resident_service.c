@@ -155,10 +155,13 @@ mloop_service_keep (const struct mloop_server_spec *spec, const char *dir,
   return r;
 }
 
-int
-mloop_service_drop (const char *dir, char *err, size_t errlen)
+/* OP about DIR, a device mloopd keeps: 0, or -1 with ERR (also when
+ * mloopd does not listen).
+ */
+static int
+ask_keeper (const char *op, const char *dir, char *err, size_t errlen)
 {
-  int r = ask_about ("drop", dir, err, errlen);
+  int r = ask_about (op, dir, err, errlen);
 
   if (r == 0)
     return mloop_fail (err, errlen, "mloopd, which keeps %s, does not "
@@ -167,14 +170,15 @@ mloop_service_drop (const char *dir, char *err, size_t errlen)
 }
 
 int
+mloop_service_drop (const char *dir, char *err, size_t errlen)
+{
+  return ask_keeper ("drop", dir, err, errlen);
+}
+
+int
 mloop_service_restart (const char *dir, char *err, size_t errlen)
 {
-  int r = ask_about ("restart", dir, err, errlen);
-
-  if (r == 0)
-    return mloop_fail (err, errlen, "mloopd, which keeps %s, does not "
-                       "listen", dir);
-  return r < 0 ? -1 : 0;
+  return ask_keeper ("restart", dir, err, errlen);
 }
 
 bool
