@@ -50,10 +50,6 @@ int mloop_server_start (const struct mloop_server_spec *spec,
                         unsigned timeout_ms, pid_t *pid,
                         char *err, size_t errlen);
 
-/* Appends --offset=N and --sizelimit=N to ARGV (of g_free()d strings),
- * each only when not 0, and --overlay=FILE when OVERLAY is not NULL:
- * the options naming what is served that every program of ours takes.
- */
 /* Waits up to TIMEOUT_MS for CHILD, started to write PID_FILE (or, when
  * MAY_DAEMONIZE, to exit 0 leaving a daemon that writes it), to do so:
  * 0 with *PID, the pid in the file, or -1 with ERR, CHILD's own last words
@@ -72,6 +68,10 @@ int mloop_server_await (const struct mloop_server_spec *spec, pid_t child,
                         unsigned timeout_ms, pid_t *pid,
                         char *err, size_t errlen);
 
+/* Appends --offset=N and --sizelimit=N to ARGV (of g_free()d strings),
+ * each only when not 0, and --overlay=FILE when OVERLAY is not NULL:
+ * the options naming what is served that every program of ours takes.
+ */
 void mloop_add_image_args (GPtrArray *argv, uint64_t offset,
                            uint64_t sizelimit, const char *overlay);
 
