@@ -5,8 +5,10 @@ removing block devices from small images, one at a time and many at once.
   attach_guest.py --rounds R --parallel P --kinds K,...
 
 Kinds: loop-dio (losetup --direct-io=on), mloop-native (mloop attach,
-mloop-server), mloop-ublk (mloop attach --transport ublk, where the
-kernel has ublk_drv).  Each round times one attach and one detach of
+mloop-server, a supervisor per device), mloop-service (the same where
+mloopd listens: mloopd keeps the server, no supervisor is started),
+mloop-ublk (mloop attach --transport ublk, where the kernel has
+ublk_drv).  Each round times one attach and one detach of
 every kind, kinds rotated; then P images are attached at once and
 detached at once, per kind.  mloop's attaches run with --verbose, so the
 report can say where their time goes.  Prints one line "ATTACH <json>"

@@ -2,11 +2,15 @@
 (bench/attach_guest.py, bench/many_guest.py): the kinds of block device
 they make, each with attach(image) -> (device path, what the command
 said on stderr) and detach(device)."""
+import atexit
 import os
 import shutil
+import socket
 import subprocess
+import time
 
 CLI = os.environ.get("MLOOP_CLI", "")
+MLOOPD = os.environ.get("MLOOPD_BIN", "")
 
 
 def run(cmd, env=None):
@@ -52,9 +56,47 @@ class Mloop:
         run([CLI, "detach", dev], env=self.env)
 
 
+class MloopService(Mloop):
+    """mloop attach where mloopd listens: mloopd keeps each device's
+    server, and no supervisor is started per device.  mloopd starts
+    with the first attach, as its socket would start it."""
+
+    def __init__(self, name, args):
+        super().__init__(name, args)
+        self.env["MLOOP_RUNTIME_DIR"] += "-service"
+        self.mloopd = None
+
+    def unavailable(self):
+        if not MLOOPD or not os.path.exists(MLOOPD):
+            return "build/supervisor/mloopd not built"
+        return super().unavailable()
+
+    def _start_mloopd(self):
+        sock = os.path.join(self.env["MLOOP_RUNTIME_DIR"], "mloopd.sock")
+        self.mloopd = subprocess.Popen([MLOOPD], env=self.env, stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.DEVNULL)
+        atexit.register(lambda: self.mloopd.poll() is None and self.mloopd.terminate())
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+                    s.connect(sock)
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("mloopd did not listen")
+
+    def attach(self, image):
+        if self.mloopd is None:
+            self._start_mloopd()
+        return super().attach(image)
+
+
 def kinds(verbose=False):
     """Every kind, by name; VERBOSE: mloop says what each step of an
     attach took."""
     v = ["--verbose"] if verbose else []
     return {k.name: k for k in (LoopDio(), Mloop("mloop-native", [*v, "--server", "native"]),
+                                MloopService("mloop-service",
+                                             [*v, "--server", "native"]),
                                 Mloop("mloop-ublk", [*v, "--transport", "ublk"]))}

@@ -9,7 +9,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 BINARIES = {"MLOOP_CLI": "client/mloop", "MLOOP_SERVER_BIN": "server/mloop-server",
             "MLOOP_PLUGIN": "plugin/nbdkit-mloop-plugin.so",
-            "MLOOP_UBLK_BIN": "ublk/mloop-ublk"}
+            "MLOOP_UBLK_BIN": "ublk/mloop-ublk", "MLOOPD_BIN": "supervisor/mloopd"}
 
 
 def binaries(prog):
