@@ -79,6 +79,7 @@ check_unused (const char *overlay, const struct stat *ov_st,
 /* The base to merge into: BASE_ARG when given, resolved, else the one
  * the header records, which an overlay made by an older mloop may name
  * relatively to wherever its server ran: then only BASE_ARG will do.
+ * FD: the overlay at PATH, open.
  * A recorded path is taken as it is: were its symbolic links followed,
  * the owner of a directory on it (a user whose image root serves) could
  * make one and lead root's commit to a file of their choosing, with
@@ -87,7 +88,7 @@ check_unused (const char *overlay, const struct stat *ov_st,
  * and --base names a base reached through one.
  */
 static char *
-base_to_write (const char *path, const char *base_arg, char *err,
+base_to_write (int fd, const char *path, const char *base_arg, char *err,
                size_t errlen)
 {
   g_autofree char *recorded = NULL;
@@ -95,8 +96,8 @@ base_to_write (const char *path, const char *base_arg, char *err,
   bool known;
   char *abs;
 
-  if (mloop_overlay_inspect (path, &recorded, &size, &known, err,
-                             errlen) < 0)
+  if (mloop_overlay_inspect_fd (fd, path, &recorded, &size, &known, NULL,
+                                err, errlen) < 0)
     return NULL;
   if (base_arg == NULL && !g_path_is_absolute (recorded)) {
     mloop_fail (err, errlen, "overlay %s names its base only as %s, "
@@ -124,12 +125,31 @@ commit_into_base (const char *path, const char *base_arg, bool adopt,
                   char **base, char *err, size_t errlen)
 {
   struct stat ov_st, base_st;
-  int lock, r;
+  bool special;
+  int fd, lock, r;
 
   *base = NULL;
-  if (stat (path, &ov_st) == -1)
-    return mloop_fail (err, errlen, "%s: %s", path, strerror (errno));
-  *base = base_to_write (path, base_arg, err, errlen);
+  /* Looked up once: the file whose header names the base, checked
+   * unused, is the one merged (mloop_overlay_merge_checked).  Root
+   * commits users' overlays, in their directories, and the path may
+   * lead to another user's overlay by the time the merge opens it (a
+   * symbolic link put in its place, a directory on it swapped): that
+   * one would be merged into the base this one's header named, a copy
+   * of its own.  Only a regular file, and nothing else opened.
+   */
+  fd = mloop_open_regular (AT_FDCWD, path, O_RDONLY | O_CLOEXEC |
+                           O_NONBLOCK | O_NOCTTY, &special);
+  if (fd == -1 && special)
+    return mloop_fail (err, errlen, "%s is not an mloop overlay: not a "
+                       "regular file", path);
+  if (fd == -1 || fstat (fd, &ov_st) == -1) {
+    r = mloop_fail (err, errlen, "%s: %s", path, strerror (errno));
+    if (fd != -1)
+      close (fd);
+    return r;
+  }
+  *base = base_to_write (fd, path, base_arg, err, errlen);
+  close (fd);
   if (*base == NULL)
     return -1;
   if (stat (*base, &base_st) == -1)
@@ -142,8 +162,8 @@ commit_into_base (const char *path, const char *base_arg, bool adopt,
   /* The base holds it all then, durably: the overlay, adding nothing,
    * goes while the merge still holds its lock.
    */
-  if (r == 0 && mloop_overlay_merge (path, *base, adopt, true, err,
-                                     errlen) < 0)
+  if (r == 0 && mloop_overlay_merge_checked (path, &ov_st, *base, adopt,
+                                             true, err, errlen) < 0)
     r = -1;
   mloop_state_unlock (lock);
   return r;

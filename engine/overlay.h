@@ -38,6 +38,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/stat.h>
 
 #include "backing.h"
 #include "space.h"
@@ -175,6 +176,15 @@ int mloop_overlay_inspect_fd (int fd, const char *path, char **base_path,
  */
 int mloop_overlay_merge (const char *path, const char *base_path,
                          bool adopt, bool remove, char *err, size_t errlen);
+/* The same, merging only the file CHECKED names (its device and inode)
+ * and, with REMOVE, only one that PATH's own entry in its directory
+ * names, not a symbolic link: whatever else PATH leads to once opened
+ * (a link put there, a directory on it swapped since the caller looked)
+ * is refused before anything is written.  CHECKED NULL: any file.
+ */
+int mloop_overlay_merge_checked (const char *path, const struct stat *checked,
+                                 const char *base_path, bool adopt,
+                                 bool remove, char *err, size_t errlen);
 
 /* Marks in the header of OV, durably, that a merge is about to write
  * into BASE, recording BASE as the overlay's base first when the header

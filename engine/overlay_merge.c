@@ -262,9 +262,45 @@ refuse_link_at (int dir, const char *name, const char *path, char *err,
   return -ELOOP;
 }
 
+/* Refuses, in ERR, the overlay OV opened by PATH when it is not the
+ * file CHECKED (unless NULL) or, DIR not -1, not the one NAME there
+ * names: PATH led elsewhere by the time it was opened.
+ */
+static int
+refuse_other_opened (const struct mloop_overlay *ov, const char *path,
+                     const struct stat *checked, int dir, const char *name,
+                     char *err, size_t errlen)
+{
+  struct stat held;
+
+  if (fstat (ov->fd, &held) == -1) {
+    int r = -errno;
+
+    snprintf (err, errlen, "overlay %s: %s", path, strerror (-r));
+    return r;
+  }
+  if ((checked == NULL || (held.st_dev == checked->st_dev &&
+                           held.st_ino == checked->st_ino)) &&
+      (dir == -1 || mloop_names_file_at (dir, name, ov->fd)))
+    return 0;
+  snprintf (err, errlen, "%s was replaced while being opened (it leads to "
+            "another file, or through a symbolic link): not committed",
+            path);
+  return -ESTALE;
+}
+
 int
 mloop_overlay_merge (const char *path, const char *base_path, bool adopt,
                      bool remove, char *err, size_t errlen)
+{
+  return mloop_overlay_merge_checked (path, NULL, base_path, adopt, remove,
+                                      err, errlen);
+}
+
+int
+mloop_overlay_merge_checked (const char *path, const struct stat *checked,
+                             const char *base_path, bool adopt, bool remove,
+                             char *err, size_t errlen)
 {
   const struct mloop_window whole = { 0, 0 };
   struct mloop_backing base;
@@ -330,7 +366,12 @@ mloop_overlay_merge (const char *path, const char *base_path, bool adopt,
                                    : MLOOP_OVERLAY_MERGE_BASE, err, errlen);
   if (r < 0)
     goto out_base;
-  r = remove ? refuse_other_names (&ov, false, err, errlen) : 0;
+  /* Opened by the path, which may lead elsewhere by now: only the file
+   * the caller checked, and the one the entry to be unlinked names.
+   */
+  r = refuse_other_opened (&ov, path, checked, dir, name, err, errlen);
+  if (r == 0 && remove)
+    r = refuse_other_names (&ov, false, err, errlen);
   if (r == 0)
     r = check_owner_may_write (&ov, &base, err, errlen);
   if (r < 0) {
