@@ -1346,9 +1346,6 @@ bring_time_to_now (const struct mloop_overlay *ov,
                    const struct mloop_backing *base, char *err,
                    size_t errlen)
 {
-  const struct timespec times[2] = {
-    { .tv_nsec = UTIME_OMIT }, { .tv_nsec = UTIME_NOW },
-  };
   struct timespec now;
   struct stat st;
   int r;
@@ -1358,7 +1355,11 @@ bring_time_to_now (const struct mloop_overlay *ov,
       st.st_mtim.tv_sec < now.tv_sec ||
       (st.st_mtim.tv_sec == now.tv_sec && st.st_mtim.tv_nsec <= now.tv_nsec))
     return 0;
-  if (futimens (base->fd, times) == 0)
+  /* Both times, as touch does: a write permission's, where the
+   * modification time alone (the access time omitted) is only the
+   * file's owner's, and the merge is anyone's who may write the base.
+   */
+  if (futimens (base->fd, NULL) == 0)
     return 1;
   r = -errno;
   snprintf (err, errlen, "%s is dated later than the clock, and its time "
