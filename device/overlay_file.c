@@ -307,13 +307,24 @@ mloop_overlay_file_adopt (const char *path, const char *image, char *err,
   struct stat st;
   int lock, r;
 
-  if (stat (path, &st) == -1)
+  /* The overlay's own name: root adopts for users, in their
+   * directories, and a link there could lead to another user's overlay,
+   * whose header would record IMAGE.
+   */
+  if (lstat (path, &st) == -1)
     return mloop_fail (err, errlen, "%s: %s", path, strerror (errno));
+  if (S_ISLNK (st.st_mode))
+    return mloop_fail (err, errlen, "%s is a symbolic link: give the "
+                       "overlay's own path (not adopted)", path);
   lock = mloop_state_lock (err, errlen);
   if (lock == -1)
     return -1;
   r = check_unused (path, &st, NULL, NULL, err, errlen);
-  if (r == 0 && mloop_overlay_adopt (path, image, err, errlen) < 0)
+  /* And only the file looked at here, whatever the path leads to by
+   * the time it is opened.
+   */
+  if (r == 0 && mloop_overlay_adopt_checked (path, &st, image, err,
+                                             errlen) < 0)
     r = -1;
   mloop_state_unlock (lock);
   return r;

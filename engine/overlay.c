@@ -1622,14 +1622,15 @@ same_inode (const struct stat *a, const struct stat *b)
 
 /* Opens the overlay at PATH (made when there is none, if CREATE) and
  * locks it, then its map's descriptor: 0, 1 when the path no longer
- * names the locked file (try again), or a negative errno with ERR.  The map's
- * descriptor is opened by the path too, so it must be the same file:
- * else its words would go into another overlay.
+ * names the locked file (try again), or a negative errno with ERR.  The
+ * map's descriptor is opened by the path too, so it must be the same
+ * file: else its words would go into another overlay.  EXPECT, unless
+ * NULL, is the file the caller looked at: another is refused.
  */
 static int
 open_locked (struct mloop_overlay *ov, const char *path,
-             const struct mloop_backing *base, bool direct, bool create,
-             char *err, size_t errlen)
+             const struct stat *expect, const struct mloop_backing *base,
+             bool direct, bool create, char *err, size_t errlen)
 {
   const int flags = O_RDWR | O_CLOEXEC | O_NOCTTY;
   struct stat held, map, named;
@@ -1696,6 +1697,17 @@ open_locked (struct mloop_overlay *ov, const char *path,
               path);
     return -EINVAL;
   }
+  /* Root runs adopt and commit on users' overlays, in users'
+   * directories: by now the name, or a directory on the path, may lead
+   * to another overlay (a link put there), whose header adopt would
+   * rewrite.  Refused before the header is read.
+   */
+  if (expect && !same_inode (&held, expect)) {
+    snprintf (err, errlen, "overlay %s was replaced since it was looked "
+              "at (a link, or a directory on its path, swapped): not "
+              "opened", path);
+    return -ESTALE;
+  }
   if (stat (path, &named) == -1) {
     if (errno == ENOENT)
       return 1;
@@ -1708,8 +1720,8 @@ open_locked (struct mloop_overlay *ov, const char *path,
 
 static int
 overlay_open (struct mloop_overlay *ov, const char *path,
-              const struct mloop_backing *base, bool direct,
-              enum mloop_overlay_base_check check, bool create,
+              const struct stat *expect, const struct mloop_backing *base,
+              bool direct, enum mloop_overlay_base_check check, bool create,
               char *err, size_t errlen)
 {
   int r;
@@ -1720,7 +1732,7 @@ overlay_open (struct mloop_overlay *ov, const char *path,
   if (ov->path == NULL)
     return -ENOMEM;
   for (unsigned attempt = 1; ; attempt++) {
-    r = open_locked (ov, path, base, direct, create, err, errlen);
+    r = open_locked (ov, path, expect, base, direct, create, err, errlen);
     if (r <= 0)
       break;
     /* Removed (a discard or commit, under its lock) and perhaps made
@@ -1791,16 +1803,19 @@ mloop_overlay_open (struct mloop_overlay *ov, const char *path,
                     enum mloop_overlay_base_check check,
                     char *err, size_t errlen)
 {
-  return overlay_open (ov, path, base, direct, check, true, err, errlen);
+  return overlay_open (ov, path, NULL, base, direct, check, true, err,
+                       errlen);
 }
 
 int
 mloop_overlay_open_existing (struct mloop_overlay *ov, const char *path,
+                             const struct stat *expect,
                              const struct mloop_backing *base,
                              enum mloop_overlay_base_check check,
                              char *err, size_t errlen)
 {
-  return overlay_open (ov, path, base, false, check, false, err, errlen);
+  return overlay_open (ov, path, expect, base, false, check, false, err,
+                       errlen);
 }
 
 void

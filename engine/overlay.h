@@ -132,9 +132,12 @@ int mloop_overlay_open (struct mloop_overlay *ov, const char *path,
  * locked, is -ENOENT, never a new one.  What PATH names is the caller's
  * to choose and may change meanwhile: one made there would be made
  * wherever a directory swapped for a symlink leads, by whoever runs the
- * command, root as well.
+ * command, root as well.  EXPECT, unless NULL, is the file the caller
+ * looked at (its stat): any other is refused (-ESTALE) before its
+ * header is read, let alone rewritten.
  */
 int mloop_overlay_open_existing (struct mloop_overlay *ov, const char *path,
+                                 const struct stat *expect,
                                  const struct mloop_backing *base,
                                  enum mloop_overlay_base_check check,
                                  char *err, size_t errlen);
@@ -212,6 +215,14 @@ int mloop_overlay_note_merging (struct mloop_overlay *ov,
  */
 int mloop_overlay_adopt (const char *path, const char *base_path,
                          char *err, size_t errlen);
+/* The same, of the overlay file CHECKED (a stat the caller took of
+ * PATH): if PATH leads to another by the time it is opened, that one
+ * is refused before its header is read.
+ */
+int mloop_overlay_adopt_checked (const char *path,
+                                 const struct stat *checked,
+                                 const char *base_path, char *err,
+                                 size_t errlen);
 
 /* Where the bytes of [offset, offset + count) are. */
 enum mloop_overlay_where {

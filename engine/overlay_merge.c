@@ -361,7 +361,7 @@ mloop_overlay_merge_checked (const char *path, const struct stat *checked,
               "or device, or open in QEMU: stop it first", base_path);
     goto out_base;
   }
-  r = mloop_overlay_open_existing (&ov, path, &base,
+  r = mloop_overlay_open_existing (&ov, path, checked, &base,
                                    adopt ? MLOOP_OVERLAY_MERGE_ANY_BASE
                                    : MLOOP_OVERLAY_MERGE_BASE, err, errlen);
   if (r < 0)
@@ -448,6 +448,14 @@ int
 mloop_overlay_adopt (const char *path, const char *base_path, char *err,
                      size_t errlen)
 {
+  return mloop_overlay_adopt_checked (path, NULL, base_path, err, errlen);
+}
+
+int
+mloop_overlay_adopt_checked (const char *path, const struct stat *checked,
+                             const char *base_path, char *err,
+                             size_t errlen)
+{
   const struct mloop_window whole = { 0, 0 };
   struct mloop_backing base;
   struct mloop_overlay ov;
@@ -473,7 +481,7 @@ mloop_overlay_adopt (const char *path, const char *base_path, char *err,
               "it (mloop overlay commit): %s: not adopted", base_path,
               strerror (-r));
   else {
-    r = mloop_overlay_open_existing (&ov, path, &base,
+    r = mloop_overlay_open_existing (&ov, path, checked, &base,
                                      MLOOP_OVERLAY_ADOPT_BASE, err, errlen);
     if (r == 0)
       mloop_overlay_close (&ov);
