@@ -43,6 +43,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <glib.h>
@@ -58,6 +59,7 @@
 #include "server_kind.h"
 
 #define SD_LISTEN_FDS_START 3
+#define STRAY_REAP_S 2
 
 /* One device kept. */
 struct kept {
@@ -419,6 +421,9 @@ take_over_recorded (void)
     char err[1024];
     int r;
 
+    /* Devices' directories only (not the state lock, not our socket). */
+    if (!g_file_test (dir, G_FILE_TEST_IS_DIR))
+      continue;
     if (keep_record_load (dir, &spec, err, sizeof err) == -1) {
       if (errno != ENOENT)
         say ("%s", err);
@@ -446,6 +451,54 @@ take_over_recorded (void)
     g_free ((char *) spec.image);
     g_free ((char *) spec.overlay);
   }
+}
+
+/* Whether PID is the server a keeper watches: its exit is that
+ * keeper's to reap (it reads the status).
+ */
+static bool
+kept_server (pid_t pid)
+{
+  GHashTableIter i;
+  gpointer d;
+
+  g_hash_table_iter_init (&i, kept);
+  while (g_hash_table_iter_next (&i, NULL, &d))
+    if (keeper_server_pid (((struct kept *) d)->k) == pid)
+      return true;
+  return false;
+}
+
+/* Reaps the children that ended and that no keeper waits for: a
+ * daemonizing nbdkit's intermediate process, reparented to us as the
+ * child subreaper, which mloop-supervisor leaves one of for its life
+ * but which here would pile up, one per server started.  Its children
+ * are listed by the kernel (/proc/self/task/TID/children: mloopd
+ * forks from its main thread only).
+ */
+static gboolean
+reap_strays (gpointer unused)
+{
+  g_autofree char *path = g_strdup_printf ("/proc/self/task/%d/children",
+                                           (int) getpid ());
+  g_autofree char *text = NULL;
+  g_auto (GStrv) pids = NULL;
+
+  if (!g_file_get_contents (path, &text, NULL, NULL))
+    return G_SOURCE_CONTINUE;
+  pids = g_strsplit (g_strstrip (text), " ", -1);
+  for (char **p = pids; *p; p++) {
+    pid_t pid = (pid_t) atoi (*p);
+    siginfo_t info = { 0 };
+
+    if (pid <= 0 || kept_server (pid))
+      continue;
+    /* Only one that has ended (WNOWAIT: looked at, left as it is). */
+    if (waitid (P_PID, (id_t) pid, &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+        info.si_pid == pid)
+      waitpid (pid, NULL, WNOHANG);
+  }
+  return G_SOURCE_CONTINUE;
 }
 
 static gboolean
@@ -498,6 +551,10 @@ main (int argc, char **argv)
   loop = g_main_loop_new (NULL, FALSE);
   g_unix_signal_add (SIGTERM, on_stop_signal, NULL);
   g_unix_signal_add (SIGINT, on_stop_signal, NULL);
+  /* Looked for every STRAY_REAP_S: glib watches no SIGCHLD of its own,
+   * and one blocked for a signalfd would be blocked in every server.
+   */
+  g_timeout_add_seconds (STRAY_REAP_S, reap_strays, NULL);
   take_over_recorded ();
   g_unix_fd_add (listener, G_IO_IN, on_connect, NULL);
   say ("mloopd pid %d keeps %u device(s), listening on %s", (int) getpid (),

@@ -13,7 +13,9 @@ say_to (FILE *log, const char *fmt, ...)
   g_autofree char *stamp = g_date_time_format (now, "%F %T");
   va_list ap;
 
-  fprintf (log, "mloop-supervisor: %s: ", stamp);
+  /* The program's name (mloop-supervisor, mloopd), from its argv[0]. */
+  fprintf (log, "%s: %s: ", g_get_prgname () ? g_get_prgname ()
+           : "mloop-supervisor", stamp);
   va_start (ap, fmt);
   vfprintf (log, fmt, ap);
   va_end (ap);

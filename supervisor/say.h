@@ -1,5 +1,6 @@
-/* mloop-supervisor — a device's log lines, each stamped with the local
- * time: its directory's supervisor.log (stderr, in mloop-supervisor).
+/* mloop-supervisor — a device's log lines, each stamped with the
+ * program's name and the local time: its directory's supervisor.log
+ * (stderr, in mloop-supervisor).
  */
 #ifndef MLOOP_SUPERVISOR_SAY_H
 #define MLOOP_SUPERVISOR_SAY_H

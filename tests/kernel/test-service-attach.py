@@ -24,6 +24,20 @@ DEVICES = 3
 TIMEOUT = 10  # the devices' request timeout: requests on a killed server requeue
 
 
+def ended_children(pid):
+    """PID's children that have ended and are not reaped (zombies)."""
+    ended = []
+    for child in run(["pgrep", "-P", str(pid)], check=False).stdout.split():
+        try:
+            with open(f"/proc/{child}/stat") as f:
+                stat = f.read()
+        except FileNotFoundError:
+            continue
+        if stat[stat.rindex(")") + 2] == "Z":
+            ended.append(child)
+    return ended
+
+
 class Service:
     """mloopd in the kind's runtime directory, started and restarted."""
 
@@ -83,6 +97,10 @@ def run_test(kind, cl):
             s["supervisor_pid"] == 0, f"{dev} is not kept by mloopd: {s}"
     supervisors = processes_mentioning("mloop-supervisor")
     assert not supervisors, f"supervisors run beside mloopd: {supervisors}"
+    # A daemonizing nbdkit leaves an intermediate process that ends at
+    # once: mloopd reaps it within its stray-reaping period.
+    wait_until(lambda: not ended_children(service.proc.pid),
+               "mloopd to reap the children that ended", timeout=10)
     children = run(["pgrep", "-P", str(service.proc.pid)], check=False).stdout.split()
     assert len(children) == DEVICES, \
         f"mloopd has {len(children)} children, not one server per device: {children}"
