@@ -173,7 +173,9 @@ int mloop_overlay_inspect_fd (int fd, const char *path, char **base_path,
  * Nothing else may use either meanwhile: the overlay's lock refuses a
  * server on it, and the base is locked exclusively (mloop_lock_image),
  * which every server reading or writing it refuses (they hold it
- * shared), and every QEMU process with it open.  Stopped
+ * shared), and every QEMU process with it open; a block device is also
+ * claimed as the kernel's holders claim it (O_EXCL), so one mounted or
+ * under device-mapper is refused.  Stopped
  * half-way it can run again: the overlay still reads the same over the
  * base.  0, or a negative errno with a one-line reason in ERR.
  */

@@ -289,6 +289,38 @@ refuse_other_opened (const struct mloop_overlay *ov, const char *path,
   return -ESTALE;
 }
 
+/* Claims BASE, when it is a block device, as the kernel's own holders
+ * do (an open with O_EXCL): a mount of it, read-only as well, a swap
+ * area, device-mapper, LVM or md over it each hold such a claim, which
+ * the image lock does not see (only mloop's servers and QEMU take that
+ * one), and the merge would write under them: a mounted filesystem's
+ * cached metadata would no longer match its disk.  Held until the merge
+ * ends, it keeps a mount off the device meanwhile.  *CLAIM: the
+ * descriptor that holds it, or -1 for a regular file.
+ */
+static int
+claim_device (const struct mloop_backing *base, const char *base_path,
+              int *claim, char *err, size_t errlen)
+{
+  int r;
+
+  *claim = -1;
+  if (!base->is_block_device)
+    return 0;
+  *claim = mloop_open_looked_up (base->fd, AT_FDCWD, base_path,
+                                 O_RDONLY | O_EXCL | O_CLOEXEC);
+  if (*claim >= 0)
+    return 0;
+  r = -errno;
+  if (r == -EBUSY)
+    snprintf (err, errlen, "%s, the overlay's base, is held by the system "
+              "(mounted, a swap area, or under device-mapper, LVM or md): "
+              "not committed (unmount or release it first)", base_path);
+  else
+    snprintf (err, errlen, "%s: %s", base_path, strerror (-r));
+  return r;
+}
+
 int
 mloop_overlay_merge (const char *path, const char *base_path, bool adopt,
                      bool remove, char *err, size_t errlen)
@@ -306,7 +338,7 @@ mloop_overlay_merge_checked (const char *path, const struct stat *checked,
   struct mloop_backing base;
   struct mloop_overlay ov;
   char *buf, *name = NULL;
-  int dir = -1, r;
+  int dir = -1, claim = -1, r;
 
   /* Said before the base is opened; the open below never makes one. */
   if (access (path, F_OK) == -1) {
@@ -361,6 +393,8 @@ mloop_overlay_merge_checked (const char *path, const struct stat *checked,
               "or device, or open in QEMU: stop it first", base_path);
     goto out_base;
   }
+  if ((r = claim_device (&base, base_path, &claim, err, errlen)) < 0)
+    goto out_base;
   r = mloop_overlay_open_existing (&ov, path, checked, &base,
                                    adopt ? MLOOP_OVERLAY_MERGE_ANY_BASE
                                    : MLOOP_OVERLAY_MERGE_BASE, err, errlen);
@@ -436,6 +470,8 @@ mloop_overlay_merge_checked (const char *path, const struct stat *checked,
   free (buf);
   mloop_overlay_close (&ov);
  out_base:
+  if (claim != -1)
+    close (claim);
   mloop_backing_close (&base);
  out:
   if (dir != -1)
