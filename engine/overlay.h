@@ -175,7 +175,8 @@ int mloop_overlay_inspect_fd (int fd, const char *path, char **base_path,
  * which every server reading or writing it refuses (they hold it
  * shared), and every QEMU process with it open; a block device is also
  * claimed as the kernel's holders claim it (O_EXCL), so one mounted or
- * under device-mapper is refused.  Stopped
+ * under device-mapper is refused, and so is a file a loop device is
+ * attached to.  Stopped
  * half-way it can run again: the overlay still reads the same over the
  * base.  0, or a negative errno with a one-line reason in ERR.
  */

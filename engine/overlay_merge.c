@@ -2,8 +2,10 @@
  * commit`), and giving it another (`mloop overlay adopt`).  See
  * overlay.h.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -321,6 +323,55 @@ claim_device (const struct mloop_backing *base, const char *base_path,
   return r;
 }
 
+/* Refuses, in ERR, a regular file BASE that a loop device is attached
+ * to (a loop mount of the image, read-only as well, to look inside it;
+ * a losetup left over): the loop driver holds the file open but takes
+ * no lock, and the merge would write under the filesystem mounted from
+ * it.  Each loop device names its file in sysfs by its path now (a
+ * rename followed), which is compared by device and inode.  One
+ * attached after this look is not seen: losetup heeds no lock.
+ */
+static int
+refuse_loop_backed (const struct mloop_backing *base, const char *base_path,
+                    char *err, size_t errlen)
+{
+  struct stat held, named;
+  struct dirent *e;
+  DIR *block;
+  int r = 0;
+
+  if (base->is_block_device || fstat (base->fd, &held) == -1 ||
+      (block = opendir ("/sys/block")) == NULL)
+    return 0;
+  while (r == 0 && (e = readdir (block)) != NULL) {
+    char file[PATH_MAX], backing[PATH_MAX + 1];
+    size_t len;
+    FILE *f;
+
+    if (strncmp (e->d_name, "loop", 4) != 0)
+      continue;
+    snprintf (file, sizeof file, "/sys/block/%s/loop/backing_file",
+              e->d_name);
+    if ((f = fopen (file, "re")) == NULL)
+      continue;
+    len = fread (backing, 1, sizeof backing - 1, f);
+    fclose (f);
+    backing[len] = '\0';
+    if (len > 0 && backing[len - 1] == '\n')
+      backing[len - 1] = '\0';
+    if (stat (backing, &named) == 0 && named.st_dev == held.st_dev &&
+        named.st_ino == held.st_ino) {
+      snprintf (err, errlen, "%s, the overlay's base, is attached to the "
+                "loop device /dev/%s (a loop mount of it?): not committed "
+                "(unmount it, or losetup -d it, first)", base_path,
+                e->d_name);
+      r = -EBUSY;
+    }
+  }
+  closedir (block);
+  return r;
+}
+
 int
 mloop_overlay_merge (const char *path, const char *base_path, bool adopt,
                      bool remove, char *err, size_t errlen)
@@ -393,7 +444,8 @@ mloop_overlay_merge_checked (const char *path, const struct stat *checked,
               "or device, or open in QEMU: stop it first", base_path);
     goto out_base;
   }
-  if ((r = claim_device (&base, base_path, &claim, err, errlen)) < 0)
+  if ((r = claim_device (&base, base_path, &claim, err, errlen)) < 0 ||
+      (r = refuse_loop_backed (&base, base_path, err, errlen)) < 0)
     goto out_base;
   r = mloop_overlay_open_existing (&ov, path, checked, &base,
                                    adopt ? MLOOP_OVERLAY_MERGE_ANY_BASE
