@@ -24,37 +24,11 @@
 
 #include "overlay.h"
 #include "overlay_file.h"
+#include "loop_device.h"
 #include "overlay_fixture.h"
 #include "unit.h"
 
 #define BASE_SIZE (4u << 20)
-
-/* Attaches IMAGE to the loop device NODE, detached again when the last
- * descriptor of it closes (the test's, at its exit at the latest).
- * Returns that descriptor.
- */
-static int
-attach (const char *node, const char *image)
-{
-  struct loop_config config;
-  int fd, file;
-
-  file = open (image, O_RDWR | O_CLOEXEC);
-  CHECK (file >= 0, "%s: %s", image, strerror (errno));
-  fd = open (node, O_RDWR | O_CLOEXEC);
-  CHECK (fd >= 0, "%s: %s", node, strerror (errno));
-  memset (&config, 0, sizeof config);
-  config.fd = (unsigned) file;
-  config.info.lo_flags = LO_FLAGS_AUTOCLEAR;
-  /* The last detach may still be finishing. */
-  for (int i = 0; ioctl (fd, LOOP_CONFIGURE, &config) == -1; i++) {
-    if (errno != EBUSY || i == 100)
-      unit_skip ("cannot attach %s to %s: %s", image, node, strerror (errno));
-    unit_sleep_ms (20);
-  }
-  close (file);
-  return fd;
-}
 
 int
 main (void)
@@ -62,15 +36,9 @@ main (void)
   const char *dir;
   char first[4096], other[4096], path[4096], node[64], err[512];
   char *written = NULL;
-  int control, n, held;
+  int held;
 
-  if (geteuid () != 0)
-    unit_skip ("loop devices need root");
-  control = open ("/dev/loop-control", O_RDWR | O_CLOEXEC);
-  if (control == -1 || (n = ioctl (control, LOOP_CTL_GET_FREE)) < 0)
-    unit_skip ("no loop devices: %s", strerror (errno));
-  close (control);
-  snprintf (node, sizeof node, "/dev/loop%d", n);
+  unit_free_loop (node, sizeof node);
   unit_deadline (30);
   dir = unit_tmpdir ("/var/tmp");
   unit_runtime_dir (dir);
@@ -80,14 +48,14 @@ main (void)
   unit_make_tagged_image (first, BASE_SIZE, "first disk");
   unit_make_tagged_image (other, BASE_SIZE, "another disk");
 
-  held = attach (node, first);
+  held = unit_loop_attach (node, first, false);
   unit_make_overlay (node, path);
   unit_stop_commit (path, node, MLOOP_OVERLAY_MERGE_BASE);
   /* The device given another disk: detached at the last close. */
   CHECK (ioctl (held, LOOP_CLR_FD) == 0 || errno == ENXIO, "%s: %s", node,
          strerror (errno));
   close (held);
-  held = attach (node, other);
+  held = unit_loop_attach (node, other, false);
 
   CHECK (mloop_overlay_file_commit (path, NULL, false, &written, err,
                                     sizeof err) == -1,

@@ -20,37 +20,11 @@
 
 #include "overlay.h"
 #include "overlay_file.h"
+#include "loop_device.h"
 #include "overlay_fixture.h"
 #include "unit.h"
 
 #define BASE_SIZE (4u << 20)
-
-/* Attaches IMAGE to the loop device NODE read-only, as a read-only
- * loop mount does, detached again when the last descriptor of it
- * closes.  Returns that descriptor.
- */
-static int
-attach (const char *node, const char *image)
-{
-  struct loop_config config;
-  int fd, file;
-
-  file = open (image, O_RDONLY | O_CLOEXEC);
-  CHECK (file >= 0, "%s: %s", image, strerror (errno));
-  fd = open (node, O_RDONLY | O_CLOEXEC);
-  CHECK (fd >= 0, "%s: %s", node, strerror (errno));
-  memset (&config, 0, sizeof config);
-  config.fd = (unsigned) file;
-  config.info.lo_flags = LO_FLAGS_AUTOCLEAR | LO_FLAGS_READ_ONLY;
-  /* The last detach may still be finishing. */
-  for (int i = 0; ioctl (fd, LOOP_CONFIGURE, &config) == -1; i++) {
-    if (errno != EBUSY || i == 100)
-      unit_skip ("cannot attach %s to %s: %s", image, node, strerror (errno));
-    unit_sleep_ms (20);
-  }
-  close (file);
-  return fd;
-}
 
 int
 main (void)
@@ -58,15 +32,9 @@ main (void)
   const char *dir;
   char image[4096], path[4096], node[64], backing[128], err[512];
   char *written = NULL;
-  int control, n, held;
+  int n, held;
 
-  if (geteuid () != 0)
-    unit_skip ("loop devices need root");
-  control = open ("/dev/loop-control", O_RDWR | O_CLOEXEC);
-  if (control == -1 || (n = ioctl (control, LOOP_CTL_GET_FREE)) < 0)
-    unit_skip ("no loop devices: %s", strerror (errno));
-  close (control);
-  snprintf (node, sizeof node, "/dev/loop%d", n);
+  n = unit_free_loop (node, sizeof node);
   snprintf (backing, sizeof backing, "/sys/block/loop%d/loop/backing_file",
             n);
   unit_deadline (30);
@@ -77,7 +45,7 @@ main (void)
   unit_make_tagged_image (image, BASE_SIZE, "a base");
   unit_make_overlay (image, path);
 
-  held = attach (node, image);
+  held = unit_loop_attach (node, image, true);
   CHECK (mloop_overlay_file_commit (path, NULL, false, &written, err,
                                     sizeof err) == -1,
          "the commit wrote %s under %s", image, node);
