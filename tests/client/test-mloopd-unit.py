@@ -13,14 +13,14 @@ manager cannot run.  About 4 s (standard tier, client suite)."""
 import os
 import shutil
 import signal
-import socket
 import tempfile
-import time
 
 import harness
+import mloopd_control
 import procstop
 import unitmanager
 from harness import check
+from mloopd_control import server_pid, wait_for
 
 BUILD = os.path.dirname(os.path.dirname(os.environ["MLOOPD_BIN"]))
 MLOOPD = os.environ["MLOOPD_BIN"]
@@ -33,14 +33,6 @@ def unit_file(subdir, name):
     if not os.path.exists(path):
         harness.skip(f"{path} is not built (no systemd pkg-config file at setup)")
     return path
-
-
-def wait_for(what, cond, timeout=30):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def main():
@@ -80,23 +72,10 @@ def main():
     check("mloopd is not started before a request", m.state("mloopd.service") == "inactive")
 
     def ask(**fields):
-        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
-            s.settimeout(60)
-            s.connect(control)
-            s.send(b"".join(f"{k}={v}".encode() + b"\0" for k, v in fields.items()))
-            data = s.recv(70000)
-        return dict(f.decode().split("=", 1) for f in data.split(b"\0") if f)
+        return mloopd_control.ask(control, **fields)
 
     def kept():
-        dirs = ask(op="list").get("dirs", "")
-        return set(dirs.split("\n")) if dirs else set()
-
-    def server_pid(d):
-        try:
-            with open(os.path.join(d, "server.pid")) as f:
-                return int(f.read())
-        except (OSError, ValueError):
-            return 0
+        return mloopd_control.kept(control)
 
     dirs, images = [], []
     for i in range(DEVICES):

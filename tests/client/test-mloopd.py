@@ -19,15 +19,16 @@ Root (mloopd answers root only; the non-root check runs as nobody).
 About 5 s (standard tier, client suite)."""
 import os
 import signal
-import socket
 import subprocess
 import time
 
 import nbd
 
 import harness
+import mloopd_control
 import procstop
 from harness import check
+from mloopd_control import wait_for
 
 MLOOPD = os.environ["MLOOPD_BIN"]
 DEVICES = 8
@@ -71,13 +72,7 @@ def start_mloopd():
 
 
 def ask(**fields):
-    """One request, as mloop sends it; the answer's fields."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
-        s.connect(control)
-        s.send(b"".join(f"{k.replace('_', '-')}={v}".encode() + b"\0"
-                        for k, v in fields.items()))
-        data = s.recv(70000)
-    return dict(f.decode().split("=", 1) for f in data.split(b"\0") if f)
+    return mloopd_control.ask(control, **fields)
 
 
 def device_dir(i):
@@ -85,11 +80,7 @@ def device_dir(i):
 
 
 def server_pid(i):
-    try:
-        with open(os.path.join(device_dir(i), "server.pid")) as f:
-            return int(f.read())
-    except (OSError, ValueError):
-        return 0
+    return mloopd_control.server_pid(device_dir(i))
 
 
 def reads_back(i):
@@ -101,14 +92,6 @@ def reads_back(i):
         return ok
     except nbd.Error:
         return False
-
-
-def wait_for(what, cond, timeout=30):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 mloopd = start_mloopd()

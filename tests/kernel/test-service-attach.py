@@ -11,13 +11,16 @@ after its last close; detach leaves nothing, and mloopd keeps nothing
 once every device is gone.  27-30 s under TCG (6.1 native, standard
 tier)."""
 import os
-import socket
 import subprocess
+import sys
 import time
 
 import fioverify
 from kfix import Skip, make_image, processes_mentioning, run, tmpdir, wait_until
 from restart import attach, kill_server, status
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import mloopd_control  # noqa: E402
 
 MLOOPD = os.environ.get("MLOOPD_BIN")
 DEVICES = 3
@@ -53,23 +56,14 @@ class Service:
             self.proc = subprocess.Popen([MLOOPD], env=self.env, stdout=log, stderr=log)
         wait_until(self.listening, "mloopd to listen")
 
-    def ask(self, **fields):
-        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
-            s.settimeout(30)
-            s.connect(self.sock)
-            s.send(b"".join(f"{k}={v}".encode() + b"\0" for k, v in fields.items()))
-            data = s.recv(70000)
-        return dict(f.decode().split("=", 1) for f in data.split(b"\0") if f)
-
     def listening(self):
         try:
-            return self.ask(op="list").get("ok") == "1"
+            return mloopd_control.ask(self.sock, op="list").get("ok") == "1"
         except OSError:
             return False
 
     def kept(self):
-        dirs = self.ask(op="list").get("dirs", "")
-        return set(dirs.split("\n")) if dirs else set()
+        return mloopd_control.kept(self.sock)
 
     def kill(self):
         self.proc.kill()

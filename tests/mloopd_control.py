@@ -1,0 +1,41 @@
+"""Asking mloopd over its control socket, as mloop does: what the tests
+of the resident service share (tests/client/test-mloopd*.py,
+tests/kernel/test-service-attach.py).  Standard library only."""
+import os
+import socket
+import time
+
+
+def ask(control, **fields):
+    """One request on the socket CONTROL (keys with _ sent with -); the
+    answer's fields."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+        s.settimeout(60)
+        s.connect(control)
+        s.send(b"".join(f"{k.replace('_', '-')}={v}".encode() + b"\0"
+                        for k, v in fields.items()))
+        data = s.recv(70000)
+    return dict(f.decode().split("=", 1) for f in data.split(b"\0") if f)
+
+
+def kept(control):
+    """The device directories mloopd keeps."""
+    dirs = ask(control, op="list").get("dirs", "")
+    return set(dirs.split("\n")) if dirs else set()
+
+
+def server_pid(directory):
+    """The pid in a device directory's server.pid, 0 without one."""
+    try:
+        with open(os.path.join(directory, "server.pid")) as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 0
+
+
+def wait_for(what, cond, timeout=30):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
