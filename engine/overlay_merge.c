@@ -11,9 +11,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include <linux/loop.h>
 #include <linux/openat2.h>
 
 #include "backing.h"
@@ -323,24 +325,58 @@ claim_device (const struct mloop_backing *base, const char *base_path,
   return r;
 }
 
-/* Refuses, in ERR, a regular file BASE that a loop device is attached
- * to (a loop mount of the image, read-only as well, to look inside it;
- * a losetup left over): the loop driver holds the file open but takes
- * no lock, and the merge would write under the filesystem mounted from
- * it.  Each loop device names its file in sysfs by its path now (a
- * rename followed), which is compared by device and inode.  One
- * attached after this look is not seen: losetup heeds no lock.
+/* Whether the loop device NAME (bound: its sysfs BACKING path read)
+ * is attached to the file of HELD.  Asked of the device itself
+ * (LOOP_GET_STATUS64: the backing file's device and inode, or a backing
+ * block device's number), which no path misleads: the sysfs path is
+ * the one its attacher gave, from their mount namespace, and "(deleted)"
+ * once that name is gone while the file lives on under another.  The
+ * path is compared only when the device cannot be asked.
+ */
+static bool
+loop_holds (const char *name, const char *backing, const struct stat *held)
+{
+  char node[sizeof "/dev/" + NAME_MAX];
+  struct loop_info64 info;
+  struct stat named;
+  int fd;
+
+  snprintf (node, sizeof node, "/dev/%s", name);
+  /* Zeroed: valgrind does not know what this ioctl fills in. */
+  memset (&info, 0, sizeof info);
+  fd = open (node, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd >= 0) {
+    int r = ioctl (fd, LOOP_GET_STATUS64, &info);
+
+    close (fd);
+    if (r == 0)
+      return S_ISBLK (held->st_mode)
+        ? info.lo_rdevice == held->st_rdev
+        : info.lo_device == held->st_dev && info.lo_inode == held->st_ino;
+  }
+  return stat (backing, &named) == 0 && named.st_dev == held->st_dev &&
+    named.st_ino == held->st_ino &&
+    S_ISBLK (named.st_mode) == S_ISBLK (held->st_mode);
+}
+
+/* Refuses, in ERR, a BASE that a loop device is attached to (a loop
+ * mount of the image, read-only as well, to look inside it; a loop
+ * device over a block device's disk to mount a partition of it; a
+ * losetup left over): the loop driver holds its file or device open but
+ * takes no lock or claim, and the merge would write under the
+ * filesystem mounted from it.  One attached after this look is not
+ * seen: losetup heeds no lock.
  */
 static int
 refuse_loop_backed (const struct mloop_backing *base, const char *base_path,
                     char *err, size_t errlen)
 {
-  struct stat held, named;
+  struct stat held;
   struct dirent *e;
   DIR *block;
   int r = 0;
 
-  if (base->is_block_device || fstat (base->fd, &held) == -1 ||
+  if (fstat (base->fd, &held) == -1 ||
       (block = opendir ("/sys/block")) == NULL)
     return 0;
   while (r == 0 && (e = readdir (block)) != NULL) {
@@ -359,8 +395,7 @@ refuse_loop_backed (const struct mloop_backing *base, const char *base_path,
     backing[len] = '\0';
     if (len > 0 && backing[len - 1] == '\n')
       backing[len - 1] = '\0';
-    if (stat (backing, &named) == 0 && named.st_dev == held.st_dev &&
-        named.st_ino == held.st_ino) {
+    if (loop_holds (e->d_name, backing, &held)) {
       snprintf (err, errlen, "%s, the overlay's base, is attached to the "
                 "loop device /dev/%s (a loop mount of it?): not committed "
                 "(unmount it, or losetup -d it, first)", base_path,

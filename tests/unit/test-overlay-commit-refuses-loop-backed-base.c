@@ -4,7 +4,11 @@
  * no lock, so the image lock did not see it, and the commit wrote the
  * overlay's clusters under the mounted filesystem, whose cached
  * metadata then no longer matched its image.  The commit refuses an
- * image a loop device is attached to, naming the device.
+ * image a loop device is attached to, naming the device; also when the
+ * name the loop device was given is gone (a hard link removed: its
+ * sysfs path then leads nowhere), and a block device base a loop device
+ * is attached to (a loop device over a disk, to mount a partition of
+ * it: the mount claims the loop device, not the disk).
  *
  * Needs root and loop devices (else it skips).  About 0.1 s, in the
  * unit suite of every tier.
@@ -70,6 +74,55 @@ main (void)
   free (written);
   CHECK (unit_byte_at (image, UNIT_OVERLAY_CLUSTER_AT) == 0x5a,
          "the commit did not write the image once it was free");
+
+  /* Attached by another name of the image, that name removed since. */
+  {
+    char other[4096], gone[4096];
+    int held2;
+
+    snprintf (other, sizeof other, "%s/other.img", dir);
+    snprintf (gone, sizeof gone, "%s/gone.img", dir);
+    unit_make_tagged_image (other, BASE_SIZE, "another base");
+    unit_make_overlay (other, path);
+    CHECK (link (other, gone) == 0, "%s: %s", gone, strerror (errno));
+    unit_free_loop (node, sizeof node);
+    held2 = unit_loop_attach (node, gone, true);
+    CHECK (unlink (gone) == 0, "%s: %s", gone, strerror (errno));
+    CHECK (mloop_overlay_file_commit (path, NULL, false, &written, err,
+                                      sizeof err) == -1,
+           "the commit wrote %s under %s, attached by a removed name",
+           other, node);
+    CHECK (unit_byte_at (other, UNIT_OVERLAY_CLUSTER_AT) == 0,
+           "the clusters were written under %s", node);
+    printf ("refused: %s\n", err);
+    close (held2);
+  }
+
+  /* A loop device over a block device base. */
+  {
+    char disk_image[4096], disk[64], over[64];
+    int disk_fd, over_fd;
+
+    snprintf (disk_image, sizeof disk_image, "%s/disk.img", dir);
+    snprintf (path, sizeof path, "%s/disk.overlay", dir);
+    unit_make_tagged_image (disk_image, BASE_SIZE, "a disk");
+    unit_free_loop (disk, sizeof disk);
+    disk_fd = unit_loop_attach (disk, disk_image, false);
+    unit_make_overlay (disk, path);
+    unit_free_loop (over, sizeof over);
+    over_fd = unit_loop_attach (over, disk, true);
+    CHECK (mloop_overlay_file_commit (path, NULL, false, &written, err,
+                                      sizeof err) == -1,
+           "the commit wrote %s under the loop device %s over it", disk,
+           over);
+    CHECK (strstr (err, over) != NULL, "the refusal does not name %s: %s",
+           over, err);
+    CHECK (unit_byte_at (disk_image, UNIT_OVERLAY_CLUSTER_AT) == 0,
+           "the clusters were written under %s", over);
+    printf ("refused: %s\n", err);
+    close (over_fd);
+    close (disk_fd);
+  }
   printf ("ok: a commit refuses an image a loop device is attached to\n");
   return 0;
 }
