@@ -267,25 +267,15 @@ refuse_link_at (int dir, const char *name, const char *path, char *err,
 }
 
 /* Refuses, in ERR, the overlay OV opened by PATH when it is not the
- * file CHECKED (unless NULL) or, DIR not -1, not the one NAME there
- * names: PATH led elsewhere by the time it was opened.
+ * file NAME in the directory DIR names, the entry a commit unlinks: a
+ * rename over the name since it was opened.  (That OV is the file the
+ * caller checked, mloop_overlay_open_existing saw to.)
  */
 static int
-refuse_other_opened (const struct mloop_overlay *ov, const char *path,
-                     const struct stat *checked, int dir, const char *name,
-                     char *err, size_t errlen)
+refuse_unnamed_opened (const struct mloop_overlay *ov, const char *path,
+                       int dir, const char *name, char *err, size_t errlen)
 {
-  struct stat held;
-
-  if (fstat (ov->fd, &held) == -1) {
-    int r = -errno;
-
-    snprintf (err, errlen, "overlay %s: %s", path, strerror (-r));
-    return r;
-  }
-  if ((checked == NULL || (held.st_dev == checked->st_dev &&
-                           held.st_ino == checked->st_ino)) &&
-      (dir == -1 || mloop_names_file_at (dir, name, ov->fd)))
+  if (mloop_names_file_at (dir, name, ov->fd))
     return 0;
   snprintf (err, errlen, "%s was replaced while being opened (it leads to "
             "another file, or through a symbolic link): not committed",
@@ -487,10 +477,10 @@ mloop_overlay_merge_checked (const char *path, const struct stat *checked,
                                    : MLOOP_OVERLAY_MERGE_BASE, err, errlen);
   if (r < 0)
     goto out_base;
-  /* Opened by the path, which may lead elsewhere by now: only the file
-   * the caller checked, and the one the entry to be unlinked names.
+  /* Opened by the path, which may lead elsewhere by now: only the one
+   * the entry to be unlinked names.
    */
-  r = refuse_other_opened (&ov, path, checked, dir, name, err, errlen);
+  r = remove ? refuse_unnamed_opened (&ov, path, dir, name, err, errlen) : 0;
   if (r == 0 && remove)
     r = refuse_other_names (&ov, false, err, errlen);
   if (r == 0)
