@@ -357,17 +357,24 @@ mloop_server_await (const struct mloop_server_spec *spec, pid_t child,
 }
 
 int
-mloop_server_start (const struct mloop_server_spec *spec,
-                    unsigned timeout_ms, pid_t *pid,
+mloop_server_spawn (const struct mloop_server_spec *spec, pid_t *child,
                     char *err, size_t errlen)
 {
   g_auto (GStrv) argv = server_argv (spec);
   g_autofree char *what = server_name (spec);
-  pid_t child;
 
   /* Each start's messages follow the last one's in the log. */
-  if (mloop_process_spawn (argv, spec->log_file, what, &child, err,
-                           errlen) == -1)
+  return mloop_process_spawn (argv, spec->log_file, what, child, err, errlen);
+}
+
+int
+mloop_server_start (const struct mloop_server_spec *spec,
+                    unsigned timeout_ms, pid_t *pid,
+                    char *err, size_t errlen)
+{
+  pid_t child;
+
+  if (mloop_server_spawn (spec, &child, err, errlen) == -1)
     return -1;
   return mloop_server_await (spec, child, timeout_ms, pid, err, errlen);
 }

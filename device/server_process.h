@@ -60,6 +60,12 @@ int mloop_process_await (pid_t child, const char *pid_file,
                          const char *what, unsigned timeout_ms, pid_t *pid,
                          char *err, size_t errlen);
 
+/* Spawns SPEC's server as *CHILD without waiting for it to listen
+ * (mloop_server_await does).  0, or -1 with ERR.
+ */
+int mloop_server_spawn (const struct mloop_server_spec *spec, pid_t *child,
+                        char *err, size_t errlen);
+
 /* Waits up to TIMEOUT_MS for a server spawned as CHILD from SPEC's
  * command to write its pid file (*PID).  Kills CHILD at the timeout.
  * 0, or -1 with ERR: why it ended, in its own words where it said them.

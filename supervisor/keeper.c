@@ -70,6 +70,7 @@
 #include "resize.h"
 #include "say.h"
 #include "server_process.h"
+#include "server_start.h"
 #include "store_name.h"
 
 #define START_TIMEOUT_MS 60000
@@ -131,6 +132,12 @@ struct keeper {
   int released_lock;            /* autoclear: the kernel let the device go */
   FILE *log;
   char *size_refusal;           /* why the device did not follow, once said */
+  /* A server starting on a thread of its own (server_start.h): the
+   * first (keeper_start_async) or a restart after a death.
+   */
+  struct server_start *starting;
+  keeper_started_fn started;    /* keeper_start_async's, until called */
+  void *started_data;
 };
 
 static void
@@ -165,6 +172,16 @@ watch_server (struct keeper *k, char *err, size_t errlen)
   return 0;
 }
 
+/* A killed server leaves its pid file and socket behind: the pid file
+ * would look like the new server's, and the socket path must be free.
+ */
+static void
+clear_last_server (struct keeper *k)
+{
+  g_unlink (k->spec.pid_file);
+  g_unlink (k->spec.socket_path);
+}
+
 /* Starts a server and watches it; ADOPTED, when not 0, is the first
  * one, started beside us as our child (mloop_supervisor_start): then
  * only waits for it to listen.  0, or -1 with ERR.
@@ -178,12 +195,7 @@ start_server (struct keeper *k, pid_t adopted, char *err, size_t errlen)
     r = mloop_server_await (&k->spec, adopted, START_TIMEOUT_MS, &k->server,
                             err, errlen);
   else {
-    /* A killed server leaves its pid file and socket behind: the pid
-     * file would look like the new server's, and the socket path must
-     * be free.
-     */
-    g_unlink (k->spec.pid_file);
-    g_unlink (k->spec.socket_path);
+    clear_last_server (k);
     r = mloop_server_start (&k->spec, START_TIMEOUT_MS, &k->server,
                             err, errlen);
   }
@@ -237,15 +249,42 @@ schedule_restart (struct keeper *k)
     k->restart_source = g_timeout_add (k->backoff_ms, restart, k);
 }
 
+static void restarted (pid_t pid, const char *start_err, void *data);
+
+/* A try at a server after a death: started on a thread of its own
+ * (server_start.h), so a server slow to listen holds up no other device
+ * of the process; restarted goes on once it listens.
+ */
 static gboolean
 restart (gpointer data)
 {
   struct keeper *k = data;
-  char err[512];
+  char err[1024];
 
   k->restart_source = 0;
-  if (start_server (k, 0, err, sizeof err) == 0 &&
-      reconnect_device (k, err, sizeof err) == 0) {
+  clear_last_server (k);
+  k->starting = server_start_begin (&k->spec, 0, START_TIMEOUT_MS,
+                                    restarted, k, err, sizeof err);
+  if (k->starting == NULL)
+    restarted (0, err, k);
+  return G_SOURCE_REMOVE;
+}
+
+static void
+restarted (pid_t pid, const char *start_err, void *data)
+{
+  struct keeper *k = data;
+  char err[1024];
+
+  k->starting = NULL;
+  k->server = pid;
+  if (pid <= 0)
+    snprintf (err, sizeof err, "%s", start_err);
+  else if (watch_server (k, err, sizeof err) == -1) {
+    mloop_server_stop (pid, k->spec.socket_path, STOP_TIMEOUT_MS);
+    k->server = 0;
+  }
+  if (k->server > 0 && reconnect_device (k, err, sizeof err) == 0) {
     /* The new set filled every dead slot: what was announced is done. */
     k->restarting = FALSE;
     dead_slots_forget (&k->slots);
@@ -254,7 +293,7 @@ restart (gpointer data)
       g_source_remove (k->heal_source);
       k->heal_source = 0;
     }
-    return G_SOURCE_REMOVE;
+    return;
   }
   say_to (k->log, "restart failed: %s", err);
   g_free (k->last_failure);
@@ -266,7 +305,6 @@ restart (gpointer data)
   else
     schedule_restart (k);
   k->backoff_ms = MIN (k->backoff_ms * 2, BACKOFF_MAX_MS);
-  return G_SOURCE_REMOVE;
 }
 
 static gboolean
@@ -810,6 +848,53 @@ keeper_start (struct keeper *k, pid_t adopted, char *err, size_t errlen)
   return 0;
 }
 
+/* keeper_start_async's server listens, or did not start. */
+static void
+first_started (pid_t pid, const char *start_err, void *data)
+{
+  struct keeper *k = data;
+  keeper_started_fn started = k->started;
+  char err[1024];
+
+  k->starting = NULL;
+  k->started = NULL;
+  k->server = pid;
+  if (pid <= 0) {
+    started (k, start_err, k->started_data);
+    return;
+  }
+  if (watch_server (k, err, sizeof err) == -1) {
+    mloop_server_stop (pid, k->spec.socket_path, STOP_TIMEOUT_MS);
+    k->server = 0;
+    started (k, err, k->started_data);
+    return;
+  }
+  say_to (k->log, "server pid %d started for %s", (int) k->server,
+          k->spec.image);
+  begin_keeping (k);
+  started (k, NULL, k->started_data);
+}
+
+void
+keeper_start_async (struct keeper *k, keeper_started_fn started, void *data)
+{
+  char err[1024];
+
+  k->started = started;
+  k->started_data = data;
+  clear_last_server (k);
+  k->starting = server_start_begin (&k->spec, 0, START_TIMEOUT_MS,
+                                    first_started, k, err, sizeof err);
+  if (k->starting == NULL)
+    first_started (0, err, k);
+}
+
+bool
+keeper_starting (const struct keeper *k)
+{
+  return k->started != NULL;
+}
+
 int
 keeper_take_over (struct keeper *k, pid_t server, char *err, size_t errlen)
 {
@@ -884,6 +969,9 @@ keeper_let_go (struct keeper *k)
 {
   say_to (k->log, "letting go of server pid %d, which serves on",
           (int) k->server);
+  /* One still starting serves on too, for the next keeper to find. */
+  if (k->starting)
+    server_start_abandon (k->starting, true);
   stop_watching (k);
   if (k->released_lock != -1)
     mloop_state_unlock (k->released_lock);
@@ -894,6 +982,8 @@ void
 keeper_stop (struct keeper *k)
 {
   say_to (k->log, "stopping server pid %d", (int) k->server);
+  if (k->starting)
+    server_start_abandon (k->starting, false);
   stop_watching (k);
   if (k->server > 0)
     mloop_server_stop (k->server, k->spec.socket_path, STOP_TIMEOUT_MS);

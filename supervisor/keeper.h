@@ -17,6 +17,7 @@
 #ifndef MLOOP_SUPERVISOR_KEEPER_H
 #define MLOOP_SUPERVISOR_KEEPER_H
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <sys/types.h>
 
@@ -52,6 +53,23 @@ struct keeper *keeper_new (const struct keeper_config *config);
  * the attach's failure.
  */
 int keeper_start (struct keeper *k, pid_t adopted, char *err, size_t errlen);
+
+/* Called once keeper_start_async's server listens (ERR NULL) or did not
+ * start (ERR says why: the attach's failure).
+ */
+typedef void (*keeper_started_fn) (struct keeper *k, const char *err,
+                                   void *data);
+
+/* keeper_start without waiting: the server is awaited on a thread of its
+ * own (server_start.h) and STARTED called on this main context, so one
+ * device's slow start holds up no other device of the process.
+ * STARTED is not called if the keeper is stopped or let go first.
+ */
+void keeper_start_async (struct keeper *k, keeper_started_fn started,
+                         void *data);
+
+/* Whether keeper_start_async's server is still starting. */
+bool keeper_starting (const struct keeper *k);
 
 /* Begins keeping a device whose server, SERVER, a keeper before this
  * one started (a service that was restarted): watches it as its own.

@@ -57,15 +57,22 @@
 #include "resident_service.h"
 #include "say.h"
 #include "server_kind.h"
+#include "server_start.h"
 
 #define SD_LISTEN_FDS_START 3
 #define STRAY_REAP_S 2
+/* Longer than any server start's wait (keeper.c). */
+#define START_WAIT_S 70
 
 /* One device kept. */
 struct kept {
   char *dir;
   struct keeper *k;
   FILE *log;                    /* the directory's supervisor.log */
+  /* The client waiting for the answer to its keep while the first server
+   * starts, or -1.
+   */
+  int waiting;
 };
 
 static GHashTable *kept;        /* dir -> struct kept */
@@ -143,6 +150,7 @@ kept_new (const char *dir, const struct mloop_server_spec *spec, char *err,
     return NULL;
   }
   d->dir = g_strdup (dir);
+  d->waiting = -1;
   config.log = d->log;
   config.data = d;
   d->k = keeper_new (&config);
@@ -191,13 +199,56 @@ read_spec (const struct mloop_control_in *in, struct mloop_server_spec *spec,
   return true;
 }
 
+static gboolean on_request (gint sock, GIOCondition c, gpointer unused);
+
+/* Sends OUT to a client whose answer waited, and reads its next request. */
 static void
-keep (const struct mloop_control_in *in, struct mloop_control_out *out)
+answer_waiting (int sock, const struct mloop_control_out *out)
+{
+  if (mloop_control_send (sock, out, NULL, 0) == -1) {
+    close (sock);
+    return;
+  }
+  g_unix_fd_add (sock, G_IO_IN | G_IO_HUP | G_IO_ERR, on_request, NULL);
+}
+
+/* A keep's first server listens, or did not start. */
+static void
+on_kept (struct keeper *k, const char *start_err, void *data)
+{
+  struct kept *d = data;
+  struct mloop_control_out out;
+  int sock = d->waiting;
+  char pid[32];
+
+  d->waiting = -1;
+  mloop_control_out_init (&out);
+  if (start_err) {
+    keep_record_remove (d->dir);
+    keeper_stop (d->k);
+    g_hash_table_remove (kept, d->dir);
+    mloop_control_add (&out, "error", start_err);
+  }
+  else {
+    snprintf (pid, sizeof pid, "%d", (int) keeper_server_pid (k));
+    mloop_control_add (&out, "ok", "1");
+    mloop_control_add (&out, "server-pid", pid);
+  }
+  answer_waiting (sock, &out);
+}
+
+/* op=keep from the client on SOCK: answered in OUT at once when refused;
+ * else (false) once the server listens (on_kept), the device kept from
+ * now on, so that other requests are answered meanwhile.
+ */
+static bool
+keep (const struct mloop_control_in *in, struct mloop_control_out *out,
+      int sock)
 {
   const char *dir = mloop_control_get (in, "dir");
   struct mloop_server_spec spec;
   struct kept *d;
-  char err[1024], pid[32];
+  char err[1024];
 
   if (dir == NULL || !device_dir (dir, err, sizeof err) ||
       !read_spec (in, &spec, err, sizeof err))
@@ -213,19 +264,13 @@ keep (const struct mloop_control_in *in, struct mloop_control_out *out)
     keep_record_remove (dir);
     goto fail;
   }
-  if (keeper_start (d->k, 0, err, sizeof err) == -1) {
-    keep_record_remove (dir);
-    keeper_stop (d->k);
-    kept_free (d);
-    goto fail;
-  }
   g_hash_table_insert (kept, d->dir, d);
-  snprintf (pid, sizeof pid, "%d", (int) keeper_server_pid (d->k));
-  mloop_control_add (out, "ok", "1");
-  mloop_control_add (out, "server-pid", pid);
-  return;
+  d->waiting = sock;
+  keeper_start_async (d->k, on_kept, d);
+  return false;
 fail:
   mloop_control_add (out, "error", err);
+  return true;
 }
 
 /* The device DIR names in IN, kept; else says why in OUT. */
@@ -243,10 +288,26 @@ find_kept (const struct mloop_control_in *in, struct mloop_control_out *out)
   return d;
 }
 
+/* find_kept, for a request that needs its first server to have started. */
+static struct kept *
+find_started (const struct mloop_control_in *in, struct mloop_control_out *out)
+{
+  struct kept *d = find_kept (in, out);
+  char err[1024];
+
+  if (d && d->waiting != -1) {
+    snprintf (err, sizeof err, "%s is still starting its server; try again "
+              "once its keep is answered", d->dir);
+    mloop_control_add (out, "error", err);
+    return NULL;
+  }
+  return d;
+}
+
 static void
 drop (const struct mloop_control_in *in, struct mloop_control_out *out)
 {
-  struct kept *d = find_kept (in, out);
+  struct kept *d = find_started (in, out);
 
   if (d == NULL)
     return;
@@ -259,7 +320,7 @@ drop (const struct mloop_control_in *in, struct mloop_control_out *out)
 static void
 restart (const struct mloop_control_in *in, struct mloop_control_out *out)
 {
-  struct kept *d = find_kept (in, out);
+  struct kept *d = find_started (in, out);
 
   if (d == NULL)
     return;
@@ -287,13 +348,15 @@ list (struct mloop_control_out *out)
   mloop_control_add (out, "ok", "1");
 }
 
-static void
-answer (const struct mloop_control_in *in, struct mloop_control_out *out)
+/* Answers IN in OUT, or (false) later: see keep. */
+static bool
+answer (const struct mloop_control_in *in, struct mloop_control_out *out,
+        int sock)
 {
   const char *op = mloop_control_get (in, "op");
 
   if (op && strcmp (op, "keep") == 0)
-    keep (in, out);
+    return keep (in, out, sock);
   else if (op && strcmp (op, "drop") == 0)
     drop (in, out);
   else if (op && strcmp (op, "restart") == 0)
@@ -307,6 +370,7 @@ answer (const struct mloop_control_in *in, struct mloop_control_out *out)
   else
     mloop_control_add (out, "error", "unknown op (keep, drop, restart, has "
                        "or list)");
+  return true;
 }
 
 /* One client's requests, each answered in turn. */
@@ -317,16 +381,17 @@ on_request (gint sock, GIOCondition c, gpointer unused)
   struct mloop_control_out *out = g_new (struct mloop_control_out, 1);
   char err[512];
   int r = mloop_control_recv (sock, in, err, sizeof err);
+  bool answered = true;
 
   mloop_control_out_init (out);
   if (r == 1) {
-    answer (in, out);
+    answered = answer (in, out, sock);
     /* Closes what descriptors came along: none is wanted yet. */
     mloop_control_in_clear (in);
   }
   else if (r == -1)
     mloop_control_add (out, "error", err);
-  if (r != 0 && mloop_control_send (sock, out, NULL, 0) == -1)
+  if (answered && r != 0 && mloop_control_send (sock, out, NULL, 0) == -1)
     r = 0;
   g_free (in);
   g_free (out);
@@ -334,7 +399,8 @@ on_request (gint sock, GIOCondition c, gpointer unused)
     close (sock);
     return G_SOURCE_REMOVE;
   }
-  return G_SOURCE_CONTINUE;
+  /* A waiting answer: the client's next request is read after it. */
+  return answered ? G_SOURCE_CONTINUE : G_SOURCE_REMOVE;
 }
 
 static gboolean
@@ -400,9 +466,24 @@ listen_on (const char *path, char *err, size_t errlen)
   return sock;
 }
 
+/* A recorded device's new server listens, or did not start: then it is
+ * said, and its record left for a look.
+ */
+static void
+on_taken_over (struct keeper *k, const char *start_err, void *data)
+{
+  struct kept *d = data;
+
+  if (start_err == NULL)
+    return;
+  say ("%s: cannot keep it: %s", d->dir, start_err);
+  keeper_let_go (d->k);
+  g_hash_table_remove (kept, d->dir);
+}
+
 /* Takes over every device a service before us kept: its server if it
- * still serves, else a new one.  Those that cannot be are said, and
- * their records left for a look.
+ * still serves, else a new one (started as a keep's is, all at once).
+ * Those that cannot be are said, and their records left for a look.
  */
 static void
 take_over_recorded (void)
@@ -419,7 +500,6 @@ take_over_recorded (void)
     struct mloop_server_spec spec;
     struct kept *d;
     char err[1024];
-    int r;
 
     /* Devices' directories only (not the state lock, not our socket). */
     if (!g_file_test (dir, G_FILE_TEST_IS_DIR))
@@ -437,24 +517,17 @@ take_over_recorded (void)
       pid_t server = g_file_get_contents (pid_path, &pid_text, NULL, NULL)
         ? (pid_t) atoi (pid_text) : 0;
 
-      r = keeper_take_over (d->k, server, err, sizeof err);
-      if (r == -1)
-        r = keeper_start (d->k, 0, err, sizeof err);
-      if (r == -1) {
-        say ("%s: cannot keep it: %s", dir, err);
-        keeper_let_go (d->k);
-        kept_free (d);
-      }
-      else
-        g_hash_table_insert (kept, d->dir, d);
+      g_hash_table_insert (kept, d->dir, d);
+      if (keeper_take_over (d->k, server, err, sizeof err) == -1)
+        keeper_start_async (d->k, on_taken_over, d);
     }
     g_free ((char *) spec.image);
     g_free ((char *) spec.overlay);
   }
 }
 
-/* Whether PID is the server a keeper watches: its exit is that
- * keeper's to reap (it reads the status).
+/* Whether PID is the server a keeper watches, or one a start waits
+ * for: its exit is theirs to reap (they read the status).
  */
 static bool
 kept_server (pid_t pid)
@@ -462,6 +535,8 @@ kept_server (pid_t pid)
   GHashTableIter i;
   gpointer d;
 
+  if (server_start_awaits (pid))
+    return true;
   g_hash_table_iter_init (&i, kept);
   while (g_hash_table_iter_next (&i, NULL, &d))
     if (keeper_server_pid (((struct kept *) d)->k) == pid)
@@ -501,6 +576,31 @@ reap_strays (gpointer unused)
   return G_SOURCE_CONTINUE;
 }
 
+static unsigned
+keeps_waiting (void)
+{
+  GHashTableIter i;
+  gpointer d;
+  unsigned n = 0;
+
+  g_hash_table_iter_init (&i, kept);
+  while (g_hash_table_iter_next (&i, NULL, &d))
+    n += ((struct kept *) d)->waiting != -1;
+  return n;
+}
+
+/* Runs the main loop on while COUNT is not 0: servers starting, each
+ * given up by its start within START_WAIT_S.
+ */
+static void
+finish_starts (unsigned (*count) (void))
+{
+  gint64 deadline = g_get_monotonic_time () + START_WAIT_S * G_USEC_PER_SEC;
+
+  while (count () > 0 && g_get_monotonic_time () < deadline)
+    g_main_context_iteration (NULL, TRUE);
+}
+
 static gboolean
 on_stop_signal (gpointer unused)
 {
@@ -525,6 +625,7 @@ main (int argc, char **argv)
   struct stat st;
   char err[512];
   int listener;
+  guint listening;
 
   g_option_context_add_main_entries (ctx, entries, NULL);
   if (!g_option_context_parse (ctx, &argc, &argv, &gerr) || argc != 1) {
@@ -556,7 +657,7 @@ main (int argc, char **argv)
    */
   g_timeout_add_seconds (STRAY_REAP_S, reap_strays, NULL);
   take_over_recorded ();
-  g_unix_fd_add (listener, G_IO_IN, on_connect, NULL);
+  listening = g_unix_fd_add (listener, G_IO_IN, on_connect, NULL);
   say ("mloopd pid %d keeps %u device(s), listening on %s", (int) getpid (),
        g_hash_table_size (kept), control);
   g_main_loop_run (loop);
@@ -566,9 +667,16 @@ main (int argc, char **argv)
    */
   say ("mloopd pid %d stopping; %u device(s) serve on", (int) getpid (),
        g_hash_table_size (kept));
+  g_source_remove (listening);
+  /* The keeps under way are answered first: their clients go on. */
+  finish_starts (keeps_waiting);
   g_hash_table_iter_init (&i, kept);
   while (g_hash_table_iter_next (&i, NULL, &d))
     keeper_let_go (((struct kept *) d)->k);
+  /* Restarts under way were let go: their servers serve on, and the next
+   * mloopd must find their pid files written.
+   */
+  finish_starts (server_starts_pending);
   g_hash_table_destroy (kept);
   close (listener);
   if (bound && stat (bound, &st) == 0 && st.st_dev == bound_st.st_dev &&

@@ -1,0 +1,50 @@
+/* A server started without holding up the main loop.
+ *
+ * A server may take long to listen: nbdkit under emulation, an RBD
+ * cluster slow to answer, an image on a stalled disk; it is given up to
+ * a minute.  mloopd keeps every device on one main loop, where that
+ * wait would hold up every other device's supervision and every request
+ * on its control socket.  So the server is spawned on the main loop's
+ * thread (mloopd looks for the children it must reap among those of its
+ * main thread), waited for on a thread of its own, and its outcome
+ * handed back on the main context it was started from.
+ */
+#ifndef MLOOP_SUPERVISOR_SERVER_START_H
+#define MLOOP_SUPERVISOR_SERVER_START_H
+
+#include <stdbool.h>
+#include <sys/types.h>
+
+#include "server_process.h"
+
+struct server_start;
+
+/* Called on the starting main context: PID, the server listening, or 0
+ * with ERR saying why it did not start (the child is reaped then).
+ */
+typedef void (*server_started_fn) (pid_t pid, const char *err, void *data);
+
+/* Spawns SPEC's server (or, ADOPTED not 0, waits for that child already
+ * spawned) and calls DONE once it listens or failed, within TIMEOUT_MS.
+ * NULL with ERR when it could not even be spawned (DONE is not called).
+ */
+struct server_start *server_start_begin (const struct mloop_server_spec *spec,
+                                         pid_t adopted, unsigned timeout_ms,
+                                         server_started_fn done, void *data,
+                                         char *err, size_t errlen);
+
+/* The caller no longer wants the outcome: DONE is not called; a server
+ * that starts anyway is left serving when KEEP_SERVING (its device is
+ * let go, for the next service to take over), else stopped.
+ */
+void server_start_abandon (struct server_start *s, bool keep_serving);
+
+/* Whether PID is a child a start is waiting for (its exit is the
+ * start's to reap).
+ */
+bool server_start_awaits (pid_t pid);
+
+/* How many starts are under way, abandoned ones included. */
+unsigned server_starts_pending (void);
+
+#endif /* MLOOP_SUPERVISOR_SERVER_START_H */
