@@ -3,6 +3,8 @@ each with the same small interface, so every test runs unchanged through
 each of them:
 
   native, nbdkit       `mloop attach --server native|nbdkit` (the CLI)
+  service              `mloop attach --server native` with mloopd listening:
+                       one resident mloopd keeps every device's server
   ublk                 `mloop attach --transport ublk`: /dev/ublkbN served by
                        mloop-ublk through the kernel's ublk driver (6.12)
   nbd-client-native    stock nbd-client against mloop-server
@@ -17,6 +19,7 @@ it before booting, runner.py that the running kernel has it loaded), .attach(cl,
 returning an Attachment whose detach is pushed on the cleanup stack CL, and
 .leftovers(att) listing what a detach left behind.
 """
+import contextlib
 import json
 import os
 import re
@@ -28,6 +31,7 @@ from kfix import (BLOCK_SIZE, CONNECTIONS, DEVICE_TIMEOUT,
                   free_nbd, nbd_in_use, processes_mentioning, run, sysfs,
                   tmpdir, wait_until)
 import recvwork
+from service import MLOOPD, Service
 
 SERVER_BIN = os.environ.get("MLOOP_SERVER_BIN", "")
 UBLK_BIN = os.environ.get("MLOOP_UBLK_BIN", "")
@@ -114,6 +118,12 @@ class MloopCli:
     def cli(self, *args, check=True):
         return run([CLI, *args], check=check, env=self.env())
 
+    @contextlib.contextmanager
+    def server_environment(self, extra):
+        """The environment for `mloop attach` in which the servers it
+        starts see EXTRA too (a dict: a server or plugin of the test's)."""
+        yield dict(self.env(), **extra)
+
     def status(self, dev):
         """`mloop status --json DEV`, parsed."""
         return json.loads(self.cli("status", "--json", dev).stdout)
@@ -163,6 +173,76 @@ class MloopCli:
         if left:
             problems.append(f"runtime dir still holds {left}")
         return problems
+
+
+class MloopService(MloopCli):
+    """`mloop attach --server native` while mloopd listens in the runtime
+    directory, as where its socket unit is enabled: mloopd keeps every
+    device's server and no mloop-supervisor runs.  One mloopd serves the
+    whole group (begin() to end()); after each test it must still run and
+    keep nothing."""
+
+    def __init__(self):
+        super().__init__("native")
+        self.name = "service"
+        self.service = None
+
+    def unavailable(self):
+        reason = super().unavailable()
+        if reason:
+            return reason
+        if not MLOOPD or not os.path.exists(MLOOPD):
+            return "mloopd is not built"
+        return None
+
+    def begin(self):
+        self.env()  # names the runtime directory mloopd listens in
+        os.makedirs(self.runtime_dir, mode=0o700, exist_ok=True)
+        self.service = Service(self, os.path.join("/tmp", f"mloopd-{os.getpid()}.log"))
+        self.service.start()
+
+    def end(self):
+        self.service.stop()
+        os.unlink(self.service.log)
+
+    @contextlib.contextmanager
+    def server_environment(self, extra):
+        """The servers are mloopd's children: mloopd itself runs with
+        EXTRA meanwhile."""
+        self.service.stop()
+        self.service.start(extra)
+        try:
+            yield dict(self.env(), **extra)
+        finally:
+            self.service.stop()
+            self.service.start()
+
+    def between(self):
+        """What is wrong with mloopd after a test: ended, or still keeping
+        a device; None when it serves on, empty.  What it still keeps is
+        detached, so that the next test starts clean."""
+        if not self.service.running():
+            problem = f"mloopd ended (exit {self.service.proc.returncode}): {self.log_tail()}"
+            self.service.start()
+            return problem
+        kept = self.service.kept()
+        if kept:
+            self.cli("detach", "--all", check=False)
+            return f"mloopd still keeps {sorted(kept)}"
+        return None
+
+    def log_tail(self):
+        with open(self.service.log, errors="replace") as f:
+            return " | ".join(f.read().splitlines()[-5:])
+
+    def state_entries(self):
+        return [e for e in super().state_entries() if e != "mloopd.sock"]
+
+    def attach(self, cl, image, read_only=False, args=None):
+        att = super().attach(cl, image, read_only, args)
+        assert att.device and self.status(att.device)["service_kept"], \
+            f"{att.device} was attached without mloopd"
+        return att
 
 
 class MloopUblk(MloopCli):
@@ -339,5 +419,6 @@ class Loop:
         return problems
 
 
-KINDS = {k.name: k for k in [MloopCli("native"), MloopCli("nbdkit"), MloopUblk(),
+KINDS = {k.name: k for k in [MloopCli("native"), MloopCli("nbdkit"), MloopService(),
+                             MloopUblk(),
                              StockClient("native"), StockClient("nbdkit"), Loop()]}

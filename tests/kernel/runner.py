@@ -100,8 +100,16 @@ UBLK = ["ublk-smoke", "ublk-cli", "restart-fio", "restart-full-queue", "restart-
 _NBDKIT_LEAVES_OUT = [t for t in CLI_ONLY if t not in ("resize", "offset-window")] + \
     ["remote-restart", "stall-reconnect", "power-cut-overlay", "power-cut-overlay-fua",
      "overlay-sync-error", "rbd"]
+# The service kind (every server kept by one mloopd) takes 6.12's
+# standard place from the native kind, whose per-process supervisor
+# runs the same keeper: what every kind runs, the restarts and the remote
+# device, and of the command line's contract what goes another way
+# through mloopd (a server's failure to start, autoclear, a resize's
+# restart).  The rest of the group, and 6.1's, in the full tier.
+_SERVICE_KEEPS = ("cli-errors", "autoclear", "resize")
 STANDARD_LEAVES_OUT = {
     ("native", "6.1"): ["power-cut-overlay-early-ack", "dbus-unit", "rbd"],
+    ("service", "6.12"): [t for t in CLI_ONLY if t not in _SERVICE_KEEPS] + ["rbd"],
     ("native", "6.12"): CLI_ONLY + ["rbd"] + PACKAGE,
     ("nbdkit", "6.1"): _NBDKIT_LEAVES_OUT,
     ("nbdkit", "6.12"): _NBDKIT_LEAVES_OUT,
@@ -139,7 +147,12 @@ def tests_for(kind, group="main"):
         return DURABLE if cli or loop else []
     if ublk:
         return COMMON + UBLK + RBD
-    native = cli and kind.server == "native"
+    if isinstance(kind, kinds.MloopService):
+        # service-attach starts an mloopd of its own; the package runs
+        # the installed programs, the same as the native kind's.
+        return COMMON + [t for t in CLI_ONLY if t != "service-attach"] + SUPERVISED \
+            + REMOTE + RBD
+    native = cli and kind.name == "native"
     return COMMON + (CLI_ONLY + SUPERVISED + REMOTE + RBD if cli else []) \
         + (PACKAGE if native else [])
 
@@ -264,6 +277,8 @@ def main(argv):
     sys.stdout = StampedOutput(sys.stdout)
     current, stop = [None, 0.0], threading.Event()
     threading.Thread(target=report_quiet, args=(current, stop), daemon=True).start()
+    if not reason and hasattr(kind, "begin"):
+        kind.begin()
     for n, name in enumerate(names, 1):
         if reason:
             out(f"ok {n} - {name} # SKIP {reason}")
@@ -288,6 +303,9 @@ def main(argv):
             # Cleanup ran: a test must not leave a device connected.
             left = sorted(set(connected_devices()) - set(busy_before))
             assert not left, f"left connected: {left}"
+            if hasattr(kind, "between"):
+                problem = kind.between()
+                assert problem is None, problem
         except kfix.Skip as e:
             out(f"ok {n} - {name} # SKIP {e}")
         except Exception as e:
@@ -299,6 +317,8 @@ def main(argv):
             out(f"ok {n} - {name}")
         out(f"# {name}: {time.monotonic() - start:.1f} s")
     stop.set()
+    if not reason and hasattr(kind, "end"):
+        kind.end()
     if getattr(kind, "runtime_dir", None):
         shutil.rmtree(kind.runtime_dir, ignore_errors=True)  # just .lock by now
     return 1 if failed else 0

@@ -49,9 +49,9 @@ def run_test(kind, cl):
 
     # A server that fails to start: its own error reaches the user.
     image = make_image(cl)
-    broken = server_that_fails(kind, cl)
-    p = subprocess.run([kinds.CLI, *kind.attach_args(image)], capture_output=True,
-                       text=True, timeout=240, env=dict(kind.env(), **broken))
+    with kind.server_environment(server_that_fails(kind, cl)) as env:
+        p = subprocess.run([kinds.CLI, *kind.attach_args(image)], capture_output=True,
+                           text=True, timeout=240, env=env)
     lines = p.stderr.splitlines()
     assert p.returncode != 0 and len(lines) == 1, f"broken server: {p.stderr!r}"
     assert "failed to start" in lines[0] and BROKEN_WORDS[kind.server] in lines[0], \

@@ -11,18 +11,13 @@ after its last close; detach leaves nothing, and mloopd keeps nothing
 once every device is gone.  27-30 s under TCG (6.1 native, standard
 tier)."""
 import os
-import subprocess
-import sys
 import time
 
 import fioverify
 from kfix import Skip, make_image, processes_mentioning, run, tmpdir, wait_until
 from restart import attach, kill_server, status
+from service import MLOOPD, Service
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import mloopd_control  # noqa: E402
-
-MLOOPD = os.environ.get("MLOOPD_BIN")
 DEVICES = 3
 TIMEOUT = 10  # the devices' request timeout: requests on a killed server requeue
 
@@ -41,46 +36,11 @@ def ended_children(pid):
     return ended
 
 
-class Service:
-    """mloopd in the kind's runtime directory, started and restarted."""
-
-    def __init__(self, kind, cl):
-        self.kind, self.env = kind, kind.env()
-        self.sock = os.path.join(kind.runtime_dir, "mloopd.sock")
-        self.log = os.path.join(tmpdir(cl), "mloopd.log")
-        self.proc = None
-        cl.push(self.stop)
-
-    def start(self):
-        with open(self.log, "a") as log:
-            self.proc = subprocess.Popen([MLOOPD], env=self.env, stdout=log, stderr=log)
-        wait_until(self.listening, "mloopd to listen")
-
-    def listening(self):
-        try:
-            return mloopd_control.ask(self.sock, op="list").get("ok") == "1"
-        except OSError:
-            return False
-
-    def kept(self):
-        return mloopd_control.kept(self.sock)
-
-    def kill(self):
-        self.proc.kill()
-        self.proc.wait()
-
-    def stop(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=60)
-        if os.path.exists(self.sock):
-            os.unlink(self.sock)
-
-
 def run_test(kind, cl):
     if not MLOOPD or not os.path.exists(MLOOPD):
         raise Skip("mloopd is not built")
-    service = Service(kind, cl)
+    service = Service(kind, os.path.join(tmpdir(cl), "mloopd.log"))
+    cl.push(service.stop)
     service.start()
     images = [make_image(cl, seed=30 + i) for i in range(DEVICES)]
     atts = [attach(kind, cl, image, TIMEOUT) for image in images]
