@@ -10,7 +10,11 @@ In it:
 1. `dpkg -i` installs the packages (each debian/control names) built by
    `scripts/check-package --debs DIR` (MLOOP_DEBS=DIR; a SKIP without it).
 2. The installed mloop attaches an image; mkfs.ext4, mount, a file
-   written, umount, detach: `mloop list` is empty.
+   written, umount, detach: `mloop list` is empty.  No mloopd listens
+   yet (no systemd runs here): each device has its supervisor.  Then the
+   postinst has enabled mloopd.socket, and mloopd is started as systemd
+   would start it from there (the installed unit's ExecStart): steps 3
+   and 4 go through it (the mounts' devices are kept by it).
 3. /etc/fstab: a `defaults` line (that image), a line with
    `nofail,x-systemd.device-timeout=5s` (mount(8) hands the helper
    `-o nofail`, and leaves x-* out) and a line whose image is missing.
@@ -27,8 +31,10 @@ In it:
    would (OPTIONS=--read-only, as a drop-in may set), attach the image
    (the files of step 3 read back) and detach it.  `mount -t mloop -o ro`
    reads back the file written through the nofail line.
-5. `dpkg --purge`: no file of the packages, no unit, no /run/mloop, no
-   program, no device, no process is left, and dpkg knows none of them.
+5. mloopd stopped (SIGTERM, as the prerm has systemd do) exits 0 and
+   removes its socket; `dpkg --purge`: no file of the packages, no
+   unit, no enabled socket, no /run/mloop, no program, no device, no
+   process is left, and dpkg knows none of them.
 
 Run time: 32-56 s in the 6.1 VM under TCG on the project machine (7
 runs; the spread is the host's load and page cache), a quarter of it
@@ -43,6 +49,7 @@ import random
 import shlex
 import shutil
 import signal
+import subprocess
 import tempfile
 
 import kinds
@@ -67,6 +74,8 @@ CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "HOME":
 # (/run/mloop, mount(8)'s /run/mount) is seen, and goes with the root.
 BINDS = ["proc", "sys", "dev", "var/tmp"]
 RUNTIME_DIR = "/run/mloop"
+# Where the package's postinst enables mloopd's socket.
+SOCKET_WANTED = "/etc/systemd/system/sockets.target.wants/mloopd.socket"
 IMAGE_SIZE = 64 << 20
 # mount(8)'s exit status when some of `mount -a` mounted and some failed.
 MOUNT_SOME_OK = 64
@@ -198,6 +207,17 @@ class NewRoot:
         """Runs CMD in the root."""
         return run(["chroot", self.root, *cmd], check=check, env=CLEAN_ENV)
 
+    def start_service(self, unit):
+        """The installed UNIT's ExecStart, started in the root as systemd
+        would (its process; teardown's wait for the root's processes
+        kills it if the test does not stop it)."""
+        with open(self.path(f"/lib/systemd/system/{unit}")) as f:
+            env, cmds = unit_commands(f.read())
+        log = open(os.path.join(self.root, "tmp", f"{unit}.log"), "w")
+        with log:
+            return subprocess.Popen(["chroot", self.root, *shlex.split(cmds["ExecStart"])],
+                                    env=dict(CLEAN_ENV, **env), stdout=log, stderr=log)
+
     def teardown(self):
         errors = []
         for mnt in reversed(mounts_below(self.root)):
@@ -265,7 +285,8 @@ def assert_nothing_left(root, images, why):
     for image in images:
         problems += [f"process {pid}: {cmd}" for pid, cmd in processes_mentioning(image)]
     run_dir = root.path(RUNTIME_DIR)
-    state = sorted(set(os.listdir(run_dir)) - {".lock"}) if os.path.isdir(run_dir) else []
+    state = sorted(set(os.listdir(run_dir)) - {".lock", "mloopd.sock"}) \
+        if os.path.isdir(run_dir) else []
     if state:
         problems.append(f"{RUNTIME_DIR} holds {state}")
     assert not problems, f"{why}: " + "; ".join(problems)
@@ -358,6 +379,14 @@ def run_test(kind, cl):
     assert not nbd_in_use(dev), f"{dev} is still connected after mloop detach"
     assert_nothing_left(root, [disk], "after mloop detach")
 
+    # mloopd, as systemd starts it from the socket the package enabled
+    # (no systemd runs here): the rest goes through it.
+    assert os.path.islink(root.path(SOCKET_WANTED)), \
+        "mloopd.socket is not enabled after the install"
+    mloopd = root.start_service("mloopd.service")
+    wait_until(lambda: os.path.exists(root.path(f"{RUNTIME_DIR}/mloopd.sock")),
+               "the installed mloopd to listen")
+
     # 3. /etc/fstab, through mount(8) and its helper /sbin/mount.mloop.
     for d in ("x", "y", "z"):
         os.makedirs(root.path(f"/mnt/{d}"))
@@ -382,6 +411,9 @@ def run_test(kind, cl):
     assert not processes_mentioning(missing), \
         f"the failed line left {processes_mentioning(missing)}"
     assert digest(root.path("/mnt/x/first")) == first, "the file of step 2 reads back wrong"
+    for dev in devices(root):
+        status = json.loads(root.in_root("mloop", "status", "--json", dev).stdout)
+        assert status["service_kept"], f"{dev} is not kept by the installed mloopd: {status}"
     # mount(8) compares a line's source (the image) with what is mounted
     # (the device): a second mount -a asks the helper again, which says
     # done; only the missing image's line fails again.
@@ -462,7 +494,13 @@ def run_test(kind, cl):
     assert got == third, "the file written through the nofail line reads back wrong"
     wait_nothing_left(root, [other], "after mount -t mloop and umount")
 
-    # 5. Purge.
+    # 5. Purge, mloopd stopped first as the package's prerm has systemd
+    # do: it lets go of no device (it keeps none now) and removes its
+    # socket.
+    mloopd.terminate()
+    assert mloopd.wait(timeout=30) == 0, f"the installed mloopd exited {mloopd.returncode}"
+    assert not os.path.exists(root.path(f"{RUNTIME_DIR}/mloopd.sock")), \
+        "the installed mloopd left its socket"
     root.in_root("dpkg", "--purge", *PACKAGES)
     p = root.in_root("dpkg-query", "-W", "-f", "${Package} ${Status}\n", *PACKAGES, check=False)
     for pkg in PACKAGES:
@@ -477,6 +515,8 @@ def run_test(kind, cl):
         + glob.glob(root.path("/usr/lib/*/mloop"))
     assert not left, f"left after the purge: {left}"
     assert not os.path.exists(root.path(RUNTIME_DIR)), f"{RUNTIME_DIR} is left after the purge"
+    assert not os.path.lexists(root.path(SOCKET_WANTED)), \
+        "mloopd.socket is still enabled after the purge"
     assert not processes_in(root.root), f"processes left: {processes_in(root.root)}"
     left = connected() - connected_before
     assert not left, f"left connected: {sorted(left)}"
