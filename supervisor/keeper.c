@@ -138,6 +138,9 @@ struct keeper {
   struct server_start *starting;
   keeper_started_fn started;    /* keeper_start_async's, until called */
   void *started_data;
+  /* A planned restart's next server is the one starting; the old one. */
+  gboolean replacing;
+  pid_t replaced;
 };
 
 static void
@@ -156,6 +159,7 @@ record (struct keeper *k)
 }
 
 static gboolean on_server_exit (gint fd, GIOCondition c, gpointer data);
+static void handover_done (struct keeper *k, const char *error);
 
 /* Watches k->server: its pidfd wakes on_server_exit.  0, or -1 with ERR. */
 static int
@@ -327,6 +331,16 @@ on_server_exit (gint fd, GIOCondition c, gpointer data)
   g_free (k->last_failure);
   k->last_failure = g_strdup_printf ("server pid %d %s", (int) k->server,
                                      how);
+  if (k->replacing) {
+    /* The next server would take over from a dead one: the ordinary
+     * restart does that, from scratch.
+     */
+    server_start_abandon (k->starting, false);
+    k->starting = NULL;
+    k->replacing = FALSE;
+    handover_done (k, "the server died during the planned restart; it is "
+                   "being restarted");
+  }
   if (g_get_monotonic_time () - k->started_at > HEALTHY_US)
     k->backoff_ms = BACKOFF_MIN_MS;
   k->server = 0;
@@ -615,7 +629,7 @@ follow_image_size (gpointer data)
   char err[512];
   int r;
 
-  if (k->restarting)
+  if (k->restarting || k->replacing)
     return G_SOURCE_CONTINUE;
   r = mloop_resize_follow (k->dir, &restart, &from, &to, err,
                            sizeof err);
@@ -678,68 +692,106 @@ handover_done (struct keeper *k, const char *error)
   record (k);
 }
 
-/* A planned restart (see the top): the next server first (but see
- * old_first), on SOCKET.next, then the handover.  The next server's
- * command line names SOCKET.next, which contains SOCKET, so
- * mloop_server_running still knows it by the device's socket path.  If
- * the next server does not start, the old one serves on and `mloop
- * resize` says so.
+/* The paths of a planned restart's next server: the device's own, with
+ * ".next".  Its command line names SOCKET.next, which contains SOCKET,
+ * so mloop_server_running still knows it by the device's socket path.
+ * Its counters are its own: until the old server dies, both count, and
+ * a connection the old one counted open when it was killed would never
+ * be counted closed (mloop status: 5 of 4 connections open).
  */
-static void
-replace_server (struct keeper *k)
-{
-  g_autofree char *sock = g_strconcat (k->spec.socket_path, ".next", NULL);
-  g_autofree char *pid_file = g_strconcat (k->spec.pid_file, ".next", NULL);
-  /* Counters of its own: until the old server dies, both count, and a
-   * connection the old one counted open when it was killed would never
-   * be counted closed (mloop status: 5 of 4 connections open).
-   */
-  g_autofree char *stats = g_strconcat (k->spec.stats_file, ".next", NULL);
-  g_autofree char *failed = NULL;
-  struct mloop_server_spec next = k->spec;
-  pid_t old = k->server, pid;
-  /* An RBD image's exclusive lock has one holder: started first, the
-   * next server would break the lock of one still answering requests
-   * (librbd blocklists it, failing the writes it has in flight).  So the
-   * old one goes first, as in a crash; the next takes its lock over at
-   * once (lock_record) while the kernel holds IO.
-   */
-  const bool old_first = k->spec.lock_record != NULL;
-  char err[512];
+struct next_paths {
+  char *sock, *pid_file, *stats;
+};
 
-  next.socket_path = sock;
-  next.pid_file = pid_file;
-  next.stats_file = stats;
-  g_unlink (sock);
-  g_unlink (pid_file);
-  g_unlink (stats);
-  if (old_first) {
+static void
+next_paths_init (const struct keeper *k, struct next_paths *n)
+{
+  n->sock = g_strconcat (k->spec.socket_path, ".next", NULL);
+  n->pid_file = g_strconcat (k->spec.pid_file, ".next", NULL);
+  n->stats = g_strconcat (k->spec.stats_file, ".next", NULL);
+}
+
+static void
+next_paths_clear (struct next_paths *n)
+{
+  g_free (n->sock);
+  g_free (n->pid_file);
+  g_free (n->stats);
+}
+
+/* An RBD image's exclusive lock has one holder: started first, the next
+ * server would break the lock of one still answering requests (librbd
+ * blocklists it, failing the writes it has in flight).  So the old one
+ * goes first, as in a crash; the next takes its lock over at once
+ * (lock_record) while the kernel holds IO.
+ */
+static bool
+old_goes_first (const struct keeper *k)
+{
+  return k->spec.lock_record != NULL;
+}
+
+/* A planned restart's first half (see the top): the next server's spec,
+ * on its own paths, cleared of a last try's; with old_goes_first the old
+ * server is killed now.  The old server's pid, which the caller passes
+ * to replace_finish.
+ */
+static pid_t
+replace_begin (struct keeper *k, struct next_paths *paths,
+               struct mloop_server_spec *next)
+{
+  pid_t old = k->server;
+
+  next_paths_init (k, paths);
+  *next = k->spec;
+  next->socket_path = paths->sock;
+  next->pid_file = paths->pid_file;
+  next->stats_file = paths->stats;
+  g_unlink (paths->sock);
+  g_unlink (paths->pid_file);
+  g_unlink (paths->stats);
+  if (old_goes_first (k)) {
     g_source_remove (k->pidfd_source);
     kill_old_server (old, k->pidfd);
     k->server = 0;
     k->pidfd = -1;
   }
-  if (mloop_server_start (&next, START_TIMEOUT_MS, &pid, err,
-                          sizeof err) == -1) {
-    if (!old_first) {
+  return old;
+}
+
+/* A planned restart's second half, once the next server listens (PID)
+ * or did not start (0, START_ERR): the handover, or the old server
+ * serving on (or, when it went first, a restart).  If the next server
+ * does not start, the old one serves on and `mloop resize` says so.
+ */
+static void
+replace_finish (struct keeper *k, pid_t old, pid_t pid, const char *start_err)
+{
+  g_autofree char *failed = NULL;
+  struct next_paths paths;
+  char err[512];
+
+  next_paths_init (k, &paths);
+  if (pid <= 0) {
+    if (!old_goes_first (k)) {
       failed = g_strdup_printf ("the next server did not start: %s; server "
-                                "pid %d serves on", err, (int) old);
+                                "pid %d serves on", start_err, (int) old);
       goto out;
     }
     failed = g_strdup_printf ("the next server did not start: %s; "
-                              "restarting it", err);
+                              "restarting it", start_err);
     k->restarting = TRUE;
     schedule_restart (k);
     goto out;
   }
-  if (!old_first) {
+  if (!old_goes_first (k)) {
     g_source_remove (k->pidfd_source);
     kill_old_server (old, k->pidfd);
   }
   k->server = pid;
   if (watch_server (k, err, sizeof err) == -1) {
     failed = g_strdup (err);
-    mloop_server_stop (pid, sock, STOP_TIMEOUT_MS);
+    mloop_server_stop (pid, paths.sock, STOP_TIMEOUT_MS);
     k->server = 0;
     k->restarting = TRUE;
     schedule_restart (k);
@@ -748,10 +800,10 @@ replace_server (struct keeper *k)
   /* From here a failure kills the new server: its death starts the
    * ordinary restart, which begins from scratch.
    */
-  if (rename (sock, k->spec.socket_path) == -1 ||
-      rename (pid_file, k->spec.pid_file) == -1 ||
-      rename (stats, k->spec.stats_file) == -1) {
-    failed = g_strdup_printf ("renaming %s: %s", sock, strerror (errno));
+  if (rename (paths.sock, k->spec.socket_path) == -1 ||
+      rename (paths.pid_file, k->spec.pid_file) == -1 ||
+      rename (paths.stats, k->spec.stats_file) == -1) {
+    failed = g_strdup_printf ("renaming %s: %s", paths.sock, strerror (errno));
     kill (pid, SIGKILL);
     goto out;
   }
@@ -768,17 +820,70 @@ replace_server (struct keeper *k)
   say_to (k->log, "server pid %d replaced server pid %d (planned restart: "
           "the image was resized)", (int) pid, (int) old);
 out:
+  next_paths_clear (&paths);
   if (failed)
     say_to (k->log, "planned restart: %s", failed);
   handover_done (k, failed);
 }
 
+/* A planned restart waited for in the loop: an RBD image resized
+ * elsewhere, whose follower (mloop_resize_follow) goes on only once the
+ * kernel is connected to the next server.
+ */
+static void
+replace_server (struct keeper *k)
+{
+  struct next_paths paths;
+  struct mloop_server_spec next;
+  pid_t old = replace_begin (k, &paths, &next), pid;
+  char err[512];
+
+  if (mloop_server_start (&next, START_TIMEOUT_MS, &pid, err,
+                          sizeof err) == -1)
+    pid = 0;
+  next_paths_clear (&paths);
+  replace_finish (k, old, pid, err);
+}
+
+static void
+next_started (pid_t pid, const char *start_err, void *data)
+{
+  struct keeper *k = data;
+
+  k->starting = NULL;
+  k->replacing = FALSE;
+  replace_finish (k, k->replaced, pid, start_err);
+}
+
+/* A planned restart asked for (`mloop resize`, which waits for its
+ * record): the next server's start waits on a thread of its own
+ * (server_start.h), as a first start does.
+ */
+static void
+replace_server_async (struct keeper *k)
+{
+  struct next_paths paths;
+  struct mloop_server_spec next;
+  char err[1024];
+
+  k->replaced = replace_begin (k, &paths, &next);
+  k->replacing = TRUE;
+  k->starting = server_start_begin (&next, 0, START_TIMEOUT_MS, next_started,
+                                    k, err, sizeof err);
+  next_paths_clear (&paths);
+  if (k->starting == NULL)
+    next_started (0, err, k);
+}
+
 void
 keeper_restart_server (struct keeper *k)
 {
-  if (server_serving (k)) {
+  if (k->replacing)
+    handover_done (k, "a planned restart is under way already; try again "
+                   "when it is done");
+  else if (server_serving (k)) {
     say_to (k->log, "restart of server pid %d asked for", (int) k->server);
-    replace_server (k);
+    replace_server_async (k);
   }
   else
     handover_done (k, "the server is being restarted after a failure; "
@@ -969,9 +1074,12 @@ keeper_let_go (struct keeper *k)
 {
   say_to (k->log, "letting go of server pid %d, which serves on",
           (int) k->server);
-  /* One still starting serves on too, for the next keeper to find. */
+  /* One still starting serves on too, for the next keeper to find; a
+   * planned restart's next server does not (the old one serves on, or
+   * went first, and the next keeper starts another).
+   */
   if (k->starting)
-    server_start_abandon (k->starting, true);
+    server_start_abandon (k->starting, !k->replacing);
   stop_watching (k);
   if (k->released_lock != -1)
     mloop_state_unlock (k->released_lock);

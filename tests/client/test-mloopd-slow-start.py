@@ -10,11 +10,13 @@ the slow device is answered only once its server listens, a keep of a
 quick one, a list and a has are answered at once.  Then the slow
 device's server is killed: its restart takes SLOW_S again, and a keep
 and a drop of another device meanwhile are still answered at once; the
-slow device serves again afterwards.  mloopd stopped while a slow keep
+slow device serves again afterwards.  A planned restart of the slow
+device is answered at once, its old server serving until the next one
+listens.  mloopd stopped while a slow keep
 is under way answers it first, and the next mloopd takes the device
 over.
 
-Root (mloopd answers root only).  About 11 s (standard tier, client
+Root (mloopd answers root only).  About 14 s (standard tier, client
 suite)."""
 import os
 import signal
@@ -26,6 +28,7 @@ import nbd
 
 import harness
 import mloopd_control
+import procstop
 from harness import check
 from mloopd_control import wait_for
 
@@ -165,6 +168,27 @@ wait_for("the slow device's next server",
          and reads_back(slow_dir, slow_data), timeout=30)
 servers_seen.add(mloopd_control.server_pid(slow_dir))
 check("the slow device serves again after its restart", reads_back(slow_dir, slow_data))
+
+# A planned restart of the slow device (`mloop resize` of an nbdkit
+# device): its next server starts as slowly, the old one serving
+# meanwhile, and no request waits for it.
+before = mloopd_control.server_pid(slow_dir)
+a, took = timed(op="restart", dir=slow_dir)
+check("a planned restart is answered at once", a.get("ok") == "1" and took < QUICK_S,
+      f"{a} in {took:.2f} s")
+time.sleep(0.3)
+a, took = timed(op="has", dir=other_dir)
+check("a request is answered while a planned restart's server starts",
+      a.get("ok") == "1" and took < QUICK_S, f"{a} in {took:.2f} s")
+check("the old server serves while the next one starts", reads_back(slow_dir, slow_data))
+a, took = timed(op="restart", dir=slow_dir)
+check("a second planned restart meanwhile is answered at once", a.get("ok") == "1" and
+      took < QUICK_S, f"{a} in {took:.2f} s")
+wait_for("the planned restart's next server",
+         lambda: mloopd_control.server_pid(slow_dir) not in (0, before), timeout=30)
+servers_seen.add(mloopd_control.server_pid(slow_dir))
+check("the next server serves after the planned restart", reads_back(slow_dir, slow_data))
+wait_for("the old server to be gone", lambda: procstop.has_exited(before))
 
 # Stopped (an upgrade) while a slow keep is under way: the keep is
 # answered first, and the next mloopd takes its device over.
