@@ -23,9 +23,9 @@ struct mloop_nbd_events {
   struct nl_sock *sock;
   struct nl_cb *cb;
   int family;
-  /* Set for the length of one read: what the callback counts into. */
-  int index;
-  unsigned dead;
+  /* Set for the length of one read: what each announcement is told to. */
+  void (*dead) (int index, void *data);
+  void *data;
 };
 
 /* Multicast messages carry sequence number 0, not the one libnl expects
@@ -52,8 +52,7 @@ on_message (struct nl_msg *msg, void *arg)
       genlmsg_parse (nlh, 0, a, NBD_ATTR_MAX, NULL) < 0 ||
       a[NBD_ATTR_INDEX] == NULL)
     return NL_SKIP;
-  if (ev->index >= 0 && (int) nla_get_u32 (a[NBD_ATTR_INDEX]) == ev->index)
-    ev->dead++;
+  ev->dead ((int) nla_get_u32 (a[NBD_ATTR_INDEX]), ev->data);
   return NL_OK;
 }
 
@@ -116,13 +115,14 @@ mloop_nbd_events_fd (const struct mloop_nbd_events *ev)
 }
 
 int
-mloop_nbd_events_read (struct mloop_nbd_events *ev, int index,
-                       unsigned *dead, bool *lost, char *err, size_t errlen)
+mloop_nbd_events_read (struct mloop_nbd_events *ev,
+                       void (*dead) (int index, void *data), void *data,
+                       bool *lost, char *err, size_t errlen)
 {
   int r;
 
-  ev->index = index;
-  ev->dead = 0;
+  ev->dead = dead;
+  ev->data = data;
   /* One datagram per call; -NLE_AGAIN once the socket is empty (libnl
    * retries EINTR itself).
    */
@@ -134,7 +134,6 @@ mloop_nbd_events_read (struct mloop_nbd_events *ev, int index,
     if (r == -NLE_NOMEM)
       *lost = true;
   }
-  *dead += ev->dead;
   if (r < 0 && r != -NLE_AGAIN)
     return mloop_fail (err, errlen, "netlink events: %s", nl_geterror (r));
   return 0;

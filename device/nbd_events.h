@@ -26,14 +26,14 @@ struct mloop_nbd_events *mloop_nbd_events_open (char *err, size_t errlen);
 /* The descriptor to poll: readable when announcements have arrived. */
 int mloop_nbd_events_fd (const struct mloop_nbd_events *ev);
 
-/* Reads every announcement that has arrived, without blocking, and adds
- * to *DEAD the number that named /dev/nbdINDEX (none when INDEX < 0).
- * Sets *LOST when the socket's buffer overflowed, so some were lost and
- * the count is short.  0, or -1 with ERR.
+/* Reads every announcement that has arrived, without blocking, calling
+ * DEAD (INDEX, DATA) for each, INDEX the device it named.  Sets *LOST
+ * when the socket's buffer overflowed, so some were lost.  0, or -1 with
+ * ERR.
  */
-int mloop_nbd_events_read (struct mloop_nbd_events *ev, int index,
-                           unsigned *dead, bool *lost,
-                           char *err, size_t errlen);
+int mloop_nbd_events_read (struct mloop_nbd_events *ev,
+                           void (*dead) (int index, void *data), void *data,
+                           bool *lost, char *err, size_t errlen);
 
 void mloop_nbd_events_close (struct mloop_nbd_events *ev);
 

@@ -16,14 +16,10 @@
 
 #include <glib.h>
 
-struct mloop_nbd_events;
-
 struct dead_slots {
   unsigned count;               /* announced, not yet healed */
   gboolean lost;                /* announcements were lost: fill them all */
   /* Set by dead_slots_listen: */
-  struct mloop_nbd_events *events;
-  guint source;                 /* watches events */
   int (*device_index) (void *data); /* -1 until the device's state exists */
   void (*heal_soon) (void *data);   /* when there is something to heal */
   void *data;
@@ -31,10 +27,11 @@ struct dead_slots {
   FILE *log;
 };
 
-/* Subscribes to the announcements for the device DEVICE_INDEX (DATA)
- * names and calls HEAL_SOON (DATA) whenever a slot of it dies.  Without
- * the subscription, says so in LOG with WITHOUT (the mode's
- * consequence): not fatal.
+/* Listens for the announcements for the device DEVICE_INDEX (DATA)
+ * names and calls HEAL_SOON (DATA) whenever a slot of it dies.  The
+ * process subscribes once, for all its devices.  Without the
+ * subscription, says so in LOG with WITHOUT (the mode's consequence):
+ * not fatal.
  */
 void dead_slots_listen (struct dead_slots *d,
                         int (*device_index) (void *data),
@@ -49,7 +46,7 @@ unsigned dead_slots_wanted (const struct dead_slots *d, unsigned n);
 /* Every dead slot is healed (or will be by a whole new set). */
 void dead_slots_forget (struct dead_slots *d);
 
-/* Stops listening. */
+/* Stops listening (the process's subscription ends with the last). */
 void dead_slots_close (struct dead_slots *d);
 
 #endif /* MLOOP_SUPERVISOR_DEAD_SLOTS_H */

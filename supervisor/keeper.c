@@ -63,6 +63,7 @@
 #include "dead_slots.h"
 #include "device_state.h"
 #include "keeper.h"
+#include "kernel_log.h"
 #include "nbd_connect.h"
 #include "nbd_netlink.h"
 #include "nbd_receivers.h"
@@ -94,8 +95,6 @@
  * librbd's update watch, and the kernel only through us.
  */
 #define SIZE_POLL_S 2
-/* Kernel log lines older than this are not about the drop at hand. */
-#define KMSG_WINDOW_US (120 * G_USEC_PER_SEC)
 
 struct keeper {
   struct mloop_server_spec spec;
@@ -121,7 +120,6 @@ struct keeper {
   char *last_reconnect;
   unsigned handovers;           /* planned restarts finished */
   char *handover_error;         /* why the last one failed, or NULL */
-  int kmsg;                     /* /dev/kmsg, read for the kernel's reason */
   const char *kernel_reason;    /* the last reason it gave, and when */
   gint64 kernel_reason_at;
   guint restart_source;         /* the next try at a server */
@@ -381,76 +379,19 @@ server_serving (const struct keeper *k)
     poll (&p, 1, 0) == 0;
 }
 
-/* Starts reading the kernel log from its end, for kernel_reason. */
-static void
-kmsg_open (struct keeper *k)
-{
-  k->kmsg = open ("/dev/kmsg", O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (k->kmsg != -1)
-    lseek (k->kmsg, 0, SEEK_END);
-}
-
 /* Why the kernel dropped a connection of /dev/nbdINDEX, from the lines
- * its nbd client logged since the last look (drivers/block/nbd.c): a
- * request outlived the request timeout ("Connection timed out,
- * retrying"), a send failed ("Send control failed", "Send data failed",
- * "Request send failed"), or a receive did ("Receive control failed",
- * which also follows a timeout, whose shutdown ends the receive).  The
- * most telling wins; *LINE gets the kernel's words.  The kernel
- * rate-limits these lines (10 per 5 s), so when it said nothing new the
- * reason it gave within the last STICKY_US stands.  NULL when it said
- * none of these or the log is closed.
+ * its nbd client logged since the last look (kernel_log.h); *LINE gets
+ * the kernel's words.  The kernel rate-limits these lines (10 per 5 s),
+ * so when it said nothing new the reason it gave within the last
+ * STICKY_US stands.  NULL when it said none.
  */
 static const char *
 kernel_reason (struct keeper *k, int index, gint64 sticky_us, char **line)
 {
-  static const struct { const char *says, *reason; } causes[] = {
-    { "Connection timed out", "request timeout" },
-    { "Send control failed", "send failed" },
-    { "Send data failed", "send failed" },
-    { "Request send failed", "send failed" },
-    { "Receive control failed", "receive failed" },
-  };
-  char rec[8192], dev[32];
-  size_t best = G_N_ELEMENTS (causes);
-  gint64 oldest = g_get_monotonic_time () - KMSG_WINDOW_US;
-  ssize_t n;
+  const char *reason = kernel_log_reason (index, line);
 
-  *line = NULL;
-  snprintf (dev, sizeof dev, "nbd%d: ", index);
-  /* One record per read: "PRIO,SEQ,USEC,FLAGS;TEXT\n" and continuation
-   * lines; EPIPE says records were overwritten, and reading goes on.
-   */
-  while (k->kmsg != -1 &&
-         ((n = read (k->kmsg, rec, sizeof rec - 1)) > 0 ||
-          (n == -1 && (errno == EPIPE || errno == EINTR)))) {
-    char *text, *at;
-    unsigned long long usec;
-
-    if (n <= 0)
-      continue;
-    rec[n] = '\0';
-    text = strchr (rec, ';');
-    if (text == NULL || sscanf (rec, "%*u,%*u,%llu", &usec) != 1 ||
-        (gint64) usec < oldest)
-      continue;
-    text[strcspn (text, "\n")] = '\0';
-    at = strstr (text, dev);
-    if (at == NULL)
-      continue;
-    at += strlen (dev);
-    for (size_t i = 0; i < G_N_ELEMENTS (causes); i++)
-      if (g_str_has_prefix (at, causes[i].says)) {
-        if (i <= best) {        /* the latest of the most telling */
-          best = i;
-          g_free (*line);
-          *line = g_strdup (at);
-        }
-        break;
-      }
-  }
-  if (best < G_N_ELEMENTS (causes)) {
-    k->kernel_reason = causes[best].reason;
+  if (reason) {
+    k->kernel_reason = reason;
     k->kernel_reason_at = g_get_monotonic_time ();
   }
   else if (k->kernel_reason == NULL ||
@@ -902,7 +843,6 @@ keeper_new (const struct keeper_config *config)
   k->backoff_ms = BACKOFF_MIN_MS;
   k->index = -1;
   k->heal_retry_ms = HEAL_RETRY_MIN_MS;
-  k->kmsg = -1;
   k->released_lock = -1;
   k->log = config->log;
   k->released = config->released;
@@ -925,7 +865,7 @@ keeper_new (const struct keeper_config *config)
   k->spec.stats_file = k->stats_file;
   k->spec.lock_record = k->lock_record;
   /* Before the device exists, so no announcement about it is missed. */
-  kmsg_open (k);
+  kernel_log_hold ();
   dead_slots_listen (&k->slots, device_index, heal_soon, k,
                      "connections the kernel drops will not be reconnected",
                      k->log);
@@ -1046,14 +986,12 @@ stop_watching (struct keeper *k)
     close (k->pidfd);
   k->pidfd = -1;
   dead_slots_close (&k->slots);
-  if (k->kmsg != -1)
-    close (k->kmsg);
-  k->kmsg = -1;
 }
 
 static void
 keeper_free (struct keeper *k)
 {
+  kernel_log_release ();
   g_free (k->last_failure);
   g_free (k->last_reconnect);
   g_free (k->handover_error);

@@ -40,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -601,6 +602,25 @@ finish_starts (unsigned (*count) (void))
     g_main_context_iteration (NULL, TRUE);
 }
 
+/* A device costs mloopd two descriptors (its server's pidfd and its
+ * log), so a thousand devices need more than the usual soft limit of
+ * 1024.  The hard limit is what the system grants; mloopd polls and
+ * never uses select(2), so the soft one is raised to it.  Its servers
+ * inherit it, and poll too.
+ */
+static void
+raise_descriptor_limit (void)
+{
+  struct rlimit r;
+
+  if (getrlimit (RLIMIT_NOFILE, &r) == 0 && r.rlim_cur < r.rlim_max) {
+    r.rlim_cur = r.rlim_max;
+    if (setrlimit (RLIMIT_NOFILE, &r) == -1)
+      say ("cannot raise the descriptor limit to %llu: %s",
+           (unsigned long long) r.rlim_max, strerror (errno));
+  }
+}
+
 static gboolean
 on_stop_signal (gpointer unused)
 {
@@ -645,6 +665,7 @@ main (int argc, char **argv)
     fprintf (stderr, "mloopd: %s\n", err);
     return EXIT_FAILURE;
   }
+  raise_descriptor_limit ();
   /* A server a keeper started and then a nbdkit's daemon: ours to reap. */
   prctl (PR_SET_CHILD_SUBREAPER, 1);
   signal (SIGPIPE, SIG_IGN);

@@ -39,3 +39,31 @@ def wait_for(what, cond, timeout=30):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.05)
+
+
+def descriptors(pid):
+    """How many descriptors process PID holds."""
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def descriptor_kinds(pid):
+    """What process PID's descriptors are, counted: {target: n}."""
+    kinds = {}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except FileNotFoundError:
+            continue
+        target = target.split(":[")[0] if ":[" in target else os.path.basename(target)
+        kinds[target] = kinds.get(target, 0) + 1
+    return kinds
+
+
+def descriptor_limit(pid):
+    """Process PID's (soft, hard) RLIMIT_NOFILE."""
+    with open(f"/proc/{pid}/limits") as f:
+        for line in f:
+            if line.startswith("Max open files"):
+                soft, hard = line.split()[3:5]
+                return int(soft), int(hard)
+    raise AssertionError(f"no open files limit for {pid}")

@@ -18,6 +18,7 @@ one server per device, no supervisor.
 Root (mloopd answers root only; the non-root check runs as nobody).
 About 5 s (standard tier, client suite)."""
 import os
+import resource
 import signal
 import subprocess
 import time
@@ -33,6 +34,10 @@ from mloopd_control import wait_for
 MLOOPD = os.environ["MLOOPD_BIN"]
 DEVICES = 8
 SIZE = 4 << 20
+FDS_PER_DEVICE = 2
+# mloopd's own: standard streams, its listener, the kernel log, glib's
+# wakeups and the like, whatever the number of devices.
+BASE_FDS = 12
 
 if os.geteuid() != 0:
     harness.skip("mloopd answers root only")
@@ -55,9 +60,17 @@ def kill_leftover_servers():
 harness.on_exit(kill_leftover_servers)
 
 
+def low_descriptor_limit():
+    """Started, as from a shell or a unit, with a soft limit below the
+    hard one, which mloopd raises."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+
+
 def start_mloopd():
     log = open(os.path.join(d, "mloopd.log"), "a")
-    p = subprocess.Popen([MLOOPD], env=env, stdout=log, stderr=log)
+    p = subprocess.Popen([MLOOPD], env=env, stdout=log, stderr=log,
+                         preexec_fn=low_descriptor_limit)
     harness.on_exit(lambda: p.poll() is None and (p.kill(), p.wait()))
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and p.poll() is None:
@@ -107,6 +120,16 @@ for i in range(DEVICES):
 check("every export reads back its image", all(reads_back(i) for i in range(DEVICES)))
 listed = set(ask(op="list").get("dirs", "").split("\n"))
 check("list names every device", listed == {device_dir(i) for i in range(DEVICES)}, listed)
+
+# What a device costs mloopd in descriptors: its server's pidfd and its
+# log; the kernel's log and its announcements are read once per process.
+base = mloopd_control.descriptors(mloopd.pid) - len(servers_seen) * FDS_PER_DEVICE
+check("a kept device costs mloopd at most two descriptors",
+      base <= BASE_FDS, f"{mloopd_control.descriptors(mloopd.pid)} descriptors for "
+      f"{len(servers_seen)} devices: {mloopd_control.descriptor_kinds(mloopd.pid)}")
+soft, hard = mloopd_control.descriptor_limit(mloopd.pid)
+check("mloopd's soft descriptor limit is raised to the hard one", soft == hard,
+      f"soft {soft}, hard {hard}")
 
 children = subprocess.run(["pgrep", "-P", str(mloopd.pid)], capture_output=True,
                           text=True).stdout.split()
