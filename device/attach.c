@@ -830,10 +830,10 @@ attach_local (const struct mloop_attach_request *req, const char *file,
 
 /* A remote export (nbd://HOST:PORT/NAME): no server of ours, and as many
  * connections as asked only if the server advertises multi-conn.  Its
- * supervisor starts first, listening for the kernel's announcements of
- * dead connections, so none is missed; it reconnects them once the
- * device's state exists.  On failure stops it; the caller removes the
- * directory.
+ * keeper (mloopd's where mloopd listens, else its own supervisor)
+ * starts first, listening for the kernel's announcements of dead
+ * connections, so none is missed; it reconnects them once the device's
+ * state exists.  On failure stops it; the caller removes the directory.
  */
 static int
 attach_remote (const struct mloop_attach_request *req, const char *uri,
@@ -850,8 +850,13 @@ attach_remote (const struct mloop_attach_request *req, const char *uri,
                                err, errlen) == -1)
     return -1;
   settle_timeouts (req, uri, s);
-  r = mloop_supervisor_start_remote (uri, s->dir, SERVER_START_TIMEOUT_MS,
-                                     &s->supervisor_pid, err, errlen);
+  r = mloop_service_keep_remote (uri, s->dir, err, errlen);
+  s->service_kept = r == 1;
+  if (r == 0)
+    r = mloop_supervisor_start_remote (uri, s->dir, SERVER_START_TIMEOUT_MS,
+                                       &s->supervisor_pid, err, errlen);
+  else if (r == 1)
+    r = 0;
   if (r == 0)
     mloop_step_done (req->steps, "supervisor start");
   if (r == 0 && (r = connect_kernel (req, &o, uri, s, err, errlen)) == -1)

@@ -92,23 +92,32 @@ ask (const struct mloop_control_out *out, struct mloop_control_in *in,
   return r;
 }
 
-/* A request of OP about DIR alone: 1, 0 when no mloopd listens, -1. */
+/* Asks OUT, whose answer carries nothing but ok: 1, 0 when no mloopd
+ * listens, -1 with ERR.  Frees OUT.
+ */
 static int
-ask_about (const char *op, const char *dir, char *err, size_t errlen)
+ask_for_ok (struct mloop_control_out *out, char *err, size_t errlen)
 {
-  struct mloop_control_out *out = g_new (struct mloop_control_out, 1);
   struct mloop_control_in *in = g_new (struct mloop_control_in, 1);
-  int r;
+  int r = ask (out, in, err, errlen);
 
-  mloop_control_out_init (out);
-  mloop_control_add (out, "op", op);
-  mloop_control_add (out, "dir", dir);
-  r = ask (out, in, err, errlen);
   if (r == 1)
     mloop_control_in_clear (in);
   g_free (out);
   g_free (in);
   return r;
+}
+
+/* A request of OP about DIR alone: 1, 0 when no mloopd listens, -1. */
+static int
+ask_about (const char *op, const char *dir, char *err, size_t errlen)
+{
+  struct mloop_control_out *out = g_new (struct mloop_control_out, 1);
+
+  mloop_control_out_init (out);
+  mloop_control_add (out, "op", op);
+  mloop_control_add (out, "dir", dir);
+  return ask_for_ok (out, err, errlen);
 }
 
 int
@@ -153,6 +162,24 @@ mloop_service_keep (const struct mloop_server_spec *spec, const char *dir,
   g_free (out);
   g_free (in);
   return r;
+}
+
+int
+mloop_service_keep_remote (const char *uri, const char *dir, char *err,
+                           size_t errlen)
+{
+  struct mloop_control_out *out = g_new (struct mloop_control_out, 1);
+
+  mloop_control_out_init (out);
+  mloop_control_add (out, "op", "keep");
+  mloop_control_add (out, "dir", dir);
+  mloop_control_add (out, "remote", uri);
+  if (out->too_big) {
+    g_free (out);
+    return mloop_fail (err, errlen, "the export's address is too long to "
+                       "ask mloopd about");
+  }
+  return ask_for_ok (out, err, errlen);
 }
 
 /* OP about DIR, a device mloopd keeps: 0, or -1 with ERR (also when

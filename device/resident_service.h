@@ -29,6 +29,13 @@ int mloop_service_keep (const struct mloop_server_spec *spec,
                         const char *dir, pid_t *server, char *err,
                         size_t errlen);
 
+/* Asks mloopd to keep the device whose directory is DIR on the remote
+ * export URI (it reconnects the connections the kernel drops): 1, 0
+ * when no mloopd listens here, -1 with ERR.
+ */
+int mloop_service_keep_remote (const char *uri, const char *dir, char *err,
+                               size_t errlen);
+
 /* Asks mloopd to stop DIR's server and forget the device; 0, or -1 with
  * ERR.
  */

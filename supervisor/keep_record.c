@@ -12,15 +12,31 @@
 
 #define GROUP "keep"
 
+/* KF into DIR's record: a temporary file renamed over, so a crash
+ * leaves the old record or the new one, never half of one.  The
+ * directory is in /run, gone at a power cut with the devices, so only
+ * that matters.
+ */
+static int
+save (GKeyFile *kf, const char *dir, char *err, size_t errlen)
+{
+  g_autofree char *path = g_build_filename (dir, MLOOP_DIR_KEEP, NULL);
+  g_autoptr (GError) gerr = NULL;
+
+  if (!g_key_file_save_to_file (kf, path, &gerr)) {
+    snprintf (err, errlen, "%s", gerr->message);
+    return -1;
+  }
+  return 0;
+}
+
 int
 keep_record_save (const char *dir, const struct mloop_server_spec *spec,
                   char *err, size_t errlen)
 {
   g_autoptr (GKeyFile) kf = g_key_file_new ();
-  g_autofree char *path = g_build_filename (dir, MLOOP_DIR_KEEP, NULL);
   g_autofree char *offset = g_strdup_printf ("%" PRIu64, spec->offset);
   g_autofree char *sizelimit = g_strdup_printf ("%" PRIu64, spec->sizelimit);
-  g_autoptr (GError) gerr = NULL;
 
   g_key_file_set_string (kf, GROUP, "server", spec->kind->name);
   g_key_file_set_string (kf, GROUP, "image", spec->image);
@@ -31,20 +47,22 @@ keep_record_save (const char *dir, const struct mloop_server_spec *spec,
   g_key_file_set_integer (kf, GROUP, "threads", (gint) spec->threads);
   g_key_file_set_boolean (kf, GROUP, "read_only", spec->read_only);
   g_key_file_set_integer (kf, GROUP, "io_timeout", (gint) spec->io_timeout);
-  /* A temporary file renamed over: a crash leaves the old record or
-   * the new one, never half of one.  The directory is in /run, gone at
-   * a power cut with the devices, so only that matters.
-   */
-  if (!g_key_file_save_to_file (kf, path, &gerr)) {
-    snprintf (err, errlen, "%s", gerr->message);
-    return -1;
-  }
-  return 0;
+  return save (kf, dir, err, errlen);
+}
+
+int
+keep_record_save_remote (const char *dir, const char *uri, char *err,
+                         size_t errlen)
+{
+  g_autoptr (GKeyFile) kf = g_key_file_new ();
+
+  g_key_file_set_string (kf, GROUP, "remote", uri);
+  return save (kf, dir, err, errlen);
 }
 
 int
 keep_record_load (const char *dir, struct mloop_server_spec *spec,
-                  char *err, size_t errlen)
+                  char **remote, char *err, size_t errlen)
 {
   g_autoptr (GKeyFile) kf = g_key_file_new ();
   g_autofree char *path = g_build_filename (dir, MLOOP_DIR_KEEP, NULL);
@@ -52,12 +70,16 @@ keep_record_load (const char *dir, struct mloop_server_spec *spec,
   g_autoptr (GError) gerr = NULL;
 
   *spec = (struct mloop_server_spec) { 0 };
+  *remote = NULL;
   if (!g_key_file_load_from_file (kf, path, G_KEY_FILE_NONE, &gerr)) {
     snprintf (err, errlen, "%s", gerr->message);
     errno = g_error_matches (gerr, G_FILE_ERROR, G_FILE_ERROR_NOENT)
       ? ENOENT : EINVAL;
     return -1;
   }
+  *remote = g_key_file_get_string (kf, GROUP, "remote", NULL);
+  if (*remote)
+    return 0;
   kind = g_key_file_get_string (kf, GROUP, "server", NULL);
   spec->kind = kind ? mloop_server_kind_find (kind, err, errlen) : NULL;
   spec->image = g_key_file_get_string (kf, GROUP, "image", NULL);

@@ -17,11 +17,19 @@
 int keep_record_save (const char *dir, const struct mloop_server_spec *spec,
                       char *err, size_t errlen);
 
-/* DIR's record into *SPEC, whose strings (image, overlay) are to
- * g_free.  0, or -1 with ERR (no record: ENOENT in errno).
+/* A remote export's device: its URI into DIR's record, as
+ * keep_record_save.
+ */
+int keep_record_save_remote (const char *dir, const char *uri, char *err,
+                             size_t errlen);
+
+/* DIR's record: a local server's into *SPEC, whose strings (image,
+ * overlay) are to g_free, or a remote export's URI into *REMOTE (to
+ * g_free; NULL for a local server).  0, or -1 with ERR (no record:
+ * ENOENT in errno).
  */
 int keep_record_load (const char *dir, struct mloop_server_spec *spec,
-                      char *err, size_t errlen);
+                      char **remote, char *err, size_t errlen);
 
 void keep_record_remove (const char *dir);
 

@@ -4,7 +4,8 @@
  * device's server, restarts it when it dies and hands the kernel new
  * connections, heals dropped connections, follows an RBD image's size
  * and notices autoclear, as a mloop-supervisor does for one device, on
- * one main loop for all of them.
+ * one main loop for all of them.  A remote export's device has a remote
+ * keeper (remote.h), which only heals.
  *
  * It is asked over its control socket (control/message.h: one datagram
  * per request and answer), by root only: a request names an image root
@@ -14,6 +15,10 @@
  *           [offset=N] [sizelimit=N] [threads=N] [read-only=1]
  *           [io-timeout=S]
  *       starts the device's server and keeps it; answers server-pid=N
+ *       once it listens
+ *   op=keep dir=DIR remote=URI
+ *       keeps a remote export's device (remote.h): no server of ours,
+ *       the connections the kernel drops connected again
  *   op=restart dir=DIR   a planned restart of the device's server
  *   op=drop dir=DIR      stops the server and forgets the device
  *   op=has dir=DIR       ok=1 when the device is kept here
@@ -55,6 +60,7 @@
 #include "keep_record.h"
 #include "keeper.h"
 #include "message.h"
+#include "remote.h"
 #include "resident_service.h"
 #include "say.h"
 #include "server_kind.h"
@@ -68,7 +74,8 @@
 /* One device kept. */
 struct kept {
   char *dir;
-  struct keeper *k;
+  struct keeper *k;             /* a local image's server's, or NULL */
+  struct remote_keeper *rk;     /* a remote export's device's, or NULL */
   FILE *log;                    /* the directory's supervisor.log */
   /* The client waiting for the answer to its keep while the first server
    * starts, or -1.
@@ -93,19 +100,47 @@ kept_free (gpointer data)
 /* An autoclear device let go by the kernel: stopped from the loop, not
  * inside the keeper's call.
  */
+/* Stops D's keeper: its server with it. */
+static void
+kept_stop (struct kept *d)
+{
+  if (d->k)
+    keeper_stop (d->k);
+  else
+    remote_keeper_stop (d->rk);
+}
+
+/* Stops D's keeper, leaving its server serving (a remote device has
+ * none: the kernel's connections stay), for the next mloopd.
+ */
+static void
+kept_let_go (struct kept *d)
+{
+  if (d->k)
+    keeper_let_go (d->k);
+  else
+    remote_keeper_stop (d->rk);
+}
+
 static gboolean
 stop_released (gpointer data)
 {
   struct kept *d = data;
 
   keep_record_remove (d->dir);
-  keeper_stop (d->k);
+  kept_stop (d);
   g_hash_table_remove (kept, d->dir);
   return G_SOURCE_REMOVE;
 }
 
 static void
 on_released (struct keeper *k, void *data)
+{
+  g_idle_add (stop_released, data);
+}
+
+static void
+on_remote_released (struct remote_keeper *rk, void *data)
 {
   g_idle_add (stop_released, data);
 }
@@ -130,18 +165,12 @@ device_dir (const char *dir, char *err, size_t errlen)
   return true;
 }
 
-/* A keeper for DIR with SPEC's server (its strings copied): its log
- * opened, not yet started.  NULL with ERR.
- */
+/* A device kept for DIR, its log opened, no keeper yet.  NULL with ERR. */
 static struct kept *
-kept_new (const char *dir, const struct mloop_server_spec *spec, char *err,
-          size_t errlen)
+kept_alloc (const char *dir, char *err, size_t errlen)
 {
   g_autofree char *log_path = g_build_filename (dir, MLOOP_DIR_SUPERVISOR_LOG,
                                                 NULL);
-  struct keeper_config config = {
-    .dir = dir, .server = *spec, .released = on_released,
-  };
   struct kept *d = g_new0 (struct kept, 1);
 
   d->log = fopen (log_path, "ae");
@@ -152,9 +181,45 @@ kept_new (const char *dir, const struct mloop_server_spec *spec, char *err,
   }
   d->dir = g_strdup (dir);
   d->waiting = -1;
+  return d;
+}
+
+/* A keeper for DIR with SPEC's server (its strings copied): its log
+ * opened, not yet started.  NULL with ERR.
+ */
+static struct kept *
+kept_new (const char *dir, const struct mloop_server_spec *spec, char *err,
+          size_t errlen)
+{
+  struct keeper_config config = {
+    .dir = dir, .server = *spec, .released = on_released,
+  };
+  struct kept *d = kept_alloc (dir, err, errlen);
+
+  if (d == NULL)
+    return NULL;
   config.log = d->log;
   config.data = d;
   d->k = keeper_new (&config);
+  return d;
+}
+
+/* A remote export's device in DIR, kept from now on (remote.h).  NULL
+ * with ERR.
+ */
+static struct kept *
+kept_new_remote (const char *dir, const char *uri, char *err, size_t errlen)
+{
+  struct kept *d = kept_alloc (dir, err, errlen);
+
+  if (d == NULL)
+    return NULL;
+  d->rk = remote_keeper_new (dir, uri, d->log, on_remote_released, d, err,
+                             errlen);
+  if (d->rk == NULL) {
+    kept_free (d);
+    return NULL;
+  }
   return d;
 }
 
@@ -226,7 +291,7 @@ on_kept (struct keeper *k, const char *start_err, void *data)
   mloop_control_out_init (&out);
   if (start_err) {
     keep_record_remove (d->dir);
-    keeper_stop (d->k);
+    kept_stop (d);
     g_hash_table_remove (kept, d->dir);
     mloop_control_add (&out, "error", start_err);
   }
@@ -247,16 +312,29 @@ keep (const struct mloop_control_in *in, struct mloop_control_out *out,
       int sock)
 {
   const char *dir = mloop_control_get (in, "dir");
+  const char *remote = mloop_control_get (in, "remote");
   struct mloop_server_spec spec;
   struct kept *d;
   char err[1024];
 
   if (dir == NULL || !device_dir (dir, err, sizeof err) ||
-      !read_spec (in, &spec, err, sizeof err))
+      (!remote && !read_spec (in, &spec, err, sizeof err)))
     goto fail;
   if (g_hash_table_contains (kept, dir)) {
     snprintf (err, sizeof err, "%s is kept already", dir);
     goto fail;
+  }
+  if (remote) {
+    if (keep_record_save_remote (dir, remote, err, sizeof err) == -1)
+      goto fail;
+    d = kept_new_remote (dir, remote, err, sizeof err);
+    if (d == NULL) {
+      keep_record_remove (dir);
+      goto fail;
+    }
+    g_hash_table_insert (kept, d->dir, d);
+    mloop_control_add (out, "ok", "1");
+    return true;
   }
   if (keep_record_save (dir, &spec, err, sizeof err) == -1)
     goto fail;
@@ -313,7 +391,7 @@ drop (const struct mloop_control_in *in, struct mloop_control_out *out)
   if (d == NULL)
     return;
   keep_record_remove (d->dir);
-  keeper_stop (d->k);
+  kept_stop (d);
   g_hash_table_remove (kept, d->dir);
   mloop_control_add (out, "ok", "1");
 }
@@ -325,6 +403,11 @@ restart (const struct mloop_control_in *in, struct mloop_control_out *out)
 
   if (d == NULL)
     return;
+  if (d->k == NULL) {
+    mloop_control_add (out, "error", "a remote export's device has no "
+                       "server of ours to restart");
+    return;
+  }
   keeper_restart_server (d->k);
   mloop_control_add (out, "ok", "1");
 }
@@ -498,6 +581,7 @@ take_over_recorded (void)
     g_autofree char *pid_path = g_build_filename (dir, MLOOP_DIR_SERVER_PID,
                                                   NULL);
     g_autofree char *pid_text = NULL;
+    g_autofree char *remote = NULL;
     struct mloop_server_spec spec;
     struct kept *d;
     char err[1024];
@@ -505,9 +589,17 @@ take_over_recorded (void)
     /* Devices' directories only (not the state lock, not our socket). */
     if (!g_file_test (dir, G_FILE_TEST_IS_DIR))
       continue;
-    if (keep_record_load (dir, &spec, err, sizeof err) == -1) {
+    if (keep_record_load (dir, &spec, &remote, err, sizeof err) == -1) {
       if (errno != ENOENT)
         say ("%s", err);
+      continue;
+    }
+    if (remote) {
+      d = kept_new_remote (dir, remote, err, sizeof err);
+      if (d == NULL)
+        say ("%s: cannot keep it: %s", dir, err);
+      else
+        g_hash_table_insert (kept, d->dir, d);
       continue;
     }
     d = kept_new (dir, &spec, err, sizeof err);
@@ -540,7 +632,8 @@ kept_server (pid_t pid)
     return true;
   g_hash_table_iter_init (&i, kept);
   while (g_hash_table_iter_next (&i, NULL, &d))
-    if (keeper_server_pid (((struct kept *) d)->k) == pid)
+    if (((struct kept *) d)->k &&
+        keeper_server_pid (((struct kept *) d)->k) == pid)
       return true;
   return false;
 }
@@ -693,7 +786,7 @@ main (int argc, char **argv)
   finish_starts (keeps_waiting);
   g_hash_table_iter_init (&i, kept);
   while (g_hash_table_iter_next (&i, NULL, &d))
-    keeper_let_go (((struct kept *) d)->k);
+    kept_let_go (d);
   /* Restarts under way were let go: their servers serve on, and the next
    * mloopd must find their pid files written.
    */

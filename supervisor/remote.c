@@ -57,6 +57,7 @@ struct remote_keeper {
    */
   int quiet_receivers;
   gboolean receivers_named;     /* the kernel names them: counts mean it */
+  struct remote_connect *connecting;  /* a heal's connect under way */
   unsigned reconnects;
   char *last_reconnect;
   char *last_failure;
@@ -216,24 +217,70 @@ offer (struct remote_keeper *rk, int *fds, unsigned n, bool *full,
   return r < 0 && done == 0 ? -1 : done;
 }
 
+/* A connect to the export, on a thread of its own: a remote host may
+ * take its whole connect timeout to answer, and in mloopd no other
+ * device may wait for it.  The thread works on copies; the outcome
+ * comes back on the keeper's main context.
+ */
+struct remote_connect {
+  struct remote_keeper *rk;     /* NULL once the keeper stopped */
+  char *uri;
+  unsigned want;
+  int fds[MAX_CONNECTIONS];
+  int opened;
+  struct mloop_nbd_export x;
+  char err[512];
+  GMainContext *context;
+};
+
+static gboolean connected (gpointer data);
+
+static gpointer
+connect_export (gpointer data)
+{
+  struct remote_connect *c = data;
+  struct mloop_nbd_address a;
+
+  c->opened = -1;
+  if (mloop_nbd_address_parse (c->uri, MLOOP_NBD_ADDRESS_URI, &a, c->err,
+                               sizeof c->err) == 0) {
+    c->opened = mloop_nbd_connect (&a, c->want, false, c->fds, &c->x,
+                                   c->err, sizeof c->err);
+    mloop_nbd_address_clear (&a);
+  }
+  g_main_context_invoke (c->context, connected, c);
+  return NULL;
+}
+
+static void
+remote_connect_free (struct remote_connect *c)
+{
+  if (c->opened > 0)
+    mloop_nbd_close_all (c->fds, (unsigned) c->opened);
+  g_main_context_unref (c->context);
+  g_free (c->uri);
+  g_free (c);
+}
+
 /* Answers the announcements: opens as many connections as slots were
  * announced dead (all of them when some announcements were lost) and
- * hands them to the kernel.  Connecting happens without the device's
- * lock, so an unreachable host does not hold up its detach.
+ * hands them to the kernel (connected).  Connecting happens without the
+ * device's lock, so an unreachable host does not hold up its detach.
  */
 static gboolean
 heal (gpointer data)
 {
   struct remote_keeper *rk = data;
   struct mloop_device_state st;
-  struct mloop_nbd_export x = { 0 };
-  int fds[MAX_CONNECTIONS];
+  struct remote_connect *c;
+  g_autoptr (GError) gerr = NULL;
+  GThread *thread;
   unsigned n, want;
-  char err[512];
-  bool full;
-  int opened, took;
 
   rk->heal_source = 0;
+  /* One connect at a time: its end looks at the slots again. */
+  if (rk->connecting)
+    return G_SOURCE_REMOVE;
   /* No state: `mloop attach` is still connecting the device itself. */
   if (mloop_state_load (rk->dir, &st) == -1) {
     dead_slots_forget (&rk->slots);
@@ -242,20 +289,61 @@ heal (gpointer data)
   n = st.connections > 0 && st.connections <= MAX_CONNECTIONS
     ? st.connections : 1;
   want = dead_slots_wanted (&rk->slots, n);
+  mloop_state_clear (&st);
   if (want == 0)
-    goto out;
-  opened = mloop_nbd_connect (&rk->address, want, false, fds, &x,
-                              err, sizeof err);
-  if (opened > 0 && !export_matches (&st, &x, err, sizeof err)) {
-    mloop_nbd_close_all (fds, (unsigned) opened);
-    opened = -1;
+    return G_SOURCE_REMOVE;
+  c = g_new0 (struct remote_connect, 1);
+  c->rk = rk;
+  c->uri = g_strdup (rk->uri);
+  c->want = want;
+  c->context = g_main_context_ref_thread_default ();
+  thread = g_thread_try_new ("remote-connect", connect_export, c, &gerr);
+  if (thread == NULL) {
+    remote_connect_free (c);
+    if (mloop_state_load (rk->dir, &st) == 0) {
+      heal_failed (rk, &st, gerr->message);
+      mloop_state_clear (&st);
+    }
+    return G_SOURCE_REMOVE;
   }
+  g_thread_unref (thread);
+  rk->connecting = c;
+  return G_SOURCE_REMOVE;
+}
+
+/* A connect's outcome: the new connections offered to the kernel. */
+static gboolean
+connected (gpointer data)
+{
+  struct remote_connect *c = data;
+  struct remote_keeper *rk = c->rk;
+  struct mloop_device_state st;
+  char err[512];
+  bool full;
+  int opened = c->opened, took;
+
+  if (rk == NULL) {
+    remote_connect_free (c);
+    return G_SOURCE_REMOVE;
+  }
+  rk->connecting = NULL;
+  /* Detached meanwhile. */
+  if (mloop_state_load (rk->dir, &st) == -1) {
+    dead_slots_forget (&rk->slots);
+    remote_connect_free (c);
+    return G_SOURCE_REMOVE;
+  }
+  if (opened > 0 && !export_matches (&st, &c->x, err, sizeof err)) {
+    mloop_nbd_close_all (c->fds, (unsigned) opened);
+    c->opened = opened = -1;
+  }
+  else if (opened < 0)
+    snprintf (err, sizeof err, "%s", c->err);
   if (opened < 0) {
     heal_failed (rk, &st, err);
     goto out;
   }
-  took = offer (rk, fds, (unsigned) opened, &full, err, sizeof err);
-  mloop_nbd_close_all (fds, (unsigned) opened);
+  took = offer (rk, c->fds, (unsigned) opened, &full, err, sizeof err);
   if (took == -2) {
     schedule_heal (rk, HEAL_DELAY_MS);
     goto out;
@@ -274,11 +362,12 @@ heal (gpointer data)
     /* The export took fewer connections than asked (no multi-conn):
      * the rest next, at once.
      */
-    rk->slots.count = want - (unsigned) took;
+    rk->slots.count = c->want - (unsigned) took;
     schedule_heal (rk, HEAL_DELAY_MS);
   }
 out:
   mloop_state_clear (&st);
+  remote_connect_free (c);
   return G_SOURCE_REMOVE;
 }
 
@@ -293,7 +382,8 @@ check (gpointer data)
   struct mloop_device_state st;
   unsigned running;
 
-  if (rk->heal_source != 0 || mloop_state_load (rk->dir, &st) == -1)
+  if (rk->heal_source != 0 || rk->connecting ||
+      mloop_state_load (rk->dir, &st) == -1)
     return G_SOURCE_CONTINUE;
   running = mloop_nbd_receivers (st.index);
   if (running > 0)
@@ -365,6 +455,8 @@ void
 remote_keeper_stop (struct remote_keeper *rk)
 {
   say_to (rk->log, "stopping");
+  if (rk->connecting)
+    rk->connecting->rk = NULL;  /* its end closes what it opened */
   if (rk->heal_source != 0)
     g_source_remove (rk->heal_source);
   g_source_remove (rk->check_source);

@@ -2,6 +2,7 @@
 of the resident service share (tests/client/test-mloopd*.py,
 tests/kernel/test-service-attach.py).  Standard library only."""
 import os
+import signal
 import socket
 import time
 
@@ -67,3 +68,13 @@ def descriptor_limit(pid):
                 soft, hard = line.split()[3:5]
                 return int(soft), int(hard)
     raise AssertionError(f"no open files limit for {pid}")
+
+
+def kill(pids):
+    """SIGKILL to each of PIDS still there: the servers a test's mloopd
+    started, which outlive it by design."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

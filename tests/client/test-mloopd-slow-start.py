@@ -53,17 +53,7 @@ exec {SERVER} "$@"
 os.chmod(stand_in, 0o755)
 env = dict(os.environ, MLOOP_RUNTIME_DIR=run, MLOOP_SERVER_BIN=stand_in)
 servers_seen = set()
-
-
-def kill_leftover_servers():
-    for pid in servers_seen:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-harness.on_exit(kill_leftover_servers)
+harness.on_exit(lambda: mloopd_control.kill(servers_seen))
 
 
 

@@ -13,7 +13,8 @@ device over (a server killed then is restarted by the new one); SIGTERM
 lets go the same way.  Refusals: a peer that is not root, a directory
 outside the runtime directory, one kept already, an unknown op, a
 missing image, each one line.  The count of processes: one mloopd and
-one server per device, no supervisor.
+one server per device, no supervisor.  A remote export's device is
+kept without a server and taken over the same way.
 
 Root (mloopd answers root only; the non-root check runs as nobody).
 About 5 s (standard tier, client suite)."""
@@ -47,17 +48,7 @@ run = os.path.join(d, "run")
 control = os.path.join(run, "mloopd.sock")
 env = dict(os.environ, MLOOP_RUNTIME_DIR=run)
 servers_seen = set()
-
-
-def kill_leftover_servers():
-    for pid in servers_seen:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-harness.on_exit(kill_leftover_servers)
+harness.on_exit(lambda: mloopd_control.kill(servers_seen))
 
 
 def low_descriptor_limit():
@@ -219,6 +210,30 @@ check("the next mloopd takes them over again",
 
 for i in range(kept):
     check(f"device {i} dropped", ask(op="drop", dir=device_dir(i)).get("ok") == "1")
+
+# A remote export's device: kept at once (its keeper connects only to
+# heal, and nothing is connected here), no server of ours, and taken
+# over by the next mloopd like the others.
+remote = os.path.join(run, "dev-remote")
+os.mkdir(remote, 0o700)
+a = ask(op="keep", dir=os.path.join(run, "dev-bad"), remote="nbd:/no-host")
+check("refused: a remote address that is not an NBD URI, one line",
+      "ok" not in a and "\n" not in a.get("error", "x\n"), a)
+a = ask(op="keep", dir=remote, remote="nbd://127.0.0.1:1/disk")
+check("a remote export's device kept", a.get("ok") == "1", a)
+a = ask(op="restart", dir=remote)
+check("refused: a restart of a remote device, which has no server of ours",
+      "no server of ours" in a.get("error", ""), a)
+check("no process started for it",
+      subprocess.run(["pgrep", "-P", str(mloopd.pid)], capture_output=True,
+                     text=True).stdout.split() == [])
+mloopd.kill()
+mloopd.wait()
+mloopd = start_mloopd()
+check("the next mloopd keeps the remote device", mloopd_control.kept(control) == {remote},
+      mloopd_control.kept(control))
+check("remote device dropped", ask(op="drop", dir=remote).get("ok") == "1")
+check("its record is gone", not os.path.exists(os.path.join(remote, "keep")))
 # A server a killed mloopd started is no one's child here (its reaper,
 # init, may be slow): a zombie has exited all the same.
 check("no server is left", all(procstop.has_exited(p) for p in servers_seen if p > 0))

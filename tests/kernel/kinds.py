@@ -128,6 +128,13 @@ class MloopCli:
         """`mloop status --json DEV`, parsed."""
         return json.loads(self.cli("status", "--json", dev).stdout)
 
+    def assert_kept(self, dev):
+        """Fails unless DEV is kept as this kind keeps devices: here by
+        a supervisor of its own."""
+        s = self.status(dev)
+        assert s["supervisor_running"] and s["supervisor_pid"] > 0 and \
+            not s["service_kept"], f"{dev} is not kept by a supervisor of its own: {s}"
+
     def assert_same_server(self, dev, before, after):
         """Fails unless AFTER (a status()) shows the server of BEFORE still
         serving DEV: the same pid, running, not restarted by the
@@ -240,9 +247,14 @@ class MloopService(MloopCli):
 
     def attach(self, cl, image, read_only=False, args=None):
         att = super().attach(cl, image, read_only, args)
-        assert att.device and self.status(att.device)["service_kept"], \
-            f"{att.device} was attached without mloopd"
+        self.assert_kept(att.device)
         return att
+
+    def assert_kept(self, dev):
+        """Fails unless mloopd keeps DEV, with no supervisor."""
+        s = self.status(dev)
+        assert s["service_kept"] and s["supervisor_running"] and s["supervisor_pid"] == 0, \
+            f"{dev} is not kept by mloopd: {s}"
 
 
 class MloopUblk(MloopCli):

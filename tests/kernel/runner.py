@@ -308,7 +308,7 @@ def main(argv):
                 assert problem is None, problem
         except kfix.Skip as e:
             out(f"ok {n} - {name} # SKIP {e}")
-        except Exception as e:
+        except Exception:
             failed += 1
             out(f"not ok {n} - {name}")
             for line in traceback.format_exc().splitlines():

@@ -38,7 +38,6 @@ import blockio
 import dmtarget
 import kinds
 from blockio import BLOCK, fill, pattern
-from kfix import run
 
 DISK_SIZE = 128 << 20
 # Blocks [0, READ_AREA) are filled before the run and only read in it;

@@ -8,7 +8,7 @@ import socket
 import subprocess
 import time
 
-from kfix import CONNECTIONS, make_image, run, sysfs, wait_until
+from kfix import CONNECTIONS, make_image, sysfs, wait_until
 import kinds
 
 
@@ -46,6 +46,7 @@ def run_test(kind, cl):
     cl.push(undo)
     queues = len(os.listdir(f"/sys/block/{os.path.basename(dev)}/mq"))
     assert queues == CONNECTIONS, f"{dev} has {queues} hardware queues, expected {CONNECTIONS}"
+    kind.assert_kept(dev)
     listed = [d for d in __import__("json").loads(kind.cli("list", "--json").stdout)
               if d["device"] == dev]
     assert listed and listed[0]["file"] == uri and listed[0]["server"] == "remote", listed

@@ -119,9 +119,8 @@ def attach(kind, cl, remote, *extra):
         if sysfs(dev, "pid") is not None or sysfs(dev, "size") not in ("0", None):
             kind.cli("detach", dev)
     cl.push(undo)
-    st = kind.status(dev)
-    assert st["supervisor_running"], f"{dev}: no supervisor: {st}"
-    return dev, st
+    kind.assert_kept(dev)
+    return dev, kind.status(dev)
 
 
 def detach_clean(kind, dev):
