@@ -1,0 +1,84 @@
+/* A commit that merged every cluster but could not remove the overlay
+ * (its directory append-only or not writable by the caller, the name
+ * replaced, a power cut before the directory was synced) leaves the
+ * overlay with the merge's mark.  Discard then calls it a commit
+ * stopped half-way and advises running the commit again; by then the
+ * base may have been written on its own (it is done with the overlay),
+ * and the commit, resuming under the mark, writes the overlay's old
+ * clusters over those writes.
+ *
+ * Needs root and chattr on an ext4 /var/tmp (else it skips).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "overlay.h"
+#include "overlay_file.h"
+#include "overlay_fixture.h"
+#include "unit.h"
+
+#define BASE_SIZE (4u << 20)
+
+int
+main (void)
+{
+  const char *dir;
+  char image[4096], sub[4096], path[8192], cmd[16384], err[512];
+  char *written = NULL;
+  unsigned char newer[MLOOP_OVERLAY_CLUSTER];
+  int fd, r;
+
+  if (geteuid () != 0)
+    unit_skip ("chattr needs root");
+  unit_deadline (30);
+  dir = unit_tmpdir ("/var/tmp");
+  unit_runtime_dir (dir);
+  snprintf (image, sizeof image, "%s/base.img", dir);
+  snprintf (sub, sizeof sub, "%s/overlays", dir);
+  snprintf (path, sizeof path, "%s/overlay", sub);
+  CHECK (mkdir (sub, 0755) == 0, "%s: %s", sub, strerror (errno));
+  unit_make_tagged_image (image, BASE_SIZE, "a base");
+  unit_make_overlay (image, path);
+
+  snprintf (cmd, sizeof cmd, "chattr +a %s 2>/dev/null", sub);
+  if (system (cmd) != 0)
+    unit_skip ("chattr +a failed");
+  r = mloop_overlay_file_commit (path, NULL, false, &written, err,
+                                 sizeof err);
+  free (written);
+  written = NULL;
+  printf ("commit: %d: %s\n", r, r ? err : "ok");
+  snprintf (cmd, sizeof cmd, "chattr -a %s", sub);
+  CHECK (system (cmd) == 0, "chattr -a");
+  CHECK (r == -1 && access (path, F_OK) == 0, "expected the removal to fail");
+  CHECK (unit_byte_at (image, UNIT_OVERLAY_CLUSTER_AT) == 0x5a,
+         "the merge did not run");
+
+  /* The base, done with the overlay, written on its own. */
+  memset (newer, 0x77, sizeof newer);
+  fd = open (image, O_RDWR | O_CLOEXEC);
+  CHECK (fd >= 0 && pwrite (fd, newer, sizeof newer,
+                            UNIT_OVERLAY_CLUSTER_AT) == sizeof newer &&
+         fsync (fd) == 0, "%s: %s", image, strerror (errno));
+  close (fd);
+
+  r = mloop_overlay_file_discard (path, err, sizeof err);
+  printf ("discard: %d: %s\n", r, r ? err : "ok");
+  if (r == -1) {
+    r = mloop_overlay_file_commit (path, NULL, false, &written, err,
+                                   sizeof err);
+    free (written);
+    printf ("commit again, as advised: %d: %s\n", r, r ? err : "ok");
+  }
+  printf ("the base's cluster now: 0x%02x (0x77 written since)\n",
+          unit_byte_at (image, UNIT_OVERLAY_CLUSTER_AT));
+  CHECK (unit_byte_at (image, UNIT_OVERLAY_CLUSTER_AT) == 0x77,
+         "the base's own write was overwritten by the overlay's old cluster");
+  printf ("ok\n");
+  return 0;
+}
