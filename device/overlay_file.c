@@ -259,7 +259,9 @@ mloop_overlay_file_discard (const char *path, char *err, size_t errlen)
                     "not removed", path);
   /* Read again under the lock, which a commit holds while it writes: a
    * commit that stopped half-way left part of the overlay in the base,
-   * which without the rest reads as neither image.
+   * which without the rest reads as neither image.  One that finished
+   * clears the mark before it removes the overlay, so a mark means
+   * half-way, or a crash between the base's sync and that clearing.
    */
   if (r == 0) {
     g_autofree char *recorded = NULL;
@@ -280,9 +282,9 @@ mloop_overlay_file_discard (const char *path, char *err, size_t errlen)
                       recorded, recorded, path, path);
     else if (merging)
       r = mloop_fail (err, errlen, "a commit of overlay %s into %s stopped "
-                      "half-way: that image holds part of it; finish it "
-                      "with mloop overlay commit (not removed)", path,
-                      recorded);
+                      "half-way, or finished just before a crash: that "
+                      "image may hold part of it; finish it with mloop "
+                      "overlay commit (not removed)", path, recorded);
   }
   if (r == 0 && unlinkat (dir, name, 0) == -1)
     r = mloop_fail (err, errlen, "cannot remove %s: %s", path,

@@ -1451,6 +1451,35 @@ mloop_overlay_note_merging (struct mloop_overlay *ov,
   return r;
 }
 
+int
+mloop_overlay_note_merged (struct mloop_overlay *ov, char *err,
+                           size_t errlen)
+{
+  unsigned char *h = mloop_alloc_aligned (HDR_BYTES, HDR_BYTES);
+  uint32_t flags;
+  int r;
+
+  if (h == NULL)
+    r = -ENOMEM;
+  else
+    r = mloop_pread_or_zero (ov->fd, h, HDR_BYTES, 0);
+  /* The flags word alone changes: the mark is in the header's last
+   * sector, and a write torn by a power cut leaves it set or clear,
+   * the identity as it was either way (record_base).
+   */
+  if (r == 0 && get_le32 (h + HDR_VERSION) == OVERLAY_VERSION &&
+      ((flags = get_le32 (h + HDR_FLAGS)) & OVERLAY_FLAG_MERGING)) {
+    put_le32 (h + HDR_FLAGS, flags & ~OVERLAY_FLAG_MERGING);
+    r = write_header (ov, h);
+  }
+  if (r < 0)
+    snprintf (err, errlen, "cannot clear the commit's mark in overlay %s: "
+              "%s", ov->path, strerror (-r));
+  if (h != NULL)
+    mloop_free_aligned (h, HDR_BYTES);
+  return r;
+}
+
 static int
 read_header (struct mloop_overlay *ov, const struct mloop_backing *base,
              enum mloop_overlay_base_check check, bool *base_known,

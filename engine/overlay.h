@@ -167,7 +167,8 @@ int mloop_overlay_inspect_fd (int fd, const char *path, char **base_path,
  * durable (overlay_merge.c).  The overlay adds nothing to the base any
  * more: REMOVE unlinks it then, while its lock is still held, so no
  * server can take it in between and answer writes into a file about to
- * vanish; without REMOVE it is left as it was.
+ * vanish; without REMOVE it is left.  Either way its mark is cleared
+ * first (mloop_overlay_note_merged).
  * BASE_PATH must lead to the base through no symbolic link (realpath's
  * result, or a header's record of one): a link on it is refused.
  * Nothing else may use either meanwhile: the overlay's lock refuses a
@@ -208,6 +209,18 @@ int mloop_overlay_merge_checked (const char *path, const struct stat *checked,
 int mloop_overlay_note_merging (struct mloop_overlay *ov,
                                 const struct mloop_backing *base,
                                 char *err, size_t errlen);
+
+/* Clears, durably, the mark mloop_overlay_note_merging set in OV's
+ * header, once the merge is done and its base synced: in a write of its
+ * own, changing nothing else.  The header still records the base as the
+ * merge found it, so an overlay left behind (its removal failed) is one
+ * whose base was written since: a commit or a server refuses it, discard
+ * removes it.  Kept, the mark would have discard call it half-merged
+ * and a commit resume in a base written since.  0, or a negative errno
+ * with ERR.
+ */
+int mloop_overlay_note_merged (struct mloop_overlay *ov, char *err,
+                               size_t errlen);
 
 /* Records the image BASE_PATH, whole, as the base of the overlay at
  * PATH, whatever image it was made for, if it has the size the overlay

@@ -216,9 +216,9 @@ check_no_link (const char *base_path, const struct mloop_backing *base,
 
 /* Refuses, in ERR, the overlay OV when it has another name (a hard
  * link: a copy of its directory by `cp -al`, rsnapshot): the commit
- * removes one name, and the file would stay under the other, merged
- * and marked, for a later commit to write over the base again.
- * MERGED: the merge is done, and a name was given during it.
+ * removes one name, and the file would stay under the other, merged,
+ * for a device to be attached with.  MERGED: the merge is done, and a
+ * name was given during it.
  */
 static int
 refuse_other_names (const struct mloop_overlay *ov, bool merged, char *err,
@@ -237,15 +237,14 @@ refuse_other_names (const struct mloop_overlay *ov, bool merged, char *err,
   if (merged)
     snprintf (err, errlen, "committed, but overlay %s was given other names "
               "(hard links, %ju names in all) during the commit: not "
-              "removed; remove every name with rm (discard refuses an "
-              "overlay marked as committed half-way, and a commit would "
-              "write it over the base again)", ov->path,
+              "removed; it can go: remove every name with rm (discard "
+              "refuses an overlay of several names)", ov->path,
               (uintmax_t) st.st_nlink);
   else
     snprintf (err, errlen, "overlay %s has %ju names (hard links): a "
               "commit removes only this one, and the overlay would stay "
-              "under the others, marked as committed half-way; remove them "
-              "first", ov->path, (uintmax_t) st.st_nlink);
+              "under the others; remove them first", ov->path,
+              (uintmax_t) st.st_nlink);
   return -EMLINK;
 }
 
@@ -413,7 +412,7 @@ mloop_overlay_merge_checked (const char *path, const struct stat *checked,
   const struct mloop_window whole = { 0, 0 };
   struct mloop_backing base;
   struct mloop_overlay ov;
-  char *buf, *name = NULL;
+  char *buf, *name = NULL, why[PATH_MAX + 128];
   int dir = -1, claim = -1, r;
 
   /* Said before the base is opened; the open below never makes one. */
@@ -433,9 +432,7 @@ mloop_overlay_merge_checked (const char *path, const struct stat *checked,
     return r;
   }
   /* The entry unlinked is the one named: a symbolic link to the overlay
-   * would go, and the overlay stay behind with the merge's mark, its
-   * clusters written over the base again by a later commit, whatever
-   * the base was given since.
+   * would go, and the overlay, merged, stay behind.
    */
   if (remove && (r = refuse_link_at (dir, name, path, err, errlen)) < 0)
     goto out;
@@ -508,6 +505,19 @@ mloop_overlay_merge_checked (const char *path, const struct stat *checked,
     r = -errno;
     snprintf (err, errlen, "cannot sync %s: %s", base_path, strerror (-r));
   }
+  /* Done, durably: the mark goes now, before any removal.  An overlay
+   * left behind (its name replaced or given others, the unlink refused,
+   * a power cut before its directory is synced) is then one whose base
+   * was written since (the merge gave it a new time, or new ends),
+   * which discard removes and a commit or a device refuses; marked,
+   * discard would keep it as half-merged and a commit write its
+   * clusters again over whatever the base was given since.
+   */
+  if (r == 0 && (r = mloop_overlay_note_merged (&ov, why, sizeof why)) < 0)
+    snprintf (err, errlen, "committed into %s, but %s; it stays, marked "
+              "as committed half-way: remove it with rm (discard refuses "
+              "it, a commit would write it over the base again)", base_path,
+              why);
   /* Before the overlay's lock goes (with its descriptors, closed
    * below): a server that took the lock after it would serve a file
    * about to be unlinked.
@@ -518,7 +528,8 @@ mloop_overlay_merge_checked (const char *path, const struct stat *checked,
   if (r == 0 && remove && !mloop_names_file_at (dir, name, ov.fd)) {
     r = -ESTALE;
     snprintf (err, errlen, "committed, but %s was replaced during the "
-              "merge: the file there now is not removed", path);
+              "merge: the file there now is not removed (the overlay, "
+              "renamed, can be discarded)", path);
   }
   /* Names were counted before the merge, which may take minutes: one
    * given meanwhile (a snapshot of the directory by `cp -al`) would
@@ -530,19 +541,20 @@ mloop_overlay_merge_checked (const char *path, const struct stat *checked,
     r = refuse_other_names (&ov, true, err, errlen);
   if (r == 0 && remove && unlinkat (dir, name, 0) == -1) {
     r = -errno;
-    snprintf (err, errlen, "committed, but %s stays: %s", path,
-              strerror (-r));
+    snprintf (err, errlen, "committed, but %s stays: %s (it can be "
+              "discarded: mloop overlay discard %s)", path, strerror (-r),
+              path);
   }
   /* Durably, as discard does: undone by a power cut, the removal would
-   * bring the overlay back with the merge's mark, and a device attached
-   * with its name later would serve its clusters over whatever the
-   * base was given since (discard refuses it, a commit writes them
-   * over the base again).
+   * bring the overlay back, for a device attached with its name later
+   * (refused when the merge changed the base's time or ends, served
+   * over whatever the base was given since when not).
    */
   if (r == 0 && remove && fsync (dir) == -1) {
     r = -errno;
     snprintf (err, errlen, "committed and removed %s, but its directory "
-              "could not be synced: %s", path, strerror (-r));
+              "could not be synced: %s (should a crash bring it back, "
+              "discard it)", path, strerror (-r));
   }
   free (buf);
   mloop_overlay_close (&ov);

@@ -1,11 +1,13 @@
 /* A commit that merged every cluster but could not remove the overlay
  * (its directory append-only or not writable by the caller, the name
- * replaced, a power cut before the directory was synced) leaves the
- * overlay with the merge's mark.  Discard then calls it a commit
- * stopped half-way and advises running the commit again; by then the
- * base may have been written on its own (it is done with the overlay),
- * and the commit, resuming under the mark, writes the overlay's old
- * clusters over those writes.
+ * replaced, a power cut before the directory was synced) must not leave
+ * the overlay with the merge's mark.  Marked, discard would call it a
+ * commit stopped half-way and advise running the commit again; by then
+ * the base may have been written on its own (it is done with the
+ * overlay), and the commit, resuming under the mark, would write the
+ * overlay's old clusters over those writes.  Unmarked, it is an overlay
+ * whose base was written since: a commit refuses it, discard removes
+ * it.
  *
  * Needs root and chattr on an ext4 /var/tmp (else it skips).
  */
@@ -28,7 +30,7 @@ int
 main (void)
 {
   const char *dir;
-  char image[4096], sub[4096], path[8192], cmd[16384], err[512];
+  char image[4096], sub[4096], path[8192], cmd[16384], err[512], first[512];
   char *written = NULL;
   unsigned char newer[MLOOP_OVERLAY_CLUSTER];
   int fd, r;
@@ -58,6 +60,7 @@ main (void)
   CHECK (r == -1 && access (path, F_OK) == 0, "expected the removal to fail");
   CHECK (unit_byte_at (image, UNIT_OVERLAY_CLUSTER_AT) == 0x5a,
          "the merge did not run");
+  snprintf (first, sizeof first, "%s", err);
 
   /* The base, done with the overlay, written on its own. */
   memset (newer, 0x77, sizeof newer);
@@ -67,18 +70,27 @@ main (void)
          fsync (fd) == 0, "%s: %s", image, strerror (errno));
   close (fd);
 
-  r = mloop_overlay_file_discard (path, err, sizeof err);
-  printf ("discard: %d: %s\n", r, r ? err : "ok");
-  if (r == -1) {
-    r = mloop_overlay_file_commit (path, NULL, false, &written, err,
-                                   sizeof err);
-    free (written);
-    printf ("commit again, as advised: %d: %s\n", r, r ? err : "ok");
-  }
+  /* Committed again: refused, its base written since. */
+  r = mloop_overlay_file_commit (path, NULL, false, &written, err,
+                                 sizeof err);
+  free (written);
+  written = NULL;
+  printf ("commit again: %d: %s\n", r, r ? err : "ok");
   printf ("the base's cluster now: 0x%02x (0x77 written since)\n",
           unit_byte_at (image, UNIT_OVERLAY_CLUSTER_AT));
   CHECK (unit_byte_at (image, UNIT_OVERLAY_CLUSTER_AT) == 0x77,
          "the base's own write was overwritten by the overlay's old cluster");
+  CHECK (r == -1 && strstr (err, "written since") != NULL,
+         "a second commit was not refused as written since");
+  CHECK (!unit_still_marks (path, image), "the merged overlay kept the "
+         "merge's mark");
+  CHECK (strstr (first, "discard") != NULL,
+         "the commit's message does not say the overlay can be discarded");
+
+  r = mloop_overlay_file_discard (path, err, sizeof err);
+  printf ("discard: %d: %s\n", r, r ? err : "ok");
+  CHECK (r == 0 && access (path, F_OK) == -1 && errno == ENOENT,
+         "discard did not remove the merged overlay");
   printf ("ok\n");
   return 0;
 }
