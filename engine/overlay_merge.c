@@ -14,6 +14,7 @@
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 #include <linux/loop.h>
 #include <linux/openat2.h>
@@ -314,18 +315,140 @@ claim_device (const struct mloop_backing *base, const char *base_path,
   return r;
 }
 
-/* Whether the loop device NAME (bound: its sysfs BACKING path read)
- * is attached to the file of HELD.  Asked of the device itself
- * (LOOP_GET_STATUS64: the backing file's device and inode, or a backing
- * block device's number), which no path misleads: the sysfs path is
- * the one its attacher gave, from their mount namespace, and "(deleted)"
- * once that name is gone while the file lives on under another.  The
- * path is compared only when the device cannot be asked.
+/* Reads the sysfs attribute PATH into BUF, of LEN bytes: whether it
+ * held anything.
  */
 static bool
-loop_holds (const char *name, const char *backing, const struct stat *held)
+read_sysfs (const char *path, char *buf, size_t len)
 {
-  char node[sizeof "/dev/" + NAME_MAX];
+  FILE *f = fopen (path, "re");
+  size_t n;
+
+  if (f == NULL)
+    return false;
+  n = fread (buf, 1, len - 1, f);
+  fclose (f);
+  buf[n] = '\0';
+  return n > 0;
+}
+
+/* The device number a sysfs "dev" attribute PATH holds ("MAJ:MIN"). */
+static bool
+sysfs_dev (const char *path, dev_t *dev)
+{
+  unsigned maj, min;
+  char buf[64];
+
+  if (!read_sysfs (path, buf, sizeof buf) ||
+      sscanf (buf, "%u:%u", &maj, &min) != 2)
+    return false;
+  *dev = makedev (maj, min);
+  return true;
+}
+
+/* The number a sysfs attribute PATH holds. */
+static bool
+sysfs_u64 (const char *path, uint64_t *v)
+{
+  char buf[32], *end;
+
+  if (!read_sysfs (path, buf, sizeof buf))
+    return false;
+  errno = 0;
+  *v = strtoull (buf, &end, 10);
+  return errno == 0 && end != buf;
+}
+
+/* The base a loop device must not hold: its file, and for a block
+ * device the blocks that share its bytes.
+ */
+struct held_base {
+  struct stat st;
+  /* A partition: bytes [START, END) of the disk DISK. */
+  bool partition;
+  dev_t disk;
+  uint64_t start, end;
+};
+
+/* Fills in B for the base open in FD: false if it cannot be told. */
+static bool
+held_base_of (int fd, struct held_base *b)
+{
+  char dir[64], path[96];
+  uint64_t start, size;
+
+  memset (b, 0, sizeof *b);
+  if (fstat (fd, &b->st) == -1)
+    return false;
+  if (!S_ISBLK (b->st.st_mode))
+    return true;
+  snprintf (dir, sizeof dir, "/sys/dev/block/%u:%u", major (b->st.st_rdev),
+            minor (b->st.st_rdev));
+  snprintf (path, sizeof path, "%s/partition", dir);
+  if (access (path, F_OK) == -1)
+    return true;
+  b->partition = true;
+  snprintf (path, sizeof path, "%s/../dev", dir);
+  if (!sysfs_dev (path, &b->disk))
+    b->partition = false;
+  /* In 512-byte sectors whatever the disk's own; unknown, the whole
+   * disk counts.
+   */
+  b->end = UINT64_MAX;
+  snprintf (path, sizeof path, "%s/start", dir);
+  if (sysfs_u64 (path, &start) && start < UINT64_MAX / 512) {
+    snprintf (path, sizeof path, "%s/size", dir);
+    if (sysfs_u64 (path, &size) && size < UINT64_MAX / 512 - start) {
+      b->start = start * 512;
+      b->end = (start + size) * 512;
+    }
+  }
+  return true;
+}
+
+/* Whether a loop device over the block device RDEV, from byte OFFSET
+ * of it on, SIZELIMIT bytes of it (0: to its end), reaches the bytes of
+ * the block device B: B itself, a partition of B (`mount -o loop,ro
+ * /dev/sdb1` while the base is /dev/sdb), or the disk of B, a
+ * partition, where the window covers some of B (`losetup -o` the
+ * partition's start on /dev/sdb while the base is /dev/sdb1).
+ */
+static bool
+reaches_block (const struct held_base *b, dev_t rdev, uint64_t offset,
+               uint64_t sizelimit)
+{
+  char path[96];
+  dev_t disk;
+
+  if (rdev == b->st.st_rdev)
+    return true;
+  snprintf (path, sizeof path, "/sys/dev/block/%u:%u/partition",
+            major (rdev), minor (rdev));
+  if (access (path, F_OK) == 0) {
+    snprintf (path, sizeof path, "/sys/dev/block/%u:%u/../dev",
+              major (rdev), minor (rdev));
+    if (sysfs_dev (path, &disk) && disk == b->st.st_rdev)
+      return true;
+  }
+  return b->partition && rdev == b->disk && offset < b->end &&
+    (sizelimit == 0 || offset >= b->start || sizelimit > b->start - offset);
+}
+
+/* Whether the loop device NAME (bound: its sysfs BACKING path read)
+ * is attached to the file of B, or for a block device to any block
+ * sharing its bytes (reaches_block).  Asked of the device itself
+ * (LOOP_GET_STATUS64: the backing file's device and inode, or a backing
+ * block device's number, and the window), which no path misleads: the
+ * sysfs path is the one its attacher gave, from their mount namespace,
+ * and "(deleted)" once that name is gone while the file lives on under
+ * another.  The path is compared only when the device cannot be asked,
+ * with the window sysfs shows.
+ */
+static bool
+loop_holds (const char *name, const char *backing, const struct held_base *b)
+{
+  char node[sizeof "/dev/" + NAME_MAX], path[PATH_MAX];
+  uint64_t offset = 0, sizelimit = 0;
   struct loop_info64 info;
   struct stat named;
   int fd;
@@ -339,20 +462,30 @@ loop_holds (const char *name, const char *backing, const struct stat *held)
 
     close (fd);
     if (r == 0)
-      return S_ISBLK (held->st_mode)
-        ? info.lo_rdevice == held->st_rdev
-        : info.lo_device == held->st_dev && info.lo_inode == held->st_ino;
+      return S_ISBLK (b->st.st_mode)
+        ? reaches_block (b, (dev_t) info.lo_rdevice, info.lo_offset,
+                         info.lo_sizelimit)
+        : info.lo_device == b->st.st_dev && info.lo_inode == b->st.st_ino;
   }
-  return stat (backing, &named) == 0 && named.st_dev == held->st_dev &&
-    named.st_ino == held->st_ino &&
-    S_ISBLK (named.st_mode) == S_ISBLK (held->st_mode);
+  if (stat (backing, &named) == -1)
+    return false;
+  if (!S_ISBLK (b->st.st_mode))
+    return S_ISREG (named.st_mode) && named.st_dev == b->st.st_dev &&
+      named.st_ino == b->st.st_ino;
+  if (!S_ISBLK (named.st_mode))
+    return false;
+  snprintf (path, sizeof path, "/sys/block/%s/loop/offset", name);
+  (void) sysfs_u64 (path, &offset);
+  snprintf (path, sizeof path, "/sys/block/%s/loop/sizelimit", name);
+  (void) sysfs_u64 (path, &sizelimit);
+  return reaches_block (b, named.st_rdev, offset, sizelimit);
 }
 
 /* Refuses, in ERR, a BASE that a loop device is attached to (a loop
  * mount of the image, read-only as well, to look inside it; a loop
- * device over a block device's disk to mount a partition of it; a
- * losetup left over): the loop driver holds its file or device open but
- * takes no lock or claim, and the merge would write under the
+ * device over a block device's disk to mount a partition of it, or
+ * over a partition of it): the loop driver holds its file or device
+ * open but takes no lock or claim, and the merge would write under the
  * filesystem mounted from it.  One attached after this look is not
  * seen: losetup heeds no lock.
  */
@@ -360,12 +493,12 @@ static int
 refuse_loop_backed (const struct mloop_backing *base, const char *base_path,
                     char *err, size_t errlen)
 {
-  struct stat held;
+  struct held_base held;
   struct dirent *e;
   DIR *block;
   int r = 0;
 
-  if (fstat (base->fd, &held) == -1 ||
+  if (!held_base_of (base->fd, &held) ||
       (block = opendir ("/sys/block")) == NULL)
     return 0;
   while (r == 0 && (e = readdir (block)) != NULL) {
@@ -385,10 +518,11 @@ refuse_loop_backed (const struct mloop_backing *base, const char *base_path,
     if (len > 0 && backing[len - 1] == '\n')
       backing[len - 1] = '\0';
     if (loop_holds (e->d_name, backing, &held)) {
-      snprintf (err, errlen, "%s, the overlay's base, is attached to the "
-                "loop device /dev/%s (a loop mount of it?): not committed "
-                "(unmount it, or losetup -d it, first)", base_path,
-                e->d_name);
+      snprintf (err, errlen, "%s, the overlay's base%s, is attached to "
+                "the loop device /dev/%s (a loop mount of it?): not "
+                "committed (unmount it, or losetup -d it, first)", base_path,
+                S_ISBLK (held.st.st_mode) ? " or a partition or disk "
+                "sharing its blocks" : "", e->d_name);
       r = -EBUSY;
     }
   }

@@ -3,13 +3,16 @@
  * /dev/loopN /dev/sdb1` to look inside a VM disk's first partition), or
  * to the whole disk of a partition base: the loop driver claims
  * nothing, the partition is not claimed, so the O_EXCL claim of the
- * disk succeeds, and the loop check compares only the exact device
- * number.  The commit then writes under the loop device's filesystem.
+ * disk succeeds, and a loop check comparing only the exact device
+ * number does not see it: the commit would write under the loop
+ * device's filesystem.
  *
  * Here: disk.img with one partition, attached with partscan as the
  * base (/dev/loopA, /dev/loopAp1); a second loop device over
  * /dev/loopAp1, read-only (standing in for the mount); an overlay over
- * /dev/loopA whose one cluster lies inside the partition.
+ * /dev/loopA whose one cluster lies inside the partition.  Then the
+ * partition as the base, a loop device over the whole disk: refused;
+ * and over the disk's first 4 KiB only, outside the partition: not.
  *
  * Needs root, loop devices and a kernel that reads MBR partition tables
  * (else it skips).
@@ -127,6 +130,7 @@ main (void)
   r = mloop_overlay_file_commit (path2, NULL, false, &written, err,
                                  sizeof err);
   free (written);
+  written = NULL;
   if (r == 0)
     printf ("NOT refused: the commit wrote the partition %s under the loop "
             "device %s over its disk %s\n", part, over, disk);
@@ -134,9 +138,37 @@ main (void)
     printf ("refused: %s\n", err);
   failed |= r == 0;
   close (over_fd);
+
+  /* But not a loop device over another region of the disk (here its
+   * first 4 KiB, the MBR, before the partition): that one shares no
+   * byte with the base, and the commit goes on.
+   */
+  unit_free_loop (over, sizeof over);
+  over_fd = unit_loop_attach (over, disk, true);
+  {
+    struct loop_info64 info;
+
+    memset (&info, 0, sizeof info);
+    CHECK (ioctl (over_fd, LOOP_GET_STATUS64, &info) == 0, "%s: %s", over,
+           strerror (errno));
+    info.lo_sizelimit = 4096;
+    CHECK (ioctl (over_fd, LOOP_SET_STATUS64, &info) == 0, "%s: %s", over,
+           strerror (errno));
+  }
+  r = mloop_overlay_file_commit (path2, NULL, false, &written, err,
+                                 sizeof err);
+  free (written);
+  written = NULL;
+  if (r == 0)
+    printf ("committed under a loop device over the disk's first 4 KiB\n");
+  else
+    printf ("refused under a loop device over the disk's first 4 KiB, "
+            "outside the partition: %s\n", err);
+  failed |= r != 0;
+  close (over_fd);
   close (disk_fd);
   CHECK (!failed, "a commit wrote under a loop device over the base's "
-         "disk or partition");
+         "disk or partition, or was refused under one over another region");
   printf ("ok\n");
   return 0;
 }
