@@ -434,6 +434,14 @@ reaches_block (const struct held_base *b, dev_t rdev, uint64_t offset,
     (sizelimit == 0 || offset >= b->start || sizelimit > b->start - offset);
 }
 
+/* What a loop device is to the base (loop_holds). */
+enum loop_hold {
+  LOOP_ELSEWHERE,
+  LOOP_HOLDS,
+  /* It could not be asked, and its path says nothing here. */
+  LOOP_UNKNOWN,
+};
+
 /* Whether the loop device NAME (bound: its sysfs BACKING path read)
  * is attached to the file of B, or for a block device to any block
  * sharing its bytes (reaches_block).  Asked of the device itself
@@ -441,44 +449,63 @@ reaches_block (const struct held_base *b, dev_t rdev, uint64_t offset,
  * block device's number, and the window), which no path misleads: the
  * sysfs path is the one its attacher gave, from their mount namespace,
  * and "(deleted)" once that name is gone while the file lives on under
- * another.  The path is compared only when the device cannot be asked,
- * with the window sysfs shows.
+ * another.  The path is compared only when the device cannot be asked
+ * (a caller outside the disk group, no node here), with the window
+ * sysfs shows; a path that ends so, or leads nowhere here, may be the
+ * base under a name this caller cannot see: LOOP_UNKNOWN, and *WHY
+ * says why the device could not be asked.
  */
-static bool
-loop_holds (const char *name, const char *backing, const struct held_base *b)
+static enum loop_hold
+loop_holds (const char *name, const char *backing, const struct held_base *b,
+            int *why)
 {
+  static const char deleted[] = " (deleted)";
   char node[sizeof "/dev/" + NAME_MAX], path[PATH_MAX];
+  const size_t len = strlen (backing);
   uint64_t offset = 0, sizelimit = 0;
   struct loop_info64 info;
   struct stat named;
+  bool holds;
   int fd;
 
   snprintf (node, sizeof node, "/dev/%s", name);
   /* Zeroed: valgrind does not know what this ioctl fills in. */
   memset (&info, 0, sizeof info);
   fd = open (node, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  *why = fd == -1 ? errno : 0;
   if (fd >= 0) {
     int r = ioctl (fd, LOOP_GET_STATUS64, &info);
 
+    *why = r == -1 ? errno : 0;
     close (fd);
-    if (r == 0)
-      return S_ISBLK (b->st.st_mode)
+    if (r == 0) {
+      holds = S_ISBLK (b->st.st_mode)
         ? reaches_block (b, (dev_t) info.lo_rdevice, info.lo_offset,
                          info.lo_sizelimit)
         : info.lo_device == b->st.st_dev && info.lo_inode == b->st.st_ino;
+      return holds ? LOOP_HOLDS : LOOP_ELSEWHERE;
+    }
+    /* Detached since its sysfs path was read. */
+    if (*why == ENXIO)
+      return LOOP_ELSEWHERE;
   }
-  if (stat (backing, &named) == -1)
-    return false;
+  if ((len >= sizeof deleted - 1 &&
+       strcmp (backing + len - (sizeof deleted - 1), deleted) == 0) ||
+      stat (backing, &named) == -1)
+    return LOOP_UNKNOWN;
   if (!S_ISBLK (b->st.st_mode))
-    return S_ISREG (named.st_mode) && named.st_dev == b->st.st_dev &&
+    holds = S_ISREG (named.st_mode) && named.st_dev == b->st.st_dev &&
       named.st_ino == b->st.st_ino;
-  if (!S_ISBLK (named.st_mode))
-    return false;
-  snprintf (path, sizeof path, "/sys/block/%s/loop/offset", name);
-  (void) sysfs_u64 (path, &offset);
-  snprintf (path, sizeof path, "/sys/block/%s/loop/sizelimit", name);
-  (void) sysfs_u64 (path, &sizelimit);
-  return reaches_block (b, named.st_rdev, offset, sizelimit);
+  else if (!S_ISBLK (named.st_mode))
+    holds = false;
+  else {
+    snprintf (path, sizeof path, "/sys/block/%s/loop/offset", name);
+    (void) sysfs_u64 (path, &offset);
+    snprintf (path, sizeof path, "/sys/block/%s/loop/sizelimit", name);
+    (void) sysfs_u64 (path, &sizelimit);
+    holds = reaches_block (b, named.st_rdev, offset, sizelimit);
+  }
+  return holds ? LOOP_HOLDS : LOOP_ELSEWHERE;
 }
 
 /* Refuses, in ERR, a BASE that a loop device is attached to (a loop
@@ -487,7 +514,9 @@ loop_holds (const char *name, const char *backing, const struct held_base *b)
  * over a partition of it): the loop driver holds its file or device
  * open but takes no lock or claim, and the merge would write under the
  * filesystem mounted from it.  One attached after this look is not
- * seen: losetup heeds no lock.
+ * seen: losetup heeds no lock.  Nor is one this caller cannot ask
+ * whose path leads here to another file (another mount namespace's);
+ * one whose path leads nowhere may be the base, and is refused.
  */
 static int
 refuse_loop_backed (const struct mloop_backing *base, const char *base_path,
@@ -503,8 +532,10 @@ refuse_loop_backed (const struct mloop_backing *base, const char *base_path,
     return 0;
   while (r == 0 && (e = readdir (block)) != NULL) {
     char file[PATH_MAX], backing[PATH_MAX + 1];
+    enum loop_hold hold;
     size_t len;
     FILE *f;
+    int why;
 
     if (strncmp (e->d_name, "loop", 4) != 0)
       continue;
@@ -517,12 +548,21 @@ refuse_loop_backed (const struct mloop_backing *base, const char *base_path,
     backing[len] = '\0';
     if (len > 0 && backing[len - 1] == '\n')
       backing[len - 1] = '\0';
-    if (loop_holds (e->d_name, backing, &held)) {
+    hold = loop_holds (e->d_name, backing, &held, &why);
+    if (hold == LOOP_HOLDS) {
       snprintf (err, errlen, "%s, the overlay's base%s, is attached to "
                 "the loop device /dev/%s (a loop mount of it?): not "
                 "committed (unmount it, or losetup -d it, first)", base_path,
                 S_ISBLK (held.st.st_mode) ? " or a partition or disk "
                 "sharing its blocks" : "", e->d_name);
+      r = -EBUSY;
+    }
+    else if (hold == LOOP_UNKNOWN) {
+      snprintf (err, errlen, "the loop device /dev/%s, which cannot be "
+                "asked here (%s), is attached to %s, which does not lead "
+                "to a file here: it may be %s, the overlay's base; not "
+                "committed (detach it, or run the commit as root)",
+                e->d_name, strerror (why), backing, base_path);
       r = -EBUSY;
     }
   }
