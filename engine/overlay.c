@@ -64,6 +64,13 @@ static const char overlay_magic[8] = { 'M', 'L', 'O', 'O', 'P', 'C', 'O', 'W' };
  * has none, and gets them when its base is next recorded.
  */
 #define OVERLAY_FLAG_TIMES 2u
+/* Every cluster was merged into the base and synced: the overlay is
+ * spent, left only because its removal failed.  Set in place of the
+ * merge's mark.  Opened over a base it is refused (a block device base
+ * would not show it was written since: its fingerprint covers only its
+ * ends); discard removes it.
+ */
+#define OVERLAY_FLAG_MERGED 4u
 /* How much of each end of the base its fingerprint covers. */
 #define FINGERPRINT_SPAN    (1u << 20)
 /* The data area starts on a 1 MiB boundary, so its clusters line up with
@@ -1469,7 +1476,8 @@ mloop_overlay_note_merged (struct mloop_overlay *ov, char *err,
    */
   if (r == 0 && get_le32 (h + HDR_VERSION) == OVERLAY_VERSION &&
       ((flags = get_le32 (h + HDR_FLAGS)) & OVERLAY_FLAG_MERGING)) {
-    put_le32 (h + HDR_FLAGS, flags & ~OVERLAY_FLAG_MERGING);
+    put_le32 (h + HDR_FLAGS,
+              (flags & ~OVERLAY_FLAG_MERGING) | OVERLAY_FLAG_MERGED);
     r = write_header (ov, h);
   }
   if (r < 0)
@@ -1531,6 +1539,13 @@ read_header (struct mloop_overlay *ov, const struct mloop_backing *base,
       get_le64 (h + HDR_MAP_BYTES) != expect.map_bytes ||
       get_le64 (h + HDR_DATA_OFFSET) != expect.data_offset) {
     snprintf (err, errlen, "overlay %s: its header is damaged", ov->path);
+    r = -EINVAL;
+  }
+  else if (base && version == OVERLAY_VERSION &&
+           (get_le32 (h + HDR_FLAGS) & OVERLAY_FLAG_MERGED)) {
+    snprintf (err, errlen, "overlay %s was committed into its base (%s) "
+              "already; remove it: mloop overlay discard %s", ov->path,
+              ov->base_path, ov->path);
     r = -EINVAL;
   }
   else if (base && expect.size != mloop_backing_size (base)) {

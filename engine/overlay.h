@@ -210,14 +210,14 @@ int mloop_overlay_note_merging (struct mloop_overlay *ov,
                                 const struct mloop_backing *base,
                                 char *err, size_t errlen);
 
-/* Clears, durably, the mark mloop_overlay_note_merging set in OV's
- * header, once the merge is done and its base synced: in a write of its
- * own, changing nothing else.  The header still records the base as the
- * merge found it, so an overlay left behind (its removal failed) is one
- * whose base was written since: a commit or a server refuses it, discard
- * removes it.  Kept, the mark would have discard call it half-merged
- * and a commit resume in a base written since.  0, or a negative errno
- * with ERR.
+/* Replaces, durably, the mark mloop_overlay_note_merging set in OV's
+ * header with one saying the merge is done, once its base is synced: in
+ * a write of its own, changing nothing else.  An overlay left behind
+ * (its removal failed) is then refused by every open over a base (a
+ * commit, a server, adopt), whatever the base (a block device would not
+ * show it was written since), and discard removes it.  Kept, the mark
+ * would have discard call it half-merged and a commit resume in a base
+ * written since.  0, or a negative errno with ERR.
  */
 int mloop_overlay_note_merged (struct mloop_overlay *ov, char *err,
                                size_t errlen);

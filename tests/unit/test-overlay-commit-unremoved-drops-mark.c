@@ -5,9 +5,8 @@
  * commit stopped half-way and advise running the commit again; by then
  * the base may have been written on its own (it is done with the
  * overlay), and the commit, resuming under the mark, would write the
- * overlay's old clusters over those writes.  Unmarked, it is an overlay
- * whose base was written since: a commit refuses it, discard removes
- * it.
+ * overlay's old clusters over those writes.  Marked as merged instead,
+ * a commit refuses it, discard removes it.
  *
  * Needs root and chattr on an ext4 /var/tmp (else it skips).
  */
@@ -70,7 +69,7 @@ main (void)
          fsync (fd) == 0, "%s: %s", image, strerror (errno));
   close (fd);
 
-  /* Committed again: refused, its base written since. */
+  /* Committed again: refused, the overlay spent. */
   r = mloop_overlay_file_commit (path, NULL, false, &written, err,
                                  sizeof err);
   free (written);
@@ -80,8 +79,8 @@ main (void)
           unit_byte_at (image, UNIT_OVERLAY_CLUSTER_AT));
   CHECK (unit_byte_at (image, UNIT_OVERLAY_CLUSTER_AT) == 0x77,
          "the base's own write was overwritten by the overlay's old cluster");
-  CHECK (r == -1 && strstr (err, "written since") != NULL,
-         "a second commit was not refused as written since");
+  CHECK (r == -1 && strstr (err, "committed into its base") != NULL,
+         "a second commit was not refused as committed already");
   CHECK (!unit_still_marks (path, image), "the merged overlay kept the "
          "merge's mark");
   CHECK (strstr (first, "discard") != NULL,
