@@ -2,7 +2,8 @@
 part of the restart tests.
 
 One round is four fio jobs writing random 4 KiB blocks with crc32c over
-8 MiB each, then reading them back and verifying.  A fixed amount of data
+8 MiB each of one device (or one job on each of several devices), then
+reading them back and verifying.  A fixed amount of data
 has no fixed duration: on a fast guest a round can end before all the
 kills are done (seen on 6.12 with the native server).  So a round that
 has ended is checked and another started before the next kill: every
@@ -20,14 +21,30 @@ REGION = 8 << 20
 ROUND_START = 1
 
 
+OPTIONS = ["ioengine=libaio", "direct=1", "rw=randwrite", "bs=4k", "iodepth=16",
+           "verify=crc32c", "verify_fatal=1", "verify_state_save=0"]
+
+
 def start_round(dev, cl, region=REGION):
-    fio = subprocess.Popen(
-        ["fio", "--name=verify-under-kills", f"--filename={dev}", "--ioengine=libaio",
-         "--direct=1", "--rw=randwrite", "--bs=4k", "--iodepth=16",
-         f"--numjobs={JOBS}", f"--size={region}", f"--offset_increment={region}",
-         "--verify=crc32c", "--verify_fatal=1", "--verify_state_save=0",
-         "--output-format=json"],
-        cwd=tmpdir(cl), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    """Starts a round on DEV: JOBS jobs of REGION bytes each, one after
+    another on the device; or, when DEV is a list of devices, one job of
+    REGION bytes on each."""
+    d = tmpdir(cl)
+    if isinstance(dev, str):
+        job = [f"--{o}" for o in ["name=verify-under-kills"] + OPTIONS + [
+            f"filename={dev}", f"numjobs={JOBS}", f"size={region}",
+            f"offset_increment={region}"]]
+    else:
+        # Verifies as it goes (every 256 blocks written): with many devices
+        # a round's reads would otherwise take most of it, and kills
+        # would land while nothing is written.
+        with open(f"{d}/devices.fio", "w") as f:
+            f.write("[global]\n" + "".join(f"{o}\n" for o in OPTIONS + [
+                f"size={region}", "verify_backlog=256"]))
+            f.writelines(f"[dev{i}]\nfilename={one}\n" for i, one in enumerate(dev))
+        job = ["devices.fio"]
+    fio = subprocess.Popen(["fio", "--output-format=json", *job], cwd=d,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     cl.push(lambda: fio.poll() is None and (fio.kill(), fio.wait()))
     return fio
 
@@ -46,7 +63,8 @@ def check_round(fio, region=REGION):
 
 
 def under_kills(dev, cl, kills, kill_once, pause=3, region=REGION):
-    """Runs verify rounds (REGION bytes per job) on DEV and calls
+    """Runs verify rounds (REGION bytes per job) on DEV (a device, or a
+    list of them: start_round) and calls
     KILL_ONCE() KILLS times, PAUSE seconds apart, each while a round is
     running; checks every round.  Returns KILL_ONCE's results and the
     number of rounds."""

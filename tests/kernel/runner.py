@@ -43,6 +43,10 @@ SUPERVISED = ["restart-fio", "restart-fsync", "restart-dying", "restart-hostile-
 DURABLE = ["power-cut", "power-cut-early-ack", "failing-disk", "dropped-writes",
            "slow-disk", "stall-reconnect", "out-of-space", "power-cut-overlay",
            "power-cut-overlay-early-ack", "power-cut-overlay-fua", "overlay-sync-error"]
+# mloopd under stress, for the service kind: 16 devices under fio while
+# mloopd is killed twice and a server once, and a device whose disk
+# stalls or fails beside one whose latency is measured.
+SERVICE = ["service-kill-many", "service-neighbour"]
 # Serving to other machines, through this machine's loopback; a remote
 # device that survives its server's restarts (its supervisor reconnects).
 REMOTE = ["remote-attach", "remote-restart"]
@@ -105,11 +109,16 @@ _NBDKIT_LEAVES_OUT = [t for t in CLI_ONLY if t not in ("resize", "offset-window"
 # runs the same keeper: what every kind runs, the restarts and the remote
 # device, and of the command line's contract what goes another way
 # through mloopd (a server's failure to start, autoclear, a resize's
-# restart).  The rest of the group, and 6.1's, in the full tier.
+# restart).  The rest of the group, and 6.1's, in the full tier, and so
+# are mloopd's stress tests (SERVICE: 16 devices under kills, 70-90 s;
+# a neighbour's stalled and failing disk, about 52 s): service-attach
+# kills mloopd and a server under fio in the standard tier.
 _SERVICE_KEEPS = ("cli-errors", "autoclear", "resize")
 STANDARD_LEAVES_OUT = {
     ("native", "6.1"): ["power-cut-overlay-early-ack", "dbus-unit", "rbd"],
-    ("service", "6.12"): [t for t in CLI_ONLY if t not in _SERVICE_KEEPS] + ["rbd"],
+    ("service", "6.1"): SERVICE,
+    ("service", "6.12"): [t for t in CLI_ONLY if t not in _SERVICE_KEEPS] + ["rbd"]
+    + SERVICE,
     ("native", "6.12"): CLI_ONLY + ["rbd"] + PACKAGE,
     ("nbdkit", "6.1"): _NBDKIT_LEAVES_OUT,
     ("nbdkit", "6.12"): _NBDKIT_LEAVES_OUT,
@@ -151,7 +160,7 @@ def tests_for(kind, group="main"):
         # service-attach starts an mloopd of its own; the package runs
         # the installed programs, the same as the native kind's.
         return COMMON + [t for t in CLI_ONLY if t != "service-attach"] + SUPERVISED \
-            + REMOTE + RBD
+            + SERVICE + REMOTE + RBD
     native = cli and kind.name == "native"
     return COMMON + (CLI_ONLY + SUPERVISED + REMOTE + RBD if cli else []) \
         + (PACKAGE if native else [])

@@ -1,12 +1,13 @@
 """mloopd, the resident service, run by hand in a kind's runtime
 directory (where `mloop` looks for its socket): started, killed, started
 again and stopped.  For test-service-attach.py and the service kind
-(kinds.py), which runs every test of its groups through one mloopd."""
+(kinds.py), which runs every test of its groups through one mloopd;
+for_test gives the mloopd tests of that group run beside."""
 import os
 import subprocess
 import sys
 
-from kfix import wait_until
+from kfix import Skip, tmpdir, wait_until
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import mloopd_control  # noqa: E402
@@ -52,3 +53,22 @@ class Service:
             self.proc.wait(timeout=60)
         if os.path.exists(self.sock):
             os.unlink(self.sock)
+
+
+def for_test(kind, cl):
+    """The mloopd a test of mloopd runs with: the service kind's own, or,
+    for the other `mloop attach` kinds of NBD devices (native, nbdkit),
+    one started in KIND's runtime directory and stopped by CL; a Skip
+    for the rest."""
+    if getattr(kind, "service", None):
+        return kind.service
+    if getattr(kind, "server", None) not in ("native", "nbdkit") or not hasattr(kind, "env"):
+        raise Skip("mloopd keeps the NBD devices of `mloop attach`")
+    if not MLOOPD or not os.path.exists(MLOOPD):
+        raise Skip("mloopd is not built")
+    kind.env()  # names the runtime directory
+    os.makedirs(kind.runtime_dir, mode=0o700, exist_ok=True)
+    service = Service(kind, os.path.join(tmpdir(cl), "mloopd.log"))
+    cl.push(service.stop)
+    service.start()
+    return service
