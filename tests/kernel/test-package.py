@@ -25,6 +25,12 @@ In it:
    systemd-fstab-generator, run by hand on that fstab, writes mount
    units of Type=mloop with What= the image, required by
    local-fs.target, or only wanted with nofail.
+   The full tier adds an upgrade under IO: while fio writes and verifies
+   through a device mloopd keeps, mloopd is stopped (SIGTERM), the
+   packages are installed again and the new mloopd started from the
+   unit's ExecStart, as the postinst has systemd restart it: no IO
+   error or mismatch, the device taken over by the new mloopd with its
+   server unchanged (30-60 s more).
 4. mloop-attach@.service: `systemd-analyze verify` passes for the
    instance of the image's escaped path; its ExecStart and ExecStop,
    taken from the installed unit with %f and $OPTIONS expanded as systemd
@@ -51,7 +57,9 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 
+import fioverify
 import kinds
 from kfix import Skip, nbd_in_use, processes_mentioning, run, tmpdir, wait_until
 
@@ -77,6 +85,9 @@ RUNTIME_DIR = "/run/mloop"
 # Where the package's postinst enables mloopd's socket.
 SOCKET_WANTED = "/etc/systemd/system/sockets.target.wants/mloopd.socket"
 IMAGE_SIZE = 64 << 20
+# fio's verify round across the upgrade: 4 jobs of this many bytes,
+# still writing after its first second under TCG.
+UPGRADE_REGION = 4 << 20
 # mount(8)'s exit status when some of `mount -a` mounted and some failed.
 MOUNT_SOME_OK = 64
 
@@ -342,6 +353,37 @@ def expand(cmd, path, env):
     return argv
 
 
+def upgrade_under_io(root, cl, images, debs, mloopd):
+    """fio verifying through a device MLOOPD keeps while MLOOPD is
+    stopped and the packages DEBS are installed again, then their mloopd
+    started (returned): no IO error or mismatch, the device taken over
+    with its server unchanged."""
+    upgraded = os.path.join(images, "upgrade.img")
+    with open(upgraded, "wb") as f:
+        f.truncate(IMAGE_SIZE)
+    dev = root.in_root("mloop", "attach", upgraded).stdout.strip()
+    before = json.loads(root.in_root("mloop", "status", "--json", dev).stdout)
+    assert before["service_kept"], f"{dev} is not kept by the installed mloopd: {before}"
+    fio = fioverify.start_round(dev, cl, UPGRADE_REGION)
+    time.sleep(fioverify.ROUND_START)
+    assert fio.poll() is None, "fio ended before the upgrade began"
+    mloopd.terminate()
+    assert mloopd.wait(timeout=30) == 0, f"mloopd, stopped for the upgrade, exited {mloopd.returncode}"
+    root.in_root("dpkg", "-i", *[f"/tmp/debs/{os.path.basename(d)}" for d in debs])
+    # The teardown stops it if a check below fails.
+    upgraded_mloopd = root.start_service("mloopd.service")
+    wait_until(lambda: os.path.exists(root.path(f"{RUNTIME_DIR}/mloopd.sock")),
+               "the upgraded mloopd to listen")
+    fioverify.check_round(fio, UPGRADE_REGION)
+    after = json.loads(root.in_root("mloop", "status", "--json", dev).stdout)
+    assert after["service_kept"] and after["supervisor_running"] and \
+        after["device"]["server_pid"] == before["device"]["server_pid"], \
+        f"the upgraded mloopd did not take {dev} over, its server serving on: {after}"
+    root.in_root("mloop", "detach", dev)
+    assert_nothing_left(root, [upgraded], "after the upgrade's device was detached")
+    return upgraded_mloopd
+
+
 def run_test(kind, cl):
     debs = find_debs()
     connected_before = connected()
@@ -460,6 +502,18 @@ def run_test(kind, cl):
         else:
             assert required and not wanted and "Before=local-fs.target" in lines, \
                 f"{unit}: wanted {wanted}, required {required}:\n{text}"
+
+    # An upgrade under IO: while fio writes and verifies through a device
+    # mloopd keeps, mloopd is stopped (SIGTERM: it lets go, the server
+    # serves on), the same packages are installed again, and the new
+    # mloopd is started, as the postinst has systemd restart it: it
+    # takes the device over.  Full tier only: 30-60 s more under TCG
+    # (dpkg again, fio), and the standard tier's service-attach and
+    # test-mloopd.py already take devices over from a stopped mloopd.
+    if os.environ.get("MLOOP_TEST_TIER") == "full":
+        mloopd = upgrade_under_io(root, cl, images, debs, mloopd)
+    else:
+        print("# package: the upgrade under IO is the full tier's", flush=True)
 
     # 4. mloop-attach@.service for the image.
     unit = root.in_root("systemd-escape", "--template", "mloop-attach@.service",
