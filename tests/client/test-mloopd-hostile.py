@@ -19,9 +19,14 @@ host, no kernel NBD client), so that one failure does not hide the next:
   it as a restart does (seen here as connections on the new server;
   the kernel's reconfigure then fails, there being no NBD device);
 - a second mloopd started by hand on the same runtime directory must
-  not take over devices the first still keeps.
+  not take over devices the first still keeps;
+- mloopd stopped (SIGTERM) while a planned restart's next server is
+  still starting lets go of its keepers and then runs its loop on: a
+  drop from a client connected before must not reach the keeper it
+  freed (a double free: mloopd aborts, and stops the server it had
+  just left serving).
 
-Root (mloopd answers root only).  About 15 s."""
+Root (mloopd answers root only).  About 18 s."""
 import os
 import signal
 import socket
@@ -268,4 +273,55 @@ check("a second mloopd on the same runtime directory does not keep the "
 if second.poll() is None:
     stop(second)
 stop(p)
+
+# --- A drop while mloopd stops, a start under way --------------------
+svc = Service("drop while stopping")
+stand_in = os.path.join(svc.d, "slow-server")
+with open(stand_in, "w") as f:
+    f.write(f"""#!/bin/sh
+case "$*" in *slow*) sleep 4 ;; esac
+exec {os.environ["MLOOP_SERVER_BIN"]} "$@"
+""")
+os.chmod(stand_in, 0o755)
+svc.env["MLOOP_SERVER_BIN"] = stand_in
+
+
+def kill_started_in(directory):
+    """The processes whose command line names DIRECTORY: the next server
+    of a start the aborted mloopd left behind."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if os.fsencode(directory) in f.read():
+                    os.kill(int(pid), signal.SIGKILL)
+        except OSError:
+            pass
+
+
+harness.on_exit(lambda d=svc.d: kill_started_in(d))
+p = svc.start()
+dev = svc.device("dev-stopping")
+image = os.path.join(svc.d, "slow.img")
+with open(image, "wb") as f:
+    f.truncate(SIZE)
+a = svc.ask(op="keep", dir=dev, server="native", image=image)
+check("a device is kept", a.get("ok") == "1", a)
+first = server_of(dev)
+a = svc.ask(op="restart", dir=dev)     # its next server takes 4 s to listen
+client = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+client.connect(svc.control)
+time.sleep(0.3)                         # accepted
+p.send_signal(signal.SIGTERM)
+time.sleep(0.5)                         # let go; the next server still starting
+client.settimeout(10)
+client.send(f"op=drop\0dir={dev}\0".encode())
+try:
+    client.recv(1000)
+except OSError:
+    pass
+client.close()
+status = p.wait(timeout=100)
+check("mloopd stopped while a start is under way exits 0 after a drop",
+      status == 0, f"exit status {status}")
+server_of(dev)
 harness.exit_if_failed()
