@@ -136,6 +136,10 @@ struct keeper {
   struct server_start *starting;
   keeper_started_fn started;    /* keeper_start_async's, until called */
   void *started_data;
+  /* keeper_start_async's server replaces one that died while no keeper
+   * ran (keeper_take_over_new): the device is handed connections to it.
+   */
+  gboolean reconnect_started;
   /* A planned restart's next server is the one starting; the old one. */
   gboolean replacing;
   pid_t replaced;
@@ -917,6 +921,16 @@ first_started (pid_t pid, const char *start_err, void *data)
   say_to (k->log, "server pid %d started for %s", (int) k->server,
           k->spec.image);
   begin_keeping (k);
+  if (k->reconnect_started && reconnect_device (k, err, sizeof err) == -1) {
+    /* As after a restart: the next try starts the server whole. */
+    say_to (k->log, "reconnecting the device to server pid %d failed: %s",
+            (int) k->server, err);
+    g_free (k->last_failure);
+    k->last_failure = g_strdup (err);
+    record (k);
+    k->backoff_ms = MIN (k->backoff_ms * 2, BACKOFF_MAX_MS);
+    kill (k->server, SIGKILL);
+  }
   started (k, NULL, k->started_data);
 }
 
@@ -932,6 +946,14 @@ keeper_start_async (struct keeper *k, keeper_started_fn started, void *data)
                                     first_started, k, err, sizeof err);
   if (k->starting == NULL)
     first_started (0, err, k);
+}
+
+void
+keeper_take_over_new (struct keeper *k, keeper_started_fn started,
+                      void *data)
+{
+  k->reconnect_started = TRUE;
+  keeper_start_async (k, started, data);
 }
 
 bool
@@ -956,6 +978,12 @@ keeper_take_over (struct keeper *k, pid_t server, char *err, size_t errlen)
   say_to (k->log, "server pid %d taken over for %s", (int) k->server,
           k->spec.image);
   begin_keeping (k);
+  /* Slots the kernel dropped while no keeper listened were announced to
+   * nobody: offered connections as if announcements were lost, until the
+   * kernel takes no more (one handshake when none is dead).
+   */
+  k->slots.lost = TRUE;
+  heal_soon (k);
   return 0;
 }
 

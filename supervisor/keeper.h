@@ -68,11 +68,21 @@ typedef void (*keeper_started_fn) (struct keeper *k, const char *err,
 void keeper_start_async (struct keeper *k, keeper_started_fn started,
                          void *data);
 
+/* keeper_start_async for a device a keeper before this one kept, whose
+ * server died while none ran: once the new server listens, the device
+ * (if its state exists) is handed fresh connections to it, as after a
+ * restart.  A first keep (`mloop attach`) does not: the attach connects
+ * the kernel itself.
+ */
+void keeper_take_over_new (struct keeper *k, keeper_started_fn started,
+                           void *data);
+
 /* Whether keeper_start_async's server is still starting. */
 bool keeper_starting (const struct keeper *k);
 
 /* Begins keeping a device whose server, SERVER, a keeper before this
- * one started (a service that was restarted): watches it as its own.
+ * one started (a service that was restarted): watches it as its own,
+ * and offers the kernel connections for slots it dropped meanwhile.
  * 0, or -1 with ERR when SERVER is not the device's server.
  */
 int keeper_take_over (struct keeper *k, pid_t server, char *err,

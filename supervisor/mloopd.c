@@ -612,7 +612,7 @@ take_over_recorded (void)
 
       g_hash_table_insert (kept, d->dir, d);
       if (keeper_take_over (d->k, server, err, sizeof err) == -1)
-        keeper_start_async (d->k, on_taken_over, d);
+        keeper_take_over_new (d->k, on_taken_over, d);
     }
     g_free ((char *) spec.image);
     g_free ((char *) spec.overlay);
