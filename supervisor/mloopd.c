@@ -81,10 +81,16 @@ struct kept {
    * starts, or -1.
    */
   int waiting;
+  unsigned serial;              /* tells this keep from a later one of DIR */
 };
 
 static GHashTable *kept;        /* dir -> struct kept */
+static unsigned kept_serial;
 static GMainLoop *loop;
+/* Stopping: the keepers are let go (or about to be); clients' requests
+ * are refused.
+ */
+static bool stopping;
 
 static void
 kept_free (gpointer data)
@@ -97,9 +103,6 @@ kept_free (gpointer data)
   g_free (d);
 }
 
-/* An autoclear device let go by the kernel: stopped from the loop, not
- * inside the keeper's call.
- */
 /* Stops D's keeper: its server with it. */
 static void
 kept_stop (struct kept *d)
@@ -122,11 +125,35 @@ kept_let_go (struct kept *d)
     remote_keeper_stop (d->rk);
 }
 
+/* A device the kernel let go (autoclear), named by its directory and
+ * keep: by the time the idle runs, it may have been dropped, let go or
+ * kept anew.
+ */
+struct released {
+  char *dir;
+  unsigned serial;
+};
+
+static void
+released_free (gpointer data)
+{
+  struct released *r = data;
+
+  g_free (r->dir);
+  g_free (r);
+}
+
+/* An autoclear device let go by the kernel: stopped from the loop, not
+ * inside the keeper's call.
+ */
 static gboolean
 stop_released (gpointer data)
 {
-  struct kept *d = data;
+  struct released *r = data;
+  struct kept *d = g_hash_table_lookup (kept, r->dir);
 
+  if (d == NULL || d->serial != r->serial)
+    return G_SOURCE_REMOVE;
   keep_record_remove (d->dir);
   kept_stop (d);
   g_hash_table_remove (kept, d->dir);
@@ -134,15 +161,25 @@ stop_released (gpointer data)
 }
 
 static void
+stop_released_soon (const struct kept *d)
+{
+  struct released *r = g_new (struct released, 1);
+
+  r->dir = g_strdup (d->dir);
+  r->serial = d->serial;
+  g_idle_add_full (G_PRIORITY_DEFAULT_IDLE, stop_released, r, released_free);
+}
+
+static void
 on_released (struct keeper *k, void *data)
 {
-  g_idle_add (stop_released, data);
+  stop_released_soon (data);
 }
 
 static void
 on_remote_released (struct remote_keeper *rk, void *data)
 {
-  g_idle_add (stop_released, data);
+  stop_released_soon (data);
 }
 
 /* Whether DIR is a device's directory in mloop's runtime directory:
@@ -181,6 +218,7 @@ kept_alloc (const char *dir, char *err, size_t errlen)
   }
   d->dir = g_strdup (dir);
   d->waiting = -1;
+  d->serial = ++kept_serial;
   return d;
 }
 
@@ -468,7 +506,12 @@ on_request (gint sock, GIOCondition c, gpointer unused)
   bool answered = true;
 
   mloop_control_out_init (out);
-  if (r == 1) {
+  if (r == 1 && stopping) {
+    /* Its keepers let go (or about to be): nothing is asked of them. */
+    mloop_control_add (out, "error", "mloopd is stopping");
+    mloop_control_in_clear (in);
+  }
+  else if (r == 1) {
     answered = answer (in, out, sock);
     /* Closes what descriptors came along: none is wanted yet. */
     mloop_control_in_clear (in);
@@ -782,11 +825,17 @@ main (int argc, char **argv)
   say ("mloopd pid %d stopping; %u device(s) serve on", (int) getpid (),
        g_hash_table_size (kept));
   g_source_remove (listening);
+  stopping = true;
   /* The keeps under way are answered first: their clients go on. */
   finish_starts (keeps_waiting);
+  /* Out of the table as each is let go: what the loop runs from now on
+   * (a client's request, the reaper, an autoclear's idle) finds none.
+   */
   g_hash_table_iter_init (&i, kept);
-  while (g_hash_table_iter_next (&i, NULL, &d))
+  while (g_hash_table_iter_next (&i, NULL, &d)) {
     kept_let_go (d);
+    g_hash_table_iter_remove (&i);
+  }
   /* Restarts under way were let go: their servers serve on, and the next
    * mloopd must find their pid files written.
    */
