@@ -183,20 +183,23 @@ on_remote_released (struct remote_keeper *rk, void *data)
 }
 
 /* Whether DIR is a device's directory in mloop's runtime directory:
- * absolute, no "." or ".." in it, one level below, and a directory.
+ * one level below, a directory, and spelled as mloop spells it (the
+ * runtime directory, one slash, the name: no "." or "..", no doubled or
+ * trailing slash), so that one directory is one key of the kept table.
  */
 static bool
 device_dir (const char *dir, char *err, size_t errlen)
 {
-  g_autofree char *parent = g_path_get_dirname (dir);
   g_autofree char *base = g_path_get_basename (dir);
+  g_autofree char *canonical = g_build_filename (mloop_runtime_dir (), base,
+                                                 NULL);
   struct stat st;
 
-  if (!g_path_is_absolute (dir) || strcmp (parent, mloop_runtime_dir ()) ||
-      strcmp (base, ".") == 0 || strcmp (base, "..") == 0 ||
+  if (strcmp (dir, canonical) || strcmp (base, ".") == 0 ||
+      strcmp (base, "..") == 0 || strchr (base, '/') ||
       lstat (dir, &st) == -1 || !S_ISDIR (st.st_mode)) {
-    snprintf (err, errlen, "%s is not a device's directory in %s", dir,
-              mloop_runtime_dir ());
+    snprintf (err, errlen, "%s is not a device's directory in %s (spelled "
+              "%s/NAME)", dir, mloop_runtime_dir (), mloop_runtime_dir ());
     return false;
   }
   return true;
