@@ -19,6 +19,11 @@
 
 /* The control socket's name in mloop's runtime directory. */
 #define MLOOP_SERVICE_SOCKET "mloopd.sock"
+/* The file mloopd holds an flock on for its life: one mloopd per
+ * runtime directory.  Left in place (removing it would let two lock two
+ * files); it is no device's.
+ */
+#define MLOOP_SERVICE_LOCK "mloopd.lock"
 
 /* Asks mloopd to start the server SPEC describes for the device whose
  * directory is DIR and keep it (the paths in SPEC must be DIR's own).

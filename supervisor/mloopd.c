@@ -44,6 +44,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -555,6 +556,46 @@ on_connect (gint listener, GIOCondition c, gpointer unused)
   return G_SOURCE_CONTINUE;
 }
 
+/* Holds RUNTIME_DIR/mloopd.lock for the process's life (the descriptor
+ * is never closed; the kernel lets go when the process ends), with our
+ * pid in it: a second mloopd on the same runtime directory would take
+ * over the devices the first still keeps, and bind its socket path.
+ * 0, or -1 with ERR naming the holder.
+ */
+static int
+lock_runtime_dir (char *err, size_t errlen)
+{
+  g_autofree char *path = g_build_filename (mloop_runtime_dir (),
+                                            MLOOP_SERVICE_LOCK, NULL);
+  char pid[32];
+  int fd = open (path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  ssize_t n;
+
+  if (fd == -1) {
+    snprintf (err, errlen, "%s: %s", path, strerror (errno));
+    return -1;
+  }
+  if (flock (fd, LOCK_EX | LOCK_NB) == -1) {
+    int e = errno;
+
+    n = e == EWOULDBLOCK ? pread (fd, pid, sizeof pid - 1, 0) : -1;
+    close (fd);
+    if (e != EWOULDBLOCK)
+      snprintf (err, errlen, "%s: %s", path, strerror (e));
+    else if (n > 0 && (pid[n] = '\0', atoi (pid) > 0))
+      snprintf (err, errlen, "mloopd pid %d keeps %s already", atoi (pid),
+                mloop_runtime_dir ());
+    else
+      snprintf (err, errlen, "another mloopd keeps %s already",
+                mloop_runtime_dir ());
+    return -1;
+  }
+  n = snprintf (pid, sizeof pid, "%d\n", (int) getpid ());
+  if (ftruncate (fd, 0) == -1 || pwrite (fd, pid, (size_t) n, 0) != n)
+    say ("%s: cannot write our pid: %s", path, strerror (errno));
+  return 0;
+}
+
 /* The socket path bound here and its file, removed at exit if it is
  * still ours (the next mloopd may have bound its own there already);
  * NULL for systemd's.
@@ -632,7 +673,9 @@ take_over_recorded (void)
     struct kept *d;
     char err[1024];
 
-    /* Devices' directories only (not the state lock, not our socket). */
+    /* Devices' directories only (not the state lock, not our lock or
+     * socket).
+     */
     if (!g_file_test (dir, G_FILE_TEST_IS_DIR))
       continue;
     if (keep_record_load (dir, &spec, &remote, err, sizeof err) == -1) {
@@ -793,6 +836,11 @@ main (int argc, char **argv)
     return EXIT_FAILURE;
   }
   if (mloop_runtime_dir_create (err, sizeof err) == -1) {
+    fprintf (stderr, "mloopd: %s\n", err);
+    return EXIT_FAILURE;
+  }
+  /* Before the socket: binding unlinks whatever is at its path. */
+  if (lock_runtime_dir (err, sizeof err) == -1) {
     fprintf (stderr, "mloopd: %s\n", err);
     return EXIT_FAILURE;
   }

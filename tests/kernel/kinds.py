@@ -243,7 +243,8 @@ class MloopService(MloopCli):
             return " | ".join(f.read().splitlines()[-5:])
 
     def state_entries(self):
-        return [e for e in super().state_entries() if e != "mloopd.sock"]
+        return [e for e in super().state_entries()
+                if e not in ("mloopd.sock", "mloopd.lock")]
 
     def attach(self, cl, image, read_only=False, args=None):
         att = super().attach(cl, image, read_only, args)

@@ -296,7 +296,7 @@ def assert_nothing_left(root, images, why):
     for image in images:
         problems += [f"process {pid}: {cmd}" for pid, cmd in processes_mentioning(image)]
     run_dir = root.path(RUNTIME_DIR)
-    state = sorted(set(os.listdir(run_dir)) - {".lock", "mloopd.sock"}) \
+    state = sorted(set(os.listdir(run_dir)) - {".lock", "mloopd.sock", "mloopd.lock"}) \
         if os.path.isdir(run_dir) else []
     if state:
         problems.append(f"{RUNTIME_DIR} holds {state}")
