@@ -499,16 +499,29 @@ answer (const struct mloop_control_in *in, struct mloop_control_out *out,
   return true;
 }
 
-/* One client's requests, each answered in turn. */
+/* One client's requests, each answered in turn: its next request is
+ * read only once the answer is sent.  Its socket does not block
+ * (on_connect): a client whose answer would not fit, one that does not
+ * read them, is dropped rather than block every other client and device.
+ */
 static gboolean
 on_request (gint sock, GIOCondition c, gpointer unused)
 {
-  struct mloop_control_in *in = g_new (struct mloop_control_in, 1);
-  struct mloop_control_out *out = g_new (struct mloop_control_out, 1);
+  struct mloop_control_in *in;
+  struct mloop_control_out *out;
   char err[512];
-  int r = mloop_control_recv (sock, in, err, sizeof err);
+  int r;
   bool answered = true;
 
+  in = g_new (struct mloop_control_in, 1);
+  errno = 0;
+  r = mloop_control_recv (sock, in, err, sizeof err);
+  if (r == -1 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+    /* Woken with nothing to read after all. */
+    g_free (in);
+    return G_SOURCE_CONTINUE;
+  }
+  out = g_new (struct mloop_control_out, 1);
   mloop_control_out_init (out);
   if (r == 1 && stopping) {
     /* Its keepers let go (or about to be): nothing is asked of them. */
@@ -538,7 +551,7 @@ static gboolean
 on_connect (gint listener, GIOCondition c, gpointer unused)
 {
   struct ucred cred;
-  int sock = accept4 (listener, NULL, NULL, SOCK_CLOEXEC);
+  int sock = accept4 (listener, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
 
   if (sock == -1)
     return G_SOURCE_CONTINUE;
