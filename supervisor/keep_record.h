@@ -2,6 +2,9 @@
  * keeping it, in the device's directory (MLOOP_DIR_KEEP), so that the
  * service started after this one (a crash, an upgrade) takes every
  * device over with the same server command, instead of forgetting them.
+ * Paths (image, overlay, remote) are kept in base64 too (KEY64), since a
+ * path need not be UTF-8; a record without them (an older mloopd's) is
+ * read from the plain keys.
  */
 #ifndef MLOOP_KEEP_RECORD_H
 #define MLOOP_KEEP_RECORD_H
