@@ -570,6 +570,108 @@ refuse_loop_backed (const struct mloop_backing *base, const char *base_path,
   return r;
 }
 
+/* The first process other than this one found holding a descriptor
+ * open on a block device that shares bytes with B (reaches_block: the
+ * base's disk under any node, a partition of it, or its disk): its
+ * pid, its command in COMM and the node it opened in NODE.  Asked of
+ * /proc/PID/fd/N's file itself (its type and device number), which no
+ * node's name or mount namespace hides; statx'd without a sync, so that
+ * a hung network or FUSE mount holding some other process's file does
+ * not hang the commit.  Only the processes whose descriptors this
+ * caller may see are looked at (all of them for root; a user's own
+ * otherwise).  0: none.
+ */
+static pid_t
+block_opener (const struct held_base *b, char *comm, size_t commlen,
+              char *node, size_t nodelen)
+{
+  const pid_t self = getpid ();
+  struct dirent *p, *e;
+  pid_t found = 0;
+  DIR *proc, *fds;
+
+  if ((proc = opendir ("/proc")) == NULL)
+    return 0;
+  while (found == 0 && (p = readdir (proc)) != NULL) {
+    char dir[64], *end;
+    long pid = strtol (p->d_name, &end, 10);
+    int fd;
+
+    if (*end != '\0' || pid <= 0 || pid == self)
+      continue;
+    snprintf (dir, sizeof dir, "%ld/fd", pid);
+    fd = openat (dirfd (proc), dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd == -1)
+      continue;
+    if ((fds = fdopendir (fd)) == NULL) {
+      close (fd);
+      continue;
+    }
+    while (found == 0 && (e = readdir (fds)) != NULL) {
+      struct statx stx;
+      ssize_t n;
+
+      if (e->d_name[0] == '.' ||
+          statx (dirfd (fds), e->d_name, AT_STATX_DONT_SYNC, STATX_TYPE,
+                 &stx) == -1 || !S_ISBLK (stx.stx_mode) ||
+          !reaches_block (b, makedev (stx.stx_rdev_major,
+                                      stx.stx_rdev_minor), 0, 0))
+        continue;
+      found = (pid_t) pid;
+      n = readlinkat (dirfd (fds), e->d_name, node, nodelen - 1);
+      node[n < 0 ? 0 : n] = '\0';
+      snprintf (dir, sizeof dir, "/proc/%ld/comm", pid);
+      if (!read_sysfs (dir, comm, commlen))
+        snprintf (comm, commlen, "?");
+      comm[strcspn (comm, "\n")] = '\0';
+    }
+    closedir (fds);
+  }
+  closedir (proc);
+  return found;
+}
+
+/* Refuses, in ERR, a block-device BASE that another process holds open
+ * under any node of its disk, or of a partition or disk sharing its
+ * bytes.  The image lock is taken on a node's inode, not on the disk:
+ * a server holding the disk through one node (a container's, a
+ * `dmsetup mknodes` one, /dev/mapper beside /dev/dm-N) holds nothing
+ * against a commit through another.  Any descriptor is refused, not
+ * only a locked one: a reader has the disk's bytes change under it.
+ * One that goes within half a second (udev probing the device after a
+ * write) is let be.  Only the processes this caller may see are looked
+ * at (block_opener).
+ */
+static int
+refuse_block_openers (const struct mloop_backing *base,
+                      const char *base_path, char *err, size_t errlen)
+{
+  char comm[64], node[PATH_MAX];
+  struct held_base held;
+  pid_t pid = 0;
+
+  if (!base->is_block_device)
+    return 0;
+  if (!held_base_of (base->fd, &held)) {
+    const int r = -errno;
+
+    snprintf (err, errlen, "%s, the overlay's base: %s", base_path,
+              strerror (-r));
+    return r;
+  }
+  for (int i = 0; i < 5; i++) {
+    if (i > 0)
+      usleep (100 * 1000);
+    if ((pid = block_opener (&held, comm, sizeof comm, node,
+                             sizeof node)) == 0)
+      return 0;
+  }
+  snprintf (err, errlen, "%s, the overlay's base, is open in process %ld "
+            "(%s) as %s: not committed (stop it first)", base_path,
+            (long) pid, comm, node);
+  return -EBUSY;
+}
+
 int
 mloop_overlay_merge (const char *path, const char *base_path, bool adopt,
                      bool remove, char *err, size_t errlen)
@@ -641,7 +743,8 @@ mloop_overlay_merge_checked (const char *path, const struct stat *checked,
     goto out_base;
   }
   if ((r = claim_device (&base, base_path, &claim, err, errlen)) < 0 ||
-      (r = refuse_loop_backed (&base, base_path, err, errlen)) < 0)
+      (r = refuse_loop_backed (&base, base_path, err, errlen)) < 0 ||
+      (r = refuse_block_openers (&base, base_path, err, errlen)) < 0)
     goto out_base;
   r = mloop_overlay_open_existing (&ov, path, checked, &base,
                                    adopt ? MLOOP_OVERLAY_MERGE_ANY_BASE

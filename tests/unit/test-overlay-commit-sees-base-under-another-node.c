@@ -7,18 +7,22 @@
  * disk through one does not refuse a commit through the other, which
  * writes under that server's device.
  *
- * Here the test's own shared lock on the first node stands for the
- * server (it is the lock a file store takes, file_store.c).  Needs
+ * Here a child holding the first node open, with the shared lock a
+ * file store takes (file_store.c), stands for the server: another
+ * process, as the commit looks past its own descriptors.  Needs
  * root, loop devices and a filesystem for device nodes under /var/tmp
- * (else it skips).  About 0.1 s.
+ * (else it skips).  About 0.6 s (the commit waits out a brief opener).
  */
 #include <errno.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "fileio.h"
@@ -35,7 +39,9 @@ main (void)
   const char *dir;
   char image[4096], path[4096], other[4096], node[64], err[512];
   struct stat st;
-  int held, served, r;
+  int held, served, ready[2], r;
+  pid_t server;
+  char c;
 
   unit_free_loop (node, sizeof node);
   unit_deadline (30);
@@ -52,10 +58,27 @@ main (void)
          other, strerror (errno));
   unit_make_overlay (other, path);
 
-  /* A server on the disk through udev's node: its shared lock. */
-  served = open (node, O_RDONLY | O_CLOEXEC);
-  CHECK (served >= 0, "%s: %s", node, strerror (errno));
-  CHECK (mloop_lock_image (served, false) == 0, "the server's lock");
+  /* A server on the disk through udev's node, its shared lock held
+   * until the test ends it.
+   */
+  CHECK (pipe (ready) == 0, "pipe: %s", strerror (errno));
+  server = fork ();
+  CHECK (server >= 0, "fork: %s", strerror (errno));
+  if (server == 0) {
+    prctl (PR_SET_PDEATHSIG, SIGKILL);
+    close (held);
+    close (ready[0]);
+    served = open (node, O_RDONLY | O_CLOEXEC);
+    if (served < 0 || mloop_lock_image (served, false) != 0)
+      _exit (1);
+    if (write (ready[1], "r", 1) != 1)
+      _exit (1);
+    /* Until the parent ends it, or ends. */
+    for (;;)
+      pause ();
+  }
+  close (ready[1]);
+  CHECK (read (ready[0], &c, 1) == 1, "the server did not start");
 
   r = mloop_overlay_merge (path, other, false, true, err, sizeof err);
   CHECK (r < 0, "the commit wrote %s (the disk of %s) while a server held "
@@ -63,7 +86,9 @@ main (void)
   printf ("refused: %s\n", err);
   CHECK (unit_byte_at (node, UNIT_OVERLAY_CLUSTER_AT) == 0,
          "the overlay's clusters were written under the server");
-  close (served);
+  kill (server, SIGTERM);
+  waitpid (server, NULL, 0);
+  close (ready[0]);
   close (held);
   unlink (other);
   printf ("ok: a commit sees a server holding its base under another "
