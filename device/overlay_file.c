@@ -260,8 +260,9 @@ mloop_overlay_file_discard (const char *path, char *err, size_t errlen)
   /* Read again under the lock, which a commit holds while it writes: a
    * commit that stopped half-way left part of the overlay in the base,
    * which without the rest reads as neither image.  One that finished
-   * clears the mark before it removes the overlay, so a mark means
-   * half-way, or a crash between the base's sync and that clearing.
+   * trades that mark for the spent one before it removes the overlay,
+   * so the mark means half-way, or a crash between the base's sync and
+   * that trade.
    */
   if (r == 0) {
     g_autofree char *recorded = NULL;

@@ -1481,7 +1481,7 @@ mloop_overlay_note_merged (struct mloop_overlay *ov, char *err,
     r = write_header (ov, h);
   }
   if (r < 0)
-    snprintf (err, errlen, "cannot clear the commit's mark in overlay %s: "
+    snprintf (err, errlen, "cannot mark overlay %s as spent: "
               "%s", ov->path, strerror (-r));
   if (h != NULL)
     mloop_free_aligned (h, HDR_BYTES);
