@@ -71,6 +71,13 @@ static const char overlay_magic[8] = { 'M', 'L', 'O', 'O', 'P', 'C', 'O', 'W' };
  * ends); discard removes it.
  */
 #define OVERLAY_FLAG_MERGED 4u
+/* The flags this mloop knows.  Version 2 has no rule for flags an
+ * mloop does not know, and one older than OVERLAY_FLAG_MERGED serves a
+ * spent overlay; so any other bit, a newer mloop's, is refused when the
+ * overlay is opened over a base (read_header).
+ */
+#define OVERLAY_FLAGS_KNOWN \
+  (OVERLAY_FLAG_MERGING | OVERLAY_FLAG_TIMES | OVERLAY_FLAG_MERGED)
 /* How much of each end of the base its fingerprint covers. */
 #define FINGERPRINT_SPAN    (1u << 20)
 /* The data area starts on a 1 MiB boundary, so its clusters line up with
@@ -1539,6 +1546,13 @@ read_header (struct mloop_overlay *ov, const struct mloop_backing *base,
       get_le64 (h + HDR_MAP_BYTES) != expect.map_bytes ||
       get_le64 (h + HDR_DATA_OFFSET) != expect.data_offset) {
     snprintf (err, errlen, "overlay %s: its header is damaged", ov->path);
+    r = -EINVAL;
+  }
+  else if (base && version == OVERLAY_VERSION &&
+           (get_le32 (h + HDR_FLAGS) & ~OVERLAY_FLAGS_KNOWN)) {
+    snprintf (err, errlen, "overlay %s has flag 0x%x, which this mloop "
+              "does not know (a newer mloop's): not opened", ov->path,
+              get_le32 (h + HDR_FLAGS) & ~OVERLAY_FLAGS_KNOWN);
     r = -EINVAL;
   }
   else if (base && version == OVERLAY_VERSION &&
