@@ -105,13 +105,14 @@ class MloopCli:
         return dict(os.environ, MLOOP_RUNTIME_DIR=self.runtime_dir)
 
     def state_entries(self):
-        """What the runtime dir holds besides .lock, which stays by design
-        (device/device_state.h: the flock()ed file serialising attach and
-        detach); per-device state must not stay."""
+        """What the runtime dir holds besides .lock and mloopd.lock, which
+        stay by design (device/device_state.h: the flock()ed file
+        serialising attach and detach; the one an mloopd that ran there
+        held); per-device state must not stay."""
         if self.runtime_dir is None:  # nothing attached yet (os.listdir(None) is ".")
             return []
         try:
-            return sorted(set(os.listdir(self.runtime_dir)) - {".lock"})
+            return sorted(set(os.listdir(self.runtime_dir)) - {".lock", "mloopd.lock"})
         except FileNotFoundError:
             return []
 
@@ -244,7 +245,7 @@ class MloopService(MloopCli):
 
     def state_entries(self):
         return [e for e in super().state_entries()
-                if e not in ("mloopd.sock", "mloopd.lock")]
+                if e != "mloopd.sock"]
 
     def attach(self, cl, image, read_only=False, args=None):
         att = super().attach(cl, image, read_only, args)
