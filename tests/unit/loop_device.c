@@ -28,6 +28,14 @@ unit_free_loop (char *node, size_t len)
 int
 unit_loop_attach (const char *node, const char *image, bool read_only)
 {
+  return unit_loop_attach_flags (node, image,
+                                 read_only ? LO_FLAGS_READ_ONLY : 0);
+}
+
+int
+unit_loop_attach_flags (const char *node, const char *image, unsigned flags)
+{
+  const bool read_only = flags & LO_FLAGS_READ_ONLY;
   const int mode = (read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC;
   struct loop_config config;
   int fd, file;
@@ -38,8 +46,7 @@ unit_loop_attach (const char *node, const char *image, bool read_only)
   CHECK (fd >= 0, "%s: %s", node, strerror (errno));
   memset (&config, 0, sizeof config);
   config.fd = (unsigned) file;
-  config.info.lo_flags = LO_FLAGS_AUTOCLEAR |
-    (read_only ? LO_FLAGS_READ_ONLY : 0);
+  config.info.lo_flags = LO_FLAGS_AUTOCLEAR | flags;
   /* The last detach may still be finishing. */
   for (int i = 0; ioctl (fd, LOOP_CONFIGURE, &config) == -1; i++) {
     if (errno != EBUSY || i == 100)

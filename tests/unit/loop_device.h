@@ -19,4 +19,10 @@ int unit_free_loop (char *node, size_t len);
  */
 int unit_loop_attach (const char *node, const char *image, bool read_only);
 
+/* unit_loop_attach with FLAGS (LO_FLAGS_READ_ONLY, LO_FLAGS_PARTSCAN)
+ * beside autoclear.
+ */
+int unit_loop_attach_flags (const char *node, const char *image,
+                            unsigned flags);
+
 #endif /* MLOOP_TESTS_LOOP_DEVICE_H */

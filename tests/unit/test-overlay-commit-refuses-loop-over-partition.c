@@ -37,29 +37,6 @@
 
 #define DISK_SIZE (8u << 20)
 
-/* Attaches IMAGE to NODE with partscan. */
-static int
-attach_partscan (const char *node, const char *image)
-{
-  struct loop_config config;
-  int fd, file;
-
-  file = open (image, O_RDWR | O_CLOEXEC);
-  CHECK (file >= 0, "%s: %s", image, strerror (errno));
-  fd = open (node, O_RDWR | O_CLOEXEC);
-  CHECK (fd >= 0, "%s: %s", node, strerror (errno));
-  memset (&config, 0, sizeof config);
-  config.fd = (unsigned) file;
-  config.info.lo_flags = LO_FLAGS_AUTOCLEAR | LO_FLAGS_PARTSCAN;
-  for (int i = 0; ioctl (fd, LOOP_CONFIGURE, &config) == -1; i++) {
-    if (errno != EBUSY || i == 100)
-      unit_skip ("cannot attach %s to %s: %s", image, node, strerror (errno));
-    unit_sleep_ms (20);
-  }
-  close (file);
-  return fd;
-}
-
 int
 main (void)
 {
@@ -97,7 +74,7 @@ main (void)
     CHECK (pwrite (fd, mbr, sizeof mbr, 0) == sizeof mbr, "write MBR");
     close (fd);
   }
-  disk_fd = attach_partscan (disk, disk_image);
+  disk_fd = unit_loop_attach_flags (disk, disk_image, LO_FLAGS_PARTSCAN);
   snprintf (part, sizeof part, "%sp1", disk);
   for (int i = 0; stat (part, &st) == -1; i++) {
     if (i == 100)
