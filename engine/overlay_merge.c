@@ -527,9 +527,22 @@ refuse_loop_backed (const struct mloop_backing *base, const char *base_path,
   DIR *block;
   int r = 0;
 
-  if (!held_base_of (base->fd, &held) ||
-      (block = opendir ("/sys/block")) == NULL)
-    return 0;
+  /* Not looked for is not absent: a commit that cannot look (no sysfs
+   * in a container, say) writes under no loop device it cannot see.
+   */
+  if (!held_base_of (base->fd, &held)) {
+    r = -errno;
+    snprintf (err, errlen, "%s, the overlay's base: %s", base_path,
+              strerror (-r));
+    return r;
+  }
+  if ((block = opendir ("/sys/block")) == NULL) {
+    r = -errno;
+    snprintf (err, errlen, "cannot look for loop devices attached to %s, "
+              "the overlay's base (/sys/block: %s): not committed",
+              base_path, strerror (-r));
+    return r;
+  }
   while (r == 0 && (e = readdir (block)) != NULL) {
     char file[PATH_MAX], backing[PATH_MAX + 1];
     enum loop_hold hold;
@@ -579,7 +592,7 @@ refuse_loop_backed (const struct mloop_backing *base, const char *base_path,
  * a hung network or FUSE mount holding some other process's file does
  * not hang the commit.  Only the processes whose descriptors this
  * caller may see are looked at (all of them for root; a user's own
- * otherwise).  0: none.
+ * otherwise).  0: none; -1 with errno: /proc cannot be read.
  */
 static pid_t
 block_opener (const struct held_base *b, char *comm, size_t commlen,
@@ -591,7 +604,7 @@ block_opener (const struct held_base *b, char *comm, size_t commlen,
   DIR *proc, *fds;
 
   if ((proc = opendir ("/proc")) == NULL)
-    return 0;
+    return -1;
   while (found == 0 && (p = readdir (proc)) != NULL) {
     char dir[64], *end;
     long pid = strtol (p->d_name, &end, 10);
@@ -665,6 +678,14 @@ refuse_block_openers (const struct mloop_backing *base,
     if ((pid = block_opener (&held, comm, sizeof comm, node,
                              sizeof node)) == 0)
       return 0;
+    if (pid == -1) {
+      const int r = -errno;
+
+      snprintf (err, errlen, "cannot look for processes holding %s, the "
+                "overlay's base (/proc: %s): not committed", base_path,
+                strerror (-r));
+      return r;
+    }
   }
   snprintf (err, errlen, "%s, the overlay's base, is open in process %ld "
             "(%s) as %s: not committed (stop it first)", base_path,

@@ -1,0 +1,88 @@
+/* A commit that cannot look for loop devices over its base: no sysfs,
+ * as in a container that mounts none.  The loop check read /sys/block
+ * and, failing to open it, went on as though no loop device held the
+ * base, and wrote under any that did.  Refused now in one line naming
+ * /sys/block, the base left alone; with sysfs back, the commit goes on.
+ *
+ * Needs root (a private mount namespace to unmount /sys in), else it
+ * skips.  About 0.05 s.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "overlay.h"
+#include "overlay_fixture.h"
+#include "unit.h"
+
+#define BASE_SIZE (1u << 20)
+
+/* Commits OV into BASE with /sys unmounted: 0 committed, 1 refused
+ * naming /sys/block, 2 refused otherwise, 3 no namespace of its own.
+ */
+static int
+commit_without_sysfs (const char *ov, const char *base)
+{
+  char err[1024];
+  int status, r;
+  pid_t pid = fork ();
+
+  CHECK (pid != -1, "fork: %s", strerror (errno));
+  if (pid == 0) {
+    if (unshare (CLONE_NEWNS) == -1 ||
+        mount (NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) == -1 ||
+        umount2 ("/sys", MNT_DETACH) == -1) {
+      fprintf (stderr, "cannot unmount /sys privately: %s\n",
+               strerror (errno));
+      _exit (3);
+    }
+    r = mloop_overlay_merge (ov, base, false, true, err, sizeof err);
+    if (r == 0)
+      printf ("committed\n");
+    else
+      printf ("refused: %s\n", err);
+    fflush (stdout);
+    _exit (r == 0 ? 0 : strstr (err, "/sys/block") != NULL ? 1 : 2);
+  }
+  CHECK (waitpid (pid, &status, 0) == pid && WIFEXITED (status),
+         "the commit without sysfs did not end");
+  return WEXITSTATUS (status);
+}
+
+int
+main (void)
+{
+  char base[4096], ov[4096], err[1024];
+  const char *dir;
+  int r;
+
+  unit_deadline (30);
+  dir = unit_tmpdir ("/var/tmp");
+  snprintf (base, sizeof base, "%s/base.img", dir);
+  snprintf (ov, sizeof ov, "%s/a.overlay", dir);
+  unit_make_image (base, BASE_SIZE);
+  unit_make_overlay (base, ov);
+
+  r = commit_without_sysfs (ov, base);
+  if (r == 3)
+    unit_skip ("no private mount namespace here");
+  CHECK (r != 0, "a commit that could not look for loop devices wrote %s",
+         base);
+  CHECK (r == 1, "the refusal does not name /sys/block");
+  CHECK (unit_byte_at (base, UNIT_OVERLAY_CLUSTER_AT) == 0,
+         "the clusters were written");
+  CHECK (access (ov, F_OK) == 0, "the overlay was removed");
+
+  CHECK (mloop_overlay_merge (ov, base, false, true, err, sizeof err) == 0,
+         "the commit with sysfs was refused: %s", err);
+  CHECK (unit_byte_at (base, UNIT_OVERLAY_CLUSTER_AT) == 0x5a,
+         "the commit did not write %s", base);
+  printf ("ok: a commit that cannot look for loop devices refuses\n");
+  return 0;
+}
