@@ -369,9 +369,7 @@ conflicts (const struct mloop_attach_request *req, const char *file,
   if ((overlay && (s->overlay || s->read_only)) ||
       (s->overlay && req->read_only))
     return 0;
-  if (st ? !(s->file_dev == (uint64_t) st->st_dev &&
-             s->file_ino == (uint64_t) st->st_ino && !s->remote &&
-             windows_overlap (req, st, s))
+  if (st ? !(mloop_state_image_is (s, st) && windows_overlap (req, st, s))
       : !same_image (s->file, file))
     return 0;
   dev = claimed ? g_strdup ("a device (an attach in progress)")
@@ -950,6 +948,7 @@ claim (const struct mloop_attach_request *req, const char *file,
   if (st) {
     out->file_dev = st->st_dev;
     out->file_ino = st->st_ino;
+    out->file_rdev = S_ISBLK (st->st_mode) ? st->st_rdev : 0;
     out->offset = req->offset;
     out->sizelimit = req->sizelimit;
     out->size = window_size_at_most (req, st);
@@ -1210,8 +1209,7 @@ serves_image (const struct mloop_device_state *s, const char *file,
 {
   if (!s->held_image)
     return same_image (s->file, file);
-  return file_st != NULL && s->file_dev == (uint64_t) file_st->st_dev &&
-    s->file_ino == (uint64_t) file_st->st_ino;
+  return file_st != NULL && mloop_state_image_is (s, file_st);
 }
 
 /* The device named NAME (device_name's) when NAME is set, else the one

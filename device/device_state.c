@@ -132,6 +132,23 @@ mloop_state_image_name (const struct mloop_device_state *s)
   return s->held_image && s->label ? s->label : s->file;
 }
 
+/* A block device by its device number: the node it was attached by is
+ * one of many (/dev/loop0, a container's own, one made with mknod in any
+ * directory), each its own inode.  Anything else by device and inode.
+ * A state that records no device number compares the node.
+ */
+bool
+mloop_state_image_is (const struct mloop_device_state *s,
+                      const struct stat *st)
+{
+  if (s->remote)
+    return false;
+  if (S_ISBLK (st->st_mode) && s->file_rdev != 0)
+    return s->file_rdev == (uint64_t) st->st_rdev;
+  return s->file_dev == (uint64_t) st->st_dev &&
+    s->file_ino == (uint64_t) st->st_ino;
+}
+
 char *
 mloop_state_held_token (void)
 {
@@ -198,6 +215,8 @@ save_as (const struct mloop_device_state *s, const char *name, char *err,
   g_key_file_set_string (kf, GROUP, "file", s->file);
   g_key_file_set_uint64 (kf, GROUP, "file_dev", s->file_dev);
   g_key_file_set_uint64 (kf, GROUP, "file_ino", s->file_ino);
+  if (s->file_rdev)
+    g_key_file_set_uint64 (kf, GROUP, "file_rdev", s->file_rdev);
   g_key_file_set_boolean (kf, GROUP, "held_image", s->held_image);
   if (s->label)
     g_key_file_set_string (kf, GROUP, "label", s->label);
@@ -314,6 +333,7 @@ load_from (const char *dir, const char *name, struct mloop_device_state *s)
   s->file = g_key_file_get_string (kf, GROUP, "file", NULL);
   s->file_dev = g_key_file_get_uint64 (kf, GROUP, "file_dev", NULL);
   s->file_ino = g_key_file_get_uint64 (kf, GROUP, "file_ino", NULL);
+  s->file_rdev = g_key_file_get_uint64 (kf, GROUP, "file_rdev", NULL);
   s->held_image = g_key_file_get_boolean (kf, GROUP, "held_image", NULL);
   s->label = g_key_file_get_string (kf, GROUP, "label", NULL);
   s->owner = (uid_t) g_key_file_get_uint64 (kf, GROUP, "owner", NULL);

@@ -21,6 +21,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include "server_process.h"
@@ -86,6 +87,10 @@ struct mloop_device_state {
    */
   uid_t person;
   uint64_t file_dev, file_ino;  /* its identity, to refuse double attach */
+  /* For a block device FILE, the device itself (its st_rdev), which
+   * every node naming it shares; 0 for anything else.
+   */
+  uint64_t file_rdev;
   /* The window of FILE served (losetup's OFFSET and SIZELIMIT): from
    * byte OFFSET; SIZELIMIT as asked, 0 for none.  SIZE is what the
    * device got: the window's size.
@@ -172,6 +177,11 @@ const char *mloop_state_transport_name (const struct mloop_device_state *s);
 char *mloop_state_device_name (const struct mloop_device_state *s);
 /* The image's name to show: a held image's label, else its file. */
 const char *mloop_state_image_name (const struct mloop_device_state *s);
+/* Whether S serves as its image the local file or block device of ST
+ * (see mloop_state_image_is in device_state.c).
+ */
+bool mloop_state_image_is (const struct mloop_device_state *s,
+                           const struct stat *st);
 /* A new token to be a held image's FILE: "held:" and a random UUID. */
 char *mloop_state_held_token (void);
 /* "/dev/nbdN" or "/dev/ublkbN" (g_free it). */

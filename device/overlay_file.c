@@ -27,9 +27,9 @@ same_file (const char *a, const struct stat *b)
 }
 
 /* Whether device S serves the file of ST as its image (or as the base
- * under its overlay), by device and inode as attach compares them: a
- * D-Bus caller's own name for the image, a hard link, another mount of
- * it all count.
+ * under its overlay), by identity as attach compares them: a D-Bus
+ * caller's own name for the image, a hard link, another mount of it,
+ * another node of a block device all count.
  */
 static bool
 serves_file (const struct mloop_device_state *s, const struct stat *st)
@@ -37,7 +37,7 @@ serves_file (const struct mloop_device_state *s, const struct stat *st)
   if (s->remote)
     return false;
   if (s->file_dev != 0 || s->file_ino != 0)
-    return s->file_dev == st->st_dev && s->file_ino == st->st_ino;
+    return mloop_state_image_is (s, st);
   return same_file (s->file, st);
 }
 

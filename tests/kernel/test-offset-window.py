@@ -8,9 +8,10 @@ refused with the reason, leaving nothing behind."""
 import json
 import mmap
 import os
+import stat
 
 import blockio
-from kfix import make_image, nbd_in_use, processes_mentioning, sysfs
+from kfix import make_image, nbd_in_use, processes_mentioning, run, sysfs, tmpdir
 
 MIB = 1 << 20
 FILE_SIZE = 16 * MIB
@@ -105,3 +106,21 @@ def run_test(kind, cl):
     # A TAP diagnostic: the runner's stdout is the suite's TAP stream.
     print(f"# offset-window: {A_SIZE >> 20} MiB window at +{A_OFF >> 20} MiB written "
           f"in place, neighbour attached alongside; refused: {line}", flush=True)
+    one_disk_two_nodes(kind, cl)
+
+
+def one_disk_two_nodes(kind, cl):
+    """A loop device attached through its /dev node, then through a
+    second node of the same device number: refused, whole or a window."""
+    image = make_image(cl, size=FILE_SIZE, seed=8)
+    loop = run(["losetup", "--find", "--show", image]).stdout.strip()
+    cl.push(run, ["losetup", "-d", loop])
+    st = os.stat(loop)
+    other = os.path.join(tmpdir(cl), "disk")
+    os.mknod(other, 0o600 | stat.S_IFBLK, st.st_rdev)
+    a = kind.attach(cl, loop)
+    line = refused(kind, kind.attach_args(other), ["already attached to " + a.device])
+    refused(kind, window_args(kind, other, 0, MIB), ["already attached to " + a.device])
+    a.detach()
+    print(f"# offset-window: {loop} attached, its second node refused: {line}",
+          flush=True)

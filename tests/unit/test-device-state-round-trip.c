@@ -35,6 +35,7 @@ main (void)
     .index = 7,
     .file = "/var/lib/images/disk with spaces.img",
     .file_dev = UINT64_C (0x10302), .file_ino = UINT64_C (1) << 40,
+    .file_rdev = UINT64_C (0x700003),
     .offset = (UINT64_C (3) << 40) + 4096, .sizelimit = UINT64_C (1) << 41,
     .size = (UINT64_C (5) << 40) + 123,
     .block_size = 4096,
@@ -72,6 +73,8 @@ main (void)
   CHECK (got.file_dev == s.file_dev && got.file_ino == s.file_ino,
          "file identity %llx:%llu", (unsigned long long) got.file_dev,
          (unsigned long long) got.file_ino);
+  CHECK (got.file_rdev == s.file_rdev, "block device %llx",
+         (unsigned long long) got.file_rdev);
   CHECK (got.size == s.size, "size %llu", (unsigned long long) got.size);
   CHECK (got.offset == s.offset && got.sizelimit == s.sizelimit,
          "window %llu+%llu", (unsigned long long) got.offset,
