@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "align.h"
@@ -226,4 +227,29 @@ unit_still_marks (const char *path, const char *base_path)
   marks = merging && strcmp (recorded, base_path) == 0;
   free (recorded);
   return marks;
+}
+
+int
+unit_commit_in_child (const char *path, const char *base_path,
+                      int (*enter) (void *arg), void *arg, const char *needle)
+{
+  char err[1024];
+  int status, r;
+  pid_t pid = fork ();
+
+  CHECK (pid != -1, "fork: %s", strerror (errno));
+  if (pid == 0) {
+    if ((r = enter (arg)) != 0)
+      _exit (r);
+    r = mloop_overlay_merge (path, base_path, false, true, err, sizeof err);
+    if (r == 0)
+      printf ("committed\n");
+    else
+      printf ("refused: %s\n", err);
+    fflush (stdout);
+    _exit (r == 0 ? 0 : needle && strstr (err, needle) ? 1 : 2);
+  }
+  CHECK (waitpid (pid, &status, 0) == pid && WIFEXITED (status),
+         "the commit in a child process did not end");
+  return WEXITSTATUS (status);
 }

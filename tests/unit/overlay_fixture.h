@@ -104,4 +104,14 @@ void unit_copy_file (const char *from, const char *to);
 /* Whether the overlay at PATH records BASE_PATH with the merge's mark. */
 bool unit_still_marks (const char *path, const char *base_path);
 
+/* Commits the overlay at PATH into BASE_PATH (removing it) in a child
+ * process that first runs ENTER (ARG): to become another user, to leave
+ * sysfs behind.  ENTER returns 0 to go on, else the child's exit status
+ * (3 or more).  Prints the outcome.  Returns 0 committed, 1 refused with
+ * an error holding NEEDLE, 2 refused otherwise, or ENTER's status.
+ */
+int unit_commit_in_child (const char *path, const char *base_path,
+                          int (*enter) (void *arg), void *arg,
+                          const char *needle);
+
 #endif

@@ -18,7 +18,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "overlay.h"
@@ -29,39 +28,33 @@
 #define BASE_SIZE (1u << 20)
 #define USER 65534
 
+/* Becomes USER, who must not be able to open the loop device NODE
+ * (unless NULL): 0, 3 when USER can open it after all, 4 when this
+ * process cannot become USER.
+ */
+static int
+become_user (void *node)
+{
+  if (setgroups (0, NULL) == -1 || setresgid (USER, USER, USER) == -1 ||
+      setresuid (USER, USER, USER) == -1) {
+    fprintf (stderr, "cannot become uid %d: %s\n", USER, strerror (errno));
+    return 4;
+  }
+  if (node != NULL && open (node, O_RDONLY | O_CLOEXEC) >= 0)
+    return 3;
+  return 0;
+}
+
 /* Commits OV into BASE as USER: 0 committed, 1 refused naming NODE,
  * 2 refused otherwise, 3 NODE could be opened by USER after all.
  */
 static int
 commit_as_user (const char *ov, const char *base, const char *node)
 {
-  char err[1024];
-  int status, fd, r;
-  pid_t pid = fork ();
+  int r = unit_commit_in_child (ov, base, become_user, (void *) node, node);
 
-  CHECK (pid != -1, "fork: %s", strerror (errno));
-  if (pid == 0) {
-    if (setgroups (0, NULL) == -1 || setresgid (USER, USER, USER) == -1 ||
-        setresuid (USER, USER, USER) == -1) {
-      fprintf (stderr, "cannot become uid %d: %s\n", USER, strerror (errno));
-      _exit (4);
-    }
-    if (node != NULL && (fd = open (node, O_RDONLY | O_CLOEXEC)) >= 0)
-      _exit (3);
-    r = mloop_overlay_merge (ov, base, false, true, err, sizeof err);
-    if (r == 0)
-      printf ("committed\n");
-    else
-      printf ("refused: %s\n", err);
-    fflush (stdout);
-    if (r == 0)
-      _exit (0);
-    _exit (node != NULL && strstr (err, node) != NULL ? 1 : 2);
-  }
-  CHECK (waitpid (pid, &status, 0) == pid && WIFEXITED (status),
-         "the commit as uid %d did not end", USER);
-  CHECK (WEXITSTATUS (status) != 4, "cannot run as uid %d", USER);
-  return WEXITSTATUS (status);
+  CHECK (r != 4, "cannot run as uid %d", USER);
+  return r;
 }
 
 int
