@@ -434,6 +434,21 @@ reaches_block (const struct held_base *b, dev_t rdev, uint64_t offset,
     (sizelimit == 0 || offset >= b->start || sizelimit > b->start - offset);
 }
 
+/* Whether FD is open on the block device /sys/block/NAME: its device
+ * number the one sysfs gives.
+ */
+static bool
+node_is (int fd, const char *name)
+{
+  char path[sizeof "/sys/block//dev" + NAME_MAX];
+  struct stat st;
+  dev_t dev;
+
+  snprintf (path, sizeof path, "/sys/block/%s/dev", name);
+  return fstat (fd, &st) == 0 && S_ISBLK (st.st_mode) &&
+    sysfs_dev (path, &dev) && st.st_rdev == dev;
+}
+
 /* What a loop device is to the base (loop_holds). */
 enum loop_hold {
   LOOP_ELSEWHERE,
@@ -450,10 +465,10 @@ enum loop_hold {
  * sysfs path is the one its attacher gave, from their mount namespace,
  * and "(deleted)" once that name is gone while the file lives on under
  * another.  The path is compared only when the device cannot be asked
- * (a caller outside the disk group, no node here), with the window
- * sysfs shows; a path that ends so, or leads nowhere here, may be the
- * base under a name this caller cannot see: LOOP_UNKNOWN, and *WHY
- * says why the device could not be asked.
+ * (a caller outside the disk group, no node here or one of another
+ * device), with the window sysfs shows; a path that ends so, or leads
+ * nowhere here, may be the base under a name this caller cannot see:
+ * LOOP_UNKNOWN, and *WHY says why the device could not be asked.
  */
 static enum loop_hold
 loop_holds (const char *name, const char *backing, const struct held_base *b,
@@ -473,6 +488,15 @@ loop_holds (const char *name, const char *backing, const struct held_base *b,
   memset (&info, 0, sizeof info);
   fd = open (node, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   *why = fd == -1 ? errno : 0;
+  /* Only the device sysfs names: /dev may be another's (a container's
+   * own, `docker --device /dev/loop3:/dev/loop0`), and a node there of
+   * another loop device would answer for that one.
+   */
+  if (fd >= 0 && !node_is (fd, name)) {
+    close (fd);
+    fd = -1;
+    *why = ENODEV;
+  }
   if (fd >= 0) {
     int r = ioctl (fd, LOOP_GET_STATUS64, &info);
 
