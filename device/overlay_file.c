@@ -41,6 +41,25 @@ serves_file (const struct mloop_device_state *s, const struct stat *st)
   return same_file (s->file, st);
 }
 
+/* The state lock (device_state.h), under which every device and attach
+ * in progress is looked at.  The runtime directory is root's: a caller
+ * who is not root cannot look, and is told to run the command as root
+ * rather than only what mkdir or open said.
+ */
+static int
+lock_device_states (char *err, size_t errlen)
+{
+  int lock = mloop_state_lock (err, errlen);
+
+  if (lock == -1 && geteuid () != 0) {
+    g_autofree char *why = g_strdup (err);
+
+    mloop_fail (err, errlen, "%s (every device's state is root's: run it "
+                "as root)", why);
+  }
+  return lock;
+}
+
 /* Whether a device or an attach in progress uses OVERLAY or, unless NULL,
  * BASE (as its image or the base under its overlay): -1 with ERR naming
  * it, else 0.  Called under the state lock.  Servers started by hand are
@@ -155,7 +174,7 @@ commit_into_base (const char *path, const char *base_arg, bool adopt,
   if (stat (*base, &base_st) == -1)
     return mloop_fail (err, errlen, "%s, the overlay's base: %s", *base,
                        strerror (errno));
-  lock = mloop_state_lock (err, errlen);
+  lock = lock_device_states (err, errlen);
   if (lock == -1)
     return -1;
   r = check_unused (path, &ov_st, *base, &base_st, err, errlen);
@@ -217,7 +236,7 @@ mloop_overlay_file_discard (const char *path, char *err, size_t errlen)
     close (dir);
     return -1;
   }
-  lock = mloop_state_lock (err, errlen);
+  lock = lock_device_states (err, errlen);
   if (lock == -1) {
     close (dir);
     return -1;
@@ -319,7 +338,7 @@ mloop_overlay_file_adopt (const char *path, const char *image, char *err,
   if (S_ISLNK (st.st_mode))
     return mloop_fail (err, errlen, "%s is a symbolic link: give the "
                        "overlay's own path (not adopted)", path);
-  lock = mloop_state_lock (err, errlen);
+  lock = lock_device_states (err, errlen);
   if (lock == -1)
     return -1;
   r = check_unused (path, &st, NULL, NULL, err, errlen);

@@ -8,7 +8,9 @@ they cannot read, and the mark a stopped commit leaves.  Root committing
 that user's overlay must refuse, in one line naming the overlay's owner
 and the base, and leave the base byte for byte as it was; once that user
 may write the base, the same commit runs.  Root's own overlay is
-trusted to name any base only while no one else may write it.  A stopped commit's changed
+trusted to name any base only while no one else may write it; the
+overlay's owner, not root, is told to run the overlay commands as root
+(the devices' state is root's).  A stopped commit's changed
 ends are taken only with the mark the commit writes before its first
 write into the base.
 
@@ -116,6 +118,20 @@ check("an overlay others may write is refused in one line saying so",
 check("and the root-only file is unchanged", harness.file_digest(secret) == secret_before)
 os.chmod(overlay, 0o600)
 os.chown(overlay, user.pw_uid, user.pw_gid)
+
+# A user cannot see the devices' state, root's: their own overlay's
+# commands say to run them as root, and leave it be.
+for cmd in (["commit"], ["discard"], ["adopt"]):
+    args = ["overlay", *cmd, overlay] + ([mine] if cmd == ["adopt"] else [])
+    p = subprocess.run([MLOOP, *args], capture_output=True, text=True, timeout=120,
+                       env=env, user=user.pw_uid, group=user.pw_gid, extra_groups=[])
+    lines = p.stderr.strip().splitlines()
+    check(f"overlay {cmd[0]} by the overlay's owner, not root, is refused in one "
+          "line saying to run it as root",
+          p.returncode != 0 and len(lines) == 1 and "run it as root" in lines[0],
+          p.stderr)
+    check(f"and the overlay stays after {cmd[0]}", os.path.exists(overlay))
+check("and the root-only file is unchanged", harness.file_digest(secret) == secret_before)
 
 # With the mark, the same file with other ends is a commit stopped
 # half-way: it runs into a base the user may write.
