@@ -78,3 +78,52 @@ def kill(pids):
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def start(command, env, log_path, control, timeout=30):
+    """Runs mloopd (COMMAND, a list) with its output appended to
+    LOG_PATH and returns its Popen once it answers on CONTROL; the
+    caller stops it (harness.on_exit).  AssertionError if it ends or
+    does not answer within TIMEOUT s."""
+    import subprocess
+    log = open(log_path, "a")
+    p = subprocess.Popen(command, env=env, stdout=log, stderr=log)
+    log.close()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and p.poll() is None:
+        try:
+            ask(control, op="list")
+            return p
+        except OSError:
+            time.sleep(0.02)
+    if p.poll() is None:
+        p.kill()
+        p.wait()
+    raise AssertionError(f"mloopd did not answer on {control}")
+
+
+def processes_naming(mark):
+    """The pids of the live processes whose command line contains MARK
+    (bytes or str): a device's servers, by its socket path."""
+    mark = os.fsencode(mark)
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read()
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if mark in cmdline and state not in "ZX":
+            pids.append(int(pid))
+    return pids
+
+
+def alive(pid):
+    """Whether PID is a live process (not gone, not a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except OSError:
+        return False
