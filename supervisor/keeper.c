@@ -962,9 +962,63 @@ keeper_starting (const struct keeper *k)
   return k->started != NULL;
 }
 
+/* Kills PID, left behind by a keeper before us, if its command line
+ * names MARK (else the pid is another's now), and waits until it is gone
+ * (its image's locks and socket with it).  Not our child: its pidfd
+ * says when.
+ */
+static void
+kill_left (struct keeper *k, pid_t pid, const char *mark, const char *what)
+{
+  int pidfd;
+
+  if (pid <= 0 || !mloop_server_running (pid, mark))
+    return;
+  say_to (k->log, "killing %s pid %d, left behind by the last keeper",
+          what, (int) pid);
+  pidfd = (int) syscall (SYS_pidfd_open, pid, 0);
+  if (pidfd != -1)
+    kill_old_server (pid, pidfd);
+  else
+    kill (pid, SIGKILL);
+}
+
+/* What a keeper killed mid-start left (server_start.h): a server
+ * spawned that had not listened yet, named by its start's record alone,
+ * and a planned restart's next server, started or not, never handed the
+ * device.  Each is killed before this keeper watches or starts a server,
+ * so the device has one server, the one its pid file names.  SERVER is
+ * that one (0 when none runs): a start's record left behind may name it
+ * too, when the keeper was killed after it listened.
+ */
+static void
+stop_left_starts (struct keeper *k, pid_t server)
+{
+  struct next_paths next;
+  pid_t left = server_start_left (k->spec.pid_file);
+  g_autofree char *next_pid_text = NULL;
+
+  if (left != server)
+    kill_left (k, left, k->spec.socket_path, "a server starting");
+  server_start_forget (k->spec.pid_file);
+  next_paths_init (k, &next);
+  kill_left (k, server_start_left (next.pid_file), next.sock,
+             "a planned restart's next server starting");
+  server_start_forget (next.pid_file);
+  if (g_file_get_contents (next.pid_file, &next_pid_text, NULL, NULL))
+    kill_left (k, (pid_t) atoi (next_pid_text), next.sock,
+               "a planned restart's next server");
+  g_unlink (next.sock);
+  g_unlink (next.pid_file);
+  g_unlink (next.stats);
+  next_paths_clear (&next);
+}
+
 int
 keeper_take_over (struct keeper *k, pid_t server, char *err, size_t errlen)
 {
+  stop_left_starts (k, mloop_server_running (server, k->spec.socket_path)
+                    ? server : 0);
   if (server <= 0 || !mloop_server_running (server, k->spec.socket_path)) {
     snprintf (err, errlen, "no server of %s runs as pid %d", k->dir,
               (int) server);

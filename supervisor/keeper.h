@@ -83,7 +83,10 @@ bool keeper_starting (const struct keeper *k);
 /* Begins keeping a device whose server, SERVER, a keeper before this
  * one started (a service that was restarted): watches it as its own,
  * and offers the kernel connections for slots it dropped meanwhile.
- * 0, or -1 with ERR when SERVER is not the device's server.
+ * 0, or -1 with ERR when SERVER is not the device's server (then
+ * keeper_take_over_new).  First it kills what a keeper killed mid-start
+ * left running beside SERVER (server_start.h): a server that had not
+ * listened yet, a planned restart's next server.
  */
 int keeper_take_over (struct keeper *k, pid_t server, char *err,
                       size_t errlen);

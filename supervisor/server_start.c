@@ -5,13 +5,20 @@
  * registry of children waited for included, is touched on the main
  * context only, so nothing here needs a lock.
  */
+#include <errno.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <glib.h>
+#include <glib/gstdio.h>
 
+#include "say.h"
 #include "server_start.h"
 
 #define STOP_TIMEOUT_MS 10000
@@ -21,6 +28,13 @@ struct server_start {
   struct mloop_server_spec spec;
   char *pid_file, *log_file, *socket_path;
   pid_t child;
+  /* Main context only: CHILD's pidfd (-1 when adopted or without
+   * pidfds), to kill it by, never another process that got its pid
+   * once the thread reaped it; the start's record (server_start_left),
+   * or NULL.
+   */
+  int pidfd;
+  char *record;
   unsigned timeout_ms;
   /* What the thread writes, read once it has ended. */
   pid_t pid;
@@ -39,6 +53,11 @@ static unsigned pending;
 static void
 start_free (struct server_start *s)
 {
+  if (s->pidfd != -1)
+    close (s->pidfd);
+  if (s->record)
+    g_unlink (s->record);
+  g_free (s->record);
   g_free (s->pid_file);
   g_free (s->log_file);
   g_free (s->socket_path);
@@ -54,6 +73,10 @@ deliver (gpointer data)
 
   g_hash_table_remove (awaited, GINT_TO_POINTER (s->child));
   pending--;
+  /* Ended: the server listens (its pid file names it) or was reaped. */
+  if (s->record)
+    g_unlink (s->record);
+  g_clear_pointer (&s->record, g_free);
   if (!s->abandoned)
     s->done (s->pid, s->pid > 0 ? NULL : s->err, s->data);
   else if (s->pid > 0 && !s->keep_serving) {
@@ -76,6 +99,32 @@ await_server (gpointer data)
   return NULL;
 }
 
+static char *
+record_path (const char *pid_file)
+{
+  return g_strconcat (pid_file, ".starting", NULL);
+}
+
+/* Names CHILD, just spawned to write PID_FILE, in the start's record:
+ * until it listens, nothing else in the device's directory names it.
+ * Written by rename, so a record is whole or absent.  The record's path,
+ * or NULL when it could not be written (said: a start still goes on).
+ */
+static char *
+record_start (const char *pid_file, pid_t child)
+{
+  g_autofree char *text = g_strdup_printf ("%d\n", (int) child);
+  g_autoptr (GError) gerr = NULL;
+  char *path = record_path (pid_file);
+
+  if (!g_file_set_contents (path, text, -1, &gerr)) {
+    say ("cannot record the server starting: %s", gerr->message);
+    g_free (path);
+    return NULL;
+  }
+  return path;
+}
+
 struct server_start *
 server_start_begin (const struct mloop_server_spec *spec, pid_t adopted,
                     unsigned timeout_ms, server_started_fn done, void *data,
@@ -86,10 +135,14 @@ server_start_begin (const struct mloop_server_spec *spec, pid_t adopted,
   GThread *thread;
 
   s->child = adopted;
-  if (adopted <= 0 &&
-      mloop_server_spawn (spec, &s->child, err, errlen) == -1) {
-    g_free (s);
-    return NULL;
+  s->pidfd = -1;
+  if (adopted <= 0) {
+    if (mloop_server_spawn (spec, &s->child, err, errlen) == -1) {
+      g_free (s);
+      return NULL;
+    }
+    s->pidfd = (int) syscall (SYS_pidfd_open, s->child, 0);
+    s->record = record_start (spec->pid_file, s->child);
   }
   s->pid_file = g_strdup (spec->pid_file);
   s->log_file = g_strdup (spec->log_file);
@@ -140,4 +193,23 @@ unsigned
 server_starts_pending (void)
 {
   return pending;
+}
+
+pid_t
+server_start_left (const char *pid_file)
+{
+  g_autofree char *path = record_path (pid_file);
+  g_autofree char *text = NULL;
+
+  if (!g_file_get_contents (path, &text, NULL, NULL))
+    return 0;
+  return (pid_t) MAX (atoi (text), 0);
+}
+
+void
+server_start_forget (const char *pid_file)
+{
+  g_autofree char *path = record_path (pid_file);
+
+  g_unlink (path);
 }

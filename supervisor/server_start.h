@@ -47,4 +47,16 @@ bool server_start_awaits (pid_t pid);
 /* How many starts are under way, abandoned ones included. */
 unsigned server_starts_pending (void);
 
+/* A start records the server it spawned in PID_FILE.starting (its pid)
+ * from the spawn until the start ends: until the server listens and
+ * writes PID_FILE, nothing else names it.  A process killed mid-start
+ * (SIGKILL at systemd's stop timeout, a crash) leaves the record behind,
+ * and the server starting, reparented away: the next keeper of the
+ * device stops it (keeper_take_over), or two servers would serve one
+ * device.  The pid a record left behind names (0 when none; the process
+ * may be gone, or the pid another's), and its removal.
+ */
+pid_t server_start_left (const char *pid_file);
+void server_start_forget (const char *pid_file);
+
 #endif /* MLOOP_SUPERVISOR_SERVER_START_H */

@@ -18,7 +18,7 @@ kept, the token laid, its server killed, and mloopd SIGKILLed while the
 restart's server waits.  The next mloopd must stop that process and
 serve the device with a server of its own.
 
-Root (mloopd answers root only).  About 3 s (client suite)."""
+Root (mloopd answers root only).  About 1 s (client suite)."""
 import os
 import signal
 import time
