@@ -33,10 +33,11 @@
  * crash or an upgrade) takes every recorded device over, its running
  * server or a new one.
  *
- *   mloopd [--control PATH]
+ *   mloopd [--control PATH] [--stop-wait S]
  *
  * The socket is PATH (default RUNTIME_DIR/mloopd.sock), or the one
- * systemd passes (socket activation: LISTEN_FDS=1, descriptor 3).
+ * systemd passes (socket activation: LISTEN_FDS=1, descriptor 3).  A
+ * stop waits up to S seconds (STOP_WAIT_S) for the servers starting.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -69,8 +70,17 @@
 
 #define SD_LISTEN_FDS_START 3
 #define STRAY_REAP_S 2
-/* Longer than any server start's wait (keeper.c). */
-#define START_WAIT_S 70
+/* How long a stop may wait for the starts under way (--stop-wait):
+ * systemd kills mloopd at its unit's TimeoutStopSec (90 s,
+ * systemd/mloopd.service.in), which this and STOP_KILL_WAIT_S, and a
+ * planned restart's next server being stopped when the deadline comes
+ * (keeper.c, STOP_TIMEOUT_MS: 10 s) must fit in.
+ */
+#define STOP_WAIT_S 60
+/* At the deadline the servers still starting are killed: how long
+ * their starts are given to see them die and reap them.
+ */
+#define STOP_KILL_WAIT_S 2
 
 /* One device kept. */
 struct kept {
@@ -785,16 +795,57 @@ keeps_waiting (void)
   return n;
 }
 
-/* Runs the main loop on while COUNT is not 0: servers starting, each
- * given up by its start within START_WAIT_S.
+/* Wakes the loop at the deadline: it may have nothing else to wake it. */
+static gboolean
+wake (gpointer unused)
+{
+  return G_SOURCE_REMOVE;
+}
+
+/* Runs the main loop on while COUNT is not 0 (servers starting), until
+ * DEADLINE (monotonic, in microseconds).
  */
 static void
-finish_starts (unsigned (*count) (void))
+finish_starts (unsigned (*count) (void), gint64 deadline)
 {
-  gint64 deadline = g_get_monotonic_time () + START_WAIT_S * G_USEC_PER_SEC;
+  gint64 left;
 
-  while (count () > 0 && g_get_monotonic_time () < deadline)
+  while (count () > 0 && (left = deadline - g_get_monotonic_time ()) > 0) {
+    guint timer = g_timeout_add ((guint) ((left + 999) / 1000), wake, NULL);
+
     g_main_context_iteration (NULL, TRUE);
+    g_source_remove (timer);
+  }
+}
+
+/* At the stop's deadline: a keep whose server does not listen yet is
+ * answered as a failed start (the client's attach fails), its record
+ * removed, and its server killed with the rest (server_starts_kill).
+ */
+static void
+fail_waiting_keeps (void)
+{
+  GHashTableIter i;
+  gpointer d;
+
+  g_hash_table_iter_init (&i, kept);
+  while (g_hash_table_iter_next (&i, NULL, &d)) {
+    struct kept *w = d;
+    struct mloop_control_out out;
+    int sock = w->waiting;
+
+    if (sock == -1)
+      continue;
+    say ("%s: mloopd is stopping and its server did not listen in time",
+         w->dir);
+    keep_record_remove (w->dir);
+    kept_stop (w);
+    g_hash_table_iter_remove (&i);
+    mloop_control_out_init (&out);
+    mloop_control_add (&out, "error", "mloopd is stopping, and the server "
+                       "did not listen in time");
+    answer_waiting (sock, &out);
+  }
 }
 
 /* A device costs mloopd two descriptors (its server's pidfd and its
@@ -827,10 +878,14 @@ int
 main (int argc, char **argv)
 {
   g_autofree char *control = NULL;
+  gint stop_wait = STOP_WAIT_S;
   GOptionEntry entries[] = {
     { "control", 'c', 0, G_OPTION_ARG_FILENAME, &control,
       "The control socket (default: RUNTIME_DIR/" MLOOP_SERVICE_SOCKET ")",
       "PATH" },
+    { "stop-wait", 0, 0, G_OPTION_ARG_INT, &stop_wait,
+      "How long a stop waits for servers starting (default: "
+      G_STRINGIFY (STOP_WAIT_S) "; within systemd's TimeoutStopSec)", "S" },
     G_OPTION_ENTRY_NULL
   };
   g_autoptr (GOptionContext) ctx = g_option_context_new (NULL);
@@ -841,11 +896,13 @@ main (int argc, char **argv)
   char err[512];
   int listener;
   guint listening;
+  gint64 deadline;
 
   g_option_context_add_main_entries (ctx, entries, NULL);
-  if (!g_option_context_parse (ctx, &argc, &argv, &gerr) || argc != 1) {
-    fprintf (stderr, "mloopd: %s\n", gerr ? gerr->message
-             : "no arguments but options");
+  if (!g_option_context_parse (ctx, &argc, &argv, &gerr) || argc != 1 ||
+      stop_wait < 0) {
+    fprintf (stderr, "mloopd: %s\n", gerr ? gerr->message : argc != 1
+             ? "no arguments but options" : "--stop-wait: not negative");
     return EXIT_FAILURE;
   }
   if (mloop_runtime_dir_create (err, sizeof err) == -1) {
@@ -890,8 +947,11 @@ main (int argc, char **argv)
        g_hash_table_size (kept));
   g_source_remove (listening);
   stopping = true;
+  /* One deadline for the whole stop, within systemd's (STOP_WAIT_S). */
+  deadline = g_get_monotonic_time () + stop_wait * G_USEC_PER_SEC;
   /* The keeps under way are answered first: their clients go on. */
-  finish_starts (keeps_waiting);
+  finish_starts (keeps_waiting, deadline);
+  fail_waiting_keeps ();
   /* Out of the table as each is let go: what the loop runs from now on
    * (a client's request, the reaper, an autoclear's idle) finds none.
    */
@@ -901,9 +961,20 @@ main (int argc, char **argv)
     g_hash_table_iter_remove (&i);
   }
   /* Restarts under way were let go: their servers serve on, and the next
-   * mloopd must find their pid files written.
+   * mloopd must find their pid files written.  Those that do not listen
+   * by the deadline are killed: the next mloopd finds their records and
+   * no server, and starts one.  A start whose server is past killing
+   * (nbdkit's daemon, forked, its pid file not yet written) is left
+   * behind with its record.
    */
-  finish_starts (server_starts_pending);
+  finish_starts (server_starts_pending, deadline);
+  if (server_starts_pending () > 0) {
+    say ("killing %u server(s) that did not listen within %d s",
+         server_starts_pending (), stop_wait);
+    server_starts_kill ();
+    finish_starts (server_starts_pending, g_get_monotonic_time () +
+                   STOP_KILL_WAIT_S * G_USEC_PER_SEC);
+  }
   g_hash_table_destroy (kept);
   close (listener);
   if (bound && stat (bound, &st) == 0 && st.st_dev == bound_st.st_dev &&

@@ -213,3 +213,18 @@ server_start_forget (const char *pid_file)
 
   g_unlink (path);
 }
+
+void
+server_starts_kill (void)
+{
+  GHashTableIter i;
+  gpointer s;
+
+  if (awaited == NULL)
+    return;
+  g_hash_table_iter_init (&i, awaited);
+  while (g_hash_table_iter_next (&i, NULL, &s))
+    if (((struct server_start *) s)->pidfd != -1)
+      syscall (SYS_pidfd_send_signal, ((struct server_start *) s)->pidfd,
+               SIGKILL, NULL, 0);
+}

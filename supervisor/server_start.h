@@ -47,6 +47,13 @@ bool server_start_awaits (pid_t pid);
 /* How many starts are under way, abandoned ones included. */
 unsigned server_starts_pending (void);
 
+/* Kills the server of every start under way that spawned its own (not
+ * an adopted one): each start then ends as a failure, its child reaped
+ * by its thread.  For a process that must end before they would: a
+ * server that has not listened has served nothing.
+ */
+void server_starts_kill (void);
+
 /* A start records the server it spawned in PID_FILE.starting (its pid)
  * from the spawn until the start ends: until the server listens and
  * writes PID_FILE, nothing else names it.  A process killed mid-start
