@@ -69,6 +69,10 @@
 #include "server_start.h"
 
 #define SD_LISTEN_FDS_START 3
+/* Out of descriptors: how long the listener rests before it tries
+ * again (on_connect).
+ */
+#define ACCEPT_RETRY_MS 250
 #define STRAY_REAP_S 2
 /* How long a stop may wait for the starts under way (--stop-wait):
  * systemd kills mloopd at its unit's TimeoutStopSec (90 s,
@@ -557,14 +561,53 @@ on_request (gint sock, GIOCondition c, gpointer unused)
   return answered ? G_SOURCE_CONTINUE : G_SOURCE_REMOVE;
 }
 
+static int listener = -1;
+/* The listener's watch, or its rest's timeout (on_connect), or 0. */
+static guint listening;
+/* Out of descriptors since it was said; said again once over. */
+static bool said_full;
+
+static gboolean on_connect (gint fd, GIOCondition c, gpointer unused);
+
 static gboolean
-on_connect (gint listener, GIOCondition c, gpointer unused)
+listen_again (gpointer unused)
+{
+  listening = g_unix_fd_add (listener, G_IO_IN, on_connect, NULL);
+  return G_SOURCE_REMOVE;
+}
+
+/* A connection that cannot be accepted for want of a descriptor (or of
+ * memory) stays queued, and the listener readable: watched on, it would
+ * wake the loop at once, again and again, at full CPU for as long.  So
+ * the listener rests ACCEPT_RETRY_MS instead, the devices' sources
+ * running meanwhile (a client that goes frees its descriptor); it is
+ * said once, and once more when it is over.
+ */
+static gboolean
+rest_listener (int e)
+{
+  if (!said_full)
+    say ("out of descriptors or memory to accept a client (%s): trying "
+         "again every %d ms", strerror (e), ACCEPT_RETRY_MS);
+  said_full = true;
+  listening = g_timeout_add (ACCEPT_RETRY_MS, listen_again, NULL);
+  return G_SOURCE_REMOVE;
+}
+
+static gboolean
+on_connect (gint fd, GIOCondition c, gpointer unused)
 {
   struct ucred cred;
-  int sock = accept4 (listener, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+  int sock = accept4 (fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
 
+  if (sock == -1 && (errno == EMFILE || errno == ENFILE ||
+                     errno == ENOBUFS || errno == ENOMEM))
+    return rest_listener (errno);
   if (sock == -1)
-    return G_SOURCE_CONTINUE;
+    return G_SOURCE_CONTINUE;   /* gone before it was accepted, EAGAIN */
+  if (said_full)
+    say ("accepting clients again");
+  said_full = false;
   /* Root only: a request runs a server as root on the image it names. */
   if (mloop_control_peer (sock, &cred) == -1 || cred.uid != 0) {
     struct mloop_control_out out;
@@ -894,8 +937,6 @@ main (int argc, char **argv)
   gpointer d;
   struct stat st;
   char err[512];
-  int listener;
-  guint listening;
   gint64 deadline;
 
   g_option_context_add_main_entries (ctx, entries, NULL);
@@ -945,7 +986,7 @@ main (int argc, char **argv)
    */
   say ("mloopd pid %d stopping; %u device(s) serve on", (int) getpid (),
        g_hash_table_size (kept));
-  g_source_remove (listening);
+  g_source_remove (listening);      /* its watch, or its rest */
   stopping = true;
   /* One deadline for the whole stop, within systemd's (STOP_WAIT_S). */
   deadline = g_get_monotonic_time () + stop_wait * G_USEC_PER_SEC;

@@ -9,7 +9,7 @@ descriptor table is full.  Here mloopd's descriptor limit is lowered
 full, and its CPU time over SPIN_S must stay small; it says so in its
 log once; when the clients go, it answers again.
 
-Root (mloopd answers root only).  About 4 s (client suite)."""
+Root (mloopd answers root only).  About 3 s (client suite)."""
 import os
 import resource
 import socket

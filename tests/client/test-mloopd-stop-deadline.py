@@ -18,7 +18,7 @@ SIGTERM.  It must exit 0 within the deadline and a little, answer the
 waiting keep, leave no server starting, and the next mloopd must keep
 and serve the first device and not the second.
 
-Root (mloopd answers root only).  About 4 s (client suite)."""
+Root (mloopd answers root only).  About 3 s (client suite)."""
 import os
 import signal
 import threading
