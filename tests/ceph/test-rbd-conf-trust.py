@@ -1,0 +1,118 @@
+#!/usr/bin/python3
+"""mloop-server refuses a Ceph configuration another user could write.
+
+The configuration says which cluster is served, and where librados
+writes its log (log_file) and binds its admin socket, as the server's
+user: a root server (an attached device's, restarted by its supervisor
+at any time) reading a file another user can write would create or
+append to any file that user names, and serve their cluster's image.
+So --ceph-conf and a name's conf= are refused, in one line naming the
+file, unless it is a file of the server's user or root that no one
+else may write, as the device's lock records are:
+
+1. a world-writable configuration naming a log file: refused, and the
+   log file is never created;
+2. the same file made 0644 but owned by another user (root only:
+   chown): refused;
+3. the same file of the server's user, 0644: read (the server then
+   fails to reach the monitor it names, 127.0.0.1:1, within its
+   client_mount_timeout), as is one behind a symbolic link (the file it
+   leads to is what is judged and read).
+
+No cluster: the monitor named does not exist.  SKIPs (77) when
+MLOOP_SERVER_BIN has no RBD support (no --ceph-conf).
+
+Cost on the project machine (2 cores): about 2 s (each configuration
+read waits 1 s for its monitor).
+"""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+SERVER_BIN = os.environ.get("MLOOP_SERVER_BIN", "build/server/mloop-server")
+failed = []
+
+
+def check(name, ok, detail=""):
+    print(("ok   " if ok else "FAIL ") + name + (f": {detail}" if detail and not ok else ""),
+          flush=True)
+    if not ok:
+        failed.append(name)
+    return ok
+
+
+try:
+    helptext = subprocess.run([SERVER_BIN, "--help"], capture_output=True, text=True,
+                              timeout=30).stdout
+except OSError as e:
+    print(f"SKIP: {SERVER_BIN}: {e.strerror}")
+    sys.exit(77)
+if "--ceph-conf" not in helptext:
+    print(f"SKIP: {SERVER_BIN} has no RBD support (no --ceph-conf)")
+    sys.exit(77)
+
+work = tempfile.mkdtemp(prefix="mloop-conf-trust-")
+os.chmod(work, 0o755)
+
+
+def write_conf(path, log):
+    with open(path, "w") as f:
+        f.write("[global]\n"
+                "mon_host = 127.0.0.1:1\n"
+                "client_mount_timeout = 1\n"
+                "auth_supported = none\n"
+                "log_to_file = true\n"
+                f"log_file = {log}\n")
+
+
+def serve(conf):
+    """mloop-server on an image of the cluster CONF names: its exit
+    status and stderr.  The log file is removed first."""
+    if os.path.exists(log):
+        os.unlink(log)
+    p = subprocess.run([SERVER_BIN, "--listen", f"unix:{work}/sock",
+                        f"--ceph-conf={conf}", "rbd:pool/img"],
+                       capture_output=True, text=True, timeout=60)
+    return p.returncode, p.stderr.strip()
+
+
+try:
+    conf = os.path.join(work, "ceph.conf")
+    log = os.path.join(work, "written-by-the-server")
+    write_conf(conf, log)
+
+    os.chmod(conf, 0o666)
+    rc, err = serve(conf)
+    check("a world-writable configuration is refused",
+          rc != 0 and "refused" in err and conf in err, err)
+    check("nothing is written where that configuration says",
+          not os.path.exists(log), f"{log} was created")
+
+    os.chmod(conf, 0o644)
+    if os.geteuid() == 0:
+        os.chown(conf, 65534, 65534)
+        rc, err = serve(conf)
+        check("another user's configuration is refused",
+              rc != 0 and "refused" in err and conf in err, err)
+        check("nothing is written where another user's says",
+              not os.path.exists(log), f"{log} was created")
+        os.chown(conf, 0, 0)
+    else:
+        print("# not root: another user's configuration not tried")
+
+    rc, err = serve(conf)
+    check("the server's own configuration is read",
+          rc != 0 and "no monitor answered" in err, err)
+
+    link = os.path.join(work, "link.conf")
+    os.symlink(conf, link)
+    rc, err = serve(link)
+    check("a configuration behind a symbolic link is read",
+          rc != 0 and "no monitor answered" in err, err)
+finally:
+    shutil.rmtree(work, ignore_errors=True)
+
+if failed:
+    sys.exit(f"{len(failed)} check(s) failed: {', '.join(failed)}")
