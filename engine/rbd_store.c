@@ -1377,6 +1377,54 @@ lower_mount_timeout (struct rbd_store *st)
     rados_conf_set (st->cluster, "client_mount_timeout", MOUNT_TIMEOUT);
 }
 
+/* Whether FD, an open file's, may be trusted to say what this process
+ * does: a regular file of this user's or root's, that no one else may
+ * write.
+ */
+static bool
+trusted_file (int fd)
+{
+  struct stat st;
+
+  return fstat (fd, &st) == 0 && S_ISREG (st.st_mode) &&
+    (st.st_uid == geteuid () || st.st_uid == 0) &&
+    (st.st_mode & (S_IWGRP | S_IWOTH)) == 0;
+}
+
+/* Reads ST's configuration file into its cluster handle, or librados's
+ * own search's when none is named.  A named file is read only when it
+ * can be trusted (trusted_file): it says which cluster is served, and
+ * where librados writes its log (log_file) and binds its admin socket,
+ * as this process's user, root for a device's server, which its
+ * supervisor restarts at any time: one another user could write would
+ * let that user create or append to any file, and serve their image.
+ * It is judged as opened, a link followed (/etc/ceph/ceph.conf may be
+ * one), and read through that descriptor, so that what was judged is
+ * what is read.  0, or a negative errno (*REFUSED: not trusted).
+ */
+static int
+read_conf (struct rbd_store *st, bool *refused)
+{
+  char fd_path[64];
+  int fd, r;
+
+  *refused = false;
+  if (st->conf == NULL)
+    return rados_conf_read_file (st->cluster, NULL);
+  /* Not blocking: a FIFO put there would hold the open up forever. */
+  if ((fd = open (st->conf, O_RDONLY | O_NONBLOCK | O_CLOEXEC)) < 0)
+    return -errno;
+  if (!trusted_file (fd)) {
+    close (fd);
+    *refused = true;
+    return -EPERM;
+  }
+  snprintf (fd_path, sizeof fd_path, "/proc/self/fd/%d", fd);
+  r = rados_conf_read_file (st->cluster, fd_path);
+  close (fd);
+  return r;
+}
+
 /* Connects to the cluster as CFG says: its configuration file (or
  * librados's own search), $CEPH_ARGS, the cephx user.
  */
@@ -1384,6 +1432,7 @@ static int
 connect_cluster (struct rbd_store *st, char *err, size_t errlen)
 {
   const char *who = st->id ? st->id : "admin";
+  bool refused;
   int r = rados_create (&st->cluster, st->id);
 
   if (r < 0) {
@@ -1391,7 +1440,14 @@ connect_cluster (struct rbd_store *st, char *err, size_t errlen)
     snprintf (err, errlen, "%s: librados: %s", st->name, strerror (-r));
     return r;
   }
-  r = rados_conf_read_file (st->cluster, st->conf);
+  r = read_conf (st, &refused);
+  if (refused) {
+    snprintf (err, errlen, "%s: %s: refused: a Ceph configuration must be "
+              "a file of this user's or root's that no one else may write, "
+              "since it says which cluster is served and where its log is "
+              "written", st->name, st->conf);
+    return r;
+  }
   if (r < 0) {
     if (st->conf)
       snprintf (err, errlen, "%s: reading Ceph configuration %s: %s",
@@ -1469,16 +1525,13 @@ connect_cluster (struct rbd_store *st, char *err, size_t errlen)
 static int
 open_record (const char *path, FILE **f)
 {
-  struct stat st;
   /* Not blocking: a FIFO put there would hold the open up forever. */
   int fd = open (path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC), r;
 
   *f = NULL;
   if (fd < 0)
     return -errno;
-  if (fstat (fd, &st) < 0 || !S_ISREG (st.st_mode) ||
-      (st.st_uid != geteuid () && st.st_uid != 0) ||
-      (st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+  if (!trusted_file (fd)) {
     close (fd);
     return -EPERM;
   }

@@ -532,6 +532,9 @@ keyring = {self.admin_keyring}
 [{self.client_name}]
 keyring = {self.client_keyring}
 """)
+        # A server reads only a configuration no one else may write,
+        # whatever the umask the tests run under.
+        os.chmod(self.conf, 0o644)
         # Every key is made here and handed to the monitor at mkfs, so no
         # `ceph auth` round trip is needed once it runs.
         auth = [

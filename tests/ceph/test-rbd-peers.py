@@ -2210,6 +2210,7 @@ def section_mount_timeout():
     conf = c.path("test", "unreachable.conf")
     with open(conf, "w") as f:
         f.write(text + "\n")
+    os.chmod(conf, 0o644)  # a server reads no one else's (any umask)
     refused_in_one_line("no monitor, client_mount_timeout = 2 in ceph.conf",
                         Server(f"rbd:{c.spec('nothing')}", conf=conf), ["monitor"])
 

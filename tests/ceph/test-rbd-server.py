@@ -594,6 +594,7 @@ def section_refusals():
     ghost_conf = c.path("test", "ghost.conf")
     with open(c.conf) as f, open(ghost_conf, "w") as g:
         g.write(f.read() + f"\n[client.ghost]\nkeyring = {ghost_keyring}\n")
+    os.chmod(ghost_conf, 0o644)  # a server reads no one else's (any umask)
     pool = c.pool
     for what, spec, kw, words in [
             ("a missing image", f"rbd:{pool}/nosuch", {}, ["nosuch"]),
