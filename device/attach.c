@@ -1019,8 +1019,12 @@ mloop_attach (const struct mloop_attach_request *req,
       return -1;
     file = mloop_state_held_token ();
   }
-  else if (rbd)
-    file = g_strdup (req->file);    /* the server names what is wrong */
+  else if (rbd) {
+    /* The server names what else is wrong. */
+    if (mloop_rbd_name_check (req->file, err, errlen) == -1)
+      return -1;
+    file = g_strdup (req->file);
+  }
   else {
     /* Under an overlay the image is only read. */
     if (check_image (req->file, req->read_only || req->overlay, &st, err,

@@ -35,6 +35,23 @@ mloop_rbd_name_with (const char *name, const char *conf, const char *id,
                       id ? ":id=" : "", id ? id : "", NULL);
 }
 
+int
+mloop_rbd_name_check (const char *name, char *err, size_t errlen)
+{
+  const char *options = strchr (name + strlen (MLOOP_RBD_PREFIX), ':');
+  g_auto (GStrv) each = NULL;
+
+  if (!mloop_is_rbd_name (name) || options == NULL)
+    return 0;
+  each = g_strsplit (options + 1, ":", -1);
+  for (char **o = each; *o; o++)
+    if (g_str_has_prefix (*o, "conf=") && (*o)[strlen ("conf=")] != '/')
+      return mloop_fail (err, errlen, "%s: %s is relative, and a device's "
+                         "servers run in /: give the configuration's "
+                         "absolute path (or --ceph-conf)", name, *o);
+  return 0;
+}
+
 char *
 mloop_image_identity (const char *name)
 {

@@ -22,6 +22,13 @@ bool mloop_is_rbd_name (const char *name);
 char *mloop_rbd_name_with (const char *name, const char *conf,
                            const char *id, char *err, size_t errlen);
 
+/* Refuses, in ERR, an RBD image's NAME whose ":conf=" is relative:
+ * the name is what a device records and its servers, run in /, are
+ * given, so "conf=ceph.conf" would be read as /ceph.conf by every one
+ * of them, whatever directory the attach ran in.  0 or -1.
+ */
+int mloop_rbd_name_check (const char *name, char *err, size_t errlen);
+
 /* The image NAME names, without options and with the default pool
  * spelt out (g_free it): for comparing.
  */

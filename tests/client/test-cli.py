@@ -129,6 +129,9 @@ try:
             "nbd://127.0.0.1:99999/x: port 99999 is out of range (1-65535)")
     refused("a remote export's port 0", ["attach", "nbd://127.0.0.1:0/x"],
             "port 0 is out of range (1-65535)")
+    # Recorded as given and read by servers run in /: /ceph.conf.
+    refused("an RBD name's relative conf=", ["attach", "rbd:pool/img:id=a:conf=ceph.conf"],
+            "conf=ceph.conf is relative, and a device's servers run in /")
     refused("ublk with an nbd --device", ["attach", "--transport", "ublk", "--device",
                                           "/dev/nbd3", image],
             "the ublk transport does not take --device /dev/nbdN")
