@@ -604,7 +604,8 @@ detach_now (struct call *c)
     return;
   }
   found = what.resolved
-    ? mloop_lookup_resolved (what.name, &what.st, &st, err, sizeof err)
+    ? mloop_lookup_resolved (what.name, &what.st, c->uid, &st, err,
+                             sizeof err)
     : mloop_lookup (what.name, &st, err, sizeof err);
   g_free (what.name);
   if (found == -1) {

@@ -369,6 +369,13 @@ conflicts (const struct mloop_attach_request *req, const char *file,
   if ((overlay && (s->overlay || s->read_only)) ||
       (s->overlay && req->read_only))
     return 0;
+  /* Another user's read-only device of an image they passed to
+   * mloop-dbus never writes it, so cannot corrupt what this attach
+   * writes: refused, any user could keep anyone's readable image, root's
+   * too, from being attached for as long as they liked.
+   */
+  if (s->held_image && s->read_only && s->owner != req->owner)
+    return 0;
   if (st ? !(mloop_state_image_is (s, st) && windows_overlap (req, st, s))
       : !same_image (s->file, file))
     return 0;
@@ -1218,32 +1225,36 @@ serves_image (const struct mloop_device_state *s, const char *file,
 
 /* The device named NAME (device_name's) when NAME is set, else the one
  * serving FILE (serves_image's), into *OUT; WHAT is the caller's word
- * for it, for the error.
+ * for it, for the error.  FILE may be served by OWNER's device and by
+ * other users' read-only ones (conflicts): OWNER's is the one found.
  */
 static int
 find_device (const char *name, const char *file, const struct stat *file_st,
-             const char *what, struct mloop_device_state *out, char *err,
-             size_t errlen)
+             uid_t owner, const char *what, struct mloop_device_state *out,
+             char *err, size_t errlen)
 {
   struct mloop_device_state *list;
   size_t n;
-  int r = -1;
+  ssize_t found = -1;
 
   list = mloop_state_list (&n);
   for (size_t i = 0; i < n; i++) {
     g_autofree char *dev = mloop_state_device_name (&list[i]);
 
-    if (r == -1 && (name ? strcmp (dev, name) == 0
-                    : serves_image (&list[i], file, file_st))) {
-      *out = list[i];
-      memset (&list[i], 0, sizeof list[i]);
-      r = 0;
-    }
+    if (!(name ? strcmp (dev, name) == 0
+          : serves_image (&list[i], file, file_st)))
+      continue;
+    if (found == -1 || (list[found].owner != owner && list[i].owner == owner))
+      found = (ssize_t) i;
+  }
+  if (found != -1) {
+    *out = list[found];
+    memset (&list[found], 0, sizeof list[found]);
   }
   mloop_state_free_list (list, n);
-  if (r == -1)
-    mloop_fail (err, errlen, "%s is not attached by mloop", what);
-  return r;
+  if (found == -1)
+    return mloop_fail (err, errlen, "%s is not attached by mloop", what);
+  return 0;
 }
 
 int
@@ -1255,23 +1266,25 @@ mloop_lookup (const char *what, struct mloop_device_state *out,
   struct stat st;
 
   if (device_name (what, &name))
-    return find_device (name, NULL, NULL, what, out, err, errlen);
+    return find_device (name, NULL, NULL, geteuid (), what, out, err,
+                        errlen);
   if (strstr (what, "://") || mloop_is_rbd_name (what))
-    return find_device (NULL, what, NULL, what, out, err, errlen);
+    return find_device (NULL, what, NULL, geteuid (), what, out, err,
+                        errlen);
   file = realpath (what, NULL);
   if (file == NULL)
     return mloop_fail (err, errlen, "%s: not an nbd or ublk device, and %s",
                        what, strerror (errno));
-  return find_device (NULL, file, stat (file, &st) == 0 ? &st : NULL, what,
-                      out, err, errlen);
+  return find_device (NULL, file, stat (file, &st) == 0 ? &st : NULL,
+                      geteuid (), what, out, err, errlen);
 }
 
 int
 mloop_lookup_resolved (const char *path, const struct stat *st,
-                       struct mloop_device_state *out, char *err,
-                       size_t errlen)
+                       uid_t owner, struct mloop_device_state *out,
+                       char *err, size_t errlen)
 {
-  return find_device (NULL, path, st, path, out, err, errlen);
+  return find_device (NULL, path, st, owner, path, out, err, errlen);
 }
 
 static pid_t

@@ -112,7 +112,8 @@ int mloop_detach (const struct mloop_device_state *s, char *err,
 
 /* Finds an attached device by "/dev/nbdN", "nbdN", "/dev/ublkbN",
  * "ublkbN" or its image's path (a held image's by the file that path
- * names, never by its label).
+ * names, never by its label): of an image also served by other users'
+ * read-only devices, this process's user's own.
  */
 int mloop_lookup (const char *what, struct mloop_device_state *out,
                   char *err, size_t errlen);
@@ -121,11 +122,12 @@ int mloop_lookup (const char *what, struct mloop_device_state *out,
  * realpath) whose file has the identity ST, both found by whoever asks
  * with their own rights: no name is resolved again here, so a lookup
  * run as root for a caller who is not reaches nothing the caller could
- * not (a root-only path, an automount).
+ * not (a root-only path, an automount).  Of an image served by several
+ * users' devices (other users' read-only ones), OWNER's.
  */
 int mloop_lookup_resolved (const char *path, const struct stat *st,
-                           struct mloop_device_state *out, char *err,
-                           size_t errlen);
+                           uid_t owner, struct mloop_device_state *out,
+                           char *err, size_t errlen);
 
 /* Stops the servers of attaches that died half-way and removes their
  * directories.  Returns how many it removed.
