@@ -1212,15 +1212,20 @@ device_name (const char *what, const char **name)
 /* Whether device S serves the image FILE names (a realpath, a URI or an
  * RBD name), FILE_ST the identity of the file it names (NULL when it
  * has none): a held image by the file's identity, since its name was
- * only its caller's label; any other by name.  Resolves no name.
+ * only its caller's label; a block device by its number too, as attach
+ * refuses it under any node (mloop_state_image_is); any other by name.
+ * Resolves no name.
  */
 static bool
 serves_image (const struct mloop_device_state *s, const char *file,
               const struct stat *file_st)
 {
-  if (!s->held_image)
-    return same_image (s->file, file);
-  return file_st != NULL && mloop_state_image_is (s, file_st);
+  if (s->held_image)
+    return file_st != NULL && mloop_state_image_is (s, file_st);
+  if (file_st != NULL && S_ISBLK (file_st->st_mode) && s->file_rdev != 0 &&
+      mloop_state_image_is (s, file_st))
+    return true;
+  return same_image (s->file, file);
 }
 
 /* The device named NAME (device_name's) when NAME is set, else the one

@@ -121,6 +121,9 @@ def one_disk_two_nodes(kind, cl):
     a = kind.attach(cl, loop)
     line = refused(kind, kind.attach_args(other), ["already attached to " + a.device])
     refused(kind, window_args(kind, other, 0, MIB), ["already attached to " + a.device])
+    # Found by either node, as it is refused by either.
+    found = kind.status(other)["device"]
+    assert found["device"] == a.device, f"status of {other}: {found}"
     a.detach()
     print(f"# offset-window: {loop} attached, its second node refused: {line}",
           flush=True)
