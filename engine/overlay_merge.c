@@ -434,6 +434,75 @@ reaches_block (const struct held_base *b, dev_t rdev, uint64_t offset,
     (sizelimit == 0 || offset >= b->start || sizelimit > b->start - offset);
 }
 
+/* Refuses, in ERR, a partition BASE that shares bytes with another
+ * partition of its disk.  Partition tables may nest them (a hybrid
+ * ISO's EFI image inside its whole-ISO partition, a BSD disklabel's
+ * partitions inside their MBR slice), and the kernel keeps each
+ * partition's claim to itself: a mount of the inner one leaves the
+ * outer one free to claim (claim_device), is no loop device and no
+ * process's descriptor, and the merge would write under it.  Such a
+ * layout is refused whatever holds it: a partition whose place sysfs
+ * does not tell counts as sharing.
+ */
+static int
+refuse_nested_partitions (const struct mloop_backing *base,
+                          const char *base_path, char *err, size_t errlen)
+{
+  char dir[64], path[sizeof dir + NAME_MAX + 16];
+  struct held_base held;
+  struct dirent *e;
+  DIR *disk;
+  int r = 0;
+
+  if (!base->is_block_device)
+    return 0;
+  if (!held_base_of (base->fd, &held)) {
+    r = -errno;
+    snprintf (err, errlen, "%s, the overlay's base: %s", base_path,
+              strerror (-r));
+    return r;
+  }
+  if (!held.partition)
+    return 0;
+  snprintf (dir, sizeof dir, "/sys/dev/block/%u:%u", major (held.disk),
+            minor (held.disk));
+  if ((disk = opendir (dir)) == NULL) {
+    r = -errno;
+    snprintf (err, errlen, "cannot look for partitions sharing blocks "
+              "with %s, the overlay's base (%s: %s): not committed",
+              base_path, dir, strerror (-r));
+    return r;
+  }
+  while (r == 0 && (e = readdir (disk)) != NULL) {
+    uint64_t start, size, from = 0, to = UINT64_MAX;
+    dev_t dev;
+
+    snprintf (path, sizeof path, "%s/%s/partition", dir, e->d_name);
+    if (e->d_name[0] == '.' || access (path, F_OK) == -1)
+      continue;
+    snprintf (path, sizeof path, "%s/%s/dev", dir, e->d_name);
+    if (sysfs_dev (path, &dev) && dev == held.st.st_rdev)
+      continue;
+    snprintf (path, sizeof path, "%s/%s/start", dir, e->d_name);
+    if (sysfs_u64 (path, &start) && start < UINT64_MAX / 512) {
+      snprintf (path, sizeof path, "%s/%s/size", dir, e->d_name);
+      if (sysfs_u64 (path, &size) && size < UINT64_MAX / 512 - start) {
+        from = start * 512;
+        to = (start + size) * 512;
+      }
+    }
+    if (from < to && from < held.end && held.start < to) {
+      snprintf (err, errlen, "%s, the overlay's base, shares blocks with "
+                "/dev/%s, another partition of its disk (nested "
+                "partitions), whose holders a commit cannot all see: not "
+                "committed", base_path, e->d_name);
+      r = -EBUSY;
+    }
+  }
+  closedir (disk);
+  return r;
+}
+
 /* Whether FD is open on the block device /sys/block/NAME: its device
  * number the one sysfs gives.
  */
@@ -788,6 +857,7 @@ mloop_overlay_merge_checked (const char *path, const struct stat *checked,
     goto out_base;
   }
   if ((r = claim_device (&base, base_path, &claim, err, errlen)) < 0 ||
+      (r = refuse_nested_partitions (&base, base_path, err, errlen)) < 0 ||
       (r = refuse_loop_backed (&base, base_path, err, errlen)) < 0 ||
       (r = refuse_block_openers (&base, base_path, err, errlen)) < 0)
     goto out_base;
