@@ -7,6 +7,14 @@ import socket
 import time
 
 
+def private_runtime(directory):
+    """A runtime directory of its own for an mloopd under test, made in
+    DIRECTORY: (its path, its control socket's path)."""
+    run = os.path.join(directory, "run")
+    os.mkdir(run, 0o700)
+    return run, os.path.join(run, "mloopd.sock")
+
+
 def ask(control, **fields):
     """One request on the socket CONTROL (keys with _ sent with -); the
     answer's fields."""

@@ -30,9 +30,7 @@ if os.geteuid() != 0:
     harness.skip("mloopd answers root only")
 
 d = harness.tmpdir()
-run = os.path.join(d, "run")
-os.mkdir(run, 0o700)
-control = os.path.join(run, "mloopd.sock")
+run, control = mloopd_control.private_runtime(d)
 log_path = os.path.join(d, "mloopd.log")
 env = dict(os.environ, MLOOP_RUNTIME_DIR=run)
 p = mloopd_control.start([MLOOPD], env, log_path, control)

@@ -36,9 +36,7 @@ if os.geteuid() != 0:
     harness.skip("mloopd answers root only")
 
 d = harness.tmpdir()
-run = os.path.join(d, "run")
-os.mkdir(run, 0o700)
-control = os.path.join(run, "mloopd.sock")
+run, control = mloopd_control.private_runtime(d)
 spawned = os.path.join(d, "spawned")
 token, held = os.path.join(d, "slow"), os.path.join(d, "slow.taken")
 stand_in = os.path.join(d, "server")
