@@ -1,6 +1,7 @@
 """Asking mloopd over its control socket, as mloop does: what the tests
 of the resident service share (tests/client/test-mloopd*.py,
 tests/kernel/test-service-attach.py).  Standard library only."""
+import fcntl
 import os
 import signal
 import socket
@@ -25,6 +26,18 @@ def ask(control, **fields):
                         for k, v in fields.items()))
         data = s.recv(70000)
     return dict(f.decode().split("=", 1) for f in data.split(b"\0") if f)
+
+
+def attaching(directory):
+    """Makes DIRECTORY, a device's directory, and holds its lock, as
+    `mloop attach` does from its claim until it has written the device's
+    state (device_state.h): an attach under way, until the descriptor
+    returned is closed.  mloopd drops a device whose directory has no
+    state and whose lock nobody holds: an attach that died."""
+    os.mkdir(directory, 0o700)
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
 
 
 def kept(control):
