@@ -1320,12 +1320,13 @@ mloop_cleanup_incomplete (void)
   if (lock == -1)
     return 0;
   /* An attach in progress holds its directory's lock: whatever lacks a
-   * state file and whose lock is free was abandoned.
+   * state file and whose lock is free was abandoned (looked for again
+   * under the lock: the attach may have finished since the listing).
    */
   dirs = mloop_state_list_incomplete ();
   for (char **d = dirs; *d; d++) {
     struct mloop_device_state s = { .dir = *d };
-    int device_lock = mloop_state_lock_device (*d, false);
+    int device_lock = mloop_state_lock_abandoned (*d);
 
     if (device_lock == -1)
       continue;

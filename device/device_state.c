@@ -489,6 +489,20 @@ mloop_state_list_incomplete (void)
   return (char **) g_ptr_array_free (dirs, FALSE);
 }
 
+int
+mloop_state_lock_abandoned (const char *dir)
+{
+  g_autofree char *state = g_build_filename (dir, MLOOP_DIR_STATE, NULL);
+  int lock = mloop_state_lock_device (dir, false);
+
+  if (lock != -1 && g_file_test (state, G_FILE_TEST_EXISTS)) {
+    mloop_state_unlock (lock);
+    errno = EEXIST;
+    return -1;
+  }
+  return lock;
+}
+
 void
 mloop_state_remove (const char *dir)
 {

@@ -220,6 +220,13 @@ struct mloop_device_state *mloop_state_list_claims (size_t *n);
  * half-way).
  */
 char **mloop_state_list_incomplete (void);
+/* DIR's lock (for mloop_state_unlock) when DIR is an attach that died
+ * half-way: no state, and its lock free.  The state is looked for under
+ * the lock, which an attach holds until it has written it.  Else -1,
+ * errno saying what DIR is: EWOULDBLOCK, its lock held (an attach under
+ * way, or a detach or resize); EEXIST, a device made; ENOENT, gone.
+ */
+int mloop_state_lock_abandoned (const char *dir);
 /* Removes a device directory and everything in it. */
 void mloop_state_remove (const char *dir);
 /* Deletes S's overlay when it was made for S alone (--overlay temp),

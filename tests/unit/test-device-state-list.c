@@ -1,7 +1,8 @@
 /* Listing the runtime directory (device/device_state.c): devices with a
  * state file come sorted by device index; directories without one
  * (attaches in progress or abandoned) are listed apart, and anything not
- * named dev-* is neither.
+ * named dev-* is neither; an abandoned one is told from one in progress
+ * by its lock.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -74,6 +75,24 @@ main (void)
          "incomplete: %s, expected %s", incomplete[0], half);
   CHECK (incomplete[1] == NULL, "more than one incomplete: %s", incomplete[1]);
 
+  /* What a directory is, told under its lock: an attach that died
+   * (no state, its lock free) is handed locked.
+   */
+  {
+    int held = mloop_state_lock_device (half, true), lock;
+
+    CHECK (mloop_state_lock_abandoned (half) == -1 && errno == EWOULDBLOCK,
+           "an attach under way taken for dead: %s", strerror (errno));
+    mloop_state_unlock (held);
+    lock = mloop_state_lock_abandoned (half);
+    CHECK (lock != -1, "an attach that died not told: %s", strerror (errno));
+    CHECK (mloop_state_lock_device (half, false) == -1 &&
+           errno == EWOULDBLOCK, "an attach that died handed unlocked");
+    mloop_state_unlock (lock);
+    CHECK (mloop_state_lock_abandoned (d1) == -1 && errno == EEXIST,
+           "a device made taken for dead: %s", strerror (errno));
+  }
+
   /* Removing one removes it from the list, files and all. */
   mloop_state_remove (d3);
   CHECK (!g_file_test (d3, G_FILE_TEST_EXISTS), "%s still there", d3);
@@ -112,6 +131,8 @@ main (void)
     mloop_state_remove (dead.dir);
     CHECK (mloop_state_lock_device (dead.dir, false) == -1 && errno == ENOENT,
            "locking a removed directory: %s", strerror (errno));
+    CHECK (mloop_state_lock_abandoned (dead.dir) == -1 && errno == ENOENT,
+           "a removed directory taken for an attach: %s", strerror (errno));
     mloop_state_unlock (lock);
     mloop_state_remove (live.dir);
     g_free (live.dir);
