@@ -15,7 +15,8 @@
  *           [offset=N] [sizelimit=N] [threads=N] [read-only=1]
  *           [io-timeout=S]
  *       starts the device's server and keeps it; answers server-pid=N
- *       once it listens
+ *       once it listens.  DIR holds the device's state, or its attach
+ *       holds DIR's lock (drop_if_attach_died)
  *   op=keep dir=DIR remote=URI
  *       keeps a remote export's device (remote.h): no server of ours,
  *       the connections the kernel drops connected again
@@ -74,6 +75,10 @@
  */
 #define ACCEPT_RETRY_MS 250
 #define STRAY_REAP_S 2
+/* How often the devices whose attach has not made them yet are looked
+ * at (drop_if_attach_died).
+ */
+#define ATTACH_CHECK_S 2
 /* How long a stop may wait for the starts under way (--stop-wait):
  * systemd kills mloopd at its unit's TimeoutStopSec (90 s,
  * systemd/mloopd.service.in), which this and STOP_KILL_WAIT_S, and a
@@ -97,6 +102,10 @@ struct kept {
    */
   int waiting;
   unsigned serial;              /* tells this keep from a later one of DIR */
+  /* The device's state was seen: its attach made it (drop_if_attach_died
+   * looks no more).
+   */
+  bool made;
 };
 
 static GHashTable *kept;        /* dir -> struct kept */
@@ -334,6 +343,60 @@ answer_waiting (int sock, const struct mloop_control_out *out)
   g_unix_fd_add (sock, G_IO_IN | G_IO_HUP | G_IO_ERR, on_request, NULL);
 }
 
+/* A keep is asked by `mloop attach` between its claim and the device's
+ * state, while it holds the directory's lock (device_state.h).  An
+ * attach that died there (killed, crashed, its mloopd killed meanwhile)
+ * leaves a device that does not exist: no state, and nobody holding the
+ * lock.  Then D (its directory gone too) is forgotten, its server
+ * stopped, a keep still waiting for its server answered, and true is
+ * returned: the caller takes D out of the table.  The directory is left
+ * as any attach that died half-way leaves it, to `mloop detach --all`.
+ * Looked at when taken over and every ATTACH_CHECK_S, until the state is
+ * seen.
+ */
+static bool
+drop_if_attach_died (struct kept *d)
+{
+  struct mloop_control_out out;
+  int lock;
+
+  if (d->made)
+    return false;
+  lock = mloop_state_lock_abandoned (d->dir);
+  if (lock == -1 && errno == EEXIST)
+    d->made = true;
+  if (lock == -1 && errno != ENOENT)
+    return false;
+  say ("%s: its attach ended before it made the device: dropped", d->dir);
+  keep_record_remove (d->dir);
+  kept_stop (d);
+  mloop_state_unlock (lock);
+  if (d->waiting != -1) {
+    mloop_control_out_init (&out);
+    mloop_control_add (&out, "error", "no attach holds the device's "
+                       "directory: dropped");
+    answer_waiting (d->waiting, &out);
+    d->waiting = -1;
+  }
+  return true;
+}
+
+static gboolean
+check_attaches (gpointer unused)
+{
+  GHashTableIter i;
+  gpointer d;
+
+  /* Stopping: the next mloopd looks at them when it takes them over. */
+  if (stopping)
+    return G_SOURCE_CONTINUE;
+  g_hash_table_iter_init (&i, kept);
+  while (g_hash_table_iter_next (&i, NULL, &d))
+    if (drop_if_attach_died (d))
+      g_hash_table_iter_remove (&i);
+  return G_SOURCE_CONTINUE;
+}
+
 /* A keep's first server listens, or did not start. */
 static void
 on_kept (struct keeper *k, const char *start_err, void *data)
@@ -359,7 +422,8 @@ on_kept (struct keeper *k, const char *start_err, void *data)
   answer_waiting (sock, &out);
 }
 
-/* op=keep from the client on SOCK: answered in OUT at once when refused;
+/* op=keep from the client on SOCK (an attach under way, its directory's
+ * lock held, or a device made): answered in OUT at once when refused;
  * else (false) once the server listens (on_kept), the device kept from
  * now on, so that other requests are answered meanwhile.
  */
@@ -372,12 +436,22 @@ keep (const struct mloop_control_in *in, struct mloop_control_out *out,
   struct mloop_server_spec spec;
   struct kept *d;
   char err[1024];
+  int lock;
 
   if (dir == NULL || !device_dir (dir, err, sizeof err) ||
       (!remote && !read_spec (in, &spec, err, sizeof err)))
     goto fail;
   if (g_hash_table_contains (kept, dir)) {
     snprintf (err, sizeof err, "%s is kept already", dir);
+    goto fail;
+  }
+  /* Asked by an attach under way, or for a device made: else nothing
+   * would ever make it (drop_if_attach_died).
+   */
+  if ((lock = mloop_state_lock_abandoned (dir)) != -1) {
+    mloop_state_unlock (lock);
+    snprintf (err, sizeof err, "%s has no device's state, and no attach "
+              "holds its lock", dir);
     goto fail;
   }
   if (remote) {
@@ -753,8 +827,11 @@ take_over_recorded (void)
       d = kept_new_remote (dir, remote, err, sizeof err);
       if (d == NULL)
         say ("%s: cannot keep it: %s", dir, err);
-      else
+      else {
         g_hash_table_insert (kept, d->dir, d);
+        if (drop_if_attach_died (d))
+          g_hash_table_remove (kept, dir);
+      }
       continue;
     }
     d = kept_new (dir, &spec, err, sizeof err);
@@ -764,9 +841,16 @@ take_over_recorded (void)
     else {
       pid_t server = g_file_get_contents (pid_path, &pid_text, NULL, NULL)
         ? (pid_t) atoi (pid_text) : 0;
+      bool serving;
 
       g_hash_table_insert (kept, d->dir, d);
-      if (keeper_take_over (d->k, server, err, sizeof err) == -1)
+      /* Its running server taken over first, what a start left beside
+       * it killed: a device whose attach died goes with them.
+       */
+      serving = keeper_take_over (d->k, server, err, sizeof err) == 0;
+      if (drop_if_attach_died (d))
+        g_hash_table_remove (kept, dir);
+      else if (!serving)
         keeper_take_over_new (d->k, on_taken_over, d);
     }
     g_free ((char *) spec.image);
@@ -975,6 +1059,7 @@ main (int argc, char **argv)
    * and one blocked for a signalfd would be blocked in every server.
    */
   g_timeout_add_seconds (STRAY_REAP_S, reap_strays, NULL);
+  g_timeout_add_seconds (ATTACH_CHECK_S, check_attaches, NULL);
   take_over_recorded ();
   listening = g_unix_fd_add (listener, G_IO_IN, on_connect, NULL);
   say ("mloopd pid %d keeps %u device(s), listening on %s", (int) getpid (),

@@ -7,9 +7,9 @@ in between.  An attach that dies there (killed, crashed, or its mloopd
 killed and restarted meanwhile) leaves a kept device that does not
 exist: no state, and nobody holding the lock.  mloopd must drop it and
 stop its server, whether the attach died after the keep was answered,
-while its server was starting, or while no mloopd ran; and must keep a
-device whose attach finished, or is still under way, across its own
-restart.
+while its server was starting, or while no mloopd ran; must refuse a
+keep no attach asks; and must keep a device whose attach finished, or
+is still under way, across its own restart.
 
 Here the test process plays the attach: it makes each directory, holds
 its lock (mloopd_control.attaching), asks for the keep, and "dies" by
@@ -138,6 +138,14 @@ p = start()
 gone, made, going = attach("dev-gone"), attach("dev-made"), attach("dev-going")
 for path in (gone, made, going):
     keep(path)
+lone = os.path.join(run, "dev-lone")
+os.mkdir(lone, 0o700)
+a = mloopd_control.ask(control, op="keep", dir=lone, server="native",
+                       image=image, threads=1)
+check("a keep no attach asks (no state, its lock free) is refused",
+      "no attach holds its lock" in a.get("error", ""), a)
+check("and starts no server", spawns(lone) == 0 and not servers(lone))
+devices[lone] = None
 die(gone)
 finish(made)
 dropped(gone, "a device whose attach died after its keep is dropped, its "

@@ -57,6 +57,7 @@ class Service:
         self.env = dict(os.environ, MLOOP_RUNTIME_DIR=self.run)
         os.makedirs(self.run, 0o700, exist_ok=True)
         self.name = name
+        self.attaches = []
 
     def start(self):
         log = open(os.path.join(self.d, "mloopd.log"), "a")
@@ -76,8 +77,10 @@ class Service:
                                                v for k, v in fields.items()})
 
     def device(self, name):
+        """A device's directory, its attach under way for the test's
+        life."""
         path = os.path.join(self.run, name)
-        os.makedirs(path, 0o700, exist_ok=True)
+        self.attaches.append(mloopd_control.attaching(path))
         return path
 
 

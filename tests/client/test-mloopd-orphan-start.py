@@ -51,7 +51,7 @@ exec {SERVER} "$@"
 os.chmod(stand_in, 0o755)
 env = dict(os.environ, MLOOP_RUNTIME_DIR=run, MLOOP_SERVER_BIN=stand_in)
 dev = os.path.join(run, "dev-orphan")
-os.mkdir(dev, 0o700)
+attach = mloopd_control.attaching(dev)    # under way for the test's life
 sock = os.path.join(dev, "sock")
 image = harness.make_image(SIZE)
 

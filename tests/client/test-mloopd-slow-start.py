@@ -79,13 +79,16 @@ def start_mloopd():
 mloopd = start_mloopd()
 
 
+attaches = []     # each device's attach, under way for the test's life
+
+
 def device(name):
     data = harness.pattern(SIZE, len(name))
     image = os.path.join(d, f"{name}.img")
     with open(image, "wb") as f:
         f.write(data)
     directory = os.path.join(run, f"dev-{name}")
-    os.mkdir(directory, 0o700)
+    attaches.append(mloopd_control.attaching(directory))
     return directory, image, data
 
 

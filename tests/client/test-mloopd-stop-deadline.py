@@ -51,9 +51,12 @@ os.chmod(stand_in, 0o755)
 env = dict(os.environ, MLOOP_RUNTIME_DIR=run, MLOOP_SERVER_BIN=stand_in)
 
 
+attaches = []     # each device's attach, under way for the test's life
+
+
 def device(name):
     path = os.path.join(run, name)
-    os.mkdir(path, 0o700)
+    attaches.append(mloopd_control.attaching(path))
     return path, os.path.join(path, "sock")
 
 

@@ -77,12 +77,12 @@ def main():
     def kept():
         return mloopd_control.kept(control)
 
-    dirs, images = [], []
+    dirs, images, attaches = [], [], []
     for i in range(DEVICES):
         data = harness.pattern(SIZE, 60 + i)
         images.append((harness.make_image(SIZE, data), data))
         d = os.path.join(run, f"dev-{i}")
-        os.mkdir(d, 0o700)
+        attaches.append(mloopd_control.attaching(d))   # for the test's life
         dirs.append(d)
         a = ask(op="keep", dir=d, image=images[i][0], server="native")
         check(f"device {i} kept by the socket-started mloopd", a.get("ok") == "1", a)

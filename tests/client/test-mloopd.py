@@ -100,10 +100,11 @@ def reads_back(i):
 
 mloopd = start_mloopd()
 images = []
+attaches = []     # each device's attach, under way for the test's life
 for i in range(DEVICES):
     data = harness.pattern(SIZE, 40 + i)
     images.append((harness.make_image(SIZE, data), data))
-    os.mkdir(device_dir(i), 0o700)
+    attaches.append(mloopd_control.attaching(device_dir(i)))
     a = ask(op="keep", dir=device_dir(i), server="native", image=images[i][0],
             threads=2)
     check(f"device {i} kept", a.get("ok") == "1" and int(a.get("server-pid", 0)) > 0, a)
@@ -156,7 +157,7 @@ for name, fields, expect in [
     a = ask(**fields)
     check(f"refused: {name}", "ok" not in a and expect in a.get("error", "")
           and "\n" not in a["error"], a)
-os.mkdir(os.path.join(run, "dev-bad"), 0o700)
+attaches.append(mloopd_control.attaching(os.path.join(run, "dev-bad")))
 a = ask(op="keep", dir=os.path.join(run, "dev-bad"), image=os.path.join(d, "missing.img"))
 check("refused: an image that is not there, in the server's words",
       "ok" not in a and "missing.img" in a.get("error", ""), a)
@@ -215,7 +216,7 @@ for i in range(kept):
 # heal, and nothing is connected here), no server of ours, and taken
 # over by the next mloopd like the others.
 remote = os.path.join(run, "dev-remote")
-os.mkdir(remote, 0o700)
+attaches.append(mloopd_control.attaching(remote))
 a = ask(op="keep", dir=os.path.join(run, "dev-bad"), remote="nbd:/no-host")
 check("refused: a remote address that is not an NBD URI, one line",
       "ok" not in a and "\n" not in a.get("error", "x\n"), a)
