@@ -1087,9 +1087,10 @@ main (int argc, char **argv)
     g_hash_table_iter_remove (&i);
   }
   /* Restarts under way were let go: their servers serve on, and the next
-   * mloopd must find their pid files written.  Those that do not listen
-   * by the deadline are killed: the next mloopd finds their records and
-   * no server, and starts one.  A start whose server is past killing
+   * mloopd must find their pid files written; those still queued were
+   * dropped (server_start_abandon).  Those that do not listen by the
+   * deadline are killed: the next mloopd finds their records and no
+   * server, and starts one.  A start whose server is past killing
    * (nbdkit's daemon, forked, its pid file not yet written) is left
    * behind with its record.
    */

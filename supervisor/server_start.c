@@ -2,8 +2,8 @@
  *
  * The thread only waits (mloop_server_await: the pid file, the child's
  * exit, the timeout) on copies of what it needs; everything else, the
- * registry of children waited for included, is touched on the main
- * context only, so nothing here needs a lock.
+ * registry of children waited for and the queue included, is touched on
+ * the main context only, so nothing here needs a lock.
  */
 #include <errno.h>
 #include <poll.h>
@@ -22,11 +22,16 @@
 #include "server_start.h"
 
 #define STOP_TIMEOUT_MS 10000
+/* Spawned at once at most: 2 x the CPUs we may run on, at least this. */
+#define SPAWNED_MIN 4
 
 struct server_start {
-  /* What the thread reads: its own copies. */
+  /* What the spawn and the thread read: its own copies (a queued start
+   * spawns after its caller's spec is gone).
+   */
   struct mloop_server_spec spec;
-  char *pid_file, *log_file, *socket_path;
+  char *image, *overlay, *lock_record, *socket_path, *pid_file, *log_file,
+    *stats_file;
   pid_t child;
   /* Main context only: CHILD's pidfd (-1 when adopted or without
    * pidfds), to kill it by, never another process that got its pid
@@ -44,11 +49,16 @@ struct server_start {
   server_started_fn done;
   void *data;
   bool abandoned, keep_serving;
+  bool spawned;                 /* counted in SPAWNED */
 };
 
 /* Children a start waits for: pid -> the start. */
 static GHashTable *awaited;
-static unsigned pending;
+/* Starts under way, queued ones included; those that spawned a server
+ * not yet ended; those waiting their turn, first come first.
+ */
+static unsigned pending, spawned;
+static GQueue queue = G_QUEUE_INIT;
 
 static void
 start_free (struct server_start *s)
@@ -58,12 +68,29 @@ start_free (struct server_start *s)
   if (s->record)
     g_unlink (s->record);
   g_free (s->record);
+  g_free (s->image);
+  g_free (s->overlay);
+  g_free (s->lock_record);
+  g_free (s->socket_path);
   g_free (s->pid_file);
   g_free (s->log_file);
-  g_free (s->socket_path);
+  g_free (s->stats_file);
   g_main_context_unref (s->context);
   g_free (s);
 }
+
+/* How many servers may be spawned and not yet listening at once.  Each
+ * loads its image, nbdkit its plugins, an RBD image its cluster
+ * connection: a boot attaching every device, or a takeover restarting
+ * every server that died, would do all of it at once.
+ */
+static unsigned
+spawn_cap (void)
+{
+  return MAX (SPAWNED_MIN, 2 * g_get_num_processors ());
+}
+
+static void launch_queued (void);
 
 /* On the main context, once the thread has ended. */
 static gboolean
@@ -71,8 +98,11 @@ deliver (gpointer data)
 {
   struct server_start *s = data;
 
-  g_hash_table_remove (awaited, GINT_TO_POINTER (s->child));
+  if (s->child > 0)
+    g_hash_table_remove (awaited, GINT_TO_POINTER (s->child));
   pending--;
+  if (s->spawned)
+    spawned--;
   /* Ended: the server listens (its pid file names it) or was reaped. */
   if (s->record)
     g_unlink (s->record);
@@ -84,7 +114,23 @@ deliver (gpointer data)
     waitpid (s->pid, NULL, WNOHANG);
   }
   start_free (s);
+  launch_queued ();
   return G_SOURCE_REMOVE;
+}
+
+/* S ends, failed with ERR, without a thread: delivered from an idle of
+ * its context, not inside the call that failed it.
+ */
+static void
+deliver_failure (struct server_start *s, const char *err)
+{
+  GSource *idle = g_idle_source_new ();
+
+  s->pid = 0;
+  snprintf (s->err, sizeof s->err, "%s", err);
+  g_source_set_callback (idle, deliver, s, NULL);
+  g_source_attach (idle, s->context);
+  g_source_unref (idle);
 }
 
 static gpointer
@@ -125,40 +171,29 @@ record_start (const char *pid_file, pid_t child)
   return path;
 }
 
-struct server_start *
-server_start_begin (const struct mloop_server_spec *spec, pid_t adopted,
-                    unsigned timeout_ms, server_started_fn done, void *data,
-                    char *err, size_t errlen)
+/* Spawns S's server (unless adopted) and waits for it on a thread of
+ * its own: the start timeout counts from here.  0, or -1 with ERR, the
+ * child killed and reaped.
+ */
+static int
+launch (struct server_start *s, char *err, size_t errlen)
 {
-  struct server_start *s = g_new0 (struct server_start, 1);
   g_autoptr (GError) gerr = NULL;
   GThread *thread;
 
-  s->child = adopted;
-  s->pidfd = -1;
-  if (adopted <= 0) {
-    if (mloop_server_spawn (spec, &s->child, err, errlen) == -1) {
-      g_free (s);
-      return NULL;
+  if (s->child <= 0) {
+    if (mloop_server_spawn (&s->spec, &s->child, err, errlen) == -1) {
+      s->child = 0;
+      return -1;
     }
     s->pidfd = (int) syscall (SYS_pidfd_open, s->child, 0);
-    s->record = record_start (spec->pid_file, s->child);
+    s->record = record_start (s->spec.pid_file, s->child);
+    s->spawned = true;
+    spawned++;
   }
-  s->pid_file = g_strdup (spec->pid_file);
-  s->log_file = g_strdup (spec->log_file);
-  s->socket_path = g_strdup (spec->socket_path);
-  s->spec = (struct mloop_server_spec) {
-    .kind = spec->kind, .pid_file = s->pid_file, .log_file = s->log_file,
-    .socket_path = s->socket_path,
-  };
-  s->timeout_ms = timeout_ms;
-  s->context = g_main_context_ref_thread_default ();
-  s->done = done;
-  s->data = data;
   if (awaited == NULL)
     awaited = g_hash_table_new (NULL, NULL);
   g_hash_table_insert (awaited, GINT_TO_POINTER (s->child), s);
-  pending++;
   /* A thread per start, not a pool: a pool's few threads, each held by
    * a server that never listens, would hold up every other start.
    */
@@ -168,17 +203,85 @@ server_start_begin (const struct mloop_server_spec *spec, pid_t adopted,
     kill (s->child, SIGKILL);
     waitpid (s->child, NULL, 0);
     g_hash_table_remove (awaited, GINT_TO_POINTER (s->child));
-    pending--;
+    s->child = 0;
+    if (s->spawned)
+      spawned--;
+    s->spawned = false;
+    return -1;
+  }
+  g_thread_unref (thread);
+  return 0;
+}
+
+/* Spawns the queued starts that fit under the cap, in turn. */
+static void
+launch_queued (void)
+{
+  char err[1024];
+
+  while (spawned < spawn_cap () && !g_queue_is_empty (&queue)) {
+    struct server_start *s = g_queue_pop_head (&queue);
+
+    if (launch (s, err, sizeof err) == -1)
+      deliver_failure (s, err);
+  }
+}
+
+struct server_start *
+server_start_begin (const struct mloop_server_spec *spec, pid_t adopted,
+                    unsigned timeout_ms, server_started_fn done, void *data,
+                    char *err, size_t errlen)
+{
+  struct server_start *s = g_new0 (struct server_start, 1);
+
+  s->child = adopted;
+  s->pidfd = -1;
+  s->image = g_strdup (spec->image);
+  s->overlay = g_strdup (spec->overlay);
+  s->lock_record = g_strdup (spec->lock_record);
+  s->socket_path = g_strdup (spec->socket_path);
+  s->pid_file = g_strdup (spec->pid_file);
+  s->log_file = g_strdup (spec->log_file);
+  s->stats_file = g_strdup (spec->stats_file);
+  s->spec = *spec;
+  s->spec.image = s->image;
+  s->spec.overlay = s->overlay;
+  s->spec.lock_record = s->lock_record;
+  s->spec.socket_path = s->socket_path;
+  s->spec.pid_file = s->pid_file;
+  s->spec.log_file = s->log_file;
+  s->spec.stats_file = s->stats_file;
+  s->timeout_ms = timeout_ms;
+  s->context = g_main_context_ref_thread_default ();
+  s->done = done;
+  s->data = data;
+  /* Past the cap, or behind others waiting: its turn comes as a server
+   * spawned before it listens or fails (deliver).  An adopted child is
+   * spawned already.
+   */
+  if (adopted <= 0 && (spawned >= spawn_cap () ||
+                       !g_queue_is_empty (&queue))) {
+    g_queue_push_tail (&queue, s);
+    pending++;
+    return s;
+  }
+  if (launch (s, err, errlen) == -1) {
     start_free (s);
     return NULL;
   }
-  g_thread_unref (thread);
+  pending++;
   return s;
 }
 
 void
 server_start_abandon (struct server_start *s, bool keep_serving)
 {
+  /* Not spawned yet: nothing to serve, nor to stop. */
+  if (g_queue_remove (&queue, s)) {
+    pending--;
+    start_free (s);
+    return;
+  }
   s->abandoned = true;
   s->keep_serving = keep_serving;
 }
@@ -220,6 +323,9 @@ server_starts_kill (void)
   GHashTableIter i;
   gpointer s;
 
+  /* Those queued first, lest the kills below make room for them. */
+  while ((s = g_queue_pop_head (&queue)) != NULL)
+    deliver_failure (s, "not started: the process is stopping");
   if (awaited == NULL)
     return;
   g_hash_table_iter_init (&i, awaited);

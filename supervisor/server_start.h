@@ -8,6 +8,12 @@
  * thread (mloopd looks for the children it must reap among those of its
  * main thread), waited for on a thread of its own, and its outcome
  * handed back on the main context it was started from.
+ *
+ * At most 2 x the CPUs the process may run on (at least 4) are spawned
+ * and not yet listening at once: each loads its image, nbdkit its
+ * plugins, an RBD image its cluster connection, and a boot or a
+ * takeover would start every device's at once.  The rest are queued,
+ * first come first, and spawned as those end.
  */
 #ifndef MLOOP_SUPERVISOR_SERVER_START_H
 #define MLOOP_SUPERVISOR_SERVER_START_H
@@ -24,9 +30,11 @@ struct server_start;
  */
 typedef void (*server_started_fn) (pid_t pid, const char *err, void *data);
 
-/* Spawns SPEC's server (or, ADOPTED not 0, waits for that child already
- * spawned) and calls DONE once it listens or failed, within TIMEOUT_MS.
- * NULL with ERR when it could not even be spawned (DONE is not called).
+/* Spawns SPEC's server (copied), or queues it past the cap (or, ADOPTED
+ * not 0, waits for that child already spawned), and calls DONE once it
+ * listens or failed, within TIMEOUT_MS of its spawn (the time queued
+ * does not count).  NULL with ERR when it could not even be spawned
+ * (DONE is not called); a queued start's spawn that fails is told DONE.
  */
 struct server_start *server_start_begin (const struct mloop_server_spec *spec,
                                          pid_t adopted, unsigned timeout_ms,
@@ -35,7 +43,9 @@ struct server_start *server_start_begin (const struct mloop_server_spec *spec,
 
 /* The caller no longer wants the outcome: DONE is not called; a server
  * that starts anyway is left serving when KEEP_SERVING (its device is
- * let go, for the next service to take over), else stopped.
+ * let go, for the next service to take over), else stopped.  A queued
+ * start is dropped, nothing spawned (the next service starts a device
+ * let go anew).
  */
 void server_start_abandon (struct server_start *s, bool keep_serving);
 
@@ -44,13 +54,14 @@ void server_start_abandon (struct server_start *s, bool keep_serving);
  */
 bool server_start_awaits (pid_t pid);
 
-/* How many starts are under way, abandoned ones included. */
+/* How many starts are under way, queued and abandoned ones included. */
 unsigned server_starts_pending (void);
 
 /* Kills the server of every start under way that spawned its own (not
  * an adopted one): each start then ends as a failure, its child reaped
- * by its thread.  For a process that must end before they would: a
- * server that has not listened has served nothing.
+ * by its thread; a queued one ends as a failure unspawned.  For a
+ * process that must end before they would: a server that has not
+ * listened has served nothing.
  */
 void server_starts_kill (void);
 
