@@ -37,9 +37,7 @@ if os.geteuid() != 0:
     harness.skip("mloopd answers root only")
 
 d = harness.tmpdir()
-run = os.path.join(d, "run")
-os.mkdir(run, 0o700)
-control = os.path.join(run, "mloopd.sock")
+run, control = mloopd_control.private_runtime(d)
 hold = os.path.join(d, "hold")
 spawned = os.path.join(d, "spawned")
 stand_in = os.path.join(d, "server")

@@ -42,9 +42,7 @@ if shutil.which("taskset") is None:
     harness.skip("no taskset to run mloopd on one CPU")
 
 d = harness.tmpdir()
-run = os.path.join(d, "run")
-os.mkdir(run, 0o700)
-control = os.path.join(run, "mloopd.sock")
+run, control = mloopd_control.private_runtime(d)
 hold = os.path.join(d, "hold")
 spawned = os.path.join(d, "spawned")
 stand_in = os.path.join(d, "server")
