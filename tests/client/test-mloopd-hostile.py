@@ -58,6 +58,11 @@ class Service:
         os.makedirs(self.run, 0o700, exist_ok=True)
         self.name = name
         self.attaches = []
+        # Run after every mloopd of this service is killed (on_exit runs
+        # the most recent first): a server one spawned just before its
+        # SIGKILL is named by no pid file yet, only by its command line.
+        harness.on_exit(lambda: mloopd_control.kill(
+            mloopd_control.processes_naming(self.run)))
 
     def start(self):
         log = open(os.path.join(self.d, "mloopd.log"), "a")
