@@ -17,12 +17,17 @@ else may write, as the device's lock records are:
 3. the same file of the server's user, 0644: read (the server then
    fails to reach the monitor it names, 127.0.0.1:1, within its
    client_mount_timeout), as is one behind a symbolic link (the file it
-   leads to is what is judged and read).
+   leads to is what is judged and read);
+4. no configuration named: the one librados's own search finds is
+   judged the same, $CEPH_CONF's (refused world-writable, read 0644),
+   and, where /etc/ceph/ceph.conf does not exist, a world-writable
+   ceph.conf in the working directory (the search's last place: a root
+   `mloop resize` run in /tmp would read it) or in $HOME/.ceph.
 
 No cluster: the monitor named does not exist.  SKIPs (77) when
 MLOOP_SERVER_BIN has no RBD support (no --ceph-conf).
 
-Cost on the project machine (2 cores): about 2 s (each configuration
+Cost on the project machine (2 cores): about 4 s (each configuration
 read waits 1 s for its monitor).
 """
 import os
@@ -31,7 +36,9 @@ import subprocess
 import sys
 import tempfile
 
-SERVER_BIN = os.environ.get("MLOOP_SERVER_BIN", "build/server/mloop-server")
+# Absolute: some servers run in another working directory.
+SERVER_BIN = os.path.abspath(os.environ.get("MLOOP_SERVER_BIN",
+                                            "build/server/mloop-server"))
 failed = []
 
 
@@ -67,15 +74,28 @@ def write_conf(path, log):
                 f"log_file = {log}\n")
 
 
-def serve(conf):
-    """mloop-server on an image of the cluster CONF names: its exit
-    status and stderr.  The log file is removed first."""
+def serve(conf, env=None, cwd=None):
+    """mloop-server on an image of the cluster CONF names (None: none
+    named, librados's search), in ENV and CWD: its exit status and
+    stderr.  The log file is removed first."""
     if os.path.exists(log):
         os.unlink(log)
-    p = subprocess.run([SERVER_BIN, "--listen", f"unix:{work}/sock",
-                        f"--ceph-conf={conf}", "rbd:pool/img"],
-                       capture_output=True, text=True, timeout=60)
+    args = [SERVER_BIN, "--listen", f"unix:{work}/sock"]
+    if conf is not None:
+        args.append(f"--ceph-conf={conf}")
+    p = subprocess.run(args + ["rbd:pool/img"], capture_output=True,
+                       text=True, timeout=60, env=env, cwd=cwd)
     return p.returncode, p.stderr.strip()
+
+
+def search_env(**extra):
+    """The environment of a server left to librados's search: no
+    $CEPH_CONF, no $CEPH_ARGS, $HOME an empty directory, plus EXTRA."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("CEPH_CONF", "CEPH_ARGS", "CEPH_KEYRING")}
+    env["HOME"] = home
+    env.update(extra)
+    return env
 
 
 try:
@@ -111,6 +131,51 @@ try:
     rc, err = serve(link)
     check("a configuration behind a symbolic link is read",
           rc != 0 and "no monitor answered" in err, err)
+
+    # librados's own search, no configuration named.
+    home = os.path.join(work, "home")
+    os.mkdir(home)
+    os.chmod(conf, 0o666)
+    rc, err = serve(None, env=search_env(CEPH_CONF=conf))
+    check("a world-writable $CEPH_CONF is refused",
+          rc != 0 and "refused" in err and conf in err, err)
+    check("nothing is written where that $CEPH_CONF says",
+          not os.path.exists(log), f"{log} was created")
+    os.chmod(conf, 0o644)
+    rc, err = serve(None, env=search_env(CEPH_CONF=conf))
+    check("the server's own $CEPH_CONF is read",
+          rc != 0 and "no monitor answered" in err, err)
+
+    if os.path.exists("/etc/ceph/ceph.conf"):
+        print("# /etc/ceph/ceph.conf exists: librados's search stops "
+              "there, the working directory's and $HOME's not tried")
+    else:
+        cwd = os.path.join(work, "cwd")
+        os.mkdir(cwd)
+        os.chmod(cwd, 0o777)
+        planted = os.path.join(cwd, "ceph.conf")
+        write_conf(planted, log)
+        os.chmod(planted, 0o666)
+        rc, err = serve(None, env=search_env(), cwd=cwd)
+        check("a world-writable ceph.conf in the working directory is "
+              "refused", rc != 0 and "refused" in err, err)
+        check("nothing is written where the working directory's says",
+              not os.path.exists(log), f"{log} was created")
+        os.unlink(planted)
+
+        dot_ceph = os.path.join(home, ".ceph")
+        os.mkdir(dot_ceph)
+        write_conf(os.path.join(dot_ceph, "ceph.conf"), log)
+        os.chmod(os.path.join(dot_ceph, "ceph.conf"), 0o666)
+        rc, err = serve(None, env=search_env(), cwd=cwd)
+        check("a world-writable $HOME/.ceph/ceph.conf is refused",
+              rc != 0 and "refused" in err, err)
+        check("nothing is written where $HOME's says",
+              not os.path.exists(log), f"{log} was created")
+        os.chmod(os.path.join(dot_ceph, "ceph.conf"), 0o644)
+        rc, err = serve(None, env=search_env(), cwd=cwd)
+        check("the server's own $HOME/.ceph/ceph.conf is read",
+              rc != 0 and "no monitor answered" in err, err)
 finally:
     shutil.rmtree(work, ignore_errors=True)
 
