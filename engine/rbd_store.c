@@ -1391,32 +1391,147 @@ trusted_file (int fd)
     (st.st_mode & (S_IWGRP | S_IWOTH)) == 0;
 }
 
-/* Reads ST's configuration file into its cluster handle, or librados's
- * own search's when none is named.  A named file is read only when it
- * can be trusted (trusted_file): it says which cluster is served, and
- * where librados writes its log (log_file) and binds its admin socket,
- * as this process's user, root for a device's server, which its
- * supervisor restarts at any time: one another user could write would
- * let that user create or append to any file, and serve their image.
- * It is judged as opened, a link followed (/etc/ceph/ceph.conf may be
- * one), and read through that descriptor, so that what was judged is
- * what is read.  0, or a negative errno (*REFUSED: not trusted).
+/* librados's own search for a configuration when none is named, in
+ * Ceph's order (CEPH_CONF_FILE_DEFAULT; its "$data_dir/config" is
+ * skipped for a client, as librados does): $CEPH_CONF's list where it
+ * is set, else these; the first that can be opened is the one.
+ */
+#define CEPH_CONF_SEARCH "/etc/ceph/$cluster.conf,$home/.ceph/$cluster.conf," \
+  "$cluster.conf"
+#define CEPH_CLUSTER "ceph"
+
+/* ENTRY, a place of the search, with the metavariables librados
+ * expands there that the search's places use, $cluster and $home
+ * (malloc'ed); NULL with *OTHER set for one that names another (its
+ * file cannot be judged as librados would find it), or out of memory.
+ */
+static char *
+expand_search_entry (const char *entry, bool *other)
+{
+  const char *home = getenv ("HOME");
+  size_t room = strlen (entry) + 1;
+  char *out, *p;
+
+  *other = false;
+  for (const char *c = strchr (entry, '$'); c; c = strchr (c + 1, '$'))
+    room += (home ? strlen (home) : 0) + sizeof CEPH_CLUSTER;
+  if ((out = malloc (room)) == NULL)
+    return NULL;
+  p = out;
+  while (*entry) {
+    if (*entry != '$')
+      *p++ = *entry++;
+    else if (strncmp (entry, "$cluster", 8) == 0) {
+      p = stpcpy (p, CEPH_CLUSTER);
+      entry += 8;
+    }
+    else if (strncmp (entry, "$home", 5) == 0) {
+      p = stpcpy (p, home ? home : "");
+      entry += 5;
+    }
+    else {
+      free (out);
+      *other = true;
+      return NULL;
+    }
+  }
+  *p = '\0';
+  return out;
+}
+
+/* Opens the configuration librados's search would read: a descriptor,
+ * with its place in *FOUND (malloc'ed), or a negative errno (-ENOENT:
+ * none; -ENOTSUP: a place of $CEPH_CONF's not understood, in *FOUND).
+ * librados goes on past a place it cannot read; so does this, and past
+ * one that is no regular file (a directory), which librados cannot read
+ * either.  A regular file found is the one, trusted or not: the next
+ * place would be another configuration than librados's.
  */
 static int
-read_conf (struct rbd_store *st, bool *refused)
+open_searched_conf (char **found)
+{
+  const char *list = getenv ("CEPH_CONF");
+  char *places = strdup (list ? list : CEPH_CONF_SEARCH), *save = NULL;
+  int fd = -ENOENT;
+
+  *found = NULL;
+  if (places == NULL)
+    return -ENOMEM;
+  for (char *entry = strtok_r (places, ";,", &save); entry && fd == -ENOENT;
+       entry = strtok_r (NULL, ";,", &save)) {
+    bool other;
+    char *path = expand_search_entry (entry, &other);
+    struct stat sb;
+
+    if (path == NULL) {
+      fd = other ? -ENOTSUP : -ENOMEM;
+      if (other)
+        *found = strdup (entry);
+      break;
+    }
+    fd = open (path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd >= 0 && (fstat (fd, &sb) < 0 || !S_ISREG (sb.st_mode))) {
+      close (fd);
+      fd = -1;
+    }
+    if (fd < 0) {
+      fd = -ENOENT;
+      free (path);
+    }
+    else
+      *found = path;
+  }
+  free (places);
+  return fd;
+}
+
+/* What read_conf made of the configuration. */
+enum conf_verdict {
+  CONF_READ,                    /* or failed as librados says */
+  CONF_REFUSED,                 /* not trusted */
+  CONF_PLACE_UNKNOWN,           /* $CEPH_CONF names a place not understood */
+};
+
+/* Reads ST's configuration file into its cluster handle, or the file
+ * librados's own search would find when none is named
+ * (open_searched_conf).  It is read only when it can be trusted
+ * (trusted_file): it says which cluster is served, and where librados
+ * writes its log (log_file), binds its admin socket and loads its
+ * plugins from, as this process's user, root for a device's server,
+ * which its supervisor restarts at any time, and for `mloop resize`,
+ * run in whatever directory its caller is in (the search's last place
+ * is the working directory's ceph.conf): one another user could write
+ * would let that user create or append to any file, and serve their
+ * image.  It is judged as opened, a link followed (/etc/ceph/ceph.conf
+ * may be one), and read through that descriptor, so that what was
+ * judged is what is read.  0, or a negative errno with the file's name
+ * in *FILE (malloc'ed) and in *VERDICT why.
+ */
+static int
+read_conf (struct rbd_store *st, char **file, enum conf_verdict *verdict)
 {
   char fd_path[64];
   int fd, r;
 
-  *refused = false;
-  if (st->conf == NULL)
-    return rados_conf_read_file (st->cluster, NULL);
-  /* Not blocking: a FIFO put there would hold the open up forever. */
-  if ((fd = open (st->conf, O_RDONLY | O_NONBLOCK | O_CLOEXEC)) < 0)
-    return -errno;
+  *verdict = CONF_READ;
+  *file = NULL;
+  if (st->conf == NULL) {
+    fd = open_searched_conf (file);
+    if (fd == -ENOTSUP)
+      *verdict = CONF_PLACE_UNKNOWN;
+  }
+  else {
+    *file = strdup (st->conf);
+    /* Not blocking: a FIFO put there would hold the open up forever. */
+    fd = open (st->conf, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
+      fd = -errno;
+  }
+  if (fd < 0)
+    return fd;
   if (!trusted_file (fd)) {
     close (fd);
-    *refused = true;
+    *verdict = CONF_REFUSED;
     return -EPERM;
   }
   snprintf (fd_path, sizeof fd_path, "/proc/self/fd/%d", fd);
@@ -1432,7 +1547,8 @@ static int
 connect_cluster (struct rbd_store *st, char *err, size_t errlen)
 {
   const char *who = st->id ? st->id : "admin";
-  bool refused;
+  enum conf_verdict verdict;
+  char *file;
   int r = rados_create (&st->cluster, st->id);
 
   if (r < 0) {
@@ -1440,23 +1556,27 @@ connect_cluster (struct rbd_store *st, char *err, size_t errlen)
     snprintf (err, errlen, "%s: librados: %s", st->name, strerror (-r));
     return r;
   }
-  r = read_conf (st, &refused);
-  if (refused) {
+  r = read_conf (st, &file, &verdict);
+  if (verdict == CONF_REFUSED)
     snprintf (err, errlen, "%s: %s: refused: a Ceph configuration must be "
               "a file of this user's or root's that no one else may write, "
               "since it says which cluster is served and where its log is "
-              "written", st->name, st->conf);
+              "written", st->name, file ? file : "(its file)");
+  else if (verdict == CONF_PLACE_UNKNOWN)
+    snprintf (err, errlen, "%s: $CEPH_CONF's %s: only $cluster and $home "
+              "are understood there (or say --ceph-conf)", st->name, file);
+  else if (r < 0 && st->conf)
+    snprintf (err, errlen, "%s: reading Ceph configuration %s: %s",
+              st->name, st->conf, strerror (-r));
+  else if (r < 0 && file)
+    snprintf (err, errlen, "%s: reading Ceph configuration %s (librados's "
+              "search): %s", st->name, file, strerror (-r));
+  else if (r < 0)
+    snprintf (err, errlen, "%s: no Ceph configuration found ($CEPH_CONF, "
+              "/etc/ceph/ceph.conf; or say --ceph-conf)", st->name);
+  free (file);
+  if (r < 0)
     return r;
-  }
-  if (r < 0) {
-    if (st->conf)
-      snprintf (err, errlen, "%s: reading Ceph configuration %s: %s",
-                st->name, st->conf, strerror (-r));
-    else
-      snprintf (err, errlen, "%s: no Ceph configuration found ($CEPH_CONF, "
-                "/etc/ceph/ceph.conf; or say --ceph-conf)", st->name);
-    return r;
-  }
   rados_conf_parse_env (st->cluster, NULL);
   lower_mount_timeout (st);
   /* No cache between the device and the OSDs (see the top). */
