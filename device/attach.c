@@ -1028,9 +1028,9 @@ mloop_attach (const struct mloop_attach_request *req,
   }
   else if (rbd) {
     /* The server names what else is wrong. */
-    if (mloop_rbd_name_check (req->file, err, errlen) == -1)
+    if (mloop_rbd_name_check (req->file, err, errlen) == -1 ||
+        (file = mloop_rbd_name_pinned (req->file, err, errlen)) == NULL)
       return -1;
-    file = g_strdup (req->file);
   }
   else {
     /* Under an overlay the image is only read. */

@@ -1,9 +1,13 @@
 /* mloop — names of images that are not local files.  See store_name.h. */
+#include <errno.h>
 #include <stddef.h>
+#include <stdlib.h>
+#include <unistd.h>
 #include <string.h>
 
 #include <glib.h>
 
+#include "ceph_conf.h"
 #include "engine.h"
 #include "errmsg.h"
 #include "store_name.h"
@@ -35,21 +39,78 @@ mloop_rbd_name_with (const char *name, const char *conf, const char *id,
                       id ? ":id=" : "", id ? id : "", NULL);
 }
 
+/* NAME's options (g_strfreev them): what follows the image's spec,
+ * ':'-separated, as "KEY=VALUE"; NULL when it has none.
+ */
+static char **
+options_of (const char *name)
+{
+  const char *options = strchr (name + strlen (MLOOP_RBD_PREFIX), ':');
+
+  return options ? g_strsplit (options + 1, ":", -1) : NULL;
+}
+
 int
 mloop_rbd_name_check (const char *name, char *err, size_t errlen)
 {
-  const char *options = strchr (name + strlen (MLOOP_RBD_PREFIX), ':');
   g_auto (GStrv) each = NULL;
 
-  if (!mloop_is_rbd_name (name) || options == NULL)
+  if (!mloop_is_rbd_name (name))
     return 0;
-  each = g_strsplit (options + 1, ":", -1);
-  for (char **o = each; *o; o++)
+  each = options_of (name);
+  for (char **o = each; o && *o; o++)
     if (g_str_has_prefix (*o, "conf=") && (*o)[strlen ("conf=")] != '/')
       return mloop_fail (err, errlen, "%s: %s is relative, and a device's "
                          "servers run in /: give the configuration's "
                          "absolute path (or --ceph-conf)", name, *o);
   return 0;
+}
+
+/* Whether NAME's options name a configuration (conf=). */
+static bool
+names_conf (const char *name)
+{
+  g_auto (GStrv) each = options_of (name);
+
+  for (char **o = each; o && *o; o++)
+    if (g_str_has_prefix (*o, "conf="))
+      return true;
+  return false;
+}
+
+char *
+mloop_rbd_name_pinned (const char *name, char *err, size_t errlen)
+{
+  static const char *const unseen[] = { "CEPH_ARGS", "CEPH_KEYRING" };
+  g_autofree char *abs = NULL;
+  char *found = NULL;
+  int fd;
+
+  for (size_t i = 0; i < G_N_ELEMENTS (unseen); i++)
+    if (getenv (unseen[i]) && *getenv (unseen[i])) {
+      mloop_fail (err, errlen, "%s is set, and reaches none of the "
+                  "device's servers (mloopd's, a restart's): give the "
+                  "user with --ceph-id and the rest in the configuration "
+                  "file", unseen[i]);
+      return NULL;
+    }
+  if (names_conf (name))
+    return g_strdup (name);
+  /* None found, or one the store cannot judge: its server says so. */
+  if ((fd = mloop_ceph_conf_open_searched (&found)) < 0) {
+    free (found);
+    return g_strdup (name);
+  }
+  close (fd);
+  abs = g_canonicalize_filename (found, NULL);
+  free (found);
+  if (strchr (abs, ':')) {
+    mloop_fail (err, errlen, "%s, the Ceph configuration found, has a ':' "
+                "in its path (it separates a name's options): name another "
+                "with --ceph-conf", abs);
+    return NULL;
+  }
+  return g_strconcat (name, ":conf=", abs, NULL);
 }
 
 char *

@@ -29,6 +29,16 @@ char *mloop_rbd_name_with (const char *name, const char *conf,
  */
 int mloop_rbd_name_check (const char *name, char *err, size_t errlen);
 
+/* NAME as the device records it: with ":conf=" the configuration
+ * librados's search finds here (ceph_conf.h) when NAME names none, made
+ * absolute, since the device's servers run elsewhere (mloopd's
+ * environment, in /) and would find another, another cluster's image of
+ * that name perhaps.  Refused, in ERR, while $CEPH_ARGS or $CEPH_KEYRING
+ * is set: they reach no server the device will have.  NULL on failure
+ * (g_free the name).
+ */
+char *mloop_rbd_name_pinned (const char *name, char *err, size_t errlen);
+
 /* The image NAME names, without options and with the default pool
  * spelt out (g_free it): for comparing.
  */

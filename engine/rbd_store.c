@@ -71,6 +71,7 @@
 #include <rados/librados.h>
 #include <rbd/librbd.h>
 
+#include "ceph_conf.h"
 #include "engine.h"
 #include "rbd_load.h"
 #include "rbd_answer.h"
@@ -1391,100 +1392,6 @@ trusted_file (int fd)
     (st.st_mode & (S_IWGRP | S_IWOTH)) == 0;
 }
 
-/* librados's own search for a configuration when none is named, in
- * Ceph's order (CEPH_CONF_FILE_DEFAULT; its "$data_dir/config" is
- * skipped for a client, as librados does): $CEPH_CONF's list where it
- * is set, else these; the first that can be opened is the one.
- */
-#define CEPH_CONF_SEARCH "/etc/ceph/$cluster.conf,$home/.ceph/$cluster.conf," \
-  "$cluster.conf"
-#define CEPH_CLUSTER "ceph"
-
-/* ENTRY, a place of the search, with the metavariables librados
- * expands there that the search's places use, $cluster and $home
- * (malloc'ed); NULL with *OTHER set for one that names another (its
- * file cannot be judged as librados would find it), or out of memory.
- */
-static char *
-expand_search_entry (const char *entry, bool *other)
-{
-  const char *home = getenv ("HOME");
-  size_t room = strlen (entry) + 1;
-  char *out, *p;
-
-  *other = false;
-  for (const char *c = strchr (entry, '$'); c; c = strchr (c + 1, '$'))
-    room += (home ? strlen (home) : 0) + sizeof CEPH_CLUSTER;
-  if ((out = malloc (room)) == NULL)
-    return NULL;
-  p = out;
-  while (*entry) {
-    if (*entry != '$')
-      *p++ = *entry++;
-    else if (strncmp (entry, "$cluster", 8) == 0) {
-      p = stpcpy (p, CEPH_CLUSTER);
-      entry += 8;
-    }
-    else if (strncmp (entry, "$home", 5) == 0) {
-      p = stpcpy (p, home ? home : "");
-      entry += 5;
-    }
-    else {
-      free (out);
-      *other = true;
-      return NULL;
-    }
-  }
-  *p = '\0';
-  return out;
-}
-
-/* Opens the configuration librados's search would read: a descriptor,
- * with its place in *FOUND (malloc'ed), or a negative errno (-ENOENT:
- * none; -ENOTSUP: a place of $CEPH_CONF's not understood, in *FOUND).
- * librados goes on past a place it cannot read; so does this, and past
- * one that is no regular file (a directory), which librados cannot read
- * either.  A regular file found is the one, trusted or not: the next
- * place would be another configuration than librados's.
- */
-static int
-open_searched_conf (char **found)
-{
-  const char *list = getenv ("CEPH_CONF");
-  char *places = strdup (list ? list : CEPH_CONF_SEARCH), *save = NULL;
-  int fd = -ENOENT;
-
-  *found = NULL;
-  if (places == NULL)
-    return -ENOMEM;
-  for (char *entry = strtok_r (places, ";,", &save); entry && fd == -ENOENT;
-       entry = strtok_r (NULL, ";,", &save)) {
-    bool other;
-    char *path = expand_search_entry (entry, &other);
-    struct stat sb;
-
-    if (path == NULL) {
-      fd = other ? -ENOTSUP : -ENOMEM;
-      if (other)
-        *found = strdup (entry);
-      break;
-    }
-    fd = open (path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd >= 0 && (fstat (fd, &sb) < 0 || !S_ISREG (sb.st_mode))) {
-      close (fd);
-      fd = -1;
-    }
-    if (fd < 0) {
-      fd = -ENOENT;
-      free (path);
-    }
-    else
-      *found = path;
-  }
-  free (places);
-  return fd;
-}
-
 /* What read_conf made of the configuration. */
 enum conf_verdict {
   CONF_READ,                    /* or failed as librados says */
@@ -1494,7 +1401,7 @@ enum conf_verdict {
 
 /* Reads ST's configuration file into its cluster handle, or the file
  * librados's own search would find when none is named
- * (open_searched_conf).  It is read only when it can be trusted
+ * (ceph_conf.h).  It is read only when it can be trusted
  * (trusted_file): it says which cluster is served, and where librados
  * writes its log (log_file), binds its admin socket and loads its
  * plugins from, as this process's user, root for a device's server,
@@ -1516,7 +1423,7 @@ read_conf (struct rbd_store *st, char **file, enum conf_verdict *verdict)
   *verdict = CONF_READ;
   *file = NULL;
   if (st->conf == NULL) {
-    fd = open_searched_conf (file);
+    fd = mloop_ceph_conf_open_searched (file);
     if (fd == -ENOTSUP)
       *verdict = CONF_PLACE_UNKNOWN;
   }

@@ -129,6 +129,11 @@ try:
             "nbd://127.0.0.1:99999/x: port 99999 is out of range (1-65535)")
     refused("a remote export's port 0", ["attach", "nbd://127.0.0.1:0/x"],
             "port 0 is out of range (1-65535)")
+    # The attaching shell's environment reaches no server of the device.
+    env["CEPH_ARGS"] = "--id someone"
+    refused("an RBD attach with $CEPH_ARGS set", ["attach", "rbd:pool/img"],
+            "CEPH_ARGS is set, and reaches none of the device's servers")
+    del env["CEPH_ARGS"]
     # Recorded as given and read by servers run in /: /ceph.conf.
     refused("an RBD name's relative conf=", ["attach", "rbd:pool/img:id=a:conf=ceph.conf"],
             "conf=ceph.conf is relative, and a device's servers run in /")

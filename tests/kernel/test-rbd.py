@@ -2,9 +2,11 @@
 the guest, on its loopback (tests/ceph/cluster.py), and `mloop attach
 rbd:POOL/IMAGE` serves an image of it through librbd, over NBD or ublk.
 
-1. ext4 made and filled through the device survives detach and re-attach:
-   fsck finds it clean and every file reads back the same, and the
-   device's first MiB is what `rbd export` reads of the image;
+1. ext4 made and filled through the device survives detach and re-attach
+   (the re-attach names the configuration by $CEPH_CONF alone, and the
+   device records it in its name): fsck finds it clean and every file
+   reads back the same, and the device's first MiB is what `rbd export`
+   reads of the image;
 2. fio verify rounds pass while the server is killed with SIGKILL twice:
    each time the supervisor's new server breaks the dead one's exclusive
    lock at once (else librbd would wait 30 s for the dead holder) and the
@@ -108,7 +110,19 @@ def run_test(kind, cl):
     want = fill_fs(mnt)
     run(["umount", mnt])
     att.detach()
-    att = kind.attach(cl, name)
+    # Re-attached with the configuration in $CEPH_CONF only, as from a
+    # shell set up for the cluster: the device records it in its name,
+    # since its servers (mloopd's, a restart's, run in /) see another
+    # environment and would find another configuration, or none.
+    bare = f"rbd:{c.spec('disk')}:id={c.client_id}"
+    os.environ["CEPH_CONF"] = c.conf
+    try:
+        att = kind.attach(cl, bare)
+    finally:
+        del os.environ["CEPH_CONF"]
+    recorded = kind.status(att.device)["device"]["file"]
+    assert recorded == f"{bare}:conf={os.path.abspath(c.conf)}", \
+        f"attached by $CEPH_CONF, the device records {recorded!r}"
     run(["fsck.ext4", "-n", "-f", att.device])
     mnt = mount(cl, att.device)
     got = file_digests(mnt)

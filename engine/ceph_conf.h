@@ -1,0 +1,26 @@
+/* mloop — where librados would find a Ceph configuration when none is
+ * named.
+ *
+ * The RBD store judges the file before librados reads it (rbd_store.c:
+ * a configuration says which cluster is served and where librados
+ * writes as root), so it does librados's search itself; and `mloop
+ * attach` does the same search in its caller's environment and records
+ * the file found in the device's name, since the device's servers run
+ * elsewhere (mloopd's environment, in /) and would find another.  libc
+ * only: the store module and the device library both build it.
+ */
+#ifndef MLOOP_CEPH_CONF_H
+#define MLOOP_CEPH_CONF_H
+
+/* Opens the configuration librados's search would read, in this
+ * process's environment and working directory: $CEPH_CONF's list where
+ * it is set, else /etc/ceph/ceph.conf, $HOME/.ceph/ceph.conf and
+ * ceph.conf here, the first regular file that opens.  A descriptor,
+ * with the place in *FOUND (malloc'ed, as the search spells it: the
+ * last is relative), or a negative errno: -ENOENT, none; -ENOTSUP, a
+ * place of $CEPH_CONF's names a variable other than $cluster and $home
+ * (in *FOUND); -ENOMEM.
+ */
+int mloop_ceph_conf_open_searched (char **found);
+
+#endif /* MLOOP_CEPH_CONF_H */
