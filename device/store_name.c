@@ -35,6 +35,11 @@ mloop_rbd_name_with (const char *name, const char *conf, const char *id,
                 "':' (it separates a name's options)");
     return NULL;
   }
+  if (id && strchr (id, '/')) {
+    mloop_fail (err, errlen, "--ceph-id %s: a cephx user's name has no "
+                "'/'", id);
+    return NULL;
+  }
   return g_strconcat (name, abs_conf ? ":conf=" : "", abs_conf ? abs_conf : "",
                       id ? ":id=" : "", id ? id : "", NULL);
 }
@@ -58,11 +63,18 @@ mloop_rbd_name_check (const char *name, char *err, size_t errlen)
   if (!mloop_is_rbd_name (name))
     return 0;
   each = options_of (name);
-  for (char **o = each; o && *o; o++)
+  for (char **o = each; o && *o; o++) {
     if (g_str_has_prefix (*o, "conf=") && (*o)[strlen ("conf=")] != '/')
       return mloop_fail (err, errlen, "%s: %s is relative, and a device's "
                          "servers run in /: give the configuration's "
                          "absolute path (or --ceph-conf)", name, *o);
+    /* A configuration's paths take the user's name ($id, $name): one
+     * with a '/' would lead them out of their directory.
+     */
+    if (g_str_has_prefix (*o, "id=") && strchr (*o, '/'))
+      return mloop_fail (err, errlen, "%s: %s: a cephx user's name has no "
+                         "'/'", name, *o);
+  }
   return 0;
 }
 

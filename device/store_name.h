@@ -17,7 +17,8 @@
 bool mloop_is_rbd_name (const char *name);
 
 /* NAME with ":conf=CONF" (made absolute) and ":id=ID" added for those
- * not NULL; NULL with ERR when NAME is no RBD image's.
+ * not NULL; NULL with ERR when NAME is no RBD image's, or either holds
+ * a ':', or ID a '/' (mloop_rbd_name_check).
  */
 char *mloop_rbd_name_with (const char *name, const char *conf,
                            const char *id, char *err, size_t errlen);
@@ -25,7 +26,9 @@ char *mloop_rbd_name_with (const char *name, const char *conf,
 /* Refuses, in ERR, an RBD image's NAME whose ":conf=" is relative:
  * the name is what a device records and its servers, run in /, are
  * given, so "conf=ceph.conf" would be read as /ceph.conf by every one
- * of them, whatever directory the attach ran in.  0 or -1.
+ * of them, whatever directory the attach ran in; and one whose ":id="
+ * has a '/', which a configuration's paths ($id, $name in log_file)
+ * would take out of their directory.  0 or -1.
  */
 int mloop_rbd_name_check (const char *name, char *err, size_t errlen);
 

@@ -129,6 +129,10 @@ try:
             "nbd://127.0.0.1:99999/x: port 99999 is out of range (1-65535)")
     refused("a remote export's port 0", ["attach", "nbd://127.0.0.1:0/x"],
             "port 0 is out of range (1-65535)")
+    refused("an RBD name's id= with a '/'", ["attach", "rbd:pool/img:id=x/../../y"],
+            "a cephx user's name has no '/'")
+    refused("--ceph-id with a '/'", ["attach", "--ceph-id", "x/..", "rbd:pool/img"],
+            "--ceph-id x/..: a cephx user's name has no '/'")
     # The attaching shell's environment reaches no server of the device.
     env["CEPH_ARGS"] = "--id someone"
     refused("an RBD attach with $CEPH_ARGS set", ["attach", "rbd:pool/img"],
