@@ -16,6 +16,16 @@ def private_runtime(directory):
     return run, os.path.join(run, "mloopd.sock")
 
 
+def stand_in_server(path, server, before):
+    """Makes PATH an executable standing in for the server SERVER: it runs
+    the shell lines BEFORE (a note of its start, a wait a test holds it
+    in), then execs SERVER with its arguments.  Returns PATH."""
+    with open(path, "w") as f:
+        f.write(f"#!/bin/sh\n{before}exec {server} \"$@\"\n")
+    os.chmod(path, 0o755)
+    return path
+
+
 def ask(control, **fields):
     """One request on the socket CONTROL (keys with _ sent with -); the
     answer's fields."""

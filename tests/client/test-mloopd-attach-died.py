@@ -41,15 +41,12 @@ run, control = mloopd_control.private_runtime(d)
 hold = os.path.join(d, "hold")
 spawned = os.path.join(d, "spawned")
 stand_in = os.path.join(d, "server")
-with open(stand_in, "w") as f:
-    f.write(f"""#!/bin/sh
+mloopd_control.stand_in_server(stand_in, SERVER, f"""\
 echo "$*" >> {spawned}
 case "$*" in
 *dev-slow*) while [ -e {hold} ]; do sleep 0.05; done ;;
 esac
-exec {SERVER} "$@"
 """)
-os.chmod(stand_in, 0o755)
 env = dict(os.environ, MLOOP_RUNTIME_DIR=run, MLOOP_SERVER_BIN=stand_in)
 image = harness.make_image(SIZE)
 devices = {}

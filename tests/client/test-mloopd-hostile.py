@@ -293,12 +293,9 @@ stop(p)
 # --- A drop while mloopd stops, a start under way --------------------
 svc = Service("drop while stopping")
 stand_in = os.path.join(svc.d, "slow-server")
-with open(stand_in, "w") as f:
-    f.write(f"""#!/bin/sh
+mloopd_control.stand_in_server(stand_in, os.environ["MLOOP_SERVER_BIN"], f"""\
 case "$*" in *slow*) sleep 4 ;; esac
-exec {os.environ["MLOOP_SERVER_BIN"]} "$@"
 """)
-os.chmod(stand_in, 0o755)
 svc.env["MLOOP_SERVER_BIN"] = stand_in
 
 

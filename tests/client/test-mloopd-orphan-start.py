@@ -40,15 +40,12 @@ run, control = mloopd_control.private_runtime(d)
 spawned = os.path.join(d, "spawned")
 token, held = os.path.join(d, "slow"), os.path.join(d, "slow.taken")
 stand_in = os.path.join(d, "server")
-with open(stand_in, "w") as f:
-    f.write(f"""#!/bin/sh
+mloopd_control.stand_in_server(stand_in, SERVER, f"""\
 echo $$ >> {spawned}
 if mv {token} {held} 2>/dev/null; then
   while [ -e {held} ]; do sleep 0.05; done
 fi
-exec {SERVER} "$@"
 """)
-os.chmod(stand_in, 0o755)
 env = dict(os.environ, MLOOP_RUNTIME_DIR=run, MLOOP_SERVER_BIN=stand_in)
 dev = os.path.join(run, "dev-orphan")
 attach = mloopd_control.attaching(dev)    # under way for the test's life

@@ -45,12 +45,9 @@ d = harness.tmpdir()
 run = os.path.join(d, "run")
 control = os.path.join(run, "mloopd.sock")
 stand_in = os.path.join(d, "slow-server")
-with open(stand_in, "w") as f:
-    f.write(f"""#!/bin/sh
+mloopd_control.stand_in_server(stand_in, SERVER, f"""\
 case "$*" in *slow*) sleep {SLOW_S} ;; esac
-exec {SERVER} "$@"
 """)
-os.chmod(stand_in, 0o755)
 env = dict(os.environ, MLOOP_RUNTIME_DIR=run, MLOOP_SERVER_BIN=stand_in)
 servers_seen = set()
 harness.on_exit(lambda: mloopd_control.kill(servers_seen))

@@ -42,12 +42,9 @@ d = harness.tmpdir()
 run, control = mloopd_control.private_runtime(d)
 hold = os.path.join(d, "hold")
 stand_in = os.path.join(d, "server")
-with open(stand_in, "w") as f:
-    f.write(f"""#!/bin/sh
+mloopd_control.stand_in_server(stand_in, SERVER, f"""\
 while [ -e {hold} ]; do sleep 0.05; done
-exec {SERVER} "$@"
 """)
-os.chmod(stand_in, 0o755)
 env = dict(os.environ, MLOOP_RUNTIME_DIR=run, MLOOP_SERVER_BIN=stand_in)
 
 
