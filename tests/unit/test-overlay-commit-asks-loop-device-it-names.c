@@ -57,7 +57,7 @@ enter_private_dev (void *arg)
   const struct private_dev *p = arg;
 
   if (unshare (CLONE_NEWNS) == -1 ||
-      mount (NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) == -1 ||
+      mount ("none", "/", "none", MS_REC | MS_PRIVATE, NULL) == -1 ||
       mount ("tmpfs", "/dev", "tmpfs", 0, "mode=0755") == -1 ||
       mknod (p->node, S_IFBLK | 0600, p->rdev) == -1) {
     fprintf (stderr, "no mount namespace of its own: %s\n",

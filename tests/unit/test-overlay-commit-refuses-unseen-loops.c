@@ -29,7 +29,7 @@ static int
 hide_sysfs (void *unused)
 {
   if (unshare (CLONE_NEWNS) == -1 ||
-      mount (NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) == -1 ||
+      mount ("none", "/", "none", MS_REC | MS_PRIVATE, NULL) == -1 ||
       mount ("tmpfs", "/sys", "tmpfs", 0, "mode=0755") == -1) {
     fprintf (stderr, "cannot hide /sys privately: %s\n",
              strerror (errno));
