@@ -370,12 +370,33 @@ struct held_base {
   uint64_t start, end;
 };
 
+/* The bytes of its disk the partition whose sysfs directory is DIR
+ * covers, [*FROM, *TO): its start and size are in 512-byte sectors
+ * whatever the disk's own; unknown, the whole disk counts.
+ */
+static void
+partition_place (const char *dir, uint64_t *from, uint64_t *to)
+{
+  char path[PATH_MAX];
+  uint64_t start, size;
+
+  *from = 0;
+  *to = UINT64_MAX;
+  snprintf (path, sizeof path, "%s/start", dir);
+  if (sysfs_u64 (path, &start) && start < UINT64_MAX / 512) {
+    snprintf (path, sizeof path, "%s/size", dir);
+    if (sysfs_u64 (path, &size) && size < UINT64_MAX / 512 - start) {
+      *from = start * 512;
+      *to = (start + size) * 512;
+    }
+  }
+}
+
 /* Fills in B for the base open in FD: false if it cannot be told. */
 static bool
 held_base_of (int fd, struct held_base *b)
 {
   char dir[64], path[96];
-  uint64_t start, size;
 
   memset (b, 0, sizeof *b);
   if (fstat (fd, &b->st) == -1)
@@ -391,18 +412,7 @@ held_base_of (int fd, struct held_base *b)
   snprintf (path, sizeof path, "%s/../dev", dir);
   if (!sysfs_dev (path, &b->disk))
     b->partition = false;
-  /* In 512-byte sectors whatever the disk's own; unknown, the whole
-   * disk counts.
-   */
-  b->end = UINT64_MAX;
-  snprintf (path, sizeof path, "%s/start", dir);
-  if (sysfs_u64 (path, &start) && start < UINT64_MAX / 512) {
-    snprintf (path, sizeof path, "%s/size", dir);
-    if (sysfs_u64 (path, &size) && size < UINT64_MAX / 512 - start) {
-      b->start = start * 512;
-      b->end = (start + size) * 512;
-    }
-  }
+  partition_place (dir, &b->start, &b->end);
   return true;
 }
 
@@ -474,7 +484,7 @@ refuse_nested_partitions (const struct mloop_backing *base,
     return r;
   }
   while (r == 0 && (e = readdir (disk)) != NULL) {
-    uint64_t start, size, from = 0, to = UINT64_MAX;
+    uint64_t from, to;
     dev_t dev;
 
     snprintf (path, sizeof path, "%s/%s/partition", dir, e->d_name);
@@ -483,14 +493,8 @@ refuse_nested_partitions (const struct mloop_backing *base,
     snprintf (path, sizeof path, "%s/%s/dev", dir, e->d_name);
     if (sysfs_dev (path, &dev) && dev == held.st.st_rdev)
       continue;
-    snprintf (path, sizeof path, "%s/%s/start", dir, e->d_name);
-    if (sysfs_u64 (path, &start) && start < UINT64_MAX / 512) {
-      snprintf (path, sizeof path, "%s/%s/size", dir, e->d_name);
-      if (sysfs_u64 (path, &size) && size < UINT64_MAX / 512 - start) {
-        from = start * 512;
-        to = (start + size) * 512;
-      }
-    }
+    snprintf (path, sizeof path, "%s/%s", dir, e->d_name);
+    partition_place (path, &from, &to);
     if (from < to && from < held.end && held.start < to) {
       snprintf (err, errlen, "%s, the overlay's base, shares blocks with "
                 "/dev/%s, another partition of its disk (nested "
