@@ -457,9 +457,10 @@ stop_processes (const struct mloop_device_state *s)
   if (s->supervisor_pid > 0)
     mloop_server_stop (s->supervisor_pid, s->dir, SERVER_STOP_TIMEOUT_MS);
   /* Every server's command line names a file in the directory (its
-   * socket; mloop-ublk's device file).
+   * socket; mloop-ublk's device file); one inside mloopd went with the
+   * drop.
    */
-  if (s->server_pid > 0)
+  if (s->server_pid > 0 && !s->server_in_process)
     mloop_server_stop (s->server_pid, s->dir, SERVER_STOP_TIMEOUT_MS);
 }
 
@@ -811,8 +812,9 @@ attach_local (const struct mloop_attach_request *req, const char *file,
    * caller, whose descriptor mloopd does not take.
    */
   r = req->has_image_fd ? 0 : mloop_service_keep (&spec, s->dir,
-                                                  &s->server_pid, err,
-                                                  errlen);
+                                                  &s->server_pid,
+                                                  &s->server_in_process,
+                                                  err, errlen);
   if (r == -1)
     return -1;
   s->service_kept = r == 1;

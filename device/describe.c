@@ -216,6 +216,7 @@ mloop_describe_status (FILE *f, const struct mloop_device_state *s,
     member_int (b, "supervisor_pid", s->supervisor_pid);
     member_bool (b, "supervisor_running", st->supervisor_running);
     member_bool (b, "service_kept", s->service_kept);
+    member_bool (b, "server_in_process", s->server_in_process);
     member_int (b, "restarts", s->restarts);
     member_string (b, "last_failure", s->last_failure);
     member_int (b, "reconnects", s->reconnects);
@@ -282,7 +283,8 @@ mloop_describe_status (FILE *f, const struct mloop_device_state *s,
              s->last_reconnect ? s->last_reconnect : "");
     return;
   }
-  fprintf (f, "  server:  %s, pid %d, %s\n", mloop_state_server_name (s),
+  fprintf (f, "  server:  %s, %s %d, %s\n", mloop_state_server_name (s),
+           s->server_in_process ? "inside mloopd, pid" : "pid",
            (int) s->server_pid, st->server_running ? "running" : "NOT running");
   if (s->service_kept)
     fprintf (f, "  supervisor: mloopd, %s, %u restarts%s%s\n",

@@ -238,6 +238,8 @@ save_as (const struct mloop_device_state *s, const char *name, char *err,
   g_key_file_set_integer (kf, GROUP, "server_pid", s->server_pid);
   g_key_file_set_integer (kf, GROUP, "supervisor_pid", s->supervisor_pid);
   g_key_file_set_boolean (kf, GROUP, "service_kept", s->service_kept);
+  g_key_file_set_boolean (kf, GROUP, "server_in_process",
+                          s->server_in_process);
   g_key_file_set_uint64 (kf, GROUP, "timeout", s->timeout);
   g_key_file_set_uint64 (kf, GROUP, "dead_timeout", s->dead_timeout);
   g_key_file_set_uint64 (kf, GROUP, "export_flags", s->export_flags);
@@ -358,6 +360,8 @@ load_from (const char *dir, const char *name, struct mloop_device_state *s)
   s->server_pid = g_key_file_get_integer (kf, GROUP, "server_pid", NULL);
   s->supervisor_pid = g_key_file_get_integer (kf, GROUP, "supervisor_pid",
                                               NULL);
+  s->server_in_process = g_key_file_get_boolean (kf, GROUP,
+                                                 "server_in_process", NULL);
   s->service_kept = g_key_file_get_boolean (kf, GROUP, "service_kept",
                                             NULL);
   s->timeout = g_key_file_get_uint64 (kf, GROUP, "timeout", NULL);

@@ -126,6 +126,8 @@ struct mloop_device_state {
   bool service_kept;            /* its server kept by mloopd
                                    (resident_service.h), not by a
                                    supervisor of its own */
+  bool server_in_process;       /* served inside mloopd (server_pid is
+                                   mloopd's), not by a process of its own */
   unsigned restarts;            /* servers restarted by the supervisor */
   char *last_failure;           /* why the last server died, or NULL */
   unsigned reconnects;          /* connections the kernel dropped while

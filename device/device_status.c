@@ -31,10 +31,13 @@ mloop_device_status_read (const struct mloop_device_state *s,
   char err[256];
 
   memset (out, 0, sizeof *out);
-  /* Every server's command line names a file in the directory. */
-  out->server_running = mloop_server_running (s->server_pid, s->dir);
   out->supervisor_running = s->service_kept ? mloop_service_keeps (s->dir)
     : mloop_server_running (s->supervisor_pid, s->dir);
+  /* Every server's command line names a file in the directory; one
+   * inside mloopd serves while mloopd keeps it.
+   */
+  out->server_running = s->server_in_process ? out->supervisor_running
+    : mloop_server_running (s->server_pid, s->dir);
   if (s->transport == MLOOP_TRANSPORT_UBLK)
     out->kernel_connected = mloop_ublk_device_present (s->index);
   else if (mloop_nbd_netlink_connected (s->index, &out->kernel_connected,

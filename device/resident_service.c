@@ -122,7 +122,8 @@ ask_about (const char *op, const char *dir, char *err, size_t errlen)
 
 int
 mloop_service_keep (const struct mloop_server_spec *spec, const char *dir,
-                    pid_t *server, char *err, size_t errlen)
+                    pid_t *server, bool *in_process, char *err,
+                    size_t errlen)
 {
   struct mloop_control_out *out = g_new (struct mloop_control_out, 1);
   struct mloop_control_in *in = g_new (struct mloop_control_in, 1);
@@ -157,6 +158,8 @@ mloop_service_keep (const struct mloop_server_spec *spec, const char *dir,
   if (r == 1) {
     pid = mloop_control_get (in, "server-pid");
     *server = pid ? (pid_t) atoi (pid) : 0;
+    *in_process = g_strcmp0 (mloop_control_get (in, "in-process"),
+                             "1") == 0;
     mloop_control_in_clear (in);
   }
   g_free (out);

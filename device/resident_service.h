@@ -27,12 +27,13 @@
 
 /* Asks mloopd to start the server SPEC describes for the device whose
  * directory is DIR and keep it (the paths in SPEC must be DIR's own).
- * 1 with *SERVER (its pid), 0 when no mloopd listens here, -1 with ERR
- * (its refusal: a server that did not start, in the server's words).
+ * 1 with *SERVER (its pid) and *IN_PROCESS (it serves inside mloopd,
+ * SERVER being mloopd's pid), 0 when no mloopd listens here, -1 with
+ * ERR (its refusal: a server that did not start, in the server's words).
  */
 int mloop_service_keep (const struct mloop_server_spec *spec,
-                        const char *dir, pid_t *server, char *err,
-                        size_t errlen);
+                        const char *dir, pid_t *server, bool *in_process,
+                        char *err, size_t errlen);
 
 /* Asks mloopd to keep the device whose directory is DIR on the remote
  * export URI (it reconnects the connections the kernel drops): 1, 0

@@ -250,6 +250,9 @@ static int
 ask_server (const struct mloop_device_state *s, const char *sock,
             char *err, size_t errlen)
 {
+  /* Inside mloopd: mloopd is asked, as for a restart. */
+  if (s->server_in_process)
+    return restart_server (s, err, errlen);
   if (s->server->resizes_on_sighup) {
     if (!mloop_server_running (s->server_pid, sock))
       return mloop_fail (err, errlen, "the server (pid %d) is not running",

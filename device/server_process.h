@@ -33,6 +33,12 @@ struct mloop_server_spec {
   const char *stats_file;       /* request counters (stats.h), or NULL */
   unsigned threads;             /* IO workers; 0 = the server's default */
   bool read_only;
+  /* Served inside the process that keeps the device (mloopd's hosted
+   * servers, server/hosted_server.h), not by a program of its own: the
+   * same socket and handshake, no pid file, no process.  The native
+   * kind only.
+   */
+  bool in_process;
 };
 
 /* A program or plugin mloop runs: ENV_NAME's value if set; else

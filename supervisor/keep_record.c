@@ -98,6 +98,7 @@ keep_record_save (const char *dir, const struct mloop_server_spec *spec,
   g_key_file_set_string (kf, GROUP, "sizelimit", sizelimit);
   g_key_file_set_integer (kf, GROUP, "threads", (gint) spec->threads);
   g_key_file_set_boolean (kf, GROUP, "read_only", spec->read_only);
+  g_key_file_set_boolean (kf, GROUP, "in_process", spec->in_process);
   g_key_file_set_integer (kf, GROUP, "io_timeout", (gint) spec->io_timeout);
   return save (kf, dir, err, errlen);
 }
@@ -151,6 +152,7 @@ keep_record_load (const char *dir, struct mloop_server_spec *spec,
   spec->threads = (unsigned) g_key_file_get_integer (kf, GROUP, "threads",
                                                      NULL);
   spec->read_only = g_key_file_get_boolean (kf, GROUP, "read_only", NULL);
+  spec->in_process = g_key_file_get_boolean (kf, GROUP, "in_process", NULL);
   spec->io_timeout = (unsigned) g_key_file_get_integer (kf, GROUP,
                                                         "io_timeout", NULL);
   /* An overlay there but unreadable is a broken record: left out, the

@@ -62,6 +62,7 @@
 
 #include "dead_slots.h"
 #include "device_state.h"
+#include "hosted_start.h"
 #include "keeper.h"
 #include "kernel_log.h"
 #include "nbd_connect.h"
@@ -143,13 +144,19 @@ struct keeper {
   /* A planned restart's next server is the one starting; the old one. */
   gboolean replacing;
   pid_t replaced;
+  /* spec.in_process: the server is in this process (hosted_server.h),
+   * or being opened; it does not die alone, so there is no pid to watch
+   * and no restart but the next service's.
+   */
+  struct hosted_server *hosted;
+  struct hosted_start *hosting;
 };
 
 static void
 record (struct keeper *k)
 {
   struct mloop_supervisor_record r = {
-    .server_pid = k->server, .restarts = k->restarts,
+    .server_pid = keeper_server_pid (k), .restarts = k->restarts,
     .last_failure = k->last_failure, .reconnects = k->reconnects,
     .last_reconnect = k->last_reconnect, .handovers = k->handovers,
     .handover_error = k->handover_error,
@@ -379,6 +386,8 @@ server_serving (const struct keeper *k)
 {
   struct pollfd p = { .fd = k->pidfd, .events = POLLIN };
 
+  if (k->spec.in_process)
+    return k->hosted != NULL;
   return k->server > 0 && k->pidfd != -1 && !k->restarting &&
     poll (&p, 1, 0) == 0;
 }
@@ -823,6 +832,21 @@ replace_server_async (struct keeper *k)
 void
 keeper_restart_server (struct keeper *k)
 {
+  char err[512];
+
+  if (k->spec.in_process) {
+    /* Its engine reads the size again, as mloop-server on SIGHUP. */
+    if (k->hosted == NULL)
+      handover_done (k, "the server is still opening its image");
+    else if (hosted_server_reprobe_size (k->hosted, err, sizeof err) == -1)
+      handover_done (k, err);
+    else {
+      say_to (k->log, "serving %" PRIu64 " bytes", 
+              hosted_server_size (k->hosted));
+      handover_done (k, NULL);
+    }
+    return;
+  }
   if (k->replacing)
     handover_done (k, "a planned restart is under way already; try again "
                    "when it is done");
@@ -934,6 +958,40 @@ first_started (pid_t pid, const char *start_err, void *data)
   started (k, NULL, k->started_data);
 }
 
+/* A hosted server opened (H) or not (ERR): as first_started, and for a
+ * device a service before us kept, the kernel handed connections to it.
+ */
+static void
+hosted_opened (struct hosted_server *h, const char *open_err, void *data)
+{
+  struct keeper *k = data;
+  keeper_started_fn started = k->started;
+  char err[1024];
+
+  k->hosting = NULL;
+  k->started = NULL;
+  k->hosted = h;
+  if (h == NULL) {
+    started (k, open_err, k->started_data);
+    return;
+  }
+  k->started_at = g_get_monotonic_time ();
+  say_to (k->log, "serving %s in this process (pid %d)", k->spec.image,
+          (int) getpid ());
+  record (k);
+  begin_keeping (k);
+  if (k->reconnect_started && reconnect_device (k, err, sizeof err) == -1) {
+    /* The device keeps its dead connections; the heal hands it new ones
+     * as for any it dropped.
+     */
+    say_to (k->log, "reconnecting the device failed: %s; trying again as "
+            "for dropped connections", err);
+    k->slots.lost = TRUE;
+    schedule_heal (k, k->heal_retry_ms);
+  }
+  started (k, NULL, k->started_data);
+}
+
 void
 keeper_start_async (struct keeper *k, keeper_started_fn started, void *data)
 {
@@ -941,6 +999,12 @@ keeper_start_async (struct keeper *k, keeper_started_fn started, void *data)
 
   k->started = started;
   k->started_data = data;
+  if (k->spec.in_process) {
+    /* A socket left by the last service's server; no pid file. */
+    g_unlink (k->spec.pid_file);
+    k->hosting = hosted_start_begin (&k->spec, hosted_opened, k);
+    return;
+  }
   clear_last_server (k);
   k->starting = server_start_begin (&k->spec, 0, START_TIMEOUT_MS,
                                     first_started, k, err, sizeof err);
@@ -1017,6 +1081,13 @@ stop_left_starts (struct keeper *k, pid_t server)
 int
 keeper_take_over (struct keeper *k, pid_t server, char *err, size_t errlen)
 {
+  if (k->spec.in_process) {
+    /* What the service before us served in it died with it. */
+    stop_left_starts (k, 0);
+    snprintf (err, errlen, "%s was served in the last service's process",
+              k->dir);
+    return -1;
+  }
   stop_left_starts (k, mloop_server_running (server, k->spec.socket_path)
                     ? server : 0);
   if (server <= 0 || !mloop_server_running (server, k->spec.socket_path)) {
@@ -1044,7 +1115,7 @@ keeper_take_over (struct keeper *k, pid_t server, char *err, size_t errlen)
 pid_t
 keeper_server_pid (const struct keeper *k)
 {
-  return k->server;
+  return k->spec.in_process ? (k->hosted ? getpid () : 0) : k->server;
 }
 
 static void
@@ -1100,6 +1171,13 @@ keeper_let_go (struct keeper *k)
    */
   if (k->starting)
     server_start_abandon (k->starting, !k->replacing);
+  if (k->hosting)
+    hosted_start_abandon (k->hosting);
+  /* A hosted server is left as it is: the process is ending, and its
+   * connections end with it as a killed server's do (a drain would
+   * answer requests received with ESHUTDOWN, which the kernel fails as
+   * IO errors); the next service serves the device anew.
+   */
   stop_watching (k);
   if (k->released_lock != -1)
     mloop_state_unlock (k->released_lock);
@@ -1109,10 +1187,14 @@ keeper_let_go (struct keeper *k)
 void
 keeper_stop (struct keeper *k)
 {
-  say_to (k->log, "stopping server pid %d", (int) k->server);
+  say_to (k->log, "stopping server pid %d", (int) keeper_server_pid (k));
   if (k->starting)
     server_start_abandon (k->starting, false);
+  if (k->hosting)
+    hosted_start_abandon (k->hosting);
   stop_watching (k);
+  if (k->hosted)
+    hosted_server_close (k->hosted);
   if (k->server > 0)
     mloop_server_stop (k->server, k->spec.socket_path, STOP_TIMEOUT_MS);
   if (k->server > 0)

@@ -34,11 +34,17 @@
  * crash or an upgrade) takes every recorded device over, its running
  * server or a new one.
  *
- *   mloopd [--control PATH] [--stop-wait S]
+ *   mloopd [--control PATH] [--stop-wait S] [--serve process|in-process]
  *
  * The socket is PATH (default RUNTIME_DIR/mloopd.sock), or the one
  * systemd passes (socket activation: LISTEN_FDS=1, descriptor 3).  A
  * stop waits up to S seconds (STOP_WAIT_S) for the servers starting.
+ * With --serve=in-process a native server is served inside mloopd
+ * (server/hosted_server.h): no process per device, and an attach that
+ * starts no program; such a device's server ends with mloopd, and the
+ * next mloopd opens its image again and hands the kernel new
+ * connections.  A device keeps where it was served from its keep to its
+ * drop, whatever the next mloopd is told.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -106,6 +112,7 @@ struct kept {
    * looks no more).
    */
   bool made;
+  bool in_process;              /* its server is served inside mloopd */
 };
 
 static GHashTable *kept;        /* dir -> struct kept */
@@ -115,6 +122,10 @@ static GMainLoop *loop;
  * are refused.
  */
 static bool stopping;
+/* --serve=in-process: a native server is served inside mloopd
+ * (server/hosted_server.h), not by a mloop-server process of its own.
+ */
+static bool serve_in_process;
 
 static void
 kept_free (gpointer data)
@@ -418,6 +429,8 @@ on_kept (struct keeper *k, const char *start_err, void *data)
     snprintf (pid, sizeof pid, "%d", (int) keeper_server_pid (k));
     mloop_control_add (&out, "ok", "1");
     mloop_control_add (&out, "server-pid", pid);
+    if (d->in_process)
+      mloop_control_add (&out, "in-process", "1");
   }
   answer_waiting (sock, &out);
 }
@@ -466,6 +479,9 @@ keep (const struct mloop_control_in *in, struct mloop_control_out *out,
     mloop_control_add (out, "ok", "1");
     return true;
   }
+  /* nbdkit is a program of its own, always. */
+  spec.in_process = serve_in_process &&
+    strcmp (spec.kind->name, "native") == 0;
   if (keep_record_save (dir, &spec, err, sizeof err) == -1)
     goto fail;
   d = kept_new (dir, &spec, err, sizeof err);
@@ -474,6 +490,7 @@ keep (const struct mloop_control_in *in, struct mloop_control_out *out,
     goto fail;
   }
   g_hash_table_insert (kept, d->dir, d);
+  d->in_process = spec.in_process;
   d->waiting = sock;
   keeper_start_async (d->k, on_kept, d);
   return false;
@@ -844,6 +861,7 @@ take_over_recorded (void)
       bool serving;
 
       g_hash_table_insert (kept, d->dir, d);
+      d->in_process = spec.in_process;
       /* Its running server taken over first, what a start left beside
        * it killed: a device whose attach died goes with them.
        */
@@ -1005,6 +1023,7 @@ int
 main (int argc, char **argv)
 {
   g_autofree char *control = NULL;
+  g_autofree char *serve = NULL;
   gint stop_wait = STOP_WAIT_S;
   GOptionEntry entries[] = {
     { "control", 'c', 0, G_OPTION_ARG_FILENAME, &control,
@@ -1013,6 +1032,9 @@ main (int argc, char **argv)
     { "stop-wait", 0, 0, G_OPTION_ARG_INT, &stop_wait,
       "How long a stop waits for servers starting (default: "
       G_STRINGIFY (STOP_WAIT_S) "; within systemd's TimeoutStopSec)", "S" },
+    { "serve", 0, 0, G_OPTION_ARG_STRING, &serve,
+      "Where a native server runs: process (a mloop-server each; the "
+      "default) or in-process (inside mloopd)", "WHERE" },
     G_OPTION_ENTRY_NULL
   };
   g_autoptr (GOptionContext) ctx = g_option_context_new (NULL);
@@ -1030,6 +1052,12 @@ main (int argc, char **argv)
              ? "no arguments but options" : "--stop-wait: not negative");
     return EXIT_FAILURE;
   }
+  if (serve && strcmp (serve, "in-process") && strcmp (serve, "process")) {
+    fprintf (stderr, "mloopd: --serve=%s: must be process or in-process\n",
+             serve);
+    return EXIT_FAILURE;
+  }
+  serve_in_process = serve && strcmp (serve, "in-process") == 0;
   if (mloop_runtime_dir_create (err, sizeof err) == -1) {
     fprintf (stderr, "mloopd: %s\n", err);
     return EXIT_FAILURE;

@@ -1,0 +1,246 @@
+/* A device's server inside a process that holds many (hosted_server.h). */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+
+#include "budget.h"
+#include "handshake.h"
+#include "hosted_server.h"
+#include "listener.h"
+#include "offload.h"
+#include "served_image.h"
+#include "splice_out.h"
+#include "stats.h"
+
+/* mloop-server's defaults (server/main.c), which a device's server runs
+ * with.
+ */
+#define HOSTED_QUEUE_DEPTH 1024
+#define HOSTED_DRAIN_TIMEOUT_S 5
+
+struct hosted_server {
+  struct served_image image;
+  struct listener listener;
+  struct mloop_stats *stats;
+  int stop_efd;                 /* written to end the accept thread */
+  pthread_t acceptor;
+};
+
+/* What every hosted server of the process shares: made with the first,
+ * ended with the last.
+ */
+static struct {
+  pthread_mutex_t lock;
+  unsigned users;
+  struct budget budget;
+  struct offload *offload;
+  bool splice;                  /* splice_out_works(), asked once */
+} shared = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+static int
+shared_hold (char *err, size_t errlen)
+{
+  int r = 0;
+
+  pthread_mutex_lock (&shared.lock);
+  if (shared.users == 0) {
+    budget_init (&shared.budget, BUDGET_SERVER_DEFAULT, BUDGET_CONN_DEFAULT);
+    shared.offload = offload_start (OFFLOAD_THREADS_DEFAULT);
+    if (shared.offload == NULL) {
+      snprintf (err, errlen, "starting %d helper threads: %s",
+                OFFLOAD_THREADS_DEFAULT, strerror (errno));
+      r = -1;
+    }
+    else
+      shared.splice = splice_out_works ();
+  }
+  if (r == 0)
+    shared.users++;
+  pthread_mutex_unlock (&shared.lock);
+  return r;
+}
+
+static void
+shared_release (void)
+{
+  pthread_mutex_lock (&shared.lock);
+  if (--shared.users == 0) {
+    /* Idle: every worker of every image waited for its jobs. */
+    offload_stop (shared.offload);
+    shared.offload = NULL;
+  }
+  pthread_mutex_unlock (&shared.lock);
+}
+
+static void
+set_timeouts (int fd, unsigned seconds)
+{
+  struct timeval tv = { .tv_sec = seconds };
+
+  setsockopt (fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt (fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
+/* Negotiates one connection, within the handshake timeout, and hands it
+ * to a worker.
+ */
+static void
+negotiate (struct hosted_server *h, int fd)
+{
+  struct export_info x = h->image.export;
+  struct session session;
+
+  x.size = mloop_engine_size (&h->image.engine);
+  set_timeouts (fd, HOSTED_HANDSHAKE_TIMEOUT_S);
+  if (mloop_handshake (fd, &x, &session) == -1) {
+    close (fd);
+    return;
+  }
+  set_timeouts (fd, 0);
+  served_image_add_connection (&h->image, fd, &session);
+}
+
+static void *
+accept_loop (void *arg)
+{
+  struct hosted_server *h = arg;
+
+  for (;;) {
+    struct pollfd p[2] = { { h->listener.fd, POLLIN, 0 },
+                           { h->stop_efd, POLLIN, 0 } };
+    int fd;
+
+    if (poll (p, 2, -1) == -1 && errno != EINTR)
+      break;
+    if (p[1].revents)
+      break;
+    if (!(p[0].revents & POLLIN))
+      continue;
+    fd = accept4 (h->listener.fd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd >= 0)
+      negotiate (h, fd);
+    else if (errno == EMFILE || errno == ENFILE)
+      /* The connection stays queued: rest instead of spinning. */
+      poll (NULL, 0, 100);
+  }
+  return NULL;
+}
+
+static void
+ignore_warning (const char *line)
+{
+  (void) line;
+}
+
+struct hosted_server *
+hosted_server_open (const struct hosted_server_config *c,
+                    char *err, size_t errlen)
+{
+  struct hosted_server *h = calloc (1, sizeof *h);
+  struct worker_options wopts;
+  char *spec;
+
+  if (h == NULL) {
+    snprintf (err, errlen, "out of memory");
+    return NULL;
+  }
+  h->stop_efd = -1;
+  h->listener.fd = -1;
+  if (shared_hold (err, errlen) == -1) {
+    free (h);
+    return NULL;
+  }
+  if (served_image_open (&h->image, &c->engine, c->read_only, true,
+                         c->warn ? c->warn : ignore_warning,
+                         err, errlen) == -1)
+    goto fail_shared;
+  if (c->stats_file && (h->stats = mloop_stats_create (c->stats_file)) == NULL) {
+    snprintf (err, errlen, "%s: %s", c->stats_file, strerror (errno));
+    goto fail_image;
+  }
+  wopts = (struct worker_options) {
+    .ring_depth = HOSTED_QUEUE_DEPTH,
+    .budget = &shared.budget, .offload = shared.offload,
+    .drain_timeout = HOSTED_DRAIN_TIMEOUT_S,
+    .splice_replies = shared.splice,
+    .stats = h->stats,
+  };
+  if (served_image_start (&h->image, c->threads ? c->threads
+                          : HOSTED_THREADS_DEFAULT, &wopts, err, errlen) == -1)
+    goto fail_stats;
+  /* A socket left by a server that died (or a service killed) serves
+   * nobody: the device's directory is ours.
+   */
+  unlink (c->socket_path);
+  if (asprintf (&spec, "unix:%s", c->socket_path) == -1) {
+    snprintf (err, errlen, "out of memory");
+    goto fail_workers;
+  }
+  if (listener_open (&h->listener, spec, err, errlen) == -1) {
+    free (spec);
+    goto fail_workers;
+  }
+  free (spec);
+  h->stop_efd = eventfd (0, EFD_CLOEXEC);
+  if (h->stop_efd == -1 ||
+      (errno = pthread_create (&h->acceptor, NULL, accept_loop, h)) != 0) {
+    snprintf (err, errlen, "starting the accept thread: %s",
+              strerror (errno));
+    goto fail_listener;
+  }
+  return h;
+
+ fail_listener:
+  if (h->stop_efd != -1)
+    close (h->stop_efd);
+  listener_close (&h->listener);
+ fail_workers:
+  served_image_begin_stop (&h->image);
+  served_image_stop (&h->image);
+ fail_stats:
+  if (h->stats)
+    mloop_stats_close (h->stats);
+ fail_image:
+  served_image_close (&h->image);
+ fail_shared:
+  shared_release ();
+  free (h);
+  return NULL;
+}
+
+int
+hosted_server_reprobe_size (struct hosted_server *h, char *err,
+                            size_t errlen)
+{
+  return mloop_engine_reprobe_size (&h->image.engine, err, errlen) < 0
+    ? -1 : 0;
+}
+
+uint64_t
+hosted_server_size (struct hosted_server *h)
+{
+  return mloop_engine_size (&h->image.engine);
+}
+
+void
+hosted_server_close (struct hosted_server *h)
+{
+  eventfd_write (h->stop_efd, 1);
+  pthread_join (h->acceptor, NULL);
+  close (h->stop_efd);
+  listener_close (&h->listener);
+  served_image_begin_stop (&h->image);
+  served_image_stop (&h->image);
+  if (h->stats)
+    mloop_stats_close (h->stats);
+  served_image_close (&h->image);
+  shared_release ();
+  free (h);
+}

@@ -1,0 +1,146 @@
+#!/usr/bin/python3
+"""mloopd --serve=in-process serves every native device inside itself:
+no process per device, the same socket and handshake as mloop-server.
+
+On the host, with no kernel NBD client: mloopd keeps DEVICES directories
+under its own runtime directory, asked over its control socket as mloop
+asks it.  Each keep is answered with mloopd's own pid and in-process=1,
+and no child process is started; each export reads back its image
+through libnbd, and a write through one reads back through another
+connection.  A planned restart (what `mloop resize` asks) makes a grown
+image's new size what the next handshake announces.  A drop removes the
+socket.  mloopd killed with SIGKILL takes its servers with it; the next
+mloopd, started without --serve, serves every recorded device inside
+itself again (the record says where), and what was written before the
+kill reads back.  A bad --serve is refused in one line.
+
+Root (mloopd answers root only).  About 2 s (standard tier, client
+suite)."""
+import os
+import signal
+import subprocess
+
+import nbd
+
+import harness
+import mloopd_control
+from harness import check
+
+MLOOPD = os.environ["MLOOPD_BIN"]
+DEVICES = 6
+SIZE = 4 << 20
+
+if os.geteuid() != 0:
+    harness.skip("mloopd answers root only")
+
+d = harness.tmpdir()
+run, control = mloopd_control.private_runtime(d)
+env = dict(os.environ, MLOOP_RUNTIME_DIR=run)
+log = os.path.join(d, "mloopd.log")
+
+
+def start(*options):
+    p = mloopd_control.start([MLOOPD, *options], env, log, control)
+    harness.on_exit(lambda: p.poll() is None and (p.kill(), p.wait()))
+    return p
+
+
+def ask(**fields):
+    return mloopd_control.ask(control, **fields)
+
+
+def device_dir(i):
+    return os.path.join(run, f"dev-{i}")
+
+
+def export(i):
+    h = nbd.NBD()
+    h.connect_unix(os.path.join(device_dir(i), "sock"))
+    return h
+
+
+def reads_back(i, data):
+    try:
+        h = export(i)
+        ok = h.pread(SIZE, 0) == data
+        h.shutdown()
+        return ok
+    except nbd.Error:
+        return False
+
+
+def children(pid):
+    return subprocess.run(["pgrep", "-P", str(pid)], capture_output=True,
+                          text=True).stdout.split()
+
+
+bad = subprocess.run([MLOOPD, "--serve=elsewhere"], env=env, capture_output=True,
+                     text=True, timeout=30)
+check("a bad --serve is refused in one line",
+      bad.returncode != 0 and "--serve=elsewhere" in bad.stderr and
+      bad.stderr.count("\n") == 1, bad.stderr)
+
+mloopd = start("--serve=in-process")
+images, datas, attaches = [], [], []
+for i in range(DEVICES):
+    datas.append(harness.pattern(SIZE, 60 + i))
+    images.append(harness.make_image(SIZE, datas[i]))
+    attaches.append(mloopd_control.attaching(device_dir(i)))
+    a = ask(op="keep", dir=device_dir(i), server="native", image=images[i],
+            threads=1)
+    check(f"device {i} kept inside mloopd",
+          a.get("ok") == "1" and a.get("server-pid") == str(mloopd.pid) and
+          a.get("in-process") == "1", a)
+check("no process started for any device", children(mloopd.pid) == [],
+      children(mloopd.pid))
+check("no pid file: no server process",
+      all(mloopd_control.server_pid(device_dir(i)) == 0 for i in range(DEVICES)))
+check("every export reads back its image",
+      all(reads_back(i, datas[i]) for i in range(DEVICES)))
+
+# A write through one connection reads back through another, and is in
+# the image.
+h = export(2)
+h.pwrite(b"\xa5" * 4096, 8192, nbd.CMD_FLAG_FUA)
+h.shutdown()
+datas[2] = datas[2][:8192] + b"\xa5" * 4096 + datas[2][8192 + 4096:]
+check("a write reads back through a new connection", reads_back(2, datas[2]))
+with open(images[2], "rb") as f:
+    check("a FUA write is in the image", f.read() == datas[2])
+
+# `mloop resize`'s planned restart: the engine reads the size again.
+os.truncate(images[3], 2 * SIZE)
+a = ask(op="restart", dir=device_dir(3))
+check("restart answered", a.get("ok") == "1", a)
+mloopd_control.wait_for("device 3's new size",
+                        lambda: export(3).get_size() == 2 * SIZE, timeout=10)
+os.truncate(images[3], SIZE)
+ask(op="restart", dir=device_dir(3))
+mloopd_control.wait_for("device 3's size back",
+                        lambda: export(3).get_size() == SIZE, timeout=10)
+
+a = ask(op="drop", dir=device_dir(5))
+check("drop answered", a.get("ok") == "1", a)
+check("a dropped device's socket is gone",
+      not os.path.exists(os.path.join(device_dir(5), "sock")))
+kept = DEVICES - 1
+
+# SIGKILL: its servers end with it; the next one, told nothing, serves
+# every recorded device inside itself again.
+mloopd.send_signal(signal.SIGKILL)
+mloopd.wait()
+check("with mloopd killed, its servers are gone",
+      not any(reads_back(i, datas[i]) for i in range(kept)))
+mloopd = start()
+check("the next mloopd keeps every recorded device",
+      mloopd_control.kept(control) == {device_dir(i) for i in range(kept)},
+      mloopd_control.kept(control))
+mloopd_control.wait_for("every device served again",
+                        lambda: all(reads_back(i, datas[i]) for i in range(kept)),
+                        timeout=20)
+check("served inside the next mloopd, the record's way: no process",
+      children(mloopd.pid) == [], children(mloopd.pid))
+for i in range(kept):
+    check(f"device {i} dropped", ask(op="drop", dir=device_dir(i)).get("ok") == "1")
+harness.terminate(mloopd)
+harness.exit_if_failed()
