@@ -190,9 +190,12 @@ class MloopService(MloopCli):
     whole group (begin() to end()); after each test it must still run and
     keep nothing."""
 
-    def __init__(self):
+    # mloopd's options: where it serves (MloopServiceInProcess).
+    options = ()
+
+    def __init__(self, name="service"):
         super().__init__("native")
-        self.name = "service"
+        self.name = name
         self.service = None
 
     def unavailable(self):
@@ -206,7 +209,8 @@ class MloopService(MloopCli):
     def begin(self):
         self.env()  # names the runtime directory mloopd listens in
         os.makedirs(self.runtime_dir, mode=0o700, exist_ok=True)
-        self.service = Service(self, os.path.join("/tmp", f"mloopd-{os.getpid()}.log"))
+        self.service = Service(self, os.path.join("/tmp", f"mloopd-{os.getpid()}.log"),
+                               self.options)
         self.service.start()
 
     def end(self):
@@ -257,6 +261,21 @@ class MloopService(MloopCli):
         s = self.status(dev)
         assert s["service_kept"] and s["supervisor_running"] and s["supervisor_pid"] == 0, \
             f"{dev} is not kept by mloopd: {s}"
+
+
+class MloopServiceInProcess(MloopService):
+    """The service kind with mloopd --serve=in-process: every device's
+    server inside mloopd, no process per device."""
+
+    options = ("--serve=in-process",)
+
+    def __init__(self):
+        super().__init__("in-process")
+
+    def assert_kept(self, dev):
+        super().assert_kept(dev)
+        s = self.status(dev)
+        assert s.get("server_in_process"), f"{dev} is not served inside mloopd: {s}"
 
 
 class MloopUblk(MloopCli):
@@ -434,5 +453,6 @@ class Loop:
 
 
 KINDS = {k.name: k for k in [MloopCli("native"), MloopCli("nbdkit"), MloopService(),
+                             MloopServiceInProcess(),
                              MloopUblk(),
                              StockClient("native"), StockClient("nbdkit"), Loop()]}

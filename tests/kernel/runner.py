@@ -156,6 +156,12 @@ def tests_for(kind, group="main"):
         return DURABLE if cli or loop else []
     if ublk:
         return COMMON + UBLK + RBD
+    if isinstance(kind, kinds.MloopServiceInProcess):
+        # The servers are mloopd itself: SUPERVISED and SERVICE kill a
+        # device's server process and wait for mloopd to start another,
+        # which this kind has not; in-process-kill kills mloopd instead.
+        return COMMON + [t for t in CLI_ONLY if t != "service-attach"] \
+            + ["in-process-kill"] + REMOTE + RBD
     if isinstance(kind, kinds.MloopService):
         # service-attach starts an mloopd of its own; the package runs
         # the installed programs, the same as the native kind's.

@@ -18,8 +18,9 @@ MLOOPD = os.environ.get("MLOOPD_BIN")
 class Service:
     """mloopd in KIND's runtime directory, logging to LOG."""
 
-    def __init__(self, kind, log):
+    def __init__(self, kind, log, options=()):
         self.env = kind.env()
+        self.options = list(options)
         self.sock = os.path.join(kind.runtime_dir, "mloopd.sock")
         self.log = log
         self.proc = None
@@ -27,7 +28,7 @@ class Service:
     def start(self, extra_env=None):
         """Starts mloopd, with EXTRA_ENV (a dict) added to its environment."""
         with open(self.log, "a") as log:
-            self.proc = subprocess.Popen([MLOOPD], env=dict(self.env, **(extra_env or {})),
+            self.proc = subprocess.Popen([MLOOPD] + self.options, env=dict(self.env, **(extra_env or {})),
                                          stdout=log, stderr=log)
         wait_until(self.listening, "mloopd to listen")
 
