@@ -16,6 +16,7 @@
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
+#include <linux/kcmp.h>
 #include <linux/loop.h>
 #include <linux/openat2.h>
 
@@ -329,6 +330,21 @@ read_sysfs (const char *path, char *buf, size_t len)
   n = fread (buf, 1, len - 1, f);
   fclose (f);
   buf[n] = '\0';
+  return n > 0;
+}
+
+/* The same, for NAME in the directory open at DIR. */
+static bool
+read_sysfs_at (int dir, const char *name, char *buf, size_t len)
+{
+  int fd = openat (dir, name, O_RDONLY | O_CLOEXEC);
+  ssize_t n;
+
+  if (fd == -1)
+    return false;
+  n = read (fd, buf, len - 1);
+  close (fd);
+  buf[n < 0 ? 0 : n] = '\0';
   return n > 0;
 }
 
@@ -680,62 +696,139 @@ refuse_loop_backed (const struct mloop_backing *base, const char *base_path,
   return r;
 }
 
+/* Whether the descriptor table listed in the directory open at FD
+ * (/proc/PID/task/TID/fd) holds a block device sharing bytes with B:
+ * then the node it opened into NODE.  Asked of each descriptor's file
+ * itself (its type and device number), which no node's name or mount
+ * namespace hides; statx'd without a sync, so that a hung network or
+ * FUSE mount holding some other process's file does not hang the
+ * commit.  FD is closed.
+ */
+static bool
+table_holds (int fd, const struct held_base *b, char *node, size_t nodelen)
+{
+  struct dirent *e;
+  bool found = false;
+  DIR *fds = fdopendir (fd);
+
+  if (fds == NULL) {
+    close (fd);
+    return false;
+  }
+  while (!found && (e = readdir (fds)) != NULL) {
+    struct statx stx;
+    ssize_t n;
+
+    if (e->d_name[0] == '.' ||
+        statx (dirfd (fds), e->d_name, AT_STATX_DONT_SYNC, STATX_TYPE,
+               &stx) == -1 || !S_ISBLK (stx.stx_mode) ||
+        !reaches_block (b, makedev (stx.stx_rdev_major,
+                                    stx.stx_rdev_minor), 0, 0))
+      continue;
+    found = true;
+    n = readlinkat (dirfd (fds), e->d_name, node, nodelen - 1);
+    node[n < 0 ? 0 : n] = '\0';
+  }
+  closedir (fds);
+  return found;
+}
+
+/* How many descriptor tables of one process are told apart before the
+ * rest are each read whole.
+ */
+#define TABLES_KNOWN 16
+
+/* Whether the process whose /proc directory is open at PROC holds a
+ * block device sharing bytes with B in any of its descriptor tables
+ * (table_holds).  /proc/PID/fd is only its leader's: a thread with a
+ * table of its own (clone without CLONE_FILES, unshare (CLONE_FILES))
+ * shows its descriptors in /proc/PID/task/TID/fd alone, and once the
+ * leader has exited (pthread_exit from main) /proc/PID/fd lists
+ * nothing while the other threads hold on.  So every thread's table is
+ * read, once each: threads that share one (kcmp says so) are read
+ * once; where kcmp cannot tell, each thread's is read.
+ */
+static bool
+process_holds (int proc, const struct held_base *b, char *node,
+               size_t nodelen)
+{
+  pid_t tables[TABLES_KNOWN];
+  size_t ntables = 0;
+  struct dirent *t;
+  bool found = false;
+  int fd = openat (proc, "task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  DIR *tasks;
+
+  if (fd == -1)
+    return false;
+  if ((tasks = fdopendir (fd)) == NULL) {
+    close (fd);
+    return false;
+  }
+  while (!found && (t = readdir (tasks)) != NULL) {
+    char dir[64], *end;
+    long tid = strtol (t->d_name, &end, 10);
+    bool seen = false;
+
+    if (*end != '\0' || tid <= 0)
+      continue;
+    for (size_t i = 0; i < ntables && !seen; i++)
+      seen = syscall (SYS_kcmp, (pid_t) tables[i], (pid_t) tid, KCMP_FILES,
+                      0UL, 0UL) == 0;
+    if (seen)
+      continue;
+    if (ntables < TABLES_KNOWN)
+      tables[ntables++] = (pid_t) tid;
+    snprintf (dir, sizeof dir, "%ld/fd", tid);
+    fd = openat (dirfd (tasks), dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd != -1)
+      found = table_holds (fd, b, node, nodelen);
+  }
+  closedir (tasks);
+  return found;
+}
+
 /* The first process other than this one found holding a descriptor
  * open on a block device that shares bytes with B (reaches_block: the
- * base's disk under any node, a partition of it, or its disk): its
- * pid, its command in COMM and the node it opened in NODE.  Asked of
- * /proc/PID/fd/N's file itself (its type and device number), which no
- * node's name or mount namespace hides; statx'd without a sync, so that
- * a hung network or FUSE mount holding some other process's file does
- * not hang the commit.  Only the processes whose descriptors this
- * caller may see are looked at (all of them for root; a user's own
- * otherwise).  0: none; -1 with errno: /proc cannot be read.
+ * base's disk under any node, a partition of it, or its disk), in any
+ * of its threads' descriptor tables (process_holds): its pid, its
+ * command in COMM and the node it opened in NODE.  Only the processes
+ * whose descriptors this caller may see are looked at (all of them for
+ * root; a user's own otherwise).  0: none; -1 with errno: /proc cannot
+ * be read.
  */
 static pid_t
 block_opener (const struct held_base *b, char *comm, size_t commlen,
               char *node, size_t nodelen)
 {
   const pid_t self = getpid ();
-  struct dirent *p, *e;
+  struct dirent *p;
   pid_t found = 0;
-  DIR *proc, *fds;
+  DIR *proc;
 
   if ((proc = opendir ("/proc")) == NULL)
     return -1;
   while (found == 0 && (p = readdir (proc)) != NULL) {
-    char dir[64], *end;
+    char *end;
     long pid = strtol (p->d_name, &end, 10);
     int fd;
 
     if (*end != '\0' || pid <= 0 || pid == self)
       continue;
-    snprintf (dir, sizeof dir, "%ld/fd", pid);
-    fd = openat (dirfd (proc), dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    /* The process's directory, opened once: its pid, were it to exit,
+     * could be another process's by the time its threads are read.
+     */
+    fd = openat (dirfd (proc), p->d_name,
+                 O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd == -1)
       continue;
-    if ((fds = fdopendir (fd)) == NULL) {
-      close (fd);
-      continue;
-    }
-    while (found == 0 && (e = readdir (fds)) != NULL) {
-      struct statx stx;
-      ssize_t n;
-
-      if (e->d_name[0] == '.' ||
-          statx (dirfd (fds), e->d_name, AT_STATX_DONT_SYNC, STATX_TYPE,
-                 &stx) == -1 || !S_ISBLK (stx.stx_mode) ||
-          !reaches_block (b, makedev (stx.stx_rdev_major,
-                                      stx.stx_rdev_minor), 0, 0))
-        continue;
+    if (process_holds (fd, b, node, nodelen)) {
       found = (pid_t) pid;
-      n = readlinkat (dirfd (fds), e->d_name, node, nodelen - 1);
-      node[n < 0 ? 0 : n] = '\0';
-      snprintf (dir, sizeof dir, "/proc/%ld/comm", pid);
-      if (!read_sysfs (dir, comm, commlen))
+      if (!read_sysfs_at (fd, "comm", comm, commlen))
         snprintf (comm, commlen, "?");
       comm[strcspn (comm, "\n")] = '\0';
     }
-    closedir (fds);
+    close (fd);
   }
   closedir (proc);
   return found;
