@@ -22,16 +22,23 @@ else may write, as the device's lock records are:
    judged the same, $CEPH_CONF's (refused world-writable, read 0644),
    and, where /etc/ceph/ceph.conf does not exist, a world-writable
    ceph.conf in the working directory (the search's last place: a root
-   `mloop resize` run in /tmp would read it) or in $HOME/.ceph.
+   `mloop resize` run in /tmp would read it) or in $HOME/.ceph;
+5. a file named backup.conf is the configuration of the cluster
+   "backup", as librados names it: its keyring=$CEPH_DIR/$cluster.keyring
+   is backup.keyring (the store reads the file as /proc/self/fd/N, a
+   name librados would make the cluster "ceph" of, and would look for
+   ceph.keyring).
 
 No cluster: the monitor named does not exist.  SKIPs (77) when
 MLOOP_SERVER_BIN has no RBD support (no --ceph-conf).
 
-Cost on the project machine (2 cores): about 4 s (each configuration
+Cost on the project machine (2 cores): about 8 s (each configuration
 read waits 1 s for its monitor).
 """
+import base64
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -176,6 +183,27 @@ try:
         rc, err = serve(None, env=search_env(), cwd=cwd)
         check("the server's own $HOME/.ceph/ceph.conf is read",
               rc != 0 and "no monitor answered" in err, err)
+
+    # $cluster, as librados names the cluster of a file named: the
+    # keyring it expands to is found (the server then waits for the
+    # monitor), not the "ceph" cluster's.
+    cluster_dir = os.path.join(work, "clusters")
+    os.mkdir(cluster_dir)
+    backup = os.path.join(cluster_dir, "backup.conf")
+    with open(backup, "w") as f:
+        f.write("[global]\n"
+                "mon_host = 127.0.0.1:1\n"
+                "client_mount_timeout = 1\n"
+                "auth_client_required = cephx\n"
+                f"keyring = {cluster_dir}/$cluster.keyring\n")
+    os.chmod(backup, 0o644)
+    # A cephx key as Ceph encodes one: type 1 (AES), created 0, 16 bytes.
+    key = base64.b64encode(struct.pack("<HIIH", 1, 0, 0, 16) + os.urandom(16))
+    with open(os.path.join(cluster_dir, "backup.keyring"), "w") as f:
+        f.write(f"[client.admin]\n\tkey = {key.decode()}\n")
+    rc, err = serve(backup)
+    check("backup.conf's $cluster is backup, as librados names it",
+          rc != 0 and "no monitor answered" in err, err)
 finally:
     shutil.rmtree(work, ignore_errors=True)
 
