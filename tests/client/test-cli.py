@@ -138,6 +138,17 @@ try:
     refused("an RBD attach with $CEPH_ARGS set", ["attach", "rbd:pool/img"],
             "CEPH_ARGS is set, and reaches none of the device's servers")
     del env["CEPH_ARGS"]
+    # A $CEPH_CONF that finds nothing here, or names a place the search
+    # cannot judge, pins no configuration: the device's servers, in
+    # mloopd's environment, would search without it and find another,
+    # /etc/ceph/ceph.conf's cluster perhaps.
+    env["CEPH_CONF"] = os.path.join(work, "no-such.conf")
+    refused("an RBD attach whose $CEPH_CONF finds nothing", ["attach", "rbd:pool/img"],
+            f"no Ceph configuration found here ($CEPH_CONF: {env['CEPH_CONF']})")
+    env["CEPH_CONF"] = "/etc/ceph/$name.conf"
+    refused("an RBD attach whose $CEPH_CONF names $name", ["attach", "rbd:pool/img"],
+            "$CEPH_CONF's /etc/ceph/$name.conf: only $cluster and $home are understood")
+    del env["CEPH_CONF"]
     # Recorded as given and read by servers run in /: /ceph.conf.
     refused("an RBD name's relative conf=", ["attach", "rbd:pool/img:id=a:conf=ceph.conf"],
             "conf=ceph.conf is relative, and a device's servers run in /")
