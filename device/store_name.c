@@ -108,10 +108,30 @@ mloop_rbd_name_pinned (const char *name, char *err, size_t errlen)
     }
   if (names_conf (name))
     return g_strdup (name);
-  /* None found, or one the store cannot judge: its server says so. */
+  /* None found, or one the store cannot judge: refused here, not left to
+   * the servers, which search again elsewhere (mloopd's environment,
+   * without this $CEPH_CONF, in /) and could find another cluster's
+   * configuration, /etc/ceph/ceph.conf, and serve its image of that
+   * name.
+   */
   if ((fd = mloop_ceph_conf_open_searched (&found)) < 0) {
+    const char *list = getenv ("CEPH_CONF");
+
+    if (fd == -ENOTSUP)
+      mloop_fail (err, errlen, "$CEPH_CONF's %s: only $cluster and $home "
+                  "are understood there: name the configuration with "
+                  "--ceph-conf", found);
+    else if (fd == -ENOENT)
+      mloop_fail (err, errlen, "no Ceph configuration found here (%s%s): "
+                  "the device's servers would look for one elsewhere; name "
+                  "it with --ceph-conf", list ? "$CEPH_CONF: " :
+                  "/etc/ceph/ceph.conf, ~/.ceph/ceph.conf, ./ceph.conf",
+                  list ? list : "");
+    else
+      mloop_fail (err, errlen, "looking for the Ceph configuration: %s",
+                  strerror (-fd));
     free (found);
-    return g_strdup (name);
+    return NULL;
   }
   close (fd);
   abs = g_canonicalize_filename (found, NULL);
