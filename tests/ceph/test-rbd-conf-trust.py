@@ -19,7 +19,9 @@ else may write, as the device's lock records are:
    client_mount_timeout), as is one behind a symbolic link (the file it
    leads to is what is judged and read);
 4. no configuration named: the one librados's own search finds is
-   judged the same, $CEPH_CONF's (refused world-writable, read 0644),
+   judged the same, $CEPH_CONF's (refused world-writable, read 0644;
+   its places spelt as librados reads them: $data_dir's passed over,
+   ${cluster} for $cluster),
    and, where /etc/ceph/ceph.conf does not exist, a world-writable
    ceph.conf in the working directory (the search's last place: a root
    `mloop resize` run in /tmp would read it) or in $HOME/.ceph;
@@ -32,7 +34,7 @@ else may write, as the device's lock records are:
 No cluster: the monitor named does not exist.  SKIPs (77) when
 MLOOP_SERVER_BIN has no RBD support (no --ceph-conf).
 
-Cost on the project machine (2 cores): about 8 s (each configuration
+Cost on the project machine (2 cores): about 10 s (each configuration
 read waits 1 s for its monitor).
 """
 import base64
@@ -151,6 +153,14 @@ try:
     os.chmod(conf, 0o644)
     rc, err = serve(None, env=search_env(CEPH_CONF=conf))
     check("the server's own $CEPH_CONF is read",
+          rc != 0 and "no monitor answered" in err, err)
+    # $CEPH_CONF's places as librados reads them: one with $data_dir
+    # dropped (a client has none), ${cluster} as $cluster.
+    rc, err = serve(None, env=search_env(CEPH_CONF=f"$data_dir/config,{conf}"))
+    check("a $CEPH_CONF place with $data_dir is passed over",
+          rc != 0 and "no monitor answered" in err, err)
+    rc, err = serve(None, env=search_env(CEPH_CONF=os.path.join(work, "${cluster}.conf")))
+    check("${cluster} in $CEPH_CONF is $cluster",
           rc != 0 and "no monitor answered" in err, err)
 
     if os.path.exists("/etc/ceph/ceph.conf"):
