@@ -13,17 +13,27 @@
 
 /* librados's own search for a configuration when none is named, in
  * Ceph's order (CEPH_CONF_FILE_DEFAULT; its "$data_dir/config" is
- * skipped for a client, as librados does): $CEPH_CONF's list where it
- * is set, else these; the first that can be opened is the one.
+ * skipped for a client, as librados does, here and in $CEPH_CONF's
+ * list): $CEPH_CONF's list where it is set, else these; the first that
+ * can be opened is the one.
  */
 #define CEPH_CONF_SEARCH "/etc/ceph/$cluster.conf,$home/.ceph/$cluster.conf," \
   "$cluster.conf"
 #define CEPH_CLUSTER "ceph"
 
-/* ENTRY, a place of the search, with the metavariables librados
- * expands there that the search's places use, $cluster and $home
- * (malloc'ed); NULL with *OTHER set for one that names another (its
- * file cannot be judged as librados would find it), or out of memory.
+/* The characters of a variable's name, as librados reads one after a
+ * '$' (or between "${" and "}").
+ */
+#define VAR_CHARS "abcdefghijklmnopqrstuvwxyz_"
+
+/* ENTRY, a place of the search, as librados expands it there
+ * (md_config_t::_expand_meta), for the variables the search's places
+ * use (malloc'ed): a variable's name is the whole run of VAR_CHARS
+ * after its '$', or what "${...}" encloses; $cluster is "ceph"; $home
+ * is $HOME, which replaces all that precedes it, as librados has it;
+ * a '$' that starts no name is itself.  NULL with *OTHER set for a
+ * place naming another variable, or an unclosed "${" (its file cannot
+ * be judged as librados would find it), or out of memory.
  */
 static char *
 expand_search_entry (const char *entry, bool *other)
@@ -39,21 +49,31 @@ expand_search_entry (const char *entry, bool *other)
     return NULL;
   p = out;
   while (*entry) {
-    if (*entry != '$')
+    const bool braced = entry[0] == '$' && entry[1] == '{';
+    const char *name = entry + (braced ? 2 : 1);
+    const size_t len = strspn (name, VAR_CHARS);
+
+    if (*entry != '$') {
       *p++ = *entry++;
-    else if (strncmp (entry, "$cluster", 8) == 0) {
+      continue;
+    }
+    if (braced && name[len] != '}') {
+      free (out);
+      *other = true;
+      return NULL;
+    }
+    if (len == 0)
+      *p++ = '$';
+    else if (len == 7 && strncmp (name, "cluster", 7) == 0)
       p = stpcpy (p, CEPH_CLUSTER);
-      entry += 8;
-    }
-    else if (strncmp (entry, "$home", 5) == 0) {
-      p = stpcpy (p, home ? home : "");
-      entry += 5;
-    }
+    else if (len == 4 && strncmp (name, "home", 4) == 0)
+      p = stpcpy (out, home ? home : "");
     else {
       free (out);
       *other = true;
       return NULL;
     }
+    entry = name + len + (braced ? 1 : 0);
   }
   *p = '\0';
   return out;
@@ -77,9 +97,13 @@ mloop_ceph_conf_open_searched (char **found)
   for (char *entry = strtok_r (places, ";,", &save); entry && fd == -ENOENT;
        entry = strtok_r (NULL, ";,", &save)) {
     bool other;
-    char *path = expand_search_entry (entry, &other);
+    char *path;
     struct stat sb;
 
+    /* A client has no data directory: librados drops such a place. */
+    if (strstr (entry, "$data_dir"))
+      continue;
+    path = expand_search_entry (entry, &other);
     if (path == NULL) {
       fd = other ? -ENOTSUP : -ENOMEM;
       if (other)
