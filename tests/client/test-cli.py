@@ -138,6 +138,11 @@ try:
     refused("an RBD attach with $CEPH_ARGS set", ["attach", "rbd:pool/img"],
             "CEPH_ARGS is set, and reaches none of the device's servers")
     del env["CEPH_ARGS"]
+    # librados takes its plugin directories from $CEPH_LIB as well.
+    env["CEPH_LIB"] = "/tmp"
+    refused("an RBD attach with $CEPH_LIB set", ["attach", "rbd:pool/img"],
+            "CEPH_LIB is set, and reaches none of the device's servers")
+    del env["CEPH_LIB"]
     # A $CEPH_CONF that finds nothing here, or names a place the search
     # cannot judge, pins no configuration: the device's servers, in
     # mloopd's environment, would search without it and find another,
