@@ -93,7 +93,12 @@ names_conf (const char *name)
 char *
 mloop_rbd_name_pinned (const char *name, char *err, size_t errlen)
 {
-  static const char *const unseen[] = { "CEPH_ARGS", "CEPH_KEYRING" };
+  /* What librados takes from the environment besides $CEPH_CONF: its
+   * options, its keyring, its plugins' directory.
+   */
+  static const char *const unseen[] = {
+    "CEPH_ARGS", "CEPH_KEYRING", "CEPH_LIB"
+  };
   g_autofree char *abs = NULL;
   char *found = NULL;
   int fd;

@@ -36,8 +36,8 @@ int mloop_rbd_name_check (const char *name, char *err, size_t errlen);
  * librados's search finds here (ceph_conf.h) when NAME names none, made
  * absolute, since the device's servers run elsewhere (mloopd's
  * environment, in /) and would find another, another cluster's image of
- * that name perhaps.  Refused, in ERR, while $CEPH_ARGS or $CEPH_KEYRING
- * is set: they reach no server the device will have; and when NAME
+ * that name perhaps.  Refused, in ERR, while $CEPH_ARGS, $CEPH_KEYRING or
+ * $CEPH_LIB is set: they reach no server the device will have; and when NAME
  * names none and the search finds none, or $CEPH_CONF names a place it
  * cannot judge: the servers would search again, elsewhere.  NULL on
  * failure (g_free the name).
