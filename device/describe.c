@@ -97,6 +97,7 @@ json_device (JsonBuilder *b, const struct mloop_device_state *s)
   member_int (b, "threads", s->threads);
   member_string (b, "server", mloop_state_server_name (s));
   member_int (b, "server_pid", s->server_pid);
+  member_bool (b, "server_in_process", s->server_in_process);
   member_string (b, "socket", sock);
   member_string (b, "server_log", log);
   member_int (b, "timeout", s->timeout);
@@ -216,7 +217,6 @@ mloop_describe_status (FILE *f, const struct mloop_device_state *s,
     member_int (b, "supervisor_pid", s->supervisor_pid);
     member_bool (b, "supervisor_running", st->supervisor_running);
     member_bool (b, "service_kept", s->service_kept);
-    member_bool (b, "server_in_process", s->server_in_process);
     member_int (b, "restarts", s->restarts);
     member_string (b, "last_failure", s->last_failure);
     member_int (b, "reconnects", s->reconnects);

@@ -275,7 +275,7 @@ class MloopServiceInProcess(MloopService):
     def assert_kept(self, dev):
         super().assert_kept(dev)
         s = self.status(dev)
-        assert s.get("server_in_process"), f"{dev} is not served inside mloopd: {s}"
+        assert s["device"]["server_in_process"], f"{dev} is not served inside mloopd: {s}"
 
 
 class MloopUblk(MloopCli):

@@ -8,7 +8,7 @@ import os
 from kfix import CONNECTIONS, IMAGE_SIZE, free_nbd, make_image
 
 KEYS = {"device", "file", "size", "read_only", "connections", "threads",
-        "server", "server_pid", "socket"}
+        "server", "server_pid", "server_in_process", "socket"}
 
 
 def check_entry(kind, e, device, image, read_only):
@@ -23,7 +23,11 @@ def check_entry(kind, e, device, image, read_only):
     assert e["server"] == kind.server, f"server {e['server']}, expected {kind.server}"
     with open(f"/proc/{e['server_pid']}/cmdline", "rb") as f:
         cmdline = f.read().replace(b"\0", b" ").decode()
-    assert image in cmdline, f"server_pid {e['server_pid']} runs {cmdline!r}, not on {image}"
+    if e["server_in_process"]:
+        # Served inside mloopd (the in-process kind): its pid is mloopd's.
+        assert "mloopd" in cmdline, f"server_pid {e['server_pid']} runs {cmdline!r}, not mloopd"
+    else:
+        assert image in cmdline, f"server_pid {e['server_pid']} runs {cmdline!r}, not on {image}"
     assert os.path.exists(e["socket"]), f"socket {e['socket']} does not exist"
 
 
