@@ -61,9 +61,10 @@ class MloopService(Mloop):
     server, and no supervisor is started per device.  mloopd starts
     with the first attach, as its socket would start it."""
 
-    def __init__(self, name, args):
+    def __init__(self, name, args, options=()):
         super().__init__(name, args)
-        self.env["MLOOP_RUNTIME_DIR"] += "-service"
+        self.env["MLOOP_RUNTIME_DIR"] += "-" + name
+        self.options = list(options)
         self.mloopd = None
 
     def unavailable(self):
@@ -73,7 +74,7 @@ class MloopService(Mloop):
 
     def _start_mloopd(self):
         sock = os.path.join(self.env["MLOOP_RUNTIME_DIR"], "mloopd.sock")
-        self.mloopd = subprocess.Popen([MLOOPD], env=self.env, stdout=subprocess.DEVNULL,
+        self.mloopd = subprocess.Popen([MLOOPD] + self.options, env=self.env, stdout=subprocess.DEVNULL,
                                        stderr=subprocess.DEVNULL)
         atexit.register(lambda: self.mloopd.poll() is None and self.mloopd.terminate())
         deadline = time.monotonic() + 60
@@ -99,4 +100,7 @@ def kinds(verbose=False):
     return {k.name: k for k in (LoopDio(), Mloop("mloop-native", [*v, "--server", "native"]),
                                 MloopService("mloop-service",
                                              [*v, "--server", "native"]),
+                                MloopService("mloop-in-process",
+                                             [*v, "--server", "native"],
+                                             ["--serve=in-process"]),
                                 Mloop("mloop-ublk", [*v, "--transport", "ublk"]))}
