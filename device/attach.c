@@ -1214,9 +1214,11 @@ device_name (const char *what, const char **name)
 /* Whether device S serves the image FILE names (a realpath, a URI or an
  * RBD name), FILE_ST the identity of the file it names (NULL when it
  * has none): a held image by the file's identity, since its name was
- * only its caller's label; a block device by its number too, as attach
- * refuses it under any node (mloop_state_image_is); any other by name.
- * Resolves no name.
+ * only its caller's label; a local file by its identity too (a block
+ * device by its number), as attach refuses it under any name, a hard
+ * link or a bind mount (mloop_state_image_is): else root's device of a
+ * file, named otherwise, was missed for another user's read-only one of
+ * it (conflicts); any by name.  Resolves no name.
  */
 static bool
 serves_image (const struct mloop_device_state *s, const char *file,
@@ -1224,8 +1226,9 @@ serves_image (const struct mloop_device_state *s, const char *file,
 {
   if (s->held_image)
     return file_st != NULL && mloop_state_image_is (s, file_st);
-  if (file_st != NULL && S_ISBLK (file_st->st_mode) && s->file_rdev != 0 &&
-      mloop_state_image_is (s, file_st))
+  /* An RBD image's state records no identity (0, 0). */
+  if (file_st != NULL && (s->file_ino != 0 || s->file_rdev != 0) &&
+      !mloop_is_rbd_name (s->file) && mloop_state_image_is (s, file_st))
     return true;
   return same_image (s->file, file);
 }

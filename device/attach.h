@@ -111,9 +111,10 @@ int mloop_detach (const struct mloop_device_state *s, char *err,
                   size_t errlen);
 
 /* Finds an attached device by "/dev/nbdN", "nbdN", "/dev/ublkbN",
- * "ublkbN" or its image's path (a held image's by the file that path
- * names, never by its label): of an image also served by other users'
- * read-only devices, this process's user's own.
+ * "ublkbN" or its image's path (a local file by the file that path
+ * names too, under any name of it, a held image never by its label):
+ * of an image also served by other users' read-only devices, this
+ * process's user's own.
  */
 int mloop_lookup (const char *what, struct mloop_device_state *out,
                   char *err, size_t errlen);
