@@ -6,7 +6,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -75,46 +77,107 @@ file_flush (struct mloop_store *store)
   return fdatasync (e->backing.fd) == -1 ? -errno : 0;
 }
 
-/* Submits one probe iocb on a scratch ring and returns its result. */
+/* Submits one probe iocb on RING and returns its result. */
 static long
-probe_iocb (struct iocb *iocb)
+probe_iocb (struct mloop_aio_ring *ring, struct iocb *iocb)
 {
-  struct mloop_aio_ring ring;
   struct io_event ev;
-  long res;
   int r;
 
-  r = mloop_aio_ring_init (&ring, 1);
-  if (r < 0)
-    return r;
-  r = mloop_aio_ring_submit (&ring, &iocb, 1);
+  r = mloop_aio_ring_submit (ring, &iocb, 1);
   if (r != 1)
-    res = r < 0 ? r : -EIO;
-  else {
-    r = mloop_aio_ring_reap (&ring, 1, &ev, 1, NULL);
-    res = r == 1 ? (long) ev.res : -EIO;
-  }
-  mloop_aio_ring_destroy (&ring);
-  return res;
+    return r < 0 ? r : -EIO;
+  r = mloop_aio_ring_reap (ring, 1, &ev, 1, NULL);
+  return r == 1 ? (long) ev.res : -EIO;
+}
+
+/* What the probes found, per filesystem (or for block devices, which
+ * all flush alike), for the life of the process: the answers depend on
+ * the kernel and the filesystem only, and a process that opens many
+ * images (mloopd) would otherwise pay a scratch context's io_destroy,
+ * an RCU grace period (tens of ms under emulation), for each.
+ */
+#define PROBED_MAX 64
+
+static struct probed {
+  dev_t dev;
+  mode_t type;
+  bool fua_known, fua_in_aio, flush_in_aio;
+} probed[PROBED_MAX];
+static unsigned probed_count;
+static pthread_mutex_t probed_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* The entry for FD's filesystem, or NULL (not probed yet, or no room:
+ * then probed each time).  Called with probed_lock held.
+ */
+static struct probed *
+probed_find (int fd, bool add)
+{
+  struct stat st;
+
+  if (fstat (fd, &st) == -1)
+    return NULL;
+  st.st_mode &= S_IFMT;
+  if (st.st_mode == S_IFBLK)
+    st.st_dev = 0;
+  for (unsigned i = 0; i < probed_count; i++)
+    if (probed[i].dev == st.st_dev && probed[i].type == st.st_mode)
+      return &probed[i];
+  if (!add || probed_count == PROBED_MAX)
+    return NULL;
+  probed[probed_count] = (struct probed) { .dev = st.st_dev,
+                                           .type = st.st_mode };
+  return &probed[probed_count++];
 }
 
 /* Asks the kernel whether it takes RWF_DSYNC on AIO writes and
- * IOCB_CMD_FDSYNC, with harmless requests: a zero-length write and a
- * flush of an idle file.
+ * IOCB_CMD_FDSYNC, with harmless requests on one scratch context: a
+ * zero-length write and a flush of an idle file.  Once per filesystem
+ * (probed).
  */
 static void
 file_probe_features (struct mloop_store *store)
 {
   struct mloop_file_store *e = (struct mloop_file_store *) store;
+  struct mloop_aio_ring ring;
   struct iocb iocb;
   struct iovec iov = { NULL, 0 };
+  struct probed *p;
+  bool ring_open;
 
+  pthread_mutex_lock (&probed_lock);
+  p = probed_find (write_fd (e), false);
+  if (p && p->fua_known) {
+    e->fua_in_aio = p->fua_in_aio;
+    e->flush_in_aio = p->flush_in_aio;
+  }
+  pthread_mutex_unlock (&probed_lock);
+  if (p && p->fua_known)
+    return;
+  /* Not under the lock: a stalled disk's flush would hold up every
+   * other image's open.
+   */
+  ring_open = mloop_aio_ring_init (&ring, 1) == 0;
   if (e->backing.writable) {
     io_prep_pwritev2 (&iocb, write_fd (e), &iov, 0, 0, RWF_DSYNC);
-    e->fua_in_aio = probe_iocb (&iocb) >= 0;
+    e->fua_in_aio = ring_open && probe_iocb (&ring, &iocb) >= 0;
   }
   io_prep_fdsync (&iocb, write_fd (e));
-  e->flush_in_aio = probe_iocb (&iocb) >= 0;
+  e->flush_in_aio = ring_open && probe_iocb (&ring, &iocb) >= 0;
+  if (!ring_open)
+    return;
+  mloop_aio_ring_destroy (&ring);
+  /* Remembered once both were asked. */
+  if (e->backing.writable) {
+    pthread_mutex_lock (&probed_lock);
+    p = probed_find (write_fd (e), true);
+    if (p) {
+      p->fua_known = true;
+      p->fua_in_aio = e->fua_in_aio;
+      p->flush_in_aio = e->flush_in_aio;
+    }
+    pthread_mutex_unlock (&probed_lock);
+  }
 }
 
 static void
