@@ -585,10 +585,16 @@ dispatch_init (struct dispatch *d, struct mloop_engine *engine,
 }
 
 void
-dispatch_destroy (struct dispatch *d)
+dispatch_close_rings (struct dispatch *d)
 {
   mloop_aio_ring_destroy (&d->old);
   mloop_aio_ring_destroy (&d->ring);
+}
+
+void
+dispatch_destroy (struct dispatch *d)
+{
+  dispatch_close_rings (d);
   close (d->aio_efd);
   offload_inbox_destroy (&d->done);
   free (d->batch);

@@ -74,6 +74,10 @@ bool mloop_test_ack_flush_early (void);
  */
 int dispatch_init (struct dispatch *d, struct mloop_engine *engine,
                    struct offload *offload, unsigned ring_depth);
+/* Closes D's AIO contexts (a request after this opens one again), on
+ * the thread that ends: see worker_main.
+ */
+void dispatch_close_rings (struct dispatch *d);
 /* Closes what dispatch_init() opened; nothing may be in flight. */
 void dispatch_destroy (struct dispatch *d);
 

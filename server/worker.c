@@ -219,6 +219,11 @@ worker_main (void *arg)
       break;
     trim_heap_if_idle (w, n == 0);
   }
+  /* Here, not in worker_stop: io_destroy waits for an RCU grace period
+   * (tens of ms under emulation), and the workers stopped together wait
+   * for theirs at once rather than one after another.
+   */
+  dispatch_close_rings (&w->dispatch);
   return NULL;
 }
 
