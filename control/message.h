@@ -4,7 +4,8 @@
  * A message is one datagram of a SOCK_SEQPACKET Unix socket: fields
  * "key=value", each ended by a NUL, at most MLOOP_CONTROL_MAX_BYTES in
  * all, with at most MLOOP_CONTROL_MAX_FDS descriptors passed along it
- * (SCM_RIGHTS: the image a caller opened, an overlay).  Keys are short
+ * (SCM_RIGHTS: the image a caller opened, an overlay, a device's
+ * connections: up to 16).  Keys are short
  * lower-case words, each at most once; a value is any bytes but NUL
  * (a path is bytes, not text).
  *
@@ -24,7 +25,7 @@
 #define MLOOP_CONTROL_MAX_BYTES 65536
 #define MLOOP_CONTROL_MAX_FIELDS 64
 #define MLOOP_CONTROL_MAX_KEY 32
-#define MLOOP_CONTROL_MAX_FDS 4
+#define MLOOP_CONTROL_MAX_FDS 16
 
 /* A message being written: add fields, then send it. */
 struct mloop_control_out {

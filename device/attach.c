@@ -482,6 +482,10 @@ struct opener {
   const struct mloop_nbd_address *address;      /* attach_remote's */
   unsigned n;
   bool read_only;
+  /* attach_local's, served inside mloopd: the connections its keep's
+   * answer brought, used by the first open (taken: n_fds 0).
+   */
+  struct mloop_service_kept *given;
 };
 
 /* How long the kernel may take to start reading every connection, and
@@ -728,6 +732,17 @@ static int
 open_local (const struct opener *o, int *fds, struct mloop_nbd_export *x,
             char *err, size_t errlen)
 {
+  struct mloop_service_kept *given = o->given;
+
+  /* Made by mloopd, in transmission already: no handshake.  A second
+   * try (another attach took the device chosen) negotiates anew.
+   */
+  if (given && given->n_fds == o->n) {
+    memcpy (fds, given->fds, o->n * sizeof *fds);
+    *x = given->export;
+    given->n_fds = 0;
+    return (int) o->n;
+  }
   if (mloop_nbd_connect_unix (o->socket_path, o->n, fds, x, err,
                               errlen) == -1)
     return -1;
@@ -801,8 +816,10 @@ attach_local (const struct mloop_attach_request *req, const char *file,
     .read_only = req->read_only,
     .io_timeout = io_timeout,
   };
+  struct mloop_service_kept kept = { .n_fds = 0 };
   const struct opener o = {
     .open = open_local, .socket_path = sock, .n = wanted_connections (req),
+    .given = &kept,
   };
 
   int r;
@@ -811,13 +828,13 @@ attach_local (const struct mloop_attach_request *req, const char *file,
   /* mloopd keeps it where mloopd listens; not an image held open by the
    * caller, whose descriptor mloopd does not take.
    */
-  r = req->has_image_fd ? 0 : mloop_service_keep (&spec, s->dir,
-                                                  &s->server_pid,
-                                                  &s->server_in_process,
+  r = req->has_image_fd ? 0 : mloop_service_keep (&spec, s->dir, o.n, &kept,
                                                   err, errlen);
   if (r == -1)
     return -1;
   s->service_kept = r == 1;
+  s->server_pid = kept.server;
+  s->server_in_process = kept.in_process;
   if (!s->service_kept) {
     mloop_held_image_set (req->has_image_fd ? req->image_fd : -1);
     r = mloop_supervisor_start (&spec, s->dir, SERVER_START_TIMEOUT_MS,
@@ -828,7 +845,10 @@ attach_local (const struct mloop_attach_request *req, const char *file,
       return -1;
   }
   mloop_step_done (req->steps, "server start");
-  if (connect_kernel (req, &o, file, s, err, errlen) == -1) {
+  r = connect_kernel (req, &o, file, s, err, errlen);
+  /* Those a failure left untaken. */
+  mloop_nbd_close_all (kept.fds, kept.n_fds);
+  if (r == -1) {
     stop_processes (s);
     return -1;
   }

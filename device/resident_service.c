@@ -120,10 +120,45 @@ ask_about (const char *op, const char *dir, char *err, size_t errlen)
   return ask_for_ok (out, err, errlen);
 }
 
+/* The connections in IN, a keep's answer, into *KEPT if they are the
+ * WANT asked for and their export is told whole; else none (closed).
+ */
+static void
+take_connections (struct mloop_control_in *in, unsigned want,
+                  struct mloop_service_kept *kept)
+{
+  struct mloop_nbd_export *x = &kept->export;
+  const char *key[] = { "connections", "size", "flags", "min-block",
+                        "preferred-block", "max-block" };
+  guint64 v[G_N_ELEMENTS (key)];
+  size_t i;
+
+  kept->n_fds = 0;
+  for (i = 0; i < G_N_ELEMENTS (key); i++) {
+    const char *text = mloop_control_get (in, key[i]);
+
+    if (text == NULL ||
+        !g_ascii_string_to_unsigned (text, 10, 0, G_MAXUINT64, &v[i], NULL))
+      return;
+  }
+  if (v[0] != want || in->n_fds != want || v[2] > G_MAXUINT16 ||
+      v[3] > G_MAXUINT32 || v[4] > G_MAXUINT32 || v[5] > G_MAXUINT32)
+    return;
+  *x = (struct mloop_nbd_export) {
+    .size = v[1], .flags = (uint16_t) v[2], .min_block = (uint32_t) v[3],
+    .preferred_block = (uint32_t) v[4], .max_block = (uint32_t) v[5],
+  };
+  for (i = 0; i < in->n_fds; i++) {
+    kept->fds[i] = in->fds[i];
+    in->fds[i] = -1;
+  }
+  kept->n_fds = want;
+}
+
 int
 mloop_service_keep (const struct mloop_server_spec *spec, const char *dir,
-                    pid_t *server, bool *in_process, char *err,
-                    size_t errlen)
+                    unsigned connections, struct mloop_service_kept *kept,
+                    char *err, size_t errlen)
 {
   struct mloop_control_out *out = g_new (struct mloop_control_out, 1);
   struct mloop_control_in *in = g_new (struct mloop_control_in, 1);
@@ -147,6 +182,7 @@ mloop_service_keep (const struct mloop_server_spec *spec, const char *dir,
   NUMBER ("sizelimit", spec->sizelimit);
   NUMBER ("threads", spec->threads);
   NUMBER ("io-timeout", spec->io_timeout);
+  NUMBER ("connections", connections);
 #undef NUMBER
   if (spec->read_only)
     mloop_control_add (out, "read-only", "1");
@@ -157,9 +193,11 @@ mloop_service_keep (const struct mloop_server_spec *spec, const char *dir,
     r = ask (out, in, err, errlen);
   if (r == 1) {
     pid = mloop_control_get (in, "server-pid");
-    *server = pid ? (pid_t) atoi (pid) : 0;
-    *in_process = g_strcmp0 (mloop_control_get (in, "in-process"),
-                             "1") == 0;
+    kept->server = pid ? (pid_t) atoi (pid) : 0;
+    kept->in_process = g_strcmp0 (mloop_control_get (in, "in-process"),
+                                  "1") == 0;
+    take_connections (in, connections, kept);
+    /* Closes what descriptors were not taken. */
     mloop_control_in_clear (in);
   }
   g_free (out);

@@ -15,6 +15,8 @@
 #include <stddef.h>
 #include <sys/types.h>
 
+#include "message.h"
+#include "nbd_client.h"
 #include "server_process.h"
 
 /* The control socket's name in mloop's runtime directory. */
@@ -25,15 +27,31 @@
  */
 #define MLOOP_SERVICE_LOCK "mloopd.lock"
 
+/* What mloopd answers a keep. */
+struct mloop_service_kept {
+  pid_t server;                 /* the server's pid; mloopd's own when */
+  bool in_process;              /* it serves inside mloopd */
+  /* Served inside mloopd: the connections asked for, which need no
+   * handshake, and the export they are to (what a handshake would have
+   * said).  n_fds is 0 when there are none: the attach then connects
+   * through the device's socket.
+   */
+  int fds[MLOOP_CONTROL_MAX_FDS];
+  unsigned n_fds;
+  struct mloop_nbd_export export;
+};
+
 /* Asks mloopd to start the server SPEC describes for the device whose
- * directory is DIR and keep it (the paths in SPEC must be DIR's own).
- * 1 with *SERVER (its pid) and *IN_PROCESS (it serves inside mloopd,
- * SERVER being mloopd's pid), 0 when no mloopd listens here, -1 with
- * ERR (its refusal: a server that did not start, in the server's words).
+ * directory is DIR and keep it (the paths in SPEC must be DIR's own),
+ * and, should it serve the device inside itself, for CONNECTIONS
+ * connections to it.  1 with *KEPT, 0 when no mloopd listens here, -1
+ * with ERR (its refusal: a server that did not start, in the server's
+ * words).
  */
 int mloop_service_keep (const struct mloop_server_spec *spec,
-                        const char *dir, pid_t *server, bool *in_process,
-                        char *err, size_t errlen);
+                        const char *dir, unsigned connections,
+                        struct mloop_service_kept *kept, char *err,
+                        size_t errlen);
 
 /* Asks mloopd to keep the device whose directory is DIR on the remote
  * export URI (it reconnects the connections the kernel drops): 1, 0

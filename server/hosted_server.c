@@ -33,24 +33,26 @@ struct hosted_server {
   pthread_t acceptor;
 };
 
-/* What every hosted server of the process shares: made with the first,
- * ended with the last.
+/* What every hosted server of the process shares: made with the first
+ * and kept for the process's life, since a process that hosts servers
+ * hosts them for its life, and one device attached and detached at a
+ * time would otherwise start and stop the helper threads each time.
  */
 static struct {
   pthread_mutex_t lock;
-  unsigned users;
+  bool made;
   struct budget budget;
   struct offload *offload;
   bool splice;                  /* splice_out_works(), asked once */
 } shared = { .lock = PTHREAD_MUTEX_INITIALIZER };
 
 static int
-shared_hold (char *err, size_t errlen)
+shared_make (char *err, size_t errlen)
 {
   int r = 0;
 
   pthread_mutex_lock (&shared.lock);
-  if (shared.users == 0) {
+  if (!shared.made) {
     budget_init (&shared.budget, BUDGET_SERVER_DEFAULT, BUDGET_CONN_DEFAULT);
     shared.offload = offload_start (OFFLOAD_THREADS_DEFAULT);
     if (shared.offload == NULL) {
@@ -58,25 +60,13 @@ shared_hold (char *err, size_t errlen)
                 OFFLOAD_THREADS_DEFAULT, strerror (errno));
       r = -1;
     }
-    else
+    else {
       shared.splice = splice_out_works ();
+      shared.made = true;
+    }
   }
-  if (r == 0)
-    shared.users++;
   pthread_mutex_unlock (&shared.lock);
   return r;
-}
-
-static void
-shared_release (void)
-{
-  pthread_mutex_lock (&shared.lock);
-  if (--shared.users == 0) {
-    /* Idle: every worker of every image waited for its jobs. */
-    offload_stop (shared.offload);
-    shared.offload = NULL;
-  }
-  pthread_mutex_unlock (&shared.lock);
 }
 
 static void
@@ -153,7 +143,7 @@ hosted_server_open (const struct hosted_server_config *c,
   }
   h->stop_efd = -1;
   h->listener.fd = -1;
-  if (shared_hold (err, errlen) == -1) {
+  if (shared_make (err, errlen) == -1) {
     free (h);
     return NULL;
   }
@@ -210,9 +200,55 @@ hosted_server_open (const struct hosted_server_config *c,
  fail_image:
   served_image_close (&h->image);
  fail_shared:
-  shared_release ();
   free (h);
   return NULL;
+}
+
+void
+hosted_server_export (struct hosted_server *h, uint64_t *size,
+                      uint16_t *flags, uint32_t *min_block,
+                      uint32_t *preferred_block, uint32_t *max_block)
+{
+  const struct export_info *x = &h->image.export;
+
+  *size = mloop_engine_size (&h->image.engine);
+  *flags = x->transmission_flags;
+  *min_block = x->min_block;
+  *preferred_block = x->preferred_block;
+  *max_block = x->max_block;
+}
+
+int
+hosted_server_pair (struct hosted_server *h, unsigned n, int *fds,
+                    char *err, size_t errlen)
+{
+  int ours[64], pair[2];
+  unsigned i;
+
+  if (n > sizeof ours / sizeof *ours) {
+    snprintf (err, errlen, "%u connections: at most %zu", n,
+              sizeof ours / sizeof *ours);
+    return -1;
+  }
+  for (i = 0; i < n; i++) {
+    if (socketpair (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) == -1) {
+      snprintf (err, errlen, "socketpair: %s", strerror (errno));
+      while (i-- > 0) {
+        close (ours[i]);
+        close (fds[i]);
+      }
+      return -1;
+    }
+    ours[i] = pair[0];
+    fds[i] = pair[1];
+  }
+  /* Only once all are made: a worker's connection cannot be taken back. */
+  for (i = 0; i < n; i++) {
+    const struct session none = { 0 };
+
+    served_image_add_connection (&h->image, ours[i], &none);
+  }
+  return 0;
 }
 
 int
@@ -241,6 +277,5 @@ hosted_server_close (struct hosted_server *h)
   if (h->stats)
     mloop_stats_close (h->stats);
   served_image_close (&h->image);
-  shared_release ();
   free (h);
 }

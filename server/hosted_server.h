@@ -51,6 +51,20 @@ struct hosted_server_config {
 struct hosted_server *hosted_server_open (const struct hosted_server_config *c,
                                           char *err, size_t errlen);
 
+/* What a handshake would announce now: size, flags, block sizes. */
+void hosted_server_export (struct hosted_server *h, uint64_t *size,
+                           uint16_t *flags, uint32_t *min_block,
+                           uint32_t *preferred_block, uint32_t *max_block);
+
+/* N connections already in transmission, with no handshake: socket
+ * pairs whose one end each the server serves (as a client that
+ * negotiated nothing, the kernel's way) and whose other ends are put in
+ * FDS, for the caller to hand to the kernel (the one the export's
+ * numbers above describe).  0, or -1 with ERR and nothing made.
+ */
+int hosted_server_pair (struct hosted_server *h, unsigned n, int *fds,
+                        char *err, size_t errlen);
+
 /* Reads the image's size again (it was resized): later handshakes
  * announce it and later requests are checked against it.  0, or -1 with
  * ERR (the old size stays).

@@ -861,6 +861,28 @@ keeper_restart_server (struct keeper *k)
 
 /* --- The keeper's life ------------------------------------------------ */
 
+static int
+no_device (void *unused)
+{
+  return -1;
+}
+
+static void
+nothing_to_heal (void *unused)
+{
+}
+
+void
+keeper_hold_shared (void)
+{
+  static struct dead_slots held;
+
+  kernel_log_hold ();
+  dead_slots_listen (&held, no_device, nothing_to_heal, NULL,
+                     "connections the kernel drops will not be reconnected",
+                     stderr);
+}
+
 struct keeper *
 keeper_new (const struct keeper_config *config)
 {
@@ -1110,6 +1132,20 @@ keeper_take_over (struct keeper *k, pid_t server, char *err, size_t errlen)
   k->slots.lost = TRUE;
   heal_soon (k);
   return 0;
+}
+
+int
+keeper_connections (struct keeper *k, unsigned n, int *fds,
+                    struct mloop_nbd_export *x, char *err, size_t errlen)
+{
+  if (k->hosted == NULL) {
+    snprintf (err, errlen, "%s is not served inside this process",
+              k->dir);
+    return -1;
+  }
+  hosted_server_export (k->hosted, &x->size, &x->flags, &x->min_block,
+                        &x->preferred_block, &x->max_block);
+  return hosted_server_pair (k->hosted, n, fds, err, errlen);
 }
 
 pid_t

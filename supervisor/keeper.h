@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <sys/types.h>
 
+#include "nbd_client.h"
 #include "server_process.h"
 
 struct keeper;
@@ -40,6 +41,14 @@ struct keeper_config {
   void (*released) (struct keeper *k, void *data);
   void *data;
 };
+
+/* For a process that keeps devices for its life (mloopd): holds what
+ * every keeper shares, the kernel log and the subscription to the
+ * kernel's announcements, from now on, instead of from each first
+ * device to each last (opening them costs a netlink family lookup, and
+ * one device attached and detached at a time would pay it each time).
+ */
+void keeper_hold_shared (void);
 
 /* A keeper for the device CONFIG describes (copied; its strings too),
  * listening for the kernel's announcements of dropped connections
@@ -96,6 +105,15 @@ int keeper_take_over (struct keeper *k, pid_t server, char *err,
  * for `mloop resize`.
  */
 void keeper_restart_server (struct keeper *k);
+
+/* For a device served inside this process (spec.in_process): N
+ * connections to its server that need no handshake, in FDS, and what
+ * its export is in *X, for an attach to hand the kernel.  0, or -1 with
+ * ERR: not served here, or not yet.
+ */
+int keeper_connections (struct keeper *k, unsigned n, int *fds,
+                        struct mloop_nbd_export *x, char *err,
+                        size_t errlen);
 
 /* The current server's pid, 0 between servers. */
 pid_t keeper_server_pid (const struct keeper *k);

@@ -13,9 +13,13 @@
  *
  *   op=keep dir=DIR server=native|nbdkit image=IMAGE [overlay=FILE]
  *           [offset=N] [sizelimit=N] [threads=N] [read-only=1]
- *           [io-timeout=S]
+ *           [io-timeout=S] [connections=N]
  *       starts the device's server and keeps it; answers server-pid=N
- *       once it listens.  DIR holds the device's state, or its attach
+ *       once it listens.  Served inside mloopd (--serve=in-process),
+ *       the answer adds in-process=1 and, for connections=N (1..16), N
+ *       connections in transmission already (no handshake) and what a
+ *       handshake would have said: size, flags, min-block,
+ *       preferred-block, max-block.  DIR holds the device's state, or its attach
  *       holds DIR's lock (drop_if_attach_died)
  *   op=keep dir=DIR remote=URI
  *       keeps a remote export's device (remote.h): no server of ours,
@@ -113,6 +117,10 @@ struct kept {
    */
   bool made;
   bool in_process;              /* its server is served inside mloopd */
+  /* The keep's connections=N: served inside mloopd, the answer brings N
+   * connections that need no handshake.  0: none asked.
+   */
+  unsigned connections;
 };
 
 static GHashTable *kept;        /* dir -> struct kept */
@@ -343,15 +351,55 @@ read_spec (const struct mloop_control_in *in, struct mloop_server_spec *spec,
 
 static gboolean on_request (gint sock, GIOCondition c, gpointer unused);
 
-/* Sends OUT to a client whose answer waited, and reads its next request. */
+/* Sends OUT (with the N_FDS descriptors FDS) to a client whose answer
+ * waited, and reads its next request.
+ */
 static void
-answer_waiting (int sock, const struct mloop_control_out *out)
+answer_waiting_with (int sock, const struct mloop_control_out *out,
+                     const int *fds, size_t n_fds)
 {
-  if (mloop_control_send (sock, out, NULL, 0) == -1) {
+  if (mloop_control_send (sock, out, fds, n_fds) == -1) {
     close (sock);
     return;
   }
   g_unix_fd_add (sock, G_IO_IN | G_IO_HUP | G_IO_ERR, on_request, NULL);
+}
+
+static void
+answer_waiting (int sock, const struct mloop_control_out *out)
+{
+  answer_waiting_with (sock, out, NULL, 0);
+}
+
+/* A keep's answer for a device served inside mloopd, asked for N
+ * connections: N that need no handshake in FDS, and what a handshake
+ * would have said of the export in OUT (size, flags, block sizes).  The
+ * number made (0 when they could not be: the attach then connects
+ * through the socket, as to a server of its own).
+ */
+static unsigned
+add_connections (struct kept *d, struct mloop_control_out *out, int *fds)
+{
+  struct mloop_nbd_export x;
+  char err[512], n[32];
+
+  if (keeper_connections (d->k, d->connections, fds, &x, err,
+                          sizeof err) == -1) {
+    say_to (d->log, "connections for the attach: %s; it connects through "
+            "the socket", err);
+    return 0;
+  }
+#define NUMBER(key, value)                                      \
+  snprintf (n, sizeof n, "%llu", (unsigned long long) (value)); \
+  mloop_control_add (out, key, n);
+  NUMBER ("connections", d->connections);
+  NUMBER ("size", x.size);
+  NUMBER ("flags", x.flags);
+  NUMBER ("min-block", x.min_block);
+  NUMBER ("preferred-block", x.preferred_block);
+  NUMBER ("max-block", x.max_block);
+#undef NUMBER
+  return d->connections;
 }
 
 /* A keep is asked by `mloop attach` between its claim and the device's
@@ -414,7 +462,8 @@ on_kept (struct keeper *k, const char *start_err, void *data)
 {
   struct kept *d = data;
   struct mloop_control_out out;
-  int sock = d->waiting;
+  int sock = d->waiting, fds[MLOOP_CONTROL_MAX_FDS];
+  unsigned n_fds = 0;
   char pid[32];
 
   d->waiting = -1;
@@ -431,8 +480,13 @@ on_kept (struct keeper *k, const char *start_err, void *data)
     mloop_control_add (&out, "server-pid", pid);
     if (d->in_process)
       mloop_control_add (&out, "in-process", "1");
+    if (d->in_process && d->connections > 0)
+      n_fds = add_connections (d, &out, fds);
   }
-  answer_waiting (sock, &out);
+  answer_waiting_with (sock, &out, fds, n_fds);
+  /* The attach has them (or, gone, the connections end with ours). */
+  for (unsigned i = 0; i < n_fds; i++)
+    close (fds[i]);
 }
 
 /* op=keep from the client on SOCK (an attach under way, its directory's
@@ -446,6 +500,8 @@ keep (const struct mloop_control_in *in, struct mloop_control_out *out,
 {
   const char *dir = mloop_control_get (in, "dir");
   const char *remote = mloop_control_get (in, "remote");
+  const char *connections_text = mloop_control_get (in, "connections");
+  guint64 connections = 0;
   struct mloop_server_spec spec;
   struct kept *d;
   char err[1024];
@@ -456,6 +512,14 @@ keep (const struct mloop_control_in *in, struct mloop_control_out *out,
     goto fail;
   if (g_hash_table_contains (kept, dir)) {
     snprintf (err, sizeof err, "%s is kept already", dir);
+    goto fail;
+  }
+  if (connections_text &&
+      !g_ascii_string_to_unsigned (connections_text, 10, 1,
+                                   MLOOP_CONTROL_MAX_FDS, &connections,
+                                   NULL)) {
+    snprintf (err, sizeof err, "keep: connections=%s is not a number from "
+              "1 to %d", connections_text, MLOOP_CONTROL_MAX_FDS);
     goto fail;
   }
   /* Asked by an attach under way, or for a device made: else nothing
@@ -491,6 +555,7 @@ keep (const struct mloop_control_in *in, struct mloop_control_out *out,
   }
   g_hash_table_insert (kept, d->dir, d);
   d->in_process = spec.in_process;
+  d->connections = connections;
   d->waiting = sock;
   keeper_start_async (d->k, on_kept, d);
   return false;
@@ -1088,6 +1153,7 @@ main (int argc, char **argv)
    */
   g_timeout_add_seconds (STRAY_REAP_S, reap_strays, NULL);
   g_timeout_add_seconds (ATTACH_CHECK_S, check_attaches, NULL);
+  keeper_hold_shared ();
   take_over_recorded ();
   listening = g_unix_fd_add (listener, G_IO_IN, on_connect, NULL);
   say ("mloopd pid %d keeps %u device(s), listening on %s", (int) getpid (),

@@ -5,7 +5,9 @@ no process per device, the same socket and handshake as mloop-server.
 On the host, with no kernel NBD client: mloopd keeps DEVICES directories
 under its own runtime directory, asked over its control socket as mloop
 asks it.  Each keep is answered with mloopd's own pid and in-process=1,
-and no child process is started; each export reads back its image
+and no child process is started; a keep asking for connections (as
+`mloop attach` does) brings them, in transmission with no handshake,
+and the export's numbers; more than one answer can bring are refused; each export reads back its image
 through libnbd, and a write through one reads back through another
 connection.  A planned restart (what `mloop resize` asks) makes a grown
 image's new size what the next handshake announces.  A drop removes the
@@ -18,6 +20,8 @@ Root (mloopd answers root only).  About 2 s (standard tier, client
 suite)."""
 import os
 import signal
+import socket
+import struct
 import subprocess
 
 import nbd
@@ -69,6 +73,38 @@ def reads_back(i, data):
         return False
 
 
+def keep_with_connections(directory, image, n):
+    """op=keep asking for N connections: the answer's fields and the
+    descriptors it brought."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+        s.settimeout(60)
+        s.connect(control)
+        s.send(b"".join(f"{k}={v}".encode() + b"\0" for k, v in
+                        dict(op="keep", dir=directory, server="native", image=image,
+                             threads=1, connections=n).items()))
+        data, fds, _, _ = socket.recv_fds(s, 70000, 32)
+    return dict(f.decode().split("=", 1) for f in data.split(b"\0") if f), fds
+
+
+def nbd_read(fd, offset, length, handle):
+    """One NBD_CMD_READ on a connection in transmission already: the
+    data, or an AssertionError naming the reply's error."""
+    sock = socket.socket(fileno=os.dup(fd))
+    try:
+        sock.settimeout(10)
+        sock.sendall(struct.pack(">IHHQQI", 0x25609513, 0, 0, handle, offset, length))
+        reply = b""
+        while len(reply) < 16 + length:
+            chunk = sock.recv(16 + length - len(reply))
+            assert chunk, "the connection closed before the reply"
+            reply += chunk
+        magic, error, got = struct.unpack(">IIQ", reply[:16])
+        assert magic == 0x67446698 and error == 0 and got == handle, (magic, error, got)
+        return reply[16:]
+    finally:
+        sock.close()
+
+
 def children(pid):
     return subprocess.run(["pgrep", "-P", str(pid)], capture_output=True,
                           text=True).stdout.split()
@@ -91,6 +127,27 @@ for i in range(DEVICES):
     check(f"device {i} kept inside mloopd",
           a.get("ok") == "1" and a.get("server-pid") == str(mloopd.pid) and
           a.get("in-process") == "1", a)
+# As `mloop attach` asks: the keep's answer brings the connections the
+# kernel is to have, in transmission already, and the export's numbers.
+given_dir = os.path.join(run, "dev-given")
+given_data = harness.pattern(SIZE, 77)
+given_image = harness.make_image(SIZE, given_data)
+attaches.append(mloopd_control.attaching(given_dir))
+a, none = keep_with_connections(given_dir, given_image, 17)
+check("refused: more connections than one answer can bring",
+      "connections=17" in a.get("error", "") and not none, a)
+a, given = keep_with_connections(given_dir, given_image, 3)
+check("a keep asking for 3 connections brings 3, and the export's numbers",
+      a.get("ok") == "1" and len(given) == 3 and a.get("connections") == "3" and
+      a.get("size") == str(SIZE) and int(a.get("flags", 0)) & 1 and
+      int(a.get("min-block", 0)) > 0, (a, given))
+check("each connection given reads the image with no handshake",
+      all(nbd_read(fd, 4096 * i, 4096, 100 + i) == given_data[4096 * i:4096 * (i + 1)]
+          for i, fd in enumerate(given)))
+for fd in given:
+    os.close(fd)
+check("given dropped", ask(op="drop", dir=given_dir).get("ok") == "1")
+
 check("no process started for any device", children(mloopd.pid) == [],
       children(mloopd.pid))
 check("no pid file: no server process",

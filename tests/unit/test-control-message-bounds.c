@@ -34,7 +34,7 @@ open_fds (void)
 static void
 send_raw (int s, const void *data, size_t len, size_t n_fds)
 {
-  int fds[8];
+  int fds[MLOOP_CONTROL_MAX_FDS + 1];
   char space[CMSG_SPACE (sizeof fds)];
   struct iovec iov = { .iov_base = (void *) data, .iov_len = len };
   struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
@@ -121,7 +121,8 @@ main (void)
   CHECK (read (r, &byte, 1) == 1 && byte == 'x', "the passed pipe is not it");
   close (r);
   CHECK (mloop_control_take_fd (&in, 0) == -1, "a descriptor taken twice");
-  CHECK (mloop_control_take_fd (&in, 7) == -1, "a descriptor out of range");
+  CHECK (mloop_control_take_fd (&in, MLOOP_CONTROL_MAX_FDS) == -1,
+         "a descriptor out of range");
   mloop_control_in_clear (&in);
   close (pipefd[0]);
   close (pipefd[1]);
@@ -141,7 +142,8 @@ main (void)
   expect_refused (sv[0], sv[1], "OP=attach\0", 10, 0, "not key=value");
   expect_refused (sv[0], sv[1], "=attach\0", 8, 0, "not key=value");
   expect_refused (sv[0], sv[1], "op=a\0op=b\0", 10, 3, "given twice");
-  expect_refused (sv[0], sv[1], "op=attach\0", 10, 5, "descriptors");
+  expect_refused (sv[0], sv[1], "op=attach\0", 10, MLOOP_CONTROL_MAX_FDS + 1,
+                  "descriptors");
   memset (big, 0, sizeof big);
   for (int i = 0; i <= MLOOP_CONTROL_MAX_FIELDS; i++)
     snprintf (big + i * 7, 7, "k%03d=v", i);
