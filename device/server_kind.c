@@ -71,6 +71,8 @@ native_command (const struct mloop_server_config *c, GPtrArray *argv)
     add (argv, g_strdup_printf ("--sizelimit=%" PRIu64, c->sizelimit));
   if (c->overlay)
     add (argv, g_strdup_printf ("--overlay=%s", c->overlay));
+  if (c->overlay && c->overlay_must_exist)
+    add (argv, g_strdup ("--overlay-must-exist"));
   if (c->kernel_client)
     add (argv, g_strdup ("--splice=on"));
   if (c->lock_record)
@@ -144,6 +146,8 @@ nbdkit_command (const struct mloop_server_config *c, GPtrArray *argv)
     add (argv, g_strdup_printf ("sizelimit=%" PRIu64, c->sizelimit));
   if (c->overlay)
     add (argv, g_strdup_printf ("overlay=%s", c->overlay));
+  if (c->overlay && c->overlay_must_exist)
+    add (argv, g_strdup ("overlay-must-exist=on"));
   if (c->lock_record)
     add (argv, g_strdup_printf ("lock-record=%s", c->lock_record));
   if (c->io_timeout)

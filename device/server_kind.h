@@ -33,6 +33,11 @@ struct mloop_server_config {
    * NULL: IMAGE itself is written.
    */
   const char *overlay;
+  /* Refuse to serve when there is no file at OVERLAY, rather than make
+   * an empty one (engine.h): every start of a device's server but its
+   * first.
+   */
+  bool overlay_must_exist;
   /* For an RBD image: where its servers record the exclusive lock's
    * holder (engine.h's lock_record), or NULL.
    */

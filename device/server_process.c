@@ -316,6 +316,7 @@ server_argv (const struct mloop_server_spec *spec)
   const struct mloop_server_config c = {
     .image = spec->image, .offset = spec->offset,
     .sizelimit = spec->sizelimit, .overlay = spec->overlay,
+    .overlay_must_exist = spec->overlay_must_exist,
     .lock_record = spec->lock_record, .io_timeout = spec->io_timeout,
     .listen = &listen,
     .pid_file = spec->pid_file,

@@ -25,6 +25,11 @@ struct mloop_server_spec {
   const char *image;
   uint64_t offset, sizelimit;   /* the window served (server_kind.h) */
   const char *overlay;          /* copy-on-write overlay, or NULL */
+  /* Refuse to start when the overlay is gone rather than make it anew
+   * (server_kind.h): set by the keeper for every start but the first,
+   * when the device is in use.
+   */
+  bool overlay_must_exist;
   const char *lock_record;      /* an RBD image's (server_kind.h), or NULL */
   unsigned io_timeout;          /* an RBD image's (server_kind.h), or 0 */
   const char *socket_path;      /* Unix socket to listen on */

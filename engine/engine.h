@@ -58,6 +58,12 @@ struct mloop_engine_config {
    * image of that size, and record 'path' as its base from now on.
    */
   bool overlay_adopt_base;
+  /* The overlay must be there already: none at 'overlay' is refused
+   * (-ENOENT), never made.  For every start of a device's server but
+   * the first: an empty overlay made under a device in use would have
+   * it read the base's bytes, the writes it was answered gone.
+   */
+  bool overlay_must_exist;
   /* For an rbd: store.  NULL: what librados finds by itself
    * ($CEPH_CONF, /etc/ceph/ceph.conf; client.admin or $CEPH_ARGS).
    */

@@ -558,15 +558,28 @@ mloop_file_store_open (struct mloop_store **out,
     return r;
   }
   if (cfg->overlay) {
+    enum mloop_overlay_base_check check = cfg->overlay_adopt_base
+      ? MLOOP_OVERLAY_ADOPT_BASE : MLOOP_OVERLAY_SAME_BASE;
+
     e->overlay = malloc (sizeof *e->overlay);
-    r = e->overlay == NULL ? -ENOMEM
-      : mloop_overlay_open (e->overlay, cfg->overlay, &e->backing,
-                            e->backing.direct,
-                            cfg->overlay_adopt_base ? MLOOP_OVERLAY_ADOPT_BASE
-                            : MLOOP_OVERLAY_SAME_BASE, err, errlen);
+    if (e->overlay == NULL)
+      r = -ENOMEM;
+    else if (cfg->overlay_must_exist)
+      r = mloop_overlay_open_existing (e->overlay, cfg->overlay, NULL,
+                                       &e->backing, e->backing.direct, check,
+                                       err, errlen);
+    else
+      r = mloop_overlay_open (e->overlay, cfg->overlay, &e->backing,
+                              e->backing.direct, check, err, errlen);
     if (r < 0) {
       if (r == -ENOMEM && e->overlay == NULL)
         snprintf (err, errlen, "no memory for an overlay");
+      /* Renamed or removed under a device in use: made empty, it would
+       * serve the base's bytes where the device's writes were.
+       */
+      if (r == -ENOENT && cfg->overlay_must_exist)
+        snprintf (err, errlen, "the overlay %s is gone: not making an "
+                  "empty one under a device in use", cfg->overlay);
       free (e->overlay);
       mloop_backing_close (&e->backing);
       free (e);

@@ -1868,11 +1868,11 @@ mloop_overlay_open (struct mloop_overlay *ov, const char *path,
 int
 mloop_overlay_open_existing (struct mloop_overlay *ov, const char *path,
                              const struct stat *expect,
-                             const struct mloop_backing *base,
+                             const struct mloop_backing *base, bool direct,
                              enum mloop_overlay_base_check check,
                              char *err, size_t errlen)
 {
-  return overlay_open (ov, path, expect, base, false, check, false, err,
+  return overlay_open (ov, path, expect, base, direct, check, false, err,
                        errlen);
 }
 

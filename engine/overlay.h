@@ -127,18 +127,20 @@ int mloop_overlay_open (struct mloop_overlay *ov, const char *path,
                         const struct mloop_backing *base, bool direct,
                         enum mloop_overlay_base_check check,
                         char *err, size_t errlen);
-/* The same, through the page cache, for an overlay that must exist
- * already (a merge, an adoption): none at PATH, or none once it is
- * locked, is -ENOENT, never a new one.  What PATH names is the caller's
- * to choose and may change meanwhile: one made there would be made
- * wherever a directory swapped for a symlink leads, by whoever runs the
- * command, root as well.  EXPECT, unless NULL, is the file the caller
- * looked at (its stat): any other is refused (-ESTALE) before its
- * header is read, let alone rewritten.
+/* The same for an overlay that must exist already (a merge, an
+ * adoption, a restarted server of a device in use): none at PATH, or
+ * none once it is locked, is -ENOENT, never a new one.  What PATH
+ * names is the caller's to choose and may change meanwhile: one made
+ * there would be made wherever a directory swapped for a symlink leads,
+ * by whoever runs the command, root as well.  EXPECT, unless NULL, is
+ * the file the caller looked at (its stat): any other is refused
+ * (-ESTALE) before its header is read, let alone rewritten.  DIRECT as
+ * for mloop_overlay_open (a merge goes through the page cache).
  */
 int mloop_overlay_open_existing (struct mloop_overlay *ov, const char *path,
                                  const struct stat *expect,
                                  const struct mloop_backing *base,
+                                 bool direct,
                                  enum mloop_overlay_base_check check,
                                  char *err, size_t errlen);
 void mloop_overlay_close (struct mloop_overlay *ov);

@@ -958,7 +958,7 @@ mloop_overlay_merge_checked (const char *path, const struct stat *checked,
       (r = refuse_loop_backed (&base, base_path, err, errlen)) < 0 ||
       (r = refuse_block_openers (&base, base_path, err, errlen)) < 0)
     goto out_base;
-  r = mloop_overlay_open_existing (&ov, path, checked, &base,
+  r = mloop_overlay_open_existing (&ov, path, checked, &base, false,
                                    adopt ? MLOOP_OVERLAY_MERGE_ANY_BASE
                                    : MLOOP_OVERLAY_MERGE_BASE, err, errlen);
   if (r < 0)
@@ -1095,7 +1095,7 @@ mloop_overlay_adopt_checked (const char *path, const struct stat *checked,
               "it (mloop overlay commit): %s: not adopted", base_path,
               strerror (-r));
   else {
-    r = mloop_overlay_open_existing (&ov, path, checked, &base,
+    r = mloop_overlay_open_existing (&ov, path, checked, &base, false,
                                      MLOOP_OVERLAY_ADOPT_BASE, err, errlen);
     if (r == 0)
       mloop_overlay_close (&ov);

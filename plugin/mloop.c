@@ -234,6 +234,12 @@ mloop_config (const char *key, const char *value)
       return -1;
     }
   }
+  else if (strcmp (key, "overlay-must-exist") == 0) {
+    if (mloop_on_off_parse (value, &config.overlay_must_exist) < 0) {
+      nbdkit_error ("overlay-must-exist=%s: must be on or off", value);
+      return -1;
+    }
+  }
   else if (strcmp (key, "direct") == 0) {
     if (mloop_direct_mode_parse (value, &config.direct) < 0) {
       nbdkit_error ("direct=%s: must be auto, on or off", value);
@@ -281,6 +287,9 @@ mloop_config_complete (void)
   "overlay-adopt-base=on|off\n" \
   "                    Use the overlay over this file though it was made\n" \
   "                    for another, and record this one (default off).\n" \
+  "overlay-must-exist=on|off\n" \
+  "                    Refuse to start without the overlay, never make it\n" \
+  "                    (a device's restarted server; default off).\n" \
   "stats=FILE          Keep request counters in FILE (for mloop status).\n" \
   "trace=FILE          Append a line per request event to FILE\n" \
   "                    (default: $MLOOP_TRACE, else none).\n" \

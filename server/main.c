@@ -127,6 +127,7 @@ static gchar *opt_offset;
 static gchar *opt_sizelimit;
 static gchar *opt_overlay;
 static gboolean opt_overlay_adopt_base;
+static gboolean opt_overlay_must_exist;
 static gchar *opt_conn_buffer_limit;
 static gint opt_helper_threads = OFFLOAD_THREADS_DEFAULT;
 static gint opt_drain_timeout = DRAIN_TIMEOUT_DEFAULT;
@@ -196,6 +197,9 @@ static GOptionEntry entries[] = {
   { "overlay-adopt-base", 0, 0, G_OPTION_ARG_NONE, &opt_overlay_adopt_base,
     "Use the overlay over this image though it was made for another, and "
     "record this image as its base", NULL },
+  { "overlay-must-exist", 0, 0, G_OPTION_ARG_NONE, &opt_overlay_must_exist,
+    "Refuse to start when there is no overlay: a device's restarted "
+    "server, whose overlay must not be made anew", NULL },
   MLOOP_RBD_SERVER_OPTION_ENTRIES (opt_ceph_conf, opt_ceph_id, opt_shared,
                                    opt_lock_record, opt_io_timeout),
   { "pid-file", 'P', 0, G_OPTION_ARG_FILENAME, &opt_pid_file,
@@ -616,6 +620,7 @@ main (int argc, char *argv[])
   cfg.window.offset = parse_size ("offset", opt_offset, 0, 0);
   cfg.overlay = opt_overlay;
   cfg.overlay_adopt_base = opt_overlay_adopt_base;
+  cfg.overlay_must_exist = opt_overlay_must_exist;
   cfg.window.sizelimit = parse_size ("sizelimit", opt_sizelimit, 0, 0);
   cfg.ceph_conf = opt_ceph_conf;
   cfg.ceph_id = opt_ceph_id;

@@ -81,6 +81,7 @@ hosted_start_begin (const struct mloop_server_spec *spec,
   e->window.offset = spec->offset;
   e->window.sizelimit = spec->sizelimit;
   e->overlay = s->overlay;
+  e->overlay_must_exist = spec->overlay_must_exist;
   e->lock_record = s->lock_record;
   e->io_timeout = spec->io_timeout;
   e->notice = say_line;

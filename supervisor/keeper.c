@@ -36,6 +36,15 @@
  * request timeout expires, as after any death, and a write sent again is
  * only written again.  It is not counted as a failure.
  *
+ * Only the first server may make the device's overlay (none at its
+ * path); every later start (a restart, a planned restart, the next
+ * service's) is told it must exist (spec.overlay_must_exist).  Gone by
+ * then (removed, renamed away), a new empty one would have the device,
+ * a filesystem mounted on it, read the base where its writes were: the
+ * start is refused instead, its reason in the log, and the kernel holds
+ * IO until its dead-connection timeout fails it.  A restart keeps
+ * trying with backoff, so the overlay put back is served again.
+ *
  * For an RBD image it also follows resizes made elsewhere (`rbd
  * resize`): every SIZE_POLL_S it asks the server's socket for the size,
  * which the server learns from librbd, and gives a new one to the
@@ -276,6 +285,7 @@ restart (gpointer data)
 
   k->restart_source = 0;
   clear_last_server (k);
+  k->spec.overlay_must_exist = true;
   k->starting = server_start_begin (&k->spec, 0, START_TIMEOUT_MS,
                                     restarted, k, err, sizeof err);
   if (k->starting == NULL)
@@ -698,6 +708,7 @@ replace_begin (struct keeper *k, struct next_paths *paths,
 
   next_paths_init (k, paths);
   *next = k->spec;
+  next->overlay_must_exist = true;
   next->socket_path = paths->sock;
   next->pid_file = paths->pid_file;
   next->stats_file = paths->stats;
@@ -955,6 +966,8 @@ first_started (pid_t pid, const char *start_err, void *data)
   k->started = NULL;
   k->server = pid;
   if (pid <= 0) {
+    if (k->reconnect_started)
+      say_to (k->log, "the server did not start: %s", start_err);
     started (k, start_err, k->started_data);
     return;
   }
@@ -994,6 +1007,8 @@ hosted_opened (struct hosted_server *h, const char *open_err, void *data)
   k->started = NULL;
   k->hosted = h;
   if (h == NULL) {
+    if (k->reconnect_started)
+      say_to (k->log, "the server did not open: %s", open_err);
     started (k, open_err, k->started_data);
     return;
   }
@@ -1039,6 +1054,7 @@ keeper_take_over_new (struct keeper *k, keeper_started_fn started,
                       void *data)
 {
   k->reconnect_started = TRUE;
+  k->spec.overlay_must_exist = true;
   keeper_start_async (k, started, data);
 }
 

@@ -261,6 +261,8 @@ open_image (struct mloop_engine *engine, const char *image,
   cfg.window.offset = parse_size ("offset", opt_offset);
   cfg.overlay = opt_overlay;
   cfg.overlay_adopt_base = opt_overlay_adopt_base;
+  /* A device taken over is in use: its overlay is never made anew. */
+  cfg.overlay_must_exist = opt_recover >= 0;
   cfg.ceph_conf = opt_ceph_conf;
   cfg.ceph_id = opt_ceph_id;
   cfg.shared = opt_shared;
