@@ -12,7 +12,6 @@
  * and loop devices (else it skips).  About 1.2 s (the commit waits out
  * a brief opener each time).
  */
-#define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
