@@ -125,3 +125,21 @@ mloop_ceph_conf_open_searched (char **found)
   free (places);
   return fd;
 }
+
+char *
+mloop_ceph_cluster_name (const char *conf)
+{
+  const char *base;
+  size_t len;
+
+  if (conf == NULL)
+    return strdup (CEPH_CLUSTER);
+  base = strrchr (conf, '/');
+  base = base ? base + 1 : conf;
+  len = strlen (base);
+  /* ".conf" alone is a hidden file's name, with no extension. */
+  if (len <= strlen (".conf") ||
+      strcmp (base + len - strlen (".conf"), ".conf") != 0)
+    return strdup (CEPH_CLUSTER);
+  return strndup (base, len - strlen (".conf"));
+}

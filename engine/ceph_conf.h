@@ -23,4 +23,15 @@
  */
 int mloop_ceph_conf_open_searched (char **found);
 
+/* The cluster librados names after CONF, a configuration file it is
+ * given by name (md_config_t::get_cluster_name, std::filesystem's
+ * stem): the file's name without its ".conf" when it ends so
+ * ("/etc/ceph/x.conf.d.conf": x.conf.d), else "ceph" (backup.conf.orig,
+ * .conf); "ceph" for NULL, none given, whatever file librados's own
+ * search then finds.  $cluster in the configuration's values (the
+ * default keyring /etc/ceph/$cluster.$name.keyring, a log file's, an
+ * admin socket's) is that name.  Malloc'ed, or NULL (no memory).
+ */
+char *mloop_ceph_cluster_name (const char *conf);
+
 #endif /* MLOOP_CEPH_CONF_H */

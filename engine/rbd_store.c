@@ -87,7 +87,6 @@
  */
 #define MOUNT_TIMEOUT "30"
 #define CEPH_MOUNT_TIMEOUT 300  /* Ceph's default */
-#define CEPH_DEFAULT_CLUSTER "ceph"
 
 /* The logical block size advertised, as rbd-nbd and krbd do: librbd
  * takes any byte range, so this only guides clients.
@@ -1448,42 +1447,22 @@ read_conf (struct rbd_store *st, char **file, enum conf_verdict *verdict)
   return r;
 }
 
-/* The cluster's name, which librados puts for $cluster in the
- * configuration's values (the default keyring
- * /etc/ceph/$cluster.$name.keyring, a log_file's, an admin_socket's),
- * as librados names it (malloc'ed, or NULL): given a file, from the
- * file's name, what precedes its first ".conf" ("/etc/ceph/backup.conf":
- * backup; "ceph" for a name without one); with none given, "ceph",
- * whatever file its search finds.  read_conf hands librados
- * /proc/self/fd/N, whose name would make it "ceph" every time, so the
- * store names the cluster itself, from the file named.  (A file named
- * ".conf" alone, which librados would make a cluster of no name, is
- * "ceph" here.)
- */
-static char *
-cluster_name (const char *conf)
-{
-  const char *base, *end;
-
-  if (conf == NULL)
-    return strdup (CEPH_DEFAULT_CLUSTER);
-  base = strrchr (conf, '/');
-  base = base ? base + 1 : conf;
-  end = strstr (base, ".conf");
-  if (end == NULL || end == base)
-    return strdup (CEPH_DEFAULT_CLUSTER);
-  return strndup (base, (size_t) (end - base));
-}
-
 /* Connects to the cluster as CFG says: its configuration file (or
- * librados's own search), $CEPH_ARGS, the cephx user.
+ * librados's own search), $CEPH_ARGS, the cephx user.  The cluster's
+ * name, which librados puts for $cluster in the configuration's values
+ * (the default keyring /etc/ceph/$cluster.$name.keyring, a log_file's,
+ * an admin_socket's), is the one librados takes from the file named
+ * (ceph_conf.h), or "ceph" with none named, whatever file its search
+ * finds: read_conf hands librados /proc/self/fd/N, whose name would
+ * make it "ceph" every time, so the store names the cluster itself.
  */
 static int
 connect_cluster (struct rbd_store *st, char *err, size_t errlen)
 {
   const char *who = st->id ? st->id : "admin";
   enum conf_verdict verdict;
-  char *file, *entity = NULL, *cluster = cluster_name (st->conf);
+  char *file, *entity = NULL;
+  char *cluster = mloop_ceph_cluster_name (st->conf);
   int r = -ENOMEM;
 
   if (cluster && asprintf (&entity, "client.%s", who) < 0)

@@ -29,12 +29,14 @@ else may write, as the device's lock records are:
    "backup", as librados names it: its keyring=$CEPH_DIR/$cluster.keyring
    is backup.keyring (the store reads the file as /proc/self/fd/N, a
    name librados would make the cluster "ceph" of, and would look for
-   ceph.keyring).
+   ceph.keyring); prod.conf.orig's cluster is "ceph" and x.conf.d.conf's
+   "x.conf.d", as librados names them (the stem of a name ending in
+   ".conf", else "ceph").
 
 No cluster: the monitor named does not exist.  SKIPs (77) when
 MLOOP_SERVER_BIN has no RBD support (no --ceph-conf).
 
-Cost on the project machine (2 cores): about 10 s (each configuration
+Cost on the project machine (2 cores): about 12 s (each configuration
 read waits 1 s for its monitor).
 """
 import base64
@@ -214,6 +216,20 @@ try:
     rc, err = serve(backup)
     check("backup.conf's $cluster is backup, as librados names it",
           rc != 0 and "no monitor answered" in err, err)
+    # librados takes the name from a file ending in ".conf" alone (its
+    # stem: all before that last ".conf"), and calls any other file's
+    # cluster "ceph".
+    for named, cluster in (("prod.conf.orig", "ceph"),
+                           ("x.conf.d.conf", "x.conf.d")):
+        other = os.path.join(cluster_dir, named)
+        shutil.copyfile(backup, other)
+        os.chmod(other, 0o644)
+        keyring = os.path.join(cluster_dir, f"{cluster}.keyring")
+        shutil.copyfile(os.path.join(cluster_dir, "backup.keyring"), keyring)
+        rc, err = serve(other)
+        check(f"{named}'s $cluster is {cluster}, as librados names it",
+              rc != 0 and "no monitor answered" in err, err)
+        os.unlink(keyring)
 finally:
     shutil.rmtree(work, ignore_errors=True)
 
