@@ -100,6 +100,7 @@ mloop_rbd_name_pinned (const char *name, char *err, size_t errlen)
     "CEPH_ARGS", "CEPH_KEYRING", "CEPH_LIB"
   };
   g_autofree char *abs = NULL;
+  char *cluster;
   char *found = NULL;
   int fd;
 
@@ -147,6 +148,25 @@ mloop_rbd_name_pinned (const char *name, char *err, size_t errlen)
                 "with --ceph-conf", abs);
     return NULL;
   }
+  /* librados calls the cluster of a file its search finds "ceph", and
+   * that of a file named after the file ("backup.conf": backup), as the
+   * servers, given it as conf=, would: another keyring
+   * (/etc/ceph/$cluster.$name.keyring), log and admin socket than this
+   * environment's.  Refused where the two differ, not recorded.
+   */
+  if ((cluster = mloop_ceph_cluster_name (abs)) == NULL) {
+    mloop_fail (err, errlen, "out of memory");
+    return NULL;
+  }
+  if (strcmp (cluster, "ceph") != 0) {
+    mloop_fail (err, errlen, "%s, the Ceph configuration found, is the "
+                "cluster ceph's where librados's search finds it but the "
+                "cluster %s's where it is named, as the device's servers "
+                "are given it: name it with --ceph-conf", abs, cluster);
+    free (cluster);
+    return NULL;
+  }
+  free (cluster);
   return g_strconcat (name, ":conf=", abs, NULL);
 }
 

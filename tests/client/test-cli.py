@@ -153,6 +153,18 @@ try:
     env["CEPH_CONF"] = "/etc/ceph/$name.conf"
     refused("an RBD attach whose $CEPH_CONF names $name", ["attach", "rbd:pool/img"],
             "$CEPH_CONF's /etc/ceph/$name.conf: only $cluster and $home are understood")
+    # Found by the search, backup.conf is the cluster "ceph"'s (librados
+    # names a cluster after a file it is given, not one it finds), but
+    # recorded as the device's conf= it would be "backup"'s: another
+    # keyring, log and admin socket than the attach's environment says.
+    found = os.path.join(work, "backup.conf")
+    with open(found, "w") as f:
+        f.write("[global]\nmon_host = 127.0.0.1:1\n")
+    os.chmod(found, 0o644)
+    env["CEPH_CONF"] = found
+    refused("an RBD attach whose $CEPH_CONF finds another cluster's name",
+            ["attach", "rbd:pool/img"],
+            f"{found}, the Ceph configuration found, is the cluster ceph's")
     del env["CEPH_CONF"]
     # Recorded as given and read by servers run in /: /ceph.conf.
     refused("an RBD name's relative conf=", ["attach", "rbd:pool/img:id=a:conf=ceph.conf"],
