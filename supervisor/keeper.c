@@ -1007,9 +1007,11 @@ hosted_opened (struct hosted_server *h, const char *open_err, void *data)
   k->started = NULL;
   k->hosted = h;
   if (h == NULL) {
+    snprintf (err, sizeof err, "the %s server (inside mloopd) failed to "
+              "start: %s", k->spec.kind->name, open_err);
     if (k->reconnect_started)
-      say_to (k->log, "the server did not open: %s", open_err);
-    started (k, open_err, k->started_data);
+      say_to (k->log, "%s", err);
+    started (k, err, k->started_data);
     return;
   }
   k->started_at = g_get_monotonic_time ();

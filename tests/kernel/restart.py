@@ -48,7 +48,12 @@ def sigkill_server(dev, pid):
 
 def kill_server(kind, dev, timeout=30):
     """SIGKILLs DEV's server, waits until the supervisor has a new one
-    serving the device, and returns the seconds that took."""
+    serving the device, and returns the seconds that took.  Where the
+    server is mloopd itself (the in-process kind), mloopd is killed and
+    started again, as systemd would: the next one serves the device."""
+    if isinstance(kind, kinds.MloopServiceInProcess) and \
+            status(kind, dev)["device"]["server_in_process"]:
+        return kill_service(kind, dev, timeout)
     before = status(kind, dev)
     pid = before["device"]["server_pid"]
     assert before["server_running"], f"{dev}: server pid {pid} not running before the kill"
@@ -66,6 +71,23 @@ def kill_server(kind, dev, timeout=30):
         raise AssertionError(f"{e}; status: {status(kind, dev)}; supervisor.log: "
                              f"{supervisor_log(before)[-8:]}; server.log: "
                              f"{server_log(before)[-6:]}; {stuck_servers()}") from None
+    return time.monotonic() - start
+
+
+def kill_service(kind, dev, timeout):
+    """kill_server for a device served inside mloopd: SIGKILL to mloopd,
+    a new one started; the seconds until it serves DEV, whole."""
+    pid = status(kind, dev)["device"]["server_pid"]
+    kill_mark(dev, pid)
+    start = time.monotonic()
+    kind.service.kill()
+    kind.service.start()
+
+    def back():
+        s = status(kind, dev)
+        return (s["server_running"] and s["device"]["server_pid"] not in (0, pid)
+                and s.get("connections_open") == kind.queues)
+    wait_until(back, f"{dev} to be served by the next mloopd", timeout)
     return time.monotonic() - start
 
 

@@ -157,11 +157,16 @@ def tests_for(kind, group="main"):
     if ublk:
         return COMMON + UBLK + RBD
     if isinstance(kind, kinds.MloopServiceInProcess):
-        # The servers are mloopd itself: SUPERVISED and SERVICE kill a
-        # device's server process and wait for mloopd to start another,
-        # which this kind has not; in-process-kill kills mloopd instead.
+        # The servers are mloopd itself: a kill of a device's server
+        # (restart.kill_server) is a kill of mloopd, started again as
+        # systemd would.  Left out: the tests that kill a server and
+        # expect no new one (restart-dying, restart-hung-image: a device
+        # whose restarts fail) or a process per device (SERVICE's,
+        # io-flusher's), and service-attach, which starts an mloopd of
+        # its own; in-process-kill kills mloopd under fio on four.
         return COMMON + [t for t in CLI_ONLY if t != "service-attach"] \
-            + ["in-process-kill"] + REMOTE + RBD
+            + ["restart-fio", "restart-fsync", "restart-hostile-client",
+               "in-process-kill"] + REMOTE + RBD
     if isinstance(kind, kinds.MloopService):
         # service-attach starts an mloopd of its own; the package runs
         # the installed programs, the same as the native kind's.

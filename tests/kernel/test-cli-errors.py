@@ -29,7 +29,16 @@ BROKEN_WORDS = {"native": "mloop-test: cannot serve", "nbdkit": "no-such-plugin"
 
 
 def server_that_fails(kind, cl):
-    """Environment overrides that make this kind's server fail at start."""
+    """Environment overrides that make this kind's server fail at start,
+    and the words of its failure that must reach the user."""
+    if isinstance(kind, kinds.MloopServiceInProcess):
+        # No program to break: mloopd's own open of the image fails (a
+        # test switch standing in for fs.aio-max-nr).
+        return {"MLOOP_TEST_AIO_MAX": "1"}, "MLOOP_TEST_AIO_MAX"
+    return server_program_that_fails(kind, cl), BROKEN_WORDS[kind.server]
+
+
+def server_program_that_fails(kind, cl):
     if kind.server == "native":
         script = os.path.join(tmpdir(cl), "broken-server")
         with open(script, "w") as f:
@@ -49,12 +58,13 @@ def run_test(kind, cl):
 
     # A server that fails to start: its own error reaches the user.
     image = make_image(cl)
-    with kind.server_environment(server_that_fails(kind, cl)) as env:
+    broken, words = server_that_fails(kind, cl)
+    with kind.server_environment(broken) as env:
         p = subprocess.run([kinds.CLI, *kind.attach_args(image)], capture_output=True,
                            text=True, timeout=240, env=env)
     lines = p.stderr.splitlines()
     assert p.returncode != 0 and len(lines) == 1, f"broken server: {p.stderr!r}"
-    assert "failed to start" in lines[0] and BROKEN_WORDS[kind.server] in lines[0], \
+    assert "failed to start" in lines[0] and words in lines[0], \
         f"the server's error is not in {lines[0]!r}"
     assert not processes_mentioning(image), "a broken server's supervisor was left"
     assert kind.state_entries() == state_before, \
