@@ -1231,32 +1231,42 @@ device_name (const char *what, const char **name)
   return true;
 }
 
-/* Whether device S serves the image FILE names (a realpath, a URI or an
+/* How device S serves the image FILE names (a realpath, a URI or an
  * RBD name), FILE_ST the identity of the file it names (NULL when it
- * has none): a held image by the file's identity, since its name was
- * only its caller's label; a local file by its identity too (a block
- * device by its number), as attach refuses it under any name, a hard
- * link or a bind mount (mloop_state_image_is): else root's device of a
- * file, named otherwise, was missed for another user's read-only one of
- * it (conflicts); any by name.  Resolves no name.
+ * has none): SERVES_FILE, the file itself, by identity: a held image so
+ * only, since its name was only its caller's label; a local file too
+ * (a block device by its number), as attach refuses it under any name,
+ * a hard link or a bind mount (mloop_state_image_is): else root's
+ * device of a file, named otherwise, was missed for another user's
+ * read-only one of it (conflicts).  SERVES_NAME: the name it recorded,
+ * which a file renamed away since leaves to whatever is put there.
+ * Resolves no name.
  */
-static bool
+enum serves { SERVES_NOT, SERVES_NAME, SERVES_FILE };
+
+static enum serves
 serves_image (const struct mloop_device_state *s, const char *file,
               const struct stat *file_st)
 {
   if (s->held_image)
-    return file_st != NULL && mloop_state_image_is (s, file_st);
+    return file_st != NULL && mloop_state_image_is (s, file_st)
+      ? SERVES_FILE : SERVES_NOT;
   /* An RBD image's state records no identity (0, 0). */
   if (file_st != NULL && (s->file_ino != 0 || s->file_rdev != 0) &&
       !mloop_is_rbd_name (s->file) && mloop_state_image_is (s, file_st))
-    return true;
-  return same_image (s->file, file);
+    return SERVES_FILE;
+  return same_image (s->file, file) ? SERVES_NAME : SERVES_NOT;
 }
 
 /* The device named NAME (device_name's) when NAME is set, else the one
  * serving FILE (serves_image's), into *OUT; WHAT is the caller's word
  * for it, for the error.  FILE may be served by OWNER's device and by
  * other users' read-only ones (conflicts): OWNER's is the one found.
+ * Of those, one serving the file itself before one that only recorded
+ * its name: a file attached, renamed away, and another put at its name
+ * and attached too leaves two devices recording one name, and the
+ * first's detach or resize (--size truncates its file) was not asked
+ * for.
  */
 static int
 find_device (const char *name, const char *file, const struct stat *file_st,
@@ -1266,16 +1276,23 @@ find_device (const char *name, const char *file, const struct stat *file_st,
   struct mloop_device_state *list;
   size_t n;
   ssize_t found = -1;
+  int best = -1;
 
   list = mloop_state_list (&n);
   for (size_t i = 0; i < n; i++) {
     g_autofree char *dev = mloop_state_device_name (&list[i]);
+    enum serves how = name
+      ? (strcmp (dev, name) == 0 ? SERVES_FILE : SERVES_NOT)
+      : serves_image (&list[i], file, file_st);
+    int rank;
 
-    if (!(name ? strcmp (dev, name) == 0
-          : serves_image (&list[i], file, file_st)))
+    if (how == SERVES_NOT)
       continue;
-    if (found == -1 || (list[found].owner != owner && list[i].owner == owner))
+    rank = (list[i].owner == owner) * 2 + (how == SERVES_FILE);
+    if (rank > best) {
       found = (ssize_t) i;
+      best = rank;
+    }
   }
   if (found != -1) {
     *out = list[found];
