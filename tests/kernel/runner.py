@@ -30,7 +30,8 @@ COMMON = ["attach-geometry", "ext4-roundtrip", "fio-verify", "dd-readers",
 CLI_ONLY = ["cli-block-size", "cli-list-status", "cli-detach-forms", "cli-errors",
             "attach-busy", "attach-skips-held", "offset-window", "partitions",
             "queue-settings", "autoclear", "resize", "many-devices", "overlay",
-            "dbus-attach", "dbus-unit", "dbus-pinned", "service-attach"]
+            "dbus-attach", "dbus-unit", "dbus-pinned", "dbus-stale-detach",
+            "service-attach"]
 # A device that survives its server (mloop-supervisor), for the CLI kinds.
 SUPERVISED = ["restart-fio", "restart-fsync", "restart-dying", "restart-hostile-client",
               "io-flusher"]
