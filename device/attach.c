@@ -1142,6 +1142,24 @@ mloop_attach (const struct mloop_attach_request *req,
   return -1;
 }
 
+/* Whether the kernel has another image connected at NBD device S's
+ * index: S's state outlived its device (an autoclear device the kernel
+ * let go before its supervisor looked, or whose supervisor is gone), and
+ * the next attach, anyone's, was given the index.  Its backend, which
+ * the kernel shows while a device is configured, is then not S's.
+ */
+static bool
+index_taken_since (const struct mloop_device_state *s)
+{
+  g_autofree char *path = g_strdup_printf ("/sys/block/nbd%d/backend",
+                                           s->index);
+  g_autofree char *backend = NULL;
+
+  if (!g_file_get_contents (path, &backend, NULL, NULL))
+    return false;
+  return strcmp (g_strchomp (backend), s->file) != 0;
+}
+
 int
 mloop_detach (const struct mloop_device_state *s, char *err, size_t errlen)
 {
@@ -1195,6 +1213,17 @@ mloop_detach (const struct mloop_device_state *s, char *err, size_t errlen)
    * with a loop device.
    */
   name = mloop_state_device_name (s);
+  /* The device there is another's now: neither its node, nor its
+   * partitions, nor its connection are this state's to touch, only what
+   * the state started.
+   */
+  if (index_taken_since (s)) {
+    stop_processes (s);
+    mloop_state_remove_temporary_overlay (s);
+    mloop_state_remove (s->dir);
+    mloop_state_unlock (device_lock);
+    return 0;
+  }
   /* Taken from its user before the image goes (device_owner.h). */
   if (s->owner && mloop_device_owner_set (name, 0, why, sizeof why) == -1) {
     mloop_state_unlock (device_lock);
