@@ -4,10 +4,11 @@ when they close it; until its supervisor's next look (every 0.5 s, or
 never if the supervisor is gone) its state stays, naming the index,
 while the next attach, anyone's, may be given that index (the idle
 device's node is given back to root first).  The user then asks the
-service to detach /dev/nbdN: their own stale state is the one found,
-and detaching it disconnected the device now there, root's here,
-without org.mloop.detach-other (the supervisor is stopped to hold the
-window open).  The stale state is what goes; the device stays, with its
+service to detach their image by its name: their own stale state is the
+one found, and detaching it disconnected the device now there, root's
+here, though the user may not detach another's (org.mloop.detach-other
+is not theirs here; the supervisor is stopped to hold the window
+open).  The stale state is what goes; the device stays, with its
 node.  About 25 s in the VM."""
 import os
 import signal
@@ -23,6 +24,14 @@ import kinds  # noqa: E402
 SRC_DBUS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "dbus")
 USER = servicebus.USER
+# The user may attach and detach their own devices, not another's.
+OWN_ONLY = """
+polkit.addRule(function(action, subject) {
+    if ((action.id == "org.mloop.attach" || action.id == "org.mloop.detach")
+        && subject.user == "%s")
+        return polkit.Result.YES;
+});
+""" % USER[0]
 
 
 def service_bin():
@@ -42,7 +51,7 @@ def run_test(kind, cl):
         raise Skip(str(e))
     bus.__enter__()
     cl.push(bus.close)
-    bus.set_rules(servicebus.ALLOW_USER)
+    bus.set_rules(OWN_ONLY)
 
     image = make_image(cl, seed=11)
     os.chmod(os.path.dirname(image), 0o755)
@@ -73,7 +82,7 @@ def run_test(kind, cl):
         raise Skip(f"root's attach took {root_dev}, not the released {dev}")
     backend = sysfs(dev, "backend")
 
-    bus.run_as(USER, [kinds.CLI, "detach", dev], text=True)
+    bus.run_as(USER, [kinds.CLI, "detach", image], text=True)
     assert sysfs(dev, "pid") is not None and sysfs(dev, "backend") == backend, \
         f"the user's detach of their stale {dev} disconnected root's device there"
     st = os.stat(dev)
