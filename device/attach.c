@@ -669,6 +669,7 @@ connect_kernel (const struct mloop_attach_request *req,
     want = choose_index (req, from, err, errlen);
     if (want == -2)
       return -1;
+    mloop_step_done (req->steps, "device chosen");
     n = o->open (o, fds, &x, err, errlen);
     if (n < 0)
       return -1;
