@@ -2,9 +2,11 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -25,13 +27,78 @@
 #define HOSTED_QUEUE_DEPTH 1024
 #define HOSTED_DRAIN_TIMEOUT_S 5
 
+/* A connection negotiating, on the process's list of them (watch). */
+struct negotiation {
+  int fd;
+  struct timespec deadline;
+  struct negotiation *next;
+};
+
 struct hosted_server {
   struct served_image image;
   struct listener listener;
   struct mloop_stats *stats;
   int stop_efd;                 /* written to end the accept thread */
   pthread_t acceptor;
+  struct negotiation negotiating;       /* on watch's list, or fd -1 */
+  bool closing;                 /* under watch.lock */
 };
+
+/* The handshake's own timeouts bound each read, not the whole: a client
+ * sending an option every few seconds would keep a server's accept
+ * thread, and the close that waits for it, for ever.  So each
+ * connection negotiating is on this list until it is done, and one
+ * timer for the process (its thread, SIGEV_THREAD) shuts down those
+ * whose time is up.  The list and timer live as long as the process:
+ * an expiry late by a little touches nothing freed.
+ */
+static struct {
+  pthread_mutex_t lock;
+  struct negotiation *list;
+  timer_t timer;
+} watch = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+static bool
+passed (const struct timespec *deadline, const struct timespec *now)
+{
+  return now->tv_sec > deadline->tv_sec ||
+    (now->tv_sec == deadline->tv_sec && now->tv_nsec >= deadline->tv_nsec);
+}
+
+/* Arms the timer for the earliest deadline on the list, or disarms it.
+ * Called with watch.lock held.
+ */
+static void
+watch_arm (void)
+{
+  struct itimerspec t = { { 0, 0 }, { 0, 0 } };
+
+  for (struct negotiation *n = watch.list; n; n = n->next)
+    if ((t.it_value.tv_sec == 0 && t.it_value.tv_nsec == 0) ||
+        passed (&n->deadline, &t.it_value))
+      t.it_value = n->deadline;
+  timer_settime (watch.timer, TIMER_ABSTIME, &t, NULL);
+}
+
+static void
+watch_expired (union sigval unused)
+{
+  struct timespec now;
+
+  (void) unused;
+  clock_gettime (CLOCK_MONOTONIC, &now);
+  pthread_mutex_lock (&watch.lock);
+  /* Each shut down once, and off the list: its handshake fails now. */
+  for (struct negotiation **p = &watch.list; *p; )
+    if (passed (&(*p)->deadline, &now)) {
+      shutdown ((*p)->fd, SHUT_RDWR);
+      *p = (*p)->next;
+    }
+    else
+      p = &(*p)->next;
+  watch_arm ();
+  pthread_mutex_unlock (&watch.lock);
+}
 
 /* What every hosted server of the process shares: made with the first
  * and kept for the process's life, since a process that hosts servers
@@ -61,8 +128,20 @@ shared_make (char *err, size_t errlen)
       r = -1;
     }
     else {
-      shared.splice = splice_out_works ();
-      shared.made = true;
+      struct sigevent ev = {
+        .sigev_notify = SIGEV_THREAD, .sigev_notify_function = watch_expired,
+      };
+
+      if (timer_create (CLOCK_MONOTONIC, &ev, &watch.timer) == -1) {
+        snprintf (err, errlen, "timer_create: %s", strerror (errno));
+        offload_stop (shared.offload);
+        shared.offload = NULL;
+        r = -1;
+      }
+      else {
+        shared.splice = splice_out_works ();
+        shared.made = true;
+      }
     }
   }
   pthread_mutex_unlock (&shared.lock);
@@ -78,6 +157,45 @@ set_timeouts (int fd, unsigned seconds)
   setsockopt (fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
 }
 
+/* FD of H begins negotiating, on the list with its deadline; false
+ * (not on it) when H is closing.
+ */
+static bool
+watch_begin (struct hosted_server *h, int fd)
+{
+  bool go;
+
+  pthread_mutex_lock (&watch.lock);
+  go = !h->closing;
+  if (go) {
+    h->negotiating.fd = fd;
+    clock_gettime (CLOCK_MONOTONIC, &h->negotiating.deadline);
+    h->negotiating.deadline.tv_sec += HOSTED_HANDSHAKE_TIMEOUT_S;
+    h->negotiating.next = watch.list;
+    watch.list = &h->negotiating;
+    if (h->negotiating.next == NULL)
+      watch_arm ();
+  }
+  pthread_mutex_unlock (&watch.lock);
+  return go;
+}
+
+/* H's connection is done negotiating: off the list, if the timer has
+ * not taken it off.
+ */
+static void
+watch_end (struct hosted_server *h)
+{
+  pthread_mutex_lock (&watch.lock);
+  for (struct negotiation **p = &watch.list; *p; p = &(*p)->next)
+    if (*p == &h->negotiating) {
+      *p = h->negotiating.next;
+      break;
+    }
+  h->negotiating.fd = -1;
+  pthread_mutex_unlock (&watch.lock);
+}
+
 /* Negotiates one connection, within the handshake timeout, and hands it
  * to a worker.
  */
@@ -86,10 +204,15 @@ negotiate (struct hosted_server *h, int fd)
 {
   struct export_info x = h->image.export;
   struct session session;
+  int r = -1;
 
   x.size = mloop_engine_size (&h->image.engine);
   set_timeouts (fd, HOSTED_HANDSHAKE_TIMEOUT_S);
-  if (mloop_handshake (fd, &x, &session) == -1) {
+  if (watch_begin (h, fd)) {
+    r = mloop_handshake (fd, &x, &session);
+    watch_end (h);
+  }
+  if (r == -1) {
     close (fd);
     return;
   }
@@ -143,6 +266,7 @@ hosted_server_open (const struct hosted_server_config *c,
   }
   h->stop_efd = -1;
   h->listener.fd = -1;
+  h->negotiating.fd = -1;
   if (shared_make (err, errlen) == -1) {
     free (h);
     return NULL;
@@ -268,6 +392,14 @@ hosted_server_size (struct hosted_server *h)
 void
 hosted_server_close (struct hosted_server *h)
 {
+  /* A handshake under way ends now, not at its deadline: the caller
+   * (mloopd's main loop) waits for the accept thread.
+   */
+  pthread_mutex_lock (&watch.lock);
+  h->closing = true;
+  if (h->negotiating.fd != -1)
+    shutdown (h->negotiating.fd, SHUT_RDWR);
+  pthread_mutex_unlock (&watch.lock);
   eventfd_write (h->stop_efd, 1);
   pthread_join (h->acceptor, NULL);
   close (h->stop_efd);
