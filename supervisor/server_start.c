@@ -118,19 +118,31 @@ deliver (gpointer data)
   return G_SOURCE_REMOVE;
 }
 
-/* S ends, failed with ERR, without a thread: delivered from an idle of
- * its context, not inside the call that failed it.
+/* S's outcome, delivered from an idle of its context: never inside the
+ * call that failed it, nor on the thread that waited (which
+ * g_main_context_invoke would call it on whenever the main thread is
+ * not in its loop: mloopd taking over its devices before the loop runs,
+ * or stopping after), beside the main thread's own use of the table of
+ * starts and of the keeper.
  */
 static void
-deliver_failure (struct server_start *s, const char *err)
+deliver_soon (struct server_start *s)
 {
   GSource *idle = g_idle_source_new ();
 
-  s->pid = 0;
-  snprintf (s->err, sizeof s->err, "%s", err);
+  g_source_set_priority (idle, G_PRIORITY_DEFAULT);
   g_source_set_callback (idle, deliver, s, NULL);
   g_source_attach (idle, s->context);
   g_source_unref (idle);
+}
+
+/* S ends, failed with ERR, without a thread. */
+static void
+deliver_failure (struct server_start *s, const char *err)
+{
+  s->pid = 0;
+  snprintf (s->err, sizeof s->err, "%s", err);
+  deliver_soon (s);
 }
 
 static gpointer
@@ -141,7 +153,7 @@ await_server (gpointer data)
   if (mloop_server_await (&s->spec, s->child, s->timeout_ms, &s->pid,
                           s->err, sizeof s->err) == -1)
     s->pid = 0;
-  g_main_context_invoke (s->context, deliver, s);
+  deliver_soon (s);
   return NULL;
 }
 
