@@ -100,6 +100,11 @@ main (void)
   for (unsigned i = 0; i < MLOOP_USER_DB_ENTRY_MAX + 1; i++)
     g_string_append_c (passwd, 'h');
   g_string_append (passwd, ":/nonexistent:/bin/false\n");
+  /* Bound over the first bind, the new mount would sit on DIR/passwd
+   * itself (the path now leads there), which could then not be removed.
+   */
+  CHECK (umount2 ("/etc/passwd", 0) == 0, "umount /etc/passwd: %s",
+         strerror (errno));
   bind_over_etc (dir, "passwd.huge", passwd, "passwd");
   errno = 0;
   CHECK (mloop_user_by_uid (HUGE_UID, &pw, &buf) == -1 && errno == ERANGE,
