@@ -1161,15 +1161,42 @@ index_taken_since (const struct mloop_device_state *s)
   return strcmp (g_strchomp (backend), s->file) != 0;
 }
 
+/* NBD device S's side in the kernel, before its server goes: its node
+ * given back to root, its partitions dropped, the device disconnected.
+ * 0, or -1 with ERR.
+ */
+static int
+let_kernel_go (const struct mloop_device_state *s, char *err, size_t errlen)
+{
+  g_autofree char *name = mloop_state_device_name (s);
+  bool connected = false;
+  char why[512];
+
+  /* Taken from its user before the image goes (device_owner.h). */
+  if (s->owner && mloop_device_owner_set (name, 0, why, sizeof why) == -1)
+    return mloop_fail (err, errlen, "%s", why);
+  /* The kernel keeps a disconnected device's partitions (its size
+   * becomes 0, its table stays): drop them while they can be read.
+   * Best effort: a partition still open by someone keeps its node, as
+   * with a loop device.
+   */
+  mloop_partitions_drop (name, why, sizeof why);
+  /* Tell the kernel first: it sends NBD_CMD_DISC on every connection
+   * after the requests in flight, so the server sees clean goodbyes.
+   */
+  if (mloop_nbd_netlink_connected (s->index, &connected, why,
+                                   sizeof why) == 0 && connected &&
+      mloop_nbd_netlink_disconnect (s->index, why, sizeof why) < 0)
+    return mloop_fail (err, errlen, "/dev/nbd%d: %s", s->index, why);
+  return 0;
+}
+
 int
 mloop_detach (const struct mloop_device_state *s, char *err, size_t errlen)
 {
   g_autofree char *dev = mloop_state_device_path (s);
   g_autofree char *mnt = mloop_device_mount_point (dev);
-  g_autofree char *name = NULL;
   g_autofree char *state = mloop_state_path (s, MLOOP_DIR_STATE);
-  bool connected = false;
-  char why[512];
   int lock = -1, device_lock, r = 0;
 
   if (mnt)
@@ -1208,37 +1235,13 @@ mloop_detach (const struct mloop_device_state *s, char *err, size_t errlen)
     mloop_state_unlock (lock);
     return r;
   }
-  /* The kernel keeps a disconnected device's partitions (its size
-   * becomes 0, its table stays): drop them while they can be read.
-   * Best effort: a partition still open by someone keeps its node, as
-   * with a loop device.
-   */
-  name = mloop_state_device_name (s);
   /* The device there is another's now: neither its node, nor its
    * partitions, nor its connection are this state's to touch, only what
    * the state started.
    */
-  if (index_taken_since (s)) {
-    stop_processes (s);
-    mloop_state_remove_temporary_overlay (s);
-    mloop_state_remove (s->dir);
+  if (!index_taken_since (s) && let_kernel_go (s, err, errlen) == -1) {
     mloop_state_unlock (device_lock);
-    return 0;
-  }
-  /* Taken from its user before the image goes (device_owner.h). */
-  if (s->owner && mloop_device_owner_set (name, 0, why, sizeof why) == -1) {
-    mloop_state_unlock (device_lock);
-    return mloop_fail (err, errlen, "%s", why);
-  }
-  mloop_partitions_drop (name, why, sizeof why);
-  /* Tell the kernel first: it sends NBD_CMD_DISC on every connection
-   * after the requests in flight, so the server sees clean goodbyes.
-   */
-  if (mloop_nbd_netlink_connected (s->index, &connected, why,
-                                   sizeof why) == 0 && connected &&
-      mloop_nbd_netlink_disconnect (s->index, why, sizeof why) < 0) {
-    mloop_state_unlock (device_lock);
-    return mloop_fail (err, errlen, "/dev/nbd%d: %s", s->index, why);
+    return -1;
   }
   stop_processes (s);
   mloop_state_remove_temporary_overlay (s);
