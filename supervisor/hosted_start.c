@@ -4,6 +4,7 @@
 #include <glib.h>
 
 #include "hosted_start.h"
+#include "on_context.h"
 #include "say.h"
 
 struct hosted_start {
@@ -55,19 +56,10 @@ static gpointer
 open_on_thread (gpointer data)
 {
   struct hosted_start *s = data;
-  GSource *idle;
 
   s->server = hosted_server_open (&s->config, s->err, sizeof s->err);
-  /* Queued, never called here: g_main_context_invoke would call it on
-   * this thread whenever the main thread is not in its loop (mloopd
-   * taking over its devices before the loop runs, or stopping after),
-   * beside the main thread's own use of the keeper and mloopd's table.
-   */
-  idle = g_idle_source_new ();
-  g_source_set_priority (idle, G_PRIORITY_DEFAULT);
-  g_source_set_callback (idle, opened, s, NULL);
-  g_source_attach (idle, s->context);
-  g_source_unref (idle);
+  /* Queued, never called on this thread (on_context.h). */
+  on_context_soon (s->context, opened, s);
   return NULL;
 }
 

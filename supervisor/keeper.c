@@ -1039,7 +1039,9 @@ keeper_start_async (struct keeper *k, keeper_started_fn started, void *data)
   k->started = started;
   k->started_data = data;
   if (k->spec.in_process) {
-    /* A socket left by the last service's server; no pid file. */
+    /* No pid file names a server inside us: one left would name the
+     * last server (hosted_server_open replaces its socket).
+     */
     g_unlink (k->spec.pid_file);
     k->hosting = hosted_start_begin (&k->spec, hosted_opened, k);
     return;

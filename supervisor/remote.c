@@ -16,6 +16,7 @@
 #include "nbd_netlink.h"
 #include "nbd_proto.h"
 #include "nbd_receivers.h"
+#include "on_context.h"
 #include "release_watch.h"
 #include "remote.h"
 #include "say.h"
@@ -240,7 +241,6 @@ connect_export (gpointer data)
 {
   struct remote_connect *c = data;
   struct mloop_nbd_address a;
-  GSource *idle;
 
   c->opened = -1;
   if (mloop_nbd_address_parse (c->uri, MLOOP_NBD_ADDRESS_URI, &a, c->err,
@@ -249,14 +249,7 @@ connect_export (gpointer data)
                                    c->err, sizeof c->err);
     mloop_nbd_address_clear (&a);
   }
-  /* Queued, never called here (g_main_context_invoke would, whenever
-   * the main thread is not in its loop).
-   */
-  idle = g_idle_source_new ();
-  g_source_set_priority (idle, G_PRIORITY_DEFAULT);
-  g_source_set_callback (idle, connected, c, NULL);
-  g_source_attach (idle, c->context);
-  g_source_unref (idle);
+  on_context_soon (c->context, connected, c);
   return NULL;
 }
 

@@ -18,6 +18,7 @@
 #include <glib.h>
 #include <glib/gstdio.h>
 
+#include "on_context.h"
 #include "say.h"
 #include "server_start.h"
 
@@ -118,22 +119,13 @@ deliver (gpointer data)
   return G_SOURCE_REMOVE;
 }
 
-/* S's outcome, delivered from an idle of its context: never inside the
- * call that failed it, nor on the thread that waited (which
- * g_main_context_invoke would call it on whenever the main thread is
- * not in its loop: mloopd taking over its devices before the loop runs,
- * or stopping after), beside the main thread's own use of the table of
- * starts and of the keeper.
+/* S's outcome, delivered from its context's loop: never inside the
+ * call that failed it, nor on the thread that waited (on_context.h).
  */
 static void
 deliver_soon (struct server_start *s)
 {
-  GSource *idle = g_idle_source_new ();
-
-  g_source_set_priority (idle, G_PRIORITY_DEFAULT);
-  g_source_set_callback (idle, deliver, s, NULL);
-  g_source_attach (idle, s->context);
-  g_source_unref (idle);
+  on_context_soon (s->context, deliver, s);
 }
 
 /* S ends, failed with ERR, without a thread. */
