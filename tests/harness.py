@@ -201,6 +201,12 @@ def on_exit(fn):
     _cleanups.append(fn)
 
 
+def kill_at_exit(proc):
+    """Kills PROC (a Popen) at exit if it still runs, and reaps it: a
+    test that fails half-way leaves no process of its own."""
+    on_exit(lambda: proc.poll() is None and (proc.kill(), proc.wait()))
+
+
 @atexit.register
 def _run_cleanups():
     while _cleanups:

@@ -114,7 +114,7 @@ def kill(pids):
 def start(command, env, log_path, control, timeout=30):
     """Runs mloopd (COMMAND, a list) with its output appended to
     LOG_PATH and returns its Popen once it answers on CONTROL; the
-    caller stops it (harness.on_exit).  AssertionError if it ends or
+    caller stops it (harness.kill_at_exit).  AssertionError if it ends or
     does not answer within TIMEOUT s."""
     import subprocess
     log = open(log_path, "a")

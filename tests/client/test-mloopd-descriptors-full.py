@@ -34,7 +34,7 @@ run, control = mloopd_control.private_runtime(d)
 log_path = os.path.join(d, "mloopd.log")
 env = dict(os.environ, MLOOP_RUNTIME_DIR=run)
 p = mloopd_control.start([MLOOPD], env, log_path, control)
-harness.on_exit(lambda: p.poll() is None and (p.kill(), p.wait()))
+harness.kill_at_exit(p)
 limit = mloopd_control.descriptors(p.pid) + SPARE
 resource.prlimit(p.pid, resource.RLIMIT_NOFILE, (limit, limit))
 

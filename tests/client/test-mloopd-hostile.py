@@ -67,7 +67,7 @@ class Service:
     def start(self):
         log = open(os.path.join(self.d, "mloopd.log"), "a")
         p = subprocess.Popen([MLOOPD], env=self.env, stdout=log, stderr=log)
-        harness.on_exit(lambda: p.poll() is None and (p.kill(), p.wait()))
+        harness.kill_at_exit(p)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and p.poll() is None:
             try:
@@ -275,7 +275,7 @@ server_of(dev)
 # socket unit's runs: it binds the same path.
 log = open(os.path.join(svc.d, "second.log"), "a")
 second = subprocess.Popen([MLOOPD], env=svc.env, stdout=log, stderr=log)
-harness.on_exit(lambda: second.poll() is None and (second.kill(), second.wait()))
+harness.kill_at_exit(second)
 time.sleep(1.5)
 if second.poll() is None:
     try:

@@ -43,7 +43,7 @@ run, control = mloopd_control.private_runtime(d)
 env = dict(os.environ, MLOOP_RUNTIME_DIR=run)
 log = os.path.join(d, "mloopd.log")
 mloopd = mloopd_control.start([MLOOPD, "--serve=in-process"], env, log, control)
-harness.on_exit(lambda: mloopd.poll() is None and (mloopd.kill(), mloopd.wait()))
+harness.kill_at_exit(mloopd)
 
 
 def ask(**fields):

@@ -71,7 +71,7 @@ harness.on_exit(cleanup)
 def start():
     p = mloopd_control.start([MLOOPD], env, os.path.join(d, "mloopd.log"),
                              control)
-    harness.on_exit(lambda: p.poll() is None and (p.kill(), p.wait()))
+    harness.kill_at_exit(p)
     return p
 
 

@@ -59,7 +59,7 @@ attaches = []
 
 def start(*options):
     p = mloopd_control.start([MLOOPD, *options], env, log, control)
-    harness.on_exit(lambda: p.poll() is None and (p.kill(), p.wait()))
+    harness.kill_at_exit(p)
     return p
 
 

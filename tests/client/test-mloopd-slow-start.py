@@ -68,7 +68,7 @@ def listening():
 def start_mloopd():
     log = open(os.path.join(d, "mloopd.log"), "a")
     p = subprocess.Popen([MLOOPD], env=env, stdout=log, stderr=log)
-    harness.on_exit(lambda: p.poll() is None and (p.kill(), p.wait()))
+    harness.kill_at_exit(p)
     wait_for("mloopd to listen", listening)
     return p
 

@@ -72,7 +72,7 @@ harness.on_exit(cleanup)
 def start(*args):
     p = mloopd_control.start(["taskset", "-c", "0", MLOOPD, *args], env,
                              os.path.join(d, "mloopd.log"), control)
-    harness.on_exit(lambda: p.poll() is None and (p.kill(), p.wait()))
+    harness.kill_at_exit(p)
     return p
 
 

@@ -62,7 +62,7 @@ def start_mloopd():
     log = open(os.path.join(d, "mloopd.log"), "a")
     p = subprocess.Popen([MLOOPD], env=env, stdout=log, stderr=log,
                          preexec_fn=low_descriptor_limit)
-    harness.on_exit(lambda: p.poll() is None and (p.kill(), p.wait()))
+    harness.kill_at_exit(p)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and p.poll() is None:
         if os.path.exists(control):
