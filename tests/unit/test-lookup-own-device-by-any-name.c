@@ -19,44 +19,9 @@
 
 #include <glib.h>
 
-#include "attach.h"
 #include "device_state.h"
-#include "server_kind.h"
+#include "lookup_fixture.h"
 #include "unit.h"
-
-/* A device's state for FILE, identity ST, in the runtime directory. */
-static char *
-make_device (int index, const char *file, const struct stat *st,
-             uid_t owner, bool held, bool read_only)
-{
-  struct mloop_device_state s = {
-    .index = index, .file = (char *) file, .size = 1 << 20,
-    .file_dev = st->st_dev, .file_ino = st->st_ino,
-    .held_image = held, .label = held ? (char *) "/home/user/mine.img"
-    : NULL, .owner = owner, .person = owner, .read_only = read_only,
-    .block_size = 512, .connections = 1, .threads = 1,
-    .server = mloop_server_kind_default (),
-  };
-  char err[256];
-
-  CHECK (mloop_state_create (&s, err, sizeof err) == 0, "create: %s", err);
-  CHECK (mloop_state_save (&s, err, sizeof err) == 0, "save: %s", err);
-  return s.dir;
-}
-
-/* Looks WHAT up as the CLI does, expecting device INDEX. */
-static void
-expect (const char *what, int index)
-{
-  struct mloop_device_state st;
-  char err[512];
-
-  CHECK (mloop_lookup (what, &st, err, sizeof err) == 0,
-         "%s: %s", what, err);
-  CHECK (st.index == index, "%s: found nbd%d (owner %u), expected nbd%d",
-         what, st.index, (unsigned) st.owner, index);
-  mloop_state_clear (&st);
-}
 
 int
 main (void)
@@ -78,25 +43,25 @@ main (void)
   CHECK (real != NULL, "realpath %s: %m", img);
 
   /* This process's device of the file, attached by its first name. */
-  mine = make_device (1, real, &st, me, false, false);
-  expect (img, 1);
-  expect (alias, 1);
+  mine = unit_make_device (1, real, &st, me, false, false);
+  unit_expect_lookup (img, 1);
+  unit_expect_lookup (alias, 1);
 
   /* Another user's read-only device of it, passed as a descriptor and
    * listed first: the asker's own is still the one found, by either
    * name.
    */
-  theirs = make_device (0, "held:4e1a0c4e-0000-4000-8000-000000000000", &st,
-                        me + 1, true, true);
-  expect (img, 1);
-  expect (alias, 1);
+  theirs = unit_make_device (0, "held:4e1a0c4e-0000-4000-8000-000000000000",
+                             &st, me + 1, true, true);
+  unit_expect_lookup (img, 1);
+  unit_expect_lookup (alias, 1);
 
   /* Without one of the asker's, the other user's (detach then asks
    * org.mloop.detach-other).
    */
   mloop_state_remove (mine);
-  expect (img, 0);
-  expect (alias, 0);
+  unit_expect_lookup (img, 0);
+  unit_expect_lookup (alias, 0);
 
   mloop_state_remove (theirs);
   unlink (alias);

@@ -18,43 +18,9 @@
 
 #include <glib.h>
 
-#include "attach.h"
 #include "device_state.h"
-#include "server_kind.h"
+#include "lookup_fixture.h"
 #include "unit.h"
-
-/* A device's state for FILE, identity ST, in the runtime directory. */
-static char *
-make_device (int index, const char *file, const struct stat *st,
-             uid_t owner)
-{
-  struct mloop_device_state s = {
-    .index = index, .file = (char *) file, .size = 1 << 20,
-    .file_dev = st->st_dev, .file_ino = st->st_ino,
-    .owner = owner, .person = owner,
-    .block_size = 512, .connections = 1, .threads = 1,
-    .server = mloop_server_kind_default (),
-  };
-  char err[256];
-
-  CHECK (mloop_state_create (&s, err, sizeof err) == 0, "create: %s", err);
-  CHECK (mloop_state_save (&s, err, sizeof err) == 0, "save: %s", err);
-  return s.dir;
-}
-
-/* Looks WHAT up as the CLI does, expecting device INDEX. */
-static void
-expect (const char *what, int index)
-{
-  struct mloop_device_state st;
-  char err[512];
-
-  CHECK (mloop_lookup (what, &st, err, sizeof err) == 0,
-         "%s: %s", what, err);
-  CHECK (st.index == index, "%s: found nbd%d, expected nbd%d", what,
-         st.index, index);
-  mloop_state_clear (&st);
-}
 
 int
 main (void)
@@ -81,10 +47,10 @@ main (void)
   CHECK (stat (img, &now) == 0, "stat %s: %m", img);
   CHECK (was.st_ino != now.st_ino, "the new file has the old inode");
 
-  first = make_device (0, real, &was, me);
-  second = make_device (1, real, &now, me);
-  expect (img, 1);
-  expect (moved, 0);
+  first = unit_make_device (0, real, &was, me, false, false);
+  second = unit_make_device (1, real, &now, me, false, false);
+  unit_expect_lookup (img, 1);
+  unit_expect_lookup (moved, 0);
 
   mloop_state_remove (first);
   mloop_state_remove (second);
