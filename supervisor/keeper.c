@@ -1168,6 +1168,12 @@ keeper_connections (struct keeper *k, unsigned n, int *fds,
   return hosted_server_pair (k->hosted, n, fds, err, errlen);
 }
 
+bool
+keeper_in_process (const struct keeper *k)
+{
+  return k->spec.in_process;
+}
+
 pid_t
 keeper_server_pid (const struct keeper *k)
 {

@@ -115,6 +115,9 @@ int keeper_connections (struct keeper *k, unsigned n, int *fds,
                         struct mloop_nbd_export *x, char *err,
                         size_t errlen);
 
+/* Whether the device's server is served inside this process. */
+bool keeper_in_process (const struct keeper *k);
+
 /* The current server's pid, 0 between servers. */
 pid_t keeper_server_pid (const struct keeper *k);
 

@@ -19,8 +19,8 @@
  *       the answer adds in-process=1 and, for connections=N (1..16), N
  *       connections in transmission already (no handshake) and what a
  *       handshake would have said: size, flags, min-block,
- *       preferred-block, max-block.  DIR holds the device's state, or its attach
- *       holds DIR's lock (drop_if_attach_died)
+ *       preferred-block, max-block.  DIR holds the device's state, or
+ *       its attach holds DIR's lock (drop_if_attach_died)
  *   op=keep dir=DIR remote=URI
  *       keeps a remote export's device (remote.h): no server of ours,
  *       the connections the kernel drops connected again
@@ -116,7 +116,6 @@ struct kept {
    * looks no more).
    */
   bool made;
-  bool in_process;              /* its server is served inside mloopd */
   /* The keep's connections=N: served inside mloopd, the answer brings N
    * connections that need no handshake.  0: none asked.
    */
@@ -478,9 +477,9 @@ on_kept (struct keeper *k, const char *start_err, void *data)
     snprintf (pid, sizeof pid, "%d", (int) keeper_server_pid (k));
     mloop_control_add (&out, "ok", "1");
     mloop_control_add (&out, "server-pid", pid);
-    if (d->in_process)
+    if (keeper_in_process (k))
       mloop_control_add (&out, "in-process", "1");
-    if (d->in_process && d->connections > 0)
+    if (keeper_in_process (k) && d->connections > 0)
       n_fds = add_connections (d, &out, fds);
   }
   answer_waiting_with (sock, &out, fds, n_fds);
@@ -554,7 +553,6 @@ keep (const struct mloop_control_in *in, struct mloop_control_out *out,
     goto fail;
   }
   g_hash_table_insert (kept, d->dir, d);
-  d->in_process = spec.in_process;
   d->connections = connections;
   d->waiting = sock;
   keeper_start_async (d->k, on_kept, d);
@@ -926,7 +924,6 @@ take_over_recorded (void)
       bool serving;
 
       g_hash_table_insert (kept, d->dir, d);
-      d->in_process = spec.in_process;
       /* Its running server taken over first, what a start left beside
        * it killed: a device whose attach died goes with them.
        */
