@@ -33,15 +33,16 @@ import subprocess
 import sys
 import time
 
-from kfix import Skip, free_nbd, make_image, nbd_in_use, sysfs, wait_until
+from kfix import free_nbd, make_image, nbd_in_use, sysfs, wait_until
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import servicebus  # noqa: E402
 
+import dbusfix  # noqa: E402
+from dbusfix import one_line  # noqa: E402
+
 import kinds  # noqa: E402
 
-SRC_DBUS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))), "dbus")
 USER, OTHER = servicebus.USER, servicebus.OTHER
 DBUS_CALL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                          "dbus_call.py")
@@ -84,17 +85,6 @@ def has_acl(path):
         return True
     except OSError:
         return False
-
-
-def service_bin():
-    if os.environ.get("MLOOP_DBUS_BIN"):
-        return os.environ["MLOOP_DBUS_BIN"]
-    return os.path.join(os.path.dirname(os.path.dirname(kinds.CLI)), "dbus", "mloop-dbus")
-
-
-def one_line(r):
-    out = r.stdout + r.stderr
-    return (out.decode(errors="replace") if isinstance(out, bytes) else out).strip()
 
 
 def user_image(cl, owner, seed):
@@ -177,12 +167,7 @@ def same_person_refused(kind, bus, cl, dev):
 def run_test(kind, cl, unit=None, check_sandbox=None):
     """UNIT: the service runs in that systemd unit; CHECK_SANDBOX(PID)
     then asserts the sandbox of the service and of a device's server."""
-    try:
-        bus = servicebus.ServiceBus(service_bin(), SRC_DBUS, env=kind.env(), unit=unit)
-    except servicebus.Unavailable as e:
-        raise Skip(str(e))
-    bus.__enter__()
-    cl.push(bus.close)
+    bus = dbusfix.start(kind, cl, unit=unit)
     bus.set_rules(servicebus.ALLOW_BOTH_ATTACH)
 
     def as_user(user, *argv, check=True, text=True):

@@ -11,35 +11,21 @@ not the other user's.  About 15 s in the VM."""
 import os
 import sys
 
-from kfix import Skip, make_image
+from kfix import make_image
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import servicebus  # noqa: E402
 
+import dbusfix  # noqa: E402
+from dbusfix import one_line  # noqa: E402
+
 import kinds  # noqa: E402
 
-SRC_DBUS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))), "dbus")
 USER, OTHER = servicebus.USER, servicebus.OTHER
 
 
-def service_bin():
-    if os.environ.get("MLOOP_DBUS_BIN"):
-        return os.environ["MLOOP_DBUS_BIN"]
-    return os.path.join(os.path.dirname(os.path.dirname(kinds.CLI)), "dbus", "mloop-dbus")
-
-
-def one_line(r):
-    return (r.stdout + r.stderr).strip()
-
-
 def run_test(kind, cl):
-    try:
-        bus = servicebus.ServiceBus(service_bin(), SRC_DBUS, env=kind.env())
-    except servicebus.Unavailable as e:
-        raise Skip(str(e))
-    bus.__enter__()
-    cl.push(bus.close)
+    bus = dbusfix.start(kind, cl)
     bus.set_rules(servicebus.ALLOW_BOTH_ATTACH)
 
     image = make_image(cl, seed=7)
