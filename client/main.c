@@ -17,14 +17,13 @@
 #include "attach.h"
 #include "parse.h"
 #include "block_queue.h"
-#include "describe.h"
+#include "extras.h"
 #include "mount_cmd.h"
 #include "overlay_cmd.h"
 #include "print.h"
 #include "rbd_options.h"
 #include "resize.h"
 #include "serve.h"
-#include "service_client.h"
 #include "store_name.h"
 
 /* Every message of the command goes through mloop_print_error. */
@@ -220,13 +219,16 @@ cmd_attach (int argc, char **argv)
       .file = argv[1], .read_only = read_only, .no_partscan = no_partscan,
       .autoclear = autoclear,
     };
+    const struct mloop_cli_extras *extras;
 
     if (!only_user_options || strstr (argv[1], "://") ||
         mloop_is_rbd_name (argv[1]))
       return error ("attach: not root: mloop's D-Bus service attaches a "
                     "local FILE for you, with --read-only, --no-partscan "
                     "and --autoclear only");
-    if (mloop_service_attach (&user_req, &dev, err, sizeof err) == -1)
+    if ((extras = mloop_cli_extras_load ()) == NULL)
+      return EXIT_FAILURE;
+    if (extras->service_attach (&user_req, &dev, err, sizeof err) == -1)
       return error ("attach %s: %s", argv[1], err);
     printf ("%s\n", dev);
     return EXIT_SUCCESS;
@@ -311,11 +313,14 @@ detach_list (struct mloop_device_state *list, size_t n)
 static int
 detach_through_service (bool all, int argc, char **argv)
 {
+  const struct mloop_cli_extras *extras;
   char err[1024];
   int r = EXIT_SUCCESS;
 
   if (all)
     return error ("detach: --all needs root");
+  if ((extras = mloop_cli_extras_load ()) == NULL)
+    return EXIT_FAILURE;
   for (int i = 1; i < argc; i++) {
     /* The service takes a FILE's path absolute only (its directory is
      * not the caller's): a device's name, a URI or an RBD name as it is.
@@ -325,7 +330,7 @@ detach_through_service (bool all, int argc, char **argv)
       strstr (argv[i], "://") || mloop_is_rbd_name (argv[i])
       ? g_strdup (argv[i]) : g_canonicalize_filename (argv[i], NULL);
 
-    if (mloop_service_detach (what, err, sizeof err) == -1)
+    if (extras->service_detach (what, err, sizeof err) == -1)
       r = error ("detach %s: %s", argv[i], err);
   }
   return r;
@@ -413,6 +418,7 @@ cmd_list (int argc, char **argv)
     { "json", 'J', 0, G_OPTION_ARG_NONE, &json, "Print JSON", NULL },
     G_OPTION_ENTRY_NULL
   };
+  const struct mloop_cli_extras *extras;
   struct mloop_device_state *list;
   size_t n;
 
@@ -421,18 +427,20 @@ cmd_list (int argc, char **argv)
     return EXIT_FAILURE;
   if (argc != 1)
     return error ("list: takes no arguments");
+  if ((extras = mloop_cli_extras_load ()) == NULL)
+    return EXIT_FAILURE;
   /* The runtime directory is root's: a user asks the service. */
   if (geteuid () != 0) {
     g_autofree char *text = NULL;
     char err[1024];
 
-    if (mloop_service_list (json, &text, err, sizeof err) == -1)
+    if (extras->service_list (json, &text, err, sizeof err) == -1)
       return error ("list: %s", err);
     fputs (text, stdout);
     return EXIT_SUCCESS;
   }
   list = mloop_state_list (&n);
-  mloop_describe_list (stdout, list, n, json);
+  extras->describe_list (stdout, list, n, json);
   mloop_state_free_list (list, n);
   return EXIT_SUCCESS;
 }
@@ -445,6 +453,7 @@ cmd_status (int argc, char **argv)
     { "json", 'J', 0, G_OPTION_ARG_NONE, &json, "Print JSON", NULL },
     G_OPTION_ENTRY_NULL
   };
+  const struct mloop_cli_extras *extras;
   struct mloop_device_state st;
   struct mloop_device_status status;
   char err[1024];
@@ -457,10 +466,12 @@ cmd_status (int argc, char **argv)
   /* The runtime directory is root's (a user's list asks mloop-dbus). */
   if (geteuid () != 0)
     return error ("status: needs root (mloop list shows every device)");
+  if ((extras = mloop_cli_extras_load ()) == NULL)
+    return EXIT_FAILURE;
   if (mloop_lookup (argv[1], &st, err, sizeof err) == -1)
     return error ("status: %s", err);
   mloop_device_status_read (&st, &status);
-  mloop_describe_status (stdout, &st, &status, json);
+  extras->describe_status (stdout, &st, &status, json);
   mloop_state_clear (&st);
   return EXIT_SUCCESS;
 }
