@@ -52,7 +52,9 @@ void mloop_aio_limit_message (char *buf, size_t len, unsigned want);
 /* Whether a context of the floor's depth can be opened now: 0, or -1
  * with a one-line reason in ERR (for EAGAIN, mloop_aio_limit_message()).
  * What a server checks before it starts, so that a system at its limit
- * refuses the attach, in so many words, instead of the first IO.
+ * refuses the attach, in so many words, instead of the first IO.  The
+ * process's first check opens one (io_setup may be forbidden here);
+ * later ones compare fs.aio-nr with fs.aio-max-nr.
  */
 int mloop_aio_check_room (char *err, size_t errlen);
 
