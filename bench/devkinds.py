@@ -23,6 +23,11 @@ def run(cmd, env=None):
 class LoopDio:
     name = "loop-dio"
 
+    def resident(self):
+        """Pids of the long-lived processes the kind's attaches ask
+        (started before them, yet holding their devices)."""
+        return []
+
     def unavailable(self):
         return None if shutil.which("losetup") else "losetup is not installed"
 
@@ -54,6 +59,9 @@ class Mloop:
 
     def detach(self, dev):
         run([CLI, "detach", dev], env=self.env)
+
+    def resident(self):
+        return []
 
 
 class MloopService(Mloop):
@@ -91,6 +99,9 @@ class MloopService(Mloop):
         if self.mloopd is None:
             self._start_mloopd()
         return super().attach(image)
+
+    def resident(self):
+        return [self.mloopd.pid] if self.mloopd else []
 
 
 def kinds(verbose=False):

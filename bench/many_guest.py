@@ -7,8 +7,10 @@ no longer has free), and the time to detach them all P at a time.
   many_guest.py --devices N --parallel P --kinds K,...
 
 Kinds: loop-dio (losetup --direct-io=on), mloop-native (mloop attach),
-mloop-ublk (mloop attach --transport ublk, where the kernel has
-ublk_drv).  Prints one line "MANY <json>" per record; anything else is
+mloop-service and mloop-in-process (mloop attach asking mloopd, which
+serves through a server process per device or inside itself; mloopd is
+counted with the processes the attaches left), mloop-ublk (mloop attach
+--transport ublk, where the kernel has ublk_drv).  Prints one line "MANY <json>" per record; anything else is
 progress.
 """
 import argparse
@@ -98,7 +100,7 @@ def measure(kind, images, parallel):
         time.sleep(2)           # let what the attaches started settle
         drop_caches()
         new = {pid: cmd for pid, cmd in user_processes().items()
-               if pid not in before_procs}
+               if pid not in before_procs or pid in kind.resident()}
         rec = {"type": "many", "kind": kind.name, "devices": len(images),
                "parallel": parallel, "attach_ms": attach_ms,
                "processes": len(new),
