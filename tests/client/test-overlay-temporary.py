@@ -10,15 +10,21 @@ TMPDIR itself, for a symlink); a sticky one, as /tmp, is used.  An attach refuse
 (here: the host has no kernel NBD client) leaves nothing behind in it.
 The tmpfiles.d rule shipped with mloop removes temporary overlays left
 in /var/tmp at boot (a device does not survive a reboot, so neither
-does its overlay's use), and nothing else there.
+does its overlay's use), and nothing else there; and it keeps the
+age-based cleaning of /var/tmp (systemd's own tmp.conf: 30 days) away
+from them, which would remove a live device's overlay once it went
+unread and unwritten that long: the next start of its server (a
+restart, the next mloopd) would find it gone and leave the device
+without one, and its writes would go with the last server holding it.
 
-Runs on the host, no kernel NBD client needed.  About 0.3 s (standard
+Runs on the host, no kernel NBD client needed.  About 0.4 s (standard
 tier, client suite)."""
 import glob
 import os
 import pwd
 import shutil
 import subprocess
+import time
 
 import harness
 from harness import check
@@ -129,5 +135,27 @@ elif os.path.exists(TMPFILES_CONF):
     check("a temporary overlay left from before the boot is removed",
           not os.path.exists(left))
     check("nothing else in /var/tmp is", all(os.path.isdir(k) for k in keep))
+
+    # The age-based cleaning, as systemd's tmp.conf has it, over a
+    # device's overlay untouched for 40 days.  Its change time cannot be
+    # set back, so only access and modification times count here.
+    live = os.path.join(root, "var/tmp/mloop-overlay-disk.img-Ef34Gh")
+    os.makedirs(live)
+    overlay = os.path.join(live, "overlay")
+    open(overlay, "w").close()
+    old = time.time() - 40 * 86400
+    for path in (overlay, live):
+        os.utime(path, (old, old))
+    aging = os.path.join(d, "tmp.conf")
+    with open(aging, "w") as f:
+        f.write("q /var/tmp 1777 root root amAM:30d\n")
+    p = subprocess.run([tool, f"--root={root}", "--clean", aging, TMPFILES_CONF],
+                       capture_output=True, text=True, timeout=60)
+    if p.returncode != 0 and "age" in p.stderr.lower():
+        print(f"note: this systemd-tmpfiles takes no age-by: {p.stderr.strip()}")
+    else:
+        check("systemd-tmpfiles cleans by age", p.returncode == 0, p.stderr)
+        check("the age-based cleaning leaves a device's temporary overlay",
+              os.path.exists(overlay), str(os.listdir(os.path.join(root, "var/tmp"))))
 
 harness.exit_if_failed()
