@@ -580,6 +580,18 @@ resolve_as (const char *what, uid_t uid, struct detach_target *t, char *err,
 
 static gboolean ask_detach_other (gpointer data);
 
+/* Runs FN (DATA) in the main thread, from a worker thread.  Never
+ * g_main_context_invoke: when the main loop is not running (it has
+ * quit, on SIGTERM, while a worker finishes), that runs FN at once in
+ * the worker, on state only the main thread touches.  Sources of one
+ * priority run in the order they were attached.
+ */
+static void
+in_main_thread (GSourceFunc fn, gpointer data)
+{
+  g_idle_add_full (G_PRIORITY_DEFAULT, fn, data, NULL);
+}
+
 /* In the device thread: C's detach, once polkit has let its user detach
  * a device (their own, or with CALL_DETACH_OTHER the one found before).
  */
@@ -622,7 +634,7 @@ detach_now (struct call *c)
     c->owner = st.owner;
     c->device_dir = g_strdup (st.dir);
     mloop_state_clear (&st);
-    g_main_context_invoke (NULL, ask_detach_other, c);
+    in_main_thread (ask_detach_other, c);
     return;
   }
   if (c->kind == CALL_DETACH_OTHER && (st.owner != c->owner ||
@@ -779,7 +791,7 @@ owner_thread_run (gpointer data, gpointer unused)
 
   if (!mloop_caller_subordinate (c->uid, c->person))
     c->person = c->uid;
-  g_main_context_invoke (NULL, owner_looked_up, c);
+  in_main_thread (owner_looked_up, c);
 }
 
 /* The bus's answer: C's user, then its person, counted. */
