@@ -392,6 +392,7 @@ offload_request (struct dispatch *d, struct request *req,
 {
   req->job.run = run;
   req->job.home = &d->done;
+  req->job.tenant = d->tenant;
   req->conn->in_helpers++;
   d->in_helpers++;
   offload_submit (d->offload, &req->job);
@@ -545,12 +546,14 @@ mloop_test_ack_flush_early (void)
 
 int
 dispatch_init (struct dispatch *d, struct mloop_engine *engine,
-               struct offload *offload, unsigned ring_depth)
+               struct offload *offload, struct offload_tenant *tenant,
+               unsigned ring_depth)
 {
   int saved;
 
   *d = (struct dispatch) {
-    .engine = engine, .offload = offload, .ring_depth = ring_depth,
+    .engine = engine, .offload = offload, .tenant = tenant,
+    .ring_depth = ring_depth,
     .depth = ring_depth < DISPATCH_RING_FIRST ? ring_depth
       : DISPATCH_RING_FIRST,
     .aio_efd = -1, .done.efd = -1,

@@ -38,6 +38,7 @@ struct request;
 struct dispatch {
   struct mloop_engine *engine;
   struct offload *offload;      /* helpers for blocking commands */
+  struct offload_tenant *tenant;        /* whose jobs they are */
   unsigned ring_depth;          /* the most AIO requests in flight
                                    (--queue-depth): the ring grows to it */
   unsigned depth;               /* requests in flight allowed now: the
@@ -70,10 +71,12 @@ struct dispatch {
 bool mloop_test_ack_flush_early (void);
 
 /* Sets D up and opens its eventfds; its AIO context waits for the first
- * request.  Returns -1 with errno set.
+ * request.  Its helpers' jobs are TENANT's (offload.h; NULL: the
+ * pool's own).  Returns -1 with errno set.
  */
 int dispatch_init (struct dispatch *d, struct mloop_engine *engine,
-                   struct offload *offload, unsigned ring_depth);
+                   struct offload *offload, struct offload_tenant *tenant,
+                   unsigned ring_depth);
 /* Closes D's AIO contexts (a request after this opens one again), on
  * the thread that ends: see worker_main.
  */

@@ -121,7 +121,14 @@ shared_make (char *err, size_t errlen)
   pthread_mutex_lock (&shared.lock);
   if (!shared.made) {
     budget_init (&shared.budget, BUDGET_SERVER_DEFAULT, BUDGET_CONN_DEFAULT);
-    shared.offload = offload_start (OFFLOAD_THREADS_DEFAULT);
+    /* A helper blocked on one image's stalled disk is not another's:
+     * each image runs as many jobs at once as a server of its own would
+     * (OFFLOAD_THREADS_DEFAULT), and the pool grows while every helper
+     * is busy.
+     */
+    shared.offload = offload_start_shared (OFFLOAD_THREADS_DEFAULT,
+                                           OFFLOAD_THREADS_MAX,
+                                           OFFLOAD_THREADS_DEFAULT);
     if (shared.offload == NULL) {
       snprintf (err, errlen, "starting %d helper threads: %s",
                 OFFLOAD_THREADS_DEFAULT, strerror (errno));

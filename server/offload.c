@@ -15,10 +15,14 @@
 struct offload {
   pthread_mutex_t lock;
   pthread_cond_t wake;
-  struct offload_job *head, *tail;
+  struct offload_tenant own;    /* jobs that name no tenant */
+  struct offload_tenant *ready, *ready_tail;    /* tenants with a job to
+                                                   run, in turn */
+  unsigned per_tenant;          /* a tenant's jobs on helpers at most */
   bool stopping;
-  unsigned threads;
+  unsigned threads, max_threads, idle;
   pthread_t *tids;
+  pthread_attr_t attr;
 };
 
 /* Appends JOB to the queue *HEAD..*TAIL (the caller holds its lock). */
@@ -46,6 +50,47 @@ inbox_put (struct offload_inbox *in, struct offload_job *job)
     abort ();                   /* an eventfd write cannot fail here */
 }
 
+/* Puts T in the list of tenants to serve if it has a job waiting and
+ * room under the cap (the pool's lock held).
+ */
+static void
+make_ready (struct offload *o, struct offload_tenant *t)
+{
+  if (t->ready || t->head == NULL || t->running >= o->per_tenant)
+    return;
+  t->ready = true;
+  t->next = NULL;
+  if (o->ready_tail)
+    o->ready_tail->next = t;
+  else
+    o->ready = t;
+  o->ready_tail = t;
+}
+
+/* The next job to run: the first ready tenant's oldest, that tenant
+ * then going to the back of the list (the pool's lock held).
+ */
+static struct offload_job *
+next_job (struct offload *o)
+{
+  struct offload_tenant *t = o->ready;
+  struct offload_job *job;
+
+  if (t == NULL)
+    return NULL;
+  o->ready = t->next;
+  if (o->ready == NULL)
+    o->ready_tail = NULL;
+  t->ready = false;
+  job = t->head;
+  t->head = job->next;
+  if (t->head == NULL)
+    t->tail = NULL;
+  t->running++;
+  make_ready (o, t);
+  return job;
+}
+
 static void *
 helper_main (void *arg)
 {
@@ -57,19 +102,27 @@ helper_main (void *arg)
   mloop_io_thread ();
   pthread_mutex_lock (&o->lock);
   for (;;) {
-    struct offload_job *job = o->head;
+    struct offload_job *job = next_job (o);
+    struct offload_tenant *t;
 
     if (job == NULL) {
       if (o->stopping)
         break;
+      o->idle++;
       pthread_cond_wait (&o->wake, &o->lock);
+      o->idle--;
       continue;
     }
-    o->head = job->next;
-    if (o->head == NULL)
-      o->tail = NULL;
     pthread_mutex_unlock (&o->lock);
     job->run (job);
+    /* The tenant is counted out before the job goes home: once home,
+     * the job's server may stop and free the tenant.
+     */
+    t = job->tenant ? job->tenant : &o->own;
+    pthread_mutex_lock (&o->lock);
+    t->running--;
+    make_ready (o, t);
+    pthread_mutex_unlock (&o->lock);
     inbox_put (job->home, job);
     pthread_mutex_lock (&o->lock);
   }
@@ -77,37 +130,51 @@ helper_main (void *arg)
   return NULL;
 }
 
+/* Starts one more helper (the pool's lock held, or before any job). */
+static int
+add_helper (struct offload *o)
+{
+  int r = pthread_create (&o->tids[o->threads], &o->attr, helper_main, o);
+
+  if (r == 0)
+    o->threads++;
+  return r;
+}
+
 struct offload *
-offload_start (unsigned threads)
+offload_start_shared (unsigned threads, unsigned max_threads,
+                      unsigned per_tenant)
 {
   struct offload *o = calloc (1, sizeof *o);
-  pthread_attr_t attr;
-  unsigned i;
   int r = 0;
 
   if (o == NULL)
     return NULL;
-  o->tids = calloc (threads, sizeof *o->tids);
+  o->max_threads = max_threads > threads ? max_threads : threads;
+  o->per_tenant = per_tenant ? per_tenant : 1;
+  o->tids = calloc (o->max_threads, sizeof *o->tids);
   if (o->tids == NULL) {
     free (o);
     return NULL;
   }
   pthread_mutex_init (&o->lock, NULL);
   pthread_cond_init (&o->wake, NULL);
-  pthread_attr_init (&attr);
-  pthread_attr_setstacksize (&attr, OFFLOAD_STACK);
-  for (i = 0; i < threads && r == 0; i++) {
-    r = pthread_create (&o->tids[i], &attr, helper_main, o);
-    if (r == 0)
-      o->threads++;
-  }
-  pthread_attr_destroy (&attr);
+  pthread_attr_init (&o->attr);
+  pthread_attr_setstacksize (&o->attr, OFFLOAD_STACK);
+  while (o->threads < threads && r == 0)
+    r = add_helper (o);
   if (r != 0) {
     offload_stop (o);
     errno = r;
     return NULL;
   }
   return o;
+}
+
+struct offload *
+offload_start (unsigned threads)
+{
+  return offload_start_shared (threads, threads, threads);
 }
 
 void
@@ -121,8 +188,10 @@ offload_stop (struct offload *o)
   o->stopping = true;
   pthread_cond_broadcast (&o->wake);
   pthread_mutex_unlock (&o->lock);
+  /* No job comes after the stop, so no helper is added meanwhile. */
   for (i = 0; i < o->threads; i++)
     pthread_join (o->tids[i], NULL);
+  pthread_attr_destroy (&o->attr);
   pthread_cond_destroy (&o->wake);
   pthread_mutex_destroy (&o->lock);
   free (o->tids);
@@ -132,9 +201,19 @@ offload_stop (struct offload *o)
 void
 offload_submit (struct offload *o, struct offload_job *job)
 {
+  struct offload_tenant *t = job->tenant ? job->tenant : &o->own;
+
   pthread_mutex_lock (&o->lock);
-  append (&o->head, &o->tail, job);
-  pthread_cond_signal (&o->wake);
+  append (&t->head, &t->tail, job);
+  make_ready (o, t);
+  /* Every helper busy (another tenant's stalled disk, say): one more,
+   * if the pool may grow; a helper that cannot start leaves the job to
+   * the ones there are.
+   */
+  if (o->ready && o->idle == 0 && o->threads < o->max_threads)
+    add_helper (o);
+  else
+    pthread_cond_signal (&o->wake);
   pthread_mutex_unlock (&o->lock);
 }
 

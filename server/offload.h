@@ -18,6 +18,7 @@
 #define MLOOP_SERVER_OFFLOAD_H
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stddef.h>
 
 #define OFFLOAD_THREADS_DEFAULT 4
@@ -33,16 +34,39 @@ struct offload_inbox {
   int efd;                      /* written once per finished job */
 };
 
+/* Whose jobs they are: one served image's (all its workers').  A pool
+ * runs at most its per-tenant cap of one tenant's jobs at once and
+ * takes tenants in turn, so that in a process serving many images
+ * (mloopd) an image whose disk stalls holds a few helpers, never every
+ * one, and its queued jobs never wait in front of another image's.
+ * Zeroed before use; the pool's lock guards it.
+ */
+struct offload_tenant {
+  unsigned running;             /* its jobs on helpers now */
+  struct offload_job *head, *tail;      /* its jobs waiting */
+  bool ready;                   /* in the pool's list of tenants to serve */
+  struct offload_tenant *next;
+};
+
 struct offload_job {
-  offload_run_fn run;           /* on a helper thread; may block */
+  offload_run_fn run;           /* on a helper; may block */
   struct offload_inbox *home;
+  struct offload_tenant *tenant;        /* NULL: the pool's own */
   struct offload_job *next;
 };
 
 struct offload;
 
-/* Starts THREADS helpers.  Returns NULL with errno set on failure. */
+/* Starts THREADS helpers, which run any tenant's jobs up to THREADS at
+ * once (a server of one image).  Returns NULL with errno set on failure.
+ */
 struct offload *offload_start (unsigned threads);
+/* Starts THREADS helpers for many tenants: a job that finds none idle
+ * starts another, up to MAX_THREADS, and a tenant runs at most
+ * PER_TENANT jobs at once.
+ */
+struct offload *offload_start_shared (unsigned threads, unsigned max_threads,
+                                      unsigned per_tenant);
 /* Runs what is queued, then stops and frees the helpers. */
 void offload_stop (struct offload *o);
 

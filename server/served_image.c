@@ -85,6 +85,7 @@ served_image_start (struct served_image *s, unsigned threads,
   o.read_only = s->read_only;
   o.discard = s->discard;
   o.max_request = MLOOP_MAX_REQUEST;
+  o.offload_tenant = &s->tenant;
   s->workers = calloc (threads, sizeof *s->workers);
   if (s->workers == NULL) {
     snprintf (err, errlen, "starting %u workers: out of memory", threads);

@@ -39,6 +39,10 @@ struct served_image {
   unsigned nr_workers;
   unsigned next_worker;
   pthread_mutex_t next_worker_lock;
+  /* Its workers' jobs on the helpers, which a process serving many
+   * images shares (offload.h).
+   */
+  struct offload_tenant tenant;
 };
 
 /* Warnings while opening (O_DIRECT not supported, an empty export), one

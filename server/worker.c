@@ -256,7 +256,7 @@ worker_start (const struct worker_options *opts, char *err, size_t errlen)
   if (w->epfd == -1 || w->inbox_efd == -1)
     goto errno_fail;
   if (dispatch_init (&w->dispatch, opts->engine, opts->offload,
-                     opts->ring_depth) == -1)
+                     opts->offload_tenant, opts->ring_depth) == -1)
     goto errno_fail;
   dispatch_open = true;
   if (epoll_add_tag (w->epfd, w->dispatch.aio_efd, &aio_tag) == -1 ||

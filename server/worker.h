@@ -34,6 +34,8 @@ struct worker_options {
   struct mloop_stats *stats;    /* counters for `mloop status`, or NULL */
   struct budget *budget;        /* request buffers, shared by all workers */
   struct offload *offload;      /* helpers for blocking commands */
+  struct offload_tenant *offload_tenant;        /* whose jobs they are
+                                                   (the image's) */
   unsigned drain_timeout;       /* seconds to finish replies on stop */
   bool splice_replies;          /* large READ data to Unix sockets by page
                                    reference (splice_out.h), not copied */
