@@ -33,7 +33,11 @@
 
 #define BASE_SIZE (4u << 20)
 
-static const char *disk_node;
+/* The holder's own copy: the node the parent names lies on the stack
+ * of the leader, which exits before the holder may have read it (ASan's
+ * stacks go with their thread).
+ */
+static char disk_node[64];
 static int ready_fd;
 static bool own_table;
 
@@ -73,7 +77,7 @@ start_holder (const char *node, bool own, int held)
     prctl (PR_SET_PDEATHSIG, SIGKILL);
     close (held);
     close (ready[0]);
-    disk_node = node;
+    snprintf (disk_node, sizeof disk_node, "%s", node);
     ready_fd = ready[1];
     own_table = own;
     if (pthread_create (&t, NULL, holder, NULL) != 0)
