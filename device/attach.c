@@ -1143,22 +1143,61 @@ mloop_attach (const struct mloop_attach_request *req,
   return -1;
 }
 
-/* Whether the kernel has another image connected at NBD device S's
- * index: S's state outlived its device (an autoclear device the kernel
- * let go before its supervisor looked, or whose supervisor is gone), and
- * the next attach, anyone's, was given the index.  Its backend, which
- * the kernel shows while a device is configured, is then not S's.
+/* What the kernel has at NBD device S's index now.  S's state may have
+ * outlived its device (an autoclear device the kernel let go before its
+ * supervisor looked, or whose supervisor is gone), and the index been
+ * given since to the next attach, anyone's, or connected by another
+ * tool.
  */
-static bool
-index_taken_since (const struct mloop_device_state *s)
+enum at_index {
+  /* S's device, or none: S's to let go. */
+  AT_INDEX_OWN,
+  /* A device of another backend, which the kernel shows while a
+   * device connected with one is configured: another attach's.
+   */
+  AT_INDEX_OTHER,
+  /* A device connected with no backend at all: not S's either, since
+   * every attach names its backend and the kernel shows it until the
+   * last reference to that configuration goes.  Another tool's ioctl
+   * connect (qemu-nbd -c, nbd-client -L), or a descriptor open on the
+   * idle device.
+   */
+  AT_INDEX_UNNAMED,
+};
+
+static enum at_index
+at_index (const struct mloop_device_state *s)
 {
   g_autofree char *path = g_strdup_printf ("/sys/block/nbd%d/backend",
                                            s->index);
   g_autofree char *backend = NULL;
+  bool connected = false;
+  char why[512];
 
-  if (!g_file_get_contents (path, &backend, NULL, NULL))
-    return false;
-  return strcmp (g_strchomp (backend), s->file) != 0;
+  if (g_file_get_contents (path, &backend, NULL, NULL))
+    return strcmp (g_strchomp (backend), s->file) == 0
+      ? AT_INDEX_OWN : AT_INDEX_OTHER;
+  if (mloop_nbd_netlink_connected (s->index, &connected, why,
+                                   sizeof why) == 0 && connected)
+    return AT_INDEX_UNNAMED;
+  return AT_INDEX_OWN;
+}
+
+/* After S's device went and something else was connected at its index
+ * with no backend: the node given back to root if it is still the one
+ * S gave its owner, as the supervisor would have done; anyone else's
+ * (root may have given it to someone for that device) is left alone.
+ */
+static void
+give_back_node (const struct mloop_device_state *s)
+{
+  g_autofree char *name = mloop_state_device_name (s);
+  g_autofree char *node = mloop_state_device_path (s);
+  struct stat st;
+  char why[512];
+
+  if (s->owner != 0 && stat (node, &st) == 0 && st.st_uid == s->owner)
+    mloop_device_owner_set (name, 0, why, sizeof why);
 }
 
 /* NBD device S's side in the kernel, before its server goes: its node
@@ -1239,9 +1278,18 @@ mloop_detach (const struct mloop_device_state *s, char *err, size_t errlen)
    * partitions, nor its connection are this state's to touch, only what
    * the state started.
    */
-  if (!index_taken_since (s) && let_kernel_go (s, err, errlen) == -1) {
-    mloop_state_unlock (device_lock);
-    return -1;
+  switch (at_index (s)) {
+  case AT_INDEX_OWN:
+    if (let_kernel_go (s, err, errlen) == -1) {
+      mloop_state_unlock (device_lock);
+      return -1;
+    }
+    break;
+  case AT_INDEX_UNNAMED:
+    give_back_node (s);
+    break;
+  case AT_INDEX_OTHER:
+    break;
   }
   stop_processes (s);
   mloop_state_remove_temporary_overlay (s);
