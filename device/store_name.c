@@ -18,16 +18,43 @@ mloop_is_rbd_name (const char *name)
   return g_str_has_prefix (name, MLOOP_RBD_PREFIX);
 }
 
+/* PATH made absolute as this process opens it: after the working
+ * directory (as the kernel has it, no link in it) when relative, its
+ * ".." left as spelt.  Taken away from the spelling alone (glib's
+ * canonical name), "link/../ceph.conf" would be the link's neighbour,
+ * where the kernel, librados and the rbd tool go up from the link's
+ * target: the servers would read another file, another cluster's
+ * configuration perhaps, than the one the caller named or the search
+ * found.  NULL, no memory or no working directory.
+ */
+static char *
+absolute_as_opened (const char *path)
+{
+  char *cwd, *abs;
+
+  if (g_path_is_absolute (path))
+    return g_strdup (path);
+  if ((cwd = getcwd (NULL, 0)) == NULL)
+    return NULL;
+  abs = g_build_filename (cwd, path, NULL);
+  free (cwd);
+  return abs;
+}
+
 char *
 mloop_rbd_name_with (const char *name, const char *conf, const char *id,
                      char *err, size_t errlen)
 {
-  g_autofree char *abs_conf = conf ? g_canonicalize_filename (conf, NULL)
-    : NULL;
+  g_autofree char *abs_conf = conf ? absolute_as_opened (conf) : NULL;
 
   if (!mloop_is_rbd_name (name)) {
     mloop_fail (err, errlen, "--ceph-conf and --ceph-id are for RBD "
                 "images (rbd:POOL/IMAGE), not %s", name);
+    return NULL;
+  }
+  if (conf && abs_conf == NULL) {
+    mloop_fail (err, errlen, "--ceph-conf %s: cannot make it absolute: %s",
+                conf, strerror (errno));
     return NULL;
   }
   if ((abs_conf && strchr (abs_conf, ':')) || (id && strchr (id, ':'))) {
@@ -140,7 +167,13 @@ mloop_rbd_name_pinned (const char *name, char *err, size_t errlen)
     return NULL;
   }
   close (fd);
-  abs = g_canonicalize_filename (found, NULL);
+  abs = absolute_as_opened (found);
+  if (abs == NULL) {
+    mloop_fail (err, errlen, "%s, the Ceph configuration found: cannot "
+                "make it absolute: %s", found, strerror (errno));
+    free (found);
+    return NULL;
+  }
   free (found);
   if (strchr (abs, ':')) {
     mloop_fail (err, errlen, "%s, the Ceph configuration found, has a ':' "
