@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <glib.h>
 
@@ -129,6 +130,7 @@ mloop_rbd_name_pinned (const char *name, char *err, size_t errlen)
   g_autofree char *abs = NULL;
   char *cluster;
   char *found = NULL;
+  struct stat sb;
   int fd;
 
   for (size_t i = 0; i < G_N_ELEMENTS (unseen); i++)
@@ -163,6 +165,17 @@ mloop_rbd_name_pinned (const char *name, char *err, size_t errlen)
     else
       mloop_fail (err, errlen, "looking for the Ceph configuration: %s",
                   strerror (-fd));
+    free (found);
+    return NULL;
+  }
+  /* librados would read it, a FIFO or a device, and search no further;
+   * no server reads one.
+   */
+  if (fstat (fd, &sb) < 0 || !S_ISREG (sb.st_mode)) {
+    mloop_fail (err, errlen, "%s, the Ceph configuration librados's search "
+                "finds here, is no regular file: name one with --ceph-conf",
+                found);
+    close (fd);
     free (found);
     return NULL;
   }

@@ -79,10 +79,11 @@ expand_search_entry (const char *entry, bool *other)
   return out;
 }
 
-/* librados goes on past a place it cannot read; so does this, and past
- * one that is no regular file (a directory), which librados cannot read
- * either.  A regular file found is the one, trusted or not: the next
- * place would be another configuration than librados's.
+/* librados goes on past a place it cannot open, and past a directory;
+ * so does this.  Anything else that opens is the one, trusted or not, a
+ * FIFO or a device too, which librados reads as the configuration and
+ * looks no further: the next place would be another configuration than
+ * librados's.  The caller refuses what is no regular file.
  */
 int
 mloop_ceph_conf_open_searched (char **found)
@@ -110,8 +111,8 @@ mloop_ceph_conf_open_searched (char **found)
         *found = strdup (entry);
       break;
     }
-    fd = open (path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd >= 0 && (fstat (fd, &sb) < 0 || !S_ISREG (sb.st_mode))) {
+    fd = open (path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd >= 0 && (fstat (fd, &sb) < 0 || S_ISDIR (sb.st_mode))) {
       close (fd);
       fd = -1;
     }

@@ -15,7 +15,9 @@
 /* Opens the configuration librados's search would read, in this
  * process's environment and working directory: $CEPH_CONF's list where
  * it is set, else /etc/ceph/ceph.conf, $HOME/.ceph/ceph.conf and
- * ceph.conf here, the first regular file that opens.  A descriptor,
+ * ceph.conf here, the first that opens and is no directory (a FIFO or
+ * a device too, which librados would read: the caller refuses it; it
+ * is opened without blocking).  A descriptor,
  * with the place in *FOUND (malloc'ed, as the search spells it: the
  * last is relative), or a negative errno: -ENOENT, none; -ENOTSUP, a
  * place of $CEPH_CONF's names a variable other than $cluster and $home

@@ -1,0 +1,87 @@
+/* librados's search for a Ceph configuration (ceph_conf.c does it as
+ * librados does) passes over a place that is missing, unreadable or a
+ * directory, but reads a FIFO or a device there as the configuration
+ * and looks no further.  So must the search: going on to the next
+ * place, attach would record, and the device's servers serve, a cluster
+ * the caller's own librados and rbd tool never read; the special file
+ * found is refused instead (no server reads one).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <glib.h>
+
+#include "ceph_conf.h"
+#include "store_name.h"
+#include "unit.h"
+
+/* $CEPH_CONF=FIRST,NEXT: the search must stop at FIRST, a special file,
+ * and attach refuse it.
+ */
+static void
+stops_at (const char *first, const char *next)
+{
+  g_autofree char *list = g_strconcat (first, ",", next, NULL);
+  g_autofree char *pinned = NULL;
+  char *found = NULL;
+  char err[512] = "";
+  int fd;
+
+  setenv ("CEPH_CONF", list, 1);
+  fd = mloop_ceph_conf_open_searched (&found);
+  CHECK (fd >= 0 && found && strcmp (found, first) == 0,
+         "$CEPH_CONF=%s: the search found %s (%s), not %s, which librados "
+         "reads", list, found ? found : "none",
+         fd < 0 ? strerror (-fd) : "opened", first);
+  close (fd);
+  free (found);
+  pinned = mloop_rbd_name_pinned ("rbd:pool/img", err, sizeof err);
+  CHECK (pinned == NULL, "$CEPH_CONF=%s: attach recorded %s, where "
+         "librados reads %s", list, pinned, first);
+  CHECK (strstr (err, first) != NULL, "$CEPH_CONF=%s: refused without "
+         "naming %s: %s", list, first, err);
+}
+
+int
+main (void)
+{
+  const char *dir = unit_tmpdir ("/var/tmp");
+  g_autofree char *fifo = g_build_filename (dir, "fifo.conf", NULL);
+  g_autofree char *next = g_build_filename (dir, "next.conf", NULL);
+  g_autofree char *sub = g_build_filename (dir, "sub.conf", NULL);
+  FILE *f = fopen (next, "w");
+
+  CHECK (f != NULL, "%s: cannot make it", next);
+  fputs ("[global]\nmon_host = 192.0.2.1\n", f);
+  fclose (f);
+  chmod (next, 0644);
+  CHECK (mkfifo (fifo, 0644) == 0, "%s: %s", fifo, strerror (errno));
+  CHECK (mkdir (sub, 0755) == 0, "%s: %s", sub, strerror (errno));
+  unsetenv ("CEPH_ARGS");
+  unsetenv ("CEPH_KEYRING");
+  unsetenv ("CEPH_LIB");
+
+  stops_at (fifo, next);
+  stops_at ("/dev/null", next);
+
+  /* A directory is passed over, as librados does. */
+  {
+    g_autofree char *list = g_strconcat (sub, ",", next, NULL);
+    char *found = NULL;
+    int fd;
+
+    setenv ("CEPH_CONF", list, 1);
+    fd = mloop_ceph_conf_open_searched (&found);
+    CHECK (fd >= 0 && found && strcmp (found, next) == 0,
+           "$CEPH_CONF=%s: the search found %s, not %s", list,
+           found ? found : "none", next);
+    close (fd);
+    free (found);
+  }
+  return 0;
+}
