@@ -7,14 +7,28 @@
 
 #include "module_path.h"
 
+int
+mloop_program_dir (char *dir, size_t len)
+{
+  ssize_t n = readlink ("/proc/self/exe", dir, len - 1);
+  char *slash;
+
+  if (n <= 0 || (size_t) n >= len - 1)
+    return -1;
+  dir[n] = '\0';
+  slash = strrchr (dir, '/');
+  if (slash == NULL)
+    return -1;
+  *slash = '\0';
+  return 0;
+}
+
 void
 mloop_module_path (const char *module, const char *env_var, char *path,
                    size_t len)
 {
   const char *env = env_var ? getenv (env_var) : NULL;
-  char exe[PATH_MAX];
-  ssize_t n;
-  char *slash;
+  char dir[PATH_MAX];
 
   if (env && *env) {
     snprintf (path, len, "%s", env);
@@ -23,15 +37,10 @@ mloop_module_path (const char *module, const char *env_var, char *path,
   /* Only the running program's own directory: whoever may write there
    * may replace the program as well.
    */
-  n = readlink ("/proc/self/exe", exe, sizeof exe - 1);
-  if (n > 0) {
-    exe[n] = '\0';
-    slash = strrchr (exe, '/');
-    if (slash) {
-      snprintf (path, len, "%.*s/%s", (int) (slash - exe), exe, module);
-      if (access (path, R_OK) == 0)
-        return;
-    }
+  if (mloop_program_dir (dir, sizeof dir) == 0) {
+    snprintf (path, len, "%s/%s", dir, module);
+    if (access (path, R_OK) == 0)
+      return;
   }
   snprintf (path, len, "%s/%s", MLOOP_PKGLIBDIR, module);
 }

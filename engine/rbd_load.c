@@ -2,12 +2,14 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
+#include <link.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "engine.h"
+#include "module_path.h"
 #include "rbd_load.h"
 
 #define MODULE "mloop-store-rbd.so"
@@ -16,20 +18,32 @@
 
 /* The build tree's module: this object is linked into a front end in a
  * sibling of engine/ (server/, ublk/, plugin/).  Empty when not found.
+ * The front end is the file that holds this object: a shared object's
+ * (the plugin) as it was loaded, else the program's as the kernel runs
+ * it (mloop_program_dir), not the name dladdr gives a program.
  */
 static void
 build_tree_module (char *path, size_t len)
 {
-  Dl_info info;
+  char dir[PATH_MAX];
   const char *slash;
+  struct link_map *map = NULL;
+  Dl_info info;
 
   path[0] = '\0';
-  if (dladdr ((void *) mloop_rbd_store_open, &info) == 0 ||
-      info.dli_fname == NULL || (slash = strrchr (info.dli_fname, '/')) == NULL)
+  if (dladdr1 ((void *) mloop_rbd_store_open, &info, (void **) &map,
+               RTLD_DL_LINKMAP) == 0 || map == NULL)
     return;
-  snprintf (path, len, "%.*s/../engine/%s", (int) (slash - info.dli_fname),
-            info.dli_fname, MODULE);
-  if (access (path, R_OK) != 0)
+  if (map->l_name && map->l_name[0]) {
+    if ((slash = strrchr (map->l_name, '/')) == NULL)
+      return;
+    snprintf (dir, sizeof dir, "%.*s", (int) (slash - map->l_name),
+              map->l_name);
+  }
+  else if (mloop_program_dir (dir, sizeof dir) != 0)
+    return;
+  if (snprintf (path, len, "%s/../engine/%s", dir, MODULE) >= (int) len ||
+      access (path, R_OK) != 0)
     path[0] = '\0';
 }
 

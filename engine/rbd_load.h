@@ -6,8 +6,9 @@
  * the size: ~100 ms a start under emulation).  So the RBD store is a
  * module, mloop-store-rbd.so, dlopen'ed by the first rbd: name, as
  * mloop-server's TLS is.  Found at $MLOOP_RBD_MODULE if set; else in the
- * build tree, beside the engine's own object (engine/ of a build
- * directory, found through dladdr); else in the installed LIBDIR/mloop.
+ * build tree, in engine/ beside the front end's directory (the file
+ * that holds the engine: the plugin, or the program); else in the
+ * installed LIBDIR/mloop.
  */
 #ifndef MLOOP_RBD_LOAD_H
 #define MLOOP_RBD_LOAD_H
