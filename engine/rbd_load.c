@@ -47,23 +47,30 @@ build_tree_module (char *path, size_t len)
     path[0] = '\0';
 }
 
+void
+mloop_rbd_module_path (char *path, size_t len)
+{
+  const char *env = getenv ("MLOOP_RBD_MODULE");
+
+  if (env && *env) {
+    snprintf (path, len, "%s", env);
+    return;
+  }
+  build_tree_module (path, len);
+  if (path[0] == '\0')
+    snprintf (path, len, "%s/%s", MLOOP_PKGLIBDIR, MODULE);
+}
+
 int
 mloop_rbd_store_open (struct mloop_store **out,
                       const struct mloop_engine_config *cfg,
                       char *err, size_t errlen)
 {
   static void *module;          /* never closed: stores live in it */
-  const char *env = getenv ("MLOOP_RBD_MODULE");
   char path[PATH_MAX];
   mloop_rbd_open_fn *open_fn;
 
-  if (env && *env)
-    snprintf (path, sizeof path, "%s", env);
-  else {
-    build_tree_module (path, sizeof path);
-    if (path[0] == '\0')
-      snprintf (path, sizeof path, "%s/%s", MLOOP_PKGLIBDIR, MODULE);
-  }
+  mloop_rbd_module_path (path, sizeof path);
   if (module == NULL)
     module = dlopen (path, RTLD_NOW | RTLD_LOCAL);
   if (module == NULL) {

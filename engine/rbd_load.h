@@ -24,6 +24,11 @@ typedef int mloop_rbd_open_fn (struct mloop_store **out,
                                const struct mloop_engine_config *cfg,
                                char *err, size_t errlen);
 
+/* Where the module is looked for (see above), into PATH of LEN bytes:
+ * the name mloop_rbd_store_open loads.
+ */
+void mloop_rbd_module_path (char *path, size_t len);
+
 /* Loads the module and opens CFG's rbd: image as *OUT: 0, or a negative
  * errno with a one-line reason in ERR (which names the module when it
  * is missing, or librbd when this build has none).
