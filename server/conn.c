@@ -366,6 +366,30 @@ release_buffer (struct conn *c, struct request *req)
   }
 }
 
+/* Whether C has a slot for another request. */
+static bool
+slot_free (const struct conn *c)
+{
+  return c->free != NULL || c->fresh < CONN_SLOTS;
+}
+
+/* A slot for a request: one given back, else the next never used (its
+ * pages touched only now).  The caller made sure there is one.
+ */
+static struct request *
+take_slot (struct conn *c)
+{
+  struct request *req = c->free;
+
+  if (req) {
+    c->free = req->next;
+    return req;
+  }
+  req = &c->slots[c->fresh++];
+  memset (req, 0, sizeof *req);
+  return req;
+}
+
 static void
 release_slot (struct conn *c, struct request *req)
 {
@@ -680,8 +704,7 @@ parse_header (struct conn *c)
   offset = h.offset;
   length = h.length;
 
-  req = c->free;
-  c->free = req->next;
+  req = take_slot (c);
   c->busy++;
   MLOOP_STATS_ADD (opts->stats, in_flight, 1);
   req->conn = c;
@@ -816,7 +839,7 @@ conn_set_resume_for_ring (struct conn_set *s)
   struct conn *c;
 
   for (c = s->all; c; c = c->next)
-    if (c->reading_paused && !c->budget_wait && c->free && !c->closing)
+    if (c->reading_paused && !c->budget_wait && slot_free (c) && !c->closing)
       resume_reading (c);
 }
 
@@ -833,7 +856,7 @@ conn_read (struct conn *c)
       continue;
     }
     if (c->in_end - c->in_start >= NBD_REQUEST_SIZE) {
-      if (!c->free || dispatch_ring_full (c->set->dispatch)) {
+      if (!slot_free (c) || dispatch_ring_full (c->set->dispatch)) {
         c->reading_paused = true;
         conn_update_events (c);
         return;
@@ -899,12 +922,14 @@ conn_handle_events (struct conn *c, uint32_t events)
 void
 conn_adopt (struct conn_set *s, int fd, const struct session *session)
 {
-  struct conn *c = calloc (1, sizeof *c);
+  /* Not calloc: that would write every slot's pages (take_slot). */
+  struct conn *c = malloc (sizeof *c);
   struct epoll_event ev = { .events = EPOLLIN };
-  unsigned i;
 
-  if (c)
+  if (c) {
+    memset (c, 0, offsetof (struct conn, slots));
     c->in = malloc (CONN_INBUF);
+  }
   if (c == NULL || c->in == NULL) {
     free (c);
     transport_close_copy (&session->transport);
@@ -921,10 +946,6 @@ conn_adopt (struct conn_set *s, int fd, const struct session *session)
   else if (splice_out_open (&c->splice, fd) == -1)
     log_limited ("a connection copies its read replies: no pipe to splice "
                  "them: %s", strerror (errno));
-  for (i = 0; i < CONN_SLOTS; i++) {
-    c->slots[i].next = c->free;
-    c->free = &c->slots[i];
-  }
   ev.data.ptr = c;
   if (epoll_ctl (s->epfd, EPOLL_CTL_ADD, fd, &ev) == -1) {
     splice_out_close (&c->splice);
@@ -955,7 +976,7 @@ conn_free (struct conn *c)
   MLOOP_STATS_SUB (st, connections, 1);
 
   epoll_ctl (c->set->epfd, EPOLL_CTL_DEL, c->fd, NULL);
-  for (i = 0; i < CONN_SLOTS; i++)
+  for (i = 0; i < c->fresh; i++)
     if (!buffer_is_ours (c, &c->slots[i]))
       splice_out_forget (c->slots[i].buf, c->slots[i].cap);
   free_returned_lent (c, 0, true);
@@ -965,7 +986,7 @@ conn_free (struct conn *c)
   /* Every buffer a slot has is charged to the server: its request's, or
    * kept.
    */
-  for (i = 0; i < CONN_SLOTS; i++) {
+  for (i = 0; i < c->fresh; i++) {
     budget_release (c->set->opts->budget, c->slots[i].cap);
     mloop_free_aligned (c->slots[i].buf, c->slots[i].cap);
   }

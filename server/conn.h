@@ -126,9 +126,9 @@ struct conn {
   int fd;
   struct conn_set *set;
   struct session session;       /* what the handshake agreed on */
-  struct request slots[CONN_SLOTS];
-  struct request *free;
-  unsigned busy;                /* slots not on the free list */
+  struct request *free;         /* slots used before and given back */
+  unsigned fresh;               /* slots[fresh..] never used yet */
+  unsigned busy;                /* slots given out, not given back */
   unsigned in_kernel;           /* AIO submitted, not yet reaped
                                    (counted by dispatch.c) */
   unsigned in_helpers;          /* offloaded, not yet back (dispatch.c) */
@@ -161,6 +161,13 @@ struct conn {
   bool dirty;                   /* on the set's dirty list */
   bool on_ready;                /* on the set's ready list */
   struct conn *next, *next_dirty, *next_ready;
+  /* Last, and made ready only as they are first used: a connection
+   * costs the pages of the slots it has used, not of all of them (a
+   * process holding a thousand idle devices holds four thousand
+   * connections, most of which have never had more than a few
+   * requests in flight).
+   */
+  struct request slots[CONN_SLOTS];
 };
 
 /* The per-request trace (nbd/trace.h): the connection is named by its

@@ -564,8 +564,11 @@ dispatch_init (struct dispatch *d, struct mloop_engine *engine,
    * it for real use: an acknowledged flush then promises nothing.
    */
   d->ack_flush_early = mloop_test_ack_flush_early ();
-  /* Room for a full round of resubmissions beyond the depth limit. */
-  d->batch = calloc (ring_depth + CONN_SLOTS, sizeof *d->batch);
+  /* Room for a full round of resubmissions beyond the depth limit.
+   * Only the first batch_len entries are read, so not zeroed: an idle
+   * worker's pages stay untouched.
+   */
+  d->batch = malloc ((ring_depth + CONN_SLOTS) * sizeof *d->batch);
   if (d->batch == NULL)
     return -1;
   d->aio_efd = eventfd (0, EFD_NONBLOCK | EFD_CLOEXEC);
