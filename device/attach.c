@@ -666,23 +666,43 @@ connect_kernel (const struct mloop_attach_request *req,
   unsigned busy = 0;
 
   for (unsigned attempt = 1; ; attempt++) {
+    int claim = -1;
+
     want = choose_index (req, from, err, errlen);
     if (want == -2)
       return -1;
+    /* Attaches at the same time choose the same lowest device: each
+     * claims the one it chose, and one another holds is passed over
+     * before any connection is made for it, rather than after the
+     * kernel refuses the second connect (a handshake and a connect
+     * lost per collision, the most of sixteen attaches' time).
+     */
+    if (req->index < 0 && want >= 0 &&
+        (claim = mloop_state_claim_index (want)) == -1 &&
+        errno == EWOULDBLOCK && busy++ < BUSY_ATTEMPTS) {
+      from = want + 1;
+      attempt--;
+      continue;
+    }
     mloop_step_done (req->steps, "device chosen");
     n = o->open (o, fds, &x, err, errlen);
-    if (n < 0)
+    if (n < 0) {
+      mloop_state_unlock (claim);
       return -1;
+    }
     mloop_step_done (req->steps, "handshakes");
     if (o->read_only)
       x.flags |= NBD_FLAG_READ_ONLY;    /* the kernel then refuses writes */
     if (choose_block_size (req, s->remote, &x, &s->block_size, err, errlen) == -1) {
       mloop_nbd_close_all (fds, (unsigned) n);
+      mloop_state_unlock (claim);
       return -1;
     }
     r = hand_to_kernel (want, fds, (unsigned) n, &x, s->block_size,
                         s->timeout, s->dead_timeout, backend, &index, err,
                         errlen);
+    /* Connected, the device is no longer idle to the next chooser. */
+    mloop_state_unlock (claim);
     /* Another attach took the device we chose (an idle one, or made the
      * new one first): the next one.
      */

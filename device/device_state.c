@@ -85,6 +85,26 @@ mloop_state_lock_device (const char *dir, bool wait)
   return fd;
 }
 
+int
+mloop_state_claim_index (int index)
+{
+  g_autofree char *dir = g_build_filename (mloop_runtime_dir (), "claims",
+                                           NULL);
+  g_autofree char *path = g_strdup_printf ("%s/nbd%d", dir, index);
+  int fd, saved;
+
+  if (g_mkdir_with_parents (dir, 0700) == -1)
+    return -1;
+  fd = open (path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd != -1 && flock (fd, LOCK_EX | LOCK_NB) == -1) {
+    saved = errno;
+    close (fd);
+    errno = saved;
+    fd = -1;
+  }
+  return fd;
+}
+
 void
 mloop_state_unlock (int fd)
 {
