@@ -1060,6 +1060,26 @@ conn_set_free_returned (struct conn_set *s)
     free_returned_lent (c, 0, false);
 }
 
+void
+conn_set_free_kept (struct conn_set *s)
+{
+  struct budget *b = s->opts->budget;
+
+  for (struct conn *c = s->all; c; c = c->next)
+    for (unsigned i = 0; i < c->fresh && c->kept > 0; i++) {
+      struct request *req = &c->slots[i];
+
+      /* In flight (charged), none, or still lent to the socket. */
+      if (req->charged || req->buf == NULL || !buffer_is_ours (c, req))
+        continue;
+      c->kept -= req->cap;
+      budget_release (b, req->cap);
+      mloop_free_aligned (req->buf, req->cap);
+      req->buf = NULL;
+      req->cap = 0;
+    }
+}
+
 bool
 conn_set_has_work (const struct conn_set *s)
 {

@@ -228,6 +228,12 @@ void conn_set_free_closed (struct conn_set *s);
  */
 void conn_set_free_returned (struct conn_set *s);
 
+/* Frees the buffers idle connections kept for their next requests: for
+ * a worker idle a while, whose connections' next requests may be far
+ * off (a device nobody uses), so that an idle device holds none.
+ */
+void conn_set_free_kept (struct conn_set *s);
+
 /* Whether some connection has bytes to parse or replies to send now. */
 bool conn_set_has_work (const struct conn_set *s);
 

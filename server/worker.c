@@ -93,7 +93,8 @@ drop_unsent_replies (struct worker *w)
 /* Gives the heap's free memory back to the kernel, once the buffers a
  * worker's connections used are freed and it has nothing to do: when
  * its last connection has closed, or after IDLE_TRIM_MS without an
- * event.  main.c keeps freed request buffers in the heap for reuse
+ * event (then the buffers its connections kept for their next requests
+ * go too: an idle device, of a thousand in one mloopd, holds none).  main.c keeps freed request buffers in the heap for reuse
  * (keep_request_buffers); glibc gives back by itself only the top of a
  * heap past M_TRIM_THRESHOLD, never the free pages inside it, so without
  * this 500 clients that had each read 8 MiB left the server at 1.9 GiB
@@ -131,6 +132,7 @@ trim_heap_if_idle (struct worker *w, bool timed_out)
     return;
   w->conns.heap_used = false;
   conn_set_free_returned (&w->conns);
+  conn_set_free_kept (&w->conns);
   release_free_heap_pages ();
 }
 
