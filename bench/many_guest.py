@@ -4,7 +4,7 @@ the time to attach them all P at a time, what they hold while idle
 (processes, their memory, the kernel's AIO events, memory the system
 no longer has free), and the time to detach them all P at a time.
 
-  many_guest.py --devices N --parallel P --kinds K,...
+  many_guest.py --devices N --parallel P --kinds K,... [--aio-max-nr N]
 
 Kinds: loop-dio (losetup --direct-io=on), mloop-native (mloop attach),
 mloop-service and mloop-in-process (mloop attach asking mloopd, which
@@ -119,7 +119,11 @@ def main():
     ap.add_argument("--devices", type=int, default=64)
     ap.add_argument("--parallel", type=int, default=16)
     ap.add_argument("--kinds", default=",".join(KINDS))
+    ap.add_argument("--aio-max-nr", type=int, default=0)
     a = ap.parse_args()
+    if a.aio_max_nr:
+        with open("/proc/sys/fs/aio-max-nr", "w") as f:
+            f.write(str(a.aio_max_nr))
     emit({"type": "meta", "kernel": os.uname().release, "cpus": os.cpu_count()})
     failed = 0
     with tempfile.TemporaryDirectory(dir="/var/tmp") as d:

@@ -1056,10 +1056,13 @@ fail_waiting_keeps (void)
 }
 
 /* A device costs mloopd two descriptors (its server's pidfd and its
- * log), so a thousand devices need more than the usual soft limit of
- * 1024.  The hard limit is what the system grants; mloopd polls and
- * never uses select(2), so the soft one is raised to it.  Its servers
- * inherit it, and poll too.
+ * log) when a server process serves it, and about 32 when mloopd serves
+ * it itself (per connection its socket and splice pipe, per worker its
+ * epoll set and eventfds, the image, the listener), so a thousand
+ * devices need more than the usual soft limit of 1024.  The hard limit
+ * is what the system grants (systemd's default: 524288); mloopd polls
+ * and never uses select(2), so the soft one is raised to it.  Its
+ * servers inherit it, and poll too.
  */
 static void
 raise_descriptor_limit (void)
