@@ -1170,8 +1170,13 @@ mloop_attach (const struct mloop_attach_request *req,
  * tool.
  */
 enum at_index {
-  /* S's device, or none: S's to let go. */
+  /* S's device, still configured: S's to let go. */
   AT_INDEX_OWN,
+  /* No device: the kernel let S's go (autoclear), and nothing is there
+   * yet.  Nothing to disconnect: the next attach, root's say, may
+   * connect one there at any moment, which is not S's to touch.
+   */
+  AT_INDEX_NONE,
   /* A device of another backend, which the kernel shows while a
    * device connected with one is configured: another attach's.
    */
@@ -1200,13 +1205,14 @@ at_index (const struct mloop_device_state *s)
   if (mloop_nbd_netlink_connected (s->index, &connected, why,
                                    sizeof why) == 0 && connected)
     return AT_INDEX_UNNAMED;
-  return AT_INDEX_OWN;
+  return AT_INDEX_NONE;
 }
 
-/* After S's device went and something else was connected at its index
- * with no backend: the node given back to root if it is still the one
- * S gave its owner, as the supervisor would have done; anyone else's
- * (root may have given it to someone for that device) is left alone.
+/* After S's device went, with nothing at its index or something else
+ * connected there with no backend: the node given back to root if it
+ * is still the one S gave its owner, as the supervisor would have done;
+ * anyone else's (root may have given it to someone for that device) is
+ * left alone.
  */
 static void
 give_back_node (const struct mloop_device_state *s)
@@ -1228,7 +1234,6 @@ static int
 let_kernel_go (const struct mloop_device_state *s, char *err, size_t errlen)
 {
   g_autofree char *name = mloop_state_device_name (s);
-  bool connected = false;
   char why[512];
 
   /* Taken from its user before the image goes (device_owner.h). */
@@ -1242,9 +1247,10 @@ let_kernel_go (const struct mloop_device_state *s, char *err, size_t errlen)
   mloop_partitions_drop (name, why, sizeof why);
   /* Tell the kernel first: it sends NBD_CMD_DISC on every connection
    * after the requests in flight, so the server sees clean goodbyes.
+   * Only while it is still S's: an autoclear device the kernel let go
+   * meanwhile leaves its index to the next attach, anyone's.
    */
-  if (mloop_nbd_netlink_connected (s->index, &connected, why,
-                                   sizeof why) == 0 && connected &&
+  if (at_index (s) == AT_INDEX_OWN &&
       mloop_nbd_netlink_disconnect (s->index, why, sizeof why) < 0)
     return mloop_fail (err, errlen, "/dev/nbd%d: %s", s->index, why);
   return 0;
@@ -1305,6 +1311,7 @@ mloop_detach (const struct mloop_device_state *s, char *err, size_t errlen)
       return -1;
     }
     break;
+  case AT_INDEX_NONE:
   case AT_INDEX_UNNAMED:
     give_back_node (s);
     break;

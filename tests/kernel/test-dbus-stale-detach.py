@@ -14,14 +14,18 @@ ioctl connect gives the device no backend identifier (no
 /sys/block/nbdN/backend at all), which the detach took for the stale
 state's own device, and disconnected: root's device stays connected,
 and its node, which the stopped supervisor left the user's, is given
-back to root.  About 32 s in the VM."""
+back to root.  Then with root's mloop device: a detach whose stale
+state found nothing at its index, held there (gdb) while root's next
+attach is given the index, leaves root's device connected (it
+disconnected whatever was there by then).  About 60 s in the VM."""
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import time
 
-from kfix import Skip, make_image, sysfs, wait_until
+from kfix import Skip, make_image, sysfs, tmpdir, wait_until
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import servicebus  # noqa: E402
@@ -75,6 +79,119 @@ def stale_state(bus, kind, cl, seed):
     return image, dev
 
 
+def root_attach_at(kind, cl, dev, seed):
+    """Root's mloop device of a new image, at DEV (a Skip if another
+    index is given): the image and its backend."""
+    root_image = make_image(cl, seed=seed)
+    r = kind.cli(*kind.attach_args(root_image), check=False)
+    assert r.returncode == 0, f"root's attach: {one_line(r)}"
+    root_dev = r.stdout.strip()
+    cl.push(lambda: kind.cli("detach", root_dev, check=False))
+    if root_dev != dev:
+        raise Skip(f"root's attach took {root_dev}, not the released {dev}")
+    return root_image, sysfs(dev, "backend")
+
+
+def root_device_intact(kind, dev, root_image, backend, what):
+    """Fails unless root's device of ROOT_IMAGE is still connected at
+    DEV, root's, and listed, after WHAT."""
+    assert sysfs(dev, "pid") is not None and sysfs(dev, "backend") == backend, \
+        f"{what} disconnected root's device at {dev}"
+    st = os.stat(dev)
+    assert st.st_uid == 0, f"{dev}, root's device, was given to uid {st.st_uid}"
+    with open(dev, "rb") as f:
+        f.read(4096)
+    assert root_image in kind.cli("list").stdout, \
+        f"root's device is not listed any more after {what}"
+
+
+# gdb, attached to the service, holds it at its first change of a
+# device node's owner in the detach: after it found nothing at the stale
+# state's index, before it does anything there.
+HOLD_AT_NODE = """set pagination off
+set confirm off
+set breakpoint pending on
+handle all nostop noprint pass
+break mloop_device_owner_set
+commands 1
+silent
+shell touch {held}
+shell while [ ! -e {go} ]; do sleep 0.05; done
+delete 1
+detach
+quit
+end
+shell touch {ready}
+continue
+"""
+
+
+def stop_gdb(debugger):
+    """Lets gdb end (interrupted if still waiting): what it printed."""
+    for stop in (None, signal.SIGINT, signal.SIGKILL):
+        if stop is not None and debugger.poll() is None:
+            debugger.send_signal(stop)
+        try:
+            return debugger.communicate(timeout=15)[0] or ""
+        except subprocess.TimeoutExpired:
+            pass
+    return ""
+
+
+def harness_wait(pred, timeout=20):
+    end = time.monotonic() + timeout
+    while not pred() and time.monotonic() < end:
+        time.sleep(0.05)
+
+
+def detach_held_while_root_attaches(bus, kind, cl):
+    """The user's detach of their stale state finds nothing at its index
+    and is held there while root's next attach is given that index:
+    root's device stays connected, its partitions and node root's."""
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        raise Skip("no gdb to hold the service in its detach")
+    image, dev = stale_state(bus, kind, cl, seed=17)
+    work = tmpdir(cl)
+    held, go, ready = (os.path.join(work, f) for f in ("held", "go", "ready"))
+    script = os.path.join(work, "hold.gdb")
+    with open(script, "w") as f:
+        f.write(HOLD_AT_NODE.format(held=held, go=go, ready=ready))
+    debugger = subprocess.Popen([gdb, "-q", "-batch", "-nx", "-x", script, "-p",
+                                 str(bus.service_pid())],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    caller = None
+    try:
+        harness_wait(lambda: os.path.exists(ready) or debugger.poll() is not None)
+        if not os.path.exists(ready):
+            why = (stop_gdb(debugger).strip().splitlines() or ["no answer"])[-1]
+            raise Skip(f"gdb cannot attach to the service ({why})")
+        caller = subprocess.Popen(
+            ["setpriv", f"--reuid={USER[1]}", f"--regid={USER[2]}", "--clear-groups", "--",
+             kinds.CLI, "detach", image],
+            env=bus.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        harness_wait(lambda: os.path.exists(held) or debugger.poll() is not None)
+        assert os.path.exists(held), \
+            "gdb did not hold the service's detach: " + stop_gdb(debugger)[-300:]
+        # The stale state's device went: nothing at its index, whose node
+        # root's attach takes back and connects.
+        root_image, backend = root_attach_at(kind, cl, dev, seed=18)
+        open(go, "w").close()
+        out = caller.communicate(timeout=60)[0].strip()
+        root_device_intact(kind, dev, root_image, backend,
+                           "the user's detach of their stale state, held")
+        assert caller.returncode == 0, f"the user's detach of their stale state: {out}"
+        assert image not in kind.cli("list").stdout, \
+            f"the user's stale device is still listed: {out}"
+    finally:
+        open(go, "w").close()
+        stop_gdb(debugger)
+        if caller is not None and caller.poll() is None:
+            caller.kill()
+            caller.wait()
+    kind.cli("detach", dev)
+
+
 def run_test(kind, cl):
     bus = dbusfix.start(kind, cl)
     bus.set_rules(OWN_ONLY)
@@ -105,6 +222,15 @@ def run_test(kind, cl):
     assert root_image in listed, f"root's device is not listed any more: {listed}"
     assert image not in listed, f"the user's stale device is still listed: {listed}"
     kind.cli("detach", root_dev)
+
+    # Each half says what it found; both run either way.
+    failed = []
+    for half in (detach_held_while_root_attaches,):
+        try:
+            half(bus, kind, cl)
+        except AssertionError as e:
+            failed.append(f"{half.__name__}: {e}")
+    assert not failed, "; ".join(failed)
 
     if shutil.which("qemu-nbd") is None:
         raise Skip("qemu-nbd is not installed")
