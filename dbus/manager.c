@@ -615,10 +615,14 @@ detach_now (struct call *c)
     call_fail (c, ERROR_INVALID, err);
     return;
   }
+  /* The caller's own device first, whatever the name: a device's
+   * name (/dev/nbdN) may be their stale state's and another's device's
+   * at once (mloop_lookup_for).
+   */
   found = what.resolved
     ? mloop_lookup_resolved (what.name, &what.st, c->uid, &st, err,
                              sizeof err)
-    : mloop_lookup (what.name, &st, err, sizeof err);
+    : mloop_lookup_for (what.name, c->uid, &st, err, sizeof err);
   g_free (what.name);
   if (found == -1) {
     call_fail (c, ERROR_INVALID, err);

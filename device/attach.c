@@ -1413,25 +1413,30 @@ find_device (const char *name, const char *file, const struct stat *file_st,
 }
 
 int
-mloop_lookup (const char *what, struct mloop_device_state *out,
-              char *err, size_t errlen)
+mloop_lookup_for (const char *what, uid_t owner,
+                  struct mloop_device_state *out, char *err, size_t errlen)
 {
   const char *name = NULL;
   g_autofree char *file = NULL;
   struct stat st;
 
   if (device_name (what, &name))
-    return find_device (name, NULL, NULL, geteuid (), what, out, err,
-                        errlen);
+    return find_device (name, NULL, NULL, owner, what, out, err, errlen);
   if (strstr (what, "://") || mloop_is_rbd_name (what))
-    return find_device (NULL, what, NULL, geteuid (), what, out, err,
-                        errlen);
+    return find_device (NULL, what, NULL, owner, what, out, err, errlen);
   file = realpath (what, NULL);
   if (file == NULL)
     return mloop_fail (err, errlen, "%s: not an nbd or ublk device, and %s",
                        what, strerror (errno));
   return find_device (NULL, file, stat (file, &st) == 0 ? &st : NULL,
-                      geteuid (), what, out, err, errlen);
+                      owner, what, out, err, errlen);
+}
+
+int
+mloop_lookup (const char *what, struct mloop_device_state *out,
+              char *err, size_t errlen)
+{
+  return mloop_lookup_for (what, geteuid (), out, err, errlen);
 }
 
 int

@@ -119,6 +119,18 @@ int mloop_detach (const struct mloop_device_state *s, char *err,
 int mloop_lookup (const char *what, struct mloop_device_state *out,
                   char *err, size_t errlen);
 
+/* mloop_lookup() for OWNER: of the devices WHAT may name, OWNER's
+ * first.  One index can have two states, one outliving its device (an
+ * autoclear device the kernel let go before its supervisor looked) and
+ * the device attached there since: a caller's "/dev/nbdN" is their own
+ * state's before another user's or root's.  A path is resolved here,
+ * with this process's rights: give OWNER's own paths to
+ * mloop_lookup_resolved.
+ */
+int mloop_lookup_for (const char *what, uid_t owner,
+                      struct mloop_device_state *out, char *err,
+                      size_t errlen);
+
 /* Finds the device serving the image at PATH, a canonical path (a
  * realpath) whose file has the identity ST, both found by whoever asks
  * with their own rights: no name is resolved again here, so a lookup

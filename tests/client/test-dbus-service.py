@@ -27,7 +27,10 @@ directory denies: still denied; 0.5 s).  A list names each device's
 owner from the user database: with gdb holding that lookup 6 s (a
 device's state made up in a runtime directory of the service's own),
 another user's call is answered meanwhile (8-11 s); a list carrying a
-descriptor, which it would keep while it waits, is refused.  A caller whose authentication never ends (a real
+descriptor, which it would keep while it waits, is refused.  A user's
+detach of /dev/nbdN where their stale state and root's device share
+the index removes their own state, not root's (states made up; 0.3 s).
+A caller whose authentication never ends (a real
 polkit agent that never answers: silent_agent.py) holds up no other
 user's call, and is refused after --authorization-timeout; an attach
 past --max-devices-per-user is refused in one line, and so is a call
@@ -251,6 +254,7 @@ def run(bus, work):
     magic_links(bus, work)
     caller_with_large_entries(bus, work, image)
     list_holds_nobody(bus, work)
+    own_stale_state_by_name(bus, work)
 
     stalled_callers(bus, image, root_only)
     bounded_wait(bus, root_only)
@@ -772,6 +776,39 @@ def list_holds_nobody(bus, work):
         if lister is not None and lister.poll() is None:
             lister.kill()
             lister.wait()
+        bus.set_service_args(args)
+
+
+def own_stale_state_by_name(bus, work):
+    """One index, two states: the caller's, which outlived its device (an
+    autoclear device the kernel let go before its supervisor looked), and
+    root's device attached there since.  The caller's detach of /dev/nbdN
+    is of their own state, as a detach of their image's path is: it found
+    root's and refused ("not your device").  States made up in a runtime
+    directory of the service's own; nothing is at the index."""
+    run_dir = os.path.join(work, "stale-run")
+    states = {}
+    for name, text in (
+            ("dev-root", "file=/root-image.img\nheld_image=false\nowner=0\n"),
+            ("dev-stale", "file=held:stale\nheld_image=true\nlabel=/stale.img\n"
+                          f"owner={OTHER[1]}\nperson={OTHER[1]}\nautoclear=true\n")):
+        states[name] = os.path.join(run_dir, name)
+        os.makedirs(states[name])
+        with open(os.path.join(states[name], "state"), "w") as f:
+            f.write(f"[device]\ntransport=nbd\nindex=998\n{text}")
+    args = bus.service_args
+    bus.set_service_args(args, env={"MLOOP_RUNTIME_DIR": run_dir})
+    bus.set_rules(servicebus.ALLOW_BOTH_ATTACH)
+    try:
+        out = call_on(bus, "detach", "/dev/nbd998", user=OTHER)
+        check("a user's detach of /dev/nbdN is of their own stale state there, "
+              "not root's device", out.startswith("OK"), out)
+        check("the detach removed the user's stale state and left root's",
+              not os.path.exists(states["dev-stale"]) and
+              os.path.exists(os.path.join(states["dev-root"], "state")),
+              str(sorted(os.listdir(run_dir))))
+    finally:
+        bus.set_rules(servicebus.ALLOW_USER)
         bus.set_service_args(args)
 
 

@@ -14,10 +14,13 @@ ioctl connect gives the device no backend identifier (no
 /sys/block/nbdN/backend at all), which the detach took for the stale
 state's own device, and disconnected: root's device stays connected,
 and its node, which the stopped supervisor left the user's, is given
-back to root.  Then with root's mloop device: a detach whose stale
-state found nothing at its index, held there (gdb) while root's next
-attach is given the index, leaves root's device connected (it
-disconnected whatever was there by then).  About 60 s in the VM."""
+back to root.  Then twice more with root's mloop device: the user's
+detach by the device's name finds their own stale state there first, as
+by the image's (it found root's device and refused, "not your device");
+and a detach whose stale state found nothing at its index, held there
+(gdb) while root's next attach is given the index, leaves root's device
+connected (it disconnected whatever was there by then).  About 75 s in
+the VM."""
 import os
 import shutil
 import signal
@@ -103,6 +106,21 @@ def root_device_intact(kind, dev, root_image, backend, what):
         f.read(4096)
     assert root_image in kind.cli("list").stdout, \
         f"root's device is not listed any more after {what}"
+
+
+def detach_by_device_name(bus, kind, cl):
+    """The user's stale state and root's device at one index: the user's
+    detach of /dev/nbdN is of their own state, which goes, and root's
+    device stays."""
+    image, dev = stale_state(bus, kind, cl, seed=15)
+    root_image, backend = root_attach_at(kind, cl, dev, seed=16)
+    r = bus.run_as(USER, [kinds.CLI, "detach", dev], text=True)
+    root_device_intact(kind, dev, root_image, backend, "the user's detach of their stale state")
+    assert r.returncode == 0, \
+        f"the user's detach of {dev}, their stale state's device: {one_line(r)}"
+    assert image not in kind.cli("list").stdout, \
+        f"the user's stale device is still listed after their detach of {dev}"
+    kind.cli("detach", dev)
 
 
 # gdb, attached to the service, holds it at its first change of a
@@ -225,7 +243,7 @@ def run_test(kind, cl):
 
     # Each half says what it found; both run either way.
     failed = []
-    for half in (detach_held_while_root_attaches,):
+    for half in (detach_by_device_name, detach_held_while_root_attaches):
         try:
             half(bus, kind, cl)
         except AssertionError as e:
