@@ -145,6 +145,13 @@ struct rbd_store {
   char image_id[RBD_MAX_IMAGE_NAME_SIZE];
   char *header_oid;
   uint64_t opened_size;         /* what librbd's read-only open reads */
+  /* A read-only open of a clone: its overlap with its parent as librbd
+   * opened it, which it never reads again, and the least the header
+   * has said since (see follow_shrink).  clone: whether it has one.
+   */
+  bool clone;
+  uint64_t opened_overlap, overlap;
+  bool said_overlap;
   bool gone;
 };
 
@@ -595,18 +602,53 @@ in_trash (struct rbd_store *st)
   return r == -ENOENT ? 0 : r < 0 ? r : 1;
 }
 
+/* The overlap of a clone with its parent, as the header says it now
+ * (cls_rbd's parent_overlap_get of the image itself, answering an
+ * optional 64-bit integer: a byte saying whether there is one, then
+ * the integer), in OVERLAP: 1, 0 when the image has no parent now (it
+ * was flattened), or a negative errno.  Called with check_lock held.
+ */
+static int
+overlap_in_header (struct rbd_store *st, uint64_t *overlap)
+{
+  unsigned char answer[SIZE_ANSWER_LEN];
+  char in[8];
+  int r;
+
+  for (int i = 0; i < 8; i++)
+    in[i] = (char) (HEAD_SNAP_ID >> (8 * i) & 0xff);
+  r = ask_cls (st, st->header_oid, "parent_overlap_get", in, sizeof in,
+               answer, sizeof answer);
+  if (r < 0)
+    return r;
+  if (r == 1 && answer[0] == 0)
+    return 0;
+  if (r != SIZE_ANSWER_LEN || answer[0] != 1)
+    return -EBADMSG;
+  *overlap = le64 (answer + 1);
+  return 1;
+}
+
 /* The image's writer resized it to NOW bytes.  librbd's read-only open
  * still reads up to the size it opened with, and past a shrink it would
  * answer zeroes, or whatever a later growth wrote there, for data that
  * is no longer the image's: the store serves at most NOW bytes, so
  * that a read past them fails (EINVAL, which the kernel gives its
  * reader as EIO) and a supervisor polling the size shrinks the device.
- * Never more than librbd opened: it cannot read past that.
+ * Never more than librbd opened: it cannot read past that.  Nor, for a
+ * clone, past the least overlap with its parent the header has said: a
+ * shrink cuts the overlap (and a growth never gives it back), so the
+ * image reads zeroes past it wherever nothing was written since, but
+ * librbd's read-only open keeps the overlap it opened with and would
+ * read the parent's data there.
  */
 static void
 follow_shrink (struct rbd_store *st, uint64_t now)
 {
-  const uint64_t served = now < st->opened_size ? now : st->opened_size;
+  const bool cut = st->clone && st->overlap < st->opened_overlap;
+  const uint64_t limit = cut && st->overlap < st->opened_size
+    ? st->overlap : st->opened_size;
+  const uint64_t served = now < limit ? now : limit;
   const uint64_t was = __atomic_exchange_n (&st->size, served,
                                             __ATOMIC_ACQ_REL);
 
@@ -616,6 +658,13 @@ follow_shrink (struct rbd_store *st, uint64_t now)
   else if (served > was)
     say (st, "%s: the image has %" PRIu64 " bytes again: served at that "
          "size", st->name, served);
+  if (now > served && cut && !st->said_overlap) {
+    st->said_overlap = true;
+    say (st, "%s: the image has %" PRIu64 " bytes, but its overlap with "
+         "its parent was cut to %" PRIu64 ", and this read-only open would "
+         "read the parent's data past it: served at %" PRIu64 " bytes "
+         "until restarted", st->name, now, st->overlap, served);
+  }
 }
 
 /* Marks the store gone and says WHY, once. */
@@ -641,9 +690,16 @@ check_image (struct rbd_store *st)
                : "the image was removed");
     return false;
   }
-  /* A snapshot's size never changes. */
-  if (r == 1 && st->snap == NULL)
+  /* A snapshot's size never changes, nor its overlap. */
+  if (r == 1 && st->snap == NULL) {
+    uint64_t overlap;
+
+    /* Not known: the least said so far holds. */
+    if (st->clone && overlap_in_header (st, &overlap) == 1 &&
+        overlap < st->overlap)
+      st->overlap = overlap;
     follow_shrink (st, now);
+  }
   /* A snapshot keeps its image from removal: only the header counts. */
   if (st->snap == NULL && !st->check_stop && in_trash (st) == 1) {
     mark_gone (st, "the image was moved to the trash (`rbd rm` does so "
@@ -693,6 +749,11 @@ start_removal_checker (struct rbd_store *st)
     return;
   }
   st->opened_size = store_size (&st->base);
+  /* No overlap: no parent, and a read-only open learns of none later. */
+  st->clone = st->snap == NULL &&
+    rbd_get_overlap (st->rbd, &st->opened_overlap) == 0 &&
+    st->opened_overlap > 0;
+  st->overlap = st->opened_overlap;
   if (pthread_create (&st->checker, NULL, removal_checker, st) == 0)
     __atomic_store_n (&st->checker_running, true, __ATOMIC_RELEASE);
 }

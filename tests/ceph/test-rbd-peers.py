@@ -135,6 +135,9 @@ on a real one-node cluster (tests/ceph/cluster.py):
    says so within 10 s, fails a read past the new end (which librbd
    would answer with zeroes) and gives new connections the new size,
    after a SIGHUP too;
+2w. a clone served read-only, shrunk and grown back with `rbd resize`
+   (which cuts its overlap with its parent): the server serves none of
+   the parent's data past the cut, where the clone reads zeroes;
 3. librbd's cache and partial trims turned on for the image in the
    cluster (`rbd config image set`: rbd_cache true, writeback, dirty data
    kept 60 s; rbd_skip_partial_discard true), over the server's own
@@ -180,7 +183,7 @@ arriving writer 2-3 s (gdb's start), 20 watchers, 2c, 2e and 3 to 6
 about 1-3 s each, 2d about 5 s (`rbd feature disable`), 1d about 6 s (a
 watch timeout), 2f 3-5 s, 3b under 1 s, 2q 8-11 s (two cases), 2r 6-7 s
 (a watch timeout), 2s 3 s, 2t 3-4 s, 2u 2-3 s, 2v 1-2 s, 2b 12-13 s (two gdb starts), 2i 9-13 s
-(4,100 snapshots added to the header), 2j 2-3 s, 2k under 1 s, 2l, 2m,
+(4,100 snapshots added to the header), 2j 2-3 s, 2w 5-7 s, 2k under 1 s, 2l, 2m,
 2n and 2o 1-2 s each; about 120 s in all alone, more beside other
 work.
 """
@@ -1976,6 +1979,51 @@ def section_read_only_shrunk():
     w.stop()
 
 
+def section_read_only_clone_regrown():
+    """A clone served read-only, shrunk and grown back by a writer (`rbd
+    resize`): the shrink cuts the clone's overlap with its parent, so
+    the range past the shrink reads as zeroes once the image is grown
+    back.  librbd's read-only open keeps the overlap it opened with and
+    would read the parent's data there: the server must not serve that
+    range as the image's."""
+    c.create_image("regrown-parent", 16 * MiB)
+    w = start("mloop-server writing the parent", f"rbd:{c.spec('regrown-parent')}")
+    h = w.connect()
+    h.pwrite(b"p" * 4096, 12 * MiB)
+    h.flush()
+    h.shutdown()
+    w.stop()
+    c.rbd("snap", "create", c.spec("regrown-parent", "base"))
+    c.rbd("snap", "protect", c.spec("regrown-parent", "base"))
+    c.rbd("clone", c.spec("regrown-parent", "base"), c.spec("regrown"))
+    s = start("a read-only mloop-server of the clone", f"rbd:{c.spec('regrown')}",
+              args=["--read-only"])
+    hs = s.connect()
+    check("the clone reads its parent's data", hs.pread(4096, 12 * MiB) == b"p" * 4096)
+    c.rbd("resize", "--no-progress", "--allow-shrink", "--size", f"{8 * MiB}B",
+          c.spec("regrown"))
+    check("the read-only server says the clone was shrunk",
+          s.says("shrunk to 8388608 bytes", REFUSE_LIMIT), s.stderr())
+    c.rbd("resize", "--no-progress", "--size", f"{16 * MiB}B", c.spec("regrown"))
+    time.sleep(3)       # two of the server's looks at the header
+    theirs = export(c.spec("regrown"))[12 * MiB:12 * MiB + 4096]
+    check("the clone, grown back, holds zeroes past the shrink",
+          theirs == bytes(4096), f"{theirs[:4]!r}")
+    try:
+        got = hs.pread(4096, 12 * MiB)
+    except nbd.Error as e:
+        got = e
+    check("the read-only server serves no data the clone does not hold",
+          isinstance(got, nbd.Error) or got == theirs,
+          "" if isinstance(got, nbd.Error) else f"read {bytes(got[:4])!r}")
+    check("the read-only server says why it serves less than the clone's size",
+          s.says("overlap with its parent was cut", REFUSE_LIMIT), s.stderr())
+    check("a read before the cut reads as the clone holds it",
+          hs.pread(4096, 0) == export(c.spec("regrown"))[:4096])
+    hs.shutdown()
+    s.stop()
+
+
 def section_trashed_while_down():
     """A device's image moved to the trash (`rbd trash mv`) while its
     server is down: librbd opens an image in the trash by the id the
@@ -2285,6 +2333,8 @@ try:
     section("a read-only server's image removed", section_read_only_removed)
     section("a snapshot removed among thousands", section_many_snapshots)
     section("a read-only server's image shrunk", section_read_only_shrunk)
+    section("a read-only server's clone shrunk and grown back",
+            section_read_only_clone_regrown)
     section("an image trashed while its server is down", section_trashed_while_down)
     section("the cache and partial trims set by the cluster", section_settings)
     section("partial trims turned on while served", section_settings_changed)
