@@ -19,8 +19,8 @@ detach by the device's name finds their own stale state there first, as
 by the image's (it found root's device and refused, "not your device");
 and a detach whose stale state found nothing at its index, held there
 (gdb) while root's next attach is given the index, leaves root's device
-connected (it disconnected whatever was there by then).  About 75 s in
-the VM."""
+connected (it disconnected whatever was there by then; the full tier
+only, gdb).  About 75 s in the VM with the held detach, less without."""
 import os
 import shutil
 import signal
@@ -241,9 +241,15 @@ def run_test(kind, cl):
     assert image not in listed, f"the user's stale device is still listed: {listed}"
     kind.cli("detach", root_dev)
 
-    # Each half says what it found; both run either way.
+    # Each half says what it found; both run either way.  Holding the
+    # service in gdb is the slow one under TCG: the full tier runs it.
+    halves = [detach_by_device_name]
+    if os.environ.get("MLOOP_TEST_TIER") == "full":
+        halves.append(detach_held_while_root_attaches)
+    else:
+        print("the detach held while root attaches: the full tier's (gdb)")
     failed = []
-    for half in (detach_by_device_name, detach_held_while_root_attaches):
+    for half in halves:
         try:
             half(bus, kind, cl)
         except AssertionError as e:
