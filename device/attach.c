@@ -687,7 +687,7 @@ connect_kernel (const struct mloop_attach_request *req,
     mloop_step_done (req->steps, "device chosen");
     n = o->open (o, fds, &x, err, errlen);
     if (n < 0) {
-      mloop_state_unlock (claim);
+      mloop_state_release_claim (want, claim);
       return -1;
     }
     mloop_step_done (req->steps, "handshakes");
@@ -695,14 +695,14 @@ connect_kernel (const struct mloop_attach_request *req,
       x.flags |= NBD_FLAG_READ_ONLY;    /* the kernel then refuses writes */
     if (choose_block_size (req, s->remote, &x, &s->block_size, err, errlen) == -1) {
       mloop_nbd_close_all (fds, (unsigned) n);
-      mloop_state_unlock (claim);
+      mloop_state_release_claim (want, claim);
       return -1;
     }
     r = hand_to_kernel (want, fds, (unsigned) n, &x, s->block_size,
                         s->timeout, s->dead_timeout, backend, &index, err,
                         errlen);
     /* Connected, the device is no longer idle to the next chooser. */
-    mloop_state_unlock (claim);
+    mloop_state_release_claim (want, claim);
     /* Another attach took the device we chose (an idle one, or made the
      * new one first): the next one.
      */

@@ -85,24 +85,61 @@ mloop_state_lock_device (const char *dir, bool wait)
   return fd;
 }
 
+/* Index INDEX's claim file: in the runtime directory itself, for as
+ * long as an attach holds it (mloop_state_release_claim removes it).
+ */
+static char *
+claim_path (int index)
+{
+  g_autofree char *name = g_strdup_printf (".claim-nbd%d", index);
+
+  return g_build_filename (mloop_runtime_dir (), name, NULL);
+}
+
 int
 mloop_state_claim_index (int index)
 {
-  g_autofree char *dir = g_build_filename (mloop_runtime_dir (), "claims",
-                                           NULL);
-  g_autofree char *path = g_strdup_printf ("%s/nbd%d", dir, index);
-  int fd, saved;
+  g_autofree char *path = claim_path (index);
+  char why[256];
 
-  if (g_mkdir_with_parents (dir, 0700) == -1)
+  if (mloop_runtime_dir_create (why, sizeof why) == -1)
     return -1;
-  fd = open (path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (fd != -1 && flock (fd, LOCK_EX | LOCK_NB) == -1) {
-    saved = errno;
+  /* A file its holder removed after this open is no claim: the next
+   * attach makes a new one.  So a claim is a lock on the file the path
+   * still names.
+   */
+  for (unsigned tries = 0; tries < 8; tries++) {
+    struct stat held, named;
+    int fd = open (path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    int saved;
+
+    if (fd == -1)
+      return -1;
+    if (flock (fd, LOCK_EX | LOCK_NB) == -1) {
+      saved = errno;
+      close (fd);
+      errno = saved;
+      return -1;
+    }
+    if (fstat (fd, &held) == 0 && stat (path, &named) == 0 &&
+        held.st_dev == named.st_dev && held.st_ino == named.st_ino)
+      return fd;
     close (fd);
-    errno = saved;
-    fd = -1;
   }
-  return fd;
+  errno = EWOULDBLOCK;
+  return -1;
+}
+
+void
+mloop_state_release_claim (int index, int fd)
+{
+  g_autofree char *path = NULL;
+
+  if (fd < 0)
+    return;
+  path = claim_path (index);
+  unlink (path);                /* still ours: we hold its lock */
+  close (fd);
 }
 
 void

@@ -167,12 +167,15 @@ void mloop_state_unlock (int fd);
 int mloop_state_lock_device (const char *dir, bool wait);
 
 /* Claims NBD index INDEX among attaches choosing a device at the same
- * time (released by mloop_state_unlock): -1 with errno EWOULDBLOCK
- * while another attach holds it, or another errno when no claim could
- * be made.  Only a way to choose apart: the kernel still refuses a
- * second connect of one index, which is what keeps two devices apart.
+ * time: a descriptor for mloop_state_release_claim, or -1 with errno
+ * EWOULDBLOCK while another attach holds it, or another errno when no
+ * claim could be made.  Only a way to choose apart: the kernel still
+ * refuses a second connect of one index, which is what keeps two
+ * devices apart.  A claim is a locked file in the runtime directory,
+ * there only while held (one a dead attach left is taken over).
  */
 int mloop_state_claim_index (int index);
+void mloop_state_release_claim (int index, int fd);
 
 /* Paths inside a device directory (g_free them). */
 char *mloop_state_path (const struct mloop_device_state *s, const char *name);
