@@ -1,5 +1,6 @@
 /* mloop — autoclear: a device that goes away when its last user closes it. */
 #include <string.h>
+#include <sys/stat.h>
 
 #include <glib.h>
 
@@ -51,6 +52,23 @@ kernel_backend (int index)
 }
 
 static bool
+kernel_running (int index)
+{
+  g_autofree char *path = g_strdup_printf ("/sys/block/nbd%d/pid", index);
+
+  return g_file_test (path, G_FILE_TEST_EXISTS);
+}
+
+static uid_t
+kernel_node_owner (const char *name)
+{
+  g_autofree char *node = g_strconcat ("/dev/", name, NULL);
+  struct stat st;
+
+  return stat (node, &st) == 0 ? st.st_uid : (uid_t) -1;
+}
+
+static bool
 kernel_give_back (const char *name)
 {
   char why[512];
@@ -62,6 +80,8 @@ kernel_give_back (const char *name)
 const struct mloop_autoclear_kernel mloop_autoclear_kernel_now = {
   .connected = kernel_connected,
   .backend = kernel_backend,
+  .running = kernel_running,
+  .node_owner = kernel_node_owner,
   .give_back = kernel_give_back,
 };
 
@@ -75,11 +95,21 @@ mloop_autoclear_finished (const struct mloop_device_state *s,
   if (connected != 0) {
     /* Another image there by now is done with (its attach gave the
      * node back first); S's image, or a descriptor open on the idle
-     * device (no backend), is not yet.
+     * device (configured, not started, no backend), is not yet.
      */
     g_autofree char *backend = k->backend (s->index);
 
-    return backend && strcmp (backend, s->file) != 0;
+    if (backend && *backend)
+      return strcmp (backend, s->file) != 0;
+    if (connected < 0 || !k->running (s->index))
+      return false;
+    /* Started with no backend (or an empty one: a netlink connect that
+     * named none): another tool's device, since every mloop connect
+     * names its backend.  Its node, if still S's owner's, goes back to
+     * root, or S's user would open that device.
+     */
+    return s->owner == 0 || k->node_owner (name) != s->owner ||
+      k->give_back (name);
   }
   if (s->owner == 0 || s->transport == MLOOP_TRANSPORT_UBLK)
     return true;

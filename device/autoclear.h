@@ -11,6 +11,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <sys/types.h>
 
 #include "device_state.h"
 
@@ -32,6 +33,12 @@ struct mloop_autoclear_kernel {
   int (*connected) (int index);
   /* The backend device INDEX's configuration names (g_free), or NULL. */
   char *(*backend) (int index);
+  /* Whether device INDEX is started (sysfs "pid": a connect gave it its
+   * sockets), not just configured by a descriptor open on it.
+   */
+  bool (*running) (int index);
+  /* The owner of node NAME ("nbdN"), or (uid_t) -1 when it has none. */
+  uid_t (*node_owner) (const char *name);
   /* Gives node NAME ("nbdN") and its partitions' back to root
    * (device_owner.h): whether NAME's node is root's only now.
    */
@@ -44,7 +51,9 @@ extern const struct mloop_autoclear_kernel mloop_autoclear_kernel_now;
  * may remove its state: the kernel let it go and, for a device attached
  * for a user, its node is root's again with no descriptor open on the
  * device; or another image is connected there by now (its attach gave
- * the node back first).  The node goes back to root before the kernel
+ * the node back first); or another tool's device, started with no
+ * backend (every mloop connect names one), is there by now, S's node
+ * given back to root first if it is still S's owner's.  The node goes back to root before the kernel
  * is asked the second time: until then its user may open the idle
  * device, which the kernel then keeps for them, and asked only before,
  * the device would be forgotten while they hold it, uncounted, its node

@@ -58,6 +58,21 @@ sim_backend (int index)
   return dev.configured ? g_strdup (dev.backend) : NULL;
 }
 
+/* Never started: only the user's descriptor configures it again. */
+static bool
+sim_running (int index)
+{
+  CHECK (index == INDEX, "asked about nbd%d", index);
+  return false;
+}
+
+static uid_t
+sim_node_owner (const char *name)
+{
+  CHECK (strcmp (name, "nbd5") == 0, "asked about %s", name);
+  return dev.node_users ? USER_UID : 0;
+}
+
 static bool
 sim_give_back (const char *name)
 {
@@ -69,6 +84,7 @@ sim_give_back (const char *name)
 
 static const struct mloop_autoclear_kernel sim = {
   .connected = sim_connected, .backend = sim_backend,
+  .running = sim_running, .node_owner = sim_node_owner,
   .give_back = sim_give_back,
 };
 
