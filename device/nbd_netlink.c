@@ -296,9 +296,42 @@ struct change {
   bool disconnect_on_close;
 };
 
+int
+mloop_nbd_backend_check_at (const char *sys_block, int index,
+                            const char *backend, char *err, size_t errlen)
+{
+  char path[4096], there[8192];
+  size_t n = 0;
+  FILE *f;
+
+  snprintf (path, sizeof path, "%s/nbd%d/backend", sys_block, index);
+  f = fopen (path, "re");
+  if (f != NULL) {
+    n = fread (there, 1, sizeof there - 1, f);
+    fclose (f);
+    there[n] = '\0';
+    if (n > 0 && there[n - 1] == '\n')
+      there[--n] = '\0';
+  }
+  if (f == NULL || n == 0)
+    return fail (err, errlen, -ESTALE, "/dev/nbd%d has no backend (not "
+                 "connected, or another tool's device), not %s", index,
+                 backend ? backend : "(none)");
+  if (backend != NULL && strcmp (there, backend) == 0)
+    return 0;
+  /* Another tool may have named anything: one line all the same. */
+  for (size_t i = 0; i < n; i++)
+    if ((unsigned char) there[i] < 0x20 || there[i] == 0x7f)
+      there[i] = '?';
+  return fail (err, errlen, -ESTALE, "/dev/nbd%d is connected with "
+               "backend %s, not %s", index, there,
+               backend ? backend : "(none)");
+}
+
 /* Sends one reconfigure of /dev/nbdINDEX.  BACKEND must repeat the
- * device's identifier (the kernel refuses a reconfigure without it).
- * WHAT names the request in errors.
+ * device's identifier (the kernel refuses a reconfigure without it);
+ * the device must show it (mloop_nbd_backend_check_at).  WHAT names
+ * the request in errors.
  */
 static int
 reconfigure (int index, const char *backend, const struct change *c,
@@ -307,8 +340,13 @@ reconfigure (int index, const char *backend, const struct change *c,
   struct channel ch;
   struct reply r = { .index = -1 };
   struct nl_msg *msg;
+  char why[8192];
   int rc;
 
+  rc = mloop_nbd_backend_check_at ("/sys/block", index, backend, why,
+                                   sizeof why);
+  if (rc < 0)
+    return fail (err, errlen, rc, "netlink %s refused: %s", what, why);
   rc = channel_start (&ch, NBD_CMD_RECONFIGURE, &msg, what, err, errlen);
   if (rc < 0)
     return rc;

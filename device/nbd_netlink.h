@@ -39,9 +39,24 @@ int mloop_nbd_netlink_available (char *err, size_t errlen);
 int mloop_nbd_netlink_connect (const struct mloop_nbd_device_config *c,
                                int *index, char *err, size_t errlen);
 
+/* Whether /dev/nbdINDEX is connected with BACKEND, as SYS_BLOCK
+ * ("/sys/block", or a test's copy) shows it: 0, or -ESTALE with ERR
+ * naming the device and what is there instead (another backend, or
+ * none: not connected, or another tool's device, which named none).
+ */
+int mloop_nbd_backend_check_at (const char *sys_block, int index,
+                                const char *backend, char *err,
+                                size_t errlen);
+
 /* Replaces the dead connections of a configured device with FDS.
  * BACKEND must repeat the identifier the device was connected with: the
  * kernel refuses a reconfigure without it ("must specify backend").
+ * The kernel compares it only when the device has one, so every
+ * reconfigure here (this one, resize, autoclear, a dead connection's
+ * replacement) is refused first unless the device shows BACKEND
+ * (mloop_nbd_backend_check_at): a device another tool connected at a
+ * departed mloop device's index, naming none, is never given its
+ * sockets or changed.
  */
 int mloop_nbd_netlink_reconfigure (int index, const char *backend,
                                    const int *fds, size_t nr_fds,
