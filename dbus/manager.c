@@ -592,6 +592,41 @@ in_main_thread (GSourceFunc fn, gpointer data)
   g_idle_add_full (G_PRIORITY_DEFAULT, fn, data, NULL);
 }
 
+/* In the device thread: the device C's detach names, into *ST; false,
+ * C ended, when there is none.
+ */
+static bool
+find_target (struct call *c, struct mloop_device_state *st)
+{
+  struct detach_target what;
+  char err[1024];
+  int found;
+
+  /* A detach's path was resolved in its own thread (resolve_thread). */
+  if (c->target) {
+    what = *c->target;
+    g_clear_pointer (&c->target, g_free);
+  }
+  else if (!resolve_as (c->what, c->uid, &what, err, sizeof err)) {
+    call_fail (c, ERROR_INVALID, err);
+    return false;
+  }
+  /* The caller's own device first, whatever the name: a device's
+   * name (/dev/nbdN) may be their stale state's and another's device's
+   * at once (mloop_lookup_for).
+   */
+  found = what.resolved
+    ? mloop_lookup_resolved (what.name, &what.st, c->uid, st, err,
+                             sizeof err)
+    : mloop_lookup_for (what.name, c->uid, st, err, sizeof err);
+  g_free (what.name);
+  if (found == -1) {
+    call_fail (c, ERROR_INVALID, err);
+    return false;
+  }
+  return true;
+}
+
 /* In the device thread: C's detach, once polkit has let its user detach
  * a device (their own, or with CALL_DETACH_OTHER the one found before).
  */
@@ -600,38 +635,28 @@ detach_now (struct call *c)
 {
   struct mloop_device_state st;
   g_autofree char *device = NULL;
-  struct detach_target what;
   char err[1024];
-  int found;
 
-  /* A detach's path was resolved in its own thread (resolve_thread);
-   * a device's name, as the second round has it, needs no resolving.
+  /* The second round, once polkit let the caller detach another's
+   * device: the very state the first round found and asked about.
+   * Looked up again by the device's name, the caller's own stale state
+   * at that index would come first (mloop_lookup_for), and the answer
+   * be "ask again" for ever.
    */
-  if (c->target) {
-    what = *c->target;
-    g_clear_pointer (&c->target, g_free);
+  if (c->kind == CALL_DETACH_OTHER) {
+    if (mloop_state_load (c->device_dir, &st) == -1) {
+      snprintf (err, sizeof err, "%s is not attached by mloop", c->what);
+      call_fail (c, ERROR_INVALID, err);
+      return;
+    }
   }
-  else if (!resolve_as (c->what, c->uid, &what, err, sizeof err)) {
-    call_fail (c, ERROR_INVALID, err);
+  else if (!find_target (c, &st))
     return;
-  }
-  /* The caller's own device first, whatever the name: a device's
-   * name (/dev/nbdN) may be their stale state's and another's device's
-   * at once (mloop_lookup_for).
-   */
-  found = what.resolved
-    ? mloop_lookup_resolved (what.name, &what.st, c->uid, &st, err,
-                             sizeof err)
-    : mloop_lookup_for (what.name, c->uid, &st, err, sizeof err);
-  g_free (what.name);
-  if (found == -1) {
-    call_fail (c, ERROR_INVALID, err);
-    return;
-  }
   device = mloop_state_device_path (&st);
   if (c->kind == CALL_DETACH && st.owner != c->uid) {
     /* Another user's device: the stronger action, asked in the main
-     * thread, then the device looked for again by its name.
+     * thread, then this very state detached if it is still that
+     * owner's.
      */
     g_free (c->what);
     c->what = g_steal_pointer (&device);
@@ -641,10 +666,9 @@ detach_now (struct call *c)
     in_main_thread (ask_detach_other, c);
     return;
   }
-  if (c->kind == CALL_DETACH_OTHER && (st.owner != c->owner ||
-                                       g_strcmp0 (st.dir, c->device_dir)))
-    call_fail (c, ERROR_FAILED, "the device was detached and attached "
-               "again while polkit was asked: ask again");
+  if (c->kind == CALL_DETACH_OTHER && st.owner != c->owner)
+    call_fail (c, ERROR_FAILED, "the device changed owner while polkit "
+               "was asked: ask again");
   else if (mloop_detach (&st, err, sizeof err) == -1)
     call_fail (c, ERROR_FAILED, err);
   else {

@@ -29,7 +29,9 @@ device's state made up in a runtime directory of the service's own),
 another user's call is answered meanwhile (8-11 s); a list carrying a
 descriptor, which it would keep while it waits, is refused.  A user's
 detach of /dev/nbdN where their stale state and root's device share
-the index removes their own state, not root's (states made up; 0.3 s).
+the index removes their own state, not root's (states made up; 0.3 s);
+one polkit lets detach another's device detaches root's there by its
+image's path, not answered "ask again" for ever (0.3 s).
 A caller whose authentication never ends (a real
 polkit agent that never answers: silent_agent.py) holds up no other
 user's call, and is refused after --authorization-timeout; an attach
@@ -255,6 +257,7 @@ def run(bus, work):
     caller_with_large_entries(bus, work, image)
     list_holds_nobody(bus, work)
     own_stale_state_by_name(bus, work)
+    detach_other_past_own_stale_state(bus, work)
 
     stalled_callers(bus, image, root_only)
     bounded_wait(bus, root_only)
@@ -810,6 +813,45 @@ def own_stale_state_by_name(bus, work):
     finally:
         bus.set_rules(servicebus.ALLOW_USER)
         bus.set_service_args(args)
+
+
+def detach_other_past_own_stale_state(bus, work):
+    """One index, two states: the caller's, which outlived its device,
+    and root's device attached there since.  The caller, whom polkit
+    lets detach another's device, detaches root's by its image's path:
+    the second round, once polkit said yes, detaches the very state the
+    first found.  Looked up again by the device's name, it found the
+    caller's own stale state first and answered "ask again" for ever.
+    States made up in a runtime directory of the service's own; nothing
+    is at the index."""
+    run_dir = os.path.join(work, "stale-other-run")
+    image = os.path.join(work, "roots-image.img")
+    open(image, "w").close()
+    os.chmod(image, 0o644)
+    st = os.stat(image)
+    states = {}
+    for name, text in (
+            ("dev-root", f"file={os.path.realpath(image)}\nfile_dev={st.st_dev}\n"
+                         f"file_ino={st.st_ino}\nheld_image=false\nowner=0\n"),
+            ("dev-stale", "file=held:stale\nheld_image=true\nlabel=/stale.img\n"
+                          f"owner={USER[1]}\nperson={USER[1]}\nautoclear=true\n")):
+        states[name] = os.path.join(run_dir, name)
+        os.makedirs(states[name])
+        with open(os.path.join(states[name], "state"), "w") as f:
+            f.write(f"[device]\ntransport=nbd\nindex=997\n{text}")
+    args = bus.service_args
+    bus.set_service_args(args, env={"MLOOP_RUNTIME_DIR": run_dir})
+    try:
+        out = call_on(bus, "detach", image, user=USER)
+        check("a detach of another's device at an index where the caller has a "
+              "stale state detaches that device", out.startswith("OK"), out)
+        check("the detach removed root's state and left the caller's stale one",
+              not os.path.exists(states["dev-root"]) and
+              os.path.exists(os.path.join(states["dev-stale"], "state")),
+              str(sorted(os.listdir(run_dir))))
+    finally:
+        bus.set_service_args(args)
+        os.unlink(image)
 
 
 # gdb, attached to the service, holds the thread resolving a path where it takes
