@@ -102,7 +102,7 @@ struct rbd_store {
   bool shared;                  /* no exclusive lock */
   rados_t cluster;
   rados_ioctx_t ioctx;
-  rbd_image_t rbd;
+  rbd_image_t rbd;              /* atomic once served: see reopen_flattened */
   uint64_t size;                /* atomic: the update watch changes it */
   bool locked;                  /* atomic: we hold the exclusive lock */
   bool lock_wanted;             /* atomic: one lost is taken again */
@@ -152,6 +152,11 @@ struct rbd_store {
   bool clone;
   uint64_t opened_overlap, overlap;
   bool said_overlap;
+  /* A flattened clone's first open (reopen_flattened): kept
+   * until close, as requests in flight may still use it.
+   */
+  rbd_image_t stale;
+  bool said_reopen_failed;
   bool gone;
 };
 
@@ -159,6 +164,13 @@ static struct rbd_store *
 store_of (const struct mloop_store *s)
 {
   return (struct rbd_store *) s;
+}
+
+/* The open image the requests use (see reopen_flattened). */
+static rbd_image_t
+image_of (const struct rbd_store *st)
+{
+  return __atomic_load_n (&st->rbd, __ATOMIC_ACQUIRE);
 }
 
 /* ------------------------------------------------------------ requests */
@@ -667,6 +679,45 @@ follow_shrink (struct rbd_store *st, uint64_t now)
   }
 }
 
+/* The clone was flattened: it has no parent now, but librbd's read-only
+ * open keeps the parent it opened with and reads the parent's data
+ * wherever the image has no object, as after a discard of a whole
+ * object, or a shrink and a growth back.  The image is opened again
+ * (by its id, read-only, parent-less now), and the requests use that
+ * open from then on; the first stays open until close, for requests
+ * in flight on it.  A clone never gains a parent again: once only.
+ * Called with check_lock held.
+ */
+static void
+reopen_flattened (struct rbd_store *st)
+{
+  rbd_image_t fresh;
+  uint64_t size;
+  int r = rbd_open_by_id_read_only (st->ioctx, st->image_id, &fresh, NULL);
+
+  if (r == 0 && (r = rbd_get_size (fresh, &size)) < 0)
+    rbd_close (fresh);
+  if (r < 0) {
+    /* Tried again at the next look. */
+    if (!st->said_reopen_failed)
+      say (st, "%s: the clone was flattened, and opening it again failed "
+           "(%s): it may read its former parent's data where it has "
+           "none", st->name, strerror (-r));
+    st->said_reopen_failed = true;
+    return;
+  }
+  st->stale = st->rbd;
+  __atomic_store_n (&st->rbd, fresh, __ATOMIC_RELEASE);
+  st->opened_size = size;
+  /* As start_removal_checker: none, unless the header changed again. */
+  st->clone = rbd_get_overlap (fresh, &st->opened_overlap) == 0 &&
+    st->opened_overlap > 0;
+  st->overlap = st->opened_overlap;
+  st->said_overlap = false;
+  say (st, "%s: the clone was flattened: reopened, to read none of its "
+       "former parent's data", st->name);
+}
+
 /* Marks the store gone and says WHY, once. */
 static void
 mark_gone (struct rbd_store *st, const char *why)
@@ -693,11 +744,13 @@ check_image (struct rbd_store *st)
   /* A snapshot's size never changes, nor its overlap. */
   if (r == 1 && st->snap == NULL) {
     uint64_t overlap;
+    const int has = st->clone ? overlap_in_header (st, &overlap) : -1;
 
-    /* Not known: the least said so far holds. */
-    if (st->clone && overlap_in_header (st, &overlap) == 1 &&
-        overlap < st->overlap)
+    /* Not known (below 0): the least said so far holds. */
+    if (has == 1 && overlap < st->overlap)
       st->overlap = overlap;
+    else if (has == 0 && st->stale == NULL)
+      reopen_flattened (st);
     follow_shrink (st, now);
   }
   /* A snapshot keeps its image from removal: only the header counts. */
@@ -802,13 +855,13 @@ store_prepare (struct mloop_store *s, struct mloop_io *io)
   __atomic_add_fetch (&st->in_flight, 1, __ATOMIC_RELAXED);
   switch (io->op) {
   case MLOOP_IO_READ:
-    r = rbd_aio_read (st->rbd, io->offset, io->count, io->buf, c);
+    r = rbd_aio_read (image_of (st), io->offset, io->count, io->buf, c);
     break;
   case MLOOP_IO_WRITE:
-    r = rbd_aio_write (st->rbd, io->offset, io->count, io->buf, c);
+    r = rbd_aio_write (image_of (st), io->offset, io->count, io->buf, c);
     break;
   case MLOOP_IO_FLUSH:
-    r = rbd_aio_flush (st->rbd, c);
+    r = rbd_aio_flush (image_of (st), c);
     break;
   default:
     r = -EINVAL;
@@ -853,19 +906,19 @@ perform_once (struct rbd_store *st, struct mloop_io *io)
 
   switch (io->op) {
   case MLOOP_IO_READ:
-    n = rbd_read (st->rbd, io->offset, io->count, io->buf);
+    n = rbd_read (image_of (st), io->offset, io->count, io->buf);
     break;
   case MLOOP_IO_WRITE:
-    n = rbd_write (st->rbd, io->offset, io->count, io->buf);
+    n = rbd_write (image_of (st), io->offset, io->count, io->buf);
     if (n >= 0 && (io->flags & MLOOP_IO_FUA) && st->write_back) {
-      int r = rbd_flush (st->rbd);
+      int r = rbd_flush (image_of (st));
 
       if (r < 0)
         n = r;
     }
     break;
   case MLOOP_IO_FLUSH:
-    return (int) answered (st, rbd_flush (st->rbd));
+    return (int) answered (st, rbd_flush (image_of (st)));
   default:
     return -EINVAL;
   }
@@ -904,10 +957,10 @@ static int
 store_flush_now (struct mloop_store *s)
 {
   struct rbd_store *st = store_of (s);
-  int r = rbd_flush (st->rbd);
+  int r = rbd_flush (image_of (st));
 
   if (regained (st, r))
-    r = rbd_flush (st->rbd);
+    r = rbd_flush (image_of (st));
   return (int) answered (st, r);
 }
 
@@ -930,7 +983,7 @@ store_flush_now (struct mloop_store *s)
 static ssize_t
 trim_step (struct rbd_store *st, uint64_t offset, size_t step)
 {
-  return rbd_write_zeroes (st->rbd, offset, step, 0, 0);
+  return rbd_write_zeroes (image_of (st), offset, step, 0, 0);
 }
 
 /* A FUA trim or zero: through librbd's cache (the effective
@@ -945,9 +998,9 @@ flush_if_fua (struct rbd_store *st, unsigned flags)
 
   if (!(flags & MLOOP_IO_FUA) || !st->write_back)
     return 0;
-  r = rbd_flush (st->rbd);
+  r = rbd_flush (image_of (st));
   if (regained (st, r))
-    r = rbd_flush (st->rbd);
+    r = rbd_flush (image_of (st));
   return (int) answered (st, r);
 }
 
@@ -1001,9 +1054,9 @@ store_zero (struct mloop_store *s, uint64_t offset, uint64_t count,
   while (count > 0) {
     size_t step = count > RBD_STEP ? RBD_STEP : (size_t) count;
 
-    n = rbd_write_zeroes (st->rbd, offset, step, zero_flags, 0);
+    n = rbd_write_zeroes (image_of (st), offset, step, zero_flags, 0);
     if (regained (st, n))
-      n = rbd_write_zeroes (st->rbd, offset, step, zero_flags, 0);
+      n = rbd_write_zeroes (image_of (st), offset, step, zero_flags, 0);
     n = answered (st, n);
     if (n != (ssize_t) step)
       return -rbd_answer_error (n, true, step);
@@ -1106,8 +1159,9 @@ store_extents (struct mloop_store *s, uint64_t offset, uint64_t count,
   if (count > WALK_MOST)
     count = WALK_MOST;
   w.end = offset + count;
-  r = (int) answered (st, rbd_diff_iterate2 (st->rbd, NULL, offset, count, 1,
-                                             0, on_diff_extent, &w));
+  r = (int) answered (st, rbd_diff_iterate2 (image_of (st), NULL, offset,
+                                             count, 1, 0, on_diff_extent,
+                                             &w));
   if (st->count_walks)
     say (st, "%s: extents of %" PRIu64 "+%" PRIu64 "%s: %lu callbacks",
          st->name, offset, count, req_one ? " (one)" : "", w.callbacks);
@@ -1126,7 +1180,7 @@ static int
 read_size (struct rbd_store *st)
 {
   uint64_t size;
-  int r = rbd_get_size (st->rbd, &size);
+  int r = rbd_get_size (image_of (st), &size);
 
   if (r == 0)
     __atomic_store_n (&st->size, size, __ATOMIC_RELEASE);
@@ -1170,7 +1224,7 @@ store_set_size (struct mloop_store *s, uint64_t size, char *err,
               st->snap ? "a snapshot is read-only" : "opened read-only");
     return -EROFS;
   }
-  r = rbd_resize (st->rbd, size);
+  r = rbd_resize (image_of (st), size);
   if (r == 0)
     r = read_size (st);
   if (r < 0)
@@ -1193,7 +1247,7 @@ check_feature_kept (struct rbd_store *st)
   uint64_t features;
 
   if (__atomic_load_n (&st->lock_wanted, __ATOMIC_ACQUIRE) &&
-      rbd_get_features (st->rbd, &features) == 0 &&
+      rbd_get_features (image_of (st), &features) == 0 &&
       !(features & RBD_FEATURE_EXCLUSIVE_LOCK) &&
       __atomic_exchange_n (&st->lock_wanted, false, __ATOMIC_ACQ_REL)) {
     __atomic_store_n (&st->locked, false, __ATOMIC_RELEASE);
@@ -1229,7 +1283,7 @@ store_describe (const struct mloop_store *s, char *buf, size_t len)
 
   /* librbd's own state: the lock may be lost since the last write. */
   if (__atomic_load_n (&st->locked, __ATOMIC_ACQUIRE) &&
-      rbd_is_exclusive_lock_owner (st->rbd, &owner) != 0)
+      rbd_is_exclusive_lock_owner (image_of (st), &owner) != 0)
     owner = 0;
   snprintf (buf, len, "%s: %" PRIu64 " bytes, %s%s%s", st->name,
             store_size (s), s->info.writable ? "read-write" : "read-only",
@@ -1263,13 +1317,19 @@ store_close (struct mloop_store *s)
   struct rbd_store *st = store_of (s);
 
   stop_lock_checker (st);
-  if (st->rbd) {
+  if (st->stale) {
+    /* The update watch is on the first open. */
+    if (st->watching)
+      rbd_update_unwatch (st->stale, st->watch_handle);
+    rbd_close (st->stale);
+  } else if (st->rbd) {
     if (st->watching)
       rbd_update_unwatch (st->rbd, st->watch_handle);
     if (st->locked)
       rbd_lock_release (st->rbd);
-    rbd_close (st->rbd);
   }
+  if (st->rbd)
+    rbd_close (st->rbd);
   if (st->ioctx)
     rados_ioctx_destroy (st->ioctx);
   if (st->cluster)

@@ -138,6 +138,10 @@ on a real one-node cluster (tests/ceph/cluster.py):
 2w. a clone served read-only, shrunk and grown back with `rbd resize`
    (which cuts its overlap with its parent): the server serves none of
    the parent's data past the cut, where the clone reads zeroes;
+2x. a clone served read-only and flattened (`rbd flatten`), then a
+   whole object discarded (python3-rbd), or the clone shrunk and grown
+   back: the server says it opened the clone again and serves none of
+   its former parent's data, where the clone reads zeroes;
 3. librbd's cache and partial trims turned on for the image in the
    cluster (`rbd config image set`: rbd_cache true, writeback, dirty data
    kept 60 s; rbd_skip_partial_discard true), over the server's own
@@ -183,8 +187,9 @@ arriving writer 2-3 s (gdb's start), 20 watchers, 2c, 2e and 3 to 6
 about 1-3 s each, 2d about 5 s (`rbd feature disable`), 1d about 6 s (a
 watch timeout), 2f 3-5 s, 3b under 1 s, 2q 8-11 s (two cases), 2r 6-7 s
 (a watch timeout), 2s 3 s, 2t 3-4 s, 2u 2-3 s, 2v 1-2 s, 2b 12-13 s (two gdb starts), 2i 9-13 s
-(4,100 snapshots added to the header), 2j 2-3 s, 2w 5-7 s, 2k under 1 s, 2l, 2m,
-2n and 2o 1-2 s each; about 120 s in all alone, more beside other
+(4,100 snapshots added to the header), 2j 2-3 s, 2w 5-7 s, 2x about
+10 s, 2k under 1 s, 2l, 2m,
+2n and 2o 1-2 s each; about 130-150 s in all alone, more beside other
 work.
 """
 import datetime
@@ -2024,6 +2029,77 @@ def section_read_only_clone_regrown():
     s.stop()
 
 
+# Discards LENGTH bytes at OFFSET of the image (librbd frees a whole
+# object it covers, and a clone's parent no longer shows through once
+# the image has none), then exits.
+DISCARD = r"""
+import rados, rbd, sys
+conf, client, pool, image, offset, length = sys.argv[1:7]
+cl = rados.Rados(conffile=conf, rados_id=client)
+cl.connect()
+io = cl.open_ioctx(pool)
+img = rbd.Image(io, image)
+img.discard(int(offset), int(length))
+img.close()
+io.close()
+cl.shutdown()
+"""
+
+
+def section_read_only_clone_flattened():
+    """A clone served read-only, then flattened (`rbd flatten`): the
+    image has no parent any more, but librbd's read-only open keeps the
+    parent and overlap it opened with and reads the parent's data
+    wherever the image has no object.  A discard of a whole object, or
+    a shrink and a growth back, leaves the image reading zeroes there:
+    the server must serve what the image holds, not its former
+    parent's data."""
+    c.create_image("flat-parent", 16 * MiB)
+    w = start("mloop-server writing the parent", f"rbd:{c.spec('flat-parent')}")
+    h = w.connect()
+    h.pwrite(b"p" * 4096, 12 * MiB)
+    h.flush()
+    h.shutdown()
+    w.stop()
+    c.rbd("snap", "create", c.spec("flat-parent", "base"))
+    c.rbd("snap", "protect", c.spec("flat-parent", "base"))
+    for how in ("discarded", "regrown"):
+        image = f"flat-{how}"
+        c.rbd("clone", c.spec("flat-parent", "base"), c.spec(image))
+        s = start(f"a read-only mloop-server of the clone to be {how}",
+                  f"rbd:{c.spec(image)}", args=["--read-only"])
+        hs = s.connect()
+        check(f"{how}: the clone reads its parent's data",
+              hs.pread(4096, 12 * MiB) == b"p" * 4096)
+        c.rbd("flatten", "--no-progress", c.spec(image))
+        check(f"{how}: the read-only server says it reopened the flattened clone",
+              s.says("flattened", REFUSE_LIMIT), s.stderr())
+        if how == "discarded":
+            subprocess.run([sys.executable, "-c", DISCARD, c.conf, c.client_id,
+                            c.pool, image, str(12 * MiB), str(4 * MiB)],
+                           check=True, timeout=60)
+        else:
+            c.rbd("resize", "--no-progress", "--allow-shrink", "--size",
+                  f"{8 * MiB}B", c.spec(image))
+            check(f"{how}: the read-only server says the clone was shrunk",
+                  s.says("shrunk to 8388608 bytes", REFUSE_LIMIT), s.stderr())
+            c.rbd("resize", "--no-progress", "--size", f"{16 * MiB}B", c.spec(image))
+            check(f"{how}: the read-only server says it has its size again",
+                  s.says("has 16777216 bytes again", REFUSE_LIMIT), s.stderr())
+        theirs = export(c.spec(image))[12 * MiB:12 * MiB + 4096]
+        check(f"{how}: the flattened clone holds zeroes there",
+              theirs == bytes(4096), f"{theirs[:4]!r}")
+        try:
+            got = hs.pread(4096, 12 * MiB)
+        except nbd.Error as e:
+            got = e
+        check(f"{how}: the read-only server serves no data of the former parent",
+              isinstance(got, nbd.Error) or got == theirs,
+              "" if isinstance(got, nbd.Error) else f"read {bytes(got[:4])!r}")
+        hs.shutdown()
+        s.stop()
+
+
 def section_trashed_while_down():
     """A device's image moved to the trash (`rbd trash mv`) while its
     server is down: librbd opens an image in the trash by the id the
@@ -2335,6 +2411,8 @@ try:
     section("a read-only server's image shrunk", section_read_only_shrunk)
     section("a read-only server's clone shrunk and grown back",
             section_read_only_clone_regrown)
+    section("a read-only server's clone flattened",
+            section_read_only_clone_flattened)
     section("an image trashed while its server is down", section_trashed_while_down)
     section("the cache and partial trims set by the cluster", section_settings)
     section("partial trims turned on while served", section_settings_changed)
