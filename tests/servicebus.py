@@ -337,3 +337,25 @@ class ServiceBus:
         if self.polkitd and self.polkitd.poll() is None:
             self.polkitd.kill()
             self.polkitd.wait()
+
+
+def stop_gdb(debugger):
+    """Waits for gdb (holding the service at a breakpoint) to detach and
+    end; one still waiting for its breakpoint is interrupted (its script
+    then ends, and gdb detaches, taking its breakpoint out of the
+    service).  What gdb printed."""
+    for stop in (None, signal.SIGINT, signal.SIGKILL):
+        if stop is not None and debugger.poll() is None:
+            debugger.send_signal(stop)
+        try:
+            return debugger.communicate(timeout=15)[0] or ""
+        except subprocess.TimeoutExpired:
+            pass
+    return ""
+
+
+def poll_until(pred, timeout=20):
+    """Polls PRED every 50 ms until it holds or TIMEOUT seconds pass."""
+    end = time.monotonic() + timeout
+    while not pred() and time.monotonic() < end:
+        time.sleep(0.05)

@@ -691,18 +691,18 @@ def owner_lookup_holds_nobody(bus, work, root_only):
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     caller = None
     try:
-        harness_wait(lambda: os.path.exists(ready) or debugger.poll() is not None)
+        servicebus.poll_until(lambda: os.path.exists(ready) or debugger.poll() is not None)
         if not os.path.exists(ready):
-            why = (stop_gdb(debugger).strip().splitlines() or ["no answer"])[-1]
+            why = (servicebus.stop_gdb(debugger).strip().splitlines() or ["no answer"])[-1]
             print(f"# skipped: gdb cannot attach to the service ({why})")
             return
         caller = subprocess.Popen(
             as_person(ONE_PERSON[0], CALL + ["attach", "ro", root_only]),
             env=bus.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             preexec_fn=lambda: write_login_uid(login))
-        harness_wait(lambda: os.path.exists(held) or debugger.poll() is not None)
+        servicebus.poll_until(lambda: os.path.exists(held) or debugger.poll() is not None)
         check("the service looks up the name of a subordinate uid's owner",
-              os.path.exists(held), stop_gdb(debugger)[-300:] if not os.path.exists(held)
+              os.path.exists(held), servicebus.stop_gdb(debugger)[-300:] if not os.path.exists(held)
               else "")
         out = call_as(bus, USER, ["answered-within", str(HOLD_S // 2)], timeout=30)
         check("another user's call is answered while an owner's lookup is held",
@@ -711,7 +711,7 @@ def owner_lookup_holds_nobody(bus, work, root_only):
         check("the call whose owner was looked up gets polkit's answer",
               out.startswith("ERROR not authorized: polkit refused"), out)
     finally:
-        stop_gdb(debugger)
+        servicebus.stop_gdb(debugger)
         if caller is not None and caller.poll() is None:
             caller.kill()
             caller.wait()
@@ -755,18 +755,18 @@ def list_holds_nobody(bus, work):
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lister = None
     try:
-        harness_wait(lambda: os.path.exists(ready) or debugger.poll() is not None)
+        servicebus.poll_until(lambda: os.path.exists(ready) or debugger.poll() is not None)
         if not os.path.exists(ready):
-            why = (stop_gdb(debugger).strip().splitlines() or ["no answer"])[-1]
+            why = (servicebus.stop_gdb(debugger).strip().splitlines() or ["no answer"])[-1]
             print(f"# skipped: gdb cannot attach to the service ({why})")
             return
         lister = subprocess.Popen(
             ["setpriv", f"--reuid={USER[1]}", f"--regid={USER[2]}", "--clear-groups",
              "--", MLOOP, "list"],
             env=bus.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        harness_wait(lambda: os.path.exists(held) or debugger.poll() is not None)
+        servicebus.poll_until(lambda: os.path.exists(held) or debugger.poll() is not None)
         check("a list looks up a device's owner's name",
-              os.path.exists(held), stop_gdb(debugger)[-300:] if not os.path.exists(held)
+              os.path.exists(held), servicebus.stop_gdb(debugger)[-300:] if not os.path.exists(held)
               else "")
         out = call_as(bus, OTHER, ["detach", "/dev/nbd0"], timeout=HOLD_S // 2)
         check("another user's call is answered while a list's owner lookup is held",
@@ -775,7 +775,7 @@ def list_holds_nobody(bus, work):
         check("the list whose owner lookup was held shows the device and its owner",
               re.search(rf"^/dev/nbd999 .* {USER[0]} +/listed.img$", out, re.M), out)
     finally:
-        stop_gdb(debugger)
+        servicebus.stop_gdb(debugger)
         if lister is not None and lister.poll() is None:
             lister.kill()
             lister.wait()
@@ -923,7 +923,7 @@ def detach_swapped(bus, gdb, work, swap, as_user, name):
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     caller = None
     try:
-        harness_wait(lambda: os.path.exists(ready) or debugger.poll() is not None)
+        servicebus.poll_until(lambda: os.path.exists(ready) or debugger.poll() is not None)
         if not os.path.exists(ready) and debugger.poll() is not None:
             why = (debugger.communicate()[0].strip().splitlines() or ["no answer"])[-1]
             print(f"# skipped: gdb cannot attach to the service ({why})")
@@ -931,9 +931,9 @@ def detach_swapped(bus, gdb, work, swap, as_user, name):
         caller = subprocess.Popen(as_user + CALL + ["detach", os.path.join(swap, "d", name)],
                                   env=bus.env, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True)
-        harness_wait(lambda: os.path.exists(held) or debugger.poll() is not None)
+        servicebus.poll_until(lambda: os.path.exists(held) or debugger.poll() is not None)
         if not os.path.exists(held):
-            return "gdb did not hold the service: " + stop_gdb(debugger)[-300:]
+            return "gdb did not hold the service: " + servicebus.stop_gdb(debugger)[-300:]
         subprocess.run(as_user + ["sh", "-c", "mv d d.old && ln -s ../root-only-dir d"],
                        cwd=swap, check=True)
         open(go, "w").close()
@@ -941,7 +941,7 @@ def detach_swapped(bus, gdb, work, swap, as_user, name):
         return one_line(subprocess.CompletedProcess([], 0, out, ""))
     finally:
         open(go, "w").close()                   # gdb lets the service go
-        stop_gdb(debugger)
+        servicebus.stop_gdb(debugger)
         if caller is not None and caller.poll() is None:
             caller.kill()
             caller.wait()
@@ -950,24 +950,6 @@ def detach_swapped(bus, gdb, work, swap, as_user, name):
             os.rename(os.path.join(swap, "d.old"), os.path.join(swap, "d"))
 
 
-def stop_gdb(debugger):
-    """Waits for gdb to detach and end; one still waiting for its
-    breakpoint is interrupted (its script then ends, and gdb detaches,
-    taking its breakpoint out of the service).  What gdb printed."""
-    for stop in (None, signal.SIGINT, signal.SIGKILL):
-        if stop is not None:
-            debugger.send_signal(stop)
-        try:
-            return debugger.communicate(timeout=15)[0] or ""
-        except subprocess.TimeoutExpired:
-            pass
-    return ""
-
-
-def harness_wait(pred, timeout=20):
-    end = time.monotonic() + timeout
-    while not pred() and time.monotonic() < end:
-        time.sleep(0.05)
 
 
 def names_in_the_log(bus, work, image):
@@ -1073,7 +1055,7 @@ def attach_on_stalled_fuse(bus, work, lazy=False, overlay=False):
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     caller = None
     try:
-        harness_wait(lambda: os.path.exists(image) or fuse.poll() is not None, 10)
+        servicebus.poll_until(lambda: os.path.exists(image) or fuse.poll() is not None, 10)
         if not os.path.exists(image):
             fuse.kill()
             print(f"# skipped: an attach on a stalled FUSE mount: "
@@ -1243,7 +1225,7 @@ def attach_on_namespaced_fuse(bus, work):
         except ProcessLookupError:
             pass
         user.wait()
-        harness_wait(lambda: fuse is None or not os.path.exists(f"/proc/{fuse}"), 10)
+        servicebus.poll_until(lambda: fuse is None or not os.path.exists(f"/proc/{fuse}"), 10)
 
 
 def memory_kb(pid, field):

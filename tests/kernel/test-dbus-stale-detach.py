@@ -26,7 +26,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 from kfix import Skip, make_image, sysfs, tmpdir, wait_until
 
@@ -144,22 +143,6 @@ continue
 """
 
 
-def stop_gdb(debugger):
-    """Lets gdb end (interrupted if still waiting): what it printed."""
-    for stop in (None, signal.SIGINT, signal.SIGKILL):
-        if stop is not None and debugger.poll() is None:
-            debugger.send_signal(stop)
-        try:
-            return debugger.communicate(timeout=15)[0] or ""
-        except subprocess.TimeoutExpired:
-            pass
-    return ""
-
-
-def harness_wait(pred, timeout=20):
-    end = time.monotonic() + timeout
-    while not pred() and time.monotonic() < end:
-        time.sleep(0.05)
 
 
 def detach_held_while_root_attaches(bus, kind, cl):
@@ -180,17 +163,17 @@ def detach_held_while_root_attaches(bus, kind, cl):
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     caller = None
     try:
-        harness_wait(lambda: os.path.exists(ready) or debugger.poll() is not None)
+        servicebus.poll_until(lambda: os.path.exists(ready) or debugger.poll() is not None)
         if not os.path.exists(ready):
-            why = (stop_gdb(debugger).strip().splitlines() or ["no answer"])[-1]
+            why = (servicebus.stop_gdb(debugger).strip().splitlines() or ["no answer"])[-1]
             raise Skip(f"gdb cannot attach to the service ({why})")
         caller = subprocess.Popen(
             ["setpriv", f"--reuid={USER[1]}", f"--regid={USER[2]}", "--clear-groups", "--",
              kinds.CLI, "detach", image],
             env=bus.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        harness_wait(lambda: os.path.exists(held) or debugger.poll() is not None)
+        servicebus.poll_until(lambda: os.path.exists(held) or debugger.poll() is not None)
         assert os.path.exists(held), \
-            "gdb did not hold the service's detach: " + stop_gdb(debugger)[-300:]
+            "gdb did not hold the service's detach: " + servicebus.stop_gdb(debugger)[-300:]
         # The stale state's device went: nothing at its index, whose node
         # root's attach takes back and connects.
         root_image, backend = root_attach_at(kind, cl, dev, seed=18)
@@ -203,7 +186,7 @@ def detach_held_while_root_attaches(bus, kind, cl):
             f"the user's stale device is still listed: {out}"
     finally:
         open(go, "w").close()
-        stop_gdb(debugger)
+        servicebus.stop_gdb(debugger)
         if caller is not None and caller.poll() is None:
             caller.kill()
             caller.wait()
