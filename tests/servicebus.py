@@ -359,3 +359,25 @@ def poll_until(pred, timeout=20):
     end = time.monotonic() + timeout
     while not pred() and time.monotonic() < end:
         time.sleep(0.05)
+
+
+def gdb_hold_until_go(breakpoint):
+    """A gdb script (for str.format with held, go and ready) that holds
+    the service's thread at BREAKPOINT (a gdb break spec) until the file
+    {go} exists: it touches {ready} once gdb waits, {held} once the
+    thread is held, and detaches when let go."""
+    return ("set pagination off\n"
+            "set confirm off\n"
+            "set breakpoint pending on\n"
+            "handle all nostop noprint pass\n"
+            f"break {breakpoint}\n"
+            "commands 1\n"
+            "silent\n"
+            "shell touch {held}\n"
+            "shell while [ ! -e {go} ]; do sleep 0.05; done\n"
+            "delete 1\n"
+            "detach\n"
+            "quit\n"
+            "end\n"
+            "shell touch {ready}\n"
+            "continue\n")

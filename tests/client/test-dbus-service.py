@@ -857,22 +857,7 @@ def detach_other_past_own_stale_state(bus, work):
 # gdb, attached to the service, holds the thread resolving a path where it takes
 # back root's rights (setfsuid (0)) after resolving a path as the
 # caller, until the test has swapped the caller's directory.
-HOLD_AFTER_RESOLVING = """set pagination off
-set confirm off
-set breakpoint pending on
-handle all nostop noprint pass
-break setfsuid if (int) $rdi == 0
-commands 1
-silent
-shell touch {held}
-shell while [ ! -e {go} ]; do sleep 0.05; done
-delete 1
-detach
-quit
-end
-shell touch {ready}
-continue
-"""
+HOLD_AFTER_RESOLVING = servicebus.gdb_hold_until_go("setfsuid if (int) $rdi == 0")
 
 
 def swapped_while_looking(bus, work, secret):
@@ -948,8 +933,6 @@ def detach_swapped(bus, gdb, work, swap, as_user, name):
         if os.path.islink(os.path.join(swap, "d")):
             os.unlink(os.path.join(swap, "d"))
             os.rename(os.path.join(swap, "d.old"), os.path.join(swap, "d"))
-
-
 
 
 def names_in_the_log(bus, work, image):

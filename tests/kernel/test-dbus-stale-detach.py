@@ -125,24 +125,7 @@ def detach_by_device_name(bus, kind, cl):
 # gdb, attached to the service, holds it at its first change of a
 # device node's owner in the detach: after it found nothing at the stale
 # state's index, before it does anything there.
-HOLD_AT_NODE = """set pagination off
-set confirm off
-set breakpoint pending on
-handle all nostop noprint pass
-break mloop_device_owner_set
-commands 1
-silent
-shell touch {held}
-shell while [ ! -e {go} ]; do sleep 0.05; done
-delete 1
-detach
-quit
-end
-shell touch {ready}
-continue
-"""
-
-
+HOLD_AT_NODE = servicebus.gdb_hold_until_go("mloop_device_owner_set")
 
 
 def detach_held_while_root_attaches(bus, kind, cl):
