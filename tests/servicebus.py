@@ -381,3 +381,20 @@ def gdb_hold_until_go(breakpoint):
             "end\n"
             "shell touch {ready}\n"
             "continue\n")
+
+
+def start_gdb_hold(bus, gdb, work, breakpoint):
+    """Starts GDB holding BUS's service at BREAKPOINT until WORK/go
+    exists (gdb_hold_until_go): the gdb process and the paths of the
+    held, go and ready files, any left from an earlier hold removed."""
+    held, go, ready = (os.path.join(work, f) for f in ("held", "go", "ready"))
+    for f in (held, go, ready):
+        if os.path.exists(f):
+            os.unlink(f)
+    script = os.path.join(work, "hold.gdb")
+    with open(script, "w") as f:
+        f.write(gdb_hold_until_go(breakpoint).format(held=held, go=go, ready=ready))
+    debugger = subprocess.Popen([gdb, "-q", "-batch", "-nx", "-x", script, "-p",
+                                 str(bus.service_pid())],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return debugger, held, go, ready

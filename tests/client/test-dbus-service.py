@@ -857,7 +857,7 @@ def detach_other_past_own_stale_state(bus, work):
 # gdb, attached to the service, holds the thread resolving a path where it takes
 # back root's rights (setfsuid (0)) after resolving a path as the
 # caller, until the test has swapped the caller's directory.
-HOLD_AFTER_RESOLVING = servicebus.gdb_hold_until_go("setfsuid if (int) $rdi == 0")
+HOLD_AFTER_RESOLVING = "setfsuid if (int) $rdi == 0"
 
 
 def swapped_while_looking(bus, work, secret):
@@ -896,16 +896,7 @@ def detach_swapped(bus, gdb, work, swap, as_user, name):
     """USER's detach of SWAP/d/NAME, d replaced by a symlink to the
     root-only directory while gdb holds the service: its answer, or None
     (and a line saying why) when gdb may not attach to the service."""
-    held, go, ready = (os.path.join(work, f) for f in ("held", "go", "ready"))
-    for f in (held, go, ready):
-        if os.path.exists(f):
-            os.unlink(f)
-    script = os.path.join(work, "hold.gdb")
-    with open(script, "w") as f:
-        f.write(HOLD_AFTER_RESOLVING.format(held=held, go=go, ready=ready))
-    debugger = subprocess.Popen([gdb, "-q", "-batch", "-nx", "-x", script, "-p",
-                                 str(bus.service_pid())],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    debugger, held, go, ready = servicebus.start_gdb_hold(bus, gdb, work, HOLD_AFTER_RESOLVING)
     caller = None
     try:
         servicebus.poll_until(lambda: os.path.exists(ready) or debugger.poll() is not None)

@@ -125,7 +125,7 @@ def detach_by_device_name(bus, kind, cl):
 # gdb, attached to the service, holds it at its first change of a
 # device node's owner in the detach: after it found nothing at the stale
 # state's index, before it does anything there.
-HOLD_AT_NODE = servicebus.gdb_hold_until_go("mloop_device_owner_set")
+HOLD_AT_NODE = "mloop_device_owner_set"
 
 
 def detach_held_while_root_attaches(bus, kind, cl):
@@ -137,13 +137,7 @@ def detach_held_while_root_attaches(bus, kind, cl):
         raise Skip("no gdb to hold the service in its detach")
     image, dev = stale_state(bus, kind, cl, seed=17)
     work = tmpdir(cl)
-    held, go, ready = (os.path.join(work, f) for f in ("held", "go", "ready"))
-    script = os.path.join(work, "hold.gdb")
-    with open(script, "w") as f:
-        f.write(HOLD_AT_NODE.format(held=held, go=go, ready=ready))
-    debugger = subprocess.Popen([gdb, "-q", "-batch", "-nx", "-x", script, "-p",
-                                 str(bus.service_pid())],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    debugger, held, go, ready = servicebus.start_gdb_hold(bus, gdb, work, HOLD_AT_NODE)
     caller = None
     try:
         servicebus.poll_until(lambda: os.path.exists(ready) or debugger.poll() is not None)
