@@ -43,6 +43,7 @@
 #include "held_image.h"
 #include "manager.h"
 #include "nbd_netlink.h"
+#include "nbd_sysfs.h"
 #include "printable.h"
 #include "refusal_log.h"
 #include "store_name.h"
@@ -299,20 +300,21 @@ struct held_device {
 
 static GArray *held_after_detach;
 
-/* After a detach of OWNER's device INDEX, attached for PERSON:
- * remembered if still held.
+/* After a detach of device S: remembered if still held.  Only S's own
+ * device, which shows S's backend until its last descriptor closes: a
+ * stale state's index may hold another's device, connected since.
  */
 static void
-note_if_held (int index, uid_t owner, uid_t person)
+note_if_held (const struct mloop_device_state *s)
 {
-  struct held_device h = { .index = index, .owner = owner,
-    .person = person };
-  bool connected = false;
-  char why[256];
+  struct held_device h = { .index = s->index, .owner = s->owner,
+    .person = s->person };
+  g_autofree char *backend = NULL;
 
-  if (owner == 0 || mloop_nbd_netlink_connected (index, &connected, why,
-                                                 sizeof why) < 0 ||
-      !connected)
+  if (s->owner == 0)
+    return;
+  backend = mloop_nbd_sysfs_backend ("/sys/block", s->index);
+  if (backend == NULL || strcmp (backend, s->file) != 0)
     return;
   if (held_after_detach == NULL)
     held_after_detach = g_array_new (FALSE, FALSE, sizeof h);
@@ -673,7 +675,7 @@ detach_now (struct call *c)
     call_fail (c, ERROR_FAILED, err);
   else {
     if (st.transport == MLOOP_TRANSPORT_NBD)
-      note_if_held (st.index, st.owner, st.person);
+      note_if_held (&st);
     g_message ("uid %u: detached %s", (unsigned) c->uid, device);
     g_dbus_method_invocation_return_value (c->invocation, NULL);
     call_free (c);

@@ -17,8 +17,9 @@
 #include "device_owner.h"
 #include "nbd_connect.h"
 #include "nbd_netlink.h"
-#include "nbd_receivers.h"
 #include "nbd_proto.h"
+#include "nbd_receivers.h"
+#include "nbd_sysfs.h"
 #include "partitions.h"
 #include "resident_service.h"
 #include "store_name.h"
@@ -1178,14 +1179,15 @@ enum at_index {
    */
   AT_INDEX_NONE,
   /* A device of another backend, which the kernel shows while a
-   * device connected with one is configured: another attach's.
+   * device connected with one is configured: another attach's, or
+   * another tool's netlink connect that named one of its own.
    */
   AT_INDEX_OTHER,
-  /* A device connected with no backend at all: not S's either, since
-   * every attach names its backend and the kernel shows it until the
-   * last reference to that configuration goes.  Another tool's ioctl
-   * connect (qemu-nbd -c, nbd-client -L), or a descriptor open on the
-   * idle device.
+  /* A device connected with no backend (or an empty one): not S's
+   * either, since every attach names its backend and the kernel shows
+   * it until the last reference to that configuration goes.  Another
+   * tool's connect (qemu-nbd -c, nbd-client), or a descriptor open on
+   * the idle device.
    */
   AT_INDEX_UNNAMED,
 };
@@ -1193,26 +1195,28 @@ enum at_index {
 static enum at_index
 at_index (const struct mloop_device_state *s)
 {
-  g_autofree char *path = g_strdup_printf ("/sys/block/nbd%d/backend",
-                                           s->index);
-  g_autofree char *backend = NULL;
+  g_autofree char *backend = mloop_nbd_sysfs_backend ("/sys/block",
+                                                      s->index);
   bool connected = false;
   char why[512];
 
-  if (g_file_get_contents (path, &backend, NULL, NULL))
-    return strcmp (g_strchomp (backend), s->file) == 0
-      ? AT_INDEX_OWN : AT_INDEX_OTHER;
+  /* An empty backend is a netlink connect that named none. */
+  if (backend && *backend)
+    return strcmp (backend, s->file) == 0 ? AT_INDEX_OWN : AT_INDEX_OTHER;
   if (mloop_nbd_netlink_connected (s->index, &connected, why,
                                    sizeof why) == 0 && connected)
     return AT_INDEX_UNNAMED;
   return AT_INDEX_NONE;
 }
 
-/* After S's device went, with nothing at its index or something else
- * connected there with no backend: the node given back to root if it
- * is still the one S gave its owner, as the supervisor would have done;
- * anyone else's (root may have given it to someone for that device) is
- * left alone.
+/* After S's device went, with anything or nothing at its index: the
+ * node given back to root if it is still the one S gave its owner, as
+ * the supervisor would have done, unless another mloop device there is
+ * that owner's (its attach gave the node back to root before it
+ * connected, then to its owner).  Another tool's device leaves the node
+ * as S left it.  Anyone else's node (root may have given it to someone
+ * for that device) is left alone.  The node is read before the states:
+ * an attach saves its state before it gives its node away.
  */
 static void
 give_back_node (const struct mloop_device_state *s)
@@ -1222,7 +1226,8 @@ give_back_node (const struct mloop_device_state *s)
   struct stat st;
   char why[512];
 
-  if (s->owner != 0 && stat (node, &st) == 0 && st.st_uid == s->owner)
+  if (s->owner != 0 && stat (node, &st) == 0 && st.st_uid == s->owner &&
+      !mloop_state_nbd_index_owned_by (s->index, s->owner, s->dir))
     mloop_device_owner_set (name, 0, why, sizeof why);
 }
 
@@ -1264,7 +1269,11 @@ mloop_detach (const struct mloop_device_state *s, char *err, size_t errlen)
   g_autofree char *state = mloop_state_path (s, MLOOP_DIR_STATE);
   int lock = -1, device_lock, r = 0;
 
-  if (mnt)
+  /* Only S's own device's mount: a stale state's index may hold
+   * another's device by now, mounted or not, which stays.
+   */
+  if (mnt && (s->transport == MLOOP_TRANSPORT_UBLK ||
+              at_index (s) == AT_INDEX_OWN))
     return mloop_fail (err, errlen, "%s is mounted on %s: unmount it "
                  "first", dev, mnt);
   /* A ublk detach under the state lock too: see mloop_attach. */
@@ -1313,9 +1322,8 @@ mloop_detach (const struct mloop_device_state *s, char *err, size_t errlen)
     break;
   case AT_INDEX_NONE:
   case AT_INDEX_UNNAMED:
-    give_back_node (s);
-    break;
   case AT_INDEX_OTHER:
+    give_back_node (s);
     break;
   }
   stop_processes (s);

@@ -8,6 +8,7 @@
 #include "device_owner.h"
 #include "errmsg.h"
 #include "nbd_netlink.h"
+#include "nbd_sysfs.h"
 
 int
 mloop_autoclear_enable (struct mloop_device_state *s, char *err,
@@ -41,22 +42,7 @@ kernel_connected (int index)
 static char *
 kernel_backend (int index)
 {
-  g_autofree char *path = g_strdup_printf ("/sys/block/nbd%d/backend",
-                                           index);
-  char *backend = NULL;
-
-  /* The backend file exists while the device has a configuration. */
-  if (!g_file_get_contents (path, &backend, NULL, NULL))
-    return NULL;
-  return g_strchomp (backend);
-}
-
-static bool
-kernel_running (int index)
-{
-  g_autofree char *path = g_strdup_printf ("/sys/block/nbd%d/pid", index);
-
-  return g_file_test (path, G_FILE_TEST_EXISTS);
+  return mloop_nbd_sysfs_backend ("/sys/block", index);
 }
 
 static uid_t
@@ -80,7 +66,8 @@ kernel_give_back (const char *name)
 const struct mloop_autoclear_kernel mloop_autoclear_kernel_now = {
   .connected = kernel_connected,
   .backend = kernel_backend,
-  .running = kernel_running,
+  .running = mloop_nbd_sysfs_started,
+  .device_of = mloop_state_nbd_index_owned_by,
   .node_owner = kernel_node_owner,
   .give_back = kernel_give_back,
 };
@@ -93,14 +80,24 @@ mloop_autoclear_finished (const struct mloop_device_state *s,
   int connected = k->connected (s->index);
 
   if (connected != 0) {
-    /* Another image there by now is done with (its attach gave the
-     * node back first); S's image, or a descriptor open on the idle
-     * device (configured, not started, no backend), is not yet.
+    /* Not done while S's own image is there, or a descriptor is open
+     * on the idle device (configured, not started, no backend).
      */
     g_autofree char *backend = k->backend (s->index);
 
-    if (backend && *backend)
-      return strcmp (backend, s->file) != 0;
+    if (backend && *backend) {
+      if (strcmp (backend, s->file) == 0)
+        return false;
+      /* Another image there by now.  An mloop attach gave the node
+       * back to root before connecting, and then to its own owner; a
+       * tool that names a backend (a netlink connect of its own) left
+       * it as S left it.  So the node, if still S's owner's, goes back
+       * unless another mloop device there is theirs.  The node is read
+       * first: an attach saves its state before giving its node away.
+       */
+      return s->owner == 0 || k->node_owner (name) != s->owner ||
+        k->device_of (s->index, s->owner, s->dir) || k->give_back (name);
+    }
     if (connected < 0 || !k->running (s->index))
       return false;
     /* Started with no backend (or an empty one: a netlink connect that

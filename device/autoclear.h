@@ -37,6 +37,10 @@ struct mloop_autoclear_kernel {
    * sockets), not just configured by a descriptor open on it.
    */
   bool (*running) (int index);
+  /* Whether the saved state of an mloop device at INDEX, other than the
+   * one in EXCEPT_DIR, is OWNER's (mloop_state_nbd_index_owned_by).
+   */
+  bool (*device_of) (int index, uid_t owner, const char *except_dir);
   /* The owner of node NAME ("nbdN"), or (uid_t) -1 when it has none. */
   uid_t (*node_owner) (const char *name);
   /* Gives node NAME ("nbdN") and its partitions' back to root
@@ -48,17 +52,19 @@ struct mloop_autoclear_kernel {
 extern const struct mloop_autoclear_kernel mloop_autoclear_kernel_now;
 
 /* Whether autoclear device S is gone for good, so that its supervisor
- * may remove its state: the kernel let it go and, for a device attached
- * for a user, its node is root's again with no descriptor open on the
- * device; or another image is connected there by now (its attach gave
- * the node back first); or another tool's device, started with no
- * backend (every mloop connect names one), is there by now, S's node
- * given back to root first if it is still S's owner's.  The node goes back to root before the kernel
- * is asked the second time: until then its user may open the idle
- * device, which the kernel then keeps for them, and asked only before,
- * the device would be forgotten while they hold it, uncounted, its node
- * still theirs (mloop-dbus's cap counts a user's devices by the state).
- * Asked of K.
+ * may remove its state:
+ * - the kernel let it go and, for a device attached for a user, its
+ *   node is root's again with no descriptor open on the device;
+ * - or another image is connected there by now.  S's node, if still
+ *   S's owner's, is given back to root first unless another mloop
+ *   device there is that owner's: an mloop attach gives the node back
+ *   before it connects, and then to its own owner, but another tool
+ *   (with no backend, an empty one, or a name of its own) leaves it.
+ * The node goes back to root before the kernel is asked the second
+ * time: until then its user may open the idle device, which the kernel
+ * then keeps for them, and asked only before, the device would be
+ * forgotten while they hold it, uncounted, its node still theirs
+ * (mloop-dbus's cap counts a user's devices by the state).  Asked of K.
  */
 bool mloop_autoclear_finished (const struct mloop_device_state *s,
                                const struct mloop_autoclear_kernel *k);

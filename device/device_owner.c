@@ -14,6 +14,7 @@
 #include "device_owner.h"
 #include "errmsg.h"
 #include "nbd_netlink.h"
+#include "nbd_sysfs.h"
 #include "user_db.h"
 
 /* The disk group's id, as udev gives block devices; root's without one.
@@ -118,11 +119,10 @@ mloop_device_owner_is_root (const char *name)
 static bool
 idle (int index)
 {
-  g_autofree char *pid = g_strdup_printf ("/sys/block/nbd%d/pid", index);
   bool connected = true;
   char why[512];
 
-  if (g_file_test (pid, G_FILE_TEST_EXISTS))
+  if (mloop_nbd_sysfs_started (index))
     return false;
   return mloop_nbd_netlink_connected (index, &connected, why,
                                       sizeof why) == 0 && !connected;

@@ -502,6 +502,22 @@ mloop_state_list (size_t *n)
   return (struct mloop_device_state *) g_array_free (list, FALSE);
 }
 
+bool
+mloop_state_nbd_index_owned_by (int index, uid_t owner,
+                                const char *except_dir)
+{
+  size_t n;
+  struct mloop_device_state *list = mloop_state_list (&n);
+  bool owned = false;
+
+  for (size_t i = 0; i < n && !owned; i++)
+    owned = list[i].transport == MLOOP_TRANSPORT_NBD &&
+      list[i].index == index && list[i].owner == owner &&
+      (except_dir == NULL || strcmp (list[i].dir, except_dir) != 0);
+  mloop_state_free_list (list, n);
+  return owned;
+}
+
 static void
 collect_claim (const char *dir, void *arg)
 {

@@ -225,6 +225,11 @@ int mloop_state_load_claim (const char *dir, struct mloop_device_state *s);
  * ones, each sorted by index.
  */
 struct mloop_device_state *mloop_state_list (size_t *n);
+/* Whether the saved state of an NBD device at INDEX, other than the one
+ * in EXCEPT_DIR, is OWNER's: a device whose node OWNER holds by right.
+ */
+bool mloop_state_nbd_index_owned_by (int index, uid_t owner,
+                                     const char *except_dir);
 /* The claims of the attaches in progress (whose directories have a
  * claim, no state, and their lock held).
  */

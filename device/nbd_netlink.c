@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <glib.h>
 #include <linux/nbd-netlink.h>
 #include <netlink/genl/ctrl.h>
 #include <netlink/genl/genl.h>
@@ -17,6 +18,7 @@
 
 #include "errmsg.h"
 #include "nbd_netlink.h"
+#include "nbd_sysfs.h"
 
 /* From <linux/nbd.h>, which is not included: its protocol constants
  * would clash with nbd/nbd_proto.h's.
@@ -300,32 +302,24 @@ int
 mloop_nbd_backend_check_at (const char *sys_block, int index,
                             const char *backend, char *err, size_t errlen)
 {
-  char path[4096], there[8192];
-  size_t n = 0;
-  FILE *f;
+  char *there = mloop_nbd_sysfs_backend (sys_block, index);
+  int rc = 0;
 
-  snprintf (path, sizeof path, "%s/nbd%d/backend", sys_block, index);
-  f = fopen (path, "re");
-  if (f != NULL) {
-    n = fread (there, 1, sizeof there - 1, f);
-    fclose (f);
-    there[n] = '\0';
-    if (n > 0 && there[n - 1] == '\n')
-      there[--n] = '\0';
-  }
-  if (f == NULL || n == 0)
-    return fail (err, errlen, -ESTALE, "/dev/nbd%d has no backend (not "
-                 "connected, or another tool's device), not %s", index,
-                 backend ? backend : "(none)");
-  if (backend != NULL && strcmp (there, backend) == 0)
-    return 0;
-  /* Another tool may have named anything: one line all the same. */
-  for (size_t i = 0; i < n; i++)
-    if ((unsigned char) there[i] < 0x20 || there[i] == 0x7f)
-      there[i] = '?';
-  return fail (err, errlen, -ESTALE, "/dev/nbd%d is connected with "
+  if (there == NULL || *there == '\0')
+    rc = fail (err, errlen, -ESTALE, "/dev/nbd%d has no backend (not "
+               "connected, or another tool's device), not %s", index,
+               backend ? backend : "(none)");
+  else if (backend == NULL || strcmp (there, backend) != 0) {
+    /* Another tool may have named anything: one line all the same. */
+    for (char *c = there; *c; c++)
+      if ((unsigned char) *c < 0x20 || *c == 0x7f)
+        *c = '?';
+    rc = fail (err, errlen, -ESTALE, "/dev/nbd%d is connected with "
                "backend %s, not %s", index, there,
                backend ? backend : "(none)");
+  }
+  g_free (there);
+  return rc;
 }
 
 /* Sends one reconfigure of /dev/nbdINDEX.  BACKEND must repeat the

@@ -9,18 +9,22 @@ one found, and detaching it disconnected the device now there, root's
 here, though the user may not detach another's (org.mloop.detach-other
 is not theirs here; the supervisor is stopped to hold the window
 open).  The stale state is what goes; the device stays, with its
-node.  Then the same with root's device connected by qemu-nbd, whose
+node; root's mount of it does not refuse the detach of the stale state
+(the mount check came first), and the node, left the user's as
+another tool naming a backend of its own leaves it, is given back to
+root.  Then the same with root's device connected by qemu-nbd, whose
 ioctl connect gives the device no backend identifier (no
 /sys/block/nbdN/backend at all), which the detach took for the stale
 state's own device, and disconnected: root's device stays connected,
 and its node, which the stopped supervisor left the user's, is given
-back to root.  Then twice more with root's mloop device: the user's
+back to root; nor is it counted as the user's device held open (with
+one device per user, their next attach was refused).  Then twice more with root's mloop device: the user's
 detach by the device's name finds their own stale state there first, as
 by the image's (it found root's device and refused, "not your device");
 and a detach whose stale state found nothing at its index, held there
 (gdb) while root's next attach is given the index, leaves root's device
 connected (it disconnected whatever was there by then; the full tier
-only, gdb).  About 75 s in the VM with the held detach, less without."""
+only, gdb).  About 80 s in the VM with the held detach, 40 without."""
 import os
 import shutil
 import signal
@@ -175,8 +179,10 @@ def run_test(kind, cl):
     bus.set_rules(OWN_ONLY)
 
     image, dev = stale_state(bus, kind, cl, seed=11)
-    # Root's next attach is given that index.
+    # Root's next attach is given that index, with a filesystem root
+    # mounts.
     root_image = make_image(cl, seed=12)
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-b", "4096", root_image], check=True)
     r = kind.cli(*kind.attach_args(root_image), check=False)
     assert r.returncode == 0, f"root's attach: {one_line(r)}"
     root_dev = r.stdout.strip()
@@ -189,16 +195,29 @@ def run_test(kind, cl):
     assert backend == os.path.realpath(root_image), \
         f"root's {dev} names {backend!r}, not {root_image}"
 
-    bus.run_as(USER, [kinds.CLI, "detach", image], text=True)
+    mnt = tmpdir(cl)
+    subprocess.run(["mount", dev, mnt], check=True)
+    cl.push(lambda: subprocess.run(["umount", mnt], capture_output=True))
+    # Another tool connecting there, one naming a backend of its own,
+    # would have left the node as the stale state left it: the user's.
+    os.chown(dev, USER[1], USER[2])
+
+    r = bus.run_as(USER, [kinds.CLI, "detach", image], text=True)
     assert sysfs(dev, "pid") is not None and sysfs(dev, "backend") == backend, \
         f"the user's detach of their stale {dev} disconnected root's device there"
     st = os.stat(dev)
-    assert st.st_uid == 0, f"{dev}, root's device, was given to uid {st.st_uid}"
+    assert st.st_uid == 0, \
+        f"{dev}, root's device, is still uid {st.st_uid}'s after the user's detach"
     with open(dev, "rb") as f:
         f.read(4096)
+    # Root's mount of its own device kept no one from removing the
+    # stale state of another device that was at that index.
+    assert r.returncode == 0, \
+        f"the user's detach of their stale state, root's device mounted: {one_line(r)}"
     listed = kind.cli("list").stdout
     assert root_image in listed, f"root's device is not listed any more: {listed}"
     assert image not in listed, f"the user's stale device is still listed: {listed}"
+    subprocess.run(["umount", mnt], check=True)
     kind.cli("detach", root_dev)
 
     # Each half says what it found; both run either way.  Holding the
@@ -218,6 +237,9 @@ def run_test(kind, cl):
 
     if shutil.which("qemu-nbd") is None:
         raise Skip("qemu-nbd is not installed")
+    # One device per user: a device counted as theirs after the detach
+    # keeps their next attach out.
+    bus.set_service_args(["--max-devices-per-user", "1"])
     image, dev = stale_state(bus, kind, cl, seed=13)
     # Root connects another image there with qemu-nbd (ioctls), which
     # binds a socket in /var/lock (/run/lock, absent in the VM).
@@ -250,3 +272,14 @@ def run_test(kind, cl):
     assert r.returncode == 0, f"the user's detach of their stale state: {one_line(r)}"
     listed = kind.cli("list").stdout
     assert image not in listed, f"the user's stale device is still listed: {listed}"
+
+    # Root's qemu-nbd device is not the user's to count as held open.
+    own = make_image(cl, seed=19)
+    os.chmod(os.path.dirname(own), 0o755)
+    os.chown(own, USER[1], USER[2])
+    r = bus.run_as(USER, [kinds.CLI, "attach", own], text=True)
+    assert r.returncode == 0, \
+        f"the user's next attach, root's qemu-nbd device at their stale " \
+        f"state's index counted as theirs: {one_line(r)}"
+    bus.run_as(USER, [kinds.CLI, "detach", r.stdout.strip()], text=True)
+

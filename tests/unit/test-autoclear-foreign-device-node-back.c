@@ -1,16 +1,18 @@
 /* An autoclear device's index taken, once the kernel let it go, by
  * another tool's device, one connected with no backend identifier
- * (`qemu-nbd -c`; `nbd-client` in netlink mode without -i, which the
- * kernel shows as an empty one), finishes its state and gives its
- * user's node back to root.  Every mloop connect names its backend, so
+ * (`qemu-nbd -c`; `nbd-client` in netlink mode, which the kernel shows
+ * as an empty one), or with one of its own that no mloop device of the
+ * user's there names, finishes its state and gives its user's node back
+ * to root.  Every mloop connect names its backend, so
  * a started device without one is not the state's.  With no backend it
  * was taken for a descriptor open on the idle device: the supervisor
  * waited for as long as that device lasted, the node stayed the user's
  * (0600), so they could read and write root's device, and the
  * supervisor, listening for dead connections at its index, would have
  * handed its own server's sockets to root's device.  With an empty one
- * it was taken for another mloop image, whose attach gives the node
- * back first: the state finished, the node left the user's.
+ * or a name of its own it was taken for another mloop image, whose
+ * attach gives the node back first: the state finished, the node left
+ * the user's.  The user's own new mloop device there keeps its node.
  *
  * The kernel is simulated (autoclear.h's seam).  No root, no NBD: about
  * 0.001 s, in the unit suite of every tier.
@@ -33,6 +35,7 @@ static struct {
   bool running;         /* started by a connect (sysfs "pid") */
   char *backend;        /* the configuration's backend, NULL for none */
   uid_t node_owner;
+  bool users_device_there;      /* a saved mloop state of USER_UID's */
   bool give_back_fails;
   unsigned give_backs;
 } dev;
@@ -58,6 +61,16 @@ sim_running (int index)
   return dev.configured && dev.running;
 }
 
+static bool
+sim_device_of (int index, uid_t owner, const char *except_dir)
+{
+  CHECK (index == INDEX, "asked about nbd%d", index);
+  CHECK (except_dir != NULL && strcmp (except_dir, "/run/mloop/s") == 0,
+         "asked past %s, not the state's own directory",
+         except_dir ? except_dir : "(none)");
+  return owner == USER_UID && dev.users_device_there;
+}
+
 static uid_t
 sim_node_owner (const char *name)
 {
@@ -78,7 +91,8 @@ sim_give_back (const char *name)
 
 static const struct mloop_autoclear_kernel sim = {
   .connected = sim_connected, .backend = sim_backend,
-  .running = sim_running, .node_owner = sim_node_owner,
+  .running = sim_running, .device_of = sim_device_of,
+  .node_owner = sim_node_owner,
   .give_back = sim_give_back,
 };
 
@@ -93,6 +107,7 @@ other_there (bool running, uid_t node_owner)
   dev.running = running;
   g_clear_pointer (&dev.backend, g_free);
   dev.node_owner = node_owner;
+  dev.users_device_there = false;
   dev.give_back_fails = false;
   dev.give_backs = 0;
 }
@@ -103,7 +118,7 @@ main (void)
   struct mloop_device_state s = {
     .transport = MLOOP_TRANSPORT_NBD, .index = INDEX,
     .file = "held:3c0e1d7a-8b4f-4d52-a1f0-6e2b9c7d5a13", .held_image = true,
-    .owner = USER_UID, .autoclear = true,
+    .owner = USER_UID, .autoclear = true, .dir = "/run/mloop/s",
   };
 
   /* Root's device connected there with no backend, the node still the
@@ -128,6 +143,27 @@ main (void)
          "not finished with another tool's device (empty backend) there");
   CHECK (dev.give_backs == 1 && dev.node_owner == 0,
          "the user's node left on another tool's device (empty backend)");
+
+  /* Another tool's netlink connect naming a backend of its own, which
+   * no mloop device there names: the node goes back.
+   */
+  other_there (true, USER_UID);
+  dev.backend = g_strdup ("root-export");
+  CHECK (mloop_autoclear_finished (&s, &sim),
+         "not finished with another tool's named device there");
+  CHECK (dev.give_backs == 1 && dev.node_owner == 0,
+         "the user's node left on another tool's named device");
+
+  /* The user's own new mloop device there, whose attach gave them the
+   * node: finished, the node theirs still.
+   */
+  other_there (true, USER_UID);
+  dev.backend = g_strdup ("/home/user/b.img");
+  dev.users_device_there = true;
+  CHECK (mloop_autoclear_finished (&s, &sim),
+         "not finished with the user's new device there");
+  CHECK (dev.give_backs == 0 && dev.node_owner == USER_UID,
+         "took the node of the user's new device there");
 
   /* The node no longer the user's (given to someone since): finished,
    * and the node left as it is.

@@ -66,6 +66,14 @@ sim_running (int index)
   return false;
 }
 
+/* No other mloop device is ever at its index here. */
+static bool
+sim_device_of (int index, uid_t owner, const char *except_dir)
+{
+  CHECK (index == INDEX, "asked about nbd%d", index);
+  return false;
+}
+
 static uid_t
 sim_node_owner (const char *name)
 {
@@ -84,8 +92,8 @@ sim_give_back (const char *name)
 
 static const struct mloop_autoclear_kernel sim = {
   .connected = sim_connected, .backend = sim_backend,
-  .running = sim_running, .node_owner = sim_node_owner,
-  .give_back = sim_give_back,
+  .running = sim_running, .device_of = sim_device_of,
+  .node_owner = sim_node_owner, .give_back = sim_give_back,
 };
 
 /* The kernel let the user's device go (its last close). */
@@ -140,10 +148,12 @@ main (void)
   CHECK (mloop_autoclear_finished (&s, &sim), "an idle device not finished");
   CHECK (dev.give_backs == 1 && !dev.node_users, "the node not given back");
 
-  /* Another image connected there since: finished, and its node (its
-   * own attach's business) untouched.
+  /* Another mloop image connected there since, whose attach gave the
+   * node back to root first: finished, and its node (its own attach's
+   * business) untouched.
    */
   released_by_kernel (false);
+  dev.node_users = false;
   dev.configured = true;
   dev.backend = g_strdup ("/var/lib/images/other.img");
   CHECK (mloop_autoclear_finished (&s, &sim),
