@@ -12,6 +12,7 @@
 #include "engine.h"
 #include "errmsg.h"
 #include "store_name.h"
+#include "trusted_path.h"
 
 bool
 mloop_is_rbd_name (const char *name)
@@ -118,6 +119,37 @@ names_conf (const char *name)
   return false;
 }
 
+/* Whether CONF, the configuration a device records, leads where only
+ * trusted users can change it: each of the device's servers (root's)
+ * opens it again by name, and a user who could rename an entry on the
+ * way could lead a later one to another file root owns, another
+ * cluster's configuration.
+ */
+static bool
+conf_path_trusted_as (const char *conf, char *err, size_t errlen)
+{
+  char why[1024];
+
+  if (mloop_path_trusted (conf, why, sizeof why))
+    return true;
+  mloop_fail (err, errlen, "Ceph configuration %s: keep it where only root "
+              "may change it", why);
+  return false;
+}
+
+/* conf_path_trusted_as for the conf= NAME's options give. */
+static bool
+conf_path_trusted (const char *name, char *err, size_t errlen)
+{
+  g_auto (GStrv) each = options_of (name);
+
+  for (char **o = each; o && *o; o++)
+    if (g_str_has_prefix (*o, "conf=") &&
+        !conf_path_trusted_as (*o + strlen ("conf="), err, errlen))
+      return false;
+  return true;
+}
+
 char *
 mloop_rbd_name_pinned (const char *name, char *err, size_t errlen)
 {
@@ -142,7 +174,7 @@ mloop_rbd_name_pinned (const char *name, char *err, size_t errlen)
       return NULL;
     }
   if (names_conf (name))
-    return g_strdup (name);
+    return conf_path_trusted (name, err, errlen) ? g_strdup (name) : NULL;
   /* None found, or one the store cannot judge: refused here, not left to
    * the servers, which search again elsewhere (mloopd's environment,
    * without this $CEPH_CONF, in /) and could find another cluster's
@@ -213,7 +245,8 @@ mloop_rbd_name_pinned (const char *name, char *err, size_t errlen)
     return NULL;
   }
   free (cluster);
-  return g_strconcat (name, ":conf=", abs, NULL);
+  return conf_path_trusted_as (abs, err, errlen)
+    ? g_strconcat (name, ":conf=", abs, NULL) : NULL;
 }
 
 char *
