@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -79,12 +80,40 @@ expand_search_entry (const char *entry, bool *other)
   return out;
 }
 
-/* librados goes on past a place it cannot open, and past a directory;
- * so does this.  Anything else that opens is the one, trusted or not, a
- * FIFO or a device too, which librados reads as the configuration and
- * looks no further: the next place would be another configuration than
- * librados's.  The caller refuses what is no regular file.
+/* PATH, one place of the search: a descriptor of what librados would
+ * read there, or -ENOENT to go on to the next place.  librados goes on
+ * past a place it cannot open, and past a directory; so does this.
+ * Anything else is the one, trusted or not, a FIFO or a device too,
+ * which librados reads as the configuration and looks no further: the
+ * next place would be another configuration than librados's.  Such a
+ * file is only looked at (O_PATH), never opened: the caller refuses
+ * what is no regular file, and root opening a FIFO, a watchdog or a
+ * tape a user linked into the search would wake its writer, start the
+ * watchdog, rewind the tape.  A regular file is opened to be read
+ * through that very look, so it is the file looked at.
  */
+static int
+open_place (const char *path)
+{
+  char through[64];
+  struct stat sb;
+  int seen = open (path, O_PATH | O_CLOEXEC), fd;
+
+  if (seen < 0)
+    return -ENOENT;
+  if (fstat (seen, &sb) < 0 || S_ISDIR (sb.st_mode)) {
+    close (seen);
+    return -ENOENT;
+  }
+  if (!S_ISREG (sb.st_mode))
+    return seen;
+  snprintf (through, sizeof through, "/proc/self/fd/%d", seen);
+  fd = open (through, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  close (seen);
+  return fd >= 0 ? fd : -ENOENT;
+}
+
+
 int
 mloop_ceph_conf_open_searched (char **found)
 {
@@ -99,7 +128,6 @@ mloop_ceph_conf_open_searched (char **found)
        entry = strtok_r (NULL, ";,", &save)) {
     bool other;
     char *path;
-    struct stat sb;
 
     /* A client has no data directory: librados drops such a place. */
     if (strstr (entry, "$data_dir"))
@@ -111,15 +139,9 @@ mloop_ceph_conf_open_searched (char **found)
         *found = strdup (entry);
       break;
     }
-    fd = open (path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-    if (fd >= 0 && (fstat (fd, &sb) < 0 || S_ISDIR (sb.st_mode))) {
-      close (fd);
-      fd = -1;
-    }
-    if (fd < 0) {
-      fd = -ENOENT;
+    fd = open_place (path);
+    if (fd < 0)
       free (path);
-    }
     else
       *found = path;
   }

@@ -16,8 +16,9 @@
  * process's environment and working directory: $CEPH_CONF's list where
  * it is set, else /etc/ceph/ceph.conf, $HOME/.ceph/ceph.conf and
  * ceph.conf here, the first that opens and is no directory (a FIFO or
- * a device too, which librados would read: the caller refuses it; it
- * is opened without blocking).  A descriptor,
+ * a device too, which librados would read: the caller refuses it, and
+ * such a file is only looked at, its descriptor O_PATH; a regular file
+ * is opened to be read, without blocking).  A descriptor,
  * with the place in *FOUND (malloc'ed, as the search spells it: the
  * last is relative), or a negative errno: -ENOENT, none; -ENOTSUP, a
  * place of $CEPH_CONF's names a variable other than $cluster and $home
