@@ -157,6 +157,7 @@ struct rbd_store {
    */
   rbd_image_t stale;
   bool said_reopen_failed;
+  bool said_no_overlap_method;  /* parent_overlap_get not known */
   bool gone;
 };
 
@@ -746,7 +747,18 @@ check_image (struct rbd_store *st)
     uint64_t overlap;
     const int has = st->clone ? overlap_in_header (st, &overlap) : -1;
 
-    /* Not known (below 0): the least said so far holds. */
+    /* Not known (below 0): the least said so far holds.  OSDs before
+     * Nautilus have no parent_overlap_get (librbd falls back to an
+     * older method there): the clone's overlap and flatten are not
+     * followed, and the store says so once.
+     */
+    if (has == -EOPNOTSUPP && !st->said_no_overlap_method) {
+      st->said_no_overlap_method = true;
+      say (st, "%s: the cluster's OSDs cannot tell a clone's overlap "
+           "(parent_overlap_get, Ceph 14): a shrink or a flatten of the "
+           "clone is not followed, and it may read its parent's data "
+           "where it has none until restarted", st->name);
+    }
     if (has == 1 && overlap < st->overlap)
       st->overlap = overlap;
     else if (has == 0 && st->stale == NULL)
