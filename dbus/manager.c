@@ -314,7 +314,7 @@ note_if_held (const struct mloop_device_state *s)
   if (s->owner == 0)
     return;
   backend = mloop_nbd_sysfs_backend ("/sys/block", s->index);
-  if (backend == NULL || strcmp (backend, s->file) != 0)
+  if (backend == NULL || strcmp (backend, mloop_state_backend (s)) != 0)
     return;
   if (held_after_detach == NULL)
     held_after_detach = g_array_new (FALSE, FALSE, sizeof h);

@@ -867,7 +867,7 @@ attach_local (const struct mloop_attach_request *req, const char *file,
       return -1;
   }
   mloop_step_done (req->steps, "server start");
-  r = connect_kernel (req, &o, file, s, err, errlen);
+  r = connect_kernel (req, &o, s->backend, s, err, errlen);
   /* Those a failure left untaken. */
   mloop_nbd_close_all (kept.fds, kept.n_fds);
   if (r == -1) {
@@ -908,7 +908,8 @@ attach_remote (const struct mloop_attach_request *req, const char *uri,
     r = 0;
   if (r == 0)
     mloop_step_done (req->steps, "supervisor start");
-  if (r == 0 && (r = connect_kernel (req, &o, uri, s, err, errlen)) == -1)
+  if (r == 0 &&
+      (r = connect_kernel (req, &o, s->backend, s, err, errlen)) == -1)
     stop_processes (s);
   mloop_nbd_address_clear (&a);
   return r;
@@ -988,6 +989,7 @@ claim (const struct mloop_attach_request *req, const char *file,
     return -1;
   }
   out->file = g_strdup (file);
+  out->backend = mloop_state_new_backend (file);
   out->held_image = req->has_image_fd;
   out->label = req->has_image_fd ? g_strdup (req->file) : NULL;
   out->owner = req->owner;
@@ -1192,34 +1194,51 @@ enum at_index {
   AT_INDEX_UNNAMED,
 };
 
+/* What is at S's index, and in *SHOWN (g_free it; when not NULL) the
+ * backend the kernel shows there, NULL for none.
+ */
 static enum at_index
-at_index (const struct mloop_device_state *s)
+at_index_showing (const struct mloop_device_state *s, char **shown)
 {
   g_autofree char *backend = mloop_nbd_sysfs_backend ("/sys/block",
                                                       s->index);
   bool connected = false;
   char why[512];
 
+  if (shown)
+    *shown = NULL;
   /* An empty backend is a netlink connect that named none. */
-  if (backend && *backend)
-    return strcmp (backend, s->file) == 0 ? AT_INDEX_OWN : AT_INDEX_OTHER;
+  if (backend && *backend) {
+    const bool own = strcmp (backend, mloop_state_backend (s)) == 0;
+
+    if (shown)
+      *shown = g_steal_pointer (&backend);
+    return own ? AT_INDEX_OWN : AT_INDEX_OTHER;
+  }
   if (mloop_nbd_netlink_connected (s->index, &connected, why,
                                    sizeof why) == 0 && connected)
     return AT_INDEX_UNNAMED;
   return AT_INDEX_NONE;
 }
 
-/* After S's device went, with anything or nothing at its index: the
- * node given back to root if it is still the one S gave its owner, as
- * the supervisor would have done, unless another mloop device there is
- * that owner's (its attach gave the node back to root before it
- * connected, then to its owner).  Another tool's device leaves the node
- * as S left it.  Anyone else's node (root may have given it to someone
- * for that device) is left alone.  The node is read before the states:
- * an attach saves its state before it gives its node away.
+static enum at_index
+at_index (const struct mloop_device_state *s)
+{
+  return at_index_showing (s, NULL);
+}
+
+/* After S's device went, with anything or nothing at its index (the
+ * kernel showing backend SHOWN there, or none: NULL): the node given
+ * back to root if it is still the one S gave its owner, as the
+ * supervisor would have done, unless the device there is another mloop
+ * device of that owner's (its attach gave the node back to root before
+ * it connected, then to its owner).  Another tool's device leaves the
+ * node as S left it.  Anyone else's node (root may have given it to
+ * someone for that device) is left alone.  The node is read before the
+ * states: an attach saves its state before it gives its node away.
  */
 static void
-give_back_node (const struct mloop_device_state *s)
+give_back_node (const struct mloop_device_state *s, const char *shown)
 {
   g_autofree char *name = mloop_state_device_name (s);
   g_autofree char *node = mloop_state_device_path (s);
@@ -1227,7 +1246,7 @@ give_back_node (const struct mloop_device_state *s)
   char why[512];
 
   if (s->owner != 0 && stat (node, &st) == 0 && st.st_uid == s->owner &&
-      !mloop_state_nbd_index_owned_by (s->index, s->owner, s->dir))
+      !mloop_state_nbd_device_of (s->index, shown, s->owner))
     mloop_device_owner_set (name, 0, why, sizeof why);
 }
 
@@ -1267,6 +1286,7 @@ mloop_detach (const struct mloop_device_state *s, char *err, size_t errlen)
   g_autofree char *dev = mloop_state_device_path (s);
   g_autofree char *mnt = mloop_device_mount_point (dev);
   g_autofree char *state = mloop_state_path (s, MLOOP_DIR_STATE);
+  g_autofree char *shown = NULL;
   int lock = -1, device_lock, r = 0;
 
   /* Only S's own device's mount: a stale state's index may hold
@@ -1313,7 +1333,7 @@ mloop_detach (const struct mloop_device_state *s, char *err, size_t errlen)
    * partitions, nor its connection are this state's to touch, only what
    * the state started.
    */
-  switch (at_index (s)) {
+  switch (at_index_showing (s, &shown)) {
   case AT_INDEX_OWN:
     if (let_kernel_go (s, err, errlen) == -1) {
       mloop_state_unlock (device_lock);
@@ -1323,7 +1343,7 @@ mloop_detach (const struct mloop_device_state *s, char *err, size_t errlen)
   case AT_INDEX_NONE:
   case AT_INDEX_UNNAMED:
   case AT_INDEX_OTHER:
-    give_back_node (s);
+    give_back_node (s, shown);
     break;
   }
   stop_processes (s);

@@ -19,7 +19,8 @@ mloop_autoclear_enable (struct mloop_device_state *s, char *err,
   if (s->transport == MLOOP_TRANSPORT_UBLK)
     return mloop_fail (err, errlen, "/dev/ublkb%d: autoclear is not "
                        "supported for ublk devices yet", s->index);
-  if (mloop_nbd_netlink_disconnect_on_close (s->index, s->file, why,
+  if (mloop_nbd_netlink_disconnect_on_close (s->index,
+                                             mloop_state_backend (s), why,
                                              sizeof why) < 0)
     return mloop_fail (err, errlen, "/dev/nbd%d: autoclear: %s", s->index,
                        why);
@@ -67,7 +68,7 @@ const struct mloop_autoclear_kernel mloop_autoclear_kernel_now = {
   .connected = kernel_connected,
   .backend = kernel_backend,
   .running = mloop_nbd_sysfs_started,
-  .device_of = mloop_state_nbd_index_owned_by,
+  .device_of = mloop_state_nbd_device_of,
   .node_owner = kernel_node_owner,
   .give_back = kernel_give_back,
 };
@@ -86,7 +87,7 @@ mloop_autoclear_finished (const struct mloop_device_state *s,
     g_autofree char *backend = k->backend (s->index);
 
     if (backend && *backend) {
-      if (strcmp (backend, s->file) == 0)
+      if (strcmp (backend, mloop_state_backend (s)) == 0)
         return false;
       /* Another image there by now.  An mloop attach gave the node
        * back to root before connecting, and then to its own owner; a
@@ -96,7 +97,7 @@ mloop_autoclear_finished (const struct mloop_device_state *s,
        * first: an attach saves its state before giving its node away.
        */
       return s->owner == 0 || k->node_owner (name) != s->owner ||
-        k->device_of (s->index, s->owner, s->dir) || k->give_back (name);
+        k->device_of (s->index, backend, s->owner) || k->give_back (name);
     }
     if (connected < 0 || !k->running (s->index))
       return false;

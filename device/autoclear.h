@@ -37,10 +37,10 @@ struct mloop_autoclear_kernel {
    * sockets), not just configured by a descriptor open on it.
    */
   bool (*running) (int index);
-  /* Whether the saved state of an mloop device at INDEX, other than the
-   * one in EXCEPT_DIR, is OWNER's (mloop_state_nbd_index_owned_by).
+  /* Whether the device shown at INDEX with BACKEND is an mloop device
+   * of OWNER's (mloop_state_nbd_device_of).
    */
-  bool (*device_of) (int index, uid_t owner, const char *except_dir);
+  bool (*device_of) (int index, const char *backend, uid_t owner);
   /* The owner of node NAME ("nbdN"), or (uid_t) -1 when it has none. */
   uid_t (*node_owner) (const char *name);
   /* Gives node NAME ("nbdN") and its partitions' back to root

@@ -80,6 +80,8 @@ json_device (JsonBuilder *b, const struct mloop_device_state *s)
   member_string (b, "device", dev);
   member_string (b, "transport", mloop_state_transport_name (s));
   member_name (b, "file", mloop_state_image_name (s));
+  if (s->transport == MLOOP_TRANSPORT_NBD)
+    member_name (b, "backend", mloop_state_backend (s));
   member_string (b, "owner", owner);
   member_int (b, "owner_uid", s->owner);
   member_int (b, "size", (gint64) s->size);

@@ -214,6 +214,32 @@ mloop_state_held_token (void)
   return g_strconcat ("held:", uuid, NULL);
 }
 
+/* The kernel shows the identifier in a page with its newline: a name
+ * near PATH_MAX with its token would be cut, and never match again, so
+ * such a name gives way to the token alone.
+ */
+#define BACKEND_MAX 4000
+
+char *
+mloop_state_new_backend (const char *file)
+{
+  g_autofree char *token = g_strdup_printf ("%08x%08x", g_random_int (),
+                                            g_random_int ());
+
+  /* A held image's FILE is a token of its own already. */
+  if (g_str_has_prefix (file, "held:"))
+    return g_strdup (file);
+  if (strlen (file) + 1 + strlen (token) > BACKEND_MAX)
+    return g_strconcat ("mloop#", token, NULL);
+  return g_strconcat (file, "#", token, NULL);
+}
+
+const char *
+mloop_state_backend (const struct mloop_device_state *s)
+{
+  return s->backend ? s->backend : s->file;
+}
+
 char *
 mloop_state_device_path (const struct mloop_device_state *s)
 {
@@ -270,6 +296,8 @@ save_as (const struct mloop_device_state *s, const char *name, char *err,
                          mloop_state_transport_name (s));
   g_key_file_set_integer (kf, GROUP, "index", s->index);
   g_key_file_set_string (kf, GROUP, "file", s->file);
+  if (s->backend)
+    g_key_file_set_string (kf, GROUP, "backend", s->backend);
   g_key_file_set_uint64 (kf, GROUP, "file_dev", s->file_dev);
   g_key_file_set_uint64 (kf, GROUP, "file_ino", s->file_ino);
   if (s->file_rdev)
@@ -390,6 +418,7 @@ load_from (const char *dir, const char *name, struct mloop_device_state *s)
     s->transport = MLOOP_TRANSPORT_UBLK;
   s->index = g_key_file_get_integer (kf, GROUP, "index", NULL);
   s->file = g_key_file_get_string (kf, GROUP, "file", NULL);
+  s->backend = g_key_file_get_string (kf, GROUP, "backend", NULL);
   s->file_dev = g_key_file_get_uint64 (kf, GROUP, "file_dev", NULL);
   s->file_ino = g_key_file_get_uint64 (kf, GROUP, "file_ino", NULL);
   s->file_rdev = g_key_file_get_uint64 (kf, GROUP, "file_rdev", NULL);
@@ -503,17 +532,19 @@ mloop_state_list (size_t *n)
 }
 
 bool
-mloop_state_nbd_index_owned_by (int index, uid_t owner,
-                                const char *except_dir)
+mloop_state_nbd_device_of (int index, const char *backend, uid_t owner)
 {
   size_t n;
-  struct mloop_device_state *list = mloop_state_list (&n);
+  struct mloop_device_state *list;
   bool owned = false;
 
+  if (backend == NULL)
+    return false;
+  list = mloop_state_list (&n);
   for (size_t i = 0; i < n && !owned; i++)
     owned = list[i].transport == MLOOP_TRANSPORT_NBD &&
       list[i].index == index && list[i].owner == owner &&
-      (except_dir == NULL || strcmp (list[i].dir, except_dir) != 0);
+      strcmp (mloop_state_backend (&list[i]), backend) == 0;
   mloop_state_free_list (list, n);
   return owned;
 }
@@ -618,6 +649,7 @@ mloop_state_clear (struct mloop_device_state *s)
 {
   g_free (s->dir);
   g_free (s->file);
+  g_free (s->backend);
   g_free (s->label);
   g_free (s->overlay);
   g_free (s->last_failure);

@@ -65,12 +65,19 @@ struct mloop_device_state {
   enum mloop_transport transport;
   int index;                    /* /dev/nbdINDEX or /dev/ublkbINDEX;
                                    -1 until connected */
-  /* The image, an absolute path; also the device's identity: the
-   * backend identifier the kernel keeps (sysfs "backend"), which the
-   * supervisor repeats when it reconnects and autoclear compares, and
-   * what `mloop detach FILE` looks for.
+  /* The image, an absolute path (or a URI, an RBD name): what
+   * `mloop detach FILE` looks for.
    */
   char *file;
+  /* The backend identifier the kernel keeps for the device (sysfs
+   * "backend"): FILE and a token, unique to this attach, since root may
+   * attach one file more than once (windows of it, overlays over it).
+   * The supervisor repeats it when it reconnects, and whatever asks
+   * whether the device at the index is still this one compares it
+   * (mloop_state_backend).  NULL in a state written before it was
+   * recorded: FILE was the identifier then.
+   */
+  char *backend;
   /* A held image: its servers reach it through a descriptor the
    * supervisor holds (held_image.h).  FILE is then a token mloop made,
    * unique to the device, and LABEL the name its caller gave, only shown:
@@ -197,6 +204,10 @@ bool mloop_state_image_is (const struct mloop_device_state *s,
                            const struct stat *st);
 /* A new token to be a held image's FILE: "held:" and a random UUID. */
 char *mloop_state_held_token (void);
+/* A new backend identifier for a device of FILE (g_free it). */
+char *mloop_state_new_backend (const char *file);
+/* S's backend identifier: its own, or FILE in an older state. */
+const char *mloop_state_backend (const struct mloop_device_state *s);
 /* "/dev/nbdN" or "/dev/ublkbN" (g_free it). */
 char *mloop_state_device_path (const struct mloop_device_state *s);
 
@@ -225,11 +236,11 @@ int mloop_state_load_claim (const char *dir, struct mloop_device_state *s);
  * ones, each sorted by index.
  */
 struct mloop_device_state *mloop_state_list (size_t *n);
-/* Whether the saved state of an NBD device at INDEX, other than the one
- * in EXCEPT_DIR, is OWNER's: a device whose node OWNER holds by right.
+/* Whether the device the kernel shows at nbd INDEX with BACKEND is an
+ * mloop device of OWNER's (one whose saved state names that backend):
+ * one whose node OWNER holds by right.  False for a NULL BACKEND.
  */
-bool mloop_state_nbd_index_owned_by (int index, uid_t owner,
-                                     const char *except_dir);
+bool mloop_state_nbd_device_of (int index, const char *backend, uid_t owner);
 /* The claims of the attaches in progress (whose directories have a
  * claim, no state, and their lock held).
  */

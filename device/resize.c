@@ -308,8 +308,8 @@ kernel_take_size (const struct mloop_device_state *s, uint64_t size,
 {
   char why[512];
 
-  if (mloop_nbd_netlink_set_size (s->index, s->file, size, why,
-                                  sizeof why) < 0)
+  if (mloop_nbd_netlink_set_size (s->index, mloop_state_backend (s), size,
+                                  why, sizeof why) < 0)
     return mloop_fail (err, errlen, "/dev/nbd%d: %s", s->index, why);
   return 0;
 }

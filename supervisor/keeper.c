@@ -250,9 +250,8 @@ reconnect_device (struct keeper *k, char *err, size_t errlen)
     mloop_state_clear (&st);
     return -1;
   }
-  r = mloop_nbd_netlink_reconfigure (st.index, st.file, fds, n,
-                                     st.dead_timeout,
-                                     err, errlen);
+  r = mloop_nbd_netlink_reconfigure (st.index, mloop_state_backend (&st),
+                                     fds, n, st.dead_timeout, err, errlen);
   mloop_nbd_close_all (fds, n);
   if (r == 0)
     say_to (k->log, "server pid %d serves /dev/nbd%d again over %u "
@@ -443,9 +442,8 @@ replace_one (struct keeper *k, const struct mloop_device_state *st,
               (unsigned long long) st->size);
     return -1;
   }
-  r = mloop_nbd_netlink_replace_dead (st->index, st->file, fd,
-                                      st->dead_timeout,
-                                      err, errlen);
+  r = mloop_nbd_netlink_replace_dead (st->index, mloop_state_backend (st),
+                                      fd, st->dead_timeout, err, errlen);
   close (fd);
   return r < 0 ? -1 : r;
 }

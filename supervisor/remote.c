@@ -209,7 +209,7 @@ offer (struct remote_keeper *rk, int *fds, unsigned n, bool *full,
     return 0;
   }
   for (unsigned i = 0; i < n && (r = mloop_nbd_netlink_replace_dead
-                                 (st.index, st.file, fds[i],
+                                 (st.index, mloop_state_backend (&st), fds[i],
                                   st.dead_timeout, err, errlen)) == 1; i++)
     done++;
   mloop_state_unlock (lock);

@@ -242,7 +242,7 @@ def run_test(kind, cl):
     offer = "not run (no tests/helpers/nbd-offer)"
     if helper:
         total = kind.status(dev).get("connections_total")
-        p = run([helper, after["device"]["socket"], devname[3:], after["device"]["file"]])
+        p = run([helper, after["device"]["socket"], devname[3:], after["device"]["backend"]])
         got = json.loads(p.stdout)
         assert got["reconfigure"] == 0 and got["send_timeout"] == 0, \
             f"a connection offered to the whole {dev}: {got} (expected the kernel " \

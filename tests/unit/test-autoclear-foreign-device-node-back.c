@@ -62,12 +62,12 @@ sim_running (int index)
 }
 
 static bool
-sim_device_of (int index, uid_t owner, const char *except_dir)
+sim_device_of (int index, const char *backend, uid_t owner)
 {
   CHECK (index == INDEX, "asked about nbd%d", index);
-  CHECK (except_dir != NULL && strcmp (except_dir, "/run/mloop/s") == 0,
-         "asked past %s, not the state's own directory",
-         except_dir ? except_dir : "(none)");
+  CHECK (backend != NULL && dev.backend != NULL &&
+         strcmp (backend, dev.backend) == 0,
+         "asked about backend %s, not the one shown", backend);
   return owner == USER_UID && dev.users_device_there;
 }
 
@@ -118,7 +118,7 @@ main (void)
   struct mloop_device_state s = {
     .transport = MLOOP_TRANSPORT_NBD, .index = INDEX,
     .file = "held:3c0e1d7a-8b4f-4d52-a1f0-6e2b9c7d5a13", .held_image = true,
-    .owner = USER_UID, .autoclear = true, .dir = "/run/mloop/s",
+    .owner = USER_UID, .autoclear = true,
   };
 
   /* Root's device connected there with no backend, the node still the

@@ -68,7 +68,7 @@ sim_running (int index)
 
 /* No other mloop device is ever at its index here. */
 static bool
-sim_device_of (int index, uid_t owner, const char *except_dir)
+sim_device_of (int index, const char *backend, uid_t owner)
 {
   CHECK (index == INDEX, "asked about nbd%d", index);
   return false;
