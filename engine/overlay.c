@@ -575,12 +575,19 @@ struct base_identity {
   char path[BASE_PATH_MAX + 1];
   uint64_t dev, ino;
   uint32_t first_crc, last_crc;
-  /* The times of a whole regular file: a block device node's say
-   * nothing of writes to the device, and it is made anew at each boot;
-   * the file of a window less than all of it may be written in
-   * another window by a device beside this overlay's.
+  /* The times of a whole regular file, which a header records: a
+   * block device node's say nothing of writes to the device, and it is
+   * made anew at each boot; the file of a window less than all of it
+   * may be written in another window by a device beside this
+   * overlay's.
    */
   bool has_times;
+  /* A regular file's modification time is known (MTIME, MTIME_NS),
+   * whatever the window: compared with the times a header recorded of
+   * the whole file, which any window of it written since, or grown
+   * since, has changed.
+   */
+  bool mtime_known;
   /* Seconds, kept as time_t's 64 bits: signed (before 1970,
    * negative); birth 0: not known.
    */
@@ -734,11 +741,14 @@ identify_base (const struct mloop_backing *base, struct base_identity *id,
   /* A window of all of the file (a --sizelimit as large as it or
    * larger) is the whole file: no other window is left to write.
    */
+  if (S_ISREG (st.st_mode)) {
+    id->mtime_known = true;
+    id->mtime = (uint64_t) st.st_mtim.tv_sec;
+    id->mtime_ns = (uint32_t) st.st_mtim.tv_nsec;
+  }
   if (S_ISREG (st.st_mode) && base->offset == 0 &&
       mloop_backing_size (base) == (uint64_t) st.st_size) {
     id->has_times = true;
-    id->mtime = (uint64_t) st.st_mtim.tv_sec;
-    id->mtime_ns = (uint32_t) st.st_mtim.tv_nsec;
     id->birth = birth_time (base->fd);
   }
   r = fingerprint (base, id);
@@ -781,8 +791,9 @@ encode_identity (unsigned char *h, const struct base_identity *id)
   put_le32 (h + HDR_BASE_FIRST_CRC, id->first_crc);
   put_le32 (h + HDR_BASE_LAST_CRC, id->last_crc);
   put_le32 (h + HDR_FLAGS, id->has_times ? OVERLAY_FLAG_TIMES : 0);
-  put_le64 (h + HDR_BASE_MTIME, id->mtime);
-  put_le32 (h + HDR_BASE_MTIME_NS, id->mtime_ns);
+  /* Times only of the whole file (has_times): a window's say nothing. */
+  put_le64 (h + HDR_BASE_MTIME, id->has_times ? id->mtime : 0);
+  put_le32 (h + HDR_BASE_MTIME_NS, id->has_times ? id->mtime_ns : 0);
   put_le64 (h + HDR_BASE_BIRTH, id->birth);
 }
 
@@ -1025,13 +1036,17 @@ recorded_file (const unsigned char *h, const char *recorded,
  * written since: with another modification time.  The fingerprint sees
  * only the base's ends, and a partitioned image keeps its filesystems
  * past the first MiB: there, a commit of another overlay over the same
- * base, or any write, changes nothing it sees.
+ * base, or any write, changes nothing it sees.  A header records times
+ * only of an overlay made over the whole file: opened now as a window
+ * of it (the file grown since, a --sizelimit of the old size), the file
+ * is still the one it was made over, and was written since all the
+ * same.
  */
 static bool
 written_since (const unsigned char *h, bool recorded,
                const struct base_identity *id)
 {
-  if (!id->has_times || !(get_le32 (h + HDR_FLAGS) & OVERLAY_FLAG_TIMES) ||
+  if (!id->mtime_known || !(get_le32 (h + HDR_FLAGS) & OVERLAY_FLAG_TIMES) ||
       !recorded)
     return false;
   return get_le64 (h + HDR_BASE_MTIME) != id->mtime ||

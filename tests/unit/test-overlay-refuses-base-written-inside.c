@@ -15,7 +15,8 @@
  * the same bytes) is then served, and so is an overlay of a window of
  * the file after a write into another window, which no device over
  * this one sees; but not one whose window is the whole file, which is
- * the file itself.  The base's times are set back
+ * the file itself, nor one made over the whole file and given the same
+ * window of it grown since.  The base's times are set back
  * first, so the commit's write shows whatever the clock's grain.  No
  * root: about 0.05 s, in the unit suite of every tier.
  */
@@ -137,6 +138,20 @@ main (void)
                          err, sizeof err);
     CHECK (r < 0, "an overlay was served over its base written since, "
            "given as a window past its end");
+
+    /* The file grown since (truncate, qemu-img resize): the overlay's
+     * size is now a window of it, less than all of it.  The overlay
+     * recorded the whole file's times, so the file it is was written
+     * since, window or not.
+     */
+    CHECK (truncate (base_path, BASE_SIZE + MLOOP_OVERLAY_CLUSTER) == 0,
+           "growing %s: %s", base_path, strerror (errno));
+    r = unit_try_open_window (base_path, &all, o_path, MLOOP_OVERLAY_SAME_BASE,
+                              err, sizeof err);
+    CHECK (r < 0, "an overlay made over all of its base was served over "
+           "it written since, given as a window of the grown file");
+    CHECK (strstr (err, "written since") != NULL, "the refusal does not say "
+           "why: %s", err);
   }
   return 0;
 }
