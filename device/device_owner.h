@@ -5,10 +5,14 @@
  * disk group's (0660, as udev makes them).  A node goes back to them
  * before its device is disconnected by a detach, when the kernel lets an
  * autoclear device go (autoclear.h), and, for any node a device left
- * behind (an attach or supervisor that died), before the kernel is given
- * the next image there: a user holds no open descriptor on an idle device
- * (it would keep the kernel from connecting it), and, the node being
- * root's by then, cannot open it once the next image is there.
+ * behind (an attach or supervisor that died), before mloop gives the
+ * kernel the next image there: a descriptor a user holds open on an idle
+ * device keeps a netlink connect (every mloop attach's) from taking it,
+ * and, the node being root's by then, they cannot open it once the next
+ * image is there.  An ioctl connect (qemu-nbd -c, nbd-client -L) takes
+ * a device held open all the same: a user who reopened their autoclear
+ * device before its supervisor looked keeps that descriptor on whatever
+ * such a tool of root's connects there (docs/design.md says so).
  */
 #ifndef MLOOP_DEVICE_OWNER_H
 #define MLOOP_DEVICE_OWNER_H
