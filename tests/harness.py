@@ -139,6 +139,22 @@ def _native_args(params, nbdkit_args):
     return out
 
 VALGRIND = bool(os.environ.get("MLOOP_VALGRIND"))
+# The standard tier's valgrind pass leaves out its slowest tests, stress
+# tests that run the same server code many times over (docs/testing.md):
+# the ASan+UBSan pass runs them in that tier all the same, and the full
+# tier's valgrind pass runs them too.
+VALGRIND_FULL_TIER_ONLY = {
+    "test-odd-tail-race.py": "2,000 racing rounds, 300 under valgrind (55 s)",
+    "test-idle-connections.py": "1,000 idle connections' threads (57 s)",
+    "test-tls.py": "its handshakes' crypto (34 s)",
+    "test-overlay-base.py": "its many server starts (16-29 s)",
+    "test-offset-window.py": "every window's server start (16 s)",
+}
+if (VALGRIND and os.environ.get("MLOOP_TEST_TIER") != "full"
+        and os.path.basename(sys.argv[0]) in VALGRIND_FULL_TIER_ONLY):
+    skip("under valgrind in the full tier only (MLOOP_TEST_TIER=full): "
+         + VALGRIND_FULL_TIER_ONLY[os.path.basename(sys.argv[0])]
+         + "; the ASan+UBSan pass runs it")
 ASAN_PRELOAD = os.environ.get("MLOOP_ASAN_PRELOAD")
 # The servers under test are built with ASan+UBSan (meson test --setup=asan).
 SANITIZED = bool(ASAN_PRELOAD)
