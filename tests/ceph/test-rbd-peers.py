@@ -142,6 +142,12 @@ on a real one-node cluster (tests/ceph/cluster.py):
    whole object discarded (python3-rbd), or the clone shrunk and grown
    back: the server says it opened the clone again and serves none of
    its former parent's data, where the clone reads zeroes;
+2y. a clone served read-only and flattened, the cluster paused just as
+   the server's check opens it again (gdb holds the server there): a
+   SIGTERM stops the server within 10 s all the same; once the cluster
+   is back, with the server held in exit (gdb), every other thread of it
+   ends (the open's, librados's), and it exits 0 (without gdb, a line
+   says this is skipped);
 3. librbd's cache and partial trims turned on for the image in the
    cluster (`rbd config image set`: rbd_cache true, writeback, dirty data
    kept 60 s; rbd_skip_partial_discard true), over the server's own
@@ -188,7 +194,7 @@ about 1-3 s each, 2d about 5 s (`rbd feature disable`), 1d about 6 s (a
 watch timeout), 2f 3-5 s, 3b under 1 s, 2q 8-11 s (two cases), 2r 6-7 s
 (a watch timeout), 2s 3 s, 2t 3-4 s, 2u 2-3 s, 2v 1-2 s, 2b 12-13 s (two gdb starts), 2i 9-13 s
 (4,100 snapshots added to the header), 2j 2-3 s, 2w 5-7 s, 2x about
-10 s, 2k under 1 s, 2l, 2m,
+10 s, 2y about 5 s, 2k under 1 s, 2l, 2m,
 2n and 2o 1-2 s each; about 130-150 s in all alone, more beside other
 work.
 """
@@ -2046,14 +2052,10 @@ cl.shutdown()
 """
 
 
-def section_read_only_clone_flattened():
-    """A clone served read-only, then flattened (`rbd flatten`): the
-    image has no parent any more, but librbd's read-only open keeps the
-    parent and overlap it opened with and reads the parent's data
-    wherever the image has no object.  A discard of a whole object, or
-    a shrink and a growth back, leaves the image reading zeroes there:
-    the server must serve what the image holds, not its former
-    parent's data."""
+def flat_parent():
+    """flat-parent@base, protected, to clone: 16 MiB, "p" at 12 MiB."""
+    if json.loads(c.rbd("ls", "--format", "json", c.pool)).count("flat-parent"):
+        return
     c.create_image("flat-parent", 16 * MiB)
     w = start("mloop-server writing the parent", f"rbd:{c.spec('flat-parent')}")
     h = w.connect()
@@ -2063,6 +2065,17 @@ def section_read_only_clone_flattened():
     w.stop()
     c.rbd("snap", "create", c.spec("flat-parent", "base"))
     c.rbd("snap", "protect", c.spec("flat-parent", "base"))
+
+
+def section_read_only_clone_flattened():
+    """A clone served read-only, then flattened (`rbd flatten`): the
+    image has no parent any more, but librbd's read-only open keeps the
+    parent and overlap it opened with and reads the parent's data
+    wherever the image has no object.  A discard of a whole object, or
+    a shrink and a growth back, leaves the image reading zeroes there:
+    the server must serve what the image holds, not its former
+    parent's data."""
+    flat_parent()
     for how in ("discarded", "regrown"):
         image = f"flat-{how}"
         c.rbd("clone", c.spec("flat-parent", "base"), c.spec(image))
@@ -2098,6 +2111,130 @@ def section_read_only_clone_flattened():
               "" if isinstance(got, nbd.Error) else f"read {bytes(got[:4])!r}")
         hs.shutdown()
         s.stop()
+
+
+# Holds mloop-server at its first open of an image by id, read-only
+# (the checker's reopen of a flattened clone; the server's own start
+# opens by name), until {go} exists; then at exit, once main has
+# returned, until {leave} exists: an inferior call, during which every
+# other thread runs.  Writes how the server ended ("exit N" or "signal
+# NAME") to {ended}.
+PAUSE_REOPEN = """set pagination off
+set confirm off
+set breakpoint pending on
+handle all nostop noprint pass
+break rbd_open_by_id_read_only
+break rbd_aio_open_by_id_read_only
+commands 1 2
+silent
+shell touch {paused}
+shell while [ ! -e {go} ]; do sleep 0.05; done
+delete 1 2
+continue
+end
+python
+import os
+class Leave(gdb.Function):
+    def __init__(self):
+        super().__init__("leave")
+    def invoke(self):
+        return 1 if os.path.exists("{leave}") else 0
+Leave()
+end
+break exit
+commands 3
+silent
+shell touch {exiting}
+while !$leave()
+call (int) usleep(100000)
+end
+continue
+end
+run
+python
+code = gdb.convenience_variable("_exitcode")
+sig = gdb.convenience_variable("_exitsignal")
+with open("{ended}", "w") as f:
+    f.write(f"exit {{code}}" if code is not None else f"signal {{sig}}")
+end
+"""
+
+
+def threads(pid):
+    try:
+        return len(os.listdir(f"/proc/{pid}/task"))
+    except OSError:
+        return 0
+
+
+def section_reopen_cluster_paused():
+    """A clone served read-only and flattened: the server's check opens it
+    again, and the cluster stops answering just as that open begins (gdb
+    holds the server there while the cluster is paused).  A SIGTERM must
+    stop the server all the same, as it does a check waiting for a paused
+    cluster (2e): the open must not hold up the close until the cluster
+    answers again.  Once the cluster answers, what the open left (its
+    image, librados's threads) must end without the process ending (gdb
+    holds it in exit, as mloopd goes on after closing an in-process
+    server's store), and the server exit 0."""
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        print("# skipped: no gdb to hold the server as it opens the clone again")
+        return
+    flat_parent()
+    c.rbd("clone", c.spec("flat-parent", "base"), c.spec("flat-paused"))
+    files = {w: c.path("test", f"reopen-{w}")
+             for w in ("paused", "go", "exiting", "leave", "ended")}
+    script = c.path("test", "reopen.gdb")
+    with open(script, "w") as f:
+        f.write(PAUSE_REOPEN.format(**files))
+    s = start("a read-only mloop-server of the clone under gdb",
+              f"rbd:{c.spec('flat-paused')}", args=["--read-only"],
+              wrap=[gdb, "-q", "-batch", "-nx", "-x", script, "--args"])
+    resumed = False
+    try:
+        c.rbd("flatten", "--no-progress", c.spec("flat-paused"))
+        deadline = time.monotonic() + REFUSE_LIMIT
+        while not os.path.exists(files["paused"]) and s.proc.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not check("gdb holds the server as it opens the flattened clone again",
+                     os.path.exists(files["paused"]), s.stderr().strip()[-500:]):
+            raise Abort("no pause")
+        c.pause()
+        open(files["go"], "w").close()
+        time.sleep(1)           # the open under way, unanswered
+        with open(s.pid_file) as f:
+            pid = int(f.read())
+        t = time.monotonic()
+        os.kill(pid, signal.SIGTERM)
+        deadline = t + REFUSE_LIMIT
+        while not os.path.exists(files["exiting"]) and s.proc.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+        took = time.monotonic() - t
+        if not check("the server stops while the cluster is paused mid-reopen",
+                     os.path.exists(files["exiting"]),
+                     f"running {took:.1f} s after SIGTERM"):
+            raise Abort("no stop")
+        print(f"# stopped {took:.1f} s after SIGTERM, {threads(pid)} threads left")
+        c.resume()
+        resumed = True
+        deadline = time.monotonic() + START_LIMIT
+        while threads(pid) > 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        check("once the cluster answers, only the exiting thread is left",
+              threads(pid) == 1, f"{threads(pid)} threads")
+        open(files["leave"], "w").close()
+        s.proc.wait(60)
+        with open(files["ended"]) as f:
+            how = f.read()
+        check("the server exits 0", how == "exit 0", how)
+    finally:
+        if not resumed:
+            c.resume()
+        open(files["leave"], "w").close()
+        stop_under_gdb(s)
 
 
 def section_trashed_while_down():
@@ -2413,6 +2550,8 @@ try:
             section_read_only_clone_regrown)
     section("a read-only server's clone flattened",
             section_read_only_clone_flattened)
+    section("a read-only server's clone reopened, the cluster paused",
+            section_reopen_cluster_paused)
     section("an image trashed while its server is down", section_trashed_while_down)
     section("the cache and partial trims set by the cluster", section_settings)
     section("partial trims turned on while served", section_settings_changed)
