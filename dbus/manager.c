@@ -294,60 +294,89 @@ descriptors_passed (GDBusMethodInvocation *invocation, int want,
  */
 struct held_device {
   int index;
-  uid_t owner;
   uid_t person;                 /* whom it counts against */
+  /* The backend the device still shows, its state's; NULL for an idle
+   * device held open (an autoclear device the kernel let go, which its
+   * user opened again before its supervisor looked: configured, not
+   * started, no backend).
+   */
+  char *backend;
 };
 
 static GArray *held_after_detach;
 
-/* After a detach of device S: remembered if still held.  Only S's own
- * device, which shows S's backend until its last descriptor closes: a
- * stale state's index may hold another's device, connected since.
+static void
+held_device_clear (gpointer p)
+{
+  g_free (((struct held_device *) p)->backend);
+}
+
+/* Whether nbd device INDEX is configured but not started and shows no
+ * backend: an idle device a descriptor holds open.
+ */
+static bool
+idle_held_open (int index, const char *shown)
+{
+  bool connected = false;
+  char why[256];
+
+  return (shown == NULL || *shown == '\0') &&
+    !mloop_nbd_sysfs_started (index) &&
+    mloop_nbd_netlink_connected (index, &connected, why, sizeof why) == 0 &&
+    connected;
+}
+
+/* Whether H is still held as it was when noted. */
+static bool
+still_held (const struct held_device *h)
+{
+  g_autofree char *shown = mloop_nbd_sysfs_backend ("/sys/block", h->index);
+
+  if (h->backend)
+    return shown && strcmp (shown, h->backend) == 0;
+  return idle_held_open (h->index, shown);
+}
+
+/* After a detach of device S: remembered if still held.  S's own
+ * device, which shows S's backend until its last descriptor closes; or
+ * S's idle device held open, which only its user (whose node it was)
+ * or root can have opened.  Not another's device connected at a stale
+ * state's index since.
  */
 static void
 note_if_held (const struct mloop_device_state *s)
 {
-  struct held_device h = { .index = s->index, .owner = s->owner,
-    .person = s->person };
-  g_autofree char *backend = NULL;
+  struct held_device h = { .index = s->index, .person = s->person };
+  g_autofree char *shown = NULL;
 
   if (s->owner == 0)
     return;
-  backend = mloop_nbd_sysfs_backend ("/sys/block", s->index);
-  if (backend == NULL || strcmp (backend, mloop_state_backend (s)) != 0)
+  shown = mloop_nbd_sysfs_backend ("/sys/block", s->index);
+  if (shown && strcmp (shown, mloop_state_backend (s)) == 0)
+    h.backend = g_steal_pointer (&shown);
+  else if (!idle_held_open (s->index, shown))
     return;
-  if (held_after_detach == NULL)
+  if (held_after_detach == NULL) {
     held_after_detach = g_array_new (FALSE, FALSE, sizeof h);
+    g_array_set_clear_func (held_after_detach, held_device_clear);
+  }
   g_array_append_val (held_after_detach, h);
 }
 
-static bool
-attached_at (const struct mloop_device_state *devices, size_t n, int index)
-{
-  for (size_t i = 0; i < n; i++)
-    if (devices[i].transport == MLOOP_TRANSPORT_NBD &&
-        devices[i].index == index)
-      return true;
-  return false;
-}
-
 /* How many of PERSON's detached devices are still held, forgetting
- * those the kernel let go (or that hold a device attached since).
+ * those the kernel let go, or that hold another device since (another
+ * backend shown, or one started).
  */
 static unsigned
-held_of (uid_t person, const struct mloop_device_state *devices, size_t n)
+held_of (uid_t person)
 {
   unsigned held = 0;
-  char why[256];
 
   for (guint i = 0; held_after_detach && i < held_after_detach->len; ) {
     const struct held_device *h =
       &g_array_index (held_after_detach, struct held_device, i);
-    bool connected = false;
 
-    if (attached_at (devices, n, h->index) ||
-        mloop_nbd_netlink_connected (h->index, &connected, why,
-                                     sizeof why) < 0 || !connected) {
+    if (!still_held (h)) {
       g_array_remove_index_fast (held_after_detach, i);
       continue;
     }
@@ -370,7 +399,7 @@ devices_of (uid_t person, unsigned *held)
 
   for (size_t i = 0; i < n; i++)
     mine += devices[i].owner != 0 && devices[i].person == person;
-  *held = held_of (person, devices, n);
+  *held = held_of (person);
   mloop_state_free_list (devices, n);
   return mine;
 }

@@ -1402,7 +1402,11 @@ serves_image (const struct mloop_device_state *s, const char *file,
  * its name: a file attached, renamed away, and another put at its name
  * and attached too leaves two devices recording one name, and the
  * first's detach or resize (--size truncates its file) was not asked
- * for.
+ * for.  Of those alike, the one still at its index: a user's stale
+ * state (an autoclear device the kernel let go, its supervisor not yet
+ * looking, or gone) and their device attached at that index since both
+ * name it, and the stale one, older, came first in the list: their
+ * detach of the device removed the state and left the device.
  */
 static int
 find_device (const char *name, const char *file, const struct stat *file_st,
@@ -1424,7 +1428,11 @@ find_device (const char *name, const char *file, const struct stat *file_st,
 
     if (how == SERVES_NOT)
       continue;
-    rank = (list[i].owner == owner) * 2 + (how == SERVES_FILE);
+    rank = (list[i].owner == owner) * 4 + (how == SERVES_FILE) * 2;
+    if (rank + 1 <= best)
+      continue;
+    rank += list[i].transport == MLOOP_TRANSPORT_UBLK ||
+      at_index (&list[i]) == AT_INDEX_OWN;
     if (rank > best) {
       found = (ssize_t) i;
       best = rank;

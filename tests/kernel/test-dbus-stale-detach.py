@@ -18,13 +18,21 @@ ioctl connect gives the device no backend identifier (no
 state's own device, and disconnected: root's device stays connected,
 and its node, which the stopped supervisor left the user's, is given
 back to root; nor is it counted as the user's device held open (with
-one device per user, their next attach was refused).  Then twice more with root's mloop device: the user's
+one device per user, their next attach was refused).  The user's own
+device attached at their stale state's index is what their detach of
+/dev/nbdN takes (it took the stale state, first in the list).  An
+autoclear device the kernel let go that its user opens again before
+the supervisor looks, then detaches, counts against their cap while
+they hold it (it shows no backend, and was not counted); a device they
+detached while holding it open stops counting once they close it,
+whatever root connects there next (root's qemu-nbd device was counted
+as theirs).  Then twice more with root's mloop device: the user's
 detach by the device's name finds their own stale state there first, as
 by the image's (it found root's device and refused, "not your device");
 and a detach whose stale state found nothing at its index, held there
 (gdb) while root's next attach is given the index, leaves root's device
 connected (it disconnected whatever was there by then; the full tier
-only, gdb).  About 80 s in the VM with the held detach, 40 without."""
+only, gdb).  About 95 s in the VM with the held detach, 55 without."""
 import os
 import shutil
 import signal
@@ -126,6 +134,92 @@ def detach_by_device_name(bus, kind, cl):
     kind.cli("detach", dev)
 
 
+def detach_own_by_device_name(bus, kind, cl):
+    """The user's stale state and their own device attached at that index
+    since: their detach of /dev/nbdN is of the device still there, not
+    of the stale state, which came first in the list."""
+    image, dev = stale_state(bus, kind, cl, seed=22)
+    again = make_image(cl, seed=23)
+    os.chmod(os.path.dirname(again), 0o755)
+    os.chown(again, USER[1], USER[2])
+    r = bus.run_as(USER, [kinds.CLI, "attach", again], text=True)
+    assert r.returncode == 0, f"the user's second attach: {one_line(r)}"
+    got = r.stdout.strip()
+    cl.push(lambda: kind.cli("detach", got, check=False))
+    if got != dev:
+        raise Skip(f"the user's second attach took {got}, not the released {dev}")
+    r = bus.run_as(USER, [kinds.CLI, "detach", dev], text=True)
+    assert r.returncode == 0, f"the user's detach of {dev}: {one_line(r)}"
+    assert sysfs(dev, "pid") is None, \
+        f"the user's detach of {dev} left their device there attached " \
+        f"(it removed their stale state instead)"
+    bus.run_as(USER, [kinds.CLI, "detach", image], text=True)
+
+
+def hold_open(cl, dev):
+    """A process of the user's holding DEV open until its stdin closes."""
+    holder = subprocess.Popen(
+        ["setpriv", f"--reuid={USER[1]}", f"--regid={USER[2]}", "--clear-groups", "--",
+         sys.executable, "-c",
+         "import os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); "
+         "print('held', flush=True); sys.stdin.read()", dev],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def let_go():
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+    cl.push(let_go)
+    assert holder.stdout.readline().strip() == "held", f"the user could not open {dev}"
+    return holder
+
+
+def held_idle_device(bus, kind, cl, own):
+    """An autoclear device the kernel let go, opened again by its user
+    before the supervisor looked (their node still), then detached: the
+    device they hold counts against their cap of one device (it did not:
+    it shows no backend), until they close it.  And a device of theirs
+    detached while they hold it open, counted until they close it, is
+    not counted for root's qemu-nbd device at that index after."""
+    image, dev = stale_state(bus, kind, cl, seed=21)
+    holder = hold_open(cl, dev)
+    r = bus.run_as(USER, [kinds.CLI, "detach", image], text=True)
+    assert r.returncode == 0, f"the user's detach of their released device: {one_line(r)}"
+    r = bus.run_as(USER, [kinds.CLI, "attach", own], text=True)
+    if r.returncode == 0:
+        bus.run_as(USER, [kinds.CLI, "detach", r.stdout.strip()], text=True)
+    assert r.returncode != 0 and "still open" in one_line(r), \
+        f"the device the user holds open was not counted: {one_line(r)}"
+    holder.stdin.close()
+    holder.wait(timeout=30)
+
+    r = bus.run_as(USER, [kinds.CLI, "attach", own], text=True)
+    assert r.returncode == 0, \
+        f"the user's attach once they closed the device they held: {one_line(r)}"
+    dev = r.stdout.strip()
+    cl.push(lambda: kind.cli("detach", dev, check=False))
+    holder = hold_open(cl, dev)
+    r = bus.run_as(USER, [kinds.CLI, "detach", dev], text=True)
+    assert r.returncode == 0, f"the user's detach of {dev}, held open: {one_line(r)}"
+    holder.stdin.close()
+    holder.wait(timeout=30)
+    wait_until(lambda: sysfs(dev, "backend") is None,
+               f"the kernel to let {dev} go once closed", timeout=20)
+    root_image = make_image(cl, fill=65536, seed=24)
+    r = subprocess.run(["qemu-nbd", "-c", dev, "-f", "raw", root_image],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise Skip(f"qemu-nbd -c {dev}: {one_line(r)}")
+    cl.push(lambda: subprocess.run(["qemu-nbd", "-d", dev], capture_output=True))
+    wait_until(lambda: sysfs(dev, "pid") is not None,
+               f"qemu-nbd to connect {dev}", timeout=20)
+    r = bus.run_as(USER, [kinds.CLI, "attach", own], text=True)
+    assert r.returncode == 0, \
+        f"root's qemu-nbd device where the user's held one was counted as " \
+        f"theirs: {one_line(r)}"
+    bus.run_as(USER, [kinds.CLI, "detach", r.stdout.strip()], text=True)
+
+
 # gdb, attached to the service, holds it at its first change of a
 # device node's owner in the detach: after it found nothing at the stale
 # state's index, before it does anything there.
@@ -222,7 +316,7 @@ def run_test(kind, cl):
 
     # Each half says what it found; both run either way.  Holding the
     # service in gdb is the slow one under TCG: the full tier runs it.
-    halves = [detach_by_device_name]
+    halves = [detach_by_device_name, detach_own_by_device_name]
     if os.environ.get("MLOOP_TEST_TIER") == "full":
         halves.append(detach_held_while_root_attaches)
     else:
@@ -282,4 +376,6 @@ def run_test(kind, cl):
         f"the user's next attach, root's qemu-nbd device at their stale " \
         f"state's index counted as theirs: {one_line(r)}"
     bus.run_as(USER, [kinds.CLI, "detach", r.stdout.strip()], text=True)
+
+    held_idle_device(bus, kind, cl, own)
 
