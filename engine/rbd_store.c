@@ -158,6 +158,15 @@ struct rbd_store {
   rbd_image_t stale;
   bool said_reopen_failed;
   bool said_no_overlap_method;  /* parent_overlap_get not known */
+  /* That open under way, which the checker waits for without
+   * check_lock (reopening, under it); a close meanwhile leaves the
+   * checker holding the store (orphaned), which the last of the two
+   * holders frees (see finish_orphaned).
+   */
+  rbd_completion_t reopen_done;
+  rbd_image_t reopened;
+  bool reopening, orphaned;
+  unsigned holders;
   bool gone;
 };
 
@@ -461,17 +470,44 @@ want_lock_check (struct rbd_store *st)
   pthread_mutex_unlock (&st->check_lock);
 }
 
-static void
+/* Stops the checker thread (lock_checker or removal_checker): true when it
+ * is left waiting for an open of the image, which holds the store until
+ * it ends (see finish_orphaned), and is not waited for.
+ */
+static bool
 stop_lock_checker (struct rbd_store *st)
 {
+  bool orphaned;
+
   if (!st->checker_running)
-    return;
+    return false;
   pthread_mutex_lock (&st->check_lock);
   st->check_stop = true;
+  orphaned = st->orphaned = st->reopening;
+  if (orphaned)
+    st->holders = 2;
   pthread_cond_signal (&st->check_wanted);
   pthread_mutex_unlock (&st->check_lock);
-  pthread_join (st->checker, NULL);
+  if (orphaned)
+    pthread_detach (st->checker);
+  else
+    pthread_join (st->checker, NULL);
   __atomic_store_n (&st->checker_running, false, __ATOMIC_RELEASE);
+  return orphaned;
+}
+
+/* One of the two holders of an orphaned store lets go of it: whether it
+ * was the last, which frees it.
+ */
+static bool
+let_go (struct rbd_store *st)
+{
+  bool last;
+
+  pthread_mutex_lock (&st->check_lock);
+  last = --st->holders == 0;
+  pthread_mutex_unlock (&st->check_lock);
+  return last;
 }
 
 /* ------------------------------------------- a read-only image removed */
@@ -687,15 +723,42 @@ follow_shrink (struct rbd_store *st, uint64_t now)
  * (by its id, read-only, parent-less now), and the requests use that
  * open from then on; the first stays open until close, for requests
  * in flight on it.  A clone never gains a parent again: once only.
- * Called with check_lock held.
+ *
+ * The open asks the cluster, which may not answer, and librbd cannot
+ * cancel one: so it is asynchronous, waited for as ask_cls waits, and
+ * a close meanwhile does not wait for it but leaves the store to this
+ * thread (finish_orphaned).  Called with check_lock held; returns with
+ * it, the store closing (check_stop) when the open was not done.
  */
 static void
 reopen_flattened (struct rbd_store *st)
 {
-  rbd_image_t fresh;
+  const struct timespec tick = { 0, 50 * 1000000L };
+  rbd_image_t fresh = NULL;
   uint64_t size;
-  int r = rbd_open_by_id_read_only (st->ioctx, st->image_id, &fresh, NULL);
+  int r = rbd_aio_create_completion (NULL, NULL, &st->reopen_done);
 
+  if (r == 0) {
+    st->reopened = NULL;
+    r = rbd_aio_open_by_id_read_only (st->ioctx, st->image_id, &st->reopened,
+                                      NULL, st->reopen_done);
+    if (r < 0)
+      rbd_aio_release (st->reopen_done);
+  }
+  if (r == 0) {
+    st->reopening = true;
+    while (!rbd_aio_is_complete (st->reopen_done) && !st->check_stop) {
+      pthread_mutex_unlock (&st->check_lock);
+      nanosleep (&tick, NULL);
+      pthread_mutex_lock (&st->check_lock);
+    }
+    st->reopening = false;
+    if (st->orphaned)
+      return;
+    r = (int) rbd_aio_get_return_value (st->reopen_done);
+    rbd_aio_release (st->reopen_done);
+    fresh = st->reopened;
+  }
   if (r == 0 && (r = rbd_get_size (fresh, &size)) < 0)
     rbd_close (fresh);
   if (r < 0) {
@@ -717,6 +780,29 @@ reopen_flattened (struct rbd_store *st)
   st->said_overlap = false;
   say (st, "%s: the clone was flattened: reopened, to read none of its "
        "former parent's data", st->name);
+}
+
+static void release_store (struct rbd_store *st);
+
+/* The store closed while reopen_flattened's open was under way, on the
+ * store's ioctx (and so its cluster), and writing st->reopened when it
+ * ends: neither may go before it does.  Not in the open's callback,
+ * which runs on a librbd thread, where neither rbd_close nor
+ * rados_shutdown may be called.  So this thread, which the close no
+ * longer waits for, waits for the open, closes what it opened, and the
+ * later of it and the close frees the store.  A cluster that never
+ * answers keeps the thread, as it keeps librados's own, until the
+ * process ends; --io-timeout bounds the wait.
+ */
+static void
+finish_orphaned (struct rbd_store *st)
+{
+  rbd_aio_wait_for_complete (st->reopen_done);
+  if (rbd_aio_get_return_value (st->reopen_done) == 0 && st->reopened)
+    rbd_close (st->reopened);
+  rbd_aio_release (st->reopen_done);
+  if (let_go (st))
+    release_store (st);
 }
 
 /* Marks the store gone and says WHY, once. */
@@ -761,8 +847,11 @@ check_image (struct rbd_store *st)
     }
     if (has == 1 && overlap < st->overlap)
       st->overlap = overlap;
-    else if (has == 0 && st->stale == NULL)
+    else if (has == 0 && st->stale == NULL) {
       reopen_flattened (st);
+      if (st->check_stop)
+        return false;
+    }
     follow_shrink (st, now);
   }
   /* A snapshot keeps its image from removal: only the header counts. */
@@ -780,6 +869,7 @@ removal_checker (void *arg)
 {
   struct rbd_store *st = arg;
   struct timespec until;
+  bool orphaned;
 
   pthread_mutex_lock (&st->check_lock);
   while (!st->check_stop) {
@@ -797,7 +887,10 @@ removal_checker (void *arg)
     if (st->check_stop || !check_image (st))
       break;
   }
+  orphaned = st->orphaned;
   pthread_mutex_unlock (&st->check_lock);
+  if (orphaned)
+    finish_orphaned (st);
   return NULL;
 }
 
@@ -1323,25 +1416,10 @@ store_quiesce (struct mloop_store *s)
     nanosleep (&tick, NULL);
 }
 
+/* What the store's images use: its cluster's handles, and the store. */
 static void
-store_close (struct mloop_store *s)
+release_store (struct rbd_store *st)
 {
-  struct rbd_store *st = store_of (s);
-
-  stop_lock_checker (st);
-  if (st->stale) {
-    /* The update watch is on the first open. */
-    if (st->watching)
-      rbd_update_unwatch (st->stale, st->watch_handle);
-    rbd_close (st->stale);
-  } else if (st->rbd) {
-    if (st->watching)
-      rbd_update_unwatch (st->rbd, st->watch_handle);
-    if (st->locked)
-      rbd_lock_release (st->rbd);
-  }
-  if (st->rbd)
-    rbd_close (st->rbd);
   if (st->ioctx)
     rados_ioctx_destroy (st->ioctx);
   if (st->cluster)
@@ -1360,6 +1438,31 @@ store_close (struct mloop_store *s)
   free (st->id);
   free (st->conf);
   free (st);
+}
+
+static void
+store_close (struct mloop_store *s)
+{
+  struct rbd_store *st = store_of (s);
+  const bool orphaned = stop_lock_checker (st);
+
+  if (st->stale) {
+    /* The update watch is on the first open. */
+    if (st->watching)
+      rbd_update_unwatch (st->stale, st->watch_handle);
+    rbd_close (st->stale);
+  } else if (st->rbd) {
+    if (st->watching)
+      rbd_update_unwatch (st->rbd, st->watch_handle);
+    if (st->locked)
+      rbd_lock_release (st->rbd);
+  }
+  if (st->rbd)
+    rbd_close (st->rbd);
+  /* Or the checker's open, still under way, frees it (finish_orphaned). */
+  if (orphaned && !let_go (st))
+    return;
+  release_store (st);
 }
 
 static const struct mloop_store_ops rbd_ops = {
