@@ -103,7 +103,7 @@ UBLK = ["ublk-smoke", "ublk-cli", "restart-fio", "restart-full-queue", "restart-
 # host test-unit-sandbox.py still checks the unit's keys and exposure.
 # dbus-attach itself (50-58 s) too: the standard tier attaches through
 # the service in the VM with dbus-pinned and dbus-stale-detach (9 and
-# 31-33 s), and the host's test-dbus-service.py runs the calls, refusals
+# about 75 s), and the host's test-dbus-service.py runs the calls, refusals
 # and limits against a real dbus-daemon and polkitd.
 # A remote device's restarts (remote-restart, about 50 s) run through
 # mloopd's keeper on 6.12 (service) in the standard tier; the native
