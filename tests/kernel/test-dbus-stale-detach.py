@@ -157,6 +157,25 @@ def detach_own_by_device_name(bus, kind, cl):
     bus.run_as(USER, [kinds.CLI, "detach", image], text=True)
 
 
+def qemu_nbd_connect(cl, dev, image):
+    """Root's qemu-nbd device of IMAGE at DEV (ioctls: no backend), closed
+    by CL; a Skip when qemu-nbd cannot connect here."""
+    if shutil.which("qemu-nbd") is None:
+        raise Skip("qemu-nbd is not installed")
+    # qemu-nbd -c binds a socket in /var/lock (/run/lock, absent in the VM).
+    lock_dir = os.path.realpath("/var/lock")
+    if not os.path.isdir(lock_dir):
+        os.makedirs(lock_dir)
+        cl.push(lambda: shutil.rmtree(lock_dir, ignore_errors=True))
+    r = subprocess.run(["qemu-nbd", "-c", dev, "-f", "raw", image],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise Skip(f"qemu-nbd -c {dev}: {one_line(r)}")
+    cl.push(lambda: subprocess.run(["qemu-nbd", "-d", dev], capture_output=True))
+    wait_until(lambda: sysfs(dev, "pid") is not None,
+               f"qemu-nbd to connect {dev}", timeout=20)
+
+
 def hold_open(cl, dev):
     """A process of the user's holding DEV open until its stdin closes."""
     holder = subprocess.Popen(
@@ -206,14 +225,7 @@ def held_idle_device(bus, kind, cl, own):
     holder.wait(timeout=30)
     wait_until(lambda: sysfs(dev, "backend") is None,
                f"the kernel to let {dev} go once closed", timeout=20)
-    root_image = make_image(cl, fill=65536, seed=24)
-    r = subprocess.run(["qemu-nbd", "-c", dev, "-f", "raw", root_image],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        raise Skip(f"qemu-nbd -c {dev}: {one_line(r)}")
-    cl.push(lambda: subprocess.run(["qemu-nbd", "-d", dev], capture_output=True))
-    wait_until(lambda: sysfs(dev, "pid") is not None,
-               f"qemu-nbd to connect {dev}", timeout=20)
+    qemu_nbd_connect(cl, dev, make_image(cl, fill=65536, seed=24))
     r = bus.run_as(USER, [kinds.CLI, "attach", own], text=True)
     assert r.returncode == 0, \
         f"root's qemu-nbd device where the user's held one was counted as " \
@@ -339,20 +351,9 @@ def run_test(kind, cl):
     # keeps their next attach out.
     bus.set_service_args(["--max-devices-per-user", "1"])
     image, dev = stale_state(bus, kind, cl, seed=13)
-    # Root connects another image there with qemu-nbd (ioctls), which
-    # binds a socket in /var/lock (/run/lock, absent in the VM).
+    # Root connects another image there with qemu-nbd (ioctls).
     root_image = make_image(cl, fill=65536, seed=14)
-    lock_dir = os.path.realpath("/var/lock")
-    if not os.path.isdir(lock_dir):
-        os.makedirs(lock_dir)
-        cl.push(lambda: shutil.rmtree(lock_dir, ignore_errors=True))
-    r = subprocess.run(["qemu-nbd", "-c", dev, "-f", "raw", root_image],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        raise Skip(f"qemu-nbd -c {dev}: {one_line(r)}")
-    cl.push(lambda: subprocess.run(["qemu-nbd", "-d", dev], capture_output=True))
-    wait_until(lambda: sysfs(dev, "pid") is not None,
-               f"qemu-nbd to connect {dev}", timeout=20)
+    qemu_nbd_connect(cl, dev, root_image)
     assert sysfs(dev, "backend") is None, \
         f"qemu-nbd's {dev} has a backend: {sysfs(dev, 'backend')!r}"
     size = sysfs(dev, "size")
