@@ -109,6 +109,21 @@ open_place (const char *path)
     return seen;
   snprintf (through, sizeof through, "/proc/self/fd/%d", seen);
   fd = open (through, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  /* No /proc (a chroot, a small container): the name again, and the
+   * file it opens must be the one looked at.  Else an unreadable place
+   * is passed over, as librados passes it.
+   */
+  if (fd < 0 && errno == ENOENT) {
+    struct stat again;
+
+    fd = open (path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd >= 0 && (fstat (fd, &again) < 0 || again.st_dev != sb.st_dev ||
+                    again.st_ino != sb.st_ino)) {
+      close (fd);
+      close (seen);
+      return -ESTALE;
+    }
+  }
   close (seen);
   return fd >= 0 ? fd : -ENOENT;
 }

@@ -20,7 +20,9 @@
  * such a file is only looked at, its descriptor O_PATH; a regular file
  * is opened to be read, without blocking).  A descriptor,
  * with the place in *FOUND (malloc'ed, as the search spells it: the
- * last is relative), or a negative errno: -ENOENT, none; -ENOTSUP, a
+ * last is relative), or a negative errno: -ENOENT, none; -ESTALE, the
+ * file looked at was replaced before it was opened (only without /proc,
+ * where it is opened by name again); -ENOTSUP, a
  * place of $CEPH_CONF's names a variable other than $cluster and $home
  * (in *FOUND); -ENOMEM.
  */

@@ -11,7 +11,9 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -112,6 +114,41 @@ main (void)
     waitpid (writer, &status, 0);
   }
   stops_at ("/dev/null", next);
+
+  /* Without /proc (a chroot, a small container), a regular file found
+   * is still the one: not passed over for the next place, which
+   * librados never reads.  In a child of its own mount namespace, where
+   * /proc is unmounted; a SKIP without root.
+   */
+  {
+    g_autofree char *first = g_build_filename (dir, "first.conf", NULL);
+    g_autofree char *list = g_strconcat (first, ",", next, NULL);
+    pid_t child;
+    int status;
+
+    g_file_set_contents (first, "[global]\n", -1, NULL);
+    setenv ("CEPH_CONF", list, 1);
+    child = fork ();
+    CHECK (child >= 0, "fork: %s", strerror (errno));
+    if (child == 0) {
+      char *found = NULL;
+      int fd;
+
+      if (unshare (CLONE_NEWNS) < 0 ||
+          mount (NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0 ||
+          umount2 ("/proc", MNT_DETACH) < 0)
+        _exit (77);
+      fd = mloop_ceph_conf_open_searched (&found);
+      _exit (fd >= 0 && found && strcmp (found, first) == 0 ? 0 : 1);
+    }
+    CHECK (waitpid (child, &status, 0) == child, "waitpid");
+    if (WIFEXITED (status) && WEXITSTATUS (status) == 77)
+      printf ("# without /proc: not run (no mount namespace here)\n");
+    else
+      CHECK (WIFEXITED (status) && WEXITSTATUS (status) == 0,
+             "without /proc the search passed over %s, which librados "
+             "reads", first);
+  }
 
   /* A directory is passed over, as librados does. */
   {
