@@ -1,7 +1,9 @@
 /* mloop — whether a path only trusted users can redirect. */
 #include <errno.h>
 #include <string.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <glib.h>
@@ -25,6 +27,17 @@ static bool
 closed_dir (const struct stat *st)
 {
   return !(st->st_mode & (S_IWGRP | S_IWOTH)) || (st->st_mode & S_ISVTX);
+}
+
+/* Whether directory DIR is on /proc, whose links (self, cwd, fd/N) the
+ * kernel follows to objects, not by their text.
+ */
+static bool
+on_proc (const char *dir)
+{
+  struct statfs fs;
+
+  return statfs (dir, &fs) == 0 && fs.f_type == PROC_SUPER_MAGIC;
 }
 
 bool
@@ -74,6 +87,14 @@ mloop_path_trusted (const char *path, char *why, size_t whylen)
       mloop_fail (why, whylen, "%s: %s belongs to uid %u, who could make "
                   "the path lead elsewhere", path, next,
                   (unsigned) st.st_uid);
+      goto out;
+    }
+    if (S_ISLNK (st.st_mode) && on_proc (at)) {
+      /* Its text is not where the kernel goes: /proc/self/cwd is
+       * another directory in each process that opens the path.
+       */
+      mloop_fail (why, whylen, "%s: %s is a link of /proc's, which leads "
+                  "elsewhere for each process", path, next);
       goto out;
     }
     if (S_ISLNK (st.st_mode)) {

@@ -137,6 +137,14 @@ main (void)
     refused (conf, "through root's link to a user's directory", users);
   }
 
+  /* /proc's links lead to another place in each process: the attach's
+   * working directory here, / in each server.
+   */
+  CHECK (chdir (roots) == 0, "cd %s", roots);
+  refused ("/proc/self/cwd/ceph.conf", "through /proc/self/cwd",
+           "/proc/self");
+  CHECK (chdir ("/") == 0, "cd /");
+
   /* Found by the search ($CEPH_CONF) in a user's directory. */
   setenv ("CEPH_CONF", in_users, 1);
   pinned = mloop_rbd_name_pinned ("rbd:pool/img", err, sizeof err);
