@@ -736,8 +736,17 @@ reopen_flattened (struct rbd_store *st)
   const struct timespec tick = { 0, 50 * 1000000L };
   rbd_image_t fresh = NULL;
   uint64_t size;
-  int r = rbd_aio_create_completion (NULL, NULL, &st->reopen_done);
+  int r;
 
+  /* A close that came while the header was asked (ask_cls lets go of
+   * check_lock) found no open under way, and waits to join this
+   * thread: none may start now, since only a close that finds one
+   * under way leaves it to this thread.  Checked under check_lock,
+   * which is held until reopening says one is.
+   */
+  if (st->check_stop)
+    return;
+  r = rbd_aio_create_completion (NULL, NULL, &st->reopen_done);
   if (r == 0) {
     st->reopened = NULL;
     r = rbd_aio_open_by_id_read_only (st->ioctx, st->image_id, &st->reopened,
@@ -847,7 +856,7 @@ check_image (struct rbd_store *st)
     }
     if (has == 1 && overlap < st->overlap)
       st->overlap = overlap;
-    else if (has == 0 && st->stale == NULL) {
+    else if (has == 0 && st->stale == NULL && !st->check_stop) {
       reopen_flattened (st);
       if (st->check_stop)
         return false;
