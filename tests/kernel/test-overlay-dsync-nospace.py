@@ -1,0 +1,186 @@
+"""A FUA write that takes a copy-on-write overlay's report of lost pages
+for want of space must not let the next FLUSH succeed over them.
+
+A FUA write to clusters already in the overlay goes out as one write with
+RWF_DSYNC.  Its sync reports any failed writeback of the whole file that
+its descriptor has not seen yet, not only its own range's, and the kernel
+reports each failure once per open file.  When the outer filesystem's
+disk runs out of space under the page cache (a thin pool without room,
+an NFS server's full disk), writeback of other clusters fails with
+ENOSPC; a FUA write's error ENOSPC may be that report.  Taken on the
+descriptor a FLUSH syncs, the next FLUSH would find nothing to report and
+succeed over the lost pages.
+
+The overlay lives on XFS over a dm-thin volume much larger than its pool
+(error_if_no_space: a write needing a new block fails at once with
+ENOSPC instead of queueing).  XFS, because it records a failed
+writeback's own error on both kernels; ext4 on Linux 6.1 records EIO
+whatever the disk said, which the overlay keeps anyway (6.12's records
+ENOSPC).  A small XFS: mkfs.xfs makes one under 300 MB, with a log that
+fits the pool, only for a test suite that says so, as fstests does
+(TEST_DIR, TEST_DEV and QA_CHECK_FS set).  The base lives on ramfs,
+which has no O_DIRECT: the overlay follows the base, so its data area
+goes through the page cache, as on a filesystem without O_DIRECT.
+Through the kernel: block A is written and flushed (its thin block is
+allocated); 256 KiB at B are discarded, so that the overlay holds them
+as a hole (marked, no block anywhere), and flushed; another thin volume
+of the pool takes all its free space; B is written (the page cache
+only) and its writeback fails ENOSPC, which the test's own descriptor
+of the overlay file sees.  Then a FUA write to A (its own block is
+there: it may succeed or fail) and a FLUSH, which must fail, and so must
+the next.
+
+8-10 s under TCG (20 s once on a loaded machine): the durable groups of
+the CLI kinds, in the full tier only (the standard tier has no room
+left; the overlay is the engine's, whichever server).  Fails (the FLUSH
+succeeds) where the FUA write goes out on the descriptor the FLUSH
+syncs.
+"""
+import errno
+import mmap
+import os
+import shutil
+
+import dmtarget
+from blockio import BLOCK, pattern
+from kfix import Skip, run, tmpdir
+
+BASE_SIZE = 16 << 20
+META_SIZE = 4 << 20
+POOL_SIZE = 8 << 20          # the thin pool's data: 128 blocks of 64 KiB
+THIN_SIZE = 256 << 20        # the overlay's filesystem, far larger
+# mkfs.xfs makes a filesystem under 300 MB (and its log under 64 MiB)
+# only for a test suite that says so, as fstests does.
+SMALL_XFS = {"TEST_DIR": "/tmp", "TEST_DEV": "/dev/null", "QA_CHECK_FS": "1"}
+THIN_BLOCK_SECTORS = 128     # 64 KiB, dm-thin's smallest
+BLOCK_A = 1 << 20
+BLOCK_B = 8 << 20
+SPAN_B = 256 << 10           # several thin blocks, wherever XFS puts them
+
+
+def write_at(dev, offset, data, dsync=False):
+    """Writes DATA at OFFSET with O_DIRECT (and O_DSYNC: a FUA request);
+    returns the errno it failed with, or 0."""
+    buf = mmap.mmap(-1, len(data))
+    buf.write(data)
+    fd = os.open(dev, os.O_WRONLY | os.O_DIRECT | (os.O_DSYNC if dsync else 0))
+    try:
+        os.pwrite(fd, buf, offset)
+        return 0
+    except OSError as e:
+        return e.errno
+    finally:
+        os.close(fd)
+        buf.close()
+
+
+def sync_errno(path):
+    """fsync of PATH on a descriptor of its own: 0 or its errno."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        return 0
+    except OSError as e:
+        return e.errno
+    finally:
+        os.close(fd)
+
+
+def fill_pool(dev):
+    """Writes DEV, a thin volume, until its pool has no room left."""
+    chunk = THIN_BLOCK_SECTORS * 512
+    buf = mmap.mmap(-1, chunk)
+    buf.write(b"\xa5" * chunk)
+    fd = os.open(dev, os.O_WRONLY | os.O_DIRECT)
+    try:
+        for off in range(0, POOL_SIZE + chunk, chunk):
+            try:
+                os.pwrite(fd, buf, off)
+            except OSError as e:
+                assert e.errno == errno.ENOSPC, \
+                    f"filling the pool: {os.strerror(e.errno)}, expected ENOSPC"
+                return
+        raise AssertionError("the thin pool took more than its size")
+    finally:
+        os.close(fd)
+        buf.close()
+
+
+def describe(err):
+    return os.strerror(err) if err else "success"
+
+
+def run_test(kind, cl):
+    if not hasattr(kind, "attach_args"):
+        raise Skip("only mloop attach makes overlays")
+    if shutil.which("mkfs.xfs") is None:
+        raise Skip("mkfs.xfs is not installed")
+    moddir = os.environ.get("MLOOP_VM_MODDIR")
+    p = run(["modprobe"] + (["-d", moddir] if moddir else []) + ["xfs"], check=False)
+    if p.returncode != 0:
+        raise Skip(f"no xfs: {(p.stderr or p.stdout).strip()}")
+    dmtarget.load("thin-pool")
+    meta = dmtarget.scratch_disk(cl, META_SIZE)
+    data = dmtarget.scratch_disk(cl, POOL_SIZE)
+    # A new pool's metadata device starts with a zeroed superblock (the
+    # scratch file is new and sparse, so it is; written all the same).
+    with open(meta, "r+b") as f:
+        f.write(bytes(4096))
+    pool = dmtarget.Dm.create(
+        cl, "thin-pool",
+        f"0 {dmtarget.sectors(data)} thin-pool {meta} {data} "
+        f"{THIN_BLOCK_SECTORS} 0 1 error_if_no_space",
+        name=f"mloop-ktest-pool-{os.getpid()}")
+    pool.message("create_thin", "0")
+    pool.message("create_thin", "1")
+    thin = dmtarget.Dm.create(cl, "thin", f"0 {THIN_SIZE // 512} thin {pool.path} 0",
+                              name=f"mloop-ktest-thin0-{os.getpid()}")
+    filler = dmtarget.Dm.create(cl, "thin", f"0 {THIN_SIZE // 512} thin {pool.path} 1",
+                                name=f"mloop-ktest-thin1-{os.getpid()}")
+    run(["mkfs.xfs", "-q", "-f", "-K", "-m", "reflink=0", thin.path],
+        env=dict(os.environ, **SMALL_XFS))
+    outer = tmpdir(cl)
+    run(["mount", "-t", "xfs", thin.path, outer])
+    cl.push(run, ["umount", outer])
+    overlay = os.path.join(outer, "overlay")
+
+    ram = tmpdir(cl)
+    run(["mount", "-t", "ramfs", "ramfs", ram])
+    cl.push(run, ["umount", ram])
+    base = os.path.join(ram, "base.img")
+    with open(base, "wb") as f:
+        for off in range(0, BASE_SIZE, BLOCK):
+            f.write(pattern(off, 0))
+
+    att = kind.attach(cl, base, args=kind.attach_args(base) + ["--overlay", overlay])
+    dev = att.device
+    assert write_at(dev, BLOCK_A, pattern(BLOCK_A, 1)) == 0, "write of A failed"
+    run(["blkdiscard", "-o", str(BLOCK_B), "-l", str(SPAN_B), dev])
+    assert sync_errno(dev) == 0, "FLUSH before the pool filled failed"
+
+    fill_pool(filler.path)
+    status = run(["dmsetup", "status", pool.name]).stdout
+    assert "out_of_data_space" in status, f"the pool is not full: {status.strip()}"
+
+    b = b"".join(pattern(BLOCK_B + off, 1) for off in range(0, SPAN_B, BLOCK))
+    assert write_at(dev, BLOCK_B, b) == 0, "write of B (to the page cache) failed"
+    # B's writeback, and a look at its error that leaves the server's
+    # descriptors theirs to see.
+    lost = sync_errno(overlay)
+    if lost != errno.ENOSPC:
+        raise AssertionError(f"writeback of B with the pool full: {describe(lost)}, "
+                             f"expected ENOSPC (XFS found B a block the pool had)")
+
+    fua = write_at(dev, BLOCK_A, pattern(BLOCK_A, 2), dsync=True)
+    assert fua in (0, errno.ENOSPC, errno.EIO), \
+        f"FUA write of A: {describe(fua)}"
+    after = sync_errno(dev)
+    assert after != 0, \
+        f"FLUSH after B's writeback failed for want of space (the FUA write of A: " \
+        f"{describe(fua)}): success, though B's data is lost"
+    again = sync_errno(dev)
+    assert again != 0, "a second FLUSH after B's lost writeback: success"
+    att.detach()
+    print(f"# overlay-dsync-nospace: {kind.name}: B's writeback failed ENOSPC; "
+          f"FUA write of A: {describe(fua)}; FLUSH then failed "
+          f"({describe(after)}), and again ({describe(again)})", flush=True)
