@@ -67,6 +67,16 @@ write_fd (const struct mloop_file_store *e)
   return e->overlay ? e->overlay->fd : e->backing.fd;
 }
 
+/* The descriptor writes with RWF_DSYNC (FUA) go to: an overlay's own for
+ * them (overlay.h, dsync_fd), so the failed writeback their sync may
+ * report is still there for the next commit.
+ */
+static int
+dsync_fd (const struct mloop_file_store *e)
+{
+  return e->overlay ? e->overlay->dsync_fd : e->backing.fd;
+}
+
 static int
 file_flush (struct mloop_store *store)
 {
@@ -132,8 +142,8 @@ probed_find (int fd, bool add)
 
 /* Asks the kernel whether it takes RWF_DSYNC on AIO writes and
  * IOCB_CMD_FDSYNC, with harmless requests on one scratch context: a
- * zero-length write and a flush of an idle file.  Once per filesystem
- * (probed).
+ * zero-length write on the descriptor FUA writes use and a flush of an
+ * idle file.  Once per filesystem (probed).
  */
 static void
 file_probe_features (struct mloop_store *store)
@@ -159,7 +169,7 @@ file_probe_features (struct mloop_store *store)
    */
   ring_open = mloop_aio_ring_init (&ring, 1) == 0;
   if (e->backing.writable) {
-    io_prep_pwritev2 (&iocb, write_fd (e), &iov, 0, 0, RWF_DSYNC);
+    io_prep_pwritev2 (&iocb, dsync_fd (e), &iov, 0, 0, RWF_DSYNC);
     e->fua_in_aio = ring_open && probe_iocb (&ring, &iocb) >= 0;
   }
   io_prep_fdsync (&iocb, write_fd (e));
@@ -234,9 +244,11 @@ finish (struct mloop_io *io, int error)
 }
 
 /* With an overlay: whole clusters all in the overlay, or (reads) all in
- * the base before its page-cache tail, go by AIO to the one descriptor
- * that holds them.  Everything else, and every write that would change
- * the map (a cluster's first), is done synchronously by the overlay.
+ * the base before its page-cache tail, go by AIO to the one file that
+ * holds them (a write with RWF_DSYNC through the overlay's descriptor
+ * for those, dsync_fd).  Everything else, and every write that would
+ * change the map (a cluster's first), is done synchronously by the
+ * overlay.
  */
 static int
 route_through_overlay (struct mloop_file_store *e, struct mloop_io *io)
@@ -267,7 +279,8 @@ route_through_overlay (struct mloop_file_store *e, struct mloop_io *io)
     return MLOOP_PREPARED_BLOCKING;
   else if (where == MLOOP_OVERLAY_IN_BASE)
     return MLOOP_PREPARED_AIO;
-  io->fd = ov->fd;
+  io->fd = io->op == MLOOP_IO_WRITE && (io->flags & MLOOP_IO_FUA) &&
+    e->fua_in_aio ? ov->dsync_fd : ov->fd;
   io->file_base = ov->data_offset;
   return MLOOP_PREPARED_AIO;
 }

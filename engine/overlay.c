@@ -309,8 +309,11 @@ mloop_overlay_map_durable (const struct mloop_overlay *ov)
 void
 mloop_overlay_dsync_failed (struct mloop_overlay *ov, int err)
 {
-  /* No space (a hole of the data area filled) is refused before any
-   * writeback: nothing was lost.
+  /* No space may be the write's own (a hole of the data area it could
+   * not fill: nothing was lost) or a failed writeback of other pages
+   * its sync reported (a thin pool or an NFS server out of space).  The
+   * report was dsync_fd's: fd has not seen it, and the next commit's
+   * sync takes and keeps it.  Any other error is kept now.
    */
   if (err != -ENOSPC && err != -EDQUOT)
     note_sync_error (ov, err);
@@ -1694,11 +1697,12 @@ same_inode (const struct stat *a, const struct stat *b)
 }
 
 /* Opens the overlay at PATH (made when there is none, if CREATE) and
- * locks it, then its map's descriptor: 0, 1 when the path no longer
- * names the locked file (try again), or a negative errno with ERR.  The
- * map's descriptor is opened by the path too, so it must be the same
- * file: else its words would go into another overlay.  EXPECT, unless
- * NULL, is the file the caller looked at: another is refused.
+ * locks it, then its map's and FUA writes' descriptors: 0, 1 when the
+ * path no longer names the locked file (try again), or a negative errno
+ * with ERR.  Those are opened by the path too, so they must be the same
+ * file: else the map's words, or FUA writes' data, would go into another
+ * overlay.  EXPECT, unless NULL, is the file the caller looked at:
+ * another is refused.
  */
 static int
 open_locked (struct mloop_overlay *ov, const char *path,
@@ -1706,7 +1710,7 @@ open_locked (struct mloop_overlay *ov, const char *path,
              bool direct, bool create, char *err, size_t errlen)
 {
   const int flags = O_RDWR | O_CLOEXEC | O_NOCTTY;
-  struct stat held, map, named;
+  struct stat held, map, dsync, named;
   bool special;
   int r;
 
@@ -1760,7 +1764,19 @@ open_locked (struct mloop_overlay *ov, const char *path,
     snprintf (err, errlen, "cannot open overlay %s: %s", path, strerror (-r));
     return r;
   }
-  if (fstat (ov->fd, &held) == -1 || fstat (ov->map_fd, &map) == -1) {
+  /* FUA writes' own (overlay.h, dsync_fd), as fd was opened. */
+  ov->dsync_fd = mloop_open_regular (AT_FDCWD, path,
+                                     flags | (ov->direct ? O_DIRECT : 0),
+                                     &special);
+  if (ov->dsync_fd == -1 && (errno == ENOENT || special))
+    return 1;
+  if (ov->dsync_fd == -1) {
+    r = -errno;
+    snprintf (err, errlen, "cannot open overlay %s: %s", path, strerror (-r));
+    return r;
+  }
+  if (fstat (ov->fd, &held) == -1 || fstat (ov->map_fd, &map) == -1 ||
+      fstat (ov->dsync_fd, &dsync) == -1) {
     r = -errno;
     snprintf (err, errlen, "overlay %s: %s", path, strerror (-r));
     return r;
@@ -1788,7 +1804,8 @@ open_locked (struct mloop_overlay *ov, const char *path,
     snprintf (err, errlen, "overlay %s: %s", path, strerror (-r));
     return r;
   }
-  return same_inode (&held, &map) && same_inode (&held, &named) ? 0 : 1;
+  return same_inode (&held, &map) && same_inode (&held, &dsync) &&
+    same_inode (&held, &named) ? 0 : 1;
 }
 
 static int
@@ -1800,7 +1817,7 @@ overlay_open (struct mloop_overlay *ov, const char *path,
   int r;
 
   memset (ov, 0, sizeof *ov);
-  ov->fd = ov->map_fd = -1;
+  ov->fd = ov->map_fd = ov->dsync_fd = -1;
   ov->path = strdup (path);
   if (ov->path == NULL)
     return -ENOMEM;
@@ -1811,10 +1828,12 @@ overlay_open (struct mloop_overlay *ov, const char *path,
     /* Removed (a discard or commit, under its lock) and perhaps made
      * anew between the open and the lock: what the path names now.
      */
+    if (ov->dsync_fd != -1)
+      close (ov->dsync_fd);
     if (ov->map_fd != -1)
       close (ov->map_fd);
     close (ov->fd);
-    ov->fd = ov->map_fd = -1;
+    ov->fd = ov->map_fd = ov->dsync_fd = -1;
     if (attempt == OPEN_ATTEMPTS) {
       snprintf (err, errlen, "overlay %s: removed or replaced each time "
                 "it was opened", path);
@@ -1859,6 +1878,8 @@ overlay_open (struct mloop_overlay *ov, const char *path,
 
  fail:
   free (ov->map);
+  if (ov->dsync_fd != -1)
+    close (ov->dsync_fd);
   if (ov->map_fd != -1)
     close (ov->map_fd);
   if (ov->fd != -1)
@@ -1866,7 +1887,7 @@ overlay_open (struct mloop_overlay *ov, const char *path,
   free (ov->base_path);
   free (ov->path);
   memset (ov, 0, sizeof *ov);
-  ov->fd = ov->map_fd = -1;
+  ov->fd = ov->map_fd = ov->dsync_fd = -1;
   return r;
 }
 
@@ -1902,10 +1923,11 @@ mloop_overlay_close (struct mloop_overlay *ov)
   (void) mloop_overlay_commit (ov);
   pthread_mutex_destroy (&ov->map_lock);
   free (ov->map);
+  close (ov->dsync_fd);
   close (ov->map_fd);
   close (ov->fd);
   free (ov->base_path);
   free (ov->path);
   memset (ov, 0, sizeof *ov);
-  ov->fd = ov->map_fd = -1;
+  ov->fd = ov->map_fd = ov->dsync_fd = -1;
 }

@@ -53,6 +53,12 @@ struct mloop_overlay {
   char *base_path;              /* as recorded in its header */
   int fd;                       /* O_DIRECT when the base's is */
   int map_fd;                   /* buffered: the map's words */
+  /* The data area's writes with RWF_DSYNC (FUA), opened as fd is.  Their
+   * sync reports any failed writeback of the file this descriptor has
+   * not seen yet, once per open file: on a descriptor of their own, a
+   * report they take is still fd's to take, so the next commit sees it.
+   */
+  int dsync_fd;
   bool direct;
   uint64_t size;                /* the virtual size: the base's window */
   uint64_t clusters;
@@ -274,8 +280,9 @@ int mloop_overlay_commit (struct mloop_overlay *ov);
 bool mloop_overlay_map_durable (const struct mloop_overlay *ov);
 
 /* Records ERR (a negative errno) from a write with RWF_DSYNC to the
- * overlay's data area: its sync may have taken the file's report of a
- * failed writeback, which no later sync repeats.
+ * overlay's data area (through dsync_fd), as a failed sync of the file
+ * unless it is for want of space.  A failed writeback it reports stays
+ * fd's to report, whatever it was.
  */
 void mloop_overlay_dsync_failed (struct mloop_overlay *ov, int err);
 
