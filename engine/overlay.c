@@ -4,6 +4,7 @@
 #include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <libgen.h>
 #include <limits.h>
 #include <stdio.h>
@@ -1177,13 +1178,24 @@ refuse_other_than_half_merged (struct mloop_overlay *ov,
 
 /* How the owner overrides a refusal of ID's file as OV's base, in the
  * words of CHECK's caller: a commit's option, else the command that
- * adopts it (or a server's --overlay-adopt-base).
+ * adopts it (or a server's --overlay-adopt-base).  An overlay made over
+ * all of a file that has grown since (header H recorded the whole
+ * file's times, ID is a window of it) cannot be adopted or committed
+ * as it is: both open the whole file, of another size.
  */
 static void
-override_hint (const struct mloop_overlay *ov, const struct base_identity *id,
+override_hint (const struct mloop_overlay *ov, const unsigned char *h,
+               const struct base_identity *id,
                enum mloop_overlay_base_check check, char *hint, size_t len)
 {
-  if (check == MLOOP_OVERLAY_MERGE_BASE)
+  if (!id->has_times && id->mtime_known &&
+      (get_le32 (h + HDR_FLAGS) & OVERLAY_FLAG_TIMES))
+    snprintf (hint, len, "the overlay was made over all of %s, %" PRIu64
+              " bytes, and it has grown since: shrink it back to that size "
+              "and run mloop overlay adopt %s %s, or serve it with "
+              "--overlay-adopt-base", id->path, ov->size, ov->path,
+              id->path);
+  else if (check == MLOOP_OVERLAY_MERGE_BASE)
     snprintf (hint, len, "mloop overlay commit --adopt-base overrides this");
   else
     snprintf (hint, len, "mloop overlay adopt %s %s overrides this",
@@ -1273,7 +1285,7 @@ check_base (struct mloop_overlay *ov, unsigned char *h,
       check != MLOOP_OVERLAY_ADOPT_BASE) {
     char hint[2 * PATH_MAX + 64];
 
-    override_hint (ov, &id, check, hint, sizeof hint);
+    override_hint (ov, h, &id, check, hint, sizeof hint);
     if (rolled_back)
       snprintf (err, errlen, "overlay %s: a commit into %s stopped half-way, "
                 "but its modification time is older than the overlay "

@@ -152,6 +152,16 @@ main (void)
            "it written since, given as a window of the grown file");
     CHECK (strstr (err, "written since") != NULL, "the refusal does not say "
            "why: %s", err);
+    /* Its override: adopt opens the whole file, of another size now, so
+     * the file must be shrunk back first, as the refusal says.
+     */
+    CHECK (strstr (err, "shrink it back") != NULL, "the refusal of a grown "
+           "file names an override that cannot work: %s", err);
+    CHECK (truncate (base_path, BASE_SIZE) == 0, "shrinking %s: %s",
+           base_path, strerror (errno));
+    r = mloop_overlay_adopt (o_path, base_path, err, sizeof err);
+    CHECK (r == 0, "adopting the base shrunk back, as the refusal says: %s",
+           err);
   }
   return 0;
 }
