@@ -148,6 +148,11 @@ on a real one-node cluster (tests/ceph/cluster.py):
    is back, with the server held in exit (gdb), every other thread of it
    ends (the open's, librados's), and it exits 0 (without gdb, a line
    says this is skipped);
+2z. a clone served read-only and flattened, a SIGTERM arriving while
+   the server's check waits for the header's answer that it was
+   flattened (gdb holds the check there until the close waits for it):
+   the server must not open the clone again once it is closing, and
+   exits 0 (without gdb, a line says this is skipped);
 3. librbd's cache and partial trims turned on for the image in the
    cluster (`rbd config image set`: rbd_cache true, writeback, dirty data
    kept 60 s; rbd_skip_partial_discard true), over the server's own
@@ -194,7 +199,7 @@ about 1-3 s each, 2d about 5 s (`rbd feature disable`), 1d about 6 s (a
 watch timeout), 2f 3-5 s, 3b under 1 s, 2q 8-11 s (two cases), 2r 6-7 s
 (a watch timeout), 2s 3 s, 2t 3-4 s, 2u 2-3 s, 2v 1-2 s, 2b 12-13 s (two gdb starts), 2i 9-13 s
 (4,100 snapshots added to the header), 2j 2-3 s, 2w 5-7 s, 2x about
-10 s, 2y about 5 s, 2k under 1 s, 2l, 2m,
+10 s, 2y about 5 s, 2z about 5 s, 2k under 1 s, 2l, 2m,
 2n and 2o 1-2 s each; about 130-150 s in all alone, more beside other
 work.
 """
@@ -2237,6 +2242,100 @@ def section_reopen_cluster_paused():
         stop_under_gdb(s)
 
 
+# Holds mloop-server's removal checker in its wait for the header's
+# answer to parent_overlap_get (ask_cls sleeps with check_lock let go),
+# once {armed} exists, until {go} exists: an inferior call, during which
+# every other thread runs.  Writes how the server ended to {ended}.
+PAUSE_OVERLAP = """set pagination off
+set confirm off
+set breakpoint pending on
+handle all nostop noprint pass
+python
+import os
+class Armed(gdb.Function):
+    def __init__(self):
+        super().__init__("armed")
+    def invoke(self):
+        return 1 if os.path.exists("{armed}") else 0
+class Go(gdb.Function):
+    def __init__(self):
+        super().__init__("go")
+    def invoke(self):
+        return 1 if os.path.exists("{go}") else 0
+Armed()
+Go()
+end
+break nanosleep if $armed() && $_any_caller_matches("overlap_in_header", 4)
+commands 1
+silent
+delete 1
+shell touch {paused}
+while !$go()
+call (int) usleep(100000)
+end
+continue
+end
+run
+python
+code = gdb.convenience_variable("_exitcode")
+sig = gdb.convenience_variable("_exitsignal")
+with open("{ended}", "w") as f:
+    f.write(f"exit {{code}}" if code is not None else f"signal {{sig}}")
+end
+"""
+
+
+def section_close_during_overlap_check():
+    """A clone served read-only and flattened: the server's check asks
+    the header for the clone's overlap, and lets go of its lock while it
+    waits for the answer.  A close then (SIGTERM) finds no open of the
+    clone under way, so waits for the check to end; the answer says
+    flattened.  The check must not open the clone again now: nothing
+    would wait for that open, which is not done when its wait ends on
+    the close, and what it leaves is no image (a crash), or a store
+    freed under it.  gdb holds the check in its wait until the close
+    waits for it; the server must exit 0."""
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        print("# skipped: no gdb to hold the server's check of the overlap")
+        return
+    flat_parent()
+    c.rbd("clone", c.spec("flat-parent", "base"), c.spec("flat-closing"))
+    files = {w: c.path("test", f"overlap-{w}")
+             for w in ("armed", "paused", "go", "ended")}
+    script = c.path("test", "overlap.gdb")
+    with open(script, "w") as f:
+        f.write(PAUSE_OVERLAP.format(**files))
+    s = start("a read-only mloop-server of the clone under gdb",
+              f"rbd:{c.spec('flat-closing')}", args=["--read-only"],
+              wrap=[gdb, "-q", "-batch", "-nx", "-x", script, "--args"])
+    try:
+        c.rbd("flatten", "--no-progress", c.spec("flat-closing"))
+        open(files["armed"], "w").close()
+        deadline = time.monotonic() + REFUSE_LIMIT
+        while not os.path.exists(files["paused"]) and s.proc.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not check("gdb holds the server's check waiting for the overlap",
+                     os.path.exists(files["paused"]), s.stderr().strip()[-500:]):
+            raise Abort("no pause")
+        with open(s.pid_file) as f:
+            pid = int(f.read())
+        os.kill(pid, signal.SIGTERM)
+        time.sleep(1)           # the close waits for the check; the answer comes
+        open(files["go"], "w").close()
+        s.proc.wait(START_LIMIT)
+        with open(files["ended"]) as f:
+            how = f.read()
+        check("the server closing mid-check exits 0, opening nothing",
+              how == "exit 0", f"{how}; {s.stderr().strip()[-300:]}")
+        check("the closing server does not say it reopened the clone",
+              "reopened" not in s.stderr(), s.stderr().strip()[-300:])
+    finally:
+        open(files["go"], "w").close()
+        stop_under_gdb(s)
+
+
 def section_trashed_while_down():
     """A device's image moved to the trash (`rbd trash mv`) while its
     server is down: librbd opens an image in the trash by the id the
@@ -2552,6 +2651,8 @@ try:
             section_read_only_clone_flattened)
     section("a read-only server's clone reopened, the cluster paused",
             section_reopen_cluster_paused)
+    section("a read-only server's clone flattened as it closes",
+            section_close_during_overlap_check)
     section("an image trashed while its server is down", section_trashed_while_down)
     section("the cache and partial trims set by the cluster", section_settings)
     section("partial trims turned on while served", section_settings_changed)
