@@ -27,7 +27,8 @@ mloop_cmd_overlay (int argc, char **argv)
     G_OPTION_ENTRY_NULL
   };
   g_autoptr (GOptionContext) ctx =
-    g_option_context_new ("commit|discard OVERLAY, or adopt OVERLAY IMAGE");
+    g_option_context_new ("commit|discard|clear OVERLAY, or adopt OVERLAY "
+                          "IMAGE");
   g_autoptr (GError) gerr = NULL;
   g_autofree char *base = NULL;
   char err[1024];
@@ -37,7 +38,10 @@ mloop_cmd_overlay (int argc, char **argv)
                                 "was made for, then removes it; discard "
                                 "removes it, its writes lost; adopt records "
                                 "IMAGE as its base, though it was made for "
-                                "another.");
+                                "another; clear forgets a sync of it that "
+                                "failed (until then every server of it "
+                                "fails each flush): once its data was "
+                                "checked.");
   g_option_context_add_main_entries (ctx, entries, NULL);
   if (!g_option_context_parse (ctx, &argc, &argv, &gerr))
     return fail ("%s", gerr->message);
@@ -48,10 +52,17 @@ mloop_cmd_overlay (int argc, char **argv)
       return fail ("overlay adopt: %s", err);
     return EXIT_SUCCESS;
   }
+  if (argc == 3 && strcmp (argv[1], "clear") == 0) {
+    if (base_arg || adopt)
+      return fail ("overlay clear: --base and --adopt-base are commit's");
+    if (mloop_overlay_file_clear (argv[2], err, sizeof err) == -1)
+      return fail ("overlay clear: %s", err);
+    return EXIT_SUCCESS;
+  }
   if (argc != 3 || (strcmp (argv[1], "commit") != 0 &&
                     strcmp (argv[1], "discard") != 0))
-    return fail ("overlay: give commit or discard and one OVERLAY file, "
-                 "or adopt, OVERLAY and IMAGE");
+    return fail ("overlay: give commit, discard or clear and one OVERLAY "
+                 "file, or adopt, OVERLAY and IMAGE");
   if (strcmp (argv[1], "commit") == 0) {
     g_autofree char *shown = NULL;
 

@@ -351,3 +351,25 @@ mloop_overlay_file_adopt (const char *path, const char *image, char *err,
   mloop_state_unlock (lock);
   return r;
 }
+
+int
+mloop_overlay_file_clear (const char *path, char *err, size_t errlen)
+{
+  struct stat st;
+  int lock, r;
+
+  /* As adopt: the overlay's own name, and only the file looked at. */
+  if (lstat (path, &st) == -1)
+    return mloop_fail (err, errlen, "%s: %s", path, strerror (errno));
+  if (S_ISLNK (st.st_mode))
+    return mloop_fail (err, errlen, "%s is a symbolic link: give the "
+                       "overlay's own path (not cleared)", path);
+  lock = lock_device_states (err, errlen);
+  if (lock == -1)
+    return -1;
+  r = check_unused (path, &st, NULL, NULL, err, errlen);
+  if (r == 0 && mloop_overlay_clear_sync_failed (path, &st, err, errlen) < 0)
+    r = -1;
+  mloop_state_unlock (lock);
+  return r;
+}

@@ -36,4 +36,11 @@ int mloop_overlay_file_discard (const char *path, char *err, size_t errlen);
 int mloop_overlay_file_adopt (const char *path, const char *image,
                               char *err, size_t errlen);
 
+/* Clears the mark a failed sync left on the overlay at PATH, which
+ * makes every server of it fail FLUSH: its owner's word that the data
+ * on it was checked since.  Refused while a device or a server uses the
+ * overlay.  0, or -1 with one line in ERR.
+ */
+int mloop_overlay_file_clear (const char *path, char *err, size_t errlen);
+
 #endif /* MLOOP_OVERLAY_FILE_H */

@@ -67,16 +67,6 @@ write_fd (const struct mloop_file_store *e)
   return e->overlay ? e->overlay->fd : e->backing.fd;
 }
 
-/* The descriptor writes with RWF_DSYNC (FUA) go to: an overlay's own for
- * them (overlay.h, dsync_fd), so the failed writeback their sync may
- * report is still there for the next commit.
- */
-static int
-dsync_fd (const struct mloop_file_store *e)
-{
-  return e->overlay ? e->overlay->dsync_fd : e->backing.fd;
-}
-
 static int
 file_flush (struct mloop_store *store)
 {
@@ -169,7 +159,7 @@ file_probe_features (struct mloop_store *store)
    */
   ring_open = mloop_aio_ring_init (&ring, 1) == 0;
   if (e->backing.writable) {
-    io_prep_pwritev2 (&iocb, dsync_fd (e), &iov, 0, 0, RWF_DSYNC);
+    io_prep_pwritev2 (&iocb, write_fd (e), &iov, 0, 0, RWF_DSYNC);
     e->fua_in_aio = ring_open && probe_iocb (&ring, &iocb) >= 0;
   }
   io_prep_fdsync (&iocb, write_fd (e));
@@ -245,8 +235,8 @@ finish (struct mloop_io *io, int error)
 
 /* With an overlay: whole clusters all in the overlay, or (reads) all in
  * the base before its page-cache tail, go by AIO to the one file that
- * holds them (a write with RWF_DSYNC through the overlay's descriptor
- * for those, dsync_fd).  Everything else, and every write that would
+ * holds them (a FUA write with RWF_DSYNC: its sync's reports are the
+ * overlay's still, overlay.h, sync_fd).  Everything else, and every write that would
  * change the map (a cluster's first), is done synchronously by the
  * overlay.
  */
@@ -279,8 +269,7 @@ route_through_overlay (struct mloop_file_store *e, struct mloop_io *io)
     return MLOOP_PREPARED_BLOCKING;
   else if (where == MLOOP_OVERLAY_IN_BASE)
     return MLOOP_PREPARED_AIO;
-  io->fd = io->op == MLOOP_IO_WRITE && (io->flags & MLOOP_IO_FUA) &&
-    e->fua_in_aio ? ov->dsync_fd : ov->fd;
+  io->fd = ov->fd;
   io->file_base = ov->data_offset;
   return MLOOP_PREPARED_AIO;
 }
@@ -360,7 +349,7 @@ file_complete_event (struct mloop_store *store, struct mloop_io *io,
     error = (int) -res;
     if (e->overlay && io->op == MLOOP_IO_WRITE &&
         (io->flags & MLOOP_IO_FUA) && e->fua_in_aio)
-      mloop_overlay_dsync_failed (e->overlay, (int) res);
+      mloop_overlay_fua_failed (e->overlay, (int) res);
   }
   else if (io->op != MLOOP_IO_FLUSH) {
     io->done += (size_t) res;

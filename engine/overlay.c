@@ -72,13 +72,21 @@ static const char overlay_magic[8] = { 'M', 'L', 'O', 'O', 'P', 'C', 'O', 'W' };
  * ends); discard removes it.
  */
 #define OVERLAY_FLAG_MERGED 4u
+/* A sync of the file failed: writes answered before it may be lost, and
+ * every server of the overlay fails FLUSH and FUA writes until its owner
+ * clears the mark (overlay.h, sync_error).  Written over the header in
+ * place, without another write: its block is the file's first, allocated
+ * when the overlay was made, so a full disk beneath still takes it.
+ */
+#define OVERLAY_FLAG_SYNC_FAILED 8u
 /* The flags this mloop knows.  Version 2 has no rule for flags an
  * mloop does not know, and one older than OVERLAY_FLAG_MERGED serves a
  * spent overlay; so any other bit, a newer mloop's, is refused when the
  * overlay is opened over a base (read_header).
  */
 #define OVERLAY_FLAGS_KNOWN \
-  (OVERLAY_FLAG_MERGING | OVERLAY_FLAG_TIMES | OVERLAY_FLAG_MERGED)
+  (OVERLAY_FLAG_MERGING | OVERLAY_FLAG_TIMES | OVERLAY_FLAG_MERGED | \
+   OVERLAY_FLAG_SYNC_FAILED)
 /* How much of each end of the base its fingerprint covers. */
 #define FINGERPRINT_SPAN    (1u << 20)
 /* The data area starts on a 1 MiB boundary, so its clusters line up with
@@ -152,14 +160,51 @@ rewrite_map (struct mloop_overlay *ov)
   return r;
 }
 
-/* Keeps the first sync error of the file (overlay.h, sync_error). */
+/* Sets FLAG in the header of the overlay open on FD, or clears it
+ * (SET false): the flags word alone changes.  Only a version 2 header
+ * has one.  0 or a negative errno; not synced.
+ */
+static int
+change_header_flag (int fd, uint32_t flag, bool set)
+{
+  unsigned char *h = mloop_alloc_aligned (HDR_BYTES, HDR_BYTES);
+  uint32_t flags;
+  int r;
+
+  if (h == NULL)
+    return -ENOMEM;
+  r = mloop_pread_or_zero (fd, h, HDR_BYTES, 0);
+  if (r == 0 && (memcmp (h + HDR_MAGIC, overlay_magic,
+                         sizeof overlay_magic) != 0 ||
+                 get_le32 (h + HDR_VERSION) != OVERLAY_VERSION))
+    r = -EINVAL;
+  if (r == 0) {
+    flags = get_le32 (h + HDR_FLAGS);
+    if (((flags & flag) != 0) != set) {
+      put_le32 (h + HDR_FLAGS, set ? flags | flag : flags & ~flag);
+      r = mloop_pwrite_all (fd, h, HDR_BYTES, 0, 0);
+    }
+  }
+  mloop_free_aligned (h, HDR_BYTES);
+  return r;
+}
+
+/* Keeps the first sync error of the file (overlay.h, sync_error), and
+ * marks it in the header for the servers after this one.  Best effort:
+ * the disk that failed the sync may fail these writes too.
+ */
 static void
 note_sync_error (struct mloop_overlay *ov, int err)
 {
   int none = 0;
 
-  if (__atomic_compare_exchange_n (&ov->sync_error, &none, err, false,
-                                   __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+  if (!__atomic_compare_exchange_n (&ov->sync_error, &none, err, false,
+                                    __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+    return;
+  if (change_header_flag (ov->fd, OVERLAY_FLAG_SYNC_FAILED, true) == 0)
+    (void) sync_fd (ov->fd);
+  /* None yet while the header is read at open. */
+  if (ov->map)
     (void) rewrite_map (ov);
 }
 
@@ -173,7 +218,7 @@ sync_file (struct mloop_overlay *ov)
   const uint64_t written = __atomic_load_n (&ov->map_written,
                                             __ATOMIC_ACQUIRE);
   uint64_t synced = __atomic_load_n (&ov->map_synced, __ATOMIC_ACQUIRE);
-  int r = sync_fd (ov->fd);
+  int r = sync_fd (ov->sync_fd);
 
   if (r < 0) {
     note_sync_error (ov, r);
@@ -308,15 +353,17 @@ mloop_overlay_map_durable (const struct mloop_overlay *ov)
 }
 
 void
-mloop_overlay_dsync_failed (struct mloop_overlay *ov, int err)
+mloop_overlay_fua_failed (struct mloop_overlay *ov, int err)
 {
-  /* No space may be the write's own (a hole of the data area it could
-   * not fill: nothing was lost) or a failed writeback of other pages
-   * its sync reported (a thin pool or an NFS server out of space).  The
-   * report was dsync_fd's: fd has not seen it, and the next commit's
-   * sync takes and keeps it.  Any other error is kept now.
+  /* The report of other pages' failed writeback was fd's to take;
+   * sync_fd has it still, and its sync keeps it, now: left to the next
+   * FLUSH, a crash before it would lose it with this server, as no
+   * later opener of the file is told.  Blocking, but only out of space,
+   * when every write soon is.
    */
-  if (err != -ENOSPC && err != -EDQUOT)
+  if (err == -ENOSPC || err == -EDQUOT)
+    (void) sync_file (ov);
+  else
     note_sync_error (ov, err);
 }
 
@@ -938,7 +985,7 @@ write_header (struct mloop_overlay *ov, const unsigned char *h)
 {
   int r = mloop_pwrite_all (ov->fd, h, HDR_BYTES, 0, 0);
 
-  return r == 0 ? sync_fd (ov->fd) : r;
+  return r == 0 ? sync_file (ov) : r;
 }
 
 /* Records BASE, whose identity is ID, as the overlay's base in header
@@ -964,7 +1011,9 @@ record_base (struct mloop_overlay *ov, unsigned char *h,
   uint32_t was = get_le32 (h + HDR_VERSION) == OVERLAY_VERSION
     ? get_le32 (h + HDR_FLAGS) : 0;
   uint32_t kept = was & OVERLAY_FLAG_MERGING;
-  uint32_t times = id->has_times ? OVERLAY_FLAG_TIMES : 0;
+  /* Another base, or this one anew, does not make lost writes found. */
+  uint32_t times = (id->has_times ? OVERLAY_FLAG_TIMES : 0) |
+    (was & OVERLAY_FLAG_SYNC_FAILED);
   int r;
 
   if ((r = sync_base (base, ov->path, err, errlen)) < 0)
@@ -1610,6 +1659,12 @@ read_header (struct mloop_overlay *ov, const struct mloop_backing *base,
   }
   else if (base)
     r = check_base (ov, h, base, check, err, errlen);
+  /* A sync failed under an earlier server (OVERLAY_FLAG_SYNC_FAILED):
+   * what it lost is lost to this one too.
+   */
+  if (r == 0 && base && version == OVERLAY_VERSION &&
+      (get_le32 (h + HDR_FLAGS) & OVERLAY_FLAG_SYNC_FAILED))
+    ov->sync_error = -EIO;
   if (r == 0) {
     ov->size = expect.size;
     ov->clusters = expect.clusters;
@@ -1709,11 +1764,11 @@ same_inode (const struct stat *a, const struct stat *b)
 }
 
 /* Opens the overlay at PATH (made when there is none, if CREATE) and
- * locks it, then its map's and FUA writes' descriptors: 0, 1 when the
+ * locks it, then its map's and syncs' descriptors: 0, 1 when the
  * path no longer names the locked file (try again), or a negative errno
  * with ERR.  Those are opened by the path too, so they must be the same
- * file: else the map's words, or FUA writes' data, would go into another
- * overlay.  EXPECT, unless NULL, is the file the caller looked at:
+ * file: else the map's words would go into another overlay, or its
+ * syncs make another durable.  EXPECT, unless NULL, is the file the caller looked at:
  * another is refused.
  */
 static int
@@ -1722,7 +1777,7 @@ open_locked (struct mloop_overlay *ov, const char *path,
              bool direct, bool create, char *err, size_t errlen)
 {
   const int flags = O_RDWR | O_CLOEXEC | O_NOCTTY;
-  struct stat held, map, dsync, named;
+  struct stat held, map, synced, named;
   bool special;
   int r;
 
@@ -1776,19 +1831,17 @@ open_locked (struct mloop_overlay *ov, const char *path,
     snprintf (err, errlen, "cannot open overlay %s: %s", path, strerror (-r));
     return r;
   }
-  /* FUA writes' own (overlay.h, dsync_fd), as fd was opened. */
-  ov->dsync_fd = mloop_open_regular (AT_FDCWD, path,
-                                     flags | (ov->direct ? O_DIRECT : 0),
-                                     &special);
-  if (ov->dsync_fd == -1 && (errno == ENOENT || special))
+  /* For syncs alone (overlay.h, sync_fd). */
+  ov->sync_fd = mloop_open_regular (AT_FDCWD, path, flags, &special);
+  if (ov->sync_fd == -1 && (errno == ENOENT || special))
     return 1;
-  if (ov->dsync_fd == -1) {
+  if (ov->sync_fd == -1) {
     r = -errno;
     snprintf (err, errlen, "cannot open overlay %s: %s", path, strerror (-r));
     return r;
   }
   if (fstat (ov->fd, &held) == -1 || fstat (ov->map_fd, &map) == -1 ||
-      fstat (ov->dsync_fd, &dsync) == -1) {
+      fstat (ov->sync_fd, &synced) == -1) {
     r = -errno;
     snprintf (err, errlen, "overlay %s: %s", path, strerror (-r));
     return r;
@@ -1816,7 +1869,7 @@ open_locked (struct mloop_overlay *ov, const char *path,
     snprintf (err, errlen, "overlay %s: %s", path, strerror (-r));
     return r;
   }
-  return same_inode (&held, &map) && same_inode (&held, &dsync) &&
+  return same_inode (&held, &map) && same_inode (&held, &synced) &&
     same_inode (&held, &named) ? 0 : 1;
 }
 
@@ -1829,7 +1882,7 @@ overlay_open (struct mloop_overlay *ov, const char *path,
   int r;
 
   memset (ov, 0, sizeof *ov);
-  ov->fd = ov->map_fd = ov->dsync_fd = -1;
+  ov->fd = ov->map_fd = ov->sync_fd = -1;
   ov->path = strdup (path);
   if (ov->path == NULL)
     return -ENOMEM;
@@ -1840,12 +1893,12 @@ overlay_open (struct mloop_overlay *ov, const char *path,
     /* Removed (a discard or commit, under its lock) and perhaps made
      * anew between the open and the lock: what the path names now.
      */
-    if (ov->dsync_fd != -1)
-      close (ov->dsync_fd);
+    if (ov->sync_fd != -1)
+      close (ov->sync_fd);
     if (ov->map_fd != -1)
       close (ov->map_fd);
     close (ov->fd);
-    ov->fd = ov->map_fd = ov->dsync_fd = -1;
+    ov->fd = ov->map_fd = ov->sync_fd = -1;
     if (attempt == OPEN_ATTEMPTS) {
       snprintf (err, errlen, "overlay %s: removed or replaced each time "
                 "it was opened", path);
@@ -1878,20 +1931,24 @@ overlay_open (struct mloop_overlay *ov, const char *path,
    * server serves is what a power cut leaves.
    */
   r = rewrite_map (ov);
-  if (r == 0)
-    r = sync_fd (ov->fd);
   if (r < 0) {
-    snprintf (err, errlen, "overlay %s: cannot make its map durable: %s",
+    snprintf (err, errlen, "overlay %s: cannot write its map: %s",
               path, strerror (-r));
     pthread_mutex_destroy (&ov->map_lock);
     goto fail;
   }
+  /* A failure here may be the report of writes a server before this one
+   * answered and was killed before it synced: no later opener is told,
+   * so it is kept and marked (sync_file), and the overlay served all
+   * the same, its every FLUSH failing, for the device's client to hear.
+   */
+  (void) sync_file (ov);
   return 0;
 
  fail:
   free (ov->map);
-  if (ov->dsync_fd != -1)
-    close (ov->dsync_fd);
+  if (ov->sync_fd != -1)
+    close (ov->sync_fd);
   if (ov->map_fd != -1)
     close (ov->map_fd);
   if (ov->fd != -1)
@@ -1899,7 +1956,7 @@ overlay_open (struct mloop_overlay *ov, const char *path,
   free (ov->base_path);
   free (ov->path);
   memset (ov, 0, sizeof *ov);
-  ov->fd = ov->map_fd = ov->dsync_fd = -1;
+  ov->fd = ov->map_fd = ov->sync_fd = -1;
   return r;
 }
 
@@ -1935,11 +1992,65 @@ mloop_overlay_close (struct mloop_overlay *ov)
   (void) mloop_overlay_commit (ov);
   pthread_mutex_destroy (&ov->map_lock);
   free (ov->map);
-  close (ov->dsync_fd);
+  close (ov->sync_fd);
   close (ov->map_fd);
   close (ov->fd);
   free (ov->base_path);
   free (ov->path);
   memset (ov, 0, sizeof *ov);
-  ov->fd = ov->map_fd = ov->dsync_fd = -1;
+  ov->fd = ov->map_fd = ov->sync_fd = -1;
+}
+
+int
+mloop_overlay_clear_sync_failed (const char *path, const struct stat *checked,
+                                 char *err, size_t errlen)
+{
+  char *base_path = NULL;
+  struct stat held;
+  uint64_t size;
+  bool special, known, merging;
+  int fd, r;
+
+  if ((r = refuse_special (path, err, errlen)) < 0)
+    return r;
+  fd = mloop_open_regular (AT_FDCWD, path, O_RDWR | O_CLOEXEC | O_NOCTTY,
+                           &special);
+  if (fd == -1) {
+    r = special ? -EINVAL : -errno;
+    snprintf (err, errlen, special ? "%s is not an mloop overlay: not a "
+              "regular file" : "cannot open overlay %s: %s", path,
+              strerror (-r));
+    return r;
+  }
+  /* Root clears users' overlays in their directories: only the file
+   * looked at, whatever a link put on the path since leads to.
+   */
+  if (fstat (fd, &held) == -1) {
+    r = -errno;
+    snprintf (err, errlen, "overlay %s: %s", path, strerror (-r));
+  }
+  else if (!same_inode (&held, checked)) {
+    snprintf (err, errlen, "overlay %s was replaced since it was looked "
+              "at: not changed", path);
+    r = -ESTALE;
+  }
+  else if (flock (fd, LOCK_EX | LOCK_NB) == -1) {
+    r = -errno;
+    snprintf (err, errlen, "overlay %s is in use by a server", path);
+  }
+  else if ((r = mloop_overlay_inspect_fd (fd, path, &base_path, &size,
+                                          &known, &merging, err,
+                                          errlen)) < 0)
+    ;
+  else if (!known) {
+    /* Version 1 has no flags word, and so no mark to clear. */
+  }
+  else if ((r = change_header_flag (fd, OVERLAY_FLAG_SYNC_FAILED,
+                                    false)) < 0 ||
+           (r = sync_fd (fd)) < 0)
+    snprintf (err, errlen, "cannot clear the failed sync's mark of overlay "
+              "%s: %s", path, strerror (-r));
+  free (base_path);
+  close (fd);
+  return r;
 }

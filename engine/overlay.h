@@ -53,12 +53,13 @@ struct mloop_overlay {
   char *base_path;              /* as recorded in its header */
   int fd;                       /* O_DIRECT when the base's is */
   int map_fd;                   /* buffered: the map's words */
-  /* The data area's writes with RWF_DSYNC (FUA), opened as fd is.  Their
-   * sync reports any failed writeback of the file this descriptor has
-   * not seen yet, once per open file: on a descriptor of their own, a
-   * report they take is still fd's to take, so the next commit sees it.
+  /* Opened only to sync the file, never written through.  The kernel
+   * reports a failed writeback once to each open file, and more than a
+   * sync takes that report: a FUA write's RWF_DSYNC, and on NFS a plain
+   * write that follows a lost one (ENOSPC, EDQUOT).  Taken by either on
+   * fd or map_fd, it is still this descriptor's, for the next commit.
    */
-  int dsync_fd;
+  int sync_fd;
   bool direct;
   uint64_t size;                /* the virtual size: the base's window */
   uint64_t clusters;
@@ -75,8 +76,12 @@ struct mloop_overlay {
    */
   uint64_t map_written;
   uint64_t map_synced;
-  /* The first error a sync of the file reported (negative errno), or 0:
-   * kept until the overlay is closed.
+  /* The first error a sync of the file reported (negative errno), or 0.
+   * Also marked in the header (OVERLAY_FLAG_SYNC_FAILED, overlay.c), so
+   * that a server started after this one, a restart of the device's
+   * server included, fails every FLUSH and FUA write too: the kernel
+   * reports the failure to no later opener once one has taken it.
+   * Kept until mloop_overlay_clear_sync_failed.
    */
   int sync_error;
   /* Unit tests only (NULL otherwise): called under map_lock just before
@@ -272,6 +277,16 @@ int mloop_overlay_mark (struct mloop_overlay *ov, uint64_t offset,
  */
 int mloop_overlay_commit (struct mloop_overlay *ov);
 
+/* Forgets the mark a failed sync left in the header of the overlay at
+ * PATH (sync_error above): its owner's word that the data on it was
+ * checked since.  Only the file CHECKED (its device and inode), the
+ * one the caller looked at; refused while a server holds it.  0, or a
+ * negative errno with one line in ERR.
+ */
+int mloop_overlay_clear_sync_failed (const char *path,
+                                     const struct stat *checked,
+                                     char *err, size_t errlen);
+
 /* Whether every map word written so far is durable and no sync of the
  * file has failed: then a FUA write to clusters already in the overlay
  * is durable once its own range is (RWF_DSYNC).  Otherwise it needs a
@@ -280,11 +295,12 @@ int mloop_overlay_commit (struct mloop_overlay *ov);
 bool mloop_overlay_map_durable (const struct mloop_overlay *ov);
 
 /* Records ERR (a negative errno) from a write with RWF_DSYNC to the
- * overlay's data area (through dsync_fd), as a failed sync of the file
- * unless it is for want of space.  A failed writeback it reports stays
- * fd's to report, whatever it was.
+ * overlay's data area as a failed sync of the file.  No space may be
+ * the write's own (a hole it could not fill: nothing else lost) or the
+ * report of other pages' failed writeback: a sync decides, at once,
+ * before a crash could take that report with this server.
  */
-void mloop_overlay_dsync_failed (struct mloop_overlay *ov, int err);
+void mloop_overlay_fua_failed (struct mloop_overlay *ov, int err);
 
 /* A read or write of any alignment, synchronously: clusters in the base
  * are read from BASE; a write to part of a cluster copies the rest up

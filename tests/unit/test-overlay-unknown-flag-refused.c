@@ -38,16 +38,16 @@ main (void)
   CHECK (fd >= 0 && pread (fd, w, 4, HDR_FLAGS) == 4, "%s: %s", path,
          strerror (errno));
   flags = w[0] | w[1] << 8 | (uint32_t) w[2] << 16 | (uint32_t) w[3] << 24;
-  flags |= 8;
+  flags |= 16;
   for (int i = 0; i < 4; i++)
     w[i] = (unsigned char) (flags >> (8 * i));
   CHECK (pwrite (fd, w, 4, HDR_FLAGS) == 4 && close (fd) == 0, "%s: %s",
          path, strerror (errno));
 
   r = mloop_overlay_merge (path, image, false, false, err, sizeof err);
-  CHECK (r < 0, "a commit ignored flag 8 it does not know");
+  CHECK (r < 0, "a commit ignored flag 16 it does not know");
   printf ("refused: %s\n", err);
-  CHECK (strstr (err, "0x8") != NULL, "the refusal does not name the bit");
+  CHECK (strstr (err, "0x10") != NULL, "the refusal does not name the bit");
   CHECK (unit_byte_at (image, UNIT_OVERLAY_CLUSTER_AT) == 0,
          "the overlay's clusters were written");
   printf ("ok: an unknown flag is refused\n");

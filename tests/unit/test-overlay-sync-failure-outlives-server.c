@@ -1,0 +1,176 @@
+/* A failed sync of an overlay fails every later FLUSH, also of the
+ * servers after the one that saw it (engine/overlay.c,
+ * OVERLAY_FLAG_SYNC_FAILED), until the owner clears it.
+ *
+ * The kernel reports a failed writeback once to each open file, and to
+ * no file opened after one has taken it.  A server that kept the error
+ * in memory alone forgot it when it stopped: the device's server
+ * restarted (an orderly stop whose close took it, or a crash and a next
+ * server whose open took it, or a FUA write's sync that took it as
+ * perhaps the write's own want of space) answered the next FLUSH with
+ * success over the lost pages.
+ *
+ * This program's fdatasync stands in for the C library's (the engine is
+ * linked in statically): armed, the next sync of the overlay file fails
+ * with ENOSPC, as one whose writeback a full disk failed.  Each case
+ * failed before the mark: the next server's commit succeeded, or the
+ * FUA failure left no mark.  No root: about 0.05 s, in the unit suite of
+ * every tier.
+ */
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "overlay.h"
+#include "overlay_fixture.h"
+#include "unit.h"
+
+#define BASE_SIZE (1u << 20)
+#define HDR_FLAGS 4072          /* design.md, "The format" */
+#define FLAG_SYNC_FAILED 8u
+
+static struct stat overlay_st;
+static bool fail_next_sync;
+
+static int
+sync_armed (int fd, long call)
+{
+  struct stat st;
+
+  if (fail_next_sync && fstat (fd, &st) == 0 &&
+      st.st_dev == overlay_st.st_dev && st.st_ino == overlay_st.st_ino) {
+    fail_next_sync = false;
+    errno = ENOSPC;
+    return -1;
+  }
+  return (int) syscall (call, fd);
+}
+
+int
+fsync (int fd)
+{
+  return sync_armed (fd, SYS_fsync);
+}
+
+int
+fdatasync (int fd)
+{
+  return sync_armed (fd, SYS_fdatasync);
+}
+
+static void
+make_fresh (const char *base_path, const char *path)
+{
+  unlink (path);
+  unit_make_empty_overlay (base_path, path);
+  CHECK (stat (path, &overlay_st) == 0, "stat: %s", strerror (errno));
+}
+
+static bool
+marked (const char *path)
+{
+  return (unit_get_u64 (path, HDR_FLAGS) & FLAG_SYNC_FAILED) != 0;
+}
+
+/* A server started now: its FLUSH must fail. */
+static void
+next_server_flush_fails (const char *base_path, const char *path,
+                         const char *after)
+{
+  struct mloop_backing base;
+  struct mloop_overlay ov;
+  int r;
+
+  unit_open_overlay (&base, &ov, base_path, path);
+  r = mloop_overlay_commit (&ov);
+  CHECK (r < 0, "%s: the next server's FLUSH succeeded over lost writes",
+         after);
+  mloop_overlay_close (&ov);
+  mloop_backing_close (&base);
+}
+
+int
+main (void)
+{
+  const char *dir = unit_tmpdir ("/var/tmp");
+  char base_path[4096], other_path[4096], path[4096], err[512];
+  struct mloop_backing base;
+  struct mloop_overlay ov;
+  struct stat st;
+  int r;
+
+  unit_deadline (30);
+  unit_runtime_dir (dir);
+  snprintf (base_path, sizeof base_path, "%s/base.img", dir);
+  snprintf (other_path, sizeof other_path, "%s/other.img", dir);
+  snprintf (path, sizeof path, "%s/overlay", dir);
+  unit_make_image (base_path, BASE_SIZE);
+  unit_make_tagged_image (other_path, BASE_SIZE, "other");
+
+  /* A FLUSH fails; the server stops in order (its close commits). */
+  make_fresh (base_path, path);
+  unit_open_overlay (&base, &ov, base_path, path);
+  fail_next_sync = true;
+  CHECK (mloop_overlay_commit (&ov) == -ENOSPC, "the armed FLUSH did not fail");
+  mloop_overlay_close (&ov);
+  mloop_backing_close (&base);
+  CHECK (marked (path), "a failed FLUSH left no mark in the header");
+  next_server_flush_fails (base_path, path, "after an orderly stop");
+
+  /* A server killed before any sync: the next one's open takes the
+   * report.  It serves, failing every FLUSH, and so does the one after.
+   */
+  make_fresh (base_path, path);
+  fail_next_sync = true;
+  r = unit_try_open_overlay (base_path, path, MLOOP_OVERLAY_SAME_BASE, err,
+                             sizeof err);
+  CHECK (!fail_next_sync, "the open made no sync of the overlay");
+  CHECK (marked (path), "the open's failed sync left no mark (open: %s)",
+         r == 0 ? "served" : err);
+  next_server_flush_fails (base_path, path, "after a failed sync at open");
+
+  /* A FUA write fails for want of space, and its server is killed
+   * before the next FLUSH: the failure's sync decided at once.
+   */
+  make_fresh (base_path, path);
+  unit_open_overlay (&base, &ov, base_path, path);
+  fail_next_sync = true;
+  mloop_overlay_fua_failed (&ov, -ENOSPC);
+  CHECK (!fail_next_sync, "a FUA write's ENOSPC was not followed by a sync");
+  CHECK (marked (path), "a FUA write's lost writeback left no mark");
+  CHECK (mloop_overlay_commit (&ov) < 0, "FLUSH after a FUA write's lost "
+         "writeback succeeded");
+  mloop_overlay_close (&ov);
+  mloop_backing_close (&base);
+
+  /* Another base recorded over the mark keeps it. */
+  r = mloop_overlay_adopt (path, other_path, err, sizeof err);
+  CHECK (r == 0, "adopt: %s", err);
+  CHECK (marked (path), "adopting another base dropped the mark");
+  next_server_flush_fails (other_path, path, "after an adoption");
+
+  /* Cleared by the owner, never while a server holds it. */
+  unit_open_overlay (&base, &ov, other_path, path);
+  CHECK (stat (path, &st) == 0, "stat: %s", strerror (errno));
+  r = mloop_overlay_clear_sync_failed (path, &st, err, sizeof err);
+  CHECK (r < 0 && strstr (err, "in use") != NULL,
+         "cleared while a server held the overlay: %d %s", r, err);
+  mloop_overlay_close (&ov);
+  mloop_backing_close (&base);
+  r = mloop_overlay_clear_sync_failed (path, &st, err, sizeof err);
+  CHECK (r == 0, "clear: %s", err);
+  CHECK (!marked (path), "the mark is still there after clear");
+  unit_open_overlay (&base, &ov, other_path, path);
+  r = mloop_overlay_commit (&ov);
+  CHECK (r == 0, "FLUSH after the mark was cleared: %s", strerror (-r));
+  mloop_overlay_close (&ov);
+  mloop_backing_close (&base);
+
+  printf ("ok: a failed sync outlives its server; clear forgets it\n");
+  return 0;
+}
