@@ -11,18 +11,18 @@ from kfix import sysfs, wait_until
 import kinds
 
 
-def attach(kind, cl, image, timeout):
+def attach(kind, cl, image, timeout, extra=()):
     """Attaches with a short request timeout (also the dead-connection
     timeout): requests in flight on a killed server are requeued when it
     expires, and a device without a server fails after it.  A ublk
     device's request timeout is mloop-ublk's own (it only tells the
     kernel of a dead server): the kernel holds its IO for the next server
     and gives it what the dead one had taken; TIMEOUT is how long it may
-    be without one before its IO fails."""
+    be without one before its IO fails.  EXTRA: more options of attach."""
+    args = kind.attach_args(image) + list(extra)
     if isinstance(kind, kinds.MloopUblk):
-        return kind.attach(cl, image,
-                           args=kind.attach_args(image) + ["--dead-timeout", str(timeout)])
-    return kind.attach(cl, image, args=kind.attach_args(image) + ["--timeout", str(timeout)])
+        return kind.attach(cl, image, args=args + ["--dead-timeout", str(timeout)])
+    return kind.attach(cl, image, args=args + ["--timeout", str(timeout)])
 
 
 def status(kind, dev):

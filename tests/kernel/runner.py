@@ -90,10 +90,10 @@ UBLK = ["ublk-smoke", "ublk-cli", "restart-fio", "restart-full-queue", "restart-
 # stall also shows nbdkit's known abort, which restart-hostile-client
 # covers).  The overlay is the engine's, whichever server: its power cut
 # runs with the native server, and the proof that it can fail (81 s) in
-# the full tier only, as does a FUA write meeting a failed writeback for
-# want of space (overlay-dsync-nospace, 8-10 s, up to 20 s on a loaded
-# machine: the standard tier has no room left; overlay-sync-error keeps
-# a failed sync's latch there).  An RBD image through the kernel (a Ceph cluster
+# the full tier only, as does a failed writeback for want of space met
+# by a FUA write and by restarted servers (overlay-dsync-nospace, about
+# 20 s: the standard tier has no room left; overlay-sync-error keeps a
+# failed sync's latch there, and the unit suite its mark).  An RBD image through the kernel (a Ceph cluster
 # booted in the guest, about 4.5 minutes in all) runs in the full tier
 # only, over NBD on 6.1 and over ublk on 6.12: the standard tier keeps
 # the store against a real cluster on the host (the ceph suite: its

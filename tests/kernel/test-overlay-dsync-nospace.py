@@ -1,17 +1,20 @@
-"""A FUA write that takes a copy-on-write overlay's report of lost pages
-for want of space must not let the next FLUSH succeed over them.
+"""A copy-on-write overlay's failed writeback for want of space must fail
+every later FLUSH: after a FUA write took the kernel's report of it, and
+after the device's server was killed and restarted.
 
 A FUA write to clusters already in the overlay goes out as one write with
 RWF_DSYNC.  Its sync reports any failed writeback of the whole file that
 its descriptor has not seen yet, not only its own range's, and the kernel
-reports each failure once per open file.  When the outer filesystem's
-disk runs out of space under the page cache (a thin pool without room,
-an NFS server's full disk), writeback of other clusters fails with
-ENOSPC; a FUA write's error ENOSPC may be that report.  Taken on the
-descriptor a FLUSH syncs, the next FLUSH would find nothing to report and
-succeed over the lost pages.
+reports each failure once per open file, and to no file opened after one
+took it.  When the outer filesystem's disk runs out of space under the
+page cache (a thin pool without room, an NFS server's full disk),
+writeback of other clusters fails with ENOSPC; a FUA write's error
+ENOSPC may be that report.  Taken on the descriptor a FLUSH syncs, the
+next FLUSH would find nothing to report and succeed over the lost pages;
+taken by a server killed before its next FLUSH (or by the open of the
+server after a killed one), the restarted server's FLUSH would.
 
-The overlay lives on XFS over a dm-thin volume much larger than its pool
+The overlays live on XFS over a dm-thin volume much larger than its pool
 (error_if_no_space: a write needing a new block fails at once with
 ENOSPC instead of queueing).  XFS, because it records a failed
 writeback's own error on both kernels; ext4 on Linux 6.1 records EIO
@@ -21,20 +24,28 @@ fits the pool, only for a test suite that says so, as fstests does
 (TEST_DIR, TEST_DEV and QA_CHECK_FS set).  The base lives on ramfs,
 which has no O_DIRECT: the overlay follows the base, so its data area
 goes through the page cache, as on a filesystem without O_DIRECT.
-Through the kernel: block A is written and flushed (its thin block is
-allocated); 256 KiB at B are discarded, so that the overlay holds them
-as a hole (marked, no block anywhere), and flushed; another thin volume
-of the pool takes all its free space; B is written (the page cache
-only) and its writeback fails ENOSPC, which the test's own descriptor
-of the overlay file sees.  Then a FUA write to A (its own block is
-there: it may succeed or fail) and a FLUSH, which must fail, and so must
-the next.
+Through the kernel, three devices over the base, each with its overlay:
+block A is written and flushed (its thin block is allocated); 256 KiB
+at B are discarded, so that the overlay holds them as a hole (marked, no
+block anywhere), and flushed; another thin volume of the pool takes all
+its free space; B is written (the page cache only) and sync(2) writes
+it back, which fails ENOSPC and takes no file's report.  Then:
+  - the first: the test's own descriptor of its overlay sees ENOSPC
+    (the failure is real), a FUA write to A (its own block is there: it
+    may succeed or fail) and a FLUSH, which must fail, and so must the
+    next;
+  - the second: its server is killed before any sync, and the next
+    one's open takes the report: the FLUSH must fail, and after another
+    kill too (the overlay's header keeps the mark);
+  - the third: a FUA write to A takes the report, then its server is
+    killed: the restarted server's FLUSH must fail.
 
-8-10 s under TCG (20 s once on a loaded machine): the durable groups of
-the CLI kinds, in the full tier only (the standard tier has no room
-left; the overlay is the engine's, whichever server).  Fails (the FLUSH
-succeeds) where the FUA write goes out on the descriptor the FLUSH
-syncs.
+About 25 s under TCG (two kills and restarts): the durable groups of the
+CLI kinds, in the full tier only (the standard tier has no room left;
+the overlay is the engine's, whichever server).  The first device fails
+(the FLUSH succeeds) where the FUA write goes out on the descriptor the
+FLUSH syncs; the second and third where the error lives only in the
+server's memory.
 """
 import errno
 import mmap
@@ -44,6 +55,7 @@ import shutil
 import dmtarget
 from blockio import BLOCK, pattern
 from kfix import Skip, run, tmpdir
+import restart
 
 BASE_SIZE = 16 << 20
 META_SIZE = 4 << 20
@@ -56,6 +68,7 @@ THIN_BLOCK_SECTORS = 128     # 64 KiB, dm-thin's smallest
 BLOCK_A = 1 << 20
 BLOCK_B = 8 << 20
 SPAN_B = 256 << 10           # several thin blocks, wherever XFS puts them
+TIMEOUT = 10                 # the devices' request timeout (restart.attach)
 
 
 def write_at(dev, offset, data, dsync=False):
@@ -152,25 +165,36 @@ def run_test(kind, cl):
         for off in range(0, BASE_SIZE, BLOCK):
             f.write(pattern(off, 0))
 
-    att = kind.attach(cl, base, args=kind.attach_args(base) + ["--overlay", overlay])
-    dev = att.device
-    assert write_at(dev, BLOCK_A, pattern(BLOCK_A, 1)) == 0, "write of A failed"
-    run(["blkdiscard", "-o", str(BLOCK_B), "-l", str(SPAN_B), dev])
-    assert sync_errno(dev) == 0, "FLUSH before the pool filled failed"
+    devices = {}
+    for name in ("running", "killed", "fua-killed"):
+        overlay = os.path.join(outer, f"overlay-{name}")
+        att = restart.attach(kind, cl, base, TIMEOUT, ["--overlay", overlay])
+        assert write_at(att.device, BLOCK_A, pattern(BLOCK_A, 1)) == 0, \
+            f"{name}: write of A failed"
+        run(["blkdiscard", "-o", str(BLOCK_B), "-l", str(SPAN_B), att.device])
+        assert sync_errno(att.device) == 0, \
+            f"{name}: FLUSH before the pool filled failed"
+        devices[name] = (att, overlay)
 
     fill_pool(filler.path)
     status = run(["dmsetup", "status", pool.name]).stdout
     assert "out_of_data_space" in status, f"the pool is not full: {status.strip()}"
 
     b = b"".join(pattern(BLOCK_B + off, 1) for off in range(0, SPAN_B, BLOCK))
-    assert write_at(dev, BLOCK_B, b) == 0, "write of B (to the page cache) failed"
-    # B's writeback, and a look at its error that leaves the server's
-    # descriptors theirs to see.
+    for name, (att, _) in devices.items():
+        assert write_at(att.device, BLOCK_B, b) == 0, \
+            f"{name}: write of B (to the page cache) failed"
+    # B's writeback, taking no descriptor's report.
+    os.sync()
+
+    att, overlay = devices["running"]
+    dev = att.device
+    # A look at the error that leaves the server's descriptors theirs to
+    # see.
     lost = sync_errno(overlay)
     if lost != errno.ENOSPC:
         raise AssertionError(f"writeback of B with the pool full: {describe(lost)}, "
                              f"expected ENOSPC (XFS found B a block the pool had)")
-
     fua = write_at(dev, BLOCK_A, pattern(BLOCK_A, 2), dsync=True)
     assert fua in (0, errno.ENOSPC, errno.EIO), \
         f"FUA write of A: {describe(fua)}"
@@ -180,7 +204,35 @@ def run_test(kind, cl):
         f"{describe(fua)}): success, though B's data is lost"
     again = sync_errno(dev)
     assert again != 0, "a second FLUSH after B's lost writeback: success"
-    att.detach()
+
+    att = devices["killed"][0]
+    restart.kill_server(kind, att.device)
+    killed = sync_errno(att.device)
+    assert killed != 0, \
+        "FLUSH after B's lost writeback, its server killed before any sync: " \
+        "success (the next server's open took the report and forgot it)"
+    restart.kill_server(kind, att.device)
+    killed_again = sync_errno(att.device)
+    assert killed_again != 0, \
+        "FLUSH after B's lost writeback and two kills: success (the mark of " \
+        "the failed sync did not outlive the server that saw it)"
+
+    att = devices["fua-killed"][0]
+    fua_killed = write_at(att.device, BLOCK_A, pattern(BLOCK_A, 2), dsync=True)
+    assert fua_killed in (0, errno.ENOSPC, errno.EIO), \
+        f"FUA write of A before the kill: {describe(fua_killed)}"
+    restart.kill_server(kind, att.device)
+    after_kill = sync_errno(att.device)
+    assert after_kill != 0, \
+        f"FLUSH after a FUA write ({describe(fua_killed)}) took B's lost " \
+        f"writeback and its server was killed: success"
+
+    for att, _ in devices.values():
+        att.detach()
     print(f"# overlay-dsync-nospace: {kind.name}: B's writeback failed ENOSPC; "
           f"FUA write of A: {describe(fua)}; FLUSH then failed "
-          f"({describe(after)}), and again ({describe(again)})", flush=True)
+          f"({describe(after)}), and again ({describe(again)}); after a kill "
+          f"before any sync ({describe(killed)}), and another "
+          f"({describe(killed_again)}); after a FUA write "
+          f"({describe(fua_killed)}) and a kill ({describe(after_kill)})",
+          flush=True)
