@@ -322,54 +322,62 @@ mloop_overlay_file_discard (const char *path, char *err, size_t errlen)
   return r;
 }
 
-int
-mloop_overlay_file_adopt (const char *path, const char *image, char *err,
-                          size_t errlen)
+/* Runs ACT (ARG) on the overlay at PATH, under the state lock, unless a
+ * device uses it: by its own name, whose file ACT is given to hold to.
+ * Root acts for users, in their directories, and a link there (or one
+ * put on the path by the time ACT opens it) could lead to another
+ * user's overlay.  VERB names the act in a refusal.  0, or -1 with one
+ * line in ERR.
+ */
+static int
+act_on_unused (const char *path, const char *verb,
+               int (*act) (const char *path, const struct stat *st,
+                           void *arg, char *err, size_t errlen),
+               void *arg, char *err, size_t errlen)
 {
   struct stat st;
   int lock, r;
 
-  /* The overlay's own name: root adopts for users, in their
-   * directories, and a link there could lead to another user's overlay,
-   * whose header would record IMAGE.
-   */
   if (lstat (path, &st) == -1)
     return mloop_fail (err, errlen, "%s: %s", path, strerror (errno));
   if (S_ISLNK (st.st_mode))
     return mloop_fail (err, errlen, "%s is a symbolic link: give the "
-                       "overlay's own path (not adopted)", path);
+                       "overlay's own path (not %s)", path, verb);
   lock = lock_device_states (err, errlen);
   if (lock == -1)
     return -1;
   r = check_unused (path, &st, NULL, NULL, err, errlen);
-  /* And only the file looked at here, whatever the path leads to by
-   * the time it is opened.
-   */
-  if (r == 0 && mloop_overlay_adopt_checked (path, &st, image, err,
-                                             errlen) < 0)
+  if (r == 0 && act (path, &st, arg, err, errlen) < 0)
     r = -1;
   mloop_state_unlock (lock);
   return r;
 }
 
+static int
+adopt_image (const char *path, const struct stat *st, void *image,
+             char *err, size_t errlen)
+{
+  return mloop_overlay_adopt_checked (path, st, image, err, errlen);
+}
+
+int
+mloop_overlay_file_adopt (const char *path, const char *image, char *err,
+                          size_t errlen)
+{
+  return act_on_unused (path, "adopted", adopt_image, (void *) image, err,
+                        errlen);
+}
+
+static int
+clear_mark (const char *path, const struct stat *st, void *arg, char *err,
+            size_t errlen)
+{
+  (void) arg;
+  return mloop_overlay_clear_sync_failed (path, st, err, errlen);
+}
+
 int
 mloop_overlay_file_clear (const char *path, char *err, size_t errlen)
 {
-  struct stat st;
-  int lock, r;
-
-  /* As adopt: the overlay's own name, and only the file looked at. */
-  if (lstat (path, &st) == -1)
-    return mloop_fail (err, errlen, "%s: %s", path, strerror (errno));
-  if (S_ISLNK (st.st_mode))
-    return mloop_fail (err, errlen, "%s is a symbolic link: give the "
-                       "overlay's own path (not cleared)", path);
-  lock = lock_device_states (err, errlen);
-  if (lock == -1)
-    return -1;
-  r = check_unused (path, &st, NULL, NULL, err, errlen);
-  if (r == 0 && mloop_overlay_clear_sync_failed (path, &st, err, errlen) < 0)
-    r = -1;
-  mloop_state_unlock (lock);
-  return r;
+  return act_on_unused (path, "cleared", clear_mark, NULL, err, errlen);
 }

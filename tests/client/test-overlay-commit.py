@@ -17,10 +17,14 @@ from another directory writes that image and no namesake; an image put
 in the base's place is refused in one line naming both, unless
 --adopt-base; a base a stopped commit has partly written is still its
 base by the mark the commit wrote first, refused without it; a moved base is named with --base; `mloop overlay adopt`
-records another image as the base.  The base is locked,
+records another image as the base.  `mloop overlay clear` forgets a
+failed sync's mark, which fails every server's FLUSH till then (not
+while a server holds the overlay, nor through a link, nor on a file
+that is no overlay).  The base is locked,
 not compared by name: a server writing it under another name (a hard
 link) makes commit refuse, and so does qemu-io with it open.  About 3 s
 (standard tier, client suite)."""
+import errno
 import fcntl
 import os
 import shutil
@@ -123,7 +127,7 @@ refused("discard of a file that is not an overlay", ["overlay", "discard", base]
         "is not an mloop overlay")
 refused("commit of a missing overlay", ["overlay", "commit", os.path.join(d, "none")],
         "No such file")
-refused("an unknown overlay command", ["overlay", "merge", overlay], "commit or discard")
+refused("an unknown overlay command", ["overlay", "merge", overlay], "commit, discard or clear")
 check("refusals changed neither base nor overlay",
       digest(base) == base_before and digest(overlay) == overlay_before)
 
@@ -305,6 +309,43 @@ srv.stop()
 p = mloop("overlay", "commit", fourth)
 check("commit then writes the adopted image", p.returncode == 0 and
       p.stdout.strip() == elsewhere, p.stdout + p.stderr)
+
+# clear: a failed sync's mark (flag 8 of the header's flags word, as a
+# server sets it when a sync of the overlay fails) fails every FLUSH of
+# every server after, until the owner clears it.
+marked = os.path.join(d, "marked.overlay")
+written_overlay(base, marked)
+with open(marked, "r+b") as f:
+    f.seek(4072)
+    flags = struct.unpack("<I", f.read(4))[0]
+    f.seek(4072)
+    f.write(struct.pack("<I", flags | 8))
+srv = harness.Server(base, [f"overlay={marked}"])
+h = srv.connect(strict=False)
+try:
+    h.flush()
+    check("FLUSH on an overlay marked with a failed sync fails", False)
+except nbd.Error as e:
+    check("FLUSH on an overlay marked with a failed sync fails",
+          e.errnum == errno.EIO, str(e))
+refused("clear of an overlay a server holds", ["overlay", "clear", marked],
+        "is in use by a server")
+h.shutdown()
+srv.stop()
+link = os.path.join(d, "marked.link")
+os.symlink(marked, link)
+refused("clear through a symbolic link", ["overlay", "clear", link],
+        "is a symbolic link")
+refused("clear of a file that is no overlay", ["overlay", "clear", base],
+        "is not an mloop overlay")
+p = mloop("overlay", "clear", marked)
+check("clear forgets the failed sync", p.returncode == 0 and
+      p.stdout == p.stderr == "", p.stdout + p.stderr)
+srv = harness.Server(base, [f"overlay={marked}"])
+h = srv.connect(strict=False)
+h.flush()
+h.shutdown()
+srv.stop()
 
 # The base's path is the overlay's header's, whoever wrote it: printed,
 # its control characters are escaped, as mloop list escapes names (an

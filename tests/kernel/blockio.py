@@ -53,6 +53,35 @@ def odirect_block(dev, offset, data=None):
         buf.close()
 
 
+def write_errno(dev, offset, data, dsync=False):
+    """Writes DATA at OFFSET of DEV with O_DIRECT (and O_DSYNC: a FUA
+    request); returns the errno it failed with, or 0."""
+    buf = mmap.mmap(-1, len(data))
+    buf.write(data)
+    fd = os.open(dev, os.O_WRONLY | os.O_DIRECT | (os.O_DSYNC if dsync else 0))
+    try:
+        os.pwrite(fd, buf, offset)
+        return 0
+    except OSError as e:
+        return e.errno
+    finally:
+        os.close(fd)
+        buf.close()
+
+
+def sync_errno(path):
+    """fsync of PATH on a descriptor of its own (a device's: a FLUSH
+    request): 0 or its errno."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        return 0
+    except OSError as e:
+        return e.errno
+    finally:
+        os.close(fd)
+
+
 def kernel_log_around(token):
     """The kernel log before and after the line holding TOKEN (a mark the
     test wrote to /dev/kmsg)."""

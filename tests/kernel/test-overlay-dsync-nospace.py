@@ -53,7 +53,7 @@ import os
 import shutil
 
 import dmtarget
-from blockio import BLOCK, pattern
+from blockio import BLOCK, pattern, sync_errno, write_errno
 from kfix import Skip, run, tmpdir
 import restart
 
@@ -69,34 +69,6 @@ BLOCK_A = 1 << 20
 BLOCK_B = 8 << 20
 SPAN_B = 256 << 10           # several thin blocks, wherever XFS puts them
 TIMEOUT = 10                 # the devices' request timeout (restart.attach)
-
-
-def write_at(dev, offset, data, dsync=False):
-    """Writes DATA at OFFSET with O_DIRECT (and O_DSYNC: a FUA request);
-    returns the errno it failed with, or 0."""
-    buf = mmap.mmap(-1, len(data))
-    buf.write(data)
-    fd = os.open(dev, os.O_WRONLY | os.O_DIRECT | (os.O_DSYNC if dsync else 0))
-    try:
-        os.pwrite(fd, buf, offset)
-        return 0
-    except OSError as e:
-        return e.errno
-    finally:
-        os.close(fd)
-        buf.close()
-
-
-def sync_errno(path):
-    """fsync of PATH on a descriptor of its own: 0 or its errno."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        return 0
-    except OSError as e:
-        return e.errno
-    finally:
-        os.close(fd)
 
 
 def fill_pool(dev):
@@ -169,7 +141,7 @@ def run_test(kind, cl):
     for name in ("running", "killed", "fua-killed"):
         overlay = os.path.join(outer, f"overlay-{name}")
         att = restart.attach(kind, cl, base, TIMEOUT, ["--overlay", overlay])
-        assert write_at(att.device, BLOCK_A, pattern(BLOCK_A, 1)) == 0, \
+        assert write_errno(att.device, BLOCK_A, pattern(BLOCK_A, 1)) == 0, \
             f"{name}: write of A failed"
         run(["blkdiscard", "-o", str(BLOCK_B), "-l", str(SPAN_B), att.device])
         assert sync_errno(att.device) == 0, \
@@ -182,7 +154,7 @@ def run_test(kind, cl):
 
     b = b"".join(pattern(BLOCK_B + off, 1) for off in range(0, SPAN_B, BLOCK))
     for name, (att, _) in devices.items():
-        assert write_at(att.device, BLOCK_B, b) == 0, \
+        assert write_errno(att.device, BLOCK_B, b) == 0, \
             f"{name}: write of B (to the page cache) failed"
     # B's writeback, taking no descriptor's report.
     os.sync()
@@ -195,7 +167,7 @@ def run_test(kind, cl):
     if lost != errno.ENOSPC:
         raise AssertionError(f"writeback of B with the pool full: {describe(lost)}, "
                              f"expected ENOSPC (XFS found B a block the pool had)")
-    fua = write_at(dev, BLOCK_A, pattern(BLOCK_A, 2), dsync=True)
+    fua = write_errno(dev, BLOCK_A, pattern(BLOCK_A, 2), dsync=True)
     assert fua in (0, errno.ENOSPC, errno.EIO), \
         f"FUA write of A: {describe(fua)}"
     after = sync_errno(dev)
@@ -218,7 +190,7 @@ def run_test(kind, cl):
         "the failed sync did not outlive the server that saw it)"
 
     att = devices["fua-killed"][0]
-    fua_killed = write_at(att.device, BLOCK_A, pattern(BLOCK_A, 2), dsync=True)
+    fua_killed = write_errno(att.device, BLOCK_A, pattern(BLOCK_A, 2), dsync=True)
     assert fua_killed in (0, errno.ENOSPC, errno.EIO), \
         f"FUA write of A before the kill: {describe(fua_killed)}"
     restart.kill_server(kind, att.device)

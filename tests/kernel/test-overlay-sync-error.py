@@ -28,56 +28,16 @@ For the CLI kinds (mloop attach --overlay); the loop device has no
 overlay.
 """
 import errno
-import mmap
 import os
 
 import dmtarget
-from blockio import BLOCK, pattern
+from blockio import BLOCK, odirect_block, pattern, sync_errno, write_errno
 from kfix import Skip, mount, run, tmpdir
 
 OUTER_SIZE = 64 << 20
 BASE_SIZE = 16 << 20
 BLOCK_A = 1 << 20
 BLOCK_B = 9 << 20
-
-
-def write_block(dev, offset, data, dsync=False):
-    """Writes one block with O_DIRECT (and O_DSYNC: a FUA request);
-    returns the errno it failed with, or 0."""
-    buf = mmap.mmap(-1, BLOCK)
-    buf.write(data)
-    fd = os.open(dev, os.O_WRONLY | os.O_DIRECT | (os.O_DSYNC if dsync else 0))
-    try:
-        os.pwrite(fd, buf, offset)
-        return 0
-    except OSError as e:
-        return e.errno
-    finally:
-        os.close(fd)
-        buf.close()
-
-
-def flush(dev):
-    """fsync on the device: a FLUSH request.  Returns its errno or 0."""
-    fd = os.open(dev, os.O_WRONLY)
-    try:
-        os.fsync(fd)
-        return 0
-    except OSError as e:
-        return e.errno
-    finally:
-        os.close(fd)
-
-
-def read_block(dev, offset):
-    buf = mmap.mmap(-1, BLOCK)
-    fd = os.open(dev, os.O_RDONLY | os.O_DIRECT)
-    try:
-        assert os.preadv(fd, [buf], offset) == BLOCK
-        return buf[:]
-    finally:
-        os.close(fd)
-        buf.close()
 
 
 def run_test(kind, cl):
@@ -98,31 +58,31 @@ def run_test(kind, cl):
 
     att = kind.attach(cl, base, args=args)
     dev = att.device
-    assert write_block(dev, BLOCK_A, pattern(BLOCK_A, 1)) == 0, "write of A failed"
-    assert flush(dev) == 0, "FLUSH before the fault failed"
-    assert write_block(dev, BLOCK_B, pattern(BLOCK_B, 1)) == 0, "write of B failed"
+    assert write_errno(dev, BLOCK_A, pattern(BLOCK_A, 1)) == 0, "write of A failed"
+    assert sync_errno(dev) == 0, "FLUSH before the fault failed"
+    assert write_errno(dev, BLOCK_B, pattern(BLOCK_B, 1)) == 0, "write of B failed"
 
     dm.swap(dmtarget.flakey(disk, "error_writes"), target="flakey", lockfs=False)
     try:
-        during = flush(dev)
+        during = sync_errno(dev)
     finally:
         dm.swap(dmtarget.linear(disk), lockfs=False)
     assert during == errno.EIO, \
         f"FLUSH while the disk failed writes: {os.strerror(during) if during else 'success'}"
 
-    after = flush(dev)
+    after = sync_errno(dev)
     assert after == errno.EIO, \
         f"FLUSH after a failed sync, the disk well again: " \
         f"{os.strerror(after) if after else 'success'}, though the map page may be lost"
-    fua = write_block(dev, BLOCK_A, pattern(BLOCK_A, 2), dsync=True)
+    fua = write_errno(dev, BLOCK_A, pattern(BLOCK_A, 2), dsync=True)
     assert fua == errno.EIO, \
         f"FUA write after a failed sync: {os.strerror(fua) if fua else 'success'}"
 
     att.detach()
     att = kind.attach(cl, base, args=args)
     dev = att.device
-    assert read_block(dev, BLOCK_B) == pattern(BLOCK_B, 1), "block B lost its data"
-    assert flush(dev) == 0, "FLUSH on the overlay opened again failed"
+    assert odirect_block(dev, BLOCK_B) == pattern(BLOCK_B, 1), "block B lost its data"
+    assert sync_errno(dev) == 0, "FLUSH on the overlay opened again failed"
     att.detach()
     # What that FLUSH promised is on the disk, not only in the page cache
     # (which still held B's map word, lost to the disk at the fault).
@@ -130,12 +90,12 @@ def run_test(kind, cl):
         f.write("3\n")
     att = kind.attach(cl, base, args=args)
     dev = att.device
-    got = read_block(dev, BLOCK_B)
+    got = odirect_block(dev, BLOCK_B)
     assert got == pattern(BLOCK_B, 1), \
         "after a successful FLUSH and the page cache dropped, block B reads " + \
         ("the base's data: its map word never reached the disk"
          if got == pattern(BLOCK_B, 0) else "other data")
-    assert read_block(dev, BLOCK_A) in (pattern(BLOCK_A, 1), pattern(BLOCK_A, 2)), \
+    assert odirect_block(dev, BLOCK_A) in (pattern(BLOCK_A, 1), pattern(BLOCK_A, 2)), \
         "block A lost its data"
     att.detach()
     print(f"# overlay-sync-error: {kind.name}: FLUSH failed during the fault and "
