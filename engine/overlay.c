@@ -208,28 +208,63 @@ note_sync_error (struct mloop_overlay *ov, int err)
     (void) rewrite_map (ov);
 }
 
-/* One fdatasync of the whole file, data area and map.  Its own result:
- * an error is also kept for every later commit.  On success every map
- * word written before it started is durable.
+/* Runs the next generation's fdatasync of the whole file, under
+ * sync_lock (let go of while it runs), and records how it went before
+ * any caller waiting for it sees it done: one that came later then sees
+ * its error too.
+ */
+static void
+run_sync (struct mloop_overlay *ov)
+{
+  const uint64_t generation = ++ov->syncs_started;
+  const uint64_t written = __atomic_load_n (&ov->map_written,
+                                            __ATOMIC_ACQUIRE);
+  uint64_t synced = __atomic_load_n (&ov->map_synced, __ATOMIC_ACQUIRE);
+  int r;
+
+  ov->syncing = true;
+  pthread_mutex_unlock (&ov->sync_lock);
+  r = sync_fd (ov->sync_fd);
+  pthread_mutex_lock (&ov->sync_lock);
+  if (r < 0) {
+    note_sync_error (ov, r);
+    ov->last_failed_sync = generation;
+    ov->last_sync_error = r;
+  }
+  else
+    while (synced < written &&
+           !__atomic_compare_exchange_n (&ov->map_synced, &synced, written,
+                                         false, __ATOMIC_ACQ_REL,
+                                         __ATOMIC_ACQUIRE))
+      ;
+  ov->syncs_done = generation;
+  ov->syncing = false;
+  pthread_cond_broadcast (&ov->sync_finished);
+}
+
+/* A sync of the whole file, data area and map, that began after this
+ * call did: its result (or a later one's failure), an error also kept
+ * for every later commit.  On success every map word written before
+ * the call is durable.  A caller that comes while a sync runs waits
+ * for it and shares the next one with every other that came meanwhile.
  */
 static int
 sync_file (struct mloop_overlay *ov)
 {
-  const uint64_t written = __atomic_load_n (&ov->map_written,
-                                            __ATOMIC_ACQUIRE);
-  uint64_t synced = __atomic_load_n (&ov->map_synced, __ATOMIC_ACQUIRE);
-  int r = sync_fd (ov->sync_fd);
+  uint64_t target;
+  int r;
 
-  if (r < 0) {
-    note_sync_error (ov, r);
-    return r;
+  pthread_mutex_lock (&ov->sync_lock);
+  target = ov->syncs_started + 1;
+  while (ov->syncs_done < target) {
+    if (ov->syncing)
+      pthread_cond_wait (&ov->sync_finished, &ov->sync_lock);
+    else
+      run_sync (ov);
   }
-  while (synced < written &&
-         !__atomic_compare_exchange_n (&ov->map_synced, &synced, written,
-                                       false, __ATOMIC_ACQ_REL,
-                                       __ATOMIC_ACQUIRE))
-    ;
-  return 0;
+  r = ov->last_failed_sync >= target ? ov->last_sync_error : 0;
+  pthread_mutex_unlock (&ov->sync_lock);
+  return r;
 }
 
 /* ---- the map ---- */
@@ -1886,6 +1921,9 @@ overlay_open (struct mloop_overlay *ov, const char *path,
   ov->path = strdup (path);
   if (ov->path == NULL)
     return -ENOMEM;
+  /* Before the header is read: recording a base syncs the file. */
+  pthread_mutex_init (&ov->sync_lock, NULL);
+  pthread_cond_init (&ov->sync_finished, NULL);
   for (unsigned attempt = 1; ; attempt++) {
     r = open_locked (ov, path, expect, base, direct, create, err, errlen);
     if (r <= 0)
@@ -1946,6 +1984,8 @@ overlay_open (struct mloop_overlay *ov, const char *path,
   return 0;
 
  fail:
+  pthread_cond_destroy (&ov->sync_finished);
+  pthread_mutex_destroy (&ov->sync_lock);
   free (ov->map);
   if (ov->sync_fd != -1)
     close (ov->sync_fd);
@@ -1991,6 +2031,8 @@ mloop_overlay_close (struct mloop_overlay *ov)
    */
   (void) mloop_overlay_commit (ov);
   pthread_mutex_destroy (&ov->map_lock);
+  pthread_cond_destroy (&ov->sync_finished);
+  pthread_mutex_destroy (&ov->sync_lock);
   free (ov->map);
   close (ov->sync_fd);
   close (ov->map_fd);

@@ -76,6 +76,19 @@ struct mloop_overlay {
    */
   uint64_t map_written;
   uint64_t map_synced;
+  /* One sync of the file at a time, shared by every caller that came
+   * while the one before ran (overlay.c, sync_file): two at once wait
+   * on the same writeback, and the kernel tells only one of them that
+   * it failed.  Generations started and done, the last that failed and
+   * its error; all under sync_lock.
+   */
+  pthread_mutex_t sync_lock;
+  pthread_cond_t sync_finished;
+  bool syncing;
+  uint64_t syncs_started;
+  uint64_t syncs_done;
+  uint64_t last_failed_sync;
+  int last_sync_error;
   /* The first error a sync of the file reported (negative errno), or 0.
    * Also marked in the header (OVERLAY_FLAG_SYNC_FAILED, overlay.c), so
    * that a server started after this one, a restart of the device's
