@@ -76,7 +76,8 @@ static const char overlay_magic[8] = { 'M', 'L', 'O', 'O', 'P', 'C', 'O', 'W' };
  * every server of the overlay fails FLUSH and FUA writes until its owner
  * clears the mark (overlay.h, sync_error).  Written over the header in
  * place, without another write: its block is the file's first, allocated
- * when the overlay was made, so a full disk beneath still takes it.
+ * when the overlay was made, so a full disk beneath takes it (unless it
+ * shares that block copy-on-write: btrfs, a reflinked copy).
  */
 #define OVERLAY_FLAG_SYNC_FAILED 8u
 /* The flags this mloop knows.  Version 2 has no rule for flags an
@@ -377,6 +378,12 @@ mloop_overlay_commit (struct mloop_overlay *ov)
   r = sync_file (ov);
 
   return r < 0 ? r : __atomic_load_n (&ov->sync_error, __ATOMIC_ACQUIRE);
+}
+
+bool
+mloop_overlay_sync_failed (const struct mloop_overlay *ov)
+{
+  return __atomic_load_n (&ov->sync_error, __ATOMIC_ACQUIRE) != 0;
 }
 
 bool
@@ -1306,8 +1313,14 @@ check_base (struct mloop_overlay *ov, unsigned char *h,
    */
   if (check == MLOOP_OVERLAY_MERGE_ANY_BASE ||
       (version == OVERLAY_VERSION_NO_IDENTITY &&
-       check != MLOOP_OVERLAY_ADOPT_BASE))
+       check != MLOOP_OVERLAY_ADOPT_BASE && check != MLOOP_OVERLAY_SAME_BASE))
     return 0;
+  /* A server records the base it serves one over, as adopting it would:
+   * version 1 took any base of its size, and has no flags word for the
+   * mark of a failed sync, which every server after must find.
+   */
+  if (version == OVERLAY_VERSION_NO_IDENTITY)
+    check = MLOOP_OVERLAY_ADOPT_BASE;
   r = identify_base (base, &id, err, errlen);
   if (r < 0)
     return r;
@@ -2084,14 +2097,26 @@ mloop_overlay_clear_sync_failed (const char *path, const struct stat *checked,
                                           &known, &merging, err,
                                           errlen)) < 0)
     ;
-  else if (!known) {
-    /* Version 1 has no flags word, and so no mark to clear. */
+  /* A failure no server was told of yet (one killed before its sync)
+   * is told to this first sync, the last the kernel tells: kept as the
+   * mark, never cleared over.  Version 1 has no flags word: no mark.
+   */
+  else if ((r = sync_fd (fd)) < 0) {
+    if (known &&
+        change_header_flag (fd, OVERLAY_FLAG_SYNC_FAILED, true) == 0)
+      (void) sync_fd (fd);
+    snprintf (err, errlen, "a sync of overlay %s failed just now (%s): "
+              "not cleared", path, strerror (-r));
   }
-  else if ((r = change_header_flag (fd, OVERLAY_FLAG_SYNC_FAILED,
-                                    false)) < 0 ||
-           (r = sync_fd (fd)) < 0)
+  else if (known &&
+           ((r = change_header_flag (fd, OVERLAY_FLAG_SYNC_FAILED,
+                                     false)) < 0 ||
+            (r = sync_fd (fd)) < 0)) {
+    if (change_header_flag (fd, OVERLAY_FLAG_SYNC_FAILED, true) == 0)
+      (void) sync_fd (fd);
     snprintf (err, errlen, "cannot clear the failed sync's mark of overlay "
               "%s: %s", path, strerror (-r));
+  }
   free (base_path);
   close (fd);
   return r;

@@ -290,6 +290,11 @@ int mloop_overlay_mark (struct mloop_overlay *ov, uint64_t offset,
  */
 int mloop_overlay_commit (struct mloop_overlay *ov);
 
+/* Whether a sync of the overlay failed: under this server, or under
+ * one before it (the header's mark).
+ */
+bool mloop_overlay_sync_failed (const struct mloop_overlay *ov);
+
 /* Forgets the mark a failed sync left in the header of the overlay at
  * PATH (sync_error above): its owner's word that the data on it was
  * checked since.  Only the file CHECKED (its device and inode), the

@@ -971,6 +971,16 @@ mloop_overlay_merge_checked (const char *path, const struct stat *checked,
     r = refuse_other_names (&ov, false, err, errlen);
   if (r == 0)
     r = check_owner_may_write (&ov, &base, err, errlen);
+  /* Pages of it may be lost (a sync failed, under a server or in this
+   * open): merged, they would reach the base as stale bytes, and the
+   * overlay and its mark go.  Its owner checks it first, and clears.
+   */
+  if (r == 0 && mloop_overlay_sync_failed (&ov)) {
+    snprintf (err, errlen, "a sync of overlay %s failed, so writes its "
+              "server answered may be lost: check the data on it, then "
+              "mloop overlay clear %s (not committed)", path, path);
+    r = -EIO;
+  }
   if (r < 0) {
     mloop_overlay_close (&ov);
     goto out_base;

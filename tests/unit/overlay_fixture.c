@@ -253,3 +253,18 @@ unit_commit_in_child (const char *path, const char *base_path,
          "the commit in a child process did not end");
   return WEXITSTATUS (status);
 }
+
+void
+unit_make_version_1 (const char *path, const char *name)
+{
+  char tail[4096 - 64];
+  const uint32_t version = 1;
+  int fd = open (path, O_WRONLY | O_CLOEXEC);
+
+  memset (tail, 0, sizeof tail);
+  memcpy (tail, name, strlen (name));
+  CHECK (fd >= 0 && pwrite (fd, &version, sizeof version, 8) ==
+         (ssize_t) sizeof version &&
+         pwrite (fd, tail, sizeof tail, 64) == (ssize_t) sizeof tail &&
+         close (fd) == 0, "%s: %s", path, strerror (errno));
+}

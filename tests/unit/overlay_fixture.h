@@ -98,6 +98,11 @@ void unit_mark_merging (const char *base_path, const char *path);
 void unit_stop_commit (const char *path, const char *base_path,
                        enum mloop_overlay_base_check check);
 
+/* Makes the overlay at PATH a version 1 one recording its base as NAME,
+ * as an older mloop wrote it: the path up to the header's end.
+ */
+void unit_make_version_1 (const char *path, const char *name);
+
 /* Copies the file at FROM to a new file TO, byte for byte. */
 void unit_copy_file (const char *from, const char *to);
 

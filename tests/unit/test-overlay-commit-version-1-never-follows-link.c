@@ -30,24 +30,6 @@
 
 #define BASE_SIZE (1u << 20)
 
-/* Makes the overlay at PATH a version 1 one recording its base as NAME,
- * as an older mloop wrote it: the path up to the header's end.
- */
-static void
-make_version_1 (const char *path, const char *name)
-{
-  char tail[4096 - 64];
-  const uint32_t version = 1;
-  int fd = open (path, O_WRONLY | O_CLOEXEC);
-
-  memset (tail, 0, sizeof tail);
-  memcpy (tail, name, strlen (name));
-  CHECK (fd >= 0 && pwrite (fd, &version, sizeof version, 8) ==
-         (ssize_t) sizeof version &&
-         pwrite (fd, tail, sizeof tail, 64) == (ssize_t) sizeof tail &&
-         close (fd) == 0, "%s: %s", path, strerror (errno));
-}
-
 int
 main (void)
 {
@@ -65,7 +47,7 @@ main (void)
   unit_make_tagged_image (target, BASE_SIZE, "root's own");
   unit_make_tagged_image (image, BASE_SIZE, "the user's");
   unit_make_overlay (image, path);
-  make_version_1 (path, image);
+  unit_make_version_1 (path, image);
 
   CHECK (unlink (image) == 0 && symlink (target, image) == 0,
          "%s: %s", image, strerror (errno));

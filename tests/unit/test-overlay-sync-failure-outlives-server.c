@@ -122,6 +122,19 @@ main (void)
   CHECK (marked (path), "a failed FLUSH left no mark in the header");
   next_server_flush_fails (base_path, path, "after an orderly stop");
 
+  /* A version 1 overlay, whose header had no flags word: its first
+   * server records its base, and with it the room for the mark.
+   */
+  make_fresh (base_path, path);
+  unit_make_version_1 (path, "base.img");
+  unit_open_overlay (&base, &ov, base_path, path);
+  fail_next_sync = true;
+  CHECK (mloop_overlay_commit (&ov) < 0, "the armed FLUSH did not fail");
+  mloop_overlay_close (&ov);
+  mloop_backing_close (&base);
+  CHECK (marked (path), "a version 1 overlay's failed FLUSH left no mark");
+  next_server_flush_fails (base_path, path, "a version 1 overlay's restart");
+
   /* A server killed before any sync: the next one's open takes the
    * report.  It serves, failing every FLUSH, and so does the one after.
    */
@@ -148,11 +161,42 @@ main (void)
   mloop_overlay_close (&ov);
   mloop_backing_close (&base);
 
+  /* Nor is it committed into its base, its mark and all removed. */
+  r = mloop_overlay_merge (path, base_path, false, true, err, sizeof err);
+  CHECK (r < 0 && strstr (err, "overlay clear") != NULL,
+         "a commit merged an overlay marked with a failed sync (%d %s)", r,
+         err);
+  CHECK (access (path, F_OK) == 0 && marked (path),
+         "a refused commit removed the overlay or its mark");
+  make_fresh (base_path, path);
+  fail_next_sync = true;
+  r = mloop_overlay_merge (path, base_path, false, true, err, sizeof err);
+  CHECK (r < 0 && access (path, F_OK) == 0 && marked (path),
+         "a commit whose own open's sync failed merged it (%d %s)", r, err);
+
   /* Another base recorded over the mark keeps it. */
   r = mloop_overlay_adopt (path, other_path, err, sizeof err);
   CHECK (r == 0, "adopt: %s", err);
   CHECK (marked (path), "adopting another base dropped the mark");
   next_server_flush_fails (other_path, path, "after an adoption");
+
+  /* A clear whose own sync fails (a failure no server was told of yet)
+   * keeps the mark, and sets it where there was none.
+   */
+  CHECK (stat (path, &st) == 0, "stat: %s", strerror (errno));
+  fail_next_sync = true;
+  r = mloop_overlay_clear_sync_failed (path, &st, err, sizeof err);
+  CHECK (r < 0, "a clear whose sync failed cleared the mark");
+  CHECK (marked (path), "a clear whose sync failed dropped the mark");
+  make_fresh (base_path, path);
+  CHECK (stat (path, &st) == 0, "stat: %s", strerror (errno));
+  fail_next_sync = true;
+  r = mloop_overlay_clear_sync_failed (path, &st, err, sizeof err);
+  CHECK (r < 0 && marked (path), "a clear of an unmarked overlay whose sync "
+         "failed left no mark (%d)", r);
+  next_server_flush_fails (base_path, path, "after a clear's failed sync");
+  r = mloop_overlay_adopt (path, other_path, err, sizeof err);
+  CHECK (r == 0, "adopt: %s", err);
 
   /* Cleared by the owner, never while a server holds it. */
   unit_open_overlay (&base, &ov, other_path, path);
