@@ -72,22 +72,31 @@ file_flush (struct mloop_store *store)
 {
   struct mloop_file_store *e = (struct mloop_file_store *) store;
 
+  int told;
+
   if (e->overlay)
     return mloop_overlay_commit (e->overlay);
-  return fdatasync (e->backing.fd) == -1 ? -errno : 0;
+  told = __atomic_exchange_n (&e->probe_sync_error, 0, __ATOMIC_ACQ_REL);
+  if (fdatasync (e->backing.fd) == -1)
+    return -errno;
+  return told;
 }
 
-/* Submits one probe iocb on RING and returns its result. */
+/* Submits one probe iocb on RING and returns its result; *TAKEN says
+ * whether the kernel took it (else the command is not there).
+ */
 static long
-probe_iocb (struct mloop_aio_ring *ring, struct iocb *iocb)
+probe_iocb (struct mloop_aio_ring *ring, struct iocb *iocb, bool *taken)
 {
   struct io_event ev;
   int r;
 
+  *taken = false;
   r = mloop_aio_ring_submit (ring, &iocb, 1);
   if (r != 1)
     return r < 0 ? r : -EIO;
   r = mloop_aio_ring_reap (ring, 1, &ev, 1, NULL);
+  *taken = r == 1;
   return r == 1 ? (long) ev.res : -EIO;
 }
 
@@ -143,7 +152,8 @@ file_probe_features (struct mloop_store *store)
   struct iocb iocb;
   struct iovec iov = { NULL, 0 };
   struct probed *p;
-  bool ring_open;
+  bool ring_open, taken;
+  long got;
 
   pthread_mutex_lock (&probed_lock);
   p = probed_find (write_fd (e), false);
@@ -160,12 +170,19 @@ file_probe_features (struct mloop_store *store)
   ring_open = mloop_aio_ring_init (&ring, 1) == 0;
   if (e->backing.writable) {
     io_prep_pwritev2 (&iocb, write_fd (e), &iov, 0, 0, RWF_DSYNC);
-    e->fua_in_aio = ring_open && probe_iocb (&ring, &iocb) >= 0;
+    e->fua_in_aio = ring_open && probe_iocb (&ring, &iocb, &taken) >= 0;
   }
-  io_prep_fdsync (&iocb, write_fd (e));
-  e->flush_in_aio = ring_open && probe_iocb (&ring, &iocb) >= 0;
   if (!ring_open)
     return;
+  io_prep_fdsync (&iocb, write_fd (e));
+  got = probe_iocb (&ring, &iocb, &taken);
+  /* A sync that ran and failed is there, and told this descriptor of a
+   * failed writeback no sync of it will report again: the first FLUSH
+   * does.  (An overlay's FLUSH syncs a descriptor of its own.)
+   */
+  e->flush_in_aio = got >= 0 || (taken && got != -EINVAL);
+  if (taken && got < 0 && got != -EINVAL && !e->overlay)
+    e->probe_sync_error = (int) got;
   mloop_aio_ring_destroy (&ring);
   /* Remembered once both were asked. */
   if (e->backing.writable) {
@@ -347,9 +364,9 @@ file_complete_event (struct mloop_store *store, struct mloop_io *io,
 
   if (res < 0) {
     error = (int) -res;
-    if (e->overlay && io->op == MLOOP_IO_WRITE &&
-        (io->flags & MLOOP_IO_FUA) && e->fua_in_aio)
-      mloop_overlay_fua_failed (e->overlay, (int) res);
+    if (e->overlay && io->op == MLOOP_IO_WRITE)
+      mloop_overlay_write_failed (e->overlay, (int) res,
+                                  (io->flags & MLOOP_IO_FUA) && e->fua_in_aio);
   }
   else if (io->op != MLOOP_IO_FLUSH) {
     io->done += (size_t) res;
@@ -401,8 +418,11 @@ file_prepare (struct mloop_store *store, struct mloop_io *io)
     io->bounce = NULL;
     io->bounce_allocated = false;
     io->fd = write_fd (e);
-    /* An overlay's flush also writes its map: no AIO form. */
-    if (!e->flush_in_aio || e->overlay)
+    /* An overlay's flush also writes its map: no AIO form.  Nor a
+     * flush that has the probe's failure to report (file_flush).
+     */
+    if (!e->flush_in_aio || e->overlay ||
+        __atomic_load_n (&e->probe_sync_error, __ATOMIC_ACQUIRE))
       return MLOOP_PREPARED_BLOCKING;
     io_prep_fdsync (&io->iocb, io->fd);
     io->iocb.data = io;

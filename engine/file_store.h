@@ -31,6 +31,11 @@ struct mloop_file_store {
   /* Kernel features, probed by the store's probe_features. */
   bool fua_in_aio;              /* RWF_DSYNC on AIO writes (Linux ≥ 4.13) */
   bool flush_in_aio;            /* IOCB_CMD_FDSYNC (Linux ≥ 4.18) */
+  /* A plain image's failed writeback the flush probe's sync was told
+   * of (a server before this one killed before it synced), for the
+   * first FLUSH to report (negative errno), or 0.
+   */
+  int probe_sync_error;
   /* Serializes read-modify-write of partial blocks (unaligned.c). */
   struct mloop_range_lock rmw_lock;
 };

@@ -395,7 +395,7 @@ mloop_overlay_map_durable (const struct mloop_overlay *ov)
 }
 
 void
-mloop_overlay_fua_failed (struct mloop_overlay *ov, int err)
+mloop_overlay_write_failed (struct mloop_overlay *ov, int err, bool fua)
 {
   /* The report of other pages' failed writeback was fd's to take;
    * sync_fd has it still, and its sync keeps it, now: left to the next
@@ -405,10 +405,9 @@ mloop_overlay_fua_failed (struct mloop_overlay *ov, int err)
    */
   if (err == -ENOSPC || err == -EDQUOT)
     (void) sync_file (ov);
-  else
+  else if (fua)
     note_sync_error (ov, err);
 }
-
 /* ---- data ---- */
 
 /* Reads [offset, offset + count) of the base, virtual coordinates, into
@@ -520,7 +519,9 @@ mloop_overlay_rw (struct mloop_overlay *ov, const struct mloop_backing *base,
   if (partial)
     mloop_range_unlock (lock, &range);
   mloop_free_aligned (block, end - start);
-  if (r == 0 && fua)
+  if (r < 0)
+    mloop_overlay_write_failed (ov, r, false);
+  else if (fua)
     r = mloop_overlay_commit (ov);
   return r;
 }
@@ -626,7 +627,9 @@ mloop_overlay_zero (struct mloop_overlay *ov,
     r = zero_bytes (ov, base, lock, offset, start - offset);
   if (r == 0 && end < offset + count)
     r = zero_bytes (ov, base, lock, end, offset + count - end);
-  if (r == 0 && (flags & MLOOP_IO_FUA))
+  if (r < 0)
+    mloop_overlay_write_failed (ov, r, false);
+  else if (flags & MLOOP_IO_FUA)
     r = mloop_overlay_commit (ov);
   return r;
 }

@@ -312,13 +312,14 @@ int mloop_overlay_clear_sync_failed (const char *path,
  */
 bool mloop_overlay_map_durable (const struct mloop_overlay *ov);
 
-/* Records ERR (a negative errno) from a write with RWF_DSYNC to the
- * overlay's data area as a failed sync of the file.  No space may be
- * the write's own (a hole it could not fill: nothing else lost) or the
- * report of other pages' failed writeback: a sync decides, at once,
- * before a crash could take that report with this server.
+/* Records ERR (a negative errno) from a write to the overlay's data
+ * area: with FUA (RWF_DSYNC) as a failed sync of the file.  No space
+ * may be the write's own (a hole it could not fill: nothing else lost)
+ * or the report of other pages' failed writeback, which a FUA write's
+ * sync takes, and on NFS any write after a lost one: a sync decides,
+ * at once, before a crash could take that report with this server.
  */
-void mloop_overlay_fua_failed (struct mloop_overlay *ov, int err);
+void mloop_overlay_write_failed (struct mloop_overlay *ov, int err, bool fua);
 
 /* A read or write of any alignment, synchronously: clusters in the base
  * are read from BASE; a write to part of a cluster copies the rest up

@@ -153,11 +153,21 @@ main (void)
   make_fresh (base_path, path);
   unit_open_overlay (&base, &ov, base_path, path);
   fail_next_sync = true;
-  mloop_overlay_fua_failed (&ov, -ENOSPC);
+  mloop_overlay_write_failed (&ov, -ENOSPC, true);
   CHECK (!fail_next_sync, "a FUA write's ENOSPC was not followed by a sync");
   CHECK (marked (path), "a FUA write's lost writeback left no mark");
   CHECK (mloop_overlay_commit (&ov) < 0, "FLUSH after a FUA write's lost "
          "writeback succeeded");
+  mloop_overlay_close (&ov);
+  mloop_backing_close (&base);
+
+  /* So does a plain write's: on NFS it takes the report too. */
+  make_fresh (base_path, path);
+  unit_open_overlay (&base, &ov, base_path, path);
+  fail_next_sync = true;
+  mloop_overlay_write_failed (&ov, -ENOSPC, false);
+  CHECK (!fail_next_sync && marked (path),
+         "a plain write's ENOSPC was not followed by a sync that kept it");
   mloop_overlay_close (&ov);
   mloop_backing_close (&base);
 
