@@ -77,6 +77,7 @@
 #include "rbd_answer.h"
 #include "rbd_peers.h"
 #include "store.h"
+#include "trusted_path.h"
 
 #define DEFAULT_POOL MLOOP_RBD_DEFAULT_POOL
 
@@ -1641,8 +1642,28 @@ trusted_file (int fd)
 enum conf_verdict {
   CONF_READ,                    /* or failed as librados says */
   CONF_REFUSED,                 /* not trusted */
+  CONF_PATH_REFUSED,            /* its path could be led elsewhere */
   CONF_PLACE_UNKNOWN,           /* $CEPH_CONF names a place not understood */
 };
+
+/* CONF, a configuration named, made absolute as this process opens it
+ * (after the working directory when relative), so that its whole path
+ * can be walked: malloc'ed, or NULL with errno.
+ */
+static char *
+absolute_conf (const char *conf)
+{
+  char *cwd, *abs;
+
+  if (conf[0] == '/')
+    return strdup (conf);
+  if ((cwd = getcwd (NULL, 0)) == NULL)
+    return NULL;
+  if (asprintf (&abs, "%s/%s", cwd, conf) < 0)
+    abs = NULL;
+  free (cwd);
+  return abs;
+}
 
 /* Reads ST's configuration file into its cluster handle, or the file
  * librados's own search would find when none is named
@@ -1656,11 +1677,19 @@ enum conf_verdict {
  * would let that user create or append to any file, and serve their
  * image.  It is judged as opened, a link followed (/etc/ceph/ceph.conf
  * may be one), and read through that descriptor, so that what was
- * judged is what is read.  0, or a negative errno with the file's name
- * in *FILE (malloc'ed) and in *VERDICT why.
+ * judged is what is read.  A file named (a device's recorded conf=) is
+ * opened by name, its path walked first (trusted_path.h) at every
+ * start, not only when `mloop attach` recorded it: a directory of
+ * root's on the way, in /tmp, may since have been removed by a cleaner
+ * and made again by a user, whose link there would lead this start to
+ * another cluster's configuration of root's, which the judgement of
+ * the file alone passes.  0, or a negative errno with the file's name
+ * in *FILE (malloc'ed) and in *VERDICT why (CONF_PATH_REFUSED: the
+ * entry in WHY).
  */
 static int
-read_conf (struct rbd_store *st, char **file, enum conf_verdict *verdict)
+read_conf (struct rbd_store *st, char **file, enum conf_verdict *verdict,
+           char *why, size_t whylen)
 {
   char fd_path[64];
   int fd, r;
@@ -1673,11 +1702,21 @@ read_conf (struct rbd_store *st, char **file, enum conf_verdict *verdict)
       *verdict = CONF_PLACE_UNKNOWN;
   }
   else {
+    char *abs;
+
     *file = strdup (st->conf);
+    if ((abs = absolute_conf (st->conf)) == NULL)
+      return -errno;
+    if (!mloop_path_trusted (abs, why, whylen)) {
+      free (abs);
+      *verdict = CONF_PATH_REFUSED;
+      return -EPERM;
+    }
     /* Not blocking: a FIFO put there would hold the open up forever. */
-    fd = open (st->conf, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    fd = open (abs, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0)
       fd = -errno;
+    free (abs);
   }
   if (fd < 0)
     return fd;
@@ -1706,7 +1745,7 @@ connect_cluster (struct rbd_store *st, char *err, size_t errlen)
 {
   const char *who = st->id ? st->id : "admin";
   enum conf_verdict verdict;
-  char *file, *entity = NULL;
+  char *file, *entity = NULL, why[1024];
   char *cluster = mloop_ceph_cluster_name (st->conf);
   int r = -ENOMEM;
 
@@ -1721,8 +1760,12 @@ connect_cluster (struct rbd_store *st, char *err, size_t errlen)
     snprintf (err, errlen, "%s: librados: %s", st->name, strerror (-r));
     return r;
   }
-  r = read_conf (st, &file, &verdict);
-  if (verdict == CONF_REFUSED)
+  r = read_conf (st, &file, &verdict, why, sizeof why);
+  if (verdict == CONF_PATH_REFUSED)
+    snprintf (err, errlen, "%s: Ceph configuration %s: refused: keep it "
+              "where only root (or the server's user) may change it",
+              st->name, why);
+  else if (verdict == CONF_REFUSED)
     snprintf (err, errlen, "%s: %s: refused: a Ceph configuration must be "
               "a file of this user's or root's that no one else may write, "
               "since it says which cluster is served and where its log is "

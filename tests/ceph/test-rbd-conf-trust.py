@@ -31,7 +31,14 @@ else may write, as the device's lock records are:
    name librados would make the cluster "ceph" of, and would look for
    ceph.keyring); prod.conf.orig's cluster is "ceph" and x.conf.d.conf's
    "x.conf.d", as librados names them (the stem of a name ending in
-   ".conf", else "ceph").
+   ".conf", else "ceph");
+6. a configuration named by a device's recorded name (conf=) is walked
+   again by every server that starts, not only at attach: root's
+   directory holding it, in a sticky world-writable one (/tmp), passes
+   and is read; once that directory is gone (a /tmp cleaner) and a user
+   has made one of that name, holding a link to another configuration
+   of root's (another cluster's), the next start refuses, naming the
+   user's directory, and reads nothing (root only: chown).
 
 No cluster: the monitor named does not exist.  SKIPs (77) when
 MLOOP_SERVER_BIN has no RBD support (no --ceph-conf).
@@ -85,16 +92,17 @@ def write_conf(path, log):
                 f"log_file = {log}\n")
 
 
-def serve(conf, env=None, cwd=None):
-    """mloop-server on an image of the cluster CONF names (None: none
-    named, librados's search), in ENV and CWD: its exit status and
-    stderr.  The log file is removed first."""
+def serve(conf, env=None, cwd=None, image="rbd:pool/img"):
+    """mloop-server on IMAGE of the cluster CONF names (None: none
+    named, librados's search, or the one IMAGE's conf= names), in ENV
+    and CWD: its exit status and stderr.  The log file is removed
+    first."""
     if os.path.exists(log):
         os.unlink(log)
     args = [SERVER_BIN, "--listen", f"unix:{work}/sock"]
     if conf is not None:
         args.append(f"--ceph-conf={conf}")
-    p = subprocess.run(args + ["rbd:pool/img"], capture_output=True,
+    p = subprocess.run(args + [image], capture_output=True,
                        text=True, timeout=60, env=env, cwd=cwd)
     return p.returncode, p.stderr.strip()
 
@@ -230,6 +238,41 @@ try:
         check(f"{named}'s $cluster is {cluster}, as librados names it",
               rc != 0 and "no monitor answered" in err, err)
         os.unlink(keyring)
+
+    # The name a device records (conf=), as each of its servers is
+    # started with it: the path is walked again at every start.
+    if os.geteuid() == 0:
+        sticky = os.path.join(work, "sticky")
+        os.mkdir(sticky)
+        os.chmod(sticky, 0o1777)
+        roots = os.path.join(sticky, "c2")
+        os.mkdir(roots)
+        os.chmod(roots, 0o755)
+        recorded = os.path.join(roots, "ceph.conf")
+        write_conf(recorded, log)
+        os.chmod(recorded, 0o644)
+        image = f"rbd:pool/img:conf={recorded}"
+        rc, err = serve(None, image=image)
+        check("root's configuration in root's directory in a sticky one "
+              "is read", rc != 0 and "no monitor answered" in err, err)
+        # A /tmp cleaner removes root's directory; a user makes one of
+        # that name, linking the name to another cluster's configuration.
+        shutil.rmtree(roots)
+        os.mkdir(roots)
+        os.chown(roots, 65534, 65534)
+        other = os.path.join(work, "other.conf")
+        other_log = os.path.join(work, "written-for-the-other-cluster")
+        write_conf(other, other_log)
+        os.chmod(other, 0o644)
+        os.symlink(other, recorded)
+        os.lchown(recorded, 65534, 65534)
+        rc, err = serve(None, image=image)
+        check("the next start refuses the path through a user's directory",
+              rc != 0 and "refused" in err and roots in err, err)
+        check("nothing is written where the other cluster's says",
+              not os.path.exists(other_log), f"{other_log} was created")
+    else:
+        print("# not root: a recorded path led elsewhere not tried")
 finally:
     shutil.rmtree(work, ignore_errors=True)
 

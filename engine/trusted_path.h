@@ -6,6 +6,11 @@
  * a directory on the way, or owns a symbolic link followed there, can
  * swap what the name reaches for another file that passes the same
  * judgement.  OpenSSH's StrictModes asks the same of a user's files.
+ * `mloop attach` walks the path before recording it, and each server
+ * walks it again before reading it, since an entry can change hands
+ * between the two (a directory of root's in /tmp removed by a cleaner,
+ * then made again by a user).  libc only: the store module and the
+ * device library both build it.
  */
 #ifndef MLOOP_TRUSTED_PATH_H
 #define MLOOP_TRUSTED_PATH_H
