@@ -90,7 +90,8 @@ expand_search_entry (const char *entry, bool *other)
  * what is no regular file, and root opening a FIFO, a watchdog or a
  * tape a user linked into the search would wake its writer, start the
  * watchdog, rewind the tape.  A regular file is opened to be read
- * through that very look, so it is the file looked at.
+ * through that very look, so it is the file looked at; without /proc,
+ * where it cannot be, the look is what is given.
  */
 static int
 open_place (const char *path)
@@ -109,20 +110,17 @@ open_place (const char *path)
     return seen;
   snprintf (through, sizeof through, "/proc/self/fd/%d", seen);
   fd = open (through, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-  /* No /proc (a chroot, a small container): the name again, and the
-   * file it opens must be the one looked at.  Else an unreadable place
+  /* No /proc (a chroot, a small container): not the name again, which
+   * would open whatever stands there by then, a FIFO or a device
+   * swapped in since the look, before it could be compared.  The look
+   * itself, unless this process may not read the file it looked at
+   * (asked of the descriptor, not the name).  Else an unreadable place
    * is passed over, as librados passes it.
    */
   if (fd < 0 && errno == ENOENT) {
-    struct stat again;
-
-    fd = open (path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-    if (fd >= 0 && (fstat (fd, &again) < 0 || again.st_dev != sb.st_dev ||
-                    again.st_ino != sb.st_ino)) {
-      close (fd);
-      close (seen);
-      return -ESTALE;
-    }
+    if (faccessat (seen, "", R_OK, AT_EACCESS | AT_EMPTY_PATH) == 0 ||
+        errno != EACCES)
+      return seen;
   }
   close (seen);
   return fd >= 0 ? fd : -ENOENT;

@@ -16,15 +16,17 @@
  * process's environment and working directory: $CEPH_CONF's list where
  * it is set, else /etc/ceph/ceph.conf, $HOME/.ceph/ceph.conf and
  * ceph.conf here, the first that opens and is no directory (a FIFO or
- * a device too, which librados would read: the caller refuses it, and
- * such a file is only looked at, its descriptor O_PATH; a regular file
- * is opened to be read, without blocking).  A descriptor,
- * with the place in *FOUND (malloc'ed, as the search spells it: the
- * last is relative), or a negative errno: -ENOENT, none; -ESTALE, the
- * file looked at was replaced before it was opened (only without /proc,
- * where it is opened by name again); -ENOTSUP, a
- * place of $CEPH_CONF's names a variable other than $cluster and $home
- * (in *FOUND); -ENOMEM.
+ * a device too, which librados would read: the caller refuses it).  A
+ * descriptor of the file looked at, never of one put there since, with
+ * the place in *FOUND (malloc'ed, as the search spells it: the last is
+ * relative), or a negative errno: -ENOENT, none; -ENOTSUP, a place of
+ * $CEPH_CONF's names a variable other than $cluster and $home (in
+ * *FOUND); -ENOMEM.  The descriptor may be O_PATH, to fstat() only:
+ * for a FIFO or a device, which is only looked at (opening one is an
+ * act: a FIFO's writer woken, a watchdog started), and for a regular
+ * file where /proc is missing (a chroot, a small container); else a
+ * regular file's is open to read (O_RDONLY, not blocking).  A reader
+ * goes through /proc/self/fd/N, which takes either.
  */
 int mloop_ceph_conf_open_searched (char **found);
 

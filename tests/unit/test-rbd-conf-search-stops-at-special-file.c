@@ -7,12 +7,20 @@
  * found is refused instead (no server reads one).  And never opened:
  * root opening a FIFO a user linked into the search wakes its writer
  * (a watchdog's node would start it, a tape's rewind it); it is only
- * looked at.  About 0.3 s, in the unit suite of every tier.
+ * looked at.  Without /proc, where a regular file looked at cannot be
+ * opened through its look (/proc/self/fd/N), neither may a FIFO
+ * swapped in over it just after the look be opened: the window is made
+ * certain, not raced for, this program's open() standing in for the C
+ * library's (the engine is linked in statically) and renaming a FIFO
+ * over the file just after the search's look at it; inotify must see
+ * no open of the FIFO.  About 0.3 s, in the unit suite of every tier.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
 #include <sys/mount.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,8 +32,39 @@
 #include <glib.h>
 
 #include "ceph_conf.h"
+#include "fifo_watch.h"
 #include "store_name.h"
 #include "unit.h"
+
+/* Once armed, the next look (O_PATH) at SWAP_OVER renames SWAP_FIFO
+ * over it, and what went wrong doing so is in SWAP_ERROR.
+ */
+static char swap_over[4096], swap_fifo[4096];
+static bool swap_armed;
+static int swap_error;
+
+int
+open (const char *name, int flags, ...)
+{
+  mode_t mode = 0;
+  int fd;
+
+  if ((flags & O_CREAT) || (flags & O_TMPFILE) == O_TMPFILE) {
+    va_list ap;
+
+    va_start (ap, flags);
+    mode = va_arg (ap, mode_t);
+    va_end (ap);
+  }
+  fd = openat (AT_FDCWD, name, flags, mode);
+  if (fd >= 0 && swap_armed && (flags & O_PATH) &&
+      strcmp (name, swap_over) == 0) {
+    swap_armed = false;
+    if (rename (swap_fifo, swap_over) == -1)
+      swap_error = errno;
+  }
+  return fd;
+}
 
 /* $CEPH_CONF=FIRST,NEXT: the search must stop at FIRST, a special file,
  * and attach refuse it.
@@ -131,35 +170,58 @@ main (void)
   }
   /* Without /proc (a chroot, a small container), a regular file found
    * is still the one: not passed over for the next place, which
-   * librados never reads.  In a child in a mount namespace of its own,
-   * where /proc is unmounted; it says what it found through a pipe and
-   * is killed (its exit would be LeakSanitizer's or valgrind's to
-   * judge, and both need /proc).  Not run without root.
+   * librados never reads.  And a FIFO swapped in over it just after the
+   * search looked at it is never opened: the file looked at is the one
+   * found.  In a child in a mount namespace of its own, where /proc is
+   * unmounted; it says what it found, each time, through a pipe and is
+   * killed (its exit would be LeakSanitizer's or valgrind's to judge,
+   * and both need /proc).  Not run without root.
    */
   {
     g_autofree char *first = g_build_filename (dir, "first.conf", NULL);
     g_autofree char *list = g_strconcat (first, ",", next, NULL);
-    char said[8192] = "";
-    int answer[2], status;
+    g_autofree char *fifo_in = g_build_filename (dir, "swapped-in", NULL);
+    char said[8192] = "", *swapped;
+    int answer[2], status, in;
     ssize_t n;
     pid_t child;
 
     CHECK (g_file_set_contents (first, "[global]\n", -1, NULL),
            "making %s", first);
+    in = fifo_watch (fifo_in);
     setenv ("CEPH_CONF", list, 1);
     CHECK (pipe (answer) == 0, "pipe: %s", strerror (errno));
     child = fork ();
     CHECK (child >= 0, "fork: %s", strerror (errno));
     if (child == 0) {
-      char *found = NULL;
-      const char *line = "77";
+      char *found = NULL, *found_swapped = NULL;
+      char line[sizeof said] = "77";
+      struct stat sb;
+      int fd;
 
       close (answer[0]);
       if (unshare (CLONE_NEWNS) == 0 &&
           mount ("none", "/", "none", MS_REC | MS_PRIVATE, NULL) == 0 &&
-          umount2 ("/proc", MNT_DETACH) == 0)
-        line = mloop_ceph_conf_open_searched (&found) >= 0 && found
-          ? found : "none";
+          umount2 ("/proc", MNT_DETACH) == 0) {
+        fd = mloop_ceph_conf_open_searched (&found);
+        if (fd >= 0)
+          close (fd);
+        else {
+          free (found);
+          found = NULL;
+        }
+        snprintf (swap_over, sizeof swap_over, "%s", first);
+        snprintf (swap_fifo, sizeof swap_fifo, "%s", fifo_in);
+        swap_armed = true;
+        fd = mloop_ceph_conf_open_searched (&found_swapped);
+        snprintf (line, sizeof line, "%s\n%s%s%s",
+                  found ? found : "none",
+                  swap_armed ? "never looked at "
+                  : swap_error ? strerror (swap_error) : "",
+                  fd < 0 ? strerror (-fd) : found_swapped,
+                  fd >= 0 && (fstat (fd, &sb) < 0 || !S_ISREG (sb.st_mode))
+                  ? " (no regular file)" : "");
+      }
       if (write (answer[1], line, strlen (line)) < 0)
         _exit (1);
       close (answer[1]);
@@ -172,9 +234,20 @@ main (void)
     said[n > 0 ? n : 0] = '\0';
     if (strcmp (said, "77") == 0)
       printf ("# without /proc: not run (no mount namespace here)\n");
-    else
+    else {
+      swapped = strchr (said, '\n');
+      CHECK (swapped != NULL, "without /proc the search said: %s", said);
+      *swapped++ = '\0';
       CHECK (strcmp (said, first) == 0, "without /proc the search passed "
              "over %s, which librados reads (found %s)", first, said);
+      CHECK (!fifo_watch_opened (in), "without /proc the search opened "
+             "the FIFO swapped in over %s after its look (found: %s)",
+             first, swapped);
+      CHECK (strcmp (swapped, first) == 0, "without /proc, with a FIFO "
+             "swapped in over %s after its look, the search found: %s",
+             first, swapped);
+    }
+    close (in);
   }
   return 0;
 }
