@@ -157,6 +157,16 @@ mloop_path_trusted (const char *path, char *why, size_t whylen)
                  "elsewhere for each process", path, next);
       goto out;
     }
+    if (on_proc (at)) {
+      /* Nor any other entry there: /proc/PID/environ is root's while
+       * PID is a root process, and the next process with that pid
+       * writes it.
+       */
+      untrusted (why, whylen, "%s: %s is on /proc, whose entries are "
+                 "another process's from one moment to the next", path,
+                 next);
+      goto out;
+    }
     if (S_ISLNK (st.st_mode)) {
       char *target = read_link (next), *joined;
 

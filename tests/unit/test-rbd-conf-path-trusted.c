@@ -144,6 +144,10 @@ main (void)
   refused ("/proc/self/cwd/ceph.conf", "through /proc/self/cwd",
            "/proc/self");
   CHECK (chdir ("/") == 0, "cd /");
+  /* Nor any other entry of /proc: a pid's files are the next process's
+   * with that pid.
+   */
+  refused ("/proc/1/environ", "an entry of /proc", "/proc/1");
 
   /* Found by the search ($CEPH_CONF) in a user's directory. */
   setenv ("CEPH_CONF", in_users, 1);
