@@ -3,7 +3,6 @@
 #include <errno.h>
 #include <grp.h>
 #include <limits.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -49,41 +48,8 @@ has_acl (const char *node)
     !(errno == ENODATA || errno == EOPNOTSUPP);
 }
 
-static bool node_is_root (const char *name, gid_t disk);
-
-/* Puts a new inode of NODE's device in its place, owned by root and
- * GROUP with MODE.  A node's inode outlives every device connected at
- * its index, and so does what its owner left on it: an inotify watch,
- * whose rights the kernel checks only when it is added, would go on
- * telling the user of each open and read of root's next device there.
- * 0, or -1 with errno (no CAP_MKNOD in a container: then the old one
- * is given back as it is).
- */
-static int
-renew_node (const char *node, gid_t group, mode_t mode)
-{
-  g_autofree char *fresh = g_strconcat (node, ".mloop-new", NULL);
-  struct stat st;
-
-  if (stat (node, &st) == -1 || !S_ISBLK (st.st_mode))
-    return -1;
-  (void) unlink (fresh);
-  if (mknod (fresh, S_IFBLK | 0600, st.st_rdev) == -1)
-    return -1;
-  if (chown (fresh, 0, group) == -1 || chmod (fresh, mode) == -1 ||
-      rename (fresh, node) == -1) {
-    int saved = errno;
-
-    (void) unlink (fresh);
-    errno = saved;
-    return -1;
-  }
-  return 0;
-}
-
 /* Owner first, so that the one before can no longer set an ACL, then
- * the ACL gone, then the mode.  A node going back to root from another
- * is a new inode where it can be (renew_node).
+ * the ACL gone, then the mode.
  */
 static int
 set_node (const char *name, uid_t owner, gid_t group, mode_t mode, char *err,
@@ -91,9 +57,6 @@ set_node (const char *name, uid_t owner, gid_t group, mode_t mode, char *err,
 {
   g_autofree char *node = g_strconcat ("/dev/", name, NULL);
 
-  if (owner == 0 && !node_is_root (name, group) &&
-      renew_node (node, group, mode) == 0)
-    return 0;
   if (chown (node, owner, group) == -1 ||
       (removexattr (node, ACCESS_ACL) == -1 && errno != ENODATA &&
        errno != EOPNOTSUPP) ||
