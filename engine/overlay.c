@@ -161,9 +161,35 @@ rewrite_map (struct mloop_overlay *ov)
   return r;
 }
 
+/* Whether header H has a flags word: version 2's, or version 1's when
+ * its path ends before that word (it ran to the header's end), which
+ * holds only a failed sync's mark: a version 1 overlay must keep it too
+ * until a server records its base.
+ */
+static bool
+has_flags_word (const unsigned char *h)
+{
+  const uint32_t version = get_le32 (h + HDR_VERSION);
+
+  return version == OVERLAY_VERSION ||
+    (version == OVERLAY_VERSION_NO_IDENTITY &&
+     memchr (h + HDR_BASE_PATH, 0, HDR_FLAGS - HDR_BASE_PATH) != NULL);
+}
+
+/* Header H's flags (has_flags_word), 0 where it has none. */
+static uint32_t
+header_flags (const unsigned char *h)
+{
+  if (!has_flags_word (h))
+    return 0;
+  return get_le32 (h + HDR_FLAGS) &
+    (get_le32 (h + HDR_VERSION) == OVERLAY_VERSION ? ~0u
+     : OVERLAY_FLAG_SYNC_FAILED);
+}
+
 /* Sets FLAG in the header of the overlay open on FD, or clears it
- * (SET false): the flags word alone changes.  Only a version 2 header
- * has one.  0 or a negative errno; not synced.
+ * (SET false): the flags word alone changes.  A header without one
+ * (has_flags_word): -EINVAL.  0 or a negative errno; not synced.
  */
 static int
 change_header_flag (int fd, uint32_t flag, bool set)
@@ -176,8 +202,7 @@ change_header_flag (int fd, uint32_t flag, bool set)
     return -ENOMEM;
   r = mloop_pread_or_zero (fd, h, HDR_BYTES, 0);
   if (r == 0 && (memcmp (h + HDR_MAGIC, overlay_magic,
-                         sizeof overlay_magic) != 0 ||
-                 get_le32 (h + HDR_VERSION) != OVERLAY_VERSION))
+                         sizeof overlay_magic) != 0 || !has_flags_word (h)))
     r = -EINVAL;
   if (r == 0) {
     flags = get_le32 (h + HDR_FLAGS);
@@ -202,7 +227,12 @@ note_sync_error (struct mloop_overlay *ov, int err)
   if (!__atomic_compare_exchange_n (&ov->sync_error, &none, err, false,
                                     __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
     return;
-  if (change_header_flag (ov->fd, OVERLAY_FLAG_SYNC_FAILED, true) == 0)
+  /* Twice: fd has not taken the report yet, and its first sync returns
+   * it before making anything durable (ext4 and XFS commit no journal,
+   * flush no cache, then).
+   */
+  if (change_header_flag (ov->fd, OVERLAY_FLAG_SYNC_FAILED, true) == 0 &&
+      sync_fd (ov->fd) < 0)
     (void) sync_fd (ov->fd);
   /* None yet while the header is read at open. */
   if (ov->map)
@@ -1052,9 +1082,7 @@ record_base (struct mloop_overlay *ov, unsigned char *h,
              const struct base_identity *id, uint32_t flags, char *err,
              size_t errlen)
 {
-  /* Version 1 kept its path up to the header's end: no flags word. */
-  uint32_t was = get_le32 (h + HDR_VERSION) == OVERLAY_VERSION
-    ? get_le32 (h + HDR_FLAGS) : 0;
+  uint32_t was = header_flags (h);
   uint32_t kept = was & OVERLAY_FLAG_MERGING;
   /* Another base, or this one anew, does not make lost writes found. */
   uint32_t times = (id->has_times ? OVERLAY_FLAG_TIMES : 0) |
@@ -1532,7 +1560,7 @@ mloop_overlay_note_merging (struct mloop_overlay *ov,
   }
   version = get_le32 (h + HDR_VERSION);
   /* Version 1 kept its path up to the header's end: no flags word. */
-  flags = version == OVERLAY_VERSION ? get_le32 (h + HDR_FLAGS) : 0;
+  flags = header_flags (h);
   if ((r = identify_base (base, &id, err, errlen)) < 0)
     goto out;
   /* The version the merge begins writing is recorded with the time its
@@ -1713,8 +1741,7 @@ read_header (struct mloop_overlay *ov, const struct mloop_backing *base,
   /* A sync failed under an earlier server (OVERLAY_FLAG_SYNC_FAILED):
    * what it lost is lost to this one too.
    */
-  if (r == 0 && base && version == OVERLAY_VERSION &&
-      (get_le32 (h + HDR_FLAGS) & OVERLAY_FLAG_SYNC_FAILED))
+  if (r == 0 && base && (header_flags (h) & OVERLAY_FLAG_SYNC_FAILED))
     ov->sync_error = -EIO;
   if (r == 0) {
     ov->size = expect.size;
@@ -2102,19 +2129,19 @@ mloop_overlay_clear_sync_failed (const char *path, const struct stat *checked,
     ;
   /* A failure no server was told of yet (one killed before its sync)
    * is told to this first sync, the last the kernel tells: kept as the
-   * mark, never cleared over.  Version 1 has no flags word: no mark.
+   * mark, never cleared over.
    */
   else if ((r = sync_fd (fd)) < 0) {
-    if (known &&
-        change_header_flag (fd, OVERLAY_FLAG_SYNC_FAILED, true) == 0)
+    if (change_header_flag (fd, OVERLAY_FLAG_SYNC_FAILED, true) == 0)
       (void) sync_fd (fd);
     snprintf (err, errlen, "a sync of overlay %s failed just now (%s): "
               "not cleared", path, strerror (-r));
   }
-  else if (known &&
-           ((r = change_header_flag (fd, OVERLAY_FLAG_SYNC_FAILED,
-                                     false)) < 0 ||
-            (r = sync_fd (fd)) < 0)) {
+  /* A header without a flags word has no mark to clear. */
+  else if ((r = change_header_flag (fd, OVERLAY_FLAG_SYNC_FAILED,
+                                    false)) == -EINVAL)
+    r = 0;
+  else if (r < 0 || (r = sync_fd (fd)) < 0) {
     if (change_header_flag (fd, OVERLAY_FLAG_SYNC_FAILED, true) == 0)
       (void) sync_fd (fd);
     snprintf (err, errlen, "cannot clear the failed sync's mark of overlay "
