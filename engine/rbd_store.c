@@ -1704,19 +1704,45 @@ read_conf (struct rbd_store *st, char **file, enum conf_verdict *verdict,
   else {
     char *abs;
 
+    struct stat sb;
+    bool special = false;
+    int seen;
+
     *file = strdup (st->conf);
     if ((abs = absolute_conf (st->conf)) == NULL)
       return -errno;
-    if (!mloop_path_trusted (abs, why, whylen)) {
+    /* Looked at first, walked after: an entry that changed hands before
+     * the look is another's at the walk (no user can make theirs look
+     * root's), and one that changes after it no longer matters.  Never
+     * opened for reading but as it was looked at (a FIFO's writer would
+     * wake, a device node act).
+     */
+    seen = open (abs, O_PATH | O_CLOEXEC);
+    if (seen < 0)
+      fd = -errno;
+    else if (!mloop_path_trusted (abs, why, whylen)) {
+      close (seen);
       free (abs);
       *verdict = CONF_PATH_REFUSED;
       return -EPERM;
     }
-    /* Not blocking: a FIFO put there would hold the open up forever. */
-    fd = open (abs, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0)
-      fd = -errno;
+    else if (fstat (seen, &sb) < 0 || !S_ISREG (sb.st_mode))
+      special = true;
+    else {
+      char through[64];
+
+      snprintf (through, sizeof through, "/proc/self/fd/%d", seen);
+      fd = open (through, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+      if (fd < 0)
+        fd = -errno;
+    }
+    if (seen >= 0)
+      close (seen);
     free (abs);
+    if (special) {
+      *verdict = CONF_REFUSED;
+      return -EPERM;
+    }
   }
   if (fd < 0)
     return fd;

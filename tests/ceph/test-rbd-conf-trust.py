@@ -38,7 +38,11 @@ else may write, as the device's lock records are:
    and is read; once that directory is gone (a /tmp cleaner) and a user
    has made one of that name, holding a link to another configuration
    of root's (another cluster's), the next start refuses, naming the
-   user's directory, and reads nothing (root only: chown).
+   user's directory, and reads nothing (root only: chown); and so when
+   that change of hands happens just as the server opens the path (an
+   LD_PRELOAD shim, swap_on_open.c, built with cc, swaps the directories
+   at its first open of the path: the server must look first and walk
+   after, never open by name after its walk).
 
 No cluster: the monitor named does not exist.  SKIPs (77) when
 MLOOP_SERVER_BIN has no RBD support (no --ceph-conf).
@@ -271,6 +275,33 @@ try:
               rc != 0 and "refused" in err and roots in err, err)
         check("nothing is written where the other cluster's says",
               not os.path.exists(other_log), f"{other_log} was created")
+        # The same change of hands between the walk and the open: the
+        # server looks at the file first, walks after, and reads only
+        # what it looked at.
+        shim = os.path.join(work, "swap_on_open.so")
+        cc = shutil.which("cc")
+        if cc and subprocess.run(
+                [cc, "-shared", "-fPIC", "-o", shim,
+                 os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                              "swap_on_open.c"), "-ldl"]).returncode == 0:
+            users = roots + ".users"
+            os.rename(roots, users)
+            os.mkdir(roots)
+            os.chmod(roots, 0o755)
+            write_conf(recorded, log)
+            os.chmod(recorded, 0o644)
+            env = dict(os.environ, LD_PRELOAD=shim, MLOOP_TEST_SWAP_AT=recorded,
+                       MLOOP_TEST_SWAP_ROOTS=roots, MLOOP_TEST_SWAP_USERS=users,
+                       MLOOP_TEST_SWAP_ASIDE=roots + ".cleaned")
+            rc, err = serve(None, image=image, env=env)
+            check("a directory that changes hands as the server opens the "
+                  "path is refused", rc != 0 and "refused" in err and
+                  roots in err, err)
+            check("nothing is written where the other cluster's says, the "
+                  "path swapped at the open",
+                  not os.path.exists(other_log), f"{other_log} was created")
+        else:
+            print("# no C compiler: the change of hands at the open not tried")
     else:
         print("# not root: a recorded path led elsewhere not tried")
 finally:
