@@ -547,32 +547,75 @@ absent_index (int from)
   return -1;
 }
 
-/* The device to connect next (device_owner.h says why its node must be
- * root's first): the one REQ asks for, or the lowest idle one from FROM
- * on, or a new one at an index no device has.  Never the kernel's
- * choice (-1): the kernel would take any unconfigured device, whatever
- * its node's owner, such as a user's device released since the idle
- * ones were given back to root.  -2 with ERR when the one asked for
- * cannot be given back to root.
+/* Claims INDEX for this attach (device_state.h): the claim's
+ * descriptor, -1 when none could be made (this attach goes on without
+ * one: the kernel still refuses a second connect), or -2 when another
+ * attach holds it.
  */
 static int
-choose_index (const struct mloop_attach_request *req, int from, char *err,
-              size_t errlen)
+try_claim (int index)
+{
+  int fd = mloop_state_claim_index (index);
+
+  return fd == -1 && errno == EWOULDBLOCK ? -2 : fd;
+}
+
+/* The device to connect next (device_owner.h says why its node must be
+ * root's first), with *CLAIM held on it: the one REQ asks for (no
+ * claim), or the lowest idle one from FROM on, or a new one at an index
+ * no device has.  Never the kernel's choice (-1): the kernel would take
+ * any unconfigured device, whatever its node's owner, such as a user's
+ * device released since the idle ones were given back to root.
+ *
+ * Attaches at the same time would choose the same lowest device: each
+ * claims down one scan's list, and asks the kernel only about a device
+ * it holds the claim of, so another's claimed device costs a lock, not
+ * a netlink question (sixteen attaches at once spent most of their time
+ * choosing).  -2 with ERR when the one asked for cannot be given back
+ * to root, or every candidate was claimed.
+ */
+static int
+choose_index (const struct mloop_attach_request *req, int from, int *claimed,
+              char *err, size_t errlen)
 {
   g_autofree char *name = NULL;
-  int idle = mloop_device_owner_reclaim_idle (req->index >= 0 ? req->index
-                                              : from);
+  g_autoptr (GArray) candidates = NULL;
+  int fd;
 
-  if (req->index < 0)
-    return idle >= 0 ? idle : absent_index (from);
-  name = g_strdup_printf ("nbd%d", req->index);
-  if (!mloop_device_owner_is_root (name)) {
-    mloop_fail (err, errlen, "/dev/%s is not root's and the disk group's "
-                "only, and could not be made so: no image is connected "
-                "to it", name);
-    return -2;
+  *claimed = -1;
+  if (req->index >= 0) {
+    (void) mloop_device_owner_reclaim_idle (req->index);
+    name = g_strdup_printf ("nbd%d", req->index);
+    if (!mloop_device_owner_is_root (name)) {
+      mloop_fail (err, errlen, "/dev/%s is not root's and the disk group's "
+                  "only, and could not be made so: no image is connected "
+                  "to it", name);
+      return -2;
+    }
+    return req->index;
   }
-  return req->index;
+  candidates = mloop_device_owner_candidates (from);
+  for (guint i = 0; i < candidates->len; i++) {
+    const int index = g_array_index (candidates, int, i);
+
+    if ((fd = try_claim (index)) == -2)
+      continue;
+    if (mloop_device_owner_idle (index)) {
+      *claimed = fd;
+      return index;
+    }
+    mloop_state_release_claim (index, fd);
+  }
+  /* A new device: the kernel makes it at an index no device has. */
+  for (int index = absent_index (from), tries = 0; index >= 0 &&
+       tries < BUSY_ATTEMPTS; index = absent_index (index + 1), tries++)
+    if ((fd = try_claim (index)) != -2) {
+      *claimed = fd;
+      return index;
+    }
+  mloop_fail (err, errlen, "every free nbd device is being attached by "
+              "another mloop: try again");
+  return -2;
 }
 
 /* After the connect: whether device INDEX's node is still root's, which
@@ -667,24 +710,11 @@ connect_kernel (const struct mloop_attach_request *req,
   unsigned busy = 0;
 
   for (unsigned attempt = 1; ; attempt++) {
-    int claim = -1;
+    int claim;
 
-    want = choose_index (req, from, err, errlen);
+    want = choose_index (req, from, &claim, err, errlen);
     if (want == -2)
       return -1;
-    /* Attaches at the same time choose the same lowest device: each
-     * claims the one it chose, and one another holds is passed over
-     * before any connection is made for it, rather than after the
-     * kernel refuses the second connect (a handshake and a connect
-     * lost per collision, the most of sixteen attaches' time).
-     */
-    if (req->index < 0 && want >= 0 &&
-        (claim = mloop_state_claim_index (want)) == -1 &&
-        errno == EWOULDBLOCK && busy++ < BUSY_ATTEMPTS) {
-      from = want + 1;
-      attempt--;
-      continue;
-    }
     mloop_step_done (req->steps, "device chosen");
     n = o->open (o, fds, &x, err, errlen);
     if (n < 0) {

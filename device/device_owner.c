@@ -136,17 +136,18 @@ compare_ints (gconstpointer a, gconstpointer b)
   return (x > y) - (x < y);
 }
 
-int
-mloop_device_owner_reclaim_idle (int from)
+GArray *
+mloop_device_owner_candidates (int from)
 {
   DIR *dir = opendir ("/sys/block");
-  g_autoptr (GArray) found = g_array_new (FALSE, FALSE, sizeof (int));
+  GArray *found = g_array_new (FALSE, FALSE, sizeof (int));
   const gid_t disk = disk_group ();
   struct dirent *e;
   char why[512];
+  guint kept = 0;
 
   if (dir == NULL)
-    return -1;
+    return found;
   while ((e = readdir (dir)) != NULL) {
     char *end;
     long index;
@@ -155,23 +156,44 @@ mloop_device_owner_reclaim_idle (int from)
     if (!g_str_has_prefix (e->d_name, "nbd"))
       continue;
     index = strtol (e->d_name + 3, &end, 10);
-    if (end == e->d_name + 3 || *end != '\0' || index < 0 || index > INT_MAX)
+    if (end == e->d_name + 3 || *end != '\0' || index < 0 ||
+        index > INT_MAX)
       continue;
     /* The nodes a device left its user's, once the kernel let it go. */
     if (!node_is_root (e->d_name, disk) && idle ((int) index))
       mloop_device_owner_set (e->d_name, 0, why, sizeof why);
+    if (index < from)
+      continue;
     n = (int) index;
     g_array_append_val (found, n);
   }
   closedir (dir);
-  /* The lowest idle device from FROM on whose node is root's. */
   g_array_sort (found, compare_ints);
   for (guint i = 0; i < found->len; i++) {
     int index = g_array_index (found, int, i);
     g_autofree char *name = g_strdup_printf ("nbd%d", index);
 
-    if (index >= from && node_is_root (name, disk) && idle (index))
-      return index;
+    if (node_is_root (name, disk))
+      g_array_index (found, int, kept++) = index;
   }
+  g_array_set_size (found, kept);
+  return found;
+}
+
+bool
+mloop_device_owner_idle (int index)
+{
+  return idle (index);
+}
+
+int
+mloop_device_owner_reclaim_idle (int from)
+{
+  g_autoptr (GArray) found = mloop_device_owner_candidates (from);
+
+  /* The lowest idle device from FROM on whose node is root's. */
+  for (guint i = 0; i < found->len; i++)
+    if (idle (g_array_index (found, int, i)))
+      return g_array_index (found, int, i);
   return -1;
 }

@@ -21,6 +21,8 @@
 #include <stddef.h>
 #include <sys/types.h>
 
+#include <glib.h>
+
 /* Gives device NAME ("nbdN") and its partitions to OWNER, or, for owner
  * 0, back to root and the disk group, without the access ACL any owner
  * before may have set on a node.  -1 with ERR on failure.
@@ -41,5 +43,19 @@ bool mloop_device_owner_is_root (const char *name);
  * being connected by another attach, which the connect then refuses).
  */
 int mloop_device_owner_reclaim_idle (int from);
+
+/* Gives back to root every idle nbd device's node that is not root's,
+ * as mloop_device_owner_reclaim_idle does, then returns the indexes
+ * from FROM on of the devices whose node is root's, lowest first
+ * (g_array_unref it), idle or not: asked after a claim of one
+ * (mloop_device_owner_idle), so that attaches at once each ask about
+ * one device, not about every device another has claimed.
+ */
+GArray *mloop_device_owner_candidates (int from);
+
+/* Whether nbd device INDEX is idle: the kernel says it is not
+ * connected (held open or being connected, it may still be busy).
+ */
+bool mloop_device_owner_idle (int index);
 
 #endif /* MLOOP_DEVICE_OWNER_H */
