@@ -1344,11 +1344,13 @@ check_base (struct mloop_overlay *ov, unsigned char *h,
    */
   if (check == MLOOP_OVERLAY_MERGE_ANY_BASE ||
       (version == OVERLAY_VERSION_NO_IDENTITY &&
-       check != MLOOP_OVERLAY_ADOPT_BASE && check != MLOOP_OVERLAY_SAME_BASE))
+       check != MLOOP_OVERLAY_ADOPT_BASE &&
+       (check != MLOOP_OVERLAY_SAME_BASE || has_flags_word (h))))
     return 0;
-  /* A server records the base it serves one over, as adopting it would:
-   * version 1 took any base of its size, and has no flags word for the
-   * mark of a failed sync, which every server after must find.
+  /* One whose path leaves no room for a flags word, for the mark of a
+   * failed sync that every server after must find: a server records the
+   * base it serves it over, as adopting it would (version 1 took any
+   * base of its size).
    */
   if (version == OVERLAY_VERSION_NO_IDENTITY)
     check = MLOOP_OVERLAY_ADOPT_BASE;
