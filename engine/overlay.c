@@ -215,6 +215,20 @@ change_header_flag (int fd, uint32_t flag, bool set)
   return r;
 }
 
+/* Marks the header of the overlay open on FD with a failed sync, and
+ * syncs it, twice when the first fails: a descriptor that had not taken
+ * the kernel's report yet gets it from its first sync, returned before
+ * anything is made durable (ext4 and XFS commit no journal, flush no
+ * cache, then).  Best effort: the disk that failed may fail this too.
+ */
+static void
+mark_sync_failed (int fd)
+{
+  if (change_header_flag (fd, OVERLAY_FLAG_SYNC_FAILED, true) == 0 &&
+      sync_fd (fd) < 0)
+    (void) sync_fd (fd);
+}
+
 /* Keeps the first sync error of the file (overlay.h, sync_error), and
  * marks it in the header for the servers after this one.  Best effort:
  * the disk that failed the sync may fail these writes too.
@@ -227,13 +241,7 @@ note_sync_error (struct mloop_overlay *ov, int err)
   if (!__atomic_compare_exchange_n (&ov->sync_error, &none, err, false,
                                     __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
     return;
-  /* Twice: fd has not taken the report yet, and its first sync returns
-   * it before making anything durable (ext4 and XFS commit no journal,
-   * flush no cache, then).
-   */
-  if (change_header_flag (ov->fd, OVERLAY_FLAG_SYNC_FAILED, true) == 0 &&
-      sync_fd (ov->fd) < 0)
-    (void) sync_fd (ov->fd);
+  mark_sync_failed (ov->fd);
   /* None yet while the header is read at open. */
   if (ov->map)
     (void) rewrite_map (ov);
@@ -2134,8 +2142,7 @@ mloop_overlay_clear_sync_failed (const char *path, const struct stat *checked,
    * mark, never cleared over.
    */
   else if ((r = sync_fd (fd)) < 0) {
-    if (change_header_flag (fd, OVERLAY_FLAG_SYNC_FAILED, true) == 0)
-      (void) sync_fd (fd);
+    mark_sync_failed (fd);
     snprintf (err, errlen, "a sync of overlay %s failed just now (%s): "
               "not cleared", path, strerror (-r));
   }
@@ -2144,8 +2151,7 @@ mloop_overlay_clear_sync_failed (const char *path, const struct stat *checked,
                                     false)) == -EINVAL)
     r = 0;
   else if (r < 0 || (r = sync_fd (fd)) < 0) {
-    if (change_header_flag (fd, OVERLAY_FLAG_SYNC_FAILED, true) == 0)
-      (void) sync_fd (fd);
+    mark_sync_failed (fd);
     snprintf (err, errlen, "cannot clear the failed sync's mark of overlay "
               "%s: %s", path, strerror (-r));
   }
