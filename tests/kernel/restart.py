@@ -46,11 +46,13 @@ def sigkill_server(dev, pid):
     os.kill(pid, signal.SIGKILL)
 
 
-def kill_server(kind, dev, timeout=30):
+def kill_server(kind, dev, timeout=30, killed=None):
     """SIGKILLs DEV's server, waits until the supervisor has a new one
     serving the device, and returns the seconds that took.  Where the
     server is mloopd itself (the in-process kind), mloopd is killed and
-    started again, as systemd would: the next one serves the device."""
+    started again, as systemd would: the next one serves the device.
+    KILLED, if given, is called right after the kill (with the killed
+    pid), before the wait: what lets a server stuck in the kernel die."""
     if isinstance(kind, kinds.MloopServiceInProcess) and \
             status(kind, dev)["device"]["server_in_process"]:
         return kill_service(kind, dev, timeout)
@@ -59,6 +61,8 @@ def kill_server(kind, dev, timeout=30):
     assert before["server_running"], f"{dev}: server pid {pid} not running before the kill"
     sigkill_server(dev, pid)
     start = time.monotonic()
+    if killed:
+        killed(pid)
 
     def back():
         s = status(kind, dev)

@@ -38,19 +38,30 @@ it back, which fails ENOSPC and takes no file's report.  Then:
     one's open takes the report: the FLUSH must fail, and after another
     kill too (the overlay's header keeps the mark);
   - the third: a FUA write to A takes the report, then its server is
-    killed: the restarted server's FLUSH must fail.
+    killed: the restarted server's FLUSH must fail;
+  - the fourth: its server is killed while the sync of a FLUSH waits on
+    B's writeback (the pool, reloaded, now queues a write it has no
+    room for), and the pool's reload back makes that writeback fail:
+    the killed server's sync took the report as it died, before it
+    could mark the overlay.  Its supervisor's own descriptor of the
+    overlay (supervisor/overlay_witness.h), opened before and synced
+    after the server's exit, is still told and marks it: the restarted
+    server's FLUSH must fail.
 
-About 25 s under TCG (two kills and restarts): the durable groups of the
-CLI kinds, in the full tier only (the standard tier has no room left;
-the overlay is the engine's, whichever server).  The first device fails
-(the FLUSH succeeds) where the FUA write goes out on the descriptor the
-FLUSH syncs; the second and third where the error lives only in the
-server's memory.
+About 35 s under TCG (three kills and restarts): the durable groups of
+the CLI kinds, in the full tier only (the standard tier has no room
+left; the overlay is the engine's, whichever server).  The first device
+fails (the FLUSH succeeds) where the FUA write goes out on the
+descriptor the FLUSH syncs; the second and third where the error lives
+only in the server's memory; the fourth where no process but the
+server had the overlay open.
 """
 import errno
 import mmap
 import os
 import shutil
+import threading
+import time
 
 import dmtarget
 from blockio import BLOCK, pattern, sync_errno, write_errno
@@ -69,6 +80,7 @@ BLOCK_A = 1 << 20
 BLOCK_B = 8 << 20
 SPAN_B = 256 << 10           # several thin blocks, wherever XFS puts them
 TIMEOUT = 10                 # the devices' request timeout (restart.attach)
+NO_SPACE_TIMEOUT = "/sys/module/dm_thin_pool/parameters/no_space_timeout"
 
 
 def fill_pool(dev):
@@ -91,8 +103,41 @@ def fill_pool(dev):
         buf.close()
 
 
+# fsync(2) and fdatasync(2) on x86_64, the guest's architecture.
+SYNC_SYSCALLS = {"74", "75"}
+
+
+def waits_in_sync(pid):
+    """Whether a thread of process PID waits, unkillable (state D), in a
+    sync: the server's, on a write the pool queues."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return False
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+            with open(f"/proc/{pid}/task/{tid}/syscall") as f:
+                call = f.read().split()[0]
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        if state == "D" and call in SYNC_SYSCALLS:
+            return True
+    return False
+
+
 def describe(err):
     return os.strerror(err) if err else "success"
+
+
+def describe_flush(flushed):
+    return describe(flushed["errno"]) if "errno" in flushed else "still waiting"
+
+
+def write_file(path, text):
+    with open(path, "w") as f:
+        f.write(text)
 
 
 def run_test(kind, cl):
@@ -111,11 +156,10 @@ def run_test(kind, cl):
     # scratch file is new and sparse, so it is; written all the same).
     with open(meta, "r+b") as f:
         f.write(bytes(4096))
-    pool = dmtarget.Dm.create(
-        cl, "thin-pool",
-        f"0 {dmtarget.sectors(data)} thin-pool {meta} {data} "
-        f"{THIN_BLOCK_SECTORS} 0 1 error_if_no_space",
-        name=f"mloop-ktest-pool-{os.getpid()}")
+    pool_table = (f"0 {dmtarget.sectors(data)} thin-pool {meta} {data} "
+                  f"{THIN_BLOCK_SECTORS} 0")
+    pool = dmtarget.Dm.create(cl, "thin-pool", pool_table + " 1 error_if_no_space",
+                              name=f"mloop-ktest-pool-{os.getpid()}")
     pool.message("create_thin", "0")
     pool.message("create_thin", "1")
     thin = dmtarget.Dm.create(cl, "thin", f"0 {THIN_SIZE // 512} thin {pool.path} 0",
@@ -138,7 +182,7 @@ def run_test(kind, cl):
             f.write(pattern(off, 0))
 
     devices = {}
-    for name in ("running", "killed", "fua-killed"):
+    for name in ("running", "killed", "fua-killed", "sync-killed"):
         overlay = os.path.join(outer, f"overlay-{name}")
         att = restart.attach(kind, cl, base, TIMEOUT, ["--overlay", overlay])
         assert write_errno(att.device, BLOCK_A, pattern(BLOCK_A, 1)) == 0, \
@@ -154,6 +198,8 @@ def run_test(kind, cl):
 
     b = b"".join(pattern(BLOCK_B + off, 1) for off in range(0, SPAN_B, BLOCK))
     for name, (att, _) in devices.items():
+        if name == "sync-killed":
+            continue  # later, with the pool queueing
         assert write_errno(att.device, BLOCK_B, b) == 0, \
             f"{name}: write of B (to the page cache) failed"
     # B's writeback, taking no descriptor's report.
@@ -199,6 +245,41 @@ def run_test(kind, cl):
         f"FLUSH after a FUA write ({describe(fua_killed)}) took B's lost " \
         f"writeback and its server was killed: success"
 
+    # The pool queues a write it has no room for (as LVM's pools do by
+    # default), for as long as this test holds it (no_space_timeout 0:
+    # no time limit), until it is reloaded to fail them again, as it is
+    # whatever happens.
+    att = devices["sync-killed"][0]
+    with open(NO_SPACE_TIMEOUT) as f:
+        no_space_timeout = f.read().strip()
+    cl.push(write_file, NO_SPACE_TIMEOUT, no_space_timeout)
+    write_file(NO_SPACE_TIMEOUT, "0")
+    fail_when_full = pool_table + " 1 error_if_no_space"
+    pool.swap(pool_table + " 0", lockfs=False)
+    cl.push(pool.swap, fail_when_full, None, False)
+    assert write_errno(att.device, BLOCK_B, b) == 0, \
+        "sync-killed: write of B (to the page cache) failed"
+    server = restart.status(kind, att.device)["device"]["server_pid"]
+    flushed = {}
+    flusher = threading.Thread(
+        target=lambda: flushed.update(errno=sync_errno(att.device)), daemon=True)
+    flusher.start()
+    deadline = time.monotonic() + 30
+    while not waits_in_sync(server):
+        assert time.monotonic() < deadline and flusher.is_alive(), \
+            f"sync-killed: no thread of server pid {server} waited in a sync on B's " \
+            f"queued writeback (the FLUSH: {describe_flush(flushed)})"
+        time.sleep(0.1)
+    # Killed in the sync, the server dies as it returns: once the pool
+    # fails the write, with the report.
+    restart.kill_server(kind, att.device, timeout=60,
+                        killed=lambda pid: pool.swap(fail_when_full, lockfs=False))
+    flusher.join(60)
+    sync_killed = sync_errno(att.device)
+    assert sync_killed != 0, \
+        "FLUSH after its server was killed in a sync that then failed: success " \
+        "(the killed server took the report with it, and nothing marked the overlay)"
+
     for att, _ in devices.values():
         att.detach()
     print(f"# overlay-dsync-nospace: {kind.name}: B's writeback failed ENOSPC; "
@@ -206,5 +287,7 @@ def run_test(kind, cl):
           f"({describe(after)}), and again ({describe(again)}); after a kill "
           f"before any sync ({describe(killed)}), and another "
           f"({describe(killed_again)}); after a FUA write "
-          f"({describe(fua_killed)}) and a kill ({describe(after_kill)})",
+          f"({describe(fua_killed)}) and a kill ({describe(after_kill)}); "
+          f"after a kill in a sync that then failed ({describe(sync_killed)}; the "
+          f"FLUSH in it: {describe_flush(flushed)})",
           flush=True)
