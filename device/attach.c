@@ -28,6 +28,11 @@
 /* TCG guests start nbdkit slowly: be patient before calling it failed. */
 #define SERVER_START_TIMEOUT_MS 60000
 #define SERVER_STOP_TIMEOUT_MS 10000
+/* A supervisor's stop outlasts its server's (it waits as long, then
+ * kills it) and its overlay witness's last sync after that: killed
+ * first, it would take a failed sync's report with it.
+ */
+#define SUPERVISOR_STOP_TIMEOUT_MS (3 * SERVER_STOP_TIMEOUT_MS)
 /* Where --overlay temp makes its overlays without $TMPDIR, as qemu's
  * -snapshot does: on disk, unlike /tmp and /run on many systems, since
  * an overlay holds every block the device writes.  The tmpfiles.d rule
@@ -456,7 +461,7 @@ stop_processes (const struct mloop_device_state *s)
   if (s->service_kept)
     mloop_service_drop (s->dir, err, sizeof err);
   if (s->supervisor_pid > 0)
-    mloop_server_stop (s->supervisor_pid, s->dir, SERVER_STOP_TIMEOUT_MS);
+    mloop_server_stop (s->supervisor_pid, s->dir, SUPERVISOR_STOP_TIMEOUT_MS);
   /* Every server's command line names a file in the directory (its
    * socket; mloop-ublk's device file); one inside mloopd went with the
    * drop.

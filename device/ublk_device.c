@@ -325,10 +325,11 @@ mloop_ublk_detach (const struct mloop_device_state *s,
 {
   /* SIGTERM: the supervisor stops mloop-ublk, which stops the device,
    * finishing what is in flight, and deletes it.  The supervisor first,
-   * or it would start another.
+   * or it would start another; given time for its server's stop and its
+   * overlay witness's last sync after that.
    */
   if (s->supervisor_pid > 0)
-    mloop_server_stop (s->supervisor_pid, s->dir, 2 * UBLK_STOP_TIMEOUT_MS);
+    mloop_server_stop (s->supervisor_pid, s->dir, 3 * UBLK_STOP_TIMEOUT_MS);
   if (s->server_pid > 0)
     mloop_server_stop (s->server_pid, s->dir, UBLK_STOP_TIMEOUT_MS);
   /* A device that went away (stopped from outside, or given up) may have

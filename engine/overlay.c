@@ -418,6 +418,16 @@ mloop_overlay_commit (struct mloop_overlay *ov)
   return r < 0 ? r : __atomic_load_n (&ov->sync_error, __ATOMIC_ACQUIRE);
 }
 
+int
+mloop_overlay_witness_sync (int witness)
+{
+  int r = sync_fd (witness);
+
+  if (r < 0)
+    mark_sync_failed (witness);
+  return r;
+}
+
 bool
 mloop_overlay_sync_failed (const struct mloop_overlay *ov)
 {

@@ -290,6 +290,17 @@ int mloop_overlay_mark (struct mloop_overlay *ov, uint64_t offset,
  */
 int mloop_overlay_commit (struct mloop_overlay *ov);
 
+/* The failed-sync check of a server's supervisor, a process that
+ * outlives the server: WITNESS is a descriptor of the overlay it opened
+ * once the server served, and syncs only here.  The kernel tells a
+ * failed writeback to every open file that has not taken it yet, so
+ * after a server's exit (killed while a sync that then failed was under
+ * way: it took the one report it was given with it) this sync still
+ * gets it, and marks the header (flag 8) for the next server, which
+ * must not start before.  0, or the sync's negative errno (marked).
+ */
+int mloop_overlay_witness_sync (int witness);
+
 /* Whether a sync of the overlay failed: under this server, or under
  * one before it (the header's mark).
  */

@@ -77,6 +77,7 @@
 #include "nbd_connect.h"
 #include "nbd_netlink.h"
 #include "nbd_receivers.h"
+#include "overlay_witness.h"
 #include "release_watch.h"
 #include "resize.h"
 #include "say.h"
@@ -158,6 +159,11 @@ struct keeper {
    * and no restart but the next service's.
    */
   struct hosted_server *hosted;
+  /* The overlay's witness (overlay_witness.h), checked after each
+   * server's exit before the next opens it: opened once the first
+   * serves, for servers in processes of their own only; or NULL.
+   */
+  struct overlay_witness *witness;
   struct hosted_start *hosting;
 };
 
@@ -329,6 +335,14 @@ restarted (pid_t pid, const char *start_err, void *data)
   k->backoff_ms = MIN (k->backoff_ms * 2, BACKOFF_MAX_MS);
 }
 
+/* The witness's check after a server's exit is done: the restart. */
+static gboolean
+witness_checked (gpointer data)
+{
+  schedule_restart (data);
+  return G_SOURCE_REMOVE;
+}
+
 static gboolean
 on_server_exit (gint fd, GIOCondition c, gpointer data)
 {
@@ -367,7 +381,8 @@ on_server_exit (gint fd, GIOCondition c, gpointer data)
   say_to (k->log, "%s; restart %u in %u ms", k->last_failure, k->restarts,
           k->backoff_ms);
   record (k);
-  schedule_restart (k);
+  if (!overlay_witness_check (k->witness, witness_checked, k))
+    schedule_restart (k);
   return G_SOURCE_REMOVE;
 }
 
@@ -935,6 +950,8 @@ keeper_new (const struct keeper_config *config)
 static void
 begin_keeping (struct keeper *k)
 {
+  if (!k->spec.in_process && k->witness == NULL)
+    k->witness = overlay_witness_open (k->overlay, k->log);
   release_watch_start (&k->release, k->dir, on_released, k);
   if (mloop_is_rbd_name (k->spec.image))
     k->size_source = g_timeout_add_seconds (SIZE_POLL_S, follow_image_size,
@@ -1204,6 +1221,7 @@ stop_watching (struct keeper *k)
 static void
 keeper_free (struct keeper *k)
 {
+  overlay_witness_free (k->witness);
   kernel_log_release ();
   g_free (k->last_failure);
   g_free (k->last_reconnect);
@@ -1259,6 +1277,10 @@ keeper_stop (struct keeper *k)
     mloop_server_stop (k->server, k->spec.socket_path, STOP_TIMEOUT_MS);
   if (k->server > 0)
     waitpid (k->server, NULL, WNOHANG);
+  /* A server killed at the stop's timeout (a stalled disk) may have
+   * taken a failed sync's report with it; this process may end now.
+   */
+  overlay_witness_check_now (k->witness);
   if (k->released_lock != -1) {
     struct mloop_device_state st;
 

@@ -13,6 +13,7 @@
 #include <glib/gstdio.h>
 
 #include "device_state.h"
+#include "overlay_witness.h"
 #include "say.h"
 #include "server_process.h"
 #include "ublk.h"
@@ -49,6 +50,10 @@ struct ublk_keeper {
   void (*ended) (struct ublk_keeper *uk, void *data);
   void *ended_data;
   FILE *log;
+  /* The overlay's witness (overlay_witness.h), checked after each
+   * server's exit before a recovery opens it; or NULL.
+   */
+  struct overlay_witness *witness;
 };
 
 static void
@@ -244,6 +249,20 @@ give_up (gpointer data)
   return G_SOURCE_REMOVE;
 }
 
+static void
+schedule_recovery (struct ublk_keeper *uk)
+{
+  uk->recover_source = g_timeout_add (uk->backoff_ms, recover, uk);
+}
+
+/* The witness's check after a server's exit is done: the recovery. */
+static gboolean
+witness_checked (gpointer data)
+{
+  schedule_recovery (data);
+  return G_SOURCE_REMOVE;
+}
+
 static gboolean
 on_server_exit (gint fd, GIOCondition c, gpointer data)
 {
@@ -276,7 +295,8 @@ on_server_exit (gint fd, GIOCondition c, gpointer data)
   say_to (uk->log, "%s; recovering /dev/ublkb%d (restart %u) in %u ms",
           uk->last_failure, uk->index, uk->restarts, uk->backoff_ms);
   record (uk);
-  uk->recover_source = g_timeout_add (uk->backoff_ms, recover, uk);
+  if (!overlay_witness_check (uk->witness, witness_checked, uk))
+    schedule_recovery (uk);
   uk->give_up_source = g_timeout_add_seconds (uk->dead_timeout_s, give_up,
                                               uk);
   return G_SOURCE_REMOVE;
@@ -323,6 +343,7 @@ ublk_keeper_start (struct ublk_keeper *uk, pid_t adopted, char *err,
   }
   say_to (uk->log, "mloop-ublk pid %d serves %s as /dev/ublkb%d",
           (int) uk->server, uk->spec.image, uk->index);
+  uk->witness = overlay_witness_open (uk->overlay, uk->log);
   return 0;
 }
 
@@ -342,6 +363,11 @@ ublk_keeper_stop (struct ublk_keeper *uk)
     mloop_server_stop (uk->server, uk->dir, STOP_TIMEOUT_MS);
     waitpid (uk->server, NULL, WNOHANG);
   }
+  /* A server killed at the stop's timeout (a stalled disk) may have
+   * taken a failed sync's report with it; this process may end now.
+   */
+  overlay_witness_check_now (uk->witness);
+  overlay_witness_free (uk->witness);
   if (uk->pidfd != -1)
     close (uk->pidfd);
   g_free (uk->last_failure);
