@@ -31,6 +31,7 @@
 
 #include "overlay.h"
 #include "overlay_fixture.h"
+#include "sync_hook.h"
 #include "unit.h"
 
 #define BASE_SIZE (1u << 20)
@@ -98,19 +99,7 @@ sync_noted (int fd, long call)
     }
     note ('S');
   }
-  return (int) syscall (call, fd);
-}
-
-int
-fsync (int fd)
-{
-  return sync_noted (fd, SYS_fsync);
-}
-
-int
-fdatasync (int fd)
-{
-  return sync_noted (fd, SYS_fdatasync);
+  return unit_sync_really (fd, call);
 }
 
 int
@@ -121,6 +110,7 @@ main (void)
   const char *first_base_write, *header_write;
   int r;
 
+  unit_sync_hook = sync_noted;
   unit_deadline (30);
   unit_runtime_dir (dir);
   snprintf (base_path, sizeof base_path, "%s/base.img", dir);

@@ -28,6 +28,7 @@
 #include "overlay.h"
 #include "overlay_fixture.h"
 #include "overlay_witness.h"
+#include "sync_hook.h"
 #include "unit.h"
 
 #define BASE_SIZE (1u << 20)
@@ -48,19 +49,7 @@ sync_interposed (int fd, long call)
     errno = EIO;
     return -1;
   }
-  return (int) syscall (call, fd);
-}
-
-int
-fsync (int fd)
-{
-  return sync_interposed (fd, SYS_fsync);
-}
-
-int
-fdatasync (int fd)
-{
-  return sync_interposed (fd, SYS_fdatasync);
+  return unit_sync_really (fd, call);
 }
 
 static gboolean
@@ -89,6 +78,7 @@ main (void)
   bool called = false;
   int r;
 
+  unit_sync_hook = sync_interposed;
   unit_deadline (30);
   unit_runtime_dir (dir);
   snprintf (base_path, sizeof base_path, "%s/base.img", dir);
