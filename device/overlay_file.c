@@ -381,3 +381,26 @@ mloop_overlay_file_clear (const char *path, char *err, size_t errlen)
 {
   return act_on_unused (path, "cleared", clear_mark, NULL, err, errlen);
 }
+
+int
+mloop_overlay_witness_open (const char *path)
+{
+  bool not_regular;
+
+  if (path == NULL)
+    return -1;
+  return mloop_open_regular (AT_FDCWD, path, O_RDWR | O_CLOEXEC | O_NOCTTY,
+                             &not_regular);
+}
+
+int
+mloop_overlay_witness_close (int w)
+{
+  int r;
+
+  if (w == -1)
+    return 0;
+  r = mloop_overlay_witness_sync (w);
+  close (w);
+  return r;
+}

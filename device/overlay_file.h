@@ -43,4 +43,19 @@ int mloop_overlay_file_adopt (const char *path, const char *image,
  */
 int mloop_overlay_file_clear (const char *path, char *err, size_t errlen);
 
+/* A witness of the overlay at PATH, for whoever stops the processes
+ * that write it: a descriptor opened before they are told to stop and
+ * closed by mloop_overlay_witness_close once they are gone.  A server
+ * killed inside a sync that then failed took the kernel's report with
+ * it; the witness, open since before, is told too, and marks the
+ * header (engine/overlay.h, mloop_overlay_witness_sync).  -1 (nothing
+ * to witness) when PATH is NULL or names no regular file it can open.
+ */
+int mloop_overlay_witness_open (const char *path);
+
+/* Syncs witness W (marking the overlay if that fails) and closes it;
+ * -1 is none.  0, or the sync's negative errno.
+ */
+int mloop_overlay_witness_close (int w);
+
 #endif /* MLOOP_OVERLAY_FILE_H */

@@ -3,7 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include "fileio.h"
+#include "overlay_file.h"
 #include "overlay.h"
 #include "overlay_witness.h"
 #include "say.h"
@@ -28,17 +28,15 @@ struct overlay_witness *
 overlay_witness_open (const char *overlay, FILE *log)
 {
   struct overlay_witness *w;
-  bool special = false;
   int fd;
 
   if (overlay == NULL)
     return NULL;
-  fd = mloop_open_regular (AT_FDCWD, overlay, O_RDWR | O_CLOEXEC | O_NOCTTY,
-                           &special);
+  fd = mloop_overlay_witness_open (overlay);
   if (fd == -1) {
     say_to (log, "overlay %s: no descriptor to check its syncs with after "
             "a server's death: %s", overlay,
-            special ? "not a regular file" : g_strerror (errno));
+            errno == EINVAL ? "not a regular file" : g_strerror (errno));
     return NULL;
   }
   w = g_new0 (struct overlay_witness, 1);
@@ -55,6 +53,16 @@ say_failed (struct overlay_witness *w, int r, const char *when)
   say_to (w->log, "a sync of overlay %s failed %s (%s): writes its server "
           "answered may be lost; marked, so every FLUSH fails until "
           "mloop overlay clear", w->overlay, when, g_strerror (-r));
+}
+
+/* The witness's sync on the calling thread; WHEN says when, if it fails. */
+static void
+sync_now (struct overlay_witness *w, const char *when)
+{
+  int r = mloop_overlay_witness_sync (w->fd);
+
+  if (r < 0)
+    say_failed (w, r, when);
 }
 
 static gpointer
@@ -107,22 +115,25 @@ overlay_witness_check (struct overlay_witness *w, GSourceFunc then,
   w->done = g_idle_source_new ();
   g_source_set_priority (w->done, G_PRIORITY_DEFAULT);
   g_source_set_callback (w->done, check_done, w, NULL);
-  w->thread = g_thread_new ("mloop-witness", check_thread, w);
+  w->thread = g_thread_try_new ("mloop-witness", check_thread, w, NULL);
+  if (w->thread == NULL) {
+    /* No thread to spare: the sync here and now, the loop held. */
+    g_clear_pointer (&w->done, g_source_unref);
+    g_clear_pointer (&w->context, g_main_context_unref);
+    sync_now (w, "after its server's exit");
+    return false;
+  }
   return true;
 }
 
 void
 overlay_witness_check_now (struct overlay_witness *w)
 {
-  int r;
-
   if (w == NULL)
     return;
   if (w->thread != NULL)
     check_clear (w);
-  r = mloop_overlay_witness_sync (w->fd);
-  if (r < 0)
-    say_failed (w, r, "as its server stopped");
+  sync_now (w, "as its server stopped");
 }
 
 void

@@ -36,8 +36,9 @@ struct overlay_witness *overlay_witness_open (const char *overlay,
  * stalled disk must not hold up the other devices of mloopd), then
  * THEN (DATA) from the calling thread's main context, once, whatever
  * came of it.  The next server must not open the overlay before THEN:
- * the mark is written by then.  False, and no THEN, when W is NULL.
- * One check at a time.
+ * the mark is written by then.  False, and no THEN, when W is NULL or
+ * no thread could be started (the sync then ran on the caller's, and
+ * the caller goes on at once).  One check at a time.
  */
 bool overlay_witness_check (struct overlay_witness *w, GSourceFunc then,
                             gpointer data);
