@@ -1266,8 +1266,12 @@ void
 keeper_stop (struct keeper *k)
 {
   say_to (k->log, "stopping server pid %d", (int) keeper_server_pid (k));
+  /* A server still starting (a restart's, a planned restart's next) is
+   * killed now, not when its start ends: mloop-supervisor's loop never
+   * runs again, and until then it would hold the overlay's lock.
+   */
   if (k->starting)
-    server_start_abandon (k->starting, false);
+    server_start_kill (k->starting);
   if (k->hosting)
     hosted_start_abandon (k->hosting);
   stop_watching (k);

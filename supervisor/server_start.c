@@ -290,6 +290,27 @@ server_start_abandon (struct server_start *s, bool keep_serving)
   s->keep_serving = keep_serving;
 }
 
+void
+server_start_kill (struct server_start *s)
+{
+  struct pollfd gone = { .fd = s->pidfd, .events = POLLIN };
+
+  if (g_queue_remove (&queue, s)) {
+    pending--;
+    start_free (s);
+    return;
+  }
+  s->abandoned = true;
+  s->keep_serving = false;
+  /* Spawned by us, its pidfd names it even once the thread reaped it
+   * (the signal then fails: nothing to wait for).
+   */
+  if (s->pidfd != -1 &&
+      syscall (SYS_pidfd_send_signal, s->pidfd, SIGKILL, NULL, 0) == 0)
+    while (poll (&gone, 1, -1) == -1 && errno == EINTR)
+      ;
+}
+
 bool
 server_start_awaits (pid_t pid)
 {

@@ -49,6 +49,14 @@ struct server_start *server_start_begin (const struct mloop_server_spec *spec,
  */
 void server_start_abandon (struct server_start *s, bool keep_serving);
 
+/* server_start_abandon without its server serving on, and at once:
+ * a server spawned is killed now, and this returns once it is gone (its
+ * overlay's and image's locks with it), not when the loop runs again,
+ * which a stopping process's may not.  S's outcome is then dropped as
+ * an abandoned start's.  An adopted child is only abandoned.
+ */
+void server_start_kill (struct server_start *s);
+
 /* Whether PID is a child a start is waiting for (its exit is the
  * start's to reap).
  */
