@@ -176,6 +176,20 @@ has_flags_word (const unsigned char *h)
      memchr (h + HDR_BASE_PATH, 0, HDR_FLAGS - HDR_BASE_PATH) != NULL);
 }
 
+/* The refusal of an overlay whose header has no flags word (a version
+ * 1 header whose base's path runs into it) to be WHAT (commit, clear):
+ * their sync may take a failed writeback's report, which such a header
+ * cannot keep.  A server opening it records its base, version 2.
+ */
+static void
+refuse_without_mark_room (const char *path, const char *what, char *err,
+                          size_t errlen)
+{
+  snprintf (err, errlen, "overlay %s has a version 1 header whose base "
+            "path leaves no room for a failed sync's mark: attach it once "
+            "(its server records its base) before it is %s", path, what);
+}
+
 /* Header H's flags (has_flags_word), 0 where it has none. */
 static uint32_t
 header_flags (const unsigned char *h)
@@ -185,6 +199,24 @@ header_flags (const unsigned char *h)
   return get_le32 (h + HDR_FLAGS) &
     (get_le32 (h + HDR_VERSION) == OVERLAY_VERSION ? ~0u
      : OVERLAY_FLAG_SYNC_FAILED);
+}
+
+/* Whether the header of the overlay open on FD has a flags word: 1, 0,
+ * or a negative errno.
+ */
+static int
+header_has_flags_word (int fd)
+{
+  unsigned char *h = mloop_alloc_aligned (HDR_BYTES, HDR_BYTES);
+  int r;
+
+  if (h == NULL)
+    return -ENOMEM;
+  r = mloop_pread_or_zero (fd, h, HDR_BYTES, 0);
+  if (r == 0)
+    r = has_flags_word (h) ? 1 : 0;
+  mloop_free_aligned (h, HDR_BYTES);
+  return r;
 }
 
 /* Sets FLAG in the header of the overlay open on FD, or clears it
@@ -1357,6 +1389,16 @@ check_base (struct mloop_overlay *ov, unsigned char *h,
     rolled_back;
   int r;
 
+  /* A commit's open syncs, and may take the kernel's report of a
+   * failed writeback: it must be able to mark it.  A version 1 header
+   * whose path leaves no room for the mark gets it from a server, which
+   * records the base (below); a commit records nothing.
+   */
+  if ((check == MLOOP_OVERLAY_MERGE_BASE ||
+       check == MLOOP_OVERLAY_MERGE_ANY_BASE) && !has_flags_word (h)) {
+    refuse_without_mark_room (ov->path, "committed", err, errlen);
+    return -EINVAL;
+  }
   /* No identity recorded: the size was all an older mloop checked, and
    * all that can be checked now; adopting the base records it.
    */
@@ -2147,6 +2189,14 @@ mloop_overlay_clear_sync_failed (const char *path, const struct stat *checked,
                                           &known, &merging, err,
                                           errlen)) < 0)
     ;
+  else if ((r = header_has_flags_word (fd)) <= 0) {
+    if (r == 0) {
+      refuse_without_mark_room (path, "cleared", err, errlen);
+      r = -EINVAL;
+    }
+    else
+      snprintf (err, errlen, "overlay %s: %s", path, strerror (-r));
+  }
   /* A failure no server was told of yet (one killed before its sync)
    * is told to this first sync, the last the kernel tells: kept as the
    * mark, never cleared over.
@@ -2156,11 +2206,8 @@ mloop_overlay_clear_sync_failed (const char *path, const struct stat *checked,
     snprintf (err, errlen, "a sync of overlay %s failed just now (%s): "
               "not cleared", path, strerror (-r));
   }
-  /* A header without a flags word has no mark to clear. */
   else if ((r = change_header_flag (fd, OVERLAY_FLAG_SYNC_FAILED,
-                                    false)) == -EINVAL)
-    r = 0;
-  else if (r < 0 || (r = sync_fd (fd)) < 0) {
+                                    false)) < 0 || (r = sync_fd (fd)) < 0) {
     mark_sync_failed (fd);
     snprintf (err, errlen, "cannot clear the failed sync's mark of overlay "
               "%s: %s", path, strerror (-r));

@@ -93,6 +93,7 @@ main (void)
 {
   const char *dir = unit_tmpdir ("/var/tmp");
   char base_path[4096], other_path[4096], path[4096], err[512];
+  char long_name[4010];
   struct mloop_backing base;
   struct mloop_overlay ov;
   struct stat st;
@@ -164,6 +165,37 @@ main (void)
   CHECK (r < 0, "a version 1 overlay's clear whose sync failed succeeded");
   next_server_flush_fails (base_path, path,
                            "a version 1 overlay's failed clear");
+
+  /* The same with a base path that leaves its header no room for the
+   * mark: neither commit nor clear syncs it (the report would be taken
+   * and lost).  The next server records the base (version 2), whose
+   * sync takes the report: marked, it refuses to serve, and the one
+   * after fails its FLUSH.
+   */
+  memset (long_name, 'b', sizeof long_name - 1);
+  long_name[sizeof long_name - 1] = '\0';
+  make_fresh (base_path, path);
+  unit_make_version_1 (path, long_name);
+  fail_syncs = 1;
+  r = mloop_overlay_merge (path, base_path, false, true, err, sizeof err);
+  CHECK (r < 0 && access (path, F_OK) == 0 && fail_syncs == 1,
+         "a commit of a version 1 overlay with no room for the mark synced "
+         "it (%d %s)", r, err);
+  (void) unit_try_open_overlay (base_path, path, MLOOP_OVERLAY_SAME_BASE,
+                                err, sizeof err);
+  next_server_flush_fails (base_path, path, "a version 1 overlay with no "
+                           "room for the mark, its commit refused");
+  make_fresh (base_path, path);
+  unit_make_version_1 (path, long_name);
+  CHECK (stat (path, &st) == 0, "stat: %s", strerror (errno));
+  fail_syncs = 1;
+  r = mloop_overlay_clear_sync_failed (path, &st, err, sizeof err);
+  CHECK (r < 0 && fail_syncs == 1, "a clear of a version 1 overlay with "
+         "no room for the mark synced it (%d %s)", r, err);
+  (void) unit_try_open_overlay (base_path, path, MLOOP_OVERLAY_SAME_BASE,
+                                err, sizeof err);
+  next_server_flush_fails (base_path, path, "a version 1 overlay with no "
+                           "room for the mark, its clear refused");
 
   /* A server killed before any sync: the next one's open takes the
    * report.  It serves, failing every FLUSH, and so does the one after.
