@@ -20,6 +20,7 @@
 #include "nbd_proto.h"
 #include "nbd_receivers.h"
 #include "nbd_sysfs.h"
+#include "overlay_file.h"
 #include "partitions.h"
 #include "resident_service.h"
 #include "store_name.h"
@@ -1322,7 +1323,7 @@ mloop_detach (const struct mloop_device_state *s, char *err, size_t errlen)
   g_autofree char *mnt = mloop_device_mount_point (dev);
   g_autofree char *state = mloop_state_path (s, MLOOP_DIR_STATE);
   g_autofree char *shown = NULL;
-  int lock = -1, device_lock, r = 0;
+  int lock = -1, device_lock, witness = -1, r = 0;
 
   /* Only S's own device's mount: a stale state's index may hold
    * another's device by now, mounted or not, which stays.
@@ -1350,12 +1351,18 @@ mloop_detach (const struct mloop_device_state *s, char *err, size_t errlen)
     mloop_state_unlock (lock);
     return 0;
   }
+  /* The supervisor syncs its own witness as the server stops, but a
+   * server stuck in a sync outlives the supervisor's time to stop.
+   */
+  if (!s->overlay_temporary)
+    witness = mloop_overlay_witness_open (s->overlay);
   if (s->transport == MLOOP_TRANSPORT_UBLK) {
     /* The device goes with its server: nothing to disconnect first.
      * The state stays when the device could not be deleted, so detach
      * can be tried again.
      */
     r = mloop_ublk_detach (s, err, errlen);
+    mloop_overlay_witness_close (witness);
     if (r == 0) {
       mloop_state_remove_temporary_overlay (s);
       mloop_state_remove (s->dir);
@@ -1371,6 +1378,7 @@ mloop_detach (const struct mloop_device_state *s, char *err, size_t errlen)
   switch (at_index_showing (s, &shown)) {
   case AT_INDEX_OWN:
     if (let_kernel_go (s, err, errlen) == -1) {
+      mloop_overlay_witness_close (witness);
       mloop_state_unlock (device_lock);
       return -1;
     }
@@ -1382,6 +1390,10 @@ mloop_detach (const struct mloop_device_state *s, char *err, size_t errlen)
     break;
   }
   stop_processes (s);
+  /* Every process that wrote the overlay is gone (stop_processes waits
+   * for the server's death): a failure one took with it is marked.
+   */
+  mloop_overlay_witness_close (witness);
   mloop_state_remove_temporary_overlay (s);
   mloop_state_remove (s->dir);
   mloop_state_unlock (device_lock);

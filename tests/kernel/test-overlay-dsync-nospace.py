@@ -46,15 +46,20 @@ it back, which fails ENOSPC and takes no file's report.  Then:
     could mark the overlay.  Its supervisor's own descriptor of the
     overlay (supervisor/overlay_witness.h), opened before and synced
     after the server's exit, is still told and marks it: the restarted
-    server's FLUSH must fail.
+    server's FLUSH must fail;
+  - the fifth: detached while such a sync is held for longer than the
+    supervisor is given to stop (it is killed, its witness with it),
+    the pool then failing the write: attached again, its FLUSH must
+    fail (detach holds a witness of its own).
 
-About 35 s under TCG (three kills and restarts): the durable groups of
-the CLI kinds, in the full tier only (the standard tier has no room
-left; the overlay is the engine's, whichever server).  The first device
-fails (the FLUSH succeeds) where the FUA write goes out on the
-descriptor the FLUSH syncs; the second and third where the error lives
-only in the server's memory; the fourth where no process but the
-server had the overlay open.
+About 75 s under TCG (three kills and restarts, a detach held 35 s):
+the durable groups of the CLI kinds, in the full tier only (the
+standard tier has no room left; the overlay is the engine's, whichever
+server).  The first device fails (the FLUSH succeeds) where the FUA
+write goes out on the descriptor the FLUSH syncs; the second and third
+where the error lives only in the server's memory; the fourth where no
+process but the server had the overlay open; the fifth where only the
+supervisor did.
 """
 import errno
 import mmap
@@ -81,6 +86,8 @@ BLOCK_B = 8 << 20
 SPAN_B = 256 << 10           # several thin blocks, wherever XFS puts them
 TIMEOUT = 10                 # the devices' request timeout (restart.attach)
 NO_SPACE_TIMEOUT = "/sys/module/dm_thin_pool/parameters/no_space_timeout"
+# Past the time detach gives a supervisor to stop (device/attach.c, 30 s)
+DETACH_HELD_S = 35
 
 
 def fill_pool(dev):
@@ -125,6 +132,27 @@ def waits_in_sync(pid):
         if state == "D" and call in SYNC_SYSCALLS:
             return True
     return False
+
+
+def flush_held(kind, dev, b, name):
+    """Writes B at BLOCK_B of DEV (the page cache of its overlay) and
+    starts a FLUSH on a thread of its own; returns once the server's
+    sync waits on B's writeback, which the pool queues: the thread and
+    the dict its errno goes to."""
+    assert write_errno(dev, BLOCK_B, b) == 0, \
+        f"{name}: write of B (to the page cache) failed"
+    server = restart.status(kind, dev)["device"]["server_pid"]
+    flushed = {}
+    flusher = threading.Thread(
+        target=lambda: flushed.update(errno=sync_errno(dev)), daemon=True)
+    flusher.start()
+    deadline = time.monotonic() + 30
+    while not waits_in_sync(server):
+        assert time.monotonic() < deadline and flusher.is_alive(), \
+            f"{name}: no thread of server pid {server} waited in a sync on B's " \
+            f"queued writeback (the FLUSH: {describe_flush(flushed)})"
+        time.sleep(0.1)
+    return flusher, flushed
 
 
 def describe(err):
@@ -182,7 +210,7 @@ def run_test(kind, cl):
             f.write(pattern(off, 0))
 
     devices = {}
-    for name in ("running", "killed", "fua-killed", "sync-killed"):
+    for name in ("running", "killed", "fua-killed", "sync-killed", "detach-held"):
         overlay = os.path.join(outer, f"overlay-{name}")
         att = restart.attach(kind, cl, base, TIMEOUT, ["--overlay", overlay])
         assert write_errno(att.device, BLOCK_A, pattern(BLOCK_A, 1)) == 0, \
@@ -198,7 +226,7 @@ def run_test(kind, cl):
 
     b = b"".join(pattern(BLOCK_B + off, 1) for off in range(0, SPAN_B, BLOCK))
     for name, (att, _) in devices.items():
-        if name == "sync-killed":
+        if name in ("sync-killed", "detach-held"):
             continue  # later, with the pool queueing
         assert write_errno(att.device, BLOCK_B, b) == 0, \
             f"{name}: write of B (to the page cache) failed"
@@ -249,27 +277,17 @@ def run_test(kind, cl):
     # default), for as long as this test holds it (no_space_timeout 0:
     # no time limit), until it is reloaded to fail them again, as it is
     # whatever happens.
-    att = devices["sync-killed"][0]
     with open(NO_SPACE_TIMEOUT) as f:
         no_space_timeout = f.read().strip()
     cl.push(write_file, NO_SPACE_TIMEOUT, no_space_timeout)
     write_file(NO_SPACE_TIMEOUT, "0")
     fail_when_full = pool_table + " 1 error_if_no_space"
-    pool.swap(pool_table + " 0", lockfs=False)
+    queue_when_full = pool_table + " 0"
     cl.push(pool.swap, fail_when_full, None, False)
-    assert write_errno(att.device, BLOCK_B, b) == 0, \
-        "sync-killed: write of B (to the page cache) failed"
-    server = restart.status(kind, att.device)["device"]["server_pid"]
-    flushed = {}
-    flusher = threading.Thread(
-        target=lambda: flushed.update(errno=sync_errno(att.device)), daemon=True)
-    flusher.start()
-    deadline = time.monotonic() + 30
-    while not waits_in_sync(server):
-        assert time.monotonic() < deadline and flusher.is_alive(), \
-            f"sync-killed: no thread of server pid {server} waited in a sync on B's " \
-            f"queued writeback (the FLUSH: {describe_flush(flushed)})"
-        time.sleep(0.1)
+
+    att = devices["sync-killed"][0]
+    pool.swap(queue_when_full, lockfs=False)
+    flusher, flushed = flush_held(kind, att.device, b, "sync-killed")
     # Killed in the sync, the server dies as it returns: once the pool
     # fails the write, with the report.
     restart.kill_server(kind, att.device, timeout=60,
@@ -280,6 +298,39 @@ def run_test(kind, cl):
         "FLUSH after its server was killed in a sync that then failed: success " \
         "(the killed server took the report with it, and nothing marked the overlay)"
 
+    # Detached while its FLUSH's sync is held past the supervisor's time
+    # to stop (DETACH_HELD_S): the supervisor, whose witness would have
+    # marked the overlay, is killed before the server can die.
+    att, overlay = devices["detach-held"]
+    pool.swap(queue_when_full, lockfs=False)
+    held_flusher, held_flushed = flush_held(kind, att.device, b, "detach-held")
+    detached = {}
+    # Its request times out while held: the kernel log says so.
+    restart.kill_mark(att.device, restart.status(kind, att.device)["device"]["server_pid"])
+
+    def detach():
+        try:
+            att.detach()
+        except Exception as e:  # reported by the join below
+            detached["error"] = e
+    detacher = threading.Thread(target=detach, daemon=True)
+    detacher.start()
+    time.sleep(DETACH_HELD_S)
+    assert detacher.is_alive(), \
+        f"detach-held: the detach ended ({detached.get('error')}) with the sync still held"
+    pool.swap(fail_when_full, lockfs=False)
+    detacher.join(60)
+    held_flusher.join(60)
+    assert not detacher.is_alive() and "error" not in detached, \
+        f"detach-held: the detach did not end once the pool let go: {detached.get('error')}"
+    att = restart.attach(kind, cl, base, TIMEOUT, ["--overlay", overlay])
+    detach_held = sync_errno(att.device)
+    assert detach_held != 0, \
+        "FLUSH after a detach whose server was killed in a sync that then " \
+        "failed: success (the supervisor was killed before its witness " \
+        "synced, and nothing else marked the overlay)"
+    devices["detach-held"] = (att, overlay)
+
     for att, _ in devices.values():
         att.detach()
     print(f"# overlay-dsync-nospace: {kind.name}: B's writeback failed ENOSPC; "
@@ -289,5 +340,7 @@ def run_test(kind, cl):
           f"({describe(killed_again)}); after a FUA write "
           f"({describe(fua_killed)}) and a kill ({describe(after_kill)}); "
           f"after a kill in a sync that then failed ({describe(sync_killed)}; the "
-          f"FLUSH in it: {describe_flush(flushed)})",
+          f"FLUSH in it: {describe_flush(flushed)}); attached again after a "
+          f"detach held in such a sync ({describe(detach_held)}; the FLUSH in it: "
+          f"{describe_flush(held_flushed)})",
           flush=True)
