@@ -583,7 +583,7 @@ static const struct {
   { "serve", cmd_serve, "serve FILE to other machines (TCP, TLS)" },
   { "mount", mloop_cmd_mount, "attach FILE and mount it (autoclear)" },
   { "umount", mloop_cmd_umount, "unmount DIR and detach its device" },
-  { "overlay", mloop_cmd_overlay, "commit, discard or adopt an overlay file" },
+  { "overlay", mloop_cmd_overlay, "commit, discard, adopt or clear an overlay file" },
 };
 
 static int

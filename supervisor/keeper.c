@@ -283,18 +283,35 @@ static void restarted (pid_t pid, const char *start_err, void *data);
  * of the process; restarted goes on once it listens.
  */
 static gboolean
-restart (gpointer data)
+start_next_server (gpointer data)
 {
   struct keeper *k = data;
   char err[1024];
 
-  k->restart_source = 0;
   clear_last_server (k);
   k->spec.overlay_must_exist = true;
   k->starting = server_start_begin (&k->spec, 0, START_TIMEOUT_MS,
                                     restarted, k, err, sizeof err);
   if (k->starting == NULL)
     restarted (0, err, k);
+  return G_SOURCE_REMOVE;
+}
+
+/* The next try at a server, once the overlay's witness has checked
+ * what the last one to open it (a server that died, one that died
+ * starting) may have taken with it: the next opener must find the mark.
+ */
+static gboolean
+restart (gpointer data)
+{
+  struct keeper *k = data;
+
+  k->restart_source = 0;
+  /* A check under way starts the server when done. */
+  if (overlay_witness_busy (k->witness))
+    return G_SOURCE_REMOVE;
+  if (!overlay_witness_check (k->witness, start_next_server, k))
+    start_next_server (k);
   return G_SOURCE_REMOVE;
 }
 
@@ -335,14 +352,6 @@ restarted (pid_t pid, const char *start_err, void *data)
   k->backoff_ms = MIN (k->backoff_ms * 2, BACKOFF_MAX_MS);
 }
 
-/* The witness's check after a server's exit is done: the restart. */
-static gboolean
-witness_checked (gpointer data)
-{
-  schedule_restart (data);
-  return G_SOURCE_REMOVE;
-}
-
 static gboolean
 on_server_exit (gint fd, GIOCondition c, gpointer data)
 {
@@ -381,8 +390,7 @@ on_server_exit (gint fd, GIOCondition c, gpointer data)
   say_to (k->log, "%s; restart %u in %u ms", k->last_failure, k->restarts,
           k->backoff_ms);
   record (k);
-  if (!overlay_witness_check (k->witness, witness_checked, k))
-    schedule_restart (k);
+  schedule_restart (k);
   return G_SOURCE_REMOVE;
 }
 

@@ -126,6 +126,12 @@ overlay_witness_check (struct overlay_witness *w, GSourceFunc then,
   return true;
 }
 
+bool
+overlay_witness_busy (const struct overlay_witness *w)
+{
+  return w != NULL && w->thread != NULL;
+}
+
 void
 overlay_witness_check_now (struct overlay_witness *w)
 {

@@ -32,7 +32,8 @@ struct overlay_witness;
 struct overlay_witness *overlay_witness_open (const char *overlay,
                                               FILE *log);
 
-/* After a server's exit: the witness's sync, on a thread of its own (a
+/* Before a server opens the overlay after another's exit (or a start's
+ * failure): the witness's sync, on a thread of its own (a
  * stalled disk must not hold up the other devices of mloopd), then
  * THEN (DATA) from the calling thread's main context, once, whatever
  * came of it.  The next server must not open the overlay before THEN:
@@ -42,6 +43,9 @@ struct overlay_witness *overlay_witness_open (const char *overlay,
  */
 bool overlay_witness_check (struct overlay_witness *w, GSourceFunc then,
                             gpointer data);
+
+/* Whether a check of W is under way (W NULL: no). */
+bool overlay_witness_busy (const struct overlay_witness *w);
 
 /* At a stop, once the server is gone: the witness's last sync, here and
  * now (as long as the disk stalls), so it is done before the process

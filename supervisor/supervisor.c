@@ -266,15 +266,17 @@ main (int argc, char **argv)
   g_unix_signal_add (SIGTERM, on_stop_signal, NULL);
   g_unix_signal_add (SIGINT, on_stop_signal, NULL);
   g_unix_signal_add (SIGUSR1, on_restart_signal, k);
-  pid_path = write_pid_file (dir);
-  if (pid_path == NULL) {
-    keeper_stop (k);
-    return EXIT_FAILURE;
-  }
   /* The first start's failure is attach's failure: say it and leave. */
   if (keeper_start (k, (pid_t) adopt, err, sizeof err) == -1) {
     fprintf (stderr, "mloop-supervisor: %s\n", err);
-    g_unlink (pid_path);
+    return EXIT_FAILURE;
+  }
+  /* Attach connects the device once this file is there: the keeper's
+   * witness of an overlay is open by then, before any request.
+   */
+  pid_path = write_pid_file (dir);
+  if (pid_path == NULL) {
+    keeper_stop (k);
     return EXIT_FAILURE;
   }
   g_main_loop_run (loop);

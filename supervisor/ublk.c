@@ -197,13 +197,12 @@ watch_attempt (gpointer data)
 
 /* Starts mloop-ublk --recover for the device; watch_attempt follows it. */
 static gboolean
-recover (gpointer data)
+start_attempt (gpointer data)
 {
   struct ublk_keeper *uk = data;
   g_auto (GStrv) argv = mloop_ublk_command (&uk->spec, uk->dir, uk->index);
   char err[512];
 
-  uk->recover_source = 0;
   /* A killed server's pid file would look like the new one's. */
   g_unlink (uk->pid_file);
   if (mloop_process_spawn (argv, uk->log_file, "mloop-ublk", &uk->attempt, err,
@@ -213,6 +212,25 @@ recover (gpointer data)
   }
   uk->attempt_began = g_get_monotonic_time ();
   uk->attempt_source = g_timeout_add (ATTEMPT_POLL_MS, watch_attempt, uk);
+  return G_SOURCE_REMOVE;
+}
+
+/* The next recovery attempt, once the overlay's witness has checked
+ * what the last process to open it (the server that died, an attempt
+ * that died) may have taken with it: the next opener must find the
+ * mark.
+ */
+static gboolean
+recover (gpointer data)
+{
+  struct ublk_keeper *uk = data;
+
+  uk->recover_source = 0;
+  /* A check under way starts the attempt when done. */
+  if (overlay_witness_busy (uk->witness))
+    return G_SOURCE_REMOVE;
+  if (!overlay_witness_check (uk->witness, start_attempt, uk))
+    start_attempt (uk);
   return G_SOURCE_REMOVE;
 }
 
@@ -249,20 +267,6 @@ give_up (gpointer data)
   return G_SOURCE_REMOVE;
 }
 
-static void
-schedule_recovery (struct ublk_keeper *uk)
-{
-  uk->recover_source = g_timeout_add (uk->backoff_ms, recover, uk);
-}
-
-/* The witness's check after a server's exit is done: the recovery. */
-static gboolean
-witness_checked (gpointer data)
-{
-  schedule_recovery (data);
-  return G_SOURCE_REMOVE;
-}
-
 static gboolean
 on_server_exit (gint fd, GIOCondition c, gpointer data)
 {
@@ -295,8 +299,7 @@ on_server_exit (gint fd, GIOCondition c, gpointer data)
   say_to (uk->log, "%s; recovering /dev/ublkb%d (restart %u) in %u ms",
           uk->last_failure, uk->index, uk->restarts, uk->backoff_ms);
   record (uk);
-  if (!overlay_witness_check (uk->witness, witness_checked, uk))
-    schedule_recovery (uk);
+  uk->recover_source = g_timeout_add (uk->backoff_ms, recover, uk);
   uk->give_up_source = g_timeout_add_seconds (uk->dead_timeout_s, give_up,
                                               uk);
   return G_SOURCE_REMOVE;
