@@ -1,5 +1,6 @@
 /* mloop — an image attached through ublk (/dev/ublkbN). */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -162,6 +163,10 @@ mloop_ublk_command (const struct mloop_ublk_spec *spec, const char *dir,
     g_ptr_array_add (argv, g_strdup_printf ("--recover=%d", recover));
   else
     g_ptr_array_add (argv, g_strdup ("--recovery"));
+  /* Its supervisor, and detach, write the device's page cache back
+   * before they stop it (mloop_ublk_flush).
+   */
+  g_ptr_array_add (argv, g_strdup ("--no-stop-flush"));
   g_ptr_array_add (argv, g_strdup_printf ("--queues=%u", spec->queues));
   /* The directory in its command line lets detach recognise it
    * (mloop_server_stop).
@@ -320,6 +325,20 @@ mloop_ublk_index_reused (const char *dir, int index)
 }
 
 int
+mloop_ublk_flush (int index)
+{
+  g_autofree char *path = g_strdup_printf ("/dev/ublkb%d", index);
+  int fd = open (path, O_RDONLY | O_CLOEXEC), r = 0;
+
+  if (fd == -1)
+    return -errno;
+  if (fsync (fd) == -1)
+    r = -errno;
+  close (fd);
+  return r;
+}
+
+int
 mloop_ublk_detach (const struct mloop_device_state *s,
                    char *err, size_t errlen)
 {
@@ -328,6 +347,16 @@ mloop_ublk_detach (const struct mloop_device_state *s,
    * or it would start another; given time for its server's stop and its
    * overlay witness's last sync after that.
    */
+  /* The device's page cache first, while its server serves it: a
+   * supervisor killed first would leave it to the stop's write-back.
+   * Only then: a device whose server died holds its IO (user recovery)
+   * for a next one, and the flush would wait for ever.
+   */
+  if (s->index >= 0 && s->server_pid > 0 &&
+      mloop_server_running (s->server_pid, s->dir) &&
+      ublk_device_exists (s->index) &&
+      !mloop_ublk_index_reused (s->dir, s->index))
+    (void) mloop_ublk_flush (s->index);
   if (s->supervisor_pid > 0)
     mloop_server_stop (s->supervisor_pid, s->dir, 3 * UBLK_STOP_TIMEOUT_MS);
   if (s->server_pid > 0)

@@ -76,6 +76,14 @@ int mloop_ublk_attach (const struct mloop_attach_request *req,
                        const char *file, struct mloop_device_state *s,
                        char *err, size_t errlen);
 
+/* Writes back what the page cache holds for /dev/ublkbINDEX (fsync),
+ * before its server is told to stop: user recovery makes its STOP_DEV
+ * skip the kernel's own write-back.  Done from outside the server, which
+ * is run with --no-stop-flush: a server killed while its own thread
+ * waits on its device's IO never dies.  0 or a negative errno.
+ */
+int mloop_ublk_flush (int index);
+
 /* Stops the supervisor and mloop-ublk (which deletes the device), or
  * deletes a device a killed one left.  The caller holds the state lock
  * and removes the directory.

@@ -17,6 +17,7 @@
 #include "say.h"
 #include "server_process.h"
 #include "ublk.h"
+#include "ublk_device.h"
 
 #define START_TIMEOUT_MS 60000
 #define STOP_TIMEOUT_MS 10000
@@ -362,6 +363,11 @@ ublk_keeper_stop (struct ublk_keeper *uk)
    */
   abandon_attempt (uk);
   if (uk->server > 0) {
+    int r = uk->index >= 0 ? mloop_ublk_flush (uk->index) : 0;
+
+    if (r < 0)
+      say_to (uk->log, "/dev/ublkb%d: writing its page cache back before "
+              "the stop: %s", uk->index, g_strerror (-r));
     say_to (uk->log, "stopping mloop-ublk pid %d", (int) uk->server);
     mloop_server_stop (uk->server, uk->dir, STOP_TIMEOUT_MS);
     waitpid (uk->server, NULL, WNOHANG);

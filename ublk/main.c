@@ -86,6 +86,7 @@ static gboolean opt_legacy;
 static gboolean opt_version;
 static gint opt_delete = -1;
 static gboolean opt_recovery;
+static gboolean opt_no_stop_flush;
 static gint opt_recover = -1;
 static gint opt_id = -1;         /* -1: the kernel picks the number */
 
@@ -135,6 +136,9 @@ static GOptionEntry entries[] = {
   { "recovery", 0, 0, G_OPTION_ARG_NONE, &opt_recovery,
     "Add the device with user recovery: if we die, it waits (IO held) for "
     "another mloop-ublk --recover N", NULL },
+  { "no-stop-flush", 0, 0, G_OPTION_ARG_NONE, &opt_no_stop_flush,
+    "At SIGTERM, stop the device without writing its page cache back "
+    "first: whoever stops this process has (mloop-supervisor does)", NULL },
   { "recover", 0, 0, G_OPTION_ARG_INT, &opt_recover,
     "Take over ublk device N (added with --recovery) whose server died, "
     "serving IMAGE again", "N" },
@@ -403,7 +407,12 @@ leave_for_recovery (const char *dev, const struct ublk_queue *queues,
 /* Before a stop: writes back what the page cache holds for the device.
  * With user recovery, STOP_DEV aborts the device before the kernel's own
  * write-back at its removal, so dirty pages of a buffered writer who did
- * not fsync would be lost. */
+ * not fsync would be lost.  The write-back is served by this process's
+ * own queues: killed while it waits (its disk stalled past a stop's
+ * timeout), the queue threads die and user recovery holds the flush for
+ * a next server, so this thread never leaves the kernel and the process
+ * never dies.  A supervisor flushes from outside instead
+ * (--no-stop-flush). */
 static void
 flush_device (const char *dev)
 {
@@ -765,7 +774,7 @@ main (int argc, char *argv[])
     if (outside)
       fprintf (stderr, "mloop-ublk: %s was stopped from outside; "
                "deleting it\n", dev);
-    else
+    else if (!opt_no_stop_flush)
       flush_device (dev);
   }
 
