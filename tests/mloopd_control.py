@@ -26,6 +26,49 @@ def stand_in_server(path, server, before):
     return path
 
 
+class HeldStart:
+    """A stand-in for the server SERVER, made in DIRECTORY, that records
+    the pid of each of its starts and, once the test has laid its token
+    (lay), takes it and waits until let go (release) before it becomes
+    the server: a start held between its spawn and its listening (the
+    restart after a kill, say)."""
+
+    def __init__(self, directory, server):
+        self.spawned = os.path.join(directory, "spawned")
+        self.token = os.path.join(directory, "slow")
+        self.held = os.path.join(directory, "slow.taken")
+        self.path = stand_in_server(os.path.join(directory, "server"), server, f"""\
+echo $$ >> {self.spawned}
+if mv {self.token} {self.held} 2>/dev/null; then
+  while [ -e {self.held} ]; do sleep 0.05; done
+fi
+""")
+
+    def lay(self):
+        """The next start is held."""
+        open(self.token, "w").close()
+
+    def holding(self):
+        """Whether a start is held now."""
+        return os.path.exists(self.held)
+
+    def release(self):
+        """Lets a start held go on (and none be held any more)."""
+        for path in (self.token, self.held):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+    def pids(self):
+        """The pid of every start so far, in order."""
+        try:
+            with open(self.spawned) as f:
+                return [int(line) for line in f if line.strip()]
+        except FileNotFoundError:
+            return []
+
+
 def ask(control, **fields):
     """One request on the socket CONTROL (keys with _ sent with -); the
     answer's fields."""

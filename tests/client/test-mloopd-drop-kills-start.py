@@ -35,16 +35,8 @@ if os.geteuid() != 0:
 
 d = harness.tmpdir()
 run, control = mloopd_control.private_runtime(d)
-spawned = os.path.join(d, "spawned")
-token, held = os.path.join(d, "slow"), os.path.join(d, "slow.taken")
-stand_in = os.path.join(d, "server")
-mloopd_control.stand_in_server(stand_in, SERVER, f"""\
-echo $$ >> {spawned}
-if mv {token} {held} 2>/dev/null; then
-  while [ -e {held} ]; do sleep 0.05; done
-fi
-""")
-env = dict(os.environ, MLOOP_RUNTIME_DIR=run, MLOOP_SERVER_BIN=stand_in)
+held = mloopd_control.HeldStart(d, SERVER)
+env = dict(os.environ, MLOOP_RUNTIME_DIR=run, MLOOP_SERVER_BIN=held.path)
 dev = os.path.join(run, "dev-dropped")
 attach = mloopd_control.attaching(dev)    # under way for the test's life
 sock = os.path.join(dev, "sock")
@@ -52,23 +44,11 @@ image = harness.make_image(SIZE)
 
 
 def cleanup():
-    try:
-        os.unlink(held)
-    except FileNotFoundError:
-        pass
+    held.release()
     mloopd_control.kill(mloopd_control.processes_naming(sock))
 
 
 harness.on_exit(cleanup)
-
-
-def spawned_pids():
-    try:
-        with open(spawned) as f:
-            return [int(line) for line in f if line.strip()]
-    except FileNotFoundError:
-        return []
-
 
 p = mloopd_control.start([MLOOPD], env, os.path.join(d, "mloopd.log"), control)
 harness.kill_at_exit(p)
@@ -76,11 +56,11 @@ a = mloopd_control.ask(control, op="keep", dir=dev, server="native",
                        image=image, threads=1)
 check("the device is kept", a.get("ok") == "1", a)
 first = mloopd_control.server_pid(dev)
-open(token, "w").close()
+held.lay()
 os.kill(first, signal.SIGKILL)
 wait_for("the restart's server to be spawned, waiting",
-         lambda: len(spawned_pids()) == 2 and os.path.exists(held))
-starting = spawned_pids()[1]
+         lambda: len(held.pids()) == 2 and held.holding())
+starting = held.pids()[1]
 a = mloopd_control.ask(control, op="drop", dir=dev)
 check("the device is dropped", a.get("ok") == "1", a)
 check("the restart's server is gone when the drop is answered",

@@ -37,16 +37,8 @@ if os.geteuid() != 0:
 
 d = harness.tmpdir()
 run, control = mloopd_control.private_runtime(d)
-spawned = os.path.join(d, "spawned")
-token, held = os.path.join(d, "slow"), os.path.join(d, "slow.taken")
-stand_in = os.path.join(d, "server")
-mloopd_control.stand_in_server(stand_in, SERVER, f"""\
-echo $$ >> {spawned}
-if mv {token} {held} 2>/dev/null; then
-  while [ -e {held} ]; do sleep 0.05; done
-fi
-""")
-env = dict(os.environ, MLOOP_RUNTIME_DIR=run, MLOOP_SERVER_BIN=stand_in)
+held = mloopd_control.HeldStart(d, SERVER)
+env = dict(os.environ, MLOOP_RUNTIME_DIR=run, MLOOP_SERVER_BIN=held.path)
 dev = os.path.join(run, "dev-orphan")
 attach = mloopd_control.attaching(dev)    # under way for the test's life
 sock = os.path.join(dev, "sock")
@@ -54,15 +46,8 @@ image = harness.make_image(SIZE)
 
 
 def cleanup():
-    remove_file(held)
+    held.release()
     mloopd_control.kill(mloopd_control.processes_naming(sock))
-
-
-def remove_file(path):
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 harness.on_exit(cleanup)
@@ -75,24 +60,16 @@ def start():
     return p
 
 
-def spawned_pids():
-    try:
-        with open(spawned) as f:
-            return [int(line) for line in f if line.strip()]
-    except FileNotFoundError:
-        return []
-
-
 p = start()
 a = mloopd_control.ask(control, op="keep", dir=dev, server="native",
                        image=image, threads=1)
 check("the device is kept", a.get("ok") == "1", a)
 first = mloopd_control.server_pid(dev)
-open(token, "w").close()
+held.lay()
 os.kill(first, signal.SIGKILL)
 wait_for("the restart's server to be spawned, waiting",
-         lambda: len(spawned_pids()) == 2 and os.path.exists(held))
-orphan = spawned_pids()[1]
+         lambda: len(held.pids()) == 2 and held.holding())
+orphan = held.pids()[1]
 p.send_signal(signal.SIGKILL)
 p.wait()
 check("the start is left behind, not listening",
@@ -107,7 +84,7 @@ except AssertionError:
     stopped = False
 check("the next mloopd stops the server a killed mloopd was starting",
       stopped, f"pid {orphan} still runs")
-remove_file(held)   # one left running becomes a server now
+held.release()   # one left running becomes a server now
 try:
     wait_for("the device's server",
              lambda: mloopd_control.alive(mloopd_control.server_pid(dev)))
