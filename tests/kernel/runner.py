@@ -91,8 +91,8 @@ UBLK = ["ublk-smoke", "ublk-cli", "restart-fio", "restart-full-queue", "restart-
 # covers).  The overlay is the engine's, whichever server: its power cut
 # runs with the native server, and the proof that it can fail (81 s) in
 # the full tier only, as does a failed writeback for want of space met
-# by a FUA write and by restarted servers (overlay-dsync-nospace, about
-# 30 s: the standard tier has no room left; overlay-sync-error keeps a
+# by a FUA write and by restarted servers (overlay-dsync-nospace, 55-80
+# s: the standard tier has no room left; overlay-sync-error keeps a
 # failed sync's latch there, and the unit suite its mark).  An RBD image through the kernel (a Ceph cluster
 # booted in the guest, about 4.5 minutes in all) runs in the full tier
 # only, over NBD on 6.1 and over ublk on 6.12: the standard tier keeps
