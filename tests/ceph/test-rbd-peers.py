@@ -81,6 +81,13 @@ on a real one-node cluster (tests/ceph/cluster.py):
    watches still up: the next server with the same lock record breaks
    what lock they hold and serves (the record names each server before
    it breaks or takes a lock);
+2a. a device's server killed (gdb) as it calls rbd_lock_acquire:
+   recorded, holding no lock, so its successor (the same lock record)
+   blocklists nobody and its watch lingers (Ceph's 30 s here); the
+   successor cannot read (gdb forges a timeout) the address it holds
+   the lock it took under, so lets it go: its first write takes the
+   lock again, the killed server's watch no live writer there either
+   (as at the start), and succeeds;
 2c. a device's server stopped (SIGSTOP), not dead, on an image whose
    configuration turns librbd's blocklisting off
    (rbd_blocklist_on_break_lock false), and its successor started with
@@ -197,11 +204,13 @@ to end: the 5 s this test sets osd_client_watch_timeout to), the
 arriving writer 2-3 s (gdb's start), 20 watchers, 2c, 2e and 3 to 6
 about 1-3 s each, 2d about 5 s (`rbd feature disable`), 1d about 6 s (a
 watch timeout), 2f 3-5 s, 3b under 1 s, 2q 8-11 s (two cases), 2r 6-7 s
-(a watch timeout), 2s 3 s, 2t 3-4 s, 2u 2-3 s, 2v 1-2 s, 2b 12-13 s (two gdb starts), 2i 9-13 s
-(4,100 snapshots added to the header), 2j 2-3 s, 2w 5-7 s, 2x about
-10 s, 2y about 5 s, 2z about 5 s, 2k under 1 s, 2l, 2m,
-2n and 2o 1-2 s each; about 130-150 s in all alone, more beside other
-work.
+(a watch timeout), 2s 3 s, 2t 3-4 s, 2u 2-3 s, 2v 1-2 s, 2b 12-13 s
+(two gdb starts), 2a 12-14 s (two gdb starts, and librbd's release of
+the lock and its taking again each waiting 5 s for the killed server's
+watch to answer), 2i 9-13 s (4,100 snapshots added to the header), 2j
+2-3 s, 2w 5-7 s, 2x about 10 s, 2y about 5 s, 2z about 5 s, 2k under
+1 s, 2l, 2m, 2n and 2o 1-2 s each; about 145-165 s in all alone, more
+beside other work.
 """
 import datetime
 import json
@@ -1113,15 +1122,17 @@ def section_lock_stolen_at_start(untold=False):
         stop_under_gdb(s)
 
 
-# Makes mloop-server's second rbd_lock_get_owners, its read of the
-# address it holds the lock it has just taken under, fail with
-# ETIMEDOUT, and leaves librbd alone after.
+# Makes mloop-server's rbd_lock_get_owners after the {looks} before it
+# (its look at who lives on the image, and with a lock record its look
+# at whether a recorded server holds the lock), its read of the address
+# it holds the lock it has just taken under, fail with ETIMEDOUT, and
+# leaves librbd alone after.
 HOLDER_UNREAD = """set pagination off
 set confirm off
 set breakpoint pending on
 handle all nostop noprint pass
 break rbd_lock_get_owners
-ignore 1 1
+ignore 1 {looks}
 commands 1
 silent
 delete 1
@@ -1147,7 +1158,7 @@ def section_holder_unread_at_start():
     c.create_image("holder-unread", 8 * MiB)
     script = c.path("test", "holder-unread.gdb")
     with open(script, "w") as f:
-        f.write(HOLDER_UNREAD)
+        f.write(HOLDER_UNREAD.format(looks=1))
     s = Server(f"rbd:{c.spec('holder-unread')}",
                wrap=[gdb, "-q", "-batch", "-nx", "-x", script, "--args"])
     b = None
@@ -1375,28 +1386,31 @@ def section_successors():
                                                              for n in range(3)))
 
 
-# Runs the server until its first call of FUNCTION has returned, then
-# kills it (SIGKILL): a device's server killed mid-start.
-KILL_AFTER = """set pagination off
+# Runs the server until its first call of FUNCTION, then kills it
+# (SIGKILL): a device's server killed mid-start.  {finish}: "finish",
+# killed once that call has returned; "", as it is called.
+KILL_AT = """set pagination off
 set confirm off
 set breakpoint pending on
 handle all nostop noprint pass
 break {function}
 run
-finish
+{finish}
 shell touch {killed}
 kill
 quit
 """
 
 
-def killed_after(function, spec, record, name):
-    """Starts a server of SPEC under gdb, killed once FUNCTION returns;
-    waits for its end; whether it got there."""
+def killed_at(function, spec, record, name, returned=True):
+    """Starts a server of SPEC under gdb, killed once FUNCTION returns
+    (RETURNED), or as it is called; waits for its end; whether it got
+    there."""
     killed = c.path("test", f"killed-{name}")
     script = c.path("test", f"kill-{name}.gdb")
     with open(script, "w") as f:
-        f.write(KILL_AFTER.format(function=function, killed=killed))
+        f.write(KILL_AT.format(function=function, killed=killed,
+                               finish="finish" if returned else ""))
     s = Server(spec, args=record, wrap=[shutil.which("gdb"), "-q", "-batch", "-nx", "-x",
                                         script, "--args"])
     try:
@@ -1427,7 +1441,7 @@ def section_killed_mid_start():
     try:
         held = []
         for n, function in enumerate(["rbd_lock_acquire", "rbd_lock_break"]):
-            died = killed_after(function, spec, record, function)
+            died = killed_at(function, spec, record, function)
             held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("cut-short")))
             if not check(f"server {n + 1} was killed as its {function} returned", died,
                          f"lock {held!r}"):
@@ -1454,6 +1468,61 @@ def section_killed_mid_start():
         s.stop()
     finally:
         c.ceph("config", "set", "osd", "osd_client_watch_timeout", str(WATCH_TIMEOUT))
+
+
+def section_retaken_after_killed():
+    """A device's server killed as it calls rbd_lock_acquire: recorded,
+    its watch up, but holding no lock, so its successor (the same lock
+    record) blocklists nobody and the OSD keeps that watch for
+    osd_client_watch_timeout (Ceph's 30 s here).  The successor, which
+    cannot read the address it holds the lock it takes under (gdb forges
+    a timeout), lets the lock go, and its first write must take the lock
+    again as the start took it: the killed server's watch no sign of a
+    live writer there either, and the write must succeed."""
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        print("# skipped: no gdb to kill the server mid-start")
+        return
+    c.create_image("retaken", 8 * MiB)
+    spec = f"rbd:{c.spec('retaken')}"
+    path = c.path("test", "retaken.lock")
+    record = ["--lock-record=" + path]
+    c.ceph("config", "set", "osd", "osd_client_watch_timeout",
+           str(SUCCESSOR_WATCH_TIMEOUT))
+    s = None
+    try:
+        died = killed_at("rbd_lock_acquire", spec, record, "retaken", returned=False)
+        held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("retaken")))
+        if not check("a server was killed as it called rbd_lock_acquire, holding no "
+                     "lock", died and held == [], f"lock {held!r}"):
+            raise Abort("not killed")
+        with open(path) as f:
+            dead = f.read().splitlines()
+        script = c.path("test", "retaken.gdb")
+        with open(script, "w") as f:
+            f.write(HOLDER_UNREAD.format(looks=2))
+        s = Server(spec, args=record,
+                   wrap=[gdb, "-q", "-batch", "-nx", "-x", script, "--args"])
+        if not check("its successor starts", s.ready(), s.stderr().strip()[-500:]):
+            raise Abort("no start")
+        check("it says it let the lock go", s.says("let go", 5), s.stderr()[-600:])
+        up = [w["address"] for w in watchers("retaken")]
+        if not check("the killed server's watch is up as its successor writes",
+                     len(dead) == 1 and dead[0] in up, f"record {dead!r}, watchers {up!r}"):
+            raise Abort("no lingering watch")
+        h = s.connect()
+        wrote = write_error(h, b"r")
+        check("the successor's write takes the lock again and succeeds",
+              wrote is None, f"{wrote}: {s.stderr().strip()[-600:]}")
+        held = json.loads(c.rbd("lock", "ls", "--format", "json", c.spec("retaken")))
+        check("the successor holds the lock",
+              len(held) == 1 and held[0]["address"] not in dead, repr(held))
+        h.shutdown()
+    finally:
+        if s is not None:
+            stop_under_gdb(s)
+        c.ceph("config", "set", "osd", "osd_client_watch_timeout", str(WATCH_TIMEOUT))
+    check("the image has the write", export(c.spec("retaken"))[:4096] == b"r" * 4096)
 
 
 def section_foreign_record():
@@ -2630,6 +2699,8 @@ try:
             section_holder_unread_unlock_lost)
     section("a device's servers killed one after another", section_successors)
     section("a device's servers killed mid-start", section_killed_mid_start)
+    section("a server killed before its lock, its successor's lock retaken",
+            section_retaken_after_killed)
     section("a stopped server's successor, blocklisting off",
             section_unfenced_predecessor)
     section("a lock record another user could write", section_foreign_record)
