@@ -129,6 +129,11 @@ struct rbd_store {
    * "lock lost"): the checker thread, woken by the update watch.
    */
   char *own_address;            /* how the lock record names us */
+  /* The device's earlier servers as the lock record named them when
+   * the start took the lock (NULL: none): their watches are no sign of
+   * life when the lock is taken again either (regained).
+   */
+  char *history;
   pthread_t checker;
   bool checker_running;         /* atomic: the update watch reads it */
   pthread_mutex_t check_lock;   /* the two below */
@@ -327,7 +332,10 @@ static void know_own_lock (struct rbd_store *st);
  * librbd answered a write, trim, zero or flush.  Returns whether the
  * lock was lost and is ours again, so that the request can be made once
  * more.  A live client holding it or having the image open is left
- * alone, and the store says it has lost the lock; a later write tries
+ * alone, and the store says it has lost the lock, the watches of the
+ * device's servers the start found recorded not counted, as at the
+ * start (a killed one's lingers for osd_client_watch_timeout and would
+ * keep the lock out that long); a later write tries
  * again, at most once every REGAIN_PAUSE_MS, so that the lock comes
  * back once that client lets it go, as the store says, whenever the
  * first write after the loss came.  Blocks (librbd's calls): never on a
@@ -354,7 +362,7 @@ regained (struct rbd_store *st, long r)
     ok = false;                 /* refused a moment ago */
   else {
     err[0] = '\0';
-    ok = refuse_live_peers (st, NULL, err, sizeof err) == 0 &&
+    ok = refuse_live_peers (st, st->history, err, sizeof err) == 0 &&
       rbd_lock_acquire (st->rbd, RBD_LOCK_MODE_EXCLUSIVE) == 0;
     if (ok) {
       __atomic_store_n (&st->locked, true, __ATOMIC_RELEASE);
@@ -1439,6 +1447,7 @@ release_store (struct rbd_store *st)
   pthread_mutex_destroy (&st->check_lock);
   pthread_cond_destroy (&st->check_wanted);
   free (st->own_address);
+  free (st->history);
   free (st->header_oid);
   free (st->name);
   free (st->pool);
@@ -2590,6 +2599,12 @@ take_lock (struct rbd_store *st, const char *record, char *err,
   if (r == 0) {
     st->locked = true;
     st->lock_wanted = true;
+    /* For the lock taken again (regained), which may be at the first
+     * write, a killed predecessor's watch still up: own_lock_address
+     * lets go of a lock whose holder it cannot read.  (Without the
+     * memory, that watch keeps the lock out until it ends.)
+     */
+    st->history = have ? strdup (recorded) : NULL;
     st->own_address = own_lock_address (st);
     if (st->own_address && (own == NULL || strcmp (own, st->own_address)))
       write_record (record, st->own_address);
