@@ -339,6 +339,25 @@ class ServiceBus:
             self.polkitd.wait()
 
 
+def run_on_bus(service_bin, source_dbus_dir, prefix, run, skip):
+    """RUN(bus, work) with a ServiceBus of SERVICE_BIN (source_dbus_dir
+    as for ServiceBus) and WORK a directory of its own (PREFIX, users may
+    look in), removed after; SKIP(reason) when the machine lacks what the
+    bus needs."""
+    try:
+        bus = ServiceBus(service_bin, source_dbus_dir)
+    except Unavailable as e:
+        skip(str(e))
+        return
+    work = tempfile.mkdtemp(prefix=prefix)
+    os.chmod(work, 0o755)
+    try:
+        with bus:
+            run(bus, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def stop_gdb(debugger):
     """Waits for gdb (holding the service at a breakpoint) to detach and
     end; one still waiting for its breakpoint is interrupted (its script

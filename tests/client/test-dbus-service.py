@@ -124,17 +124,7 @@ def one_line(r):
 def main():
     if os.geteuid() != 0:
         harness.skip("needs root: it runs callers as other users")
-    try:
-        bus = servicebus.ServiceBus(SERVICE, SRC_DBUS)
-    except servicebus.Unavailable as e:
-        harness.skip(str(e))
-    work = tempfile.mkdtemp(prefix="mloop-dbus-test-")
-    os.chmod(work, 0o755)
-    try:
-        with bus:
-            run(bus, work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    servicebus.run_on_bus(SERVICE, SRC_DBUS, "mloop-dbus-test-", run, harness.skip)
     harness.exit_if_failed()
 
 
