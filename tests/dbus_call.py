@@ -39,6 +39,23 @@ or "ERROR message".
       A read-only attach carrying one descriptor, of PATH, whose image
       argument names descriptor H of the message instead of the first
       (dbus-python numbers them itself: GDBus, as heavy).
+  dbus_call.py carrying PATH ping|attach-relative|attach
+      A call carrying the descriptor of PATH (O_RDWR):
+      org.freedesktop.DBus.Peer.Ping (which GDBus answers itself;
+      anyone may send it), an attach under a relative name (refused
+      before polkit is asked), or an attach of PATH.  Prints the answer
+      (GDBus, as heavy).
+  dbus_call.py lingering
+      A read-write attach (its name absolute, an authentication
+      allowed) carrying a TCP socket on 127.0.0.1 in place of a file:
+      SO_LINGER set (1,000,000 s) and data in it that its peer, this
+      process, never reads.  None of its descriptors is kept here once
+      the call is sent, and the bus closes its own once it has passed it
+      on: run under silent_agent.py, the call waits for polkit, and the
+      service's close, once it refuses the call, is the socket's last
+      and waits for the data to go.  Prints "SENT", then keeps the peer
+      until its standard input ends (dbus-python, which sends in the
+      calling thread).
 """
 import os
 import sys
@@ -107,6 +124,11 @@ def main():
             repeat(bus, int(sys.argv[2]), sys.argv[3], sys.argv[4])
         elif what == "handle":
             handle(int(sys.argv[2]), sys.argv[3])
+        elif what == "carrying":
+            fd = os.open(sys.argv[2], os.O_RDWR)
+            print(send_carrying(fd, sys.argv[3], os.path.abspath(sys.argv[2])))
+        elif what == "lingering":
+            lingering(bus)
         elif what == "detach":
             manager(bus).Detach(sys.argv[2])
             print("OK")
@@ -222,6 +244,67 @@ def handle(h, path):
     except GLib.Error as e:
         print(f"ERROR {Gio.DBusError.get_remote_error(e) or ''} "
               f"{e.message.split(': ', 1)[-1] if Gio.DBusError.is_remote_error(e) else e.message}")
+
+
+def send_carrying(fd, how, name):
+    """HOW (ping, attach-relative or attach, of NAME) sent carrying FD
+    (given to GDBus): the answer ("OK" or "ERROR message")."""
+    Gio, GLib = gio()
+    conn = Gio.bus_get_sync(Gio.BusType.SYSTEM, None)
+    fd_list = Gio.UnixFDList()
+    fd_list.append(fd)
+    os.close(fd)
+    if how == "ping":
+        msg = Gio.DBusMessage.new_method_call("org.mloop.Manager1", "/org/mloop/Manager1",
+                                              "org.freedesktop.DBus.Peer", "Ping")
+    else:
+        msg = Gio.DBusMessage.new_method_call("org.mloop.Manager1", "/org/mloop/Manager1",
+                                              "org.mloop.Manager1", "Attach")
+        msg.set_body(GLib.Variant("(hsa{sv})", (0, name if how == "attach" else "relative.img",
+                                                 {})))
+    msg.set_unix_fd_list(fd_list)
+    try:
+        reply = conn.send_message_with_reply_sync(msg, Gio.DBusSendMessageFlags.NONE,
+                                                  60000, None)[0]
+    except GLib.Error as e:
+        return f"ERROR {e.message}"
+    if reply.get_message_type() == Gio.DBusMessageType.ERROR:
+        body = reply.get_body()
+        return "ERROR " + (body[0] if body else reply.get_error_name())
+    return "OK"
+
+
+def lingering(bus):
+    """A TCP socket whose close waits (SO_LINGER) for data its peer, this
+    process, never reads, passed with an attach that may wait for an
+    authentication; the peer kept until stdin ends."""
+    import socket
+    import struct
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    s.connect(listener.getsockname())           # never accepted, never read
+    s.setblocking(False)
+    try:
+        while True:
+            s.send(b"x" * 65536)
+    except BlockingIOError:
+        pass
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 1000000))
+    msg = dbus.lowlevel.MethodCallMessage("org.mloop.Manager1", "/org/mloop/Manager1",
+                                          "org.mloop.Manager1", "Attach")
+    msg.append(dbus.types.UnixFd(s), "/lingering.img", dbus.Dictionary({}, signature="sv"),
+               signature="hsa{sv}")
+    msg.set_allow_interactive_authorization(True)
+    s.close()
+    bus.send_message(msg)
+    bus.flush()
+    del msg                                     # its descriptor closed
+    print("SENT", flush=True)
+    sys.stdin.read()
 
 
 def heavy(n, kind, path, fds, name_bytes, repeat):
