@@ -15,6 +15,7 @@
 #include <gio/gio.h>
 #include <glib-unix.h>
 
+#include "descriptors.h"
 #include "manager.h"
 #include "refusal_log.h"
 
@@ -29,21 +30,11 @@ static struct mloop_manager_limits limits = {
 };
 
 static void
-on_bus (GDBusConnection *connection, const char *name, gpointer unused)
-{
-  if (!mloop_manager_export (connection, &limits)) {
-    status = EXIT_FAILURE;
-    g_main_loop_quit (loop);
-  }
-}
-
-static void
 on_name_lost (GDBusConnection *connection, const char *name,
               gpointer unused)
 {
-  g_printerr ("mloop-dbus: cannot own %s on the system bus (%s)\n", name,
-              connection ? "another owner, or the bus's policy refuses us"
-              : "no system bus");
+  g_printerr ("mloop-dbus: cannot own %s on the system bus (another "
+              "owner, or the bus's policy refuses us)\n", name);
   status = EXIT_FAILURE;
   g_main_loop_quit (loop);
 }
@@ -116,6 +107,8 @@ parse_options (int argc, char **argv)
 int
 main (int argc, char **argv)
 {
+  g_autoptr (GDBusConnection) connection = NULL;
+  g_autoptr (GError) gerr = NULL;
   guint owner;
 
   if (!parse_options (argc, argv))
@@ -131,12 +124,34 @@ main (int argc, char **argv)
   g_unix_signal_add (SIGTERM, on_stop, NULL);
   g_unix_signal_add (SIGINT, on_stop, NULL);
   g_timeout_add_seconds (REAP_INTERVAL_S, reap, NULL);
-  owner = g_bus_own_name (G_BUS_TYPE_SYSTEM, MLOOP_DBUS_NAME,
-                          G_BUS_NAME_OWNER_FLAGS_NONE, on_bus, NULL,
-                          on_name_lost, NULL, NULL);
+  /* The bus's connection, shared with polkit's proxy (GDBus makes one
+   * per bus), takes callers' descriptors out of what it receives before
+   * the object is there to call or the name is asked for
+   * (descriptors.h).  Only the moment between the bus's answer to
+   * Hello and the filter is left, for a signal sent to the unique name
+   * before anyone could know it is this service's.
+   */
+  connection = g_bus_get_sync (G_BUS_TYPE_SYSTEM, NULL, &gerr);
+  if (connection == NULL) {
+    g_printerr ("mloop-dbus: cannot own %s on the system bus (no system "
+                "bus: %s)\n", MLOOP_DBUS_NAME, gerr->message);
+    return EXIT_FAILURE;
+  }
+  mloop_descriptors_take (connection);
+  if (!mloop_manager_export (connection, &limits))
+    return EXIT_FAILURE;
+  owner = g_bus_own_name_on_connection (connection, MLOOP_DBUS_NAME,
+                                        G_BUS_NAME_OWNER_FLAGS_NONE, NULL,
+                                        on_name_lost, NULL, NULL);
   g_main_loop_run (loop);
   /* What the log was spared is said before the service goes. */
   mloop_refusal_log_flush ();
   g_bus_unown_name (owner);
+  /* Off the bus now: a close waiting on a user's FUSE server keeps this
+   * process, and its descriptors, the bus's among them, until that
+   * server answers or goes (the kernel waits for it uninterruptibly),
+   * and a name still owned here would not be given to a new service.
+   */
+  g_dbus_connection_close_sync (connection, NULL, NULL);
   return status;
 }

@@ -35,11 +35,11 @@
 #include <linux/openat2.h>
 
 #include <gio/gio.h>
-#include <gio/gunixfdlist.h>
 
 #include "attach.h"
 #include "caller.h"
 #include "describe.h"
+#include "descriptors.h"
 #include "held_image.h"
 #include "manager.h"
 #include "nbd_netlink.h"
@@ -182,28 +182,24 @@ call_fail (struct call *c, const char *name, const char *err)
 }
 
 /* The descriptor at HANDLE in INVOCATION's message, a duplicate owned by
- * the caller of this; -1 with ERR.
+ * the caller of this, closed with mloop_descriptors_close; -1 with ERR.
  */
 static int
 passed_fd (GDBusMethodInvocation *invocation, gint32 handle, char *err,
            size_t errlen)
 {
   GDBusMessage *msg = g_dbus_method_invocation_get_message (invocation);
-  GUnixFDList *fds = g_dbus_message_get_unix_fd_list (msg);
-  g_autoptr (GError) gerr = NULL;
   int fd;
 
-  /* GLib checks no lower bound, and a handle past the end is a
-   * critical without an error: the caller's number is checked here.
-   */
-  if (fds == NULL || handle < 0 || handle >= g_unix_fd_list_get_length (fds)) {
+  /* The caller's number, checked: GLib checks no lower bound. */
+  if (handle < 0 || handle >= mloop_descriptors_count (msg)) {
     snprintf (err, errlen, "descriptor %d was not passed with the call",
               handle);
     return -1;
   }
-  fd = g_unix_fd_list_get (fds, handle, &gerr);
+  fd = mloop_descriptors_dup (msg, handle);
   if (fd == -1)
-    snprintf (err, errlen, "descriptor %d: %s", handle, gerr->message);
+    snprintf (err, errlen, "descriptor %d: %s", handle, strerror (errno));
   return fd;
 }
 
@@ -264,9 +260,8 @@ static bool
 descriptors_passed (GDBusMethodInvocation *invocation, int want,
                     const gint32 *handle, char *err, size_t errlen)
 {
-  GDBusMessage *msg = g_dbus_method_invocation_get_message (invocation);
-  GUnixFDList *fds = g_dbus_message_get_unix_fd_list (msg);
-  int n = fds ? g_unix_fd_list_get_length (fds) : 0;
+  int n = mloop_descriptors_count
+    (g_dbus_method_invocation_get_message (invocation));
 
   if (n == want && handle && (*handle < 0 || *handle >= n)) {
     snprintf (err, errlen, "descriptor %d was not passed with the call "
@@ -456,7 +451,7 @@ attach_now (struct call *c)
     .autoclear = option (c->options, "autoclear"),
   };
   r = mloop_attach (&req, &st, err, sizeof err);
-  close (fd);
+  mloop_descriptors_close (fd);
   if (r == -1) {
     why = mloop_printable_short (err, LOGGED_REFUSAL_MAX);
     mloop_refusal_log (c->person, "uid %u: attach %s refused: %s",
