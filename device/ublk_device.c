@@ -342,11 +342,6 @@ int
 mloop_ublk_detach (const struct mloop_device_state *s,
                    char *err, size_t errlen)
 {
-  /* SIGTERM: the supervisor stops mloop-ublk, which stops the device,
-   * finishing what is in flight, and deletes it.  The supervisor first,
-   * or it would start another; given time for its server's stop and its
-   * overlay witness's last sync after that.
-   */
   /* The device's page cache first, while its server serves it: a
    * supervisor killed first would leave it to the stop's write-back.
    * Only then: a device whose server died holds its IO (user recovery)
@@ -357,6 +352,11 @@ mloop_ublk_detach (const struct mloop_device_state *s,
       ublk_device_exists (s->index) &&
       !mloop_ublk_index_reused (s->dir, s->index))
     (void) mloop_ublk_flush (s->index);
+  /* SIGTERM: the supervisor stops mloop-ublk, which stops the device,
+   * finishing what is in flight, and deletes it.  The supervisor first,
+   * or it would start another; given time for its server's stop and its
+   * overlay witness's last sync after that.
+   */
   if (s->supervisor_pid > 0)
     mloop_server_stop (s->supervisor_pid, s->dir, 3 * UBLK_STOP_TIMEOUT_MS);
   if (s->server_pid > 0)

@@ -1,6 +1,5 @@
 /* A supervisor's witness of a copy-on-write overlay (overlay_witness.h). */
 #include <errno.h>
-#include <fcntl.h>
 #include <unistd.h>
 
 #include "overlay_file.h"
