@@ -1,8 +1,12 @@
 /* mloop — an image attached through ublk (/dev/ublkbN). */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <glib.h>
@@ -335,6 +339,76 @@ mloop_ublk_flush (int index)
   if (fsync (fd) == -1)
     r = -errno;
   close (fd);
+  return r;
+}
+
+/* The flush of mloop_ublk_flush_served, on a thread of its own. */
+struct served_flush {
+  int device;                   /* /dev/ublkbN, open */
+  int done;                     /* an eventfd, written once it returns */
+  int result;                   /* 0 or a negative errno */
+};
+
+static gpointer
+served_flush_run (gpointer data)
+{
+  struct served_flush *f = data;
+  uint64_t one = 1;
+
+  f->result = fsync (f->device) == -1 ? -errno : 0;
+  if (write (f->done, &one, sizeof one) == -1)
+    abort ();                   /* an eventfd below its maximum cannot fail */
+  return NULL;
+}
+
+int
+mloop_ublk_flush_served (int index, int server_pidfd, char *lost,
+                         size_t lostlen)
+{
+  g_autofree char *path = g_strdup_printf ("/dev/ublkb%d", index);
+  struct served_flush f = { .device = -1, .done = -1 };
+  struct pollfd watch[2];
+  GThread *thread;
+  int r;
+
+  *lost = '\0';
+  f.device = open (path, O_RDONLY | O_CLOEXEC);
+  if (f.device == -1)
+    return -errno;
+  f.done = eventfd (0, EFD_CLOEXEC);
+  thread = f.done == -1 ? NULL
+    : g_thread_try_new ("mloop-flush", served_flush_run, &f, NULL);
+  if (thread == NULL) {
+    /* No thread to be had: flushed here, unwatched, as it always was
+     * before a server could die in it.
+     */
+    r = fsync (f.device) == -1 ? -errno : 0;
+    goto out;
+  }
+  watch[0] = (struct pollfd) { .fd = f.done, .events = POLLIN };
+  watch[1] = (struct pollfd) { .fd = server_pidfd, .events = POLLIN };
+  while (poll (watch, 2, -1) == -1 && errno == EINTR)
+    ;
+  if (!(watch[0].revents & POLLIN) && (watch[1].revents & POLLIN)) {
+    /* The server died first: its device holds the writeback for a
+     * recovery that this stop will not start.  Deleting it fails that
+     * IO, and so ends the flush.
+     */
+    char why[256];
+
+    if (mloop_ublk_delete (index, why, sizeof why) == -1)
+      snprintf (lost, lostlen, "its server died during the flush and %s",
+                why);
+    else
+      snprintf (lost, lostlen, "its server died during the flush: the "
+                "device is deleted, what its page cache held is lost");
+  }
+  g_thread_join (thread);
+  r = f.result;
+ out:
+  if (f.done != -1)
+    close (f.done);
+  close (f.device);
   return r;
 }
 

@@ -84,6 +84,17 @@ int mloop_ublk_attach (const struct mloop_attach_request *req,
  */
 int mloop_ublk_flush (int index);
 
+/* mloop_ublk_flush, by the one who would recover the device, while the
+ * server SERVER_PIDFD names serves it.  A server that dies during a
+ * flush leaves its device holding the writeback for the next server, so
+ * a flush that did not watch it would wait for ever: if it dies first,
+ * the device is deleted, which fails the writeback, and LOST says so in
+ * words (else it is empty).  The flush waits on a thread of its own.
+ * 0 or a negative errno.
+ */
+int mloop_ublk_flush_served (int index, int server_pidfd, char *lost,
+                             size_t lostlen);
+
 /* Stops the supervisor and mloop-ublk (which deletes the device), or
  * deletes a device a killed one left.  The caller holds the state lock
  * and removes the directory.

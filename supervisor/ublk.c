@@ -363,9 +363,13 @@ ublk_keeper_stop (struct ublk_keeper *uk)
    */
   abandon_attempt (uk);
   if (uk->server > 0) {
-    int r = uk->index >= 0 ? mloop_ublk_flush (uk->index) : 0;
+    char lost[512] = "";
+    int r = uk->index >= 0 ? mloop_ublk_flush_served (uk->index, uk->pidfd,
+                                                      lost, sizeof lost) : 0;
 
-    if (r < 0)
+    if (*lost)
+      say_to (uk->log, "/dev/ublkb%d: %s", uk->index, lost);
+    else if (r < 0)
       say_to (uk->log, "/dev/ublkb%d: writing its page cache back before "
               "the stop: %s", uk->index, g_strerror (-r));
     say_to (uk->log, "stopping mloop-ublk pid %d", (int) uk->server);

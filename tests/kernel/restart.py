@@ -142,3 +142,27 @@ def supervisor_log(st):
             return f.read().splitlines()
     except OSError as e:
         return [str(e)]
+
+
+# fsync(2) and fdatasync(2) on x86_64, the guest's architecture.
+SYNC_SYSCALLS = {"74", "75"}
+
+
+def waits_in_sync(pid):
+    """Whether a thread of process PID waits, unkillable (state D), in a
+    sync (a server's on a queued write, a supervisor's on its device)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return False
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+            with open(f"/proc/{pid}/task/{tid}/syscall") as f:
+                call = f.read().split()[0]
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        if state == "D" and call in SYNC_SYSCALLS:
+            return True
+    return False

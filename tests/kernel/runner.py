@@ -74,7 +74,7 @@ GROUPS = ["main", "durable", "many"]
 # transports, and a device that survives its server (ublk's user
 # recovery, through the supervisor).
 UBLK = ["ublk-smoke", "ublk-cli", "restart-fio", "restart-full-queue", "restart-fsync",
-        "restart-dying", "restart-hung-image", "overlay"]
+        "restart-dying", "restart-hung-image", "ublk-stop-server-dies", "overlay"]
 
 
 # The standard tier (MLOOP_TEST_TIER unset or "standard"; docs/testing.md)

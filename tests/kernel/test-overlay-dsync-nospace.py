@@ -110,30 +110,6 @@ def fill_pool(dev):
         buf.close()
 
 
-# fsync(2) and fdatasync(2) on x86_64, the guest's architecture.
-SYNC_SYSCALLS = {"74", "75"}
-
-
-def waits_in_sync(pid):
-    """Whether a thread of process PID waits, unkillable (state D), in a
-    sync: the server's, on a write the pool queues."""
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except FileNotFoundError:
-        return False
-    for tid in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-            with open(f"/proc/{pid}/task/{tid}/syscall") as f:
-                call = f.read().split()[0]
-        except (FileNotFoundError, ProcessLookupError, IndexError):
-            continue
-        if state == "D" and call in SYNC_SYSCALLS:
-            return True
-    return False
-
-
 def flush_held(kind, dev, b, name):
     """Writes B at BLOCK_B of DEV (the page cache of its overlay) and
     starts a FLUSH on a thread of its own; returns once the server's
@@ -147,7 +123,7 @@ def flush_held(kind, dev, b, name):
         target=lambda: flushed.update(errno=sync_errno(dev)), daemon=True)
     flusher.start()
     deadline = time.monotonic() + 30
-    while not waits_in_sync(server):
+    while not restart.waits_in_sync(server):
         assert time.monotonic() < deadline and flusher.is_alive(), \
             f"{name}: no thread of server pid {server} waited in a sync on B's " \
             f"queued writeback (the FLUSH: {describe_flush(flushed)})"
