@@ -167,10 +167,6 @@ mloop_ublk_command (const struct mloop_ublk_spec *spec, const char *dir,
     g_ptr_array_add (argv, g_strdup_printf ("--recover=%d", recover));
   else
     g_ptr_array_add (argv, g_strdup ("--recovery"));
-  /* Its supervisor, and detach, write the device's page cache back
-   * before they stop it (mloop_ublk_flush).
-   */
-  g_ptr_array_add (argv, g_strdup ("--no-stop-flush"));
   g_ptr_array_add (argv, g_strdup_printf ("--queues=%u", spec->queues));
   /* The directory in its command line lets detach recognise it
    * (mloop_server_stop).

@@ -78,9 +78,9 @@ int mloop_ublk_attach (const struct mloop_attach_request *req,
 
 /* Writes back what the page cache holds for /dev/ublkbINDEX (fsync),
  * before its server is told to stop: user recovery makes its STOP_DEV
- * skip the kernel's own write-back.  Done from outside the server, which
- * is run with --no-stop-flush: a server killed while its own thread
- * waits on its device's IO never dies.  0 or a negative errno.
+ * skip the kernel's own write-back.  mloop-ublk writes it back itself at
+ * SIGTERM too; done first from outside, a server that dies during it
+ * can be seen to (mloop_ublk_flush_served).  0 or a negative errno.
  */
 int mloop_ublk_flush (int index);
 

@@ -28,12 +28,14 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <glib.h>
@@ -47,6 +49,9 @@
 #include "queue.h"
 #include "rbd_options.h"
 #include "stats.h"
+
+/* coreutils', which Debian installs everywhere: fsync of each file named. */
+#define SYNC_PROGRAM "/bin/sync"
 
 #define MAX_QUEUES 16
 #define DEPTH_DEFAULT 64
@@ -86,7 +91,6 @@ static gboolean opt_legacy;
 static gboolean opt_version;
 static gint opt_delete = -1;
 static gboolean opt_recovery;
-static gboolean opt_no_stop_flush;
 static gint opt_recover = -1;
 static gint opt_id = -1;         /* -1: the kernel picks the number */
 
@@ -136,9 +140,6 @@ static GOptionEntry entries[] = {
   { "recovery", 0, 0, G_OPTION_ARG_NONE, &opt_recovery,
     "Add the device with user recovery: if we die, it waits (IO held) for "
     "another mloop-ublk --recover N", NULL },
-  { "no-stop-flush", 0, 0, G_OPTION_ARG_NONE, &opt_no_stop_flush,
-    "At SIGTERM, stop the device without writing its page cache back "
-    "first: whoever stops this process has (mloop-supervisor does)", NULL },
   { "recover", 0, 0, G_OPTION_ARG_INT, &opt_recover,
     "Take over ublk device N (added with --recovery) whose server died, "
     "serving IMAGE again", "N" },
@@ -408,21 +409,47 @@ leave_for_recovery (const char *dev, const struct ublk_queue *queues,
  * With user recovery, STOP_DEV aborts the device before the kernel's own
  * write-back at its removal, so dirty pages of a buffered writer who did
  * not fsync would be lost.  The write-back is served by this process's
- * own queues: killed while it waits (its disk stalled past a stop's
- * timeout), the queue threads die and user recovery holds the flush for
- * a next server, so this thread never leaves the kernel and the process
- * never dies.  A supervisor flushes from outside instead
- * (--no-stop-flush). */
+ * own queues, so another process waits for it: a thread of ours waiting
+ * on it when we are killed (our disk stalled past a stopper's patience)
+ * would keep this process from ever dying, while the queue threads'
+ * deaths make user recovery hold that very write-back for a next server.
+ * Killed, we die, and coreutils' sync(1) waits for the next server or
+ * for the device's deletion.  It gets none of our descriptors: a ublk
+ * char device or ring left open would bar a next server's recovery.  A
+ * program rather than a fork of ours: a fork would copy every page our
+ * queues have pinned for the kernel.
+ */
 static void
 flush_device (const char *dev)
 {
-  int fd = open (dev, O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
+  char *argv[] = { (char *) "sync", (char *) dev, NULL };
+  posix_spawn_file_actions_t actions;
+  posix_spawnattr_t attr;
+  sigset_t none;
+  pid_t child;
+  int status, r;
+
+  sigemptyset (&none);
+  posix_spawn_file_actions_init (&actions);
+  posix_spawn_file_actions_addclosefrom_np (&actions, 3);
+  posix_spawnattr_init (&attr);
+  posix_spawnattr_setsigmask (&attr, &none);
+  posix_spawnattr_setflags (&attr, POSIX_SPAWN_SETSIGMASK);
+  r = posix_spawn (&child, SYNC_PROGRAM, &actions, &attr, argv, environ);
+  posix_spawnattr_destroy (&attr);
+  posix_spawn_file_actions_destroy (&actions);
+  if (r != 0) {
+    fprintf (stderr, "mloop-ublk: %s: cannot run %s to write its page "
+             "cache back before stopping: %s\n", dev, SYNC_PROGRAM,
+             strerror (r));
     return;
-  if (fsync (fd) < 0)
-    fprintf (stderr, "mloop-ublk: %s: fsync before stopping: %s\n", dev,
-             strerror (errno));
-  close (fd);
+  }
+  while (waitpid (child, &status, 0) == -1 && errno == EINTR)
+    ;
+  /* sync(1) said why on our stderr. */
+  if (!WIFEXITED (status) || WEXITSTATUS (status) != 0)
+    fprintf (stderr, "mloop-ublk: %s: the write-back before stopping "
+             "failed\n", dev);
 }
 
 /* Linux 6.12's ublk learns that its server died when the server's
@@ -774,7 +801,7 @@ main (int argc, char *argv[])
     if (outside)
       fprintf (stderr, "mloop-ublk: %s was stopped from outside; "
                "deleting it\n", dev);
-    else if (!opt_no_stop_flush)
+    else
       flush_device (dev);
   }
 

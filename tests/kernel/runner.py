@@ -74,7 +74,8 @@ GROUPS = ["main", "durable", "many"]
 # transports, and a device that survives its server (ublk's user
 # recovery, through the supervisor).
 UBLK = ["ublk-smoke", "ublk-cli", "restart-fio", "restart-full-queue", "restart-fsync",
-        "restart-dying", "restart-hung-image", "ublk-stop-server-dies", "overlay"]
+        "restart-dying", "restart-hung-image", "ublk-stop-server-dies", "ublk-foreign-stop",
+        "overlay"]
 
 
 # The standard tier (MLOOP_TEST_TIER unset or "standard"; docs/testing.md)
