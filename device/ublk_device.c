@@ -338,17 +338,17 @@ mloop_ublk_flush (int index)
   return r;
 }
 
-/* The flush of mloop_ublk_flush_served, on a thread of its own. */
-struct served_flush {
+struct mloop_ublk_flush {
   int device;                   /* /dev/ublkbN, open */
   int done;                     /* an eventfd, written once it returns */
+  GThread *thread;              /* NULL: done on the caller's thread */
   int result;                   /* 0 or a negative errno */
 };
 
 static gpointer
-served_flush_run (gpointer data)
+flush_run (gpointer data)
 {
-  struct served_flush *f = data;
+  struct mloop_ublk_flush *f = data;
   uint64_t one = 1;
 
   f->result = fsync (f->device) == -1 ? -errno : 0;
@@ -357,54 +357,55 @@ served_flush_run (gpointer data)
   return NULL;
 }
 
-int
-mloop_ublk_flush_served (int index, int server_pidfd, char *lost,
-                         size_t lostlen)
+struct mloop_ublk_flush *
+mloop_ublk_flush_begin (int index)
 {
   g_autofree char *path = g_strdup_printf ("/dev/ublkb%d", index);
-  struct served_flush f = { .device = -1, .done = -1 };
-  struct pollfd watch[2];
-  GThread *thread;
-  int r;
+  struct mloop_ublk_flush *f = g_new0 (struct mloop_ublk_flush, 1);
 
-  *lost = '\0';
-  f.device = open (path, O_RDONLY | O_CLOEXEC);
-  if (f.device == -1)
-    return -errno;
-  f.done = eventfd (0, EFD_CLOEXEC);
-  thread = f.done == -1 ? NULL
-    : g_thread_try_new ("mloop-flush", served_flush_run, &f, NULL);
-  if (thread == NULL) {
-    /* No thread to be had: flushed here, unwatched, as it always was
-     * before a server could die in it.
-     */
-    r = fsync (f.device) == -1 ? -errno : 0;
-    goto out;
+  f->done = -1;
+  f->device = open (path, O_RDONLY | O_CLOEXEC);
+  if (f->device == -1) {
+    f->result = -errno;
+    return f;
   }
-  watch[0] = (struct pollfd) { .fd = f.done, .events = POLLIN };
-  watch[1] = (struct pollfd) { .fd = server_pidfd, .events = POLLIN };
+  f->done = eventfd (0, EFD_CLOEXEC);
+  if (f->done != -1)
+    f->thread = g_thread_try_new ("mloop-flush", flush_run, f, NULL);
+  if (f->thread == NULL)
+    /* No thread to be had: flushed here, unwatched. */
+    f->result = fsync (f->device) == -1 ? -errno : 0;
+  return f;
+}
+
+bool
+mloop_ublk_flush_wait (struct mloop_ublk_flush *f, int server_pidfd)
+{
+  struct pollfd watch[2] = {
+    { .fd = f->done, .events = POLLIN },
+    { .fd = server_pidfd, .events = POLLIN },
+  };
+
+  if (f->thread == NULL)
+    return true;
   while (poll (watch, 2, -1) == -1 && errno == EINTR)
     ;
-  if (!(watch[0].revents & POLLIN) && (watch[1].revents & POLLIN)) {
-    /* The server died first: its device holds the writeback for a
-     * recovery that this stop will not start.  Deleting it fails that
-     * IO, and so ends the flush.
-     */
-    char why[256];
+  return (watch[0].revents & POLLIN) || !(watch[1].revents & POLLIN);
+}
 
-    if (mloop_ublk_delete (index, why, sizeof why) == -1)
-      snprintf (lost, lostlen, "its server died during the flush and %s",
-                why);
-    else
-      snprintf (lost, lostlen, "its server died during the flush: the "
-                "device is deleted, what its page cache held is lost");
-  }
-  g_thread_join (thread);
-  r = f.result;
- out:
-  if (f.done != -1)
-    close (f.done);
-  close (f.device);
+int
+mloop_ublk_flush_end (struct mloop_ublk_flush *f)
+{
+  int r;
+
+  if (f->thread != NULL)
+    g_thread_join (f->thread);
+  r = f->result;
+  if (f->done != -1)
+    close (f->done);
+  if (f->device != -1)
+    close (f->device);
+  g_free (f);
   return r;
 }
 

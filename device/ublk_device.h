@@ -80,20 +80,23 @@ int mloop_ublk_attach (const struct mloop_attach_request *req,
  * before its server is told to stop: user recovery makes its STOP_DEV
  * skip the kernel's own write-back.  mloop-ublk writes it back itself at
  * SIGTERM too; done first from outside, a server that dies during it
- * can be seen to (mloop_ublk_flush_served).  0 or a negative errno.
+ * can be seen to (mloop_ublk_flush_begin).  0 or a negative errno.
  */
 int mloop_ublk_flush (int index);
 
-/* mloop_ublk_flush, by the one who would recover the device, while the
- * server SERVER_PIDFD names serves it.  A server that dies during a
- * flush leaves its device holding the writeback for the next server, so
- * a flush that did not watch it would wait for ever: if it dies first,
- * the device is deleted, which fails the writeback, and LOST says so in
- * words (else it is empty).  The flush waits on a thread of its own.
- * 0 or a negative errno.
+/* mloop_ublk_flush in steps, for the one who would recover the device:
+ * a server that dies during a flush leaves its device holding the
+ * writeback for the next server, so a flush that did not watch it would
+ * wait for ever.  _begin starts the flush on a thread of its own;
+ * _wait returns true once it has ended, false if the server
+ * SERVER_PIDFD names died first (then recover the device, or delete it,
+ * which fails the writeback, and wait again or end); _end joins it and
+ * returns its result, 0 or a negative errno.
  */
-int mloop_ublk_flush_served (int index, int server_pidfd, char *lost,
-                             size_t lostlen);
+struct mloop_ublk_flush;
+struct mloop_ublk_flush *mloop_ublk_flush_begin (int index);
+bool mloop_ublk_flush_wait (struct mloop_ublk_flush *f, int server_pidfd);
+int mloop_ublk_flush_end (struct mloop_ublk_flush *f);
 
 /* Stops the supervisor and mloop-ublk (which deletes the device), or
  * deletes a device a killed one left.  The caller holds the state lock

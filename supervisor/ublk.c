@@ -1,5 +1,6 @@
 /* mloop-supervisor — the ublk mode (ublk.h). */
 #include <errno.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +26,11 @@
 #define BACKOFF_MAX_MS 2000
 /* How often a recovery under way is looked at (its pid file, its exit). */
 #define ATTEMPT_POLL_MS 20
+/* How long a stop waits for a recovery (ublk_keeper_stop): well within
+ * detach's patience with a supervisor (30 s), with the flush and the
+ * server's stop after it.
+ */
+#define STOP_RECOVERY_MS 10000
 /* A server that lived this long earns a quick restart again. */
 #define HEALTHY_US (30 * G_USEC_PER_SEC)
 
@@ -351,6 +357,112 @@ ublk_keeper_start (struct ublk_keeper *uk, pid_t adopted, char *err,
   return 0;
 }
 
+/* Whether the server has died (its pidfd readable); then it is reaped
+ * and forgotten, as on_server_exit would, for a stop that no longer
+ * runs the loop.
+ */
+static bool
+server_died (struct ublk_keeper *uk)
+{
+  struct pollfd p = { .fd = uk->pidfd, .events = POLLIN };
+
+  if (uk->server == 0 || poll (&p, 1, 0) != 1)
+    return false;
+  say_to (uk->log, "mloop-ublk pid %d died as /dev/ublkb%d was being "
+          "stopped", (int) uk->server, uk->index);
+  waitpid (uk->server, NULL, WNOHANG);
+  g_clear_handle_id (&uk->pidfd_source, g_source_remove);
+  close (uk->pidfd);
+  uk->pidfd = -1;
+  uk->server = 0;
+  return true;
+}
+
+/* A stop while no server serves (one died; its recovery under way, not
+ * begun, or failing): the device holds what the dead server had taken,
+ * and its page cache what nobody flushed, and deleting it fails both.
+ * One recovery, bounded, lets the stop's flush write them: the attempt
+ * under way, or one started now, after the witness's check.  A device
+ * already gone (given up, stopped from outside) has nothing to keep.
+ */
+static void
+recover_for_stop (struct ublk_keeper *uk)
+{
+  gint64 deadline = g_get_monotonic_time () + STOP_RECOVERY_MS * 1000;
+  char err[512];
+  pid_t pid = 0;
+  int r;
+
+  if (uk->server > 0 || uk->index < 0 ||
+      !mloop_ublk_device_present (uk->index) ||
+      mloop_ublk_index_reused (uk->dir, uk->index))
+    return;
+  g_clear_handle_id (&uk->attempt_source, g_source_remove);
+  if (uk->attempt == 0) {
+    g_auto (GStrv) argv = mloop_ublk_command (&uk->spec, uk->dir, uk->index);
+
+    overlay_witness_check_now (uk->witness);
+    g_unlink (uk->pid_file);
+    if (mloop_process_spawn (argv, uk->log_file, "mloop-ublk", &uk->attempt,
+                             err, sizeof err) == -1) {
+      say_to (uk->log, "recovering /dev/ublkb%d for its stop: %s", uk->index,
+              err);
+      return;
+    }
+  }
+  while ((r = mloop_process_check (uk->attempt, uk->log_file, uk->pid_file,
+                                   "mloop-ublk", &pid, err,
+                                   sizeof err)) == 0 &&
+         g_get_monotonic_time () < deadline)
+    g_usleep (ATTEMPT_POLL_MS * 1000);
+  if (r == 0) {
+    say_to (uk->log, "recovering /dev/ublkb%d for its stop: mloop-ublk "
+            "--recover did not serve within %d s", uk->index,
+            STOP_RECOVERY_MS / 1000);
+    return;                     /* abandon_attempt kills it */
+  }
+  uk->attempt = 0;              /* reaped, or serving */
+  if (r == -1 || serving (uk, pid, err, sizeof err) == -1) {
+    say_to (uk->log, "recovering /dev/ublkb%d for its stop: %s", uk->index,
+            err);
+    return;
+  }
+  g_clear_handle_id (&uk->pidfd_source, g_source_remove);
+  say_to (uk->log, "mloop-ublk pid %d serves /dev/ublkb%d again, for its "
+          "stop's write-back", (int) uk->server, uk->index);
+}
+
+/* Writes the device's page cache back before its server is told to
+ * stop (mloop_ublk_flush), and what its dead server held: a server that
+ * dies during it gets one recovery (the device keeps the writeback for
+ * the next server), then the device is deleted, which fails it.
+ */
+static void
+flush_for_stop (struct ublk_keeper *uk)
+{
+  struct mloop_ublk_flush *f = mloop_ublk_flush_begin (uk->index);
+  char err[512];
+  int r;
+
+  if (!mloop_ublk_flush_wait (f, uk->pidfd)) {
+    server_died (uk);
+    recover_for_stop (uk);
+    if (uk->server == 0 || !mloop_ublk_flush_wait (f, uk->pidfd)) {
+      server_died (uk);
+      abandon_attempt (uk);
+      say_to (uk->log, "/dev/ublkb%d: no server to finish its write-back "
+              "before the stop: deleting it, what its page cache held is "
+              "lost", uk->index);
+      if (mloop_ublk_delete (uk->index, err, sizeof err) == -1)
+        say_to (uk->log, "%s", err);
+    }
+  }
+  r = mloop_ublk_flush_end (f);
+  if (r < 0)
+    say_to (uk->log, "/dev/ublkb%d: writing its page cache back before the "
+            "stop: %s", uk->index, g_strerror (-r));
+}
+
 void
 ublk_keeper_stop (struct ublk_keeper *uk)
 {
@@ -361,17 +473,12 @@ ublk_keeper_stop (struct ublk_keeper *uk)
    * recovery under way or still failing, or given up), detach deletes
    * it.
    */
+  server_died (uk);
+  recover_for_stop (uk);
   abandon_attempt (uk);
+  if (uk->server > 0 && uk->index >= 0)
+    flush_for_stop (uk);
   if (uk->server > 0) {
-    char lost[512] = "";
-    int r = uk->index >= 0 ? mloop_ublk_flush_served (uk->index, uk->pidfd,
-                                                      lost, sizeof lost) : 0;
-
-    if (*lost)
-      say_to (uk->log, "/dev/ublkb%d: %s", uk->index, lost);
-    else if (r < 0)
-      say_to (uk->log, "/dev/ublkb%d: writing its page cache back before "
-              "the stop: %s", uk->index, g_strerror (-r));
     say_to (uk->log, "stopping mloop-ublk pid %d", (int) uk->server);
     mloop_server_stop (uk->server, uk->dir, STOP_TIMEOUT_MS);
     waitpid (uk->server, NULL, WNOHANG);

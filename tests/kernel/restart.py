@@ -166,3 +166,26 @@ def waits_in_sync(pid):
         if state == "D" and call in SYNC_SYSCALLS:
             return True
     return False
+
+
+def alive(pid):
+    """Whether PID runs (a zombie has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def supervisor_of(st):
+    """The pid of the supervisor whose directory holds ST's server log."""
+    want = f"--dir={os.path.dirname(st['device']['server_log'])}".encode()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if argv[0].endswith(b"mloop-supervisor") and want in argv:
+            return int(pid)
+    raise AssertionError(f"no mloop-supervisor with {want.decode()}")

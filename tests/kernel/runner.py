@@ -75,6 +75,7 @@ GROUPS = ["main", "durable", "many"]
 # recovery, through the supervisor).
 UBLK = ["ublk-smoke", "ublk-cli", "restart-fio", "restart-full-queue", "restart-fsync",
         "restart-dying", "restart-hung-image", "ublk-stop-server-dies", "ublk-foreign-stop",
+        "ublk-detach-recovering",
         "overlay"]
 
 
