@@ -39,12 +39,14 @@ or "ERROR message".
       A read-only attach carrying one descriptor, of PATH, whose image
       argument names descriptor H of the message instead of the first
       (dbus-python numbers them itself: GDBus, as heavy).
-  dbus_call.py carrying PATH ping|attach-relative|attach
+  dbus_call.py carrying PATH ping|attach-relative|attach [N]
       A call carrying the descriptor of PATH (O_RDWR):
       org.freedesktop.DBus.Peer.Ping (which GDBus answers itself;
       anyone may send it), an attach under a relative name (refused
       before polkit is asked), or an attach of PATH.  Prints the answer
-      (GDBus, as heavy).
+      (GDBus, as heavy).  With N, N such calls one after the other,
+      each with a descriptor of its own: prints each distinct answer
+      once, as "COUNT x ANSWER".
   dbus_call.py lingering
       A read-write attach (its name absolute, an authentication
       allowed) carrying a TCP socket on 127.0.0.1 in place of a file:
@@ -124,6 +126,14 @@ def main():
             repeat(bus, int(sys.argv[2]), sys.argv[3], sys.argv[4])
         elif what == "handle":
             handle(int(sys.argv[2]), sys.argv[3])
+        elif what == "carrying" and len(sys.argv) > 4:
+            answers = {}
+            for _ in range(int(sys.argv[4])):
+                fd = os.open(sys.argv[2], os.O_RDWR)
+                answer = send_carrying(fd, sys.argv[3], os.path.abspath(sys.argv[2]))
+                answers[answer] = answers.get(answer, 0) + 1
+            for answer, count in answers.items():
+                print(f"{count} x {answer}")
         elif what == "carrying":
             fd = os.open(sys.argv[2], os.O_RDWR)
             print(send_carrying(fd, sys.argv[3], os.path.abspath(sys.argv[2])))

@@ -42,10 +42,10 @@ import time
 import harness
 import procstop
 import servicebus
+from stuck_fuse import FUSE_STUCK_FLUSH, StuckFuse
 from harness import check
 
 SERVICE = os.environ.get("MLOOP_DBUS_BIN", "")
-FUSE_STUCK_FLUSH = os.environ.get("MLOOP_FUSE_STUCK_FLUSH", "")
 SRC_DBUS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "dbus")
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -89,41 +89,6 @@ def waits_in(pid, where):
     return found
 
 
-class StuckFuse:
-    """fuse-stuck-flush mounted at WORK/NAME as USER's mount, its server
-    never answering mloop-dbus's FLUSH."""
-
-    def __init__(self, work, name):
-        self.mnt = os.path.join(work, name)
-        os.mkdir(self.mnt)
-        self.log_path = os.path.join(work, name + ".log")
-        self.server = subprocess.Popen(
-            [FUSE_STUCK_FLUSH, self.mnt, str(USER[1]), str(USER[2]), "mloop-dbus"],
-            stderr=open(self.log_path, "w"))
-        self.image = os.path.join(self.mnt, "disk.img")
-        servicebus.poll_until(lambda: "serving" in self.log() or
-                              self.server.poll() is not None, 10)
-        if "serving" not in self.log():
-            raise AssertionError("fuse-stuck-flush did not mount: " + self.log())
-
-    def log(self):
-        with open(self.log_path) as f:
-            return f.read()
-
-    def service_stuck(self):
-        """Whether mloop-dbus's close waits for this server (10 s)."""
-        servicebus.poll_until(lambda: "of mloop-dbus: never answered" in self.log(), 10)
-        return "of mloop-dbus: never answered" in self.log()
-
-    def close(self):
-        """The server killed: the connection aborted, every FLUSH waiting
-        on it fails, and the mount goes."""
-        if self.server.poll() is None:
-            self.server.kill()
-        self.server.wait()
-        subprocess.run(["umount", "-l", self.mnt], capture_output=True)
-
-
 def answers(bus, what):
     """Checks that the service answers OTHER's call (started for it if
     need be): before WHAT."""
@@ -136,7 +101,7 @@ def stuck_fuse(bus, work, name, how, expect):
     service's FLUSH, HOW (dbus_call.py carrying's); they hear an answer
     saying EXPECT, and OTHER's call is answered while the service's
     close waits.  The FUSE mount, still mounted."""
-    fuse = StuckFuse(work, name)
+    fuse = StuckFuse(work, name, USER)
     attacker = None
     try:
         answers(bus, name)

@@ -1,7 +1,9 @@
 /* Test helper: a one-file FUSE file system (the raw /dev/fuse protocol,
  * no libfuse) whose server answers every request at once but one: the
- * FUSE_FLUSH sent by a process whose name (comm) is VICTIM, which it
- * never answers.  The kernel sends FUSE_FLUSH at every close(2) of a
+ * FUSE_FLUSH sent by a process whose name (comm) is VICTIM, or by a
+ * process it started (however deep: one forked and not yet exec'd
+ * still closes its copies of VICTIM's descriptors, under the name of
+ * the thread that forked it), which it never answers.  The kernel sends FUSE_FLUSH at every close(2) of a
  * file of the mount and waits for the answer uninterruptibly, so the
  * victim's close of a descriptor of its file waits until this server
  * answers or goes (its /dev/fuse descriptor closed: the connection is
@@ -64,36 +66,72 @@ fill_attr (struct fuse_attr *a, uint64_t ino)
   }
 }
 
-/* The name (comm) of the process thread TID belongs to: its thread
- * group leader's, which a thread renamed does not change.
+/* FIELD ("Tgid", "PPid") of thread or process ID's /proc status, or 0. */
+static long
+status_field (long id, const char *field)
+{
+  char path[64], status[4096], key[32];
+  const char *t;
+  ssize_t n;
+  int fd;
+
+  snprintf (path, sizeof path, "/proc/%ld/status", id);
+  if ((fd = open (path, O_RDONLY | O_CLOEXEC)) == -1)
+    return 0;
+  n = read (fd, status, sizeof status - 1);
+  close (fd);
+  if (n <= 0)
+    return 0;
+  status[n] = '\0';
+  snprintf (key, sizeof key, "\n%s:", field);
+  t = strstr (status, key);
+  return t ? strtol (t + strlen (key), NULL, 10) : 0;
+}
+
+/* The name (comm) of process PID: its thread group leader's, which a
+ * thread renamed does not change.
  */
 static void
-process_name (pid_t tid, char *out, size_t size)
+process_name (long pid, char *out, size_t size)
 {
-  char path[64], status[4096];
-  const char *t;
-  long tgid = tid;
+  char path[64];
   ssize_t n;
   int fd;
 
   snprintf (out, size, "?");
-  snprintf (path, sizeof path, "/proc/%d/status", (int) tid);
-  if ((fd = open (path, O_RDONLY | O_CLOEXEC)) == -1)
-    return;
-  n = read (fd, status, sizeof status - 1);
-  close (fd);
-  if (n <= 0)
-    return;
-  status[n] = '\0';
-  if ((t = strstr (status, "\nTgid:")))
-    tgid = strtol (t + 6, NULL, 10);
-  snprintf (path, sizeof path, "/proc/%ld/comm", tgid);
+  snprintf (path, sizeof path, "/proc/%ld/comm", pid);
   if ((fd = open (path, O_RDONLY | O_CLOEXEC)) == -1)
     return;
   n = read (fd, out, size - 1);
   close (fd);
   out[n > 0 ? n : 0] = '\0';
   out[strcspn (out, "\n")] = '\0';
+}
+
+/* Whether the process thread TID belongs to is VICTIM or one it
+ * started; OUT, its name, "NAME (started by VICTIM)" for the latter.
+ */
+static bool
+is_victim (pid_t tid, const char *victim, char *out, size_t size)
+{
+  long pid = status_field (tid, "Tgid");
+  char name[64];
+
+  if (pid == 0)
+    pid = tid;
+  process_name (pid, out, size);
+  if (strcmp (out, victim) == 0)
+    return true;
+  for (long p = status_field (pid, "PPid"); p > 1;
+       p = status_field (p, "PPid")) {
+    process_name (p, name, sizeof name);
+    if (strcmp (name, victim) == 0) {
+      snprintf (out + strlen (out), size - strlen (out), " (started by %s)",
+                victim);
+      return true;
+    }
+  }
+  return false;
 }
 
 static void
@@ -171,11 +209,9 @@ serve (const char *victim)
       break;
     }
     case FUSE_FLUSH: {
-      char name[64];
-      bool answered;
+      char name[128];
+      bool answered = !is_victim (in->pid, victim, name, sizeof name);
 
-      process_name (in->pid, name, sizeof name);
-      answered = strcmp (name, victim) != 0;
       fprintf (stderr, "fuse-stuck-flush: FLUSH from thread %u of %s: %s\n",
                in->pid, name, answered ? "answered" : "never answered");
       if (answered)
