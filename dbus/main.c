@@ -17,6 +17,7 @@
 
 #include "descriptors.h"
 #include "manager.h"
+#include "nbd_netlink.h"
 #include "refusal_log.h"
 
 /* How often exited supervisors are reaped, seconds (manager.h). */
@@ -120,6 +121,13 @@ main (int argc, char **argv)
   g_setenv ("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:"
             "/sbin:/bin", FALSE);
   signal (SIGPIPE, SIG_IGN);
+  /* The nbd module, loaded now if it is not there: a process started
+   * once callers' descriptors are here closes its copy of each at its
+   * exec, and waits there for as long as a caller's FUSE server likes
+   * (descriptors.h); the device thread, which every attach waits for,
+   * must never wait for one.  Later attaches only look for the module.
+   */
+  mloop_nbd_netlink_load_early ();
   loop = g_main_loop_new (NULL, FALSE);
   g_unix_signal_add (SIGTERM, on_stop, NULL);
   g_unix_signal_add (SIGINT, on_stop, NULL);

@@ -220,12 +220,30 @@ load_nbd_module (void)
   posix_spawn_file_actions_destroy (&fa);
 }
 
+/* Set once, before the process has threads: modprobe was run then. */
+static bool loaded_early;
+
+void
+mloop_nbd_netlink_load_early (void)
+{
+  struct channel ch;
+  char ignored[256];
+
+  if (channel_open (&ch, ignored, sizeof ignored) < 0)
+    load_nbd_module ();
+  else
+    nl_socket_free (ch.sock);
+  loaded_early = true;
+}
+
 int
 mloop_nbd_netlink_available (char *err, size_t errlen)
 {
   struct channel ch;
 
   if (channel_open (&ch, err, errlen) < 0) {
+    if (loaded_early)
+      return -ENOENT;
     load_nbd_module ();
     if (channel_open (&ch, err, errlen) < 0)
       return -ENOENT;

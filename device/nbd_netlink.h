@@ -27,10 +27,20 @@ struct mloop_nbd_device_config {
 };
 
 /* Checks that the kernel has the "nbd" generic-netlink family, loading
- * the nbd module if it is not there yet.  0, or -ENOENT with a message
- * that names the fix.
+ * the nbd module if it is not there yet (unless
+ * mloop_nbd_netlink_load_early was called).  0, or -ENOENT with a
+ * message that names the fix.
  */
 int mloop_nbd_netlink_available (char *err, size_t errlen);
+
+/* Loads the nbd module now if the kernel lacks the "nbd" family, and
+ * makes mloop_nbd_netlink_available only look from then on, never run
+ * modprobe: for a process that will hold descriptors no child of it
+ * may be given (mloop-dbus holds its callers', which a child closes at
+ * its exec and may wait on for as long as their owner likes), called
+ * before it holds any and before it has threads.
+ */
+void mloop_nbd_netlink_load_early (void);
 
 /* Hands the sockets to the kernel.  On success returns 0 and the device
  * index in *INDEX; the kernel holds its own references to the sockets,
