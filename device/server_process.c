@@ -260,6 +260,50 @@ kill_child (pid_t *child)
   }
 }
 
+/* How long a child killed at a start's timeout is waited for, to reap
+ * it, ms.
+ */
+#define KILLED_WAIT_MS 1000
+
+/* Kills CHILD, a process of ours started in vain (reaped already, when
+ * it is the supervisor mloop_server_stop stopped), by PIDFD, its pidfd
+ * opened before it could be reaped, so never another process by its
+ * pid; without one (a kernel before 5.3), by its pid if it is still an
+ * unreaped child of ours.  Reaps it if it ends within KILLED_WAIT_MS.
+ * One waiting uninterruptibly in a close of a descriptor it inherited
+ * (a FUSE file's FLUSH) dies the moment that close ends, before it
+ * execs anything, and is left for whoever reaps this process's children
+ * (mloop-dbus's reaper; a command's exit hands it to init).
+ */
+static void
+kill_own_child (pid_t child, int pidfd)
+{
+  siginfo_t info = { 0 };
+  int status;
+
+  if (pidfd != -1) {
+    struct pollfd p = { .fd = pidfd, .events = POLLIN };
+
+    if (syscall (SYS_pidfd_send_signal, pidfd, SIGKILL, NULL, 0) == -1)
+      return;                   /* gone, and reaped */
+    while (poll (&p, 1, KILLED_WAIT_MS) == -1 && errno == EINTR)
+      ;
+    waitpid (child, &status, WNOHANG);
+    return;
+  }
+  /* Still our child, not reaped (WNOWAIT: only looked at)? */
+  if (waitid (P_PID, (id_t) child, &info, WEXITED | WNOHANG | WNOWAIT) == -1)
+    return;
+  if (info.si_pid == 0)
+    kill (child, SIGKILL);
+  for (unsigned waited = 0; waited < KILLED_WAIT_MS;
+       waited += POLL_INTERVAL_US / 1000) {
+    if (waitpid (child, &status, WNOHANG) != 0)
+      return;
+    g_usleep (POLL_INTERVAL_US);
+  }
+}
+
 /* Spawns ARGV detached with its output in LOG_FILE and waits up to
  * TIMEOUT_MS for PID_FILE to name a process (await_pid_file).  *CHILD is
  * the spawned pid (0 once it ended), *PID the one in the pid file.
@@ -403,13 +447,16 @@ mloop_supervised_start (GPtrArray *supervisor_argv, char **server_argv,
                                                 NULL);
   g_autofree char *pid_file = g_build_filename (dir, MLOOP_DIR_SUPERVISOR_PID,
                                                 NULL);
-  pid_t ignored;
-  int r;
+  pid_t ignored, child;
+  int pidfd, r;
 
   *server = 0;
   if (mloop_spawn_side_by_side (supervisor_argv, log_file, server_argv,
                                 server_log, supervisor, err, errlen) == -1)
     return -1;
+  /* Ours and not reaped: the pidfd is of this process and no other. */
+  child = *supervisor;
+  pidfd = (int) syscall (SYS_pidfd_open, child, 0);
   /* Serving once the server is ready and the supervisor, listening for
    * the kernel's announcements before the device exists, has written
    * its pid file.
@@ -424,9 +471,15 @@ mloop_supervised_start (GPtrArray *supervisor_argv, char **server_argv,
   if (r == -1 && *supervisor > 0) {
     /* A timeout: asked to stop, the supervisor stops its server too. */
     mloop_server_stop (*supervisor, dir, timeout_ms);
-    waitpid (*supervisor, NULL, WNOHANG);
+    /* A child that did not become the supervisor (still closing what it
+     * inherited, side_by_side.c) has no command line of its own to be
+     * known by there, but it is ours.
+     */
+    kill_own_child (child, pidfd);
     *supervisor = 0;
   }
+  if (pidfd != -1)
+    close (pidfd);
   return r;
 }
 

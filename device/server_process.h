@@ -120,6 +120,10 @@ int mloop_process_check (pid_t child, const char *log_file,
  * SERVER_PID_FILE and the supervisor its own pid file in DIR, the
  * device's directory.  *SUPERVISOR and *SERVER are their pids.  0, or -1
  * with ERR in the supervisor's words (the server's error, when it failed).
+ * At the timeout the supervisor is stopped (its server with it), or, if
+ * the child forked to become it has not yet, that child is killed
+ * (reaped if it ends within a second; one waiting in a close of a
+ * descriptor it inherited dies as that close ends, without exec'ing).
  */
 int mloop_supervised_start (GPtrArray *supervisor_argv, char **server_argv,
                             const char *server_log,

@@ -118,6 +118,32 @@ put_pid (char *arg, pid_t pid)
   *arg = '\0';
 }
 
+/* In a forked child: closes every descriptor from 3 up but the N in
+ * KEEP (-1 for none).  Async-signal-safe.
+ */
+static void
+close_all_but (int *keep, int n)
+{
+  unsigned from = 3;
+
+  /* Sorted, by insertion: N is a handful. */
+  for (int i = 1; i < n; i++)
+    for (int j = i; j > 0 && keep[j - 1] > keep[j]; j--) {
+      int t = keep[j];
+
+      keep[j] = keep[j - 1];
+      keep[j - 1] = t;
+    }
+  for (int i = 0; i < n; i++) {
+    if (keep[i] < (int) from)
+      continue;
+    if ((unsigned) keep[i] > from)
+      close_range (from, (unsigned) keep[i] - 1, 0);
+    from = (unsigned) keep[i] + 1;
+  }
+  close_range (from, ~0U, 0);
+}
+
 /* Under emulation a process start costs 150-250 ms before its main runs
  * and the supervisor used to start its server only once it ran itself:
  * one after the other they were most of an attach's time.  Forked by
@@ -129,8 +155,16 @@ static void G_GNUC_NORETURN
 run_pair (struct launch *sup, char *adopt_arg, struct launch *srv,
           int null_fd)
 {
+  int keep[] = { sup->log_fd, srv->log_fd, null_fd, mloop_held_image_fd () };
   pid_t server;
 
+  /* The descriptors the parent held closed first, before the server is
+   * forked: a close may wait as long as the file's owner likes (a FUSE
+   * file's FLUSH, in a caller's descriptor mloop-dbus holds), and a
+   * start that times out kills this process, which then dies the moment
+   * its closes end, with nothing forked and nothing exec'd.
+   */
+  close_all_but (keep, G_N_ELEMENTS (keep));
   /* nbdkit's daemon, orphaned by its first process, comes to us. */
   prctl (PR_SET_CHILD_SUBREAPER, 1);
   server = fork ();

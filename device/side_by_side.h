@@ -12,7 +12,7 @@
  * NULL, output to SUPERVISOR_LOG) told "--adopt=PID" of it, so both
  * programs load at once and the server is still the supervisor's child.
  * Each runs in a session of its own with stdin /dev/null and no other
- * descriptor of ours.  Returns at once: 0 with *SUPERVISOR, or -1 with
+ * descriptor of ours: the child closes those before it forks the server.  Returns at once: 0 with *SUPERVISOR, or -1 with
  * ERR.  Adds the --adopt argument to SUPERVISOR_ARGV.
  */
 int mloop_spawn_side_by_side (GPtrArray *supervisor_argv,
