@@ -55,7 +55,15 @@ static gpointer
 closer_run (gpointer data)
 {
   struct closer *self = data;
+  sigset_t interrupt;
 
+  /* A thread starts with its creator's signal mask, and the process
+   * with whatever its starter left it across exec: blocked here, the
+   * watch's signal would stay pending and cut no close short.
+   */
+  sigemptyset (&interrupt);
+  sigaddset (&interrupt, INTERRUPT_SIGNAL);
+  pthread_sigmask (SIG_UNBLOCK, &interrupt, NULL);
   g_mutex_lock (&lock);
   self->thread = pthread_self ();
   while (!g_queue_is_empty (&waiting)) {

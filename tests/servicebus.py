@@ -123,6 +123,7 @@ class ServiceBus:
         self.daemon = self.polkitd = self.manager = None
         self.service_args = []
         self.service_env = {}
+        self.service_wrapper = []
         self.unit = unit
         self._set_etc(subuid, passwd, group)
         if unit is not None and not os.path.exists(unit):
@@ -199,7 +200,8 @@ class ServiceBus:
         # set by env(1): the bus gives what it starts its own environment.
         env = ["/usr/bin/env"] + [f"{k}={v}" for k, v in self.service_env.items()] \
             if self.service_env else []
-        command = " ".join(env + [self.service_bin] + self.service_args)
+        command = " ".join(env + self.service_wrapper + [self.service_bin] +
+                           self.service_args)
         exec_line = command
         # Files of /etc the service sees in place of the machine's.
         binds = {self._write(name, text): f"/etc/{name}"
@@ -232,15 +234,18 @@ class ServiceBus:
                                                   ("group", group))
                     if text is not None}
 
-    def set_service_args(self, args, subuid=None, passwd=None, group=None, env=None):
+    def set_service_args(self, args, subuid=None, passwd=None, group=None, env=None,
+                         wrapper=None):
         """The service's options (mloop-dbus(8)) from its next start on,
         and the /etc/subuid, /etc/passwd and /etc/group it sees (SUBUID,
-        PASSWD, GROUP: as for __init__), and ENV, variables of its own
-        (a dict): the running one is stopped, and the bus rereads its
-        service files."""
+        PASSWD, GROUP: as for __init__), ENV, variables of its own (a
+        dict), and WRAPPER, a command (absolute paths) that runs it (a
+        list: the service's command line follows it): the running one
+        is stopped, and the bus rereads its service files."""
         self.kill_service()
         self.service_args = list(args)
         self.service_env = dict(env or {})
+        self.service_wrapper = list(wrapper or [])
         self._set_etc(subuid, passwd, group)
         self._write_service_file()
         subprocess.run(

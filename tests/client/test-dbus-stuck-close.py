@@ -21,7 +21,10 @@ then, its close is the last, after the bus's (whose close comes right
 after it passes the socket on, and lingered itself when the service
 was first).  While the service's close waits, another user's call is
 answered within 5 s, and the caller hears their answer; the lingering
-close is cut short within 6 s while its peer stays; and a service told
+close is cut short within 6 s while its peer stays, the service started
+with that signal (SIGURG) blocked, as a starter that blocks it leaves
+it across exec (before its closers unblocked it, the close lingered
+until its peer went); and a service told
 to stop (SIGTERM) while a close waits leaves the bus at once, so the
 next call starts another, and its process ends once the FUSE server
 goes.
@@ -155,6 +158,7 @@ def stop_while_stuck(bus, work):
 # Where a thread waits for a lingering socket's data to go (tcp_close).
 LINGER_WAITS = ("sk_stream_wait_close", "wait_woken")
 SILENT_AGENT = [sys.executable, os.path.join(TESTS, "silent_agent.py")]
+SIGBLOCK_EXEC = os.path.join(TESTS, "sigblock_exec.py")
 
 
 def lingering(bus):
@@ -165,8 +169,12 @@ def lingering(bus):
     its message): USER's call is answered while the service's close
     lingers, and the close is cut short within 6 s while the peer
     stays.  The service holds the socket until then, so its close is
-    the last, after the caller's and the bus's."""
-    bus.set_service_args(["--authorization-timeout", "2"])
+    the last, after the caller's and the bus's.  The service is started
+    with the signal that cuts a close short blocked, as a process that
+    blocks it would leave it to its exec, so every thread of it would
+    have it blocked but those that unblock it."""
+    bus.set_service_args(["--authorization-timeout", "2"],
+                         wrapper=[sys.executable, SIGBLOCK_EXEC, "SIGURG"])
     bus.set_rules(servicebus.ALLOW_USER)
     attacker = None
     try:
