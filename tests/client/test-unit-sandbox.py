@@ -232,6 +232,27 @@ def check_unit_files(work):
                             f"--threshold={limit}", copy], capture_output=True, text=True)
         check(f"{name}: exposure at most {limit / 10}", r.returncode == 0,
               r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr.strip())
+    check_dbus_stop_timeout()
+
+
+# dbus-daemon's service_start_timeout: how long an activation may wait
+# for the service to start (its default; Debian's system bus keeps it).
+BUS_ACTIVATION_S = 25
+
+
+def check_dbus_stop_timeout():
+    """A stop of mloop-dbus.service with a close stuck on a user's FUSE
+    server holds the unit, and the next call's activation, for both of
+    its stop timeouts (SIGTERM's, then SIGKILL's, which that close
+    outlives): they fit in the bus's activation timeout."""
+    path = os.path.join(BUILD, "dbus", "mloop-dbus.service")
+    if not os.path.exists(path):
+        return
+    value = unitmanager.unit_value(path, "TimeoutStopSec") or "90"    # systemd's default
+    seconds = float(value[:-1] if value.endswith("s") else value)
+    check("mloop-dbus.service: a stop held by a stuck close frees the unit "
+          f"within the bus's {BUS_ACTIVATION_S} s activation timeout",
+          2 * seconds < BUS_ACTIVATION_S, f"TimeoutStopSec={value}: {2 * seconds:g} s")
 
 
 def main():
