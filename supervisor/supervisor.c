@@ -47,11 +47,15 @@ on_restart_signal (gpointer data)
   return G_SOURCE_CONTINUE;
 }
 
+/* Kept, not removed: GLib gives a signal whose last source goes back
+ * its default action, and a second SIGTERM during the stop that follows
+ * (a recovery, a flush) would kill the process half way through it.
+ */
 static gboolean
 on_stop_signal (gpointer unused)
 {
   g_main_loop_quit (loop);
-  return G_SOURCE_REMOVE;
+  return G_SOURCE_CONTINUE;
 }
 
 static void

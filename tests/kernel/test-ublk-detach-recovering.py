@@ -4,7 +4,8 @@ the supervisor's stop recovers the device once, flushes it, and only
 then stops it.  Deleting it instead would drop what a buffered writer
 wrote without an fsync.  The supervisor is held (SIGSTOP) while its
 server is killed and the detach begins, so the stop meets a dead
-server whatever the emulated guest's speed.  About 5 s in the 6.12 guest."""
+server whatever the emulated guest's speed; a second SIGTERM comes
+while the stop recovers.  About 5 s in the 6.12 guest."""
 import os
 import signal
 import subprocess
@@ -15,6 +16,19 @@ import kinds
 import restart
 
 DIRTY = 4 << 20
+
+
+def recovering(dev):
+    """Whether an mloop-ublk --recover of DEV runs."""
+    want = f"--recover={dev.removeprefix('/dev/ublkb')}".encode()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if want in f.read().split(b"\0"):
+                    return True
+        except OSError:
+            continue
+    return False
 
 
 def run_test(kind, cl):
@@ -38,6 +52,11 @@ def run_test(kind, cl):
     cl.push(lambda: detach.poll() is None and detach.kill())
     time.sleep(1)
     os.kill(supervisor, signal.SIGCONT)
+    # A second SIGTERM during the stop's recovery (an impatient admin, a
+    # shutdown's kill round) must not end the stop half way.
+    wait_until(lambda: recovering(att.device) or not os.path.exists(f"/sys/block/{name}"),
+               "the stop to start a recovery")
+    os.kill(supervisor, signal.SIGTERM)
     wait_until(lambda: not os.path.exists(f"/sys/block/{name}"), f"{att.device} to go", 60)
     # The device's deletion waits for its last opener.
     os.close(held.pop())
