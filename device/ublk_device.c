@@ -339,7 +339,10 @@ mloop_ublk_flush (int index)
 }
 
 struct mloop_ublk_flush {
-  int device;                   /* /dev/ublkbN, open */
+  /* /dev/ublkbN, closed as soon as the fsync returns: an open disk
+   * holds up the DEL_DEV of a deletion that ends a held flush.
+   */
+  int device;
   int done;                     /* an eventfd, written once it returns */
   GThread *thread;              /* NULL: done on the caller's thread */
   int result;                   /* 0 or a negative errno */
@@ -352,6 +355,7 @@ flush_run (gpointer data)
   uint64_t one = 1;
 
   f->result = fsync (f->device) == -1 ? -errno : 0;
+  close (f->device);
   if (write (f->done, &one, sizeof one) == -1)
     abort ();                   /* an eventfd below its maximum cannot fail */
   return NULL;
@@ -372,9 +376,11 @@ mloop_ublk_flush_begin (int index)
   f->done = eventfd (0, EFD_CLOEXEC);
   if (f->done != -1)
     f->thread = g_thread_try_new ("mloop-flush", flush_run, f, NULL);
-  if (f->thread == NULL)
+  if (f->thread == NULL) {
     /* No thread to be had: flushed here, unwatched. */
     f->result = fsync (f->device) == -1 ? -errno : 0;
+    close (f->device);
+  }
   return f;
 }
 
@@ -403,8 +409,6 @@ mloop_ublk_flush_end (struct mloop_ublk_flush *f)
   r = f->result;
   if (f->done != -1)
     close (f->done);
-  if (f->device != -1)
-    close (f->device);
   g_free (f);
   return r;
 }

@@ -432,6 +432,26 @@ recover_for_stop (struct ublk_keeper *uk)
           "stop's write-back", (int) uk->server, uk->index);
 }
 
+/* A device no server took over for its stop: deleted, which fails the
+ * IO it holds (a flush waiting on it among them), so that nothing waits
+ * on it for ever once its supervisor is gone.
+ */
+static void
+delete_unserved (struct ublk_keeper *uk)
+{
+  char err[512];
+
+  abandon_attempt (uk);
+  if (uk->index < 0 || !mloop_ublk_device_present (uk->index) ||
+      mloop_ublk_index_reused (uk->dir, uk->index))
+    return;
+  say_to (uk->log, "/dev/ublkb%d: no server to write its page cache back "
+          "before the stop: deleting it, what its page cache held is lost",
+          uk->index);
+  if (mloop_ublk_delete (uk->index, err, sizeof err) == -1)
+    say_to (uk->log, "%s", err);
+}
+
 /* Writes the device's page cache back before its server is told to
  * stop (mloop_ublk_flush), and what its dead server held: a server that
  * dies during it gets one recovery (the device keeps the writeback for
@@ -441,7 +461,6 @@ static void
 flush_for_stop (struct ublk_keeper *uk)
 {
   struct mloop_ublk_flush *f = mloop_ublk_flush_begin (uk->index);
-  char err[512];
   int r;
 
   if (!mloop_ublk_flush_wait (f, uk->pidfd)) {
@@ -449,12 +468,7 @@ flush_for_stop (struct ublk_keeper *uk)
     recover_for_stop (uk);
     if (uk->server == 0 || !mloop_ublk_flush_wait (f, uk->pidfd)) {
       server_died (uk);
-      abandon_attempt (uk);
-      say_to (uk->log, "/dev/ublkb%d: no server to finish its write-back "
-              "before the stop: deleting it, what its page cache held is "
-              "lost", uk->index);
-      if (mloop_ublk_delete (uk->index, err, sizeof err) == -1)
-        say_to (uk->log, "%s", err);
+      delete_unserved (uk);
     }
   }
   r = mloop_ublk_flush_end (f);
@@ -469,14 +483,16 @@ ublk_keeper_stop (struct ublk_keeper *uk)
   g_clear_handle_id (&uk->give_up_source, g_source_remove);
   g_clear_handle_id (&uk->recover_source, g_source_remove);
   g_clear_handle_id (&uk->pidfd_source, g_source_remove);
-  /* mloop-ublk stops the device and deletes it.  With none running (a
-   * recovery under way or still failing, or given up), detach deletes
-   * it.
+  /* mloop-ublk stops the device and deletes it, once the page cache is
+   * written back.  A device without a server is recovered for that, or
+   * deleted here.
    */
   server_died (uk);
   recover_for_stop (uk);
-  abandon_attempt (uk);
-  if (uk->server > 0 && uk->index >= 0)
+  abandon_attempt (uk);         /* one that did not serve in time */
+  if (uk->server == 0)
+    delete_unserved (uk);
+  else if (uk->index >= 0)
     flush_for_stop (uk);
   if (uk->server > 0) {
     say_to (uk->log, "stopping mloop-ublk pid %d", (int) uk->server);

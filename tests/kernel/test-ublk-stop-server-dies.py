@@ -11,7 +11,9 @@ still waiting when the server is SIGKILLed, and made well again at once.  Device
 writer's data reach the image.  Device B's image is moved away first,
 so its recovery fails: the device is deleted, and the supervisor's log
 says what was lost.  (The writer's fsync cannot tell: once the disk is
-gone its flush fails whatever became of the page cache.)  About 45 s in the 6.12 guest."""
+gone its flush fails whatever became of the page cache.)  Device C's
+server dies and its recovery fails before the supervisor is told to
+stop: the stop deletes the device rather than leave it holding its IO.  About 45 s in the 6.12 guest."""
 import os
 import signal
 
@@ -109,6 +111,38 @@ def run_test(kind, cl):
     assert any("what its page cache held is lost" in line for line in log), \
         f"B: the supervisor did not say the page cache was lost; supervisor.log: {log[-6:]}"
     print("# B: " + next(line for line in log if "is lost" in line).split(": ", 2)[-1], flush=True)
+    # The stop's deletion must not wait on the stop's own descriptor of
+    # the disk (DEL_DEV waits for its last opener).
+    assert not any("still open after" in line for line in log), \
+        f"B: the stop's deletion waited on an opener; supervisor.log: {log[-6:]}"
     att.detach()
     left = kind.leftovers(att, image)
     assert not left, "B: " + "; ".join(left)
+
+    # C: the server died and no recovery can take over (its image is
+    # gone) when the supervisor is told to stop by someone else than
+    # detach: the device must go, not be left holding its IO with no
+    # supervisor left to give up on it.
+    image = os.path.join(mnt, "c.img")
+    away = image + ".away"
+    with open(image, "wb") as f:
+        f.truncate(IMAGE_SIZE)
+    att = restart.attach(kind, cl, image, 30)
+    st = restart.status(kind, att.device)
+    supervisor = restart.supervisor_of(st)
+    os.rename(image, away)
+    restart.sigkill_server(att.device, st["device"]["server_pid"])
+    wait_until(lambda: any("failed" in line for line in restart.supervisor_log(st)),
+               "the supervisor's recovery to fail")
+    os.kill(supervisor, signal.SIGTERM)
+    wait_until(lambda: not restart.alive(supervisor), "the supervisor to end its stop")
+    log = restart.supervisor_log(st)
+    os.rename(away, image)
+    assert not os.path.exists(f"/sys/block/{os.path.basename(att.device)}"), \
+        f"C: {att.device} left behind by its stopped supervisor, holding its IO; " \
+        f"supervisor.log: {log[-6:]}"
+    assert any("is lost" in line for line in log), \
+        f"C: the supervisor did not say the page cache was lost; supervisor.log: {log[-6:]}"
+    att.detach()
+    left = kind.leftovers(att, image)
+    assert not left, "C: " + "; ".join(left)
