@@ -436,6 +436,18 @@ mloop_ublk_detach (const struct mloop_device_state *s,
     mloop_server_stop (s->supervisor_pid, s->dir, 3 * UBLK_STOP_TIMEOUT_MS);
   if (s->server_pid > 0)
     mloop_server_stop (s->server_pid, s->dir, UBLK_STOP_TIMEOUT_MS);
+  /* A supervisor killed at that timeout may have recovered the device
+   * for its stop (ublk_keeper_stop): the server it recorded last, told
+   * to stop, writes the page cache back itself.
+   */
+  if (s->supervisor_pid > 0) {
+    struct mloop_device_state now = { 0 };
+
+    if (mloop_state_load (s->dir, &now) == 0 && now.server_pid > 0 &&
+        now.server_pid != s->server_pid)
+      mloop_server_stop (now.server_pid, s->dir, UBLK_STOP_TIMEOUT_MS);
+    mloop_state_clear (&now);
+  }
   /* A device that went away (stopped from outside, or given up) may have
    * had its number given to a newer attach since: that one is not ours
    * to delete.
