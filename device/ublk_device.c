@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <glib.h>
@@ -417,16 +418,29 @@ int
 mloop_ublk_detach (const struct mloop_device_state *s,
                    char *err, size_t errlen)
 {
+  struct mloop_ublk_flush *flush = NULL;
+  int server_pidfd = -1, r = 0;
+
   /* The device's page cache first, while its server serves it: a
    * supervisor killed first would leave it to the stop's write-back.
    * Only then: a device whose server died holds its IO (user recovery)
-   * for a next one, and the flush would wait for ever.
+   * for a next one, and the flush would wait for it.  Should the server
+   * die during the flush, the supervisor's stop recovers the device and
+   * writes the rest back, or deletes it (ublk_keeper_stop): the flush
+   * ends with that stop, not with the device's dead timeout, while the
+   * state lock is held.
    */
   if (s->index >= 0 && s->server_pid > 0 &&
       mloop_server_running (s->server_pid, s->dir) &&
       ublk_device_exists (s->index) &&
-      !mloop_ublk_index_reused (s->dir, s->index))
-    (void) mloop_ublk_flush (s->index);
+      !mloop_ublk_index_reused (s->dir, s->index)) {
+    server_pidfd = (int) syscall (SYS_pidfd_open, s->server_pid, 0);
+    flush = mloop_ublk_flush_begin (s->index);
+    if (mloop_ublk_flush_wait (flush, server_pidfd)) {
+      (void) mloop_ublk_flush_end (flush);
+      flush = NULL;
+    }
+  }
   /* SIGTERM: the supervisor stops mloop-ublk, which stops the device,
    * finishing what is in flight, and deletes it.  The supervisor first,
    * or it would start another; given time for its server's stop and its
@@ -454,6 +468,11 @@ mloop_ublk_detach (const struct mloop_device_state *s,
    */
   if (s->index >= 0 && ublk_device_exists (s->index) &&
       !mloop_ublk_index_reused (s->dir, s->index))
-    return mloop_ublk_delete (s->index, err, errlen);
-  return 0;
+    r = mloop_ublk_delete (s->index, err, errlen);
+  /* A flush whose server died ends with the stop or the deletion. */
+  if (flush != NULL)
+    (void) mloop_ublk_flush_end (flush);
+  if (server_pidfd != -1)
+    close (server_pidfd);
+  return r;
 }

@@ -13,9 +13,14 @@ so its recovery fails: the device is deleted, and the supervisor's log
 says what was lost.  (The writer's fsync cannot tell: once the disk is
 gone its flush fails whatever became of the page cache.)  Device C's
 server dies and its recovery fails before the supervisor is told to
-stop: the stop deletes the device rather than leave it holding its IO.  About 45 s in the 6.12 guest."""
+stop: the stop deletes the device rather than leave it holding its IO.
+Device D's server dies during detach's own flush, before detach stops
+the supervisor, and cannot be recovered: detach goes on to the stop at
+once instead of waiting for the device's dead timeout.  About 22 s in the 6.12 guest."""
 import os
 import signal
+import subprocess
+import time
 
 import dmtarget
 from kfix import mount, run, wait_until
@@ -29,6 +34,8 @@ DELAY_MS = 2000
 # The killed server's AIO in flight ends within the delay, a recovery
 # and the flush within seconds: a minute is slack for the emulated guest.
 STOP_WITHIN_S = 60
+# Device D's: long, so that a detach waiting for it shows.
+DETACH_DEAD_TIMEOUT = 60
 
 
 def stop_while_server_dies(kind, cl, dm, disk, image, data, before_kill=lambda: None):
@@ -146,3 +153,41 @@ def run_test(kind, cl):
     att.detach()
     left = kind.leftovers(att, image)
     assert not left, "C: " + "; ".join(left)
+
+    # D: the server dies during detach's own flush (before detach stops
+    # the supervisor) and no recovery can take over: detach must not
+    # wait for the device's dead timeout, holding every other attach
+    # and detach (the state lock) that long.
+    image = os.path.join(mnt, "d.img")
+    away = image + ".away"
+    with open(image, "wb") as f:
+        f.truncate(IMAGE_SIZE)
+    att = restart.attach(kind, cl, image, DETACH_DEAD_TIMEOUT)
+    st = restart.status(kind, att.device)
+    held = [os.open(att.device, os.O_RDWR)]
+    cl.push(lambda: [os.close(f) for f in held])
+    os.pwrite(held[0], data, 0)
+    dm.swap(dmtarget.delay(disk, DELAY_MS), target="delay")
+    detach = subprocess.Popen([kinds.CLI, "detach", att.device], env=kind.env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cl.push(lambda: detach.poll() is None and detach.kill())
+    wait_until(lambda: restart.waits_in_sync(detach.pid),
+               f"mloop detach to wait in its flush of {att.device}")
+    os.rename(image, away)
+    restart.sigkill_server(att.device, st["device"]["server_pid"])
+    killed = time.monotonic()
+    dm.swap(dmtarget.linear(disk))
+    wait_until(lambda: not os.path.exists(f"/sys/block/{os.path.basename(att.device)}"),
+               f"{att.device} to go", DETACH_DEAD_TIMEOUT + 30)
+    os.close(held.pop())
+    out, err = detach.communicate(timeout=DETACH_DEAD_TIMEOUT + 30)
+    took = time.monotonic() - killed
+    os.rename(away, image)
+    att.attached = detach.returncode != 0
+    assert took < DETACH_DEAD_TIMEOUT / 2, \
+        f"D: detach took {took:.0f} s after its server died in its flush " \
+        f"(the device's dead timeout: {DETACH_DEAD_TIMEOUT} s)"
+    assert detach.returncode == 0, f"D: mloop detach: exit {detach.returncode}: {err.strip()}"
+    print(f"# D: detach done {took:.1f} s after the kill", flush=True)
+    left = kind.leftovers(att, image)
+    assert not left, "D: " + "; ".join(left)
