@@ -88,10 +88,15 @@ mloop_held_image_memory_fs (int fd)
 
 /* Whether mountinfo LINE is of a FUSE file system a user mounted: its
  * file system type, after " - ", is fuse, fuseblk or fuse.NAME, and its
- * super options say a user_id other than root's.
+ * super options say a user_id other than root's, or the process whose
+ * mounts these are is in a user namespace other than this process's
+ * (OTHER_NS): the kernel gives user_id as the namespace the file system
+ * was mounted in numbers it, so a user who is root in one of their own
+ * (unshare -Urm) shows 0 for a server they run.  *MOUNTER: the
+ * user_id given.
  */
 static bool
-users_fuse_line (const char *line, unsigned *mounter)
+users_fuse_line (const char *line, bool other_ns, unsigned *mounter)
 {
   const char *dash = strstr (line, " - ");
   g_auto (GStrv) f = NULL;
@@ -111,7 +116,7 @@ users_fuse_line (const char *line, unsigned *mounter)
     if (g_str_has_prefix (*o, "user_id=") &&
         g_ascii_string_to_unsigned (*o + 8, 10, 0, G_MAXUINT32, &uid, NULL)) {
       *mounter = (unsigned) uid;
-      return uid != 0;
+      return uid != 0 || other_ns;
     }
   }
   /* FUSE always says who mounted it: without it, trust nobody. */
@@ -228,7 +233,7 @@ mloop_held_image_mount (pid_t pid, uint64_t mnt_id, unsigned major,
   enum mloop_held_mount found = by_id ? MLOOP_HELD_MOUNT_UNSEEN
     : MLOOP_HELD_MOUNT_SEEN;
   size_t total = 0;
-  bool cut;
+  bool cut, other_ns;
   /* The process's directory, opened once: its pid, were it to exit,
    * could be another process's by the time a second file is opened.
    */
@@ -255,11 +260,16 @@ mloop_held_image_mount (pid_t pid, uint64_t mnt_id, unsigned major,
       found = MLOOP_HELD_MOUNT_TOO_MANY;
       break;
     }
-    if (users_fuse_line (line->str, mounter)) {
+    /* Whether the caller is in a user namespace of its own, where its
+     * user may be root.  By device number, the mounts looked at are
+     * this process's own.
+     */
+    other_ns = by_id && in_other_user_ns (proc);
+    if (users_fuse_line (line->str, other_ns, mounter)) {
       found = MLOOP_HELD_MOUNT_USERS_FUSE;
       break;
     }
-    if (by_id && overlay_line (line->str) && in_other_user_ns (proc)) {
+    if (other_ns && overlay_line (line->str)) {
       found = MLOOP_HELD_MOUNT_USERS_OVERLAY;
       break;
     }

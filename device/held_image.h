@@ -71,7 +71,12 @@ const char *mloop_held_image_memory_fs (int fd);
  * Every look at the data or attributes of a file on a FUSE file system
  * a user mounted may wait on a server its user runs, for as long as
  * they like (a server stopped with SIGSTOP answers never), and the
- * service would wait with it; so may one on a mount the caller no
+ * service would wait with it: one whose user_id is not root's, or any,
+ * whatever its user_id, when the caller is in a user namespace other
+ * than the service's (where its user may be root, and mount FUSE with
+ * user_id=0 as that namespace numbers them; the kernel refuses root's
+ * look at it only while fuse's allow_sys_admin_access is off); so may
+ * one on a mount the caller no
  * longer has (unmounted lazily since the file was opened), whose file
  * system no mountinfo shows; so may one through an overlay its user
  * made of their FUSE file system, where they are root.  None is a held
@@ -82,7 +87,10 @@ const char *mloop_held_image_memory_fs (int fd);
  */
 enum mloop_held_mount {
   MLOOP_HELD_MOUNT_SEEN,        /* mounted, and no user's FUSE */
-  MLOOP_HELD_MOUNT_USERS_FUSE,  /* *MOUNTER's FUSE file system */
+  /* A user's FUSE file system; *MOUNTER: its user_id, as the
+   * namespace it was mounted in numbers it.
+   */
+  MLOOP_HELD_MOUNT_USERS_FUSE,
   MLOOP_HELD_MOUNT_UNSEEN,      /* not among the caller's mounts */
   /* An overlay file system, and the caller in a user namespace of its
    * own, where its user may have made it of layers the service cannot
