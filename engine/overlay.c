@@ -1113,6 +1113,66 @@ write_header (struct mloop_overlay *ov, const unsigned char *h)
   return r == 0 ? sync_file (ov) : r;
 }
 
+/* Writes header H, version 2, over the version 1 header the file
+ * holds, in steps, each synced, that a power cut may tear (a sector,
+ * 512 bytes, lands whole or not at all) only into a header read as
+ * the version 1 one, flags and all, or as H.  Version 2 keeps its flags
+ * word in the last sector, where a version 1 path of 4,008 bytes or
+ * more keeps path bytes: written in one go, the first sector (the
+ * version) could land without the last, and the path's bytes read as
+ * flags, a newer mloop's, which every open refuses; or the last without
+ * the first, and a version 1 path cut short or made of two paths, which
+ * a commit would write into by its size alone.  So:
+ *
+ * 1. the version 1 path loses its leading '/' when the later sectors
+ *    would change it: a commit asks for --base rather than follow part
+ *    of it, a server never followed it (the first sector alone);
+ * 2. the last sector: version 1 reads its flags word (a path ending
+ *    before it: version 2's always does) for the failed sync's mark,
+ *    which it carries;
+ * 3. the sectors between, the path's, now read by version 1 only as the
+ *    relative path or past its end;
+ * 4. the first sector, which makes the header version 2.
+ */
+static int
+upgrade_header (struct mloop_overlay *ov, const unsigned char *h)
+{
+  const size_t sector = 512, last = HDR_BYTES - sector;
+  unsigned char *step = mloop_alloc_aligned (HDR_BYTES, HDR_BYTES);
+  size_t end;
+  int r;
+
+  if (step == NULL)
+    return -ENOMEM;
+  if ((r = mloop_pread_or_zero (ov->fd, step, HDR_BYTES, 0)) < 0)
+    goto out;
+  /* Where the version 1 path ends, its NUL included. */
+  end = HDR_BASE_PATH + strnlen ((char *) step + HDR_BASE_PATH,
+                                 HDR_BYTES - HDR_BASE_PATH) + 1;
+  if (end > HDR_BYTES)
+    end = HDR_BYTES;
+  if (step[HDR_BASE_PATH] == '/' && end > sector &&
+      memcmp (step + sector, h + sector, end - sector) != 0) {
+    step[HDR_BASE_PATH] = '?';
+    if ((r = write_header (ov, step)) < 0)
+      goto out;
+  }
+  if (memcmp (step + last, h + last, sector) != 0) {
+    memcpy (step + last, h + last, sector);
+    if ((r = write_header (ov, step)) < 0)
+      goto out;
+  }
+  if (memcmp (step + sector, h + sector, last - sector) != 0) {
+    memcpy (step + sector, h + sector, last - sector);
+    if ((r = write_header (ov, step)) < 0)
+      goto out;
+  }
+  r = write_header (ov, h);
+ out:
+  mloop_free_aligned (step, HDR_BYTES);
+  return r;
+}
+
 /* Records BASE, whose identity is ID, as the overlay's base in header
  * H, and in the file, with the merge's mark when FLAGS has it.
  *
@@ -1132,6 +1192,7 @@ record_base (struct mloop_overlay *ov, unsigned char *h,
              const struct base_identity *id, uint32_t flags, char *err,
              size_t errlen)
 {
+  const bool upgrade = get_le32 (h + HDR_VERSION) != OVERLAY_VERSION;
   uint32_t was = header_flags (h);
   uint32_t kept = was & OVERLAY_FLAG_MERGING;
   /* Another base, or this one anew, does not make lost writes found. */
@@ -1149,7 +1210,7 @@ record_base (struct mloop_overlay *ov, unsigned char *h,
   }
   encode_identity (h, id);
   put_le32 (h + HDR_FLAGS, kept | times);
-  if ((r = write_header (ov, h)) < 0)
+  if ((r = upgrade ? upgrade_header (ov, h) : write_header (ov, h)) < 0)
     goto out;
   if ((flags & OVERLAY_FLAG_MERGING) && !kept) {
     put_le32 (h + HDR_FLAGS, OVERLAY_FLAG_MERGING | times);
