@@ -3,12 +3,26 @@
 close(2) that program makes of a descriptor of the file waits until the
 server answers or goes.  Used by tests/client/test-dbus-stuck-close.py
 and test-dbus-closers-full.py."""
+import importlib.util
 import os
 import subprocess
 
 import servicebus
 
 FUSE_STUCK_FLUSH = os.environ.get("MLOOP_FUSE_STUCK_FLUSH", "")
+
+
+def skip_unless_possible(skip):
+    """Calls SKIP (harness.skip) with the reason when a test of callers
+    passing a stuck FUSE file to mloop-dbus cannot run here."""
+    if os.geteuid() != 0:
+        skip("needs root: it mounts a FUSE file system and runs callers as users")
+    if not os.path.exists("/dev/fuse"):
+        skip("no /dev/fuse")
+    if importlib.util.find_spec("gi") is None:      # dbus_call.py carrying: GDBus
+        skip("no python3-gi")
+    if not os.path.exists(FUSE_STUCK_FLUSH):
+        skip(f"{FUSE_STUCK_FLUSH or 'fuse-stuck-flush'} is not built")
 
 
 class StuckFuse:

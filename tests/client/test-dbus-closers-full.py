@@ -20,7 +20,6 @@ supervisor, which hangs the same way (device/server_process.c kills it
 after the start's 60 s): that part is skipped with a line saying so.
 Skipped without root, /dev/fuse or python3-gi; the client suite (the
 standard and full tiers)."""
-import importlib.util
 import os
 import subprocess
 import sys
@@ -28,7 +27,7 @@ import sys
 import harness
 import servicebus
 from harness import check
-from stuck_fuse import FUSE_STUCK_FLUSH, StuckFuse
+from stuck_fuse import StuckFuse, skip_unless_possible
 
 SERVICE = os.environ.get("MLOOP_DBUS_BIN", "")
 SRC_DBUS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
@@ -110,14 +109,7 @@ def run(bus, work):
 
 
 def main():
-    if os.geteuid() != 0:
-        harness.skip("needs root: it mounts a FUSE file system and runs callers as users")
-    if not os.path.exists("/dev/fuse"):
-        harness.skip("no /dev/fuse")
-    if importlib.util.find_spec("gi") is None:      # dbus_call.py carrying: GDBus
-        harness.skip("no python3-gi")
-    if not os.path.exists(FUSE_STUCK_FLUSH):
-        harness.skip(f"{FUSE_STUCK_FLUSH or 'fuse-stuck-flush'} is not built")
+    skip_unless_possible(harness.skip)
     servicebus.run_on_bus(SERVICE, SRC_DBUS, "mloop-closers-full-", run, harness.skip)
     harness.exit_if_failed()
 

@@ -34,7 +34,6 @@ goes.
 service closed callers' descriptors in threads of their own, each call
 waiting out its 5 s).  Skipped without /dev/fuse or python3-gi;
 the client suite (the standard and full tiers)."""
-import importlib.util
 import os
 import select
 import signal
@@ -45,7 +44,7 @@ import time
 import harness
 import procstop
 import servicebus
-from stuck_fuse import FUSE_STUCK_FLUSH, StuckFuse
+from stuck_fuse import StuckFuse, skip_unless_possible
 from harness import check
 
 SERVICE = os.environ.get("MLOOP_DBUS_BIN", "")
@@ -228,14 +227,7 @@ def run(bus, work):
 
 
 def main():
-    if os.geteuid() != 0:
-        harness.skip("needs root: it mounts a FUSE file system and runs callers as users")
-    if not os.path.exists("/dev/fuse"):
-        harness.skip("no /dev/fuse")
-    if importlib.util.find_spec("gi") is None:      # dbus_call.py carrying: GDBus
-        harness.skip("no python3-gi")
-    if not os.path.exists(FUSE_STUCK_FLUSH):
-        harness.skip(f"{FUSE_STUCK_FLUSH or 'fuse-stuck-flush'} is not built")
+    skip_unless_possible(harness.skip)
     servicebus.run_on_bus(SERVICE, SRC_DBUS, "mloop-stuck-close-", run, harness.skip)
     harness.exit_if_failed()
 

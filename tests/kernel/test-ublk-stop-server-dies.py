@@ -88,15 +88,21 @@ def stop_while_server_dies(kind, cl, dm, disk, image, data, before_kill=lambda: 
     return att, restart.supervisor_log(st)
 
 
+def new_image(mnt, name):
+    """A new empty image NAME.img in MNT, and where it is moved away to."""
+    image = os.path.join(mnt, f"{name}.img")
+    with open(image, "wb") as f:
+        f.truncate(IMAGE_SIZE)
+    return image, image + ".away"
+
+
 def run_test(kind, cl):
     disk = dmtarget.scratch_disk(cl, DISK_SIZE)
     dm = dmtarget.Dm.create(cl, "linear", dmtarget.linear(disk))
     run(["mkfs.ext4", "-q", "-F", dm.path])
     mnt = mount(cl, dm.path)
 
-    image = os.path.join(mnt, "a.img")
-    with open(image, "wb") as f:
-        f.truncate(IMAGE_SIZE)
+    image, _ = new_image(mnt, "a")
     data = os.urandom(DIRTY)
     att, log = stop_while_server_dies(kind, cl, dm, disk, image, data)
     assert any("again, for its stop's write-back" in line for line in log), \
@@ -108,10 +114,7 @@ def run_test(kind, cl):
     left = kind.leftovers(att, image)
     assert not left, "A: " + "; ".join(left)
 
-    image = os.path.join(mnt, "b.img")
-    away = image + ".away"
-    with open(image, "wb") as f:
-        f.truncate(IMAGE_SIZE)
+    image, away = new_image(mnt, "b")
     att, log = stop_while_server_dies(kind, cl, dm, disk, image, data,
                                       lambda: os.rename(image, away))
     os.rename(away, image)
@@ -130,10 +133,7 @@ def run_test(kind, cl):
     # gone) when the supervisor is told to stop by someone else than
     # detach: the device must go, not be left holding its IO with no
     # supervisor left to give up on it.
-    image = os.path.join(mnt, "c.img")
-    away = image + ".away"
-    with open(image, "wb") as f:
-        f.truncate(IMAGE_SIZE)
+    image, away = new_image(mnt, "c")
     att = restart.attach(kind, cl, image, 30)
     st = restart.status(kind, att.device)
     supervisor = restart.supervisor_of(st)
@@ -158,10 +158,7 @@ def run_test(kind, cl):
     # the supervisor) and no recovery can take over: detach must not
     # wait for the device's dead timeout, holding every other attach
     # and detach (the state lock) that long.
-    image = os.path.join(mnt, "d.img")
-    away = image + ".away"
-    with open(image, "wb") as f:
-        f.truncate(IMAGE_SIZE)
+    image, away = new_image(mnt, "d")
     att = restart.attach(kind, cl, image, DETACH_DEAD_TIMEOUT)
     st = restart.status(kind, att.device)
     held = [os.open(att.device, os.O_RDWR)]
