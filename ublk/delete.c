@@ -48,9 +48,11 @@ ublk_delete_device (unsigned id, bool legacy, char *err, size_t errlen)
   }
   r = ublk_ctrl_del (&ctrl, DELETE_TIMEOUT_MS);
   if (r == -ETIMEDOUT) {
-    snprintf (err, errlen, "ublk device %u: /dev/ublkc%u is still open "
-              "after %d s (its server, pid %d, still running?)", id, id,
-              DELETE_TIMEOUT_MS / 1000, pid);
+    /* DEL_DEV waits for both ends to be let go: the server's char
+     * device, and every opener of the disk. */
+    snprintf (err, errlen, "ublk device %u: still in use after %d s "
+              "(/dev/ublkc%u by its server, pid %d, or /dev/ublkb%u by an "
+              "opener)", id, DELETE_TIMEOUT_MS / 1000, id, pid, id);
     goto fail;
   }
   if (r < 0 && r != -ENODEV) {

@@ -227,7 +227,7 @@ def kill_and_delete(cl, image):
 def live_delete(cl, image):
     """--delete N on a device whose server runs: the server's fetches are
     aborted and it deletes the device and exits 0 itself, or --delete
-    says, in one line, that the character device is still open."""
+    says, in one line, that the device is still in use."""
     s = Server(cl, image, ["--queues", "1"])
     t = time.monotonic()
     p = run([ublk_bin(), "--delete", str(s.id)], check=False)
@@ -240,7 +240,7 @@ def live_delete(cl, image):
         assert "stopped from outside" in log_of(s.log), s.last_line()
     else:
         lines = p.stderr.strip().splitlines()
-        assert p.returncode == 1 and len(lines) == 1 and "still open" in lines[0], \
+        assert p.returncode == 1 and len(lines) == 1 and "still in use" in lines[0], \
             f"--delete of a live device: exit {p.returncode}: {p.stderr!r}"
     s.stop()
     wait_until(lambda: not leftovers(), f"ublk device {s.id} to go (left: {leftovers()})")
