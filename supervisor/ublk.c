@@ -63,17 +63,26 @@ struct ublk_keeper {
   struct overlay_witness *witness;
 };
 
+/* Records SERVER as the device's server, with the restarts and the
+ * last failure.
+ */
 static void
-record (struct ublk_keeper *uk)
+record_server (struct ublk_keeper *uk, pid_t server)
 {
   struct mloop_supervisor_record r = {
-    .server_pid = uk->server, .restarts = uk->restarts,
+    .server_pid = server, .restarts = uk->restarts,
     .last_failure = uk->last_failure,
   };
   char err[512];
 
   if (mloop_state_save_supervisor (uk->dir, &r, err, sizeof err) == -1)
     say_to (uk->log, "%s", err);
+}
+
+static void
+record (struct ublk_keeper *uk)
+{
+  record_server (uk, uk->server);
 }
 
 static gboolean on_server_exit (gint fd, GIOCondition c, gpointer data);
@@ -410,6 +419,12 @@ recover_for_stop (struct ublk_keeper *uk)
       return;
     }
   }
+  /* Named as the server before it serves: detach reads the record once
+   * it has stopped us, and should we be killed first (its patience, the
+   * OOM killer), it stops this one, which writes the page cache back,
+   * rather than delete the device under it.
+   */
+  record_server (uk, uk->attempt);
   while ((r = mloop_process_check (uk->attempt, uk->log_file, uk->pid_file,
                                    "mloop-ublk", &pid, err,
                                    sizeof err)) == 0 &&
@@ -498,6 +513,12 @@ ublk_keeper_stop (struct ublk_keeper *uk)
     say_to (uk->log, "stopping mloop-ublk pid %d", (int) uk->server);
     mloop_server_stop (uk->server, uk->dir, STOP_TIMEOUT_MS);
     waitpid (uk->server, NULL, WNOHANG);
+    uk->server = 0;
+    /* Killed at the stop's timeout before its STOP_DEV (its own
+     * write-back outlasting it), or dead before: the disk is still
+     * there, quiesced, holding its IO.
+     */
+    delete_unserved (uk);
   }
   /* A server killed at the stop's timeout (a stalled disk) may have
    * taken a failed sync's report with it; this process may end now.

@@ -75,7 +75,8 @@ GROUPS = ["main", "durable", "many"]
 # recovery, through the supervisor).
 UBLK = ["ublk-smoke", "ublk-cli", "restart-fio", "restart-full-queue", "restart-fsync",
         "restart-dying", "restart-hung-image", "ublk-stop-server-dies", "ublk-foreign-stop",
-        "ublk-detach-recovering", "ublk-detach-slow-stop", "overlay"]
+        "ublk-detach-recovering", "ublk-detach-slow-stop", "ublk-stop-slow-sync",
+        "ublk-detach-orphan-attempt", "overlay"]
 
 
 # The standard tier (MLOOP_TEST_TIER unset or "standard"; docs/testing.md)

@@ -123,7 +123,7 @@ def run_test(kind, cl):
     print("# B: " + next(line for line in log if "is lost" in line).split(": ", 2)[-1], flush=True)
     # The stop's deletion must not wait on the stop's own descriptor of
     # the disk (DEL_DEV waits for its last opener).
-    assert not any("still open after" in line for line in log), \
+    assert not any("still in use after" in line for line in log), \
         f"B: the stop's deletion waited on an opener; supervisor.log: {log[-6:]}"
     att.detach()
     left = kind.leftovers(att, image)
