@@ -325,20 +325,6 @@ mloop_ublk_index_reused (const char *dir, int index)
   return reused;
 }
 
-int
-mloop_ublk_flush (int index)
-{
-  g_autofree char *path = g_strdup_printf ("/dev/ublkb%d", index);
-  int fd = open (path, O_RDONLY | O_CLOEXEC), r = 0;
-
-  if (fd == -1)
-    return -errno;
-  if (fsync (fd) == -1)
-    r = -errno;
-  close (fd);
-  return r;
-}
-
 struct mloop_ublk_flush {
   /* /dev/ublkbN, closed as soon as the fsync returns: an open disk
    * holds up the DEL_DEV of a deletion that ends a held flush.

@@ -78,14 +78,10 @@ int mloop_ublk_attach (const struct mloop_attach_request *req,
 
 /* Writes back what the page cache holds for /dev/ublkbINDEX (fsync),
  * before its server is told to stop: user recovery makes its STOP_DEV
- * skip the kernel's own write-back.  mloop-ublk writes it back itself at
- * SIGTERM too; done first from outside, a server that dies during it
- * can be seen to (mloop_ublk_flush_begin).  0 or a negative errno.
- */
-int mloop_ublk_flush (int index);
-
-/* mloop_ublk_flush in steps, for the one who would recover the device:
- * a server that dies during a flush leaves its device holding the
+ * skip the kernel's own write-back.  mloop-ublk writes it back itself
+ * at SIGTERM too; done first from outside, by the one who would
+ * recover the device, a server that dies during it can be seen to.  A
+ * server that dies during a flush leaves its device holding the
  * writeback for the next server, so a flush that did not watch it would
  * wait for ever.  _begin starts the flush on a thread of its own;
  * _wait returns true once it has ended, false if the server

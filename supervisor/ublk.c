@@ -211,18 +211,28 @@ watch_attempt (gpointer data)
   return G_SOURCE_REMOVE;
 }
 
+/* Spawns mloop-ublk --recover for the device (uk->attempt): 0, or -1
+ * with ERR.
+ */
+static int
+spawn_attempt (struct ublk_keeper *uk, char *err, size_t errlen)
+{
+  g_auto (GStrv) argv = mloop_ublk_command (&uk->spec, uk->dir, uk->index);
+
+  /* A killed server's pid file would look like the new one's. */
+  g_unlink (uk->pid_file);
+  return mloop_process_spawn (argv, uk->log_file, "mloop-ublk", &uk->attempt,
+                              err, errlen);
+}
+
 /* Starts mloop-ublk --recover for the device; watch_attempt follows it. */
 static gboolean
 start_attempt (gpointer data)
 {
   struct ublk_keeper *uk = data;
-  g_auto (GStrv) argv = mloop_ublk_command (&uk->spec, uk->dir, uk->index);
   char err[512];
 
-  /* A killed server's pid file would look like the new one's. */
-  g_unlink (uk->pid_file);
-  if (mloop_process_spawn (argv, uk->log_file, "mloop-ublk", &uk->attempt, err,
-                           sizeof err) == -1) {
+  if (spawn_attempt (uk, err, sizeof err) == -1) {
     recovery_failed (uk, err);
     return G_SOURCE_REMOVE;
   }
@@ -408,12 +418,8 @@ recover_for_stop (struct ublk_keeper *uk)
     return;
   g_clear_handle_id (&uk->attempt_source, g_source_remove);
   if (uk->attempt == 0) {
-    g_auto (GStrv) argv = mloop_ublk_command (&uk->spec, uk->dir, uk->index);
-
     overlay_witness_check_now (uk->witness);
-    g_unlink (uk->pid_file);
-    if (mloop_process_spawn (argv, uk->log_file, "mloop-ublk", &uk->attempt,
-                             err, sizeof err) == -1) {
+    if (spawn_attempt (uk, err, sizeof err) == -1) {
       say_to (uk->log, "recovering /dev/ublkb%d for its stop: %s", uk->index,
               err);
       return;
@@ -468,9 +474,10 @@ delete_unserved (struct ublk_keeper *uk)
 }
 
 /* Writes the device's page cache back before its server is told to
- * stop (mloop_ublk_flush), and what its dead server held: a server that
- * dies during it gets one recovery (the device keeps the writeback for
- * the next server), then the device is deleted, which fails it.
+ * stop (mloop_ublk_flush_begin), and what its dead server held: a
+ * server that dies during it gets one recovery (the device keeps the
+ * writeback for the next server), then the device is deleted, which
+ * fails it.
  */
 static void
 flush_for_stop (struct ublk_keeper *uk)
